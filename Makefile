@@ -1,0 +1,38 @@
+# Two commands for a fresh machine: `make demo` and `make test`. Both create .venv first.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# The CPU build of torch is installed first so the stack below does not pull a multi-GB CUDA build.
+TORCH_SPEC ?= torch==2.13.0
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+export HF_DATASETS_OFFLINE := 1
+export TOKENIZERS_PARALLELISM := false
+export MPLBACKEND := Agg
+
+.PHONY: venv demo test bench sweep clean
+
+venv: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	test -x $(BIN)/python || $(PY) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
+	touch $@
+
+demo: venv
+	$(BIN)/python -m lab demo
+
+test: venv
+	$(BIN)/python -m pytest
+
+bench: venv
+	$(BIN)/python bench/vote_bench.py
+
+sweep: venv
+	$(BIN)/python -m lab sweep --seeds 3
+
+clean:
+	rm -rf outputs

@@ -1,0 +1,217 @@
+"""Config, seeds, run folders and manifests: the plumbing every stage shares.
+
+`compose(overrides)` builds the Hydra config from `conf/` wherever the caller's working
+directory is (a notebook run by papermill, a test, a Kaggle kernel). `Stage` is what a
+notebook opens first: it makes the stage folder, seeds everything, writes the resolved
+config, and on `finish(metrics)` writes `metrics.json` and the manifest atomically.
+
+Deliberately simple: no experiment tracker, no database; a run is a folder of files.
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import json
+import os
+import platform
+import random
+import subprocess
+import tempfile
+import time
+from importlib import metadata
+from pathlib import Path
+from typing import Any, Iterable
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+PACKAGES = ("lab", "torch", "transformers", "trl", "peft", "datasets", "accelerate", "hydra-core",
+            "papermill", "pandas", "numpy", "vllm", "unsloth")
+
+
+class LabError(Exception):
+    """An error whose message names the file and the problem; shown to users as is."""
+
+
+def project_root() -> Path:
+    """The folder holding `conf/config.yaml`: $LAB_ROOT, else the checkout this package lives in."""
+    env = os.environ.get("LAB_ROOT")
+    candidates = [Path(env)] if env else []
+    candidates += [Path(__file__).resolve().parent.parent, Path.cwd(), *Path.cwd().parents]
+    for c in candidates:
+        if (c / "conf" / "config.yaml").is_file():
+            return c.resolve()
+    raise LabError(f"conf/config.yaml not found (looked in {', '.join(map(str, candidates))}); "
+                   "set LAB_ROOT to the lab's checkout")
+
+
+def resolve_path(p: str | os.PathLike) -> Path:
+    """Relative paths in the config are relative to the project root, not to the caller's cwd."""
+    p = Path(os.path.expanduser(str(p)))
+    return p if p.is_absolute() else project_root() / p
+
+
+def compose(overrides: Iterable[str] = ()) -> DictConfig:
+    """Compose `conf/config.yaml` with Hydra overrides; errors name the file and the key."""
+    from hydra import compose as _compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    overrides = list(overrides)
+    conf_dir = project_root() / "conf"
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
+            cfg = _compose(config_name="config", overrides=overrides)
+    except (HydraException, OmegaConfBaseException) as e:
+        raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: {e}") from None
+    try:
+        OmegaConf.resolve(cfg)
+    except OmegaConfBaseException as e:
+        raise LabError(f"{conf_dir / 'config.yaml'}: cannot resolve config: {e}") from None
+    return cfg
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA) and ask torch for deterministic kernels on CPU."""
+    import torch
+
+    random.seed(seed)
+    np.random.seed(seed)
+    torch.manual_seed(seed)
+    if torch.cuda.is_available():
+        torch.cuda.manual_seed_all(seed)
+    os.environ.setdefault("PYTHONHASHSEED", str(seed))
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write via a temporary file in the same folder and rename: readers never see half a file."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(text)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def atomic_write_csv(path: str | os.PathLike, df) -> Path:
+    return atomic_write_text(path, df.to_csv(index=False))
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise LabError(f"{path}: file not found")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise LabError(f"{path}: not valid JSON ({e})") from None
+
+
+def git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "HEAD"], cwd=project_root(), capture_output=True,
+                             text=True, timeout=10)
+        if out.returncode != 0:
+            return None
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=project_root(),
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+        return out.stdout.strip() + ("-dirty" if dirty else "")
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def package_versions() -> dict[str, str | None]:
+    out = {}
+    for name in PACKAGES:
+        try:
+            out[name] = metadata.version("nemotron-reasoning-lab" if name == "lab" else name)
+        except metadata.PackageNotFoundError:
+            out[name] = None
+    return out
+
+
+def hardware() -> dict[str, Any]:
+    import torch
+
+    hw = {"platform": platform.platform(), "python": platform.python_version(),
+          "cpu_count": os.cpu_count(), "cuda": torch.cuda.is_available()}
+    if torch.cuda.is_available():
+        hw["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
+    return hw
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+class Stage:
+    """One notebook's output folder: `<run_dir>/<name>/` with config.yaml, manifest.json, metrics.json.
+
+    Opening a stage seeds everything and records the resolved config; `finish` writes the
+    metrics and the completed manifest. A stage that dies leaves `manifest.json` with
+    `"status": "running"` and no `metrics.json`, so nothing downstream mistakes it for done.
+    """
+
+    def __init__(self, name: str, overrides: Iterable[str] = (), cfg: DictConfig | None = None):
+        self.name = name
+        self.overrides = list(overrides)
+        self.cfg = cfg if cfg is not None else compose(self.overrides)
+        self.run_dir = resolve_path(self.cfg.run_dir)
+        self.dir = self.run_dir / name
+        self.dir.mkdir(parents=True, exist_ok=True)
+        (self.dir / "metrics.json").unlink(missing_ok=True)
+        seed_everything(int(self.cfg.seed))
+        self._t0 = time.time()
+        self.manifest = {
+            "stage": name, "status": "running", "seed": int(self.cfg.seed), "overrides": self.overrides,
+            "git_commit": git_commit(), "packages": package_versions(), "hardware": hardware(),
+            "start_time": _now(), "end_time": None, "wall_seconds": None,
+        }
+        atomic_write_text(self.dir / "config.yaml", OmegaConf.to_yaml(self.cfg))
+        atomic_write_json(self.dir / "manifest.json", self.manifest)
+
+    def path(self, *parts: str) -> Path:
+        return self.dir.joinpath(*parts)
+
+    def finish(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        wall = round(time.time() - self._t0, 2)
+        metrics = {**metrics, "wall_seconds": wall}
+        atomic_write_json(self.dir / "metrics.json", metrics)
+        self.manifest.update(status="finished", end_time=_now(), wall_seconds=wall)
+        atomic_write_json(self.dir / "manifest.json", self.manifest)
+        return metrics
+
+
+def stage_output(cfg: DictConfig, stage: str, *parts: str) -> Path:
+    """Path to an earlier stage's output; a clear error if that stage has not finished."""
+    d = resolve_path(cfg.run_dir) / stage
+    if not (d / "metrics.json").is_file():
+        raise LabError(f"{d}: stage '{stage}' has no finished output (no metrics.json); run notebooks/{stage}.ipynb "
+                       f"with the same run_dir first")
+    p = d.joinpath(*parts)
+    if parts and not p.exists():
+        raise LabError(f"{p}: expected output of stage '{stage}' is missing")
+    return p
