@@ -1,0 +1,37 @@
+"""`python -m lab COMMAND ...`: the lab's command line. Each command lives in the module that owns it."""
+
+from __future__ import annotations
+
+import importlib
+import sys
+
+COMMANDS = {
+    "demo": ("lab.pipeline", "demo_main", "run all five notebooks on the embedded default"),
+    "summary": ("lab.pipeline", "summary_main", "collect a run's stage metrics into summary.md/json"),
+    "score": ("lab.metric", "main", "score PREDICTIONS.csv against --gold GOLD.csv"),
+    "compare": ("lab.errors", "compare_main", "puzzles fixed and broken between RUN_A and RUN_B"),
+    "sweep": ("lab.sweep", "sweep_main", "run notebooks over a grid of overrides (papermill + Hydra)"),
+    "report": ("lab.sweep", "report_main", "one table and plots across a sweep's jobs"),
+    "kaggle": ("lab.kaggle", "main", "build an offline Kaggle kernel or its dependency dataset"),
+}
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
+        print("usage: python -m lab COMMAND [ARGS]\n\ncommands:")
+        for name, (_, _, help_) in COMMANDS.items():
+            print(f"  {name:<8} {help_}")
+        return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
+    module, func, _ = COMMANDS[argv[0]]
+    from lab.config import LabError
+
+    try:
+        return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
+    except LabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
