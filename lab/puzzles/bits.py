@@ -1,0 +1,345 @@
+"""Bit manipulation puzzles: a hidden rule maps 8-bit inputs to 8-bit outputs.
+
+The rule space searched, cheapest first (cost = (level, number of NOTs)):
+  level 0  a constant (00000000 or 11111111)
+  level 1  one copy t(x), or NOT t(x); t is x, shl1..7, shr1..7 (zero fill), rotl1..4, rotr1..3
+  level 2  t1 OP t2 with OP in AND, OR, XOR, each side possibly NOT
+  level 3  MAJ(t1,t2,t3), CH(t1,t2,t3) = (t1 AND t2) OR (NOT t1 AND t3), t1 XOR t2 XOR t3,
+           (t1 OP1 t2) OP2 t3, each possibly NOT as a whole (no NOTs inside)
+All rules of a level are checked at once with numpy; the query is carried along as an extra
+column, so every consistent rule's prediction comes for free. If all consistent rules of the
+minimal cost agree on the query the status is `solved`, else `ambiguous` (answer: the most common
+prediction). If no rule up to level 3 fits, a per-bit fallback treats each output bit as a function
+of the fewest input bits that explains the examples (`ambiguous` unless every bit is forced).
+
+Trace (structured rule): the rule, the query, each copy, each operation, one line each:
+    rule: shl1 XOR rotr3
+    x = 00110100
+    shl1 = 01101000
+    rotr3 = 10000110
+    shl1 XOR rotr3 = 11101110
+Deliberately simplified: no rules outside this space except via the per-bit fallback; the
+preference among equally cheap rules is plain counting, not a learned prior.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+from collections import Counter
+from functools import lru_cache
+from itertools import combinations
+
+import numpy as np
+
+from .common import Solution, finish, undetermined
+
+CATEGORY = "bit_manipulation"
+HEADER = ("In Alice's Wonderland, a secret bit manipulation rule transforms 8-bit binary numbers. "
+          "The transformation involves operations like bit shifts, rotations, XOR, AND, OR, NOT, "
+          "and possibly majority or choice functions.\n\nHere are some examples of input -> output:")
+PAIR_RE = re.compile(r"^\s*([01]{8})\s*->\s*([01]{8})\s*$", re.M)
+QUERY_RE = re.compile(r"determine the output for:\s*([01]{8})")
+
+T_NAMES = (["x"] + [f"shl{k}" for k in range(1, 8)] + [f"shr{k}" for k in range(1, 8)]
+           + [f"rotl{k}" for k in range(1, 5)] + [f"rotr{k}" for k in range(1, 4)])
+NT = len(T_NAMES)  # 22
+V_NAMES = T_NAMES + [f"NOT {n}" for n in T_NAMES]  # index i + NT is NOT of copy i
+OPS2 = ("AND", "OR", "XOR")
+OPS3 = ["MAJ", "CH", "XOR3"] + [f"{a}/{b}" for a in OPS2 for b in OPS2]
+
+
+def b8(v: int) -> str:
+    return format(int(v) & 255, "08b")
+
+
+def apply_t(name: str, x):
+    """One copy of x (works on ints and uint8 numpy arrays)."""
+    if name == "x":
+        return x
+    k = int(name[-1])
+    if name.startswith("shl"):
+        return (x << k) & 255
+    if name.startswith("shr"):
+        return x >> k
+    if name.startswith("rotl"):
+        return ((x << k) | (x >> (8 - k))) & 255
+    return ((x >> k) | (x << (8 - k))) & 255  # rotr
+
+
+def copies(x: np.ndarray) -> np.ndarray:
+    """(NT, m) uint8: every copy of each input."""
+    x = x.astype(np.int32)
+    return np.stack([apply_t(n, x) for n in T_NAMES]).astype(np.uint8)
+
+
+def op2(op, a, b):
+    return a & b if op == "AND" else a | b if op == "OR" else a ^ b
+
+
+def op3(op, a, b, c):
+    if op == "MAJ":
+        return (a & b) | (a & c) | (b & c)
+    if op == "CH":
+        return (a & b) | (~a & c)
+    if op == "XOR3":
+        return a ^ b ^ c
+    o1, o2 = op.split("/")
+    return op2(o2, op2(o1, a, b), c)
+
+
+# A rule is a tuple: ("const", v) | ("one", i) | ("two", op, i, j) | ("three", op, i, j, k, neg)
+# (i, j index V_NAMES for levels 1-2, T_NAMES for level 3).
+
+def cost(rule) -> tuple[int, int]:
+    kind = rule[0]
+    if kind == "const":
+        return (0, 0)
+    if kind == "one":
+        return (1, int(rule[1] >= NT))
+    if kind == "two":
+        return (2, int(rule[2] >= NT) + int(rule[3] >= NT))
+    return (3, int(rule[5]))
+
+
+def consistent_rules(x: np.ndarray, y: np.ndarray, q: int, max_level: int = 3):
+    """[(cost, rule, prediction)] of every rule of the cheapest fitting level (empty if none fits)."""
+    xs = np.append(x, q).astype(np.uint8)
+    n = len(x)
+    y = y.astype(np.uint8)
+    found = []
+    for v in (0, 255):
+        if (y == v).all():
+            found.append((cost(("const", v)), ("const", v), v))
+    if found:
+        return found
+    t = copies(xs)
+    vv = np.concatenate([t, ~t])
+    if max_level >= 1:
+        hit = np.nonzero((vv[:, :n] == y).all(1))[0]
+        found = [(cost(("one", int(i))), ("one", int(i)), int(vv[i, n])) for i in hit]
+        if found:
+            return found
+    if max_level >= 2:
+        iu, ju = np.triu_indices(2 * NT, 1)
+        for op in OPS2:
+            r = op2(op, vv[iu], vv[ju])
+            for h in np.nonzero((r[:, :n] == y).all(1))[0]:
+                rule = ("two", op, int(iu[h]), int(ju[h]))
+                found.append((cost(rule), rule, int(r[h, n])))
+        if found:
+            return found
+    if max_level >= 3:
+        a, b, c = t[:, None, None, :], t[None, :, None, :], t[None, None, :, :]
+        for op in OPS3:
+            r = op3(op, a, b, c)
+            for neg in (0, 1):
+                rr = ~r if neg else r
+                for i, j, k in zip(*np.nonzero((rr[..., :n] == y).all(-1))):
+                    rule = ("three", op, int(i), int(j), int(k), neg)
+                    found.append((cost(rule), rule, int(rr[i, j, k, n])))
+    return found
+
+
+def rule_name(rule) -> str:
+    kind = rule[0]
+    if kind == "const":
+        return b8(rule[1])
+    if kind == "one":
+        return V_NAMES[rule[1]]
+    if kind == "two":
+        return f"{V_NAMES[rule[2]]} {rule[1]} {V_NAMES[rule[3]]}"
+    _, op, i, j, k, neg = rule
+    a, b, c = T_NAMES[i], T_NAMES[j], T_NAMES[k]
+    if op in ("MAJ", "CH"):
+        s = f"{op}({a}, {b}, {c})"
+    elif op == "XOR3":
+        s = f"{a} XOR {b} XOR {c}"
+    else:
+        o1, o2 = op.split("/")
+        s = f"({a} {o1} {b}) {o2} {c}"
+    return f"NOT ({s})" if neg else s
+
+
+def apply_rule(rule, x: int) -> int:
+    kind = rule[0]
+    if kind == "const":
+        return rule[1]
+    val = lambda i: (~apply_t(V_NAMES[i - NT], x) & 255) if i >= NT else apply_t(V_NAMES[i], x)  # noqa: E731
+    if kind == "one":
+        return val(rule[1])
+    if kind == "two":
+        return op2(rule[1], val(rule[2]), val(rule[3])) & 255
+    _, op, i, j, k, neg = rule
+    r = op3(op, *(apply_t(T_NAMES[m], x) for m in (i, j, k))) & 255
+    return (~r & 255) if neg else r
+
+
+def rule_trace(rule, q: int) -> list[str]:
+    lines = [f"rule: {rule_name(rule)}", f"x = {b8(q)}"]
+    kind = rule[0]
+    if kind == "const":
+        return lines
+    if kind in ("one", "two"):
+        idx = [rule[1]] if kind == "one" else [rule[2], rule[3]]
+        for i in idx:
+            base = T_NAMES[i % NT]
+            if base != "x":
+                lines.append(f"{base} = {b8(apply_t(base, q))}")
+            if i >= NT:
+                lines.append(f"NOT {base} = {b8(~apply_t(base, q))}")
+        if kind == "two":
+            lines.append(f"{rule_name(rule)} = {b8(apply_rule(rule, q))}")
+        return lines
+    _, op, i, j, k, neg = rule
+    names = [T_NAMES[m] for m in (i, j, k)]
+    for nm in dict.fromkeys(names):
+        if nm != "x":
+            lines.append(f"{nm} = {b8(apply_t(nm, q))}")
+    a, b, c = (apply_t(nm, q) for nm in names)
+    if "/" in op:
+        o1, o2 = op.split("/")
+        lines.append(f"{names[0]} {o1} {names[1]} = {b8(op2(o1, a, b))}")
+    inner = rule_name(rule[:5] + (0,))
+    lines.append(f"{inner} = {b8(op3(op, a, b, c))}")
+    if neg:
+        lines.append(f"NOT ({inner}) = {b8(apply_rule(rule, q))}")
+    return lines
+
+
+def per_bit(x: list[int], y: list[int], q: int):
+    """Fallback: each output bit from the fewest input bits. -> (answer, forced, lines) or None."""
+    xb = [b8(v) for v in x]
+    yb = [b8(v) for v in y]
+    qb = b8(q)
+    out, forced, lines = [], True, ["rule: per bit", f"x = {qb}"]
+    for i in range(8):
+        done = False
+        for arity in range(0, 4):
+            preds, first = set(), None
+            for sub in combinations(range(8), arity):
+                table, ok = {}, True
+                for xs, ys in zip(xb, yb):
+                    key = "".join(xs[j] for j in sub)
+                    if table.setdefault(key, ys[i]) != ys[i]:
+                        ok = False
+                        break
+                if not ok:
+                    continue
+                key = "".join(qb[j] for j in sub)
+                pred = table.get(key, "?")
+                preds.add(pred)
+                if first is None or (first[2] == "?" and pred != "?"):
+                    first = (sub, key, pred)
+            if first is None:
+                continue
+            vals = preds - {"?"}
+            bit = Counter(vals).most_common(1)[0][0] if len(vals) == 1 else "1" if "1" in vals else "0"
+            if preds != {bit}:
+                forced = False
+            sub, key = first[0], first[1]
+            src = ",".join(f"x{j}" for j in sub) or "none"
+            lines.append(f"b{i} <- {src}: {key or '-'} -> {bit}")
+            out.append(bit)
+            done = True
+            break
+        if not done:
+            return None
+    return "".join(out), forced, lines
+
+
+def parse(prompt: str):
+    """(examples [(int, int)], query int or None)."""
+    ex = [(int(a, 2), int(b, 2)) for a, b in PAIR_RE.findall(prompt)]
+    m = QUERY_RE.search(prompt)
+    return ex, (int(m.group(1), 2) if m else None)
+
+
+def solve(prompt: str) -> Solution:
+    ex, q = parse(prompt)
+    if q is None:
+        return undetermined(CATEGORY, "no 8-bit query found")
+    if not ex:
+        return undetermined(CATEGORY, "no input -> output examples found")
+    x = np.array([a for a, _ in ex], dtype=np.uint8)
+    y = np.array([b for _, b in ex], dtype=np.uint8)
+    found = consistent_rules(x, y, q)
+    if found:
+        best = min(c for c, _, _ in found)
+        top = [(r, p) for c, r, p in found if c == best]
+        votes = Counter(p for _, p in top)
+        pred = votes.most_common(1)[0][0]
+        rule = next(r for r, p in top if p == pred)
+        ans = b8(pred)
+        status = "solved" if len(votes) == 1 else "ambiguous"
+        reason = "" if status == "solved" else f"{len(top)} equally simple rules give {len(votes)} answers"
+        return Solution(ans, status, finish(rule_trace(rule, q), ans), CATEGORY, "", reason)
+    fb = per_bit([a for a, _ in ex], [b for _, b in ex], q)
+    if fb is None:
+        return undetermined(CATEGORY, "no rule in the searched space fits the examples")
+    ans, forced, lines = fb
+    return Solution(ans, "solved" if forced else "ambiguous", finish(lines, ans), CATEGORY, "",
+                    "per-bit fallback" + ("" if forced else ": some bits not forced"))
+
+
+# ---------------------------------------------------------------- generator
+
+@lru_cache(maxsize=1)
+def _cheap_signatures() -> dict[bytes, tuple[int, int]]:
+    """Truth table (256 bytes) -> cheapest cost, for every rule of levels 0-2."""
+    xs = np.arange(256, dtype=np.uint8)
+    t = copies(xs)
+    vv = np.concatenate([t, ~t])
+    sig: dict[bytes, tuple[int, int]] = {}
+
+    def add(arr, c):
+        k = arr.tobytes()
+        if k not in sig or c < sig[k]:
+            sig[k] = c
+
+    add(np.zeros(256, np.uint8), (0, 0))
+    add(np.full(256, 255, np.uint8), (0, 0))
+    for i in range(2 * NT):
+        add(vv[i], cost(("one", i)))
+    for op in OPS2:
+        for i, j in combinations(range(2 * NT), 2):
+            add(op2(op, vv[i], vv[j]), cost(("two", op, i, j)))
+    return sig
+
+
+def random_rule(rng: random.Random, complexity: int):
+    if complexity <= 1:
+        i = rng.randrange(1, NT)
+        return ("one", i + NT if rng.random() < 0.3 else i)
+    if complexity == 2:
+        i, j = rng.sample(range(NT), 2)
+        i, j = (i + NT if rng.random() < 0.2 else i), (j + NT if rng.random() < 0.2 else j)
+        return ("two", rng.choice(OPS2), min(i, j), max(i, j))
+    i, j, k = rng.sample(range(NT), 3)
+    return ("three", rng.choice(OPS3), i, j, k, int(rng.random() < 0.2))
+
+
+def canonical(rule) -> bool:
+    """True if no cheaper rule computes the same function on all 256 inputs."""
+    table = np.array([apply_rule(rule, v) for v in range(256)], dtype=np.uint8)
+    if len(set(table.tolist())) < 4:
+        return False
+    c = _cheap_signatures().get(table.tobytes())
+    return c is None or c >= cost(rule)
+
+
+def make_prompt(examples: list[tuple[int, int]], query: int) -> str:
+    lines = [HEADER] + [f"{b8(a)} -> {b8(b)}" for a, b in examples]
+    return "\n".join(lines) + f"\n\nNow, determine the output for: {b8(query)}"
+
+
+def generate_one(rng: random.Random, n_examples: int = 8, complexity: int = 2, **_):
+    """(prompt, answer, subtype); `complexity` 1-3 is the rule level (see module docstring)."""
+    while True:
+        rule = random_rule(rng, int(complexity))
+        if canonical(rule):
+            break
+    xs = rng.sample(range(256), int(n_examples) + 1)
+    q = xs.pop()
+    ex = [(v, apply_rule(rule, v)) for v in xs]
+    return make_prompt(ex, q), b8(apply_rule(rule, q)), ""

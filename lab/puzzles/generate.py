@@ -1,0 +1,33 @@
+"""Seeded puzzle generators in the competition's exact wording, one entry point for all categories.
+
+`generate(category, n, seed, **difficulty)` -> DataFrame[id, prompt, answer, category, subtype],
+all strings; ids are `<prefix>-<seed>-<index>` (e.g. num-1234-0007) and the frame is the same for
+the same arguments. Difficulty knobs are the keyword arguments of each module's `generate_one`
+(unknown knobs are ignored). Deliberately simple: one random.Random per call, no de-duplication
+against real data.
+"""
+
+from __future__ import annotations
+
+import random
+
+from .common import CATEGORIES, make_id
+from .solve import category_module
+
+PREFIX = {"bit_manipulation": "bit", "gravity": "grav", "unit_conversion": "unit", "text_cipher": "ciph",
+          "numeral_system": "num", "equation_transformation": "eq"}
+
+
+def generate(category: str, n: int, seed: int = 0, **difficulty):
+    import pandas as pd
+
+    if category not in CATEGORIES:
+        raise ValueError(f"unknown category {category!r}; choose from {CATEGORIES}")
+    rng = random.Random(f"{category}-{seed}")
+    gen = category_module(category).generate_one
+    rows = []
+    for i in range(int(n)):
+        prompt, answer, subtype = gen(rng, **difficulty)
+        rows.append({"id": make_id(PREFIX[category], seed, i), "prompt": prompt, "answer": str(answer),
+                     "category": category, "subtype": subtype})
+    return pd.DataFrame(rows, columns=["id", "prompt", "answer", "category", "subtype"], dtype=str)

@@ -1,0 +1,103 @@
+"""Solving prompts: dispatch by category, never raise, count trace tokens, solve whole frames.
+
+`solve(prompt)` classifies the prompt, runs that category's solver and turns any exception into an
+`undetermined` Solution with the error as reason. `solve_frame(df)` does it for a DataFrame (with a
+tqdm bar for big frames) and, when the frame has a gold `answer` column, adds `correct` via
+lab.metric.verify (string equality if that module is missing).
+Deliberately simple: single process; the solvers are fast enough (see the module of each category).
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from pathlib import Path
+
+from .classify import classify
+from .common import Solution, undetermined
+
+MODULES = {
+    "bit_manipulation": "bits",
+    "gravity": "gravity",
+    "unit_conversion": "units",
+    "text_cipher": "cipher",
+    "numeral_system": "numeral",
+    "equation_transformation": "equations",
+}
+
+
+def category_module(category: str):
+    return importlib.import_module(f"lab.puzzles.{MODULES[category]}")
+
+
+def solve(prompt: str) -> Solution:
+    """The Solution for one prompt; malformed or unknown prompts give status 'undetermined'."""
+    try:
+        category, subtype = classify(prompt)
+    except Exception as e:  # noqa: BLE001 - solve never raises
+        return undetermined("unknown", f"classify failed: {type(e).__name__}: {e}")
+    if category == "unknown":
+        return undetermined("unknown", "prompt wording not recognised")
+    try:
+        sol = category_module(category).solve(prompt)
+    except Exception as e:  # noqa: BLE001
+        return undetermined(category, f"solver error: {type(e).__name__}: {e}", subtype)
+    sol.subtype = sol.subtype or subtype
+    return sol
+
+
+_TOKENIZERS: dict[str, object] = {}
+
+
+def trace_tokens(trace: str, tokenizer=None) -> int:
+    """Tokens in a trace with `tokenizer` (an HF tokenizer or a local folder path); without one,
+    an ESTIMATE: max(whitespace words, characters / 3.5), rounded up."""
+    if tokenizer is not None:
+        if isinstance(tokenizer, (str, Path)):
+            key = str(tokenizer)
+            if key not in _TOKENIZERS:
+                from transformers import AutoTokenizer
+                _TOKENIZERS[key] = AutoTokenizer.from_pretrained(key, local_files_only=True)
+            tokenizer = _TOKENIZERS[key]
+        return len(tokenizer(trace, add_special_tokens=False)["input_ids"])
+    return estimate_tokens(trace)
+
+
+def estimate_tokens(text: str) -> int:
+    """Rough token count without a tokenizer (an estimate, not a measurement)."""
+    return max(len(text.split()), -(-len(text) * 2 // 7))
+
+
+def _verifier():
+    try:
+        from lab.metric import verify
+        return verify
+    except Exception:  # noqa: BLE001 - metric module may not exist yet
+        return lambda gold, pred: str(gold).strip() == str(pred).strip()
+
+
+def solve_frame(df, tokenizer=None, progress: bool | None = None):
+    """DataFrame with id, category, subtype, status, answer, trace, trace_tokens, reason, seconds
+    (+ correct when df has a gold `answer` column)."""
+    import pandas as pd
+
+    progress = len(df) >= 200 if progress is None else progress
+    rows = []
+    it = df["prompt"].tolist()
+    if progress:
+        from tqdm.auto import tqdm
+        it = tqdm(it, desc="solving", unit="puzzle")
+    ids = df["id"].tolist() if "id" in df.columns else [str(i) for i in range(len(df))]
+    for pid, prompt in zip(ids, it):
+        t0 = time.perf_counter()
+        s = solve(prompt)
+        dt = time.perf_counter() - t0
+        rows.append({"id": pid, "category": s.category, "subtype": s.subtype, "status": s.status,
+                     "answer": s.answer, "trace": s.trace, "trace_tokens": trace_tokens(s.trace, tokenizer),
+                     "reason": s.reason, "seconds": dt})
+    out = pd.DataFrame(rows, columns=["id", "category", "subtype", "status", "answer", "trace",
+                                      "trace_tokens", "reason", "seconds"])
+    if "answer" in df.columns:
+        verify = _verifier()
+        out["correct"] = [bool(verify(g, p)) for g, p in zip(df["answer"].tolist(), out["answer"].tolist())]
+    return out
