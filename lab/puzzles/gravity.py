@@ -1,0 +1,81 @@
+"""Gravity puzzles: d = 0.5*g*t^2 with a hidden g; examples (t, d) and a query t.
+
+The examples' distances are rounded to 2 decimals, so each example pins g to an interval
+[2(d-0.005)/t^2, 2(d+0.005)/t^2]; g is the middle of the intersection of all intervals (the
+median of the point estimates if the intervals do not meet, e.g. when the times were rounded too).
+The answer is 0.5*g*t^2 rounded to 2 decimals. Trace (one line per example, then the query):
+    g = 2*d/t^2
+    2*14.92/1.37^2 = 15.8980
+    ...
+    g = 15.9000
+    4.41^2 = 19.4481
+    0.5*15.9000*19.4481 = 154.62
+Deliberately simple: the formula is taken as given in the prompt; no other physics.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import statistics
+
+from .common import Solution, finish, undetermined
+
+CATEGORY = "gravity"
+HEADER = ("In Alice's Wonderland, the gravitational constant has been secretly changed. "
+          "Here are some example observations:")
+NUM = r"(-?\d+(?:\.\d+)?)"
+EX_RE = re.compile(rf"For t = {NUM}\s*s, distance = {NUM}\s*m")
+QUERY_RE = re.compile(rf"falling distance for t = {NUM}\s*s")
+
+
+def decimals(s: str) -> int:
+    return len(s.split(".")[1]) if "." in s else 0
+
+
+def parse(prompt: str):
+    """(examples [(t_str, d_str)], query t_str or None)."""
+    m = QUERY_RE.search(prompt)
+    return EX_RE.findall(prompt), (m.group(1) if m else None)
+
+
+def estimate(pairs: list[tuple[float, float]], half_step: float) -> float:
+    """The middle of the intersection of the intervals x*f in [y-h, y+h] (f = y/x over examples)."""
+    lo = max((y - half_step) / x for x, y in pairs)
+    hi = min((y + half_step) / x for x, y in pairs)
+    if lo <= hi:
+        return (lo + hi) / 2
+    return statistics.median(y / x for x, y in pairs)
+
+
+def solve(prompt: str) -> Solution:
+    ex, q = parse(prompt)
+    if q is None:
+        return undetermined(CATEGORY, "no query time found")
+    ex = [(t, d) for t, d in ex if float(t) > 0]
+    if not ex:
+        return undetermined(CATEGORY, "no (t, distance) examples found")
+    dec = max(decimals(d) for _, d in ex)
+    pairs = [(0.5 * float(t) ** 2, float(d)) for t, d in ex]
+    g = round(estimate(pairs, 0.5 * 10 ** -dec), 4)
+    tq = float(q)
+    ans = f"{0.5 * g * tq * tq:.{dec}f}"
+    lines = ["g = 2*d/t^2"] + [f"2*{d}/{t}^2 = {2 * float(d) / float(t) ** 2:.4f}" for t, d in ex]
+    lines += [f"g = {g:.4f}", f"{q}^2 = {tq * tq:.4f}", f"0.5*{g:.4f}*{tq * tq:.4f} = {ans}"]
+    return Solution(ans, "solved", finish(lines, ans), CATEGORY)
+
+
+def make_prompt(examples: list[tuple[str, str]], query: str) -> str:
+    lines = [HEADER] + [f"For t = {t}s, distance = {d} m" for t, d in examples]
+    lines.append(f"Now, determine the falling distance for t = {query}s given d = 0.5*g*t^2.")
+    return "\n".join(lines)
+
+
+def generate_one(rng: random.Random, n_examples: int = 5, g_min: float = 4.0, g_max: float = 20.0,
+                 t_max: float = 5.0, **_):
+    """(prompt, answer, subtype); g uniform in [g_min, g_max], times in [1, t_max] with 2 decimals."""
+    g = rng.uniform(g_min, g_max)
+    ts = [f"{rng.uniform(1.0, t_max):.2f}" for _ in range(int(n_examples) + 1)]
+    q = ts.pop()
+    ex = [(t, f"{0.5 * g * float(t) ** 2:.2f}") for t in ts]
+    return make_prompt(ex, q), f"{0.5 * g * float(q) ** 2:.2f}", ""

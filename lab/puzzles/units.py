@@ -1,0 +1,64 @@
+"""Unit conversion puzzles: a hidden factor maps measurements (x unit -> y), y rounded as shown.
+
+Each example pins the factor to [(y-h)/x, (y+h)/x] with h half a unit in the last decimal of y;
+the factor is the middle of the intersection (median of the ratios if they do not meet), and the
+answer is x*factor rounded like the examples. Trace:
+    factor = out/in
+    6.69/10.08 = 0.6637
+    ...
+    factor = 0.6636
+    25.09*0.6636 = 16.65
+Deliberately simple: a pure factor (no offset, as for temperatures); the unit name is ignored.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+
+from .common import Solution, finish, undetermined
+from .gravity import decimals, estimate
+
+CATEGORY = "unit_conversion"
+HEADER = "In Alice's Wonderland, a secret unit conversion is applied to measurements. For example:"
+NUM = r"(-?\d+(?:\.\d+)?)"
+EX_RE = re.compile(rf"^\s*{NUM}\s*([^\s\d]*)\s+becomes\s+{NUM}\s*$", re.M)
+QUERY_RE = re.compile(rf"convert the following measurement:\s*{NUM}\s*(\S*)")
+UNITS = ["m", "cm", "km", "g", "kg", "s", "L", "ft", "in", "lb"]
+
+
+def parse(prompt: str):
+    """(examples [(x_str, y_str)], query x_str or None)."""
+    m = QUERY_RE.search(prompt)
+    return [(x, y) for x, _, y in EX_RE.findall(prompt)], (m.group(1) if m else None)
+
+
+def solve(prompt: str) -> Solution:
+    ex, q = parse(prompt)
+    if q is None:
+        return undetermined(CATEGORY, "no query measurement found")
+    ex = [(x, y) for x, y in ex if float(x) != 0]
+    if not ex:
+        return undetermined(CATEGORY, "no 'x becomes y' examples found")
+    dec = max(decimals(y) for _, y in ex)
+    f = round(estimate([(float(x), float(y)) for x, y in ex], 0.5 * 10 ** -dec), 4)
+    ans = f"{float(q) * f:.{dec}f}"
+    lines = ["factor = out/in"] + [f"{y}/{x} = {float(y) / float(x):.4f}" for x, y in ex]
+    lines += [f"factor = {f:.4f}", f"{q}*{f:.4f} = {ans}"]
+    return Solution(ans, "solved", finish(lines, ans), CATEGORY)
+
+
+def make_prompt(examples: list[tuple[str, str]], query: str, unit: str) -> str:
+    lines = [HEADER] + [f"{x} {unit} becomes {y}" for x, y in examples]
+    lines.append(f"Now, convert the following measurement: {query} {unit}")
+    return "\n".join(lines)
+
+
+def generate_one(rng: random.Random, n_examples: int = 5, f_min: float = 0.3, f_max: float = 3.0,
+                 x_max: float = 50.0, **_):
+    """(prompt, answer, subtype); factor uniform in [f_min, f_max], inputs in [1, x_max], 2 decimals."""
+    f = rng.uniform(f_min, f_max)
+    unit = rng.choice(UNITS)
+    xs = [f"{rng.uniform(1.0, x_max):.2f}" for _ in range(int(n_examples) + 1)]
+    q = xs.pop()
+    return make_prompt([(x, f"{float(x) * f:.2f}") for x in xs], q, unit), f"{float(q) * f:.2f}", ""
