@@ -1,0 +1,152 @@
+"""Text cipher puzzles: a hidden letter substitution; examples `cipher -> plain`, query cipher text.
+
+parse  -> examples [(cipher, plain)] and the query
+solve  -> the letter key from the aligned examples; query letters the key does not cover are found
+          by matching each query word against known plaintext words (the examples' words plus the
+          built-in word list WORDS) of the same length, consistent with the key, the word's own
+          letter pattern and bijectivity; a unique match fixes its letters and the matching repeats
+          until nothing changes. Status: solved if every query letter is fixed, ambiguous if some
+          word still has several matches (the first is used, example words first), undetermined if
+          some word has none (unknown letters shown as '?').
+Trace:
+    key: t=c r=a b=t w=i
+    trb = cat
+    hffk = ?oo? = book
+(the key line lists only the query's letters that the examples give; a word with letters the
+examples do not give shows its partial decryption, then the matched word).
+Deliberately simple: lowercase letters only; no letter-frequency statistics or language model.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import string
+
+from .common import Solution, finish, undetermined
+
+CATEGORY = "text_cipher"
+HEADER = "In Alice's Wonderland, secret encryption rules are used on text. Here are some examples:"
+QUERY_RE = re.compile(r"decrypt the following text:\s*(.+?)\s*$", re.S)
+PAIR_RE = re.compile(r"^\s*([a-z ]+?)\s*->\s*([a-z ]+?)\s*$", re.M)
+
+SUBJECTS = ("alice queen king rabbit hatter cat mouse turtle dragon knight princess wizard student teacher "
+            "bird caterpillar duchess gardener child fox owl unicorn").split()
+VERBS = ("discovers imagines reads chases follows draws writes sees explores creates dreams watches finds "
+         "paints studies remembers opens hides carries builds found saw read").split()
+ADJECTIVES = ("hidden golden ancient magical mysterious bright dark silver strange wise curious clever "
+              "colorful secret little quiet happy").split()
+OBJECTS = ("book key map door garden forest castle valley river mirror potion crystal treasure puzzle story "
+           "message tower cave ocean island library palace clock card tea cake").split()
+PREPOSITIONS = "near in under above inside beyond around through behind".split()
+WORDS = list(dict.fromkeys(SUBJECTS + VERBS + ADJECTIVES + OBJECTS + PREPOSITIONS + ["the"]))
+
+
+def parse(prompt: str):
+    """(examples [(cipher, plain)], query or None)."""
+    body, sep, tail = prompt.partition("Now, decrypt the following text:")
+    ex = [(c, p) for c, p in PAIR_RE.findall(body) if len(c.split()) == len(p.split())]
+    q = tail.strip().lower() if sep else ""
+    return ex, (q if re.fullmatch(r"[a-z ]+", q or "-") else None)
+
+
+def build_key(examples):
+    c2p, p2c = {}, {}
+    for c, p in examples:
+        for cw, pw in zip(c.split(), p.split()):
+            if len(cw) != len(pw):
+                continue
+            for a, b in zip(cw, pw):
+                if c2p.get(a, b) == b and p2c.get(b, a) == a:
+                    c2p[a], p2c[b] = b, a
+    return c2p, p2c
+
+
+def matches(cw: str, c2p: dict, p2c: dict, vocab: list[str]) -> list[str]:
+    out = []
+    for w in vocab:
+        if len(w) != len(cw):
+            continue
+        local, ok = {}, True
+        for a, b in zip(cw, w):
+            if a in c2p:
+                ok = c2p[a] == b
+            else:
+                ok = local.setdefault(a, b) == b and p2c.get(b) in (None, a)
+            if not ok:
+                break
+        if ok and len(set(local.values())) == len(local):
+            out.append(w)
+    return out
+
+
+def solve(prompt: str) -> Solution:
+    ex, q = parse(prompt)
+    if not q:
+        return undetermined(CATEGORY, "no query text found")
+    if not ex:
+        return undetermined(CATEGORY, "no 'cipher -> plain' examples found")
+    c2p, p2c = build_key(ex)
+    base = dict(c2p)
+    words = q.split()
+    vocab = list(dict.fromkeys([w for _, p in ex for w in p.split()] + WORDS))
+    changed = True
+    while changed:
+        changed = False
+        for cw in words:
+            if all(a in c2p for a in cw):
+                continue
+            m = matches(cw, c2p, p2c, vocab)
+            if len(m) == 1:
+                for a, b in zip(cw, m[0]):
+                    c2p[a], p2c[b] = b, a
+                changed = True
+    status, reason, out, lines = "solved", "", [], []
+    used = sorted({a for a in q.replace(" ", "") if a in base}, key=q.index)
+    lines.append("key: " + " ".join(f"{a}={base[a]}" for a in used))
+    for cw in words:
+        partial = "".join(base.get(a, "?") for a in cw)
+        if all(a in c2p for a in cw):
+            pw = "".join(c2p[a] for a in cw)
+        else:
+            m = matches(cw, c2p, p2c, vocab)
+            if m:
+                pw = m[0]
+                status, reason = ("ambiguous", f"'{cw}' matches {len(m)} words") if status == "solved" else (status, reason)
+            else:
+                pw = "".join(c2p.get(a, "?") for a in cw)
+                status, reason = "undetermined", f"'{cw}' matches no known word"
+        out.append(pw)
+        lines.append(f"{cw} = {pw}" if partial == pw else f"{cw} = {partial} = {pw}")
+    ans = " ".join(out)
+    return Solution(ans, status, finish(lines, ans), CATEGORY, "", reason)
+
+
+def sentence(rng: random.Random) -> str:
+    words = []
+    if rng.random() < 0.4:
+        words.append(rng.choice(ADJECTIVES))
+    words += [rng.choice(SUBJECTS), rng.choice(VERBS)]
+    if rng.random() < 0.5:
+        words.append(rng.choice(PREPOSITIONS))
+    if rng.random() < 0.3:
+        words.append(rng.choice(ADJECTIVES))
+    words.append(rng.choice(OBJECTS))
+    return " ".join(words)
+
+
+def make_prompt(examples: list[tuple[str, str]], query: str) -> str:
+    lines = [HEADER] + [f"{c} -> {p}" for c, p in examples]
+    lines.append(f"Now, decrypt the following text: {query}")
+    return "\n".join(lines)
+
+
+def generate_one(rng: random.Random, n_examples: int = 4, **_):
+    """(prompt, answer, subtype); a random letter permutation and `n_examples` random sentences."""
+    perm = list(string.ascii_lowercase)
+    rng.shuffle(perm)
+    key = dict(zip(string.ascii_lowercase, perm))
+    enc = lambda s: "".join(key.get(ch, ch) for ch in s)  # noqa: E731
+    plains = [sentence(rng) for _ in range(int(n_examples) + 1)]
+    q = plains.pop()
+    return make_prompt([(enc(p), p) for p in plains], enc(q)), q, ""
