@@ -1,0 +1,316 @@
+"""Loading, validating and splitting the competition's puzzle files.
+
+`find_data_file` says where a file is (explicit path, $LAB_DATA, `data/` in the checkout, the
+Kaggle input mount), `load_puzzles` reads it with every value kept byte for byte as a string
+(`01010001` keeps its zeros, `NA` stays `NA`, nothing is stripped) and stops with a `LabError`
+that names the file, the row and the problem. `split` makes a seeded held-out set stratified
+by category, and `save_split` / `load_split` write and re-read it with content hashes, so a
+later stage can prove it trains and evaluates on exactly the puzzles the split named.
+
+Row numbers in messages use spreadsheet numbering: the header is row 1, the first puzzle is
+row 2 (a puzzle whose prompt spans several lines is still one row). Parse errors that happen
+before rows exist name the physical line of the file instead, and say so.
+
+Deliberate choices: the file must be UTF-8 (a leading BOM is accepted and dropped); fields are
+read with Python's `csv` module, not pandas, because pandas pads a short row with empty
+strings instead of reporting it; blank lines at the end of a file are ignored, blank lines
+between rows are an error; an id, prompt or answer that is empty or only whitespace is an
+error. Extra columns are kept, as strings.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lab.config import LabError, atomic_write_csv, atomic_write_json, atomic_write_text, project_root, read_json
+
+REQUIRED = ("id", "prompt")
+HASHED = ("id", "prompt", "answer")
+KAGGLE_INPUT = Path("/kaggle/input")
+COMPETITION_SLUG = "nvidia-nemotron-model-reasoning-challenge"
+
+
+def _row(i: int) -> str:
+    """0-based data index -> the row a spreadsheet shows (header = row 1)."""
+    return f"row {i + 2}"
+
+
+# ---------------------------------------------------------------------------------------------
+# finding the file
+# ---------------------------------------------------------------------------------------------
+
+def _on_kaggle() -> bool:
+    return bool(os.environ.get("KAGGLE_KERNEL_RUN_TYPE")) or KAGGLE_INPUT.is_dir()
+
+
+def _kaggle_candidates(name: str) -> list[Path]:
+    if not KAGGLE_INPUT.is_dir():
+        return []
+    found = sorted(set(KAGGLE_INPUT.glob(f"*/{name}")) | set(KAGGLE_INPUT.glob(f"*/*/{name}")))
+    return [p for p in found if p.is_file()]
+
+
+def find_data_file(path: str | os.PathLike | None = None, name: str = "train.csv") -> Path:
+    """Where a competition file is: `path`, else $LAB_DATA, else <project root>/data/<name>, else Kaggle.
+
+    An explicit relative `path` is tried relative to the working directory, then to the project
+    root (the config's convention). $LAB_DATA may name a folder (holding `name`) or a file (used
+    when its file name is `name`, else its folder is searched). On Kaggle (KAGGLE_KERNEL_RUN_TYPE
+    set or /kaggle/input present) /kaggle/input/*/<name> and /kaggle/input/*/*/<name> are searched;
+    the competition's own folder wins, and several other matches are an error rather than a guess.
+    """
+    if path is not None and str(path) != "":
+        p = Path(os.path.expanduser(str(path)))
+        tried = [p]
+        if not p.is_absolute():
+            try:
+                tried.append(project_root() / p)
+            except LabError:
+                pass
+        for c in tried:
+            if c.is_file():
+                return c.resolve()
+        raise LabError(f"{path}: data file not found (looked at {', '.join(map(str, tried))})")
+
+    looked: list[str] = []
+    env = os.environ.get("LAB_DATA")
+    if env:
+        e = Path(os.path.expanduser(env))
+        if not e.exists():
+            raise LabError(f"{e}: $LAB_DATA points to nothing (unset it or fix the path)")
+        c = e if (e.is_file() and e.name == name) else (e / name if e.is_dir() else e.parent / name)
+        if c.is_file():
+            return c.resolve()
+        looked.append(f"{c} ($LAB_DATA)")
+    try:
+        c = project_root() / "data" / name
+        if c.is_file():
+            return c
+        looked.append(str(c))
+    except LabError as err:
+        looked.append(f"<project root>/data/{name} ({err})")
+    if _on_kaggle():
+        found = _kaggle_candidates(name)
+        own = [p for p in found if COMPETITION_SLUG in str(p)]
+        if len(own) == 1 or (not own and len(found) == 1):
+            return (own or found)[0]
+        if found:
+            raise LabError(f"{KAGGLE_INPUT}: several {name} files ({', '.join(map(str, found))}); "
+                           "pass data.path=... to choose one")
+        looked.append(f"{KAGGLE_INPUT}/*/{name}")
+    raise LabError(f"{name} not found; looked in: {'; '.join(looked)}. Pass a path (data.path=...), "
+                   "set $LAB_DATA, or put the file in data/")
+
+
+# ---------------------------------------------------------------------------------------------
+# loading and validating
+# ---------------------------------------------------------------------------------------------
+
+def _decode(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise LabError(f"{path}: not UTF-8 text: byte 0x{raw[e.start]:02x} at line {line} of the file "
+                       f"(byte offset {e.start}); re-save it as UTF-8") from None
+    if not text.strip():
+        raise LabError(f"{path}: empty file (no header, no rows)")
+    return text
+
+
+def _records(path: Path, text: str) -> tuple[list[str], list[list[str]]]:
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    records = []
+    try:
+        for rec in reader:
+            records.append(rec)
+    except csv.Error as e:
+        raise LabError(f"{path}: malformed CSV at line {reader.line_num} of the file: {e}") from None
+    header = records[0]
+    while len(records) > 1 and records[-1] == []:
+        records.pop()
+    return header, records[1:]
+
+
+def _read_puzzles(path: str | os.PathLike, allow_empty: bool = False) -> pd.DataFrame:
+    p = Path(path)
+    if not p.is_file():
+        raise LabError(f"{p}: file not found" if not p.exists() else f"{p}: not a file")
+    header, rows = _records(p, _decode(p))
+
+    dup = sorted({c for c in header if header.count(c) > 1})
+    if dup:
+        raise LabError(f"{p}: duplicate column name(s) {dup} in the header")
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise LabError(f"{p}: missing column(s) {missing}; the header has {header}")
+    if not rows and not allow_empty:
+        raise LabError(f"{p}: no rows under the header")
+
+    width = len(header)
+    checks = [c for c in HASHED if c in header]
+    col = {c: header.index(c) for c in checks}
+    seen: dict[str, int] = {}
+    for i, rec in enumerate(rows):
+        if rec == []:
+            raise LabError(f"{p}: {_row(i)} is a blank line (spreadsheet numbering, header = row 1)")
+        if len(rec) != width:
+            raise LabError(f"{p}: {_row(i)} has {len(rec)} field(s), the header has {width} "
+                           f"(spreadsheet numbering, header = row 1)")
+        for c in checks:
+            if not rec[col[c]].strip():
+                raise LabError(f"{p}: {_row(i)}: empty {c} (spreadsheet numbering, header = row 1)")
+        ident = rec[col["id"]]
+        if ident in seen:
+            raise LabError(f"{p}: {_row(i)}: duplicate id {ident!r}, first seen in {_row(seen[ident])} "
+                           "(spreadsheet numbering, header = row 1)")
+        seen[ident] = i
+    return pd.DataFrame(rows, columns=header, dtype=str) if rows else pd.DataFrame(
+        {c: pd.Series([], dtype=str) for c in header})
+
+
+def load_puzzles(path: str | os.PathLike) -> pd.DataFrame:
+    """Columns `id, prompt[, answer]` plus any extra ones, every value the file's exact string.
+
+    Errors (LabError) name the file, the row (spreadsheet numbering: header = row 1) and the
+    problem: missing file, empty file, not UTF-8, malformed CSV, missing or duplicate column,
+    a row with the wrong number of fields, an empty id/prompt/answer, a duplicate id.
+    """
+    return _read_puzzles(path)
+
+
+def add_categories(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of `df` with `category` and `subtype` from `lab.puzzles.classify(prompt)`."""
+    from lab.puzzles import classify
+
+    if "prompt" not in df.columns:
+        raise LabError(f"add_categories: no 'prompt' column (columns are {list(df.columns)})")
+    pairs = [classify(p) for p in df["prompt"]]
+    out = df.copy()
+    out["category"] = pd.Series([str(c) for c, _ in pairs], index=df.index, dtype=str)
+    out["subtype"] = pd.Series([str(s) for _, s in pairs], index=df.index, dtype=str)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# splitting, hashing, saving
+# ---------------------------------------------------------------------------------------------
+
+def split(df: pd.DataFrame, val_fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, val): seeded, stratified by `category` when present, independent of row order.
+
+    Each category's rows are put in id order, shuffled with NumPy's PCG64 seeded by `seed`
+    (categories in sorted order), and the first floor(n * val_fraction + 0.5) go to val. Both parts
+    keep the input's row order and get a fresh index. The seed and fraction are recorded in
+    `train.attrs["split"]` for `save_split`.
+    """
+    if not 0.0 <= float(val_fraction) < 1.0:
+        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+    if "id" not in df.columns:
+        raise LabError(f"split: no 'id' column (columns are {list(df.columns)})")
+    rng = np.random.default_rng(int(seed))
+    if "category" in df.columns:
+        groups = df.groupby("category", sort=True, dropna=False).indices
+    else:
+        groups = {None: np.arange(len(df))}
+    is_val = np.zeros(len(df), dtype=bool)
+    ids = df["id"].astype(str).to_numpy()
+    for _, pos in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        pos = np.asarray(pos)[np.argsort(ids[pos], kind="stable")]
+        pos = pos[rng.permutation(len(pos))]
+        n_val = int(np.floor(len(pos) * float(val_fraction) + 0.5))
+        is_val[pos[:n_val]] = True
+    train = df[~is_val].reset_index(drop=True)
+    val = df[is_val].reset_index(drop=True)
+    info = {"seed": int(seed), "val_fraction": float(val_fraction)}
+    train.attrs = {"split": info}
+    val.attrs = {"split": info}
+    return train, val
+
+
+def content_hash(df: pd.DataFrame) -> str:
+    """sha256 over the id, prompt and answer columns (those present), row by row, in order.
+
+    Each value is fed as its UTF-8 bytes preceded by their length (8 bytes, big-endian), after
+    the names of the columns hashed, so no two different tables can collide by shifting text.
+    """
+    cols = [c for c in HASHED if c in df.columns]
+    h = hashlib.sha256()
+    h.update(("\x1f".join(cols) + "\n").encode("utf-8"))
+    for row in df[cols].itertuples(index=False, name=None):
+        for v in row:
+            b = str(v).encode("utf-8")
+            h.update(len(b).to_bytes(8, "big"))
+            h.update(b)
+    return h.hexdigest()
+
+
+def _per_category(train: pd.DataFrame, val: pd.DataFrame) -> dict[str, dict[str, int]]:
+    if "category" not in train.columns and "category" not in val.columns:
+        return {}
+    counts: dict[str, dict[str, int]] = {}
+    for part, df in (("train", train), ("val", val)):
+        if "category" in df.columns:
+            for c, n in df["category"].value_counts().items():
+                counts.setdefault(str(c), {"train": 0, "val": 0})[part] = int(n)
+    return dict(sorted(counts.items()))
+
+
+def _write_csv(path: Path, df: pd.DataFrame) -> None:
+    # pandas leaves a field holding a lone '\r' unquoted, which no reader gets back: quote everything then
+    has_cr = any(df[c].astype(str).str.contains("\r", regex=False).any() for c in df.columns)
+    if has_cr:
+        atomic_write_text(path, df.to_csv(index=False, quoting=csv.QUOTE_ALL))
+    else:
+        atomic_write_csv(path, df)
+
+
+def save_split(train: pd.DataFrame, val: pd.DataFrame, folder: str | os.PathLike, *,
+               seed: int | None = None, val_fraction: float | None = None, **extra: Any) -> dict:
+    """Write train.csv, val.csv and split.json (counts, per-category counts, content hashes).
+
+    `seed` / `val_fraction` default to what `split` recorded in `train.attrs`; extra keyword
+    arguments are stored in split.json as given. Returns the split.json contents.
+    """
+    folder = Path(folder)
+    recorded = train.attrs.get("split", {}) if isinstance(train.attrs, dict) else {}
+    info = {
+        "seed": seed if seed is not None else recorded.get("seed"),
+        "val_fraction": val_fraction if val_fraction is not None else recorded.get("val_fraction"),
+        "n_train": len(train), "n_val": len(val),
+        "train_hash": content_hash(train), "val_hash": content_hash(val),
+        "per_category": _per_category(train, val),
+        **extra,
+    }
+    _write_csv(folder / "train.csv", train)
+    _write_csv(folder / "val.csv", val)
+    atomic_write_json(folder / "split.json", info)
+    return info
+
+
+def load_split(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, val) read back from `save_split`'s folder, checked against split.json's hashes."""
+    folder = Path(folder)
+    info = read_json(folder / "split.json")
+    out = []
+    for part in ("train", "val"):
+        df = _read_puzzles(folder / f"{part}.csv", allow_empty=True)
+        want, got = info.get(f"{part}_hash"), content_hash(df)
+        if want != got:
+            raise LabError(f"{folder / f'{part}.csv'}: content hash {got[:12]}... differs from split.json's "
+                           f"{str(want)[:12]}...; the file changed after the split was saved")
+        if info.get(f"n_{part}") is not None and int(info[f"n_{part}"]) != len(df):
+            raise LabError(f"{folder / f'{part}.csv'}: {len(df)} rows, split.json says {info[f'n_{part}']}")
+        df.attrs = {"split": {k: info.get(k) for k in ("seed", "val_fraction")}}
+        out.append(df)
+    return out[0], out[1]
