@@ -283,3 +283,14 @@ def test_load_split_detects_changes(tmp_path):
         load_split(tmp_path)
     with pytest.raises(LabError, match=r"split\.json: file not found"):
         load_split(tmp_path / "nowhere")
+
+
+def test_add_categories_with_the_real_classifier():
+    puzzles = pytest.importorskip("lab.puzzles")
+    if not hasattr(puzzles, "classify"):
+        pytest.skip("lab.puzzles.classify not written yet")
+    df = load_puzzles(FIXTURE)
+    out = add_categories(df)
+    assert len(out) == len(df) and out["id"].tolist() == df["id"].tolist()
+    assert out.loc[out["id"] == "x7", "category"].item() == "unknown"  # not a competition prompt
+    assert all(isinstance(c, str) for c in out["category"]) and all(isinstance(s, str) for s in out["subtype"])
