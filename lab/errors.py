@@ -1,0 +1,862 @@
+"""Error analysis of one evaluation run, and the difference between two runs.
+
+Input is the eval stage's predictions table (`predictions.csv`, one row per puzzle):
+`id, category, subtype, prompt, gold, completion, answer, correct, tokens, finish_reason`.
+`load_predictions` reads it as strings and converts `correct` (bool) and `tokens` (nullable
+int) itself; every public function also accepts such a DataFrame built in memory and
+normalises it the same way (`normalise_predictions`).
+
+What it produces:
+  accuracy_table(pred, by)      n, correct, accuracy and the Wilson 95% interval (lo, hi) per
+                                group: category, (category, subtype), or the solver's status
+                                (`status`, from `lab.puzzles.solve` on the prompt, cached)
+  classify_failure(row)         exactly one class per row, first match in FAILURE_PRIORITY
+  taxonomy(pred), examples(...) counts per category and class; sample rows of one class
+  first_departure(c, trace)     first (1-based) reasoning step where the model leaves the
+                                solver's trace; departure_table(pred) per row
+  length_table / plot_lengths   completion tokens, correct vs wrong, against the budget
+  compare(pred_a, pred_b)       puzzles fixed and broken between two runs (`python -m lab compare`)
+  analyse(pred, out_dir, budget) every table as CSV and plot as PNG, headline metrics as a dict
+
+Failure classes, in priority order (the first that applies wins; correct rows are `correct`):
+  truncated           finish_reason == 'length', or tokens >= budget when a budget is given
+  think_unclosed      no `</think>` although the model wrote `<think>` or any reasoning text
+                      (the completion starts after the prompt's `<think>\\n`, so a closed
+                      think block shows only as `</think>` in the completion)
+  no_box              no `\\boxed{` anywhere in the completion
+  empty_box           a box exists but the extracted answer is blank
+  wrong_format        the answer's shape cannot be right for the category: bit_manipulation
+                      not a binary string of the gold's length (8 when the gold is not
+                      binary), numeral_system not Roman letters (any case, as the metric
+                      ignores case; a number when the gold is a number), gravity / unit_conversion not a plain number
+  near_miss           gravity / unit_conversion: |answer - gold| <= 5% of |gold|, yet the
+                      metric rejected it
+  right_in_reasoning  the gold answer appears in the text before the final box (as a whole
+                      token; for numeric categories also any number equal to the gold's value)
+  wrong               none of the above
+
+Deliberate simplifications:
+  * The shape checks are charset / length checks, not validity checks ("IIII" passes as Roman);
+    text_cipher and equation_transformation have no shape check (answers can be any symbols).
+  * near_miss only for the real-valued categories; equation answers that happen to be numbers
+    are not "near" in any useful sense.
+  * right_in_reasoning is a literal token search, so very short golds ("1", "a") over-report it.
+  * first_departure compares whitespace-normalised non-empty lines strictly in order, with no
+    alignment: one inserted line makes every later line differ, and the index is the first.
+  * The solver cache is keyed by a hash of the prompt and a fingerprint of `lab/puzzles/*.py`;
+    it lives in the analysis folder (`solutions.csv`) and in memory for the process.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import math
+import os
+import re
+import tempfile
+from pathlib import Path
+from typing import Any, Iterable, Mapping
+
+import numpy as np
+import pandas as pd
+
+from lab.config import LabError, atomic_write_csv, atomic_write_json, resolve_path
+from lab.metric import extract_answer, verify
+from lab.puzzles import CATEGORIES
+
+# --------------------------------------------------------------------------------------------
+# constants
+
+CATEGORY_ORDER = tuple(CATEGORIES)
+NUMERIC_CATEGORIES = ("gravity", "unit_conversion")
+FAILURE_PRIORITY = ("truncated", "think_unclosed", "no_box", "empty_box", "wrong_format", "near_miss",
+                    "right_in_reasoning", "wrong")
+CLASSES = ("correct",) + FAILURE_PRIORITY
+STATUSES = ("solved", "ambiguous", "undetermined")
+REQUIRED_COLUMNS = ("id", "category", "gold", "completion")
+OPTIONAL_COLUMNS = ("subtype", "prompt", "answer", "correct", "tokens", "finish_reason")
+DEFAULT_BUDGET = 7680
+NEAR_MISS_REL = 0.05
+Z95 = 1.959963984540054
+
+_BOX = re.compile(r"\\boxed\{")  # exactly what lab.metric looks for
+_NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
+_ROMAN = re.compile(r"[IVXLCDM]+", re.IGNORECASE)  # the metric ignores case
+_BINARY = re.compile(r"[01]+")
+_TRUE = {"true", "1", "yes", "t", "y"}
+_FALSE = {"false", "0", "no", "f", "n", ""}
+
+
+# --------------------------------------------------------------------------------------------
+# loading and normalising
+
+
+def _blank(v: Any) -> bool:
+    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
+
+
+def _text(v: Any) -> str:
+    return "" if _blank(v) else str(v)
+
+
+def _to_bool(v: Any, where: str) -> bool:
+    if isinstance(v, (bool, np.bool_)):
+        return bool(v)
+    if isinstance(v, (int, np.integer)) and v in (0, 1):
+        return bool(v)
+    if isinstance(v, float) and v in (0.0, 1.0):
+        return bool(v)
+    s = str(v).strip().lower()
+    if s in _TRUE:
+        return True
+    if s in _FALSE:
+        return False
+    raise LabError(f"{where}: column 'correct' has {v!r}; expected True/False")
+
+
+def normalise_predictions(pred: pd.DataFrame, source: str = "predictions") -> pd.DataFrame:
+    """A copy with every schema column present: text columns as str, `correct` bool, `tokens` Int64.
+
+    Missing `answer` is extracted from the completion and missing `correct` is recomputed with
+    the competition metric; missing `tokens` stays <NA>, missing `finish_reason` is ''.
+    """
+    if not isinstance(pred, pd.DataFrame):
+        raise LabError(f"{source}: expected a DataFrame, got {type(pred).__name__}")
+    missing = [c for c in REQUIRED_COLUMNS if c not in pred.columns]
+    if missing:
+        raise LabError(f"{source}: missing column(s) {missing}; have {list(pred.columns)}")
+    df = pred.copy().reset_index(drop=True)
+    for c in ("id", "category", "gold", "completion", "subtype", "prompt", "finish_reason"):
+        if c not in df.columns:
+            df[c] = ""
+        df[c] = df[c].map(_text)
+    if "answer" not in df.columns:
+        df["answer"] = [extract_answer(c) for c in df["completion"]]
+    df["answer"] = df["answer"].map(_text)
+    if "correct" not in df.columns:
+        df["correct"] = [bool(verify(g, a)) for g, a in zip(df["gold"], df["answer"])]
+    else:
+        df["correct"] = [_to_bool(v, f"{source} row {i + 1}") for i, v in enumerate(df["correct"])]
+    df["correct"] = df["correct"].astype(bool)
+    if "tokens" not in df.columns:
+        df["tokens"] = pd.array([pd.NA] * len(df), dtype="Int64")
+    else:
+        raw = df["tokens"].map(lambda v: _text(v).strip())
+        num = pd.to_numeric(raw.replace("", np.nan), errors="coerce")
+        bad = num.isna() & (raw != "") & (raw.str.lower() != "nan")
+        if bad.any():
+            i = int(np.flatnonzero(bad.to_numpy())[0])
+            raise LabError(f"{source} row {i + 1}: column 'tokens' has {raw.iloc[i]!r}; expected an integer")
+        df["tokens"] = num.round().astype("Int64")
+    df["finish_reason"] = df["finish_reason"].map(lambda v: v.strip().lower())
+    return df
+
+
+def load_predictions(path: str | os.PathLike) -> pd.DataFrame:
+    """Read a predictions.csv (all strings, no NA guessing) and normalise it."""
+    path = Path(path)
+    if not path.is_file():
+        raise LabError(f"{path}: predictions file not found")
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise LabError(f"{path}: cannot read as CSV ({e})") from None
+    return normalise_predictions(df, source=str(path))
+
+
+def _category_key(values: pd.Series) -> pd.Series:
+    order = {c: i for i, c in enumerate(CATEGORY_ORDER)}
+    return values.map(lambda c: (order.get(c, len(order)), c))
+
+
+def _ordered_categories(df: pd.DataFrame) -> list[str]:
+    cats = list(dict.fromkeys(df["category"]))
+    order = {c: i for i, c in enumerate(CATEGORY_ORDER)}
+    return sorted(cats, key=lambda c: (order.get(c, len(order)), c))
+
+
+# --------------------------------------------------------------------------------------------
+# accuracy with Wilson intervals
+
+
+def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """Wilson score interval for k successes in n trials (no continuity correction); (0, 1) for n=0."""
+    if n <= 0:
+        return 0.0, 1.0
+    if not 0 <= k <= n:
+        raise ValueError(f"wilson_interval: need 0 <= k <= n, got k={k}, n={n}")
+    p = k / n
+    z2 = z * z
+    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
+    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
+    lo = 0.0 if k == 0 else max(0.0, centre - half)
+    hi = 1.0 if k == n else min(1.0, centre + half)
+    return lo, hi
+
+
+def accuracy_table(pred: pd.DataFrame, by: Iterable[str] = ("category",), total: bool = True,
+                   solutions: pd.DataFrame | None = None) -> pd.DataFrame:
+    """Columns `*by, n, correct, accuracy, lo, hi`; a last row 'all' when `total`.
+
+    `by` may name `status` (the solver's solved/ambiguous/undetermined on the prompt): it is
+    added with `with_solver` (or taken from `solutions`) when the table does not have it.
+    """
+    by = list(by)
+    if not by:
+        raise LabError("accuracy_table: `by` names no column")
+    df = normalise_predictions(pred)
+    if "status" in by and "status" not in pred.columns:
+        df = with_solver(df, solutions=solutions)
+    missing = [c for c in by if c not in df.columns]
+    if missing:
+        raise LabError(f"accuracy_table: no column(s) {missing} to group by")
+    rows = []
+    for key, g in df.groupby(by, sort=False):
+        key = key if isinstance(key, tuple) else (key,)
+        rows.append(_acc_row(dict(zip(by, key)), g["correct"]))
+    out = pd.DataFrame(rows, columns=[*by, "n", "correct", "accuracy", "lo", "hi"])
+    out = _sort_groups(out, by)
+    if total:
+        out = pd.concat([out, pd.DataFrame([_acc_row({c: "all" for c in by}, df["correct"])])],
+                        ignore_index=True)
+    return out
+
+
+def _acc_row(keys: dict, correct: pd.Series) -> dict:
+    n, k = int(len(correct)), int(correct.sum())
+    lo, hi = wilson_interval(k, n)
+    return {**keys, "n": n, "correct": k, "accuracy": (k / n) if n else float("nan"), "lo": lo, "hi": hi}
+
+
+def _sort_groups(out: pd.DataFrame, by: list[str]) -> pd.DataFrame:
+    if out.empty:
+        return out
+    keys = []
+    for c in by:
+        if c == "category":
+            keys.append(_category_key(out[c]))
+        elif c == "status":
+            order = {s: i for i, s in enumerate(STATUSES)}
+            keys.append(out[c].map(lambda s: (order.get(s, len(order)), s)))
+        else:
+            keys.append(out[c].map(lambda s: (0, str(s))))
+    idx = sorted(range(len(out)), key=lambda i: tuple(k.iloc[i] for k in keys))
+    return out.iloc[idx].reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------
+# the solver's view: status and trace per prompt, cached
+
+_SOLVER_MEMO: dict[tuple[str, str], dict] = {}
+SOLUTION_COLUMNS = ("prompt_sha", "fingerprint", "status", "solver_answer", "solver_trace", "solver_reason")
+
+
+def _solve_prompt(prompt: str):
+    from lab.puzzles import solve
+
+    return solve(prompt)
+
+
+def solver_fingerprint() -> str:
+    """A hash of lab/puzzles/*.py: a cached solution made by other solver code is stale."""
+    h = hashlib.sha1()
+    d = Path(__file__).resolve().parent / "puzzles"
+    for p in sorted(d.glob("*.py")):
+        h.update(p.name.encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha1(text.encode("utf-8")).hexdigest()
+
+
+def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None = None) -> pd.DataFrame:
+    """One row per prompt (in order): SOLUTION_COLUMNS. Reuses the memo and the CSV cache.
+
+    The CSV at `cache_path` (if given) is read when present and rewritten with every solution
+    this call needed; rows made with another solver fingerprint are ignored.
+    """
+    prompts = [str(p) for p in prompts]
+    fp = solver_fingerprint()
+    disk: dict[str, dict] = {}
+    cache_path = Path(cache_path) if cache_path is not None else None
+    if cache_path is not None and cache_path.is_file():
+        try:
+            cached = pd.read_csv(cache_path, dtype=str, keep_default_na=False)
+        except (pd.errors.ParserError, pd.errors.EmptyDataError):
+            cached = pd.DataFrame(columns=SOLUTION_COLUMNS)
+        if set(SOLUTION_COLUMNS) <= set(cached.columns):
+            for r in cached.to_dict("records"):
+                if r["fingerprint"] == fp:
+                    disk[r["prompt_sha"]] = {c: r[c] for c in SOLUTION_COLUMNS}
+    rows, fresh = [], False
+    for p in prompts:
+        sha = _sha(p)
+        row = _SOLVER_MEMO.get((fp, sha)) or disk.get(sha)
+        if row is None:
+            fresh = True
+            try:
+                s = _solve_prompt(p)
+                row = {"status": str(s.status), "solver_answer": "" if s.answer is None else str(s.answer),
+                       "solver_trace": str(s.trace or ""), "solver_reason": str(getattr(s, "reason", "") or "")}
+            except Exception as e:  # noqa: BLE001 - the solver promises not to raise; do not die if it does
+                row = {"status": "undetermined", "solver_answer": "", "solver_trace": "",
+                       "solver_reason": f"solver raised {type(e).__name__}: {e}"}
+            row = {"prompt_sha": sha, "fingerprint": fp, **row}
+        _SOLVER_MEMO[(fp, sha)] = row
+        rows.append(row)
+    out = pd.DataFrame(rows, columns=SOLUTION_COLUMNS)
+    if cache_path is not None and (fresh or not cache_path.is_file()):
+        atomic_write_csv(cache_path, out.drop_duplicates("prompt_sha"))
+    return out
+
+
+def with_solver(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
+                cache_path: str | os.PathLike | None = None) -> pd.DataFrame:
+    """`pred` plus `status, solver_answer, solver_trace, solver_reason` (solved from `prompt`).
+
+    `solutions`, when given, is a table aligned with `pred` by `id` (or by row when it has no
+    `id`) holding at least `status` and `solver_trace`: tests and notebooks can pass their own.
+    """
+    df = normalise_predictions(pred)
+    if solutions is None:
+        if (df["prompt"] == "").any():
+            raise LabError("with_solver: some rows have no prompt, so the solver cannot see the puzzle")
+        sol = solve_prompts(df["prompt"], cache_path=cache_path)
+    elif "id" in solutions.columns:
+        if "status" not in solutions.columns:
+            raise LabError(f"with_solver: solutions need a 'status' column; have {list(solutions.columns)}")
+        sol = solutions.assign(id=solutions["id"].astype(str)).drop_duplicates("id").set_index("id")
+        lost = [i for i in df["id"] if i not in sol.index]
+        if lost:
+            raise LabError(f"with_solver: no solution for id(s) {lost[:5]}")
+        sol = sol.loc[df["id"]].reset_index()
+    else:
+        if len(solutions) != len(df):
+            raise LabError(f"with_solver: {len(solutions)} solutions for {len(df)} predictions")
+        sol = solutions
+    for c in ("status", "solver_answer", "solver_trace", "solver_reason"):
+        df[c] = [_text(v) for v in (sol[c] if c in sol.columns else [""] * len(df))]
+    return df
+
+
+# --------------------------------------------------------------------------------------------
+# failure taxonomy
+
+
+def _as_number(s: str) -> float | None:
+    s = str(s).strip()
+    if not _NUMBER.fullmatch(s):
+        return None
+    try:
+        v = float(s)
+    except ValueError:
+        return None
+    return v if math.isfinite(v) else None
+
+
+def _wrong_format(category: str, gold: str, answer: str) -> bool:
+    a, g = answer.strip(), gold.strip()
+    if category == "bit_manipulation":
+        width = len(g) if _BINARY.fullmatch(g) else 8
+        return not (_BINARY.fullmatch(a) and len(a) == width)
+    if category == "numeral_system":
+        if _as_number(g) is not None and not _ROMAN.fullmatch(g):
+            return _as_number(a) is None
+        return not _ROMAN.fullmatch(a)
+    if category in NUMERIC_CATEGORIES:
+        return _as_number(a) is None
+    return False
+
+
+def _reasoning(completion: str) -> str:
+    """The text before the final `\\boxed{` (all of it when there is no box)."""
+    last = None
+    for m in _BOX.finditer(completion):
+        last = m
+    return completion[: last.start()] if last else completion
+
+
+def _gold_in_text(gold: str, text: str, numeric: bool) -> bool:
+    g = gold.strip()
+    if not g:
+        return False
+    pat = r"(?<![\w.])" + re.escape(g) + r"(?![\w]|\.\d)"
+    if re.search(pat, text, flags=re.IGNORECASE if not numeric else 0):
+        return True
+    gv = _as_number(g) if numeric else None
+    if gv is not None:
+        for m in _NUMBER.finditer(text):
+            v = _as_number(m.group())
+            if v is not None and v == gv:
+                return True
+    return False
+
+
+def _field(row: Mapping | pd.Series, name: str, default: Any = "") -> Any:
+    try:
+        v = row[name]
+    except (KeyError, IndexError):
+        return default
+    if _blank(v):
+        return default
+    return v
+
+
+def classify_failure(row: Mapping | pd.Series, budget: int | None = None) -> str:
+    """One class from CLASSES for one prediction row (`correct` when the row is correct).
+
+    The row needs `completion`, `gold`, `category`, `correct` (bool or 'True'/'False') and may
+    have `answer` (else extracted), `finish_reason` and `tokens`. See the module docstring for
+    the classes and their priority.
+    """
+    completion = str(_field(row, "completion"))
+    gold = str(_field(row, "gold"))
+    category = str(_field(row, "category"))
+    answer = _field(row, "answer", None)
+    answer = extract_answer(completion) if answer is None else str(answer)
+    correct = _field(row, "correct", None)
+    correct = bool(verify(gold, answer)) if correct is None else _to_bool(correct, "classify_failure")
+    if correct:
+        return "correct"
+    finish = str(_field(row, "finish_reason")).strip().lower()
+    tokens = _field(row, "tokens", None)
+    try:
+        tokens = None if tokens is None or str(tokens).strip() == "" else int(float(tokens))
+    except ValueError:
+        tokens = None
+    if finish == "length" or (budget is not None and tokens is not None and tokens >= budget):
+        return "truncated"
+    has_box = _BOX.search(completion) is not None
+    if "</think>" not in completion and ("<think>" in completion or _reasoning(completion).strip()):
+        return "think_unclosed"
+    if not has_box:
+        return "no_box"
+    if not answer.strip():
+        return "empty_box"
+    if _wrong_format(category, gold, answer):
+        return "wrong_format"
+    if category in NUMERIC_CATEGORIES:
+        a, g = _as_number(answer), _as_number(gold)
+        if a is not None and g is not None and abs(a - g) <= NEAR_MISS_REL * abs(g):
+            return "near_miss"
+    if _gold_in_text(gold, _reasoning(completion), numeric=category in NUMERIC_CATEGORIES):
+        return "right_in_reasoning"
+    return "wrong"
+
+
+def with_failures(pred: pd.DataFrame, budget: int | None = None) -> pd.DataFrame:
+    """`pred` (normalised) plus a `failure` column (one of CLASSES)."""
+    df = normalise_predictions(pred)
+    df["failure"] = [classify_failure(r, budget=budget) for r in df.to_dict("records")]
+    return df
+
+
+def _failures(pred: pd.DataFrame, budget: int | None) -> pd.DataFrame:
+    return normalise_predictions(pred) if "failure" in pred.columns else with_failures(pred, budget=budget)
+
+
+def taxonomy(pred: pd.DataFrame, budget: int | None = None) -> pd.DataFrame:
+    """Counts per category (rows, then 'all') and class (columns, CLASSES order), plus `n`.
+
+    A `failure` column already in `pred` is used as is; otherwise rows are classified here.
+    """
+    df = _failures(pred, budget)
+    rows = []
+    for cat in _ordered_categories(df) + ["all"]:
+        g = df if cat == "all" else df[df["category"] == cat]
+        counts = g["failure"].value_counts()
+        rows.append({"category": cat, "n": int(len(g)), **{c: int(counts.get(c, 0)) for c in CLASSES}})
+    return pd.DataFrame(rows, columns=["category", "n", *CLASSES])
+
+
+def examples(pred: pd.DataFrame, cls: str, n: int = 5, category: str | None = None,
+             budget: int | None = None) -> pd.DataFrame:
+    """The first `n` rows (input order) of class `cls`, optionally of one category."""
+    if cls not in CLASSES:
+        raise LabError(f"examples: unknown class {cls!r}; choose from {list(CLASSES)}")
+    df = _failures(pred, budget)
+    sel = df[df["failure"] == cls]
+    if category is not None:
+        sel = sel[sel["category"] == category]
+    cols = [c for c in ("id", "category", "subtype", "gold", "answer", "failure", "tokens", "finish_reason",
+                        "completion") if c in sel.columns]
+    return sel[cols].head(n).reset_index(drop=True)
+
+
+# --------------------------------------------------------------------------------------------
+# where the model leaves the solver's trace
+
+
+def _steps(text: str) -> list[str]:
+    return [s for s in (" ".join(line.split()) for line in str(text).splitlines()) if s]
+
+
+def first_departure(completion: str, solver_trace: str | None) -> int | None:
+    """1-based index of the first step (non-empty line, whitespace-normalised) where `completion`
+    differs from `solver_trace`, compared in order.
+
+    None when there is no trace, or when every model step matches the trace up to the model's
+    end (a truncated prefix included). A model that goes on after the whole trace departs at
+    len(trace) + 1.
+    """
+    if not solver_trace or not str(solver_trace).strip():
+        return None
+    model, trace = _steps(completion), _steps(solver_trace)
+    for i, m in enumerate(model):
+        if i >= len(trace) or m != trace[i]:
+            return i + 1
+    return None
+
+
+def departure_table(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
+                    cache_path: str | os.PathLike | None = None,
+                    statuses: Iterable[str] = ("solved", "ambiguous")) -> pd.DataFrame:
+    """One row per prediction whose prompt has a solver trace with a status in `statuses`
+    (an 'undetermined' trace only says "cannot solve", so it is left out by default):
+    `id, category, subtype, status, correct, trace_steps, model_steps, departure` (Int64, <NA>
+    when the model followed the trace to its end), `model_step`, `trace_step` (the two lines
+    at the departure).
+    """
+    if {"status", "solver_trace"} <= set(pred.columns) and solutions is None:
+        df = normalise_predictions(pred)
+        for c in ("status", "solver_trace"):
+            df[c] = df[c].map(_text)
+    else:
+        df = with_solver(pred, solutions=solutions, cache_path=cache_path)
+    df = df[(df["solver_trace"].str.strip() != "") & df["status"].isin(list(statuses))]
+    rows = []
+    for r in df.to_dict("records"):
+        model, trace = _steps(r["completion"]), _steps(r["solver_trace"])
+        d = first_departure(r["completion"], r["solver_trace"])
+        rows.append({"id": r["id"], "category": r["category"], "subtype": r["subtype"], "status": r["status"],
+                     "correct": bool(r["correct"]), "trace_steps": len(trace), "model_steps": len(model),
+                     "departure": d if d is not None else pd.NA,
+                     "model_step": model[d - 1] if d else "",
+                     "trace_step": trace[d - 1] if d and d <= len(trace) else ""})
+    out = pd.DataFrame(rows, columns=["id", "category", "subtype", "status", "correct", "trace_steps",
+                                      "model_steps", "departure", "model_step", "trace_step"])
+    out["departure"] = out["departure"].astype("Int64")
+    return out
+
+
+def departure_summary(table: pd.DataFrame) -> pd.DataFrame:
+    """Per category (then 'all'): rows with a trace, how many never departed, median departure
+    step, and the median departure as a fraction of the trace length."""
+    rows = []
+    cats = _ordered_categories(table) if len(table) else []
+    for cat in cats + ["all"]:
+        g = table if cat == "all" else table[table["category"] == cat]
+        dep = g[g["departure"].notna()]
+        frac = (dep["departure"].astype(float) / dep["trace_steps"].clip(lower=1)).astype(float)
+        rows.append({"category": cat, "n": int(len(g)), "followed": int(g["departure"].isna().sum()),
+                     "median_departure": float(dep["departure"].astype(float).median()) if len(dep) else float("nan"),
+                     "median_fraction": float(frac.median()) if len(dep) else float("nan")})
+    return pd.DataFrame(rows, columns=["category", "n", "followed", "median_departure", "median_fraction"])
+
+
+# --------------------------------------------------------------------------------------------
+# completion lengths against the budget
+
+
+def length_table(pred: pd.DataFrame, budget: int = DEFAULT_BUDGET) -> pd.DataFrame:
+    """Completion tokens per category (then 'all') and outcome (correct / wrong):
+    n, mean, median, p90, max, at_budget (finish_reason 'length' or tokens >= budget)."""
+    df = normalise_predictions(pred)
+    rows = []
+    for cat in _ordered_categories(df) + ["all"]:
+        g = df if cat == "all" else df[df["category"] == cat]
+        for outcome, h in (("correct", g[g["correct"]]), ("wrong", g[~g["correct"]])):
+            t = h["tokens"].dropna().astype(float)
+            at = (h["finish_reason"] == "length") | (h["tokens"].fillna(-1).astype(int) >= budget)
+            rows.append({"category": cat, "outcome": outcome, "n": int(len(h)),
+                         "mean": float(t.mean()) if len(t) else float("nan"),
+                         "median": float(t.median()) if len(t) else float("nan"),
+                         "p90": float(t.quantile(0.9)) if len(t) else float("nan"),
+                         "max": float(t.max()) if len(t) else float("nan"),
+                         "at_budget": int(at.sum()), "budget": int(budget)})
+    return pd.DataFrame(rows)
+
+
+# --------------------------------------------------------------------------------------------
+# plots (matplotlib Figure objects: no pyplot state, no backend switch; saved with Agg)
+
+_CLASS_COLOURS = {"correct": "#2ca02c", "truncated": "#8c564b", "think_unclosed": "#e377c2", "no_box": "#7f7f7f",
+                  "empty_box": "#bcbd22", "wrong_format": "#17becf", "near_miss": "#ff7f0e",
+                  "right_in_reasoning": "#9467bd", "wrong": "#d62728"}
+
+
+def _figure(w: float, h: float):
+    from matplotlib.figure import Figure
+
+    return Figure(figsize=(w, h), layout="constrained")
+
+
+def save_figure(fig, path: str | os.PathLike) -> Path:
+    """Write a PNG atomically (temporary file in the same folder, then rename)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=110)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def plot_accuracy(acc: pd.DataFrame, label: str = "category"):
+    """Bars of accuracy per group with asymmetric Wilson error bars; `n` above each bar."""
+    acc = acc.reset_index(drop=True)
+    fig = _figure(max(5.0, 1.1 * len(acc) + 1), 3.8)
+    ax = fig.add_subplot()
+    x = np.arange(len(acc))
+    yerr = np.vstack([(acc["accuracy"] - acc["lo"]).clip(lower=0), (acc["hi"] - acc["accuracy"]).clip(lower=0)])
+    colours = ["#555555" if str(v) == "all" else "#1f77b4" for v in acc[label]]
+    ax.bar(x, acc["accuracy"].fillna(0), yerr=yerr, capsize=4, color=colours)
+    for xi, (a, n) in enumerate(zip(acc["accuracy"].fillna(0), acc["n"])):
+        ax.text(xi, 0.02, f"n={n}", ha="center", va="bottom", fontsize=8, color="white")
+    ax.set_xticks(x, [str(v) for v in acc[label]], rotation=30, ha="right")
+    ax.set_ylim(0, 1.1)
+    ax.set_ylabel("accuracy (Wilson 95%)")
+    ax.set_title(f"accuracy by {label}")
+    return fig
+
+
+def plot_taxonomy(tax: pd.DataFrame):
+    """Stacked horizontal bars: each category's share of every class (correct first)."""
+    fig = _figure(8.0, 0.55 * len(tax) + 1.6)
+    ax = fig.add_subplot()
+    y = np.arange(len(tax))
+    left = np.zeros(len(tax))
+    n = tax["n"].clip(lower=1).to_numpy(dtype=float)
+    for c in CLASSES:
+        share = tax[c].to_numpy(dtype=float) / n
+        if share.sum() == 0:
+            continue
+        ax.barh(y, share, left=left, color=_CLASS_COLOURS[c], label=c)
+        left += share
+    ax.set_yticks(y, [f"{c} (n={k})" for c, k in zip(tax["category"], tax["n"])])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of predictions")
+    ax.set_title("outcome classes per category")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=5, fontsize=8, frameon=False)
+    return fig
+
+
+def plot_lengths(pred: pd.DataFrame, budget: int = DEFAULT_BUDGET):
+    """Histograms of completion tokens per category, correct vs wrong, a dashed line at the budget."""
+    df = normalise_predictions(pred)
+    cats = _ordered_categories(df) or ["(none)"]
+    ncols = min(3, len(cats))
+    nrows = math.ceil(len(cats) / ncols)
+    fig = _figure(4.2 * ncols, 3.0 * nrows)
+    tmax = df["tokens"].dropna().max() if df["tokens"].notna().any() else 0
+    hi = max(float(budget), float(tmax)) * 1.02
+    bins = np.linspace(0, hi, 31)
+    for i, cat in enumerate(cats):
+        ax = fig.add_subplot(nrows, ncols, i + 1)
+        g = df[df["category"] == cat]
+        for outcome, h, colour in (("correct", g[g["correct"]], "#2ca02c"), ("wrong", g[~g["correct"]], "#d62728")):
+            t = h["tokens"].dropna().astype(float)
+            if len(t):
+                ax.hist(t, bins=bins, alpha=0.6, color=colour, label=f"{outcome} ({len(t)})")
+        if not g["tokens"].notna().any():
+            ax.text(0.5, 0.5, "no token counts", ha="center", va="center", transform=ax.transAxes)
+        ax.axvline(budget, color="k", linestyle="--", linewidth=1, label=f"budget {budget}")
+        ax.set_title(cat, fontsize=10)
+        ax.set_xlabel("completion tokens")
+        ax.legend(fontsize=7)
+    return fig
+
+
+# --------------------------------------------------------------------------------------------
+# comparing two runs
+
+
+def compare(pred_a: pd.DataFrame, pred_b: pd.DataFrame, budget: int | None = None
+            ) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Puzzles fixed (wrong in A, right in B) and broken (right in A, wrong in B), on the ids
+    both runs share.
+
+    Returns (summary, examples): summary has per category (then 'all') `n, acc_a, acc_b,
+    fixed, broken, net` (net = fixed - broken = correct_b - correct_a); examples has one row
+    per changed puzzle: `id, category, subtype, change, gold, answer_a, answer_b, failure_a,
+    failure_b`. `summary.attrs` holds `only_a` / `only_b`, ids present in one run only.
+    """
+    a = with_failures(pred_a, budget=budget)
+    b = with_failures(pred_b, budget=budget)
+    for name, d in (("A", a), ("B", b)):
+        dup = d["id"][d["id"].duplicated()]
+        if len(dup):
+            raise LabError(f"compare: run {name} has duplicate id(s) {list(dup.unique()[:5])}")
+    m = a.merge(b[["id", "gold", "answer", "correct", "failure"]], on="id", suffixes=("_a", "_b"))
+    if m.empty:
+        raise LabError("compare: the two runs share no puzzle id")
+    differ = m[m["gold_a"].str.strip() != m["gold_b"].str.strip()]
+    if len(differ):
+        raise LabError(f"compare: {len(differ)} shared id(s) have different gold answers (e.g. "
+                       f"{differ['id'].iloc[0]!r}); the runs were evaluated on different data")
+    m["change"] = np.select([~m["correct_a"] & m["correct_b"], m["correct_a"] & ~m["correct_b"]],
+                            ["fixed", "broken"], default="")
+    rows = []
+    for cat in _ordered_categories(m) + ["all"]:
+        g = m if cat == "all" else m[m["category"] == cat]
+        fixed, broken = int((g["change"] == "fixed").sum()), int((g["change"] == "broken").sum())
+        rows.append({"category": cat, "n": int(len(g)), "acc_a": float(g["correct_a"].mean()),
+                     "acc_b": float(g["correct_b"].mean()), "fixed": fixed, "broken": broken,
+                     "net": fixed - broken})
+    summary = pd.DataFrame(rows, columns=["category", "n", "acc_a", "acc_b", "fixed", "broken", "net"])
+    summary.attrs["only_a"] = sorted(set(a["id"]) - set(b["id"]))
+    summary.attrs["only_b"] = sorted(set(b["id"]) - set(a["id"]))
+    ch = m[m["change"] != ""].rename(columns={"gold_a": "gold"})
+    ch = ch.assign(_o=ch["change"].map({"fixed": 0, "broken": 1}), _c=_category_key(ch["category"]))
+    ch = ch.sort_values(["_o", "_c"], kind="stable")
+    ex = ch[["id", "category", "subtype", "change", "gold", "answer_a", "answer_b", "failure_a", "failure_b"]]
+    return summary, ex.reset_index(drop=True)
+
+
+def find_predictions(arg: str | os.PathLike) -> Path:
+    """Resolve a `compare` argument to a predictions file.
+
+    Rule: a file is used as is; for a folder, `<folder>/predictions.csv` if it exists, else the
+    newest (modification time, ties broken by path) of `<folder>/*/predictions.csv`, i.e. the
+    most recently written stage of that run. Relative paths are tried from the current folder,
+    then from the project root. LabError naming the path when nothing is found.
+    """
+    p = Path(os.path.expanduser(str(arg)))
+    if not p.exists() and not p.is_absolute():
+        try:
+            q = resolve_path(p)
+        except LabError:
+            q = p
+        p = q if q.exists() else p
+    if p.is_file():
+        return p
+    if not p.exists():
+        raise LabError(f"{p}: no such file or run folder")
+    if (p / "predictions.csv").is_file():
+        return p / "predictions.csv"
+    found = [c for c in p.glob("*/predictions.csv") if c.is_file()]
+    if not found:
+        raise LabError(f"{p}: no predictions.csv in it or in any stage folder (*/predictions.csv)")
+    return max(found, key=lambda c: (c.stat().st_mtime, str(c)))
+
+
+def compare_main(argv: list[str] | None = None) -> int:
+    """`python -m lab compare RUN_A RUN_B [--examples N] [--budget B]`: fixed/broken per category."""
+    ap = argparse.ArgumentParser(prog="python -m lab compare",
+                                 description="Puzzles fixed and broken between two runs. Each argument is a "
+                                             "predictions.csv or a run folder (its predictions.csv, else the "
+                                             "newest */predictions.csv).")
+    ap.add_argument("run_a")
+    ap.add_argument("run_b")
+    ap.add_argument("--examples", type=int, default=10, help="changed puzzles to list (default 10, 0: none)")
+    ap.add_argument("--budget", type=int, default=None, help="token budget: rows at or over it count as truncated")
+    args = ap.parse_args(argv)
+    pa, pb = find_predictions(args.run_a), find_predictions(args.run_b)
+    summary, ex = compare(load_predictions(pa), load_predictions(pb), budget=args.budget)
+    print(f"A: {pa}\nB: {pb}\n")
+    with pd.option_context("display.width", 200, "display.max_columns", 20):
+        print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
+        only_a, only_b = summary.attrs.get("only_a", []), summary.attrs.get("only_b", [])
+        if only_a or only_b:
+            print(f"\nnot compared: {len(only_a)} id(s) only in A, {len(only_b)} only in B")
+        if args.examples > 0 and len(ex):
+            print(f"\nchanged puzzles (first {min(args.examples, len(ex))} of {len(ex)}):")
+            print(ex.head(args.examples).to_string(index=False, max_colwidth=40))
+    return 0
+
+
+# --------------------------------------------------------------------------------------------
+# everything at once
+
+
+def _jsonable(v: Any) -> Any:
+    if isinstance(v, (np.integer,)):
+        return int(v)
+    if isinstance(v, (float, np.floating)):
+        v = float(v)
+        return None if math.isnan(v) else v
+    return v
+
+
+def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int = DEFAULT_BUDGET,
+            solutions: pd.DataFrame | None = None, solver: bool = True) -> dict[str, Any]:
+    """Write every table (CSV) and plot (PNG) into `out_dir`; return the headline metrics.
+
+    Files: accuracy_by_category.csv, accuracy_by_subtype.csv, accuracy_by_status.csv,
+    taxonomy.csv, failures.csv (one row per prediction with its class), departures.csv,
+    departure_summary.csv, lengths.csv, solutions.csv (the solver cache), and the plots
+    accuracy_by_category.png, taxonomy.png, lengths.png. With `solver=False` (or no prompts)
+    the solver-based tables are skipped. `solutions` overrides the solver (see with_solver).
+
+    Returned dict (JSON-serialisable): n, accuracy, accuracy_by_category {category: {n, correct,
+    accuracy, lo, hi}}, taxonomy {category: {class: count}} ('all' included), truncated,
+    accuracy_by_status (when the solver ran), files (names written).
+    """
+    df = with_failures(pred, budget=budget)
+    if df.empty:
+        raise LabError(f"analyse: no predictions to analyse (writing to {out_dir})")
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    files: list[str] = []
+
+    def write(name: str, table: pd.DataFrame) -> None:
+        atomic_write_csv(out / name, table)
+        files.append(name)
+
+    acc = accuracy_table(df, ("category",))
+    write("accuracy_by_category.csv", acc)
+    write("accuracy_by_subtype.csv", accuracy_table(df, ("category", "subtype")))
+    tax = taxonomy(df)
+    write("taxonomy.csv", tax)
+    write("lengths.csv", length_table(df, budget))
+
+    use_solver = solver and (solutions is not None or (len(df) and (df["prompt"] != "").all()))
+    status_acc = None
+    if use_solver:
+        df = with_solver(df, solutions=solutions, cache_path=None if solutions is not None else out / "solutions.csv")
+        if solutions is None:
+            files.append("solutions.csv")
+        status_acc = accuracy_table(df, ("status",))
+        write("accuracy_by_status.csv", status_acc)
+        dep = departure_table(df)
+        write("departures.csv", dep)
+        write("departure_summary.csv", departure_summary(dep))
+        dep_map = dict(zip(dep["id"], dep["departure"]))
+        df["departure"] = pd.array([dep_map.get(i, pd.NA) for i in df["id"]], dtype="Int64")
+    cols = [c for c in ("id", "category", "subtype", "gold", "answer", "correct", "failure", "tokens",
+                        "finish_reason", "status", "solver_answer", "departure") if c in df.columns]
+    write("failures.csv", df[cols])
+
+    for name, fig in (("accuracy_by_category.png", plot_accuracy(acc)), ("taxonomy.png", plot_taxonomy(tax)),
+                      ("lengths.png", plot_lengths(df, budget))):
+        save_figure(fig, out / name)
+        files.append(name)
+
+    total = acc[acc["category"] == "all"].iloc[0]
+    metrics: dict[str, Any] = {
+        "n": int(total["n"]),
+        "accuracy": _jsonable(total["accuracy"]),
+        "accuracy_by_category": {r["category"]: {k: _jsonable(r[k]) for k in ("n", "correct", "accuracy", "lo", "hi")}
+                                 for r in acc.to_dict("records") if r["category"] != "all"},
+        "taxonomy": {r["category"]: {c: int(r[c]) for c in CLASSES} for r in tax.to_dict("records")},
+        "truncated": int(tax[tax["category"] == "all"]["truncated"].iloc[0]),
+        "budget": int(budget),
+    }
+    if status_acc is not None:
+        metrics["accuracy_by_status"] = {r["status"]: {k: _jsonable(r[k]) for k in ("n", "correct", "accuracy")}
+                                         for r in status_acc.to_dict("records") if r["status"] != "all"}
+    files.append("errors_metrics.json")
+    metrics["files"] = sorted(files)
+    atomic_write_json(out / "errors_metrics.json", metrics)
+    return metrics
