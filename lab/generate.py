@@ -1,0 +1,224 @@
+"""One generation interface for every stage: transformers (`hf`, CPU or GPU) or vLLM (`vllm`, GPU).
+
+`generate(...)` takes rendered chat prompts and returns, per prompt, a list of `Completion`s
+(text, token count, finish reason `stop`/`length`, optional per-token log-probabilities).
+`sample_table(...)` runs it over a puzzle table and scores every completion with the
+competition metric, giving the one table format that evaluation, voting, GRPO pass rates and
+error analysis all read. With a `cache` path it appends finished puzzles to a JSON-lines file
+and skips them on a rerun, so a long evaluation can be interrupted and resumed.
+
+The completion budget is the competition's: `min(infer.max_tokens, model.max_model_len - prompt
+tokens)`. vLLM is imported only when the `vllm` back-end is chosen.
+
+Deliberately simple: the hf back-end batches prompts of similar length in fixed-size batches
+and samples with torch's generator seeded per batch; it does not do continuous batching.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Sequence
+
+import pandas as pd
+from tqdm.auto import tqdm
+
+from lab.prompts import chat_prompt
+
+
+@dataclass
+class Completion:
+    text: str
+    tokens: int
+    finish_reason: str  # "stop" (end of turn) or "length" (budget exhausted)
+    logprobs: list[float] | None = field(default=None, repr=False)
+
+    @property
+    def mean_logprob(self) -> float:
+        return float(sum(self.logprobs) / len(self.logprobs)) if self.logprobs else math.nan
+
+
+def completion_budget(tokenizer, prompts: Sequence[str], max_tokens: int, max_model_len: int) -> int:
+    """The competition's budget: max_tokens, but never past max_model_len for the longest prompt."""
+    longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
+    budget = min(int(max_tokens), int(max_model_len) - longest)
+    if budget <= 0:
+        raise ValueError(f"prompt of {longest} tokens leaves no room under max_model_len={max_model_len}")
+    return budget
+
+
+def generate_hf(model, tokenizer, prompts: Sequence[str], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+                max_new_tokens: int = 256, batch_size: int = 32, seed: int = 0, logprobs: bool = False,
+                progress: bool = True) -> list[list[Completion]]:
+    """Batched `model.generate` with KV cache; greedy when temperature == 0."""
+    import torch
+
+    was_training = model.training
+    model.eval()
+    dev = next(model.parameters()).device
+    eos = tokenizer.eos_token_id
+    order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths batch together
+    per_batch = max(1, batch_size // n) if n > 1 else batch_size
+    results: dict[int, list[Completion]] = {}
+    bar = tqdm(total=len(prompts), desc="generate", unit="prompt", disable=not progress, mininterval=2)
+    for b, start in enumerate(range(0, len(order), per_batch)):
+        idx = order[start:start + per_batch]
+        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False).to(dev)
+        kwargs = dict(max_new_tokens=max_new_tokens, num_return_sequences=n, pad_token_id=tokenizer.pad_token_id,
+                      eos_token_id=eos, return_dict_in_generate=True, output_logits=logprobs)
+        if temperature > 0:
+            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+        else:
+            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+        torch.manual_seed(seed + b)
+        with torch.no_grad():
+            out = model.generate(**enc, **kwargs)
+        new = out.sequences[:, enc["input_ids"].shape[1]:]
+        if logprobs:
+            logits = torch.stack(out.logits, dim=1).float()  # (batch*n, steps, vocab), raw model logits
+            chosen = torch.log_softmax(logits, dim=-1).gather(-1, new[:, :logits.shape[1]].unsqueeze(-1)).squeeze(-1)
+        for row in range(new.shape[0]):
+            ids = new[row].tolist()
+            stop = eos in ids
+            length = ids.index(eos) if stop else len(ids)
+            text = tokenizer.decode(ids[:length], skip_special_tokens=True)
+            lp = chosen[row, :length + int(stop)].tolist() if logprobs else None
+            c = Completion(text=text, tokens=length + int(stop), finish_reason="stop" if stop else "length", logprobs=lp)
+            results.setdefault(idx[row // n], []).append(c)
+        bar.update(len(idx))
+    bar.close()
+    model.train(was_training)
+    return [results[i] for i in range(len(prompts))]
+
+
+def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
+                  max_new_tokens: int = 7680, seed: int = 0, logprobs: bool = False,
+                  lora_request=None) -> list[list[Completion]]:
+    """vLLM `LLM.generate` with `SamplingParams`; `llm` comes from `vllm_engine`."""
+    from vllm import SamplingParams
+
+    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed,
+                            logprobs=0 if logprobs else None)
+    outs = llm.generate(list(prompts), params, lora_request=lora_request)
+    results = []
+    for o in outs:
+        comps = []
+        for c in o.outputs:
+            lp = None
+            if logprobs and c.logprobs is not None:
+                lp = [step[tid].logprob for step, tid in zip(c.logprobs, c.token_ids)]
+            comps.append(Completion(text=c.text, tokens=len(c.token_ids),
+                                    finish_reason="length" if c.finish_reason == "length" else "stop", logprobs=lp))
+        results.append(comps)
+    return results
+
+
+def vllm_engine(cfg, model_path: str):
+    """A vLLM `LLM` with LoRA enabled and the competition's engine settings (conf/infer/kaggle.yaml)."""
+    from vllm import LLM
+
+    inf = cfg.infer
+    return LLM(model=model_path, enable_lora=True, max_lora_rank=int(inf.max_lora_rank),
+               max_model_len=int(inf.max_model_len), max_num_seqs=int(inf.max_num_seqs),
+               gpu_memory_utilization=float(inf.gpu_memory_utilization),
+               tensor_parallel_size=int(inf.tensor_parallel_size), enable_prefix_caching=bool(inf.enable_prefix_caching),
+               enable_chunked_prefill=bool(inf.enable_chunked_prefill), seed=int(cfg.seed),
+               trust_remote_code=bool(cfg.model.trust_remote_code))
+
+
+class Generator:
+    """The configured back-end behind one call: `Generator(cfg, adapter).run(prompts, n=..., ...)`."""
+
+    def __init__(self, cfg, adapter: str | Path | None = None, model=None, tokenizer=None):
+        from lab import models
+
+        self.cfg = cfg
+        self.backend = str(cfg.model.generation_backend)
+        if self.backend == "hf":
+            if model is None:
+                model, tokenizer = models.load(cfg, adapter=adapter)
+            self.model, self.tokenizer = model, tokenizer
+        elif self.backend == "vllm":
+            from vllm.lora.request import LoRARequest
+
+            self.tokenizer = tokenizer or models.load_tokenizer(cfg)
+            self.llm = vllm_engine(cfg, models.model_path(cfg))
+            self.lora = LoRARequest("adapter", 1, str(adapter)) if adapter else None
+        else:
+            raise ValueError(f"model.generation_backend must be 'hf' or 'vllm', not {self.backend!r}")
+
+    def prompts(self, puzzles: Sequence[str]) -> list[str]:
+        return [chat_prompt(self.tokenizer, p) for p in puzzles]
+
+    def run(self, prompts: Sequence[str], n: int = 1, temperature: float | None = None, top_p: float | None = None,
+            seed: int | None = None, logprobs: bool = False, progress: bool = True) -> list[list[Completion]]:
+        inf = self.cfg.infer
+        temperature = float(inf.temperature if temperature is None else temperature)
+        top_p = float(inf.top_p if top_p is None else top_p)
+        seed = int(self.cfg.seed if seed is None else seed)
+        budget = completion_budget(self.tokenizer, prompts, inf.max_tokens, self.cfg.model.max_model_len)
+        if self.backend == "hf":
+            return generate_hf(self.model, self.tokenizer, prompts, n=n, temperature=temperature, top_p=top_p,
+                               max_new_tokens=budget, batch_size=int(inf.batch_size), seed=seed, logprobs=logprobs,
+                               progress=progress)
+        return generate_vllm(self.llm, prompts, n=n, temperature=temperature, top_p=top_p, max_new_tokens=budget,
+                             seed=seed, logprobs=logprobs, lora_request=self.lora)
+
+
+SAMPLE_COLUMNS = ["id", "category", "subtype", "gold", "sample", "completion", "answer", "correct", "tokens",
+                  "finish_reason", "mean_logprob"]
+
+
+def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature: float | None = None,
+                 logprobs: bool = False, cache: str | Path | None = None, chunk: int = 64,
+                 progress: bool = True) -> pd.DataFrame:
+    """Generate n completions per puzzle and score each; one row per (puzzle, sample).
+
+    `puzzles` needs `id, prompt` and, to score, `answer`. With `cache`, finished puzzles are
+    appended to a JSON-lines file chunk by chunk and skipped when the call is repeated.
+    """
+    from lab.metric import extract_answer, verify
+
+    version = str(gen.cfg.infer.get("metric_version", "final"))
+    done: dict[str, list[dict]] = {}
+    if cache is not None:
+        cache = Path(cache)
+        if cache.is_file():
+            for line in cache.read_text(encoding="utf-8").splitlines():
+                try:
+                    rec = json.loads(line)
+                except json.JSONDecodeError:  # a line cut short by a kill: redo that puzzle
+                    continue
+                done.setdefault(rec["id"], []).append(rec)
+    todo = puzzles[~puzzles["id"].astype(str).isin(done)]
+    t0, new_tokens = time.time(), 0
+    bar = tqdm(total=len(puzzles), initial=len(puzzles) - len(todo), desc="puzzles", unit="puzzle",
+               disable=not progress, mininterval=2)
+    for start in range(0, len(todo), chunk):
+        part = todo.iloc[start:start + chunk]
+        outs = gen.run(gen.prompts(part["prompt"].tolist()), n=n, temperature=temperature, logprobs=logprobs,
+                       seed=int(gen.cfg.seed) + start, progress=False)
+        recs = []
+        for (_, row), comps in zip(part.iterrows(), outs):
+            gold = str(row["answer"]) if "answer" in row else None
+            for j, c in enumerate(comps):
+                ans = extract_answer(c.text, version=version)
+                recs.append({"id": str(row["id"]), "category": row.get("category", ""), "subtype": row.get("subtype", ""),
+                             "gold": gold, "sample": j, "completion": c.text, "answer": ans,
+                             "correct": bool(verify(gold, ans, version=version)) if gold is not None else None,
+                             "tokens": c.tokens, "finish_reason": c.finish_reason, "mean_logprob": c.mean_logprob})
+                new_tokens += c.tokens
+        for r in recs:
+            done.setdefault(r["id"], []).append(r)
+        if cache is not None:
+            cache.parent.mkdir(parents=True, exist_ok=True)
+            with open(cache, "a", encoding="utf-8") as f:
+                f.write("".join(json.dumps(r) + "\n" for r in recs))
+        bar.update(len(part))
+        bar.set_postfix(tok_per_s=f"{new_tokens / max(time.time() - t0, 1e-9):.0f}")
+    bar.close()
+    rows = [r for pid in puzzles["id"].astype(str) for r in done.get(pid, [])]
+    return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)

@@ -1,0 +1,183 @@
+"""Loading the base model and tokenizer, or building the tiny embedded one; attaching adapters.
+
+`model=tiny` builds a randomly initialised `NemotronHForCausalLM` with the real model's module
+names (Mamba-2 `in_proj/out_proj`, attention `q/k/v/o_proj`, routed `experts.up_proj/down_proj`
+as fused 3-D parameters, `shared_experts.up_proj/down_proj`, `lm_head`) and a small byte-level
+BPE tokenizer trained locally on a fixed text, with a chat template that follows Nemotron's
+conventions (`<|im_start|>`/`<|im_end|>` turns; with thinking on, the generation prompt ends with
+`<think>\\n`). Both are saved once to `model.path` and reloaded from there, so every stage of a
+run uses the same weights. Nothing is downloaded.
+
+`model=nemotron_nano` loads the real checkpoint through transformers' own Nemotron-H
+implementation (no remote code unless configured), from a local folder, the Kaggle model
+mount (detected), or the Hub id (download beforehand).
+
+Deliberately simple: the tiny tokenizer is trained on a fixed built-in text (the competition's
+prompt wording), not on the run's data, so it is identical for every run and seed.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from lab.config import LabError, resolve_path
+
+SPECIAL_TOKENS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>", "<unk>"]  # ids 0..4: pad, bos, eos, ...
+THINK_TOKENS = ["<think>", "</think>"]  # ordinary added tokens: they stay visible in decoded text
+
+CHAT_TEMPLATE = (
+    "{%- for message in messages -%}"
+    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
+    "{%- endfor -%}"
+    "{%- if add_generation_prompt -%}"
+    "{%- if enable_thinking is defined and not enable_thinking -%}"
+    "{{ '<|im_start|>assistant\\n<think></think>' }}"
+    "{%- else -%}"
+    "{{ '<|im_start|>assistant\\n<think>\\n' }}"
+    "{%- endif -%}"
+    "{%- endif -%}"
+)
+
+# The fixed text the tiny tokenizer learns its merges from: the competition's wording.
+_TOKENIZER_TEXT = """In Alice's Wonderland, a secret bit manipulation rule transforms 8-bit binary numbers. The transformation involves operations like bit shifts, rotations, XOR, AND, OR, NOT, and possibly majority or choice functions.
+Here are some examples of input -> output:
+Now, determine the output for:
+In Alice's Wonderland, the gravitational constant has been secretly changed. Here are some example observations:
+For t = 1.37s, distance = 14.92 m
+Now, determine the falling distance for t = 4.41s given d = 0.5*g*t^2.
+In Alice's Wonderland, secret encryption rules are used on text. Here are some examples:
+Now, decrypt the following text:
+In Alice's Wonderland, numbers are secretly converted into a different numeral system. Some examples are given below:
+Now, write the number 38 in the Wonderland numeral system.
+In Alice's Wonderland, a secret unit conversion is applied to measurements. For example:
+10.08 m becomes 6.69
+Now, convert the following measurement: 25.09 m
+In Alice's Wonderland, a secret set of transformation rules is applied to equations. Below are a few examples:
+Now, determine the result for:
+Please put your final answer inside `\\boxed{}`. For example: `\\boxed{your answer}`
+queen discovers near valley cat imagines book the a of and to in is was rabbit hatter
+I V X L C D M XX XXX XL XC CD CM II III IV VI VII VIII IX
+"""
+
+
+def build_tiny_tokenizer(vocab_size: int = 768):
+    """A byte-level BPE tokenizer (digits always single tokens) with Nemotron-style chat turns."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    from transformers import PreTrainedTokenizerFast
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.Sequence([
+        pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
+    ])
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=SPECIAL_TOKENS, show_progress=False,
+                                  initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+    tok.train_from_iterator([_TOKENIZER_TEXT] * 4, trainer=trainer)
+    fast = PreTrainedTokenizerFast(tokenizer_object=tok, bos_token="<s>", eos_token="<|im_end|>",
+                                   pad_token="<pad>", unk_token="<unk>",
+                                   additional_special_tokens=["<|im_start|>"])
+    fast.add_tokens(THINK_TOKENS)
+    fast.chat_template = CHAT_TEMPLATE
+    fast.padding_side = "left"
+    return fast
+
+
+def build_tiny(cfg: DictConfig, path: Path) -> None:
+    """Build the tiny tokenizer and model from `cfg.model.architecture` and save both to `path` atomically."""
+    import torch
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    tok = build_tiny_tokenizer(int(cfg.model.architecture.vocab_size))
+    arch = OmegaConf.to_container(cfg.model.architecture, resolve=True)
+    arch["vocab_size"] = len(tok)
+    mcfg = NemotronHConfig(**arch, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                           eos_token_id=tok.eos_token_id)
+    with torch.random.fork_rng():
+        torch.manual_seed(int(cfg.seed))
+        model = NemotronHForCausalLM(mcfg)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        model.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        model.generation_config.save_pretrained(tmp)
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def kaggle_model_dir() -> Path | None:
+    """The Nemotron-H checkpoint folder under the Kaggle input mount, when running on Kaggle."""
+    for cfg_file in sorted(glob.glob("/kaggle/input/**/config.json", recursive=True)):
+        try:
+            if json.loads(Path(cfg_file).read_text()).get("model_type") == "nemotron_h":
+                return Path(cfg_file).parent
+        except (OSError, json.JSONDecodeError):
+            continue
+    return None
+
+
+def model_path(cfg: DictConfig) -> str:
+    """Where the base model lives: a local folder (built if tiny), the Kaggle mount, or the Hub id."""
+    p = str(cfg.model.path)
+    local = resolve_path(p)
+    if cfg.model.build_tiny:
+        if not (local / "config.json").is_file():
+            build_tiny(cfg, local)
+        return str(local)
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise LabError(f"{local}: model folder has no config.json")
+        return str(local)
+    if os.path.isdir("/kaggle/input") and (k := kaggle_model_dir()) is not None:
+        return str(k)
+    return p  # a Hub id; from_pretrained reports clearly if it is not in the local cache
+
+
+def device(cfg: DictConfig) -> str:
+    import torch
+
+    d = str(cfg.model.device)
+    return ("cuda" if torch.cuda.is_available() else "cpu") if d == "auto" else d
+
+
+def load_tokenizer(cfg: DictConfig):
+    from transformers import AutoTokenizer
+
+    tok = AutoTokenizer.from_pretrained(model_path(cfg), trust_remote_code=bool(cfg.model.trust_remote_code))
+    tok.padding_side = "left"
+    if tok.pad_token is None:
+        tok.pad_token = tok.eos_token
+    return tok
+
+
+def load(cfg: DictConfig, adapter: str | os.PathLike | None = None, trainable: bool = False):
+    """(model, tokenizer) on the configured device; `adapter` attaches a saved LoRA adapter."""
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    path = model_path(cfg)
+    tok = load_tokenizer(cfg)
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, str(cfg.model.dtype)),
+                                                 trust_remote_code=bool(cfg.model.trust_remote_code))
+    model.to(device(cfg))
+    if adapter is not None:
+        from peft import PeftModel
+
+        adapter = Path(adapter)
+        if not (adapter / "adapter_config.json").is_file():
+            raise LabError(f"{adapter}: not a LoRA adapter folder (no adapter_config.json)")
+        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+    model.train(trainable)
+    return model, tok
