@@ -1,0 +1,101 @@
+"""`python -m lab.puzzles solve IN.csv OUT.csv` and `python -m lab.puzzles generate --category C --n N --seed S OUT.csv`.
+
+solve: reads IN (columns prompt, optional id and gold answer; read as strings), writes OUT with id,
+category, subtype, status, answer, trace_tokens, reason, seconds, trace (and correct when IN has
+answers), prints per-category counts, statuses, accuracy (if answers) and puzzles per second.
+generate: writes a generated frame; difficulty knobs as `--set key=value` (repeatable).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lab.config import LabError, atomic_write_csv
+
+
+def _read_csv(path: str):
+    import pandas as pd
+
+    try:
+        df = pd.read_csv(path, dtype=str, keep_default_na=False)
+    except FileNotFoundError:
+        raise LabError(f"{path}: file not found") from None
+    if "prompt" not in df.columns:
+        raise LabError(f"{path}: no 'prompt' column (columns: {', '.join(df.columns)})")
+    return df
+
+
+def summary(out, has_gold: bool) -> str:
+    rows = []
+    for cat, g in out.groupby("category", sort=True):
+        st = g["status"].value_counts()
+        row = {"category": cat, "n": len(g), "solved": int(st.get("solved", 0)),
+               "ambiguous": int(st.get("ambiguous", 0)), "undetermined": int(st.get("undetermined", 0)),
+               "puzzles/s": round(len(g) / max(g["seconds"].sum(), 1e-9), 1),
+               "mean_trace_tokens": round(g["trace_tokens"].mean(), 1)}
+        if has_gold:
+            row["accuracy"] = round(g["correct"].mean(), 4)
+            row["acc_solved"] = round(g.loc[g["status"] == "solved", "correct"].mean(), 4) if row["solved"] else None
+        rows.append(row)
+    import pandas as pd
+
+    table = pd.DataFrame(rows)
+    text = table.to_string(index=False)
+    if has_gold:
+        text += f"\noverall accuracy: {out['correct'].mean():.4f} ({int(out['correct'].sum())}/{len(out)})"
+    return text + "\n(trace_tokens: " + ("tokenizer count)" if _TOK else "ESTIMATE, no tokenizer given)")
+
+
+_TOK = None
+
+
+def main(argv: list[str] | None = None) -> int:
+    global _TOK
+    ap = argparse.ArgumentParser(prog="python -m lab.puzzles")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("solve", help="solve every prompt of a CSV")
+    s.add_argument("inp")
+    s.add_argument("out")
+    s.add_argument("--tokenizer", default=None, help="local tokenizer folder for exact trace token counts")
+    g = sub.add_parser("generate", help="write generated puzzles to a CSV")
+    g.add_argument("--category", required=True)
+    g.add_argument("--n", type=int, required=True)
+    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="difficulty knob")
+    g.add_argument("out")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "solve":
+            from .solve import solve_frame
+
+            df = _read_csv(args.inp)
+            _TOK = args.tokenizer
+            out = solve_frame(df, tokenizer=args.tokenizer)
+            atomic_write_csv(args.out, out)
+            print(summary(out, "correct" in out.columns))
+            print(f"wrote {args.out}")
+        else:
+            from .generate import generate
+
+            knobs = {}
+            for kv in args.set:
+                k, _, v = kv.partition("=")
+                try:
+                    knobs[k] = int(v) if v.lstrip("-").isdigit() else float(v)
+                except ValueError:
+                    knobs[k] = v
+            try:
+                df = generate(args.category, args.n, args.seed, **knobs)
+            except ValueError as e:
+                raise LabError(str(e)) from None
+            atomic_write_csv(args.out, df)
+            print(f"wrote {len(df)} puzzles to {args.out}")
+    except LabError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
