@@ -15,6 +15,19 @@ BIT_REAL = ("In Alice's Wonderland, a secret bit manipulation rule transforms 8-
             "involves operations like bit shifts, rotations, XOR, AND, OR, NOT, and possibly majority or choice functions."
             "\n\nHere are some examples of input -> output:\n01010001 -> 11011101\n00001001 -> 01101101\n\n"
             "Now, determine the output for: 00110100")
+GRAVITY_REAL = ("In Alice's Wonderland, the gravitational constant has been secretly changed. Here are some example "
+                "observations:\nFor t = 1.37s, distance = 14.92 m\nNow, determine the falling distance for t = 4.41s "
+                "given d = 0.5*g*t^2.")
+CIPHER_REAL = ("In Alice's Wonderland, secret encryption rules are used on text. Here are some examples:\n"
+               "ucoov pwgtfyoqg vorq yrjjoe -> queen discovers near valley\n"
+               "Now, decrypt the following text: trb wzrswvog hffk")
+UNIT_REAL = ("In Alice's Wonderland, a secret unit conversion is applied to measurements. For example:\n"
+             "10.08 m becomes 6.69\n17.83 m becomes 11.83\nNow, convert the following measurement: 25.09 m")
+EQ_SYMBOLIC_REAL = ("In Alice's Wonderland, a secret set of transformation rules is applied to equations. Below are a "
+                    "few examples:\n`!*[{ = '\"[`\nNow, determine the result for: [[-!'")
+EQ_NUMERIC_REAL = ("In Alice's Wonderland, a secret set of transformation rules is applied to equations. Below are a "
+                   "few examples:\n34/44 = 1\n41/32 = 9\n34|25 = 69\n87\\64 = 8853\n"
+                   "Now, determine the result for: 69/52")
 NUMERAL_REAL = ("In Alice's Wonderland, numbers are secretly converted into a different numeral system. Some examples "
                 "are given below:\n11 -> XI\n15 -> XV\n94 -> XCIV\n19 -> XIX\nNow, write the number 38 in the "
                 "Wonderland numeral system.")
@@ -34,6 +47,8 @@ def test_api():
 
 
 @pytest.mark.parametrize("category,kw", [
+    ("gravity", {}), ("unit_conversion", {"n_examples": 2}), ("text_cipher", {}),
+    ("equation_transformation", {"symbolic": 0.5, "guess": 0.3}),
     ("numeral_system", {}), ("numeral_system", {"max_value": 10, "n_examples": 2}),
     ("numeral_system", {"max_value": 3999, "n_examples": 6}),
     ("bit_manipulation", {"complexity": 1}), ("bit_manipulation", {"complexity": 2, "n_examples": 10}),
@@ -50,25 +65,40 @@ def test_generate_frame(category, kw):
     assert all(classify(p)[0] == category for p in df["prompt"])
 
 
-@pytest.mark.parametrize("category,kw,min_acc", [
+ROUNDTRIP = [  # (category, difficulty, minimum accuracy over non-guess puzzles)
     ("numeral_system", {"max_value": 100}, 1.0), ("numeral_system", {"max_value": 3999, "n_examples": 3}, 1.0),
     ("bit_manipulation", {"complexity": 1, "n_examples": 6}, 1.0),
     ("bit_manipulation", {"complexity": 2, "n_examples": 8}, 0.95),
     ("bit_manipulation", {"complexity": 3, "n_examples": 10}, 0.9),
-])
+    ("gravity", {"n_examples": 1}, 1.0), ("gravity", {"n_examples": 6, "g_min": 1, "g_max": 30}, 1.0),
+    ("unit_conversion", {"n_examples": 2}, 1.0), ("unit_conversion", {"n_examples": 6, "x_max": 500}, 1.0),
+    ("text_cipher", {"n_examples": 2}, 0.95), ("text_cipher", {"n_examples": 5}, 0.95),
+    ("equation_transformation", {"ops": "simple", "n_examples": 5}, 0.9),
+    ("equation_transformation", {"n_examples": 8, "n_operators": 2, "neg": "random"}, 0.9),
+    ("equation_transformation", {"guess": 1.0}, None),
+    ("equation_transformation", {"symbolic": 1.0, "n_examples": 8}, 0.75),
+]
+
+
+@pytest.mark.parametrize("category,kw,min_acc", ROUNDTRIP)
 def test_roundtrip(category, kw, min_acc):
-    df = generate(category, 40, seed=11, **kw)
-    right, solved_wrong = 0, []
-    for p, a in zip(df["prompt"], df["answer"]):
+    df = generate(category, 30, seed=11, **kw)
+    right, total, solved_wrong = 0, 0, []
+    for p, a, sub in zip(df["prompt"], df["answer"], df["subtype"]):
         s = solve(p)
         check_trace(s)
-        assert s.category == category
+        assert s.category == category and s.subtype == sub
         ok = verify(a, s.answer)
+        if sub.endswith("guess"):
+            assert s.status == "undetermined" and s.reason
+            continue
+        total += 1
         right += ok
         if s.status == "solved" and not ok:
             solved_wrong.append((p, a, s.answer))
-    assert right / len(df) >= min_acc
-    assert len(solved_wrong) <= 0.05 * len(df)
+    if min_acc is not None:
+        assert right / total >= min_acc
+    assert len(solved_wrong) <= 0.05 * len(df), solved_wrong[:2]
 
 
 def test_numeral_real_example():
@@ -103,8 +133,57 @@ def test_bit_handmade_rotation_xor():
     check_trace(s)
 
 
+def test_real_examples_classified_and_solved():
+    assert classify(GRAVITY_REAL) == ("gravity", "")
+    s = solve(GRAVITY_REAL)
+    assert s.status == "solved" and verify("154.62", s.answer)
+    assert classify(UNIT_REAL) == ("unit_conversion", "")
+    assert (solve(UNIT_REAL).status, solve(UNIT_REAL).answer) == ("solved", "16.65")
+    assert classify(CIPHER_REAL) == ("text_cipher", "")
+    s = solve(CIPHER_REAL)
+    assert (s.status, s.answer) == ("solved", "cat imagines book")
+    assert classify(EQ_NUMERIC_REAL) == ("equation_transformation", "numeric_deduce")
+    s = solve(EQ_NUMERIC_REAL)
+    assert s.answer == "17/" and s.status in ("solved", "ambiguous")  # b-a and |a-b| both fit '/'
+    assert classify(EQ_SYMBOLIC_REAL) == ("equation_transformation", "symbolic_guess")
+    s = solve(EQ_SYMBOLIC_REAL)
+    assert s.status == "undetermined" and s.reason
+    for p in (GRAVITY_REAL, UNIT_REAL, CIPHER_REAL, EQ_NUMERIC_REAL, EQ_SYMBOLIC_REAL):
+        check_trace(solve(p))
+
+
+def test_equation_backticks_optional():
+    df = generate("equation_transformation", 20, seed=3, symbolic=1.0, n_examples=8)
+    for p, a in zip(df["prompt"], df["answer"]):
+        plain = "\n".join(line.strip("`") for line in p.splitlines())
+        ticked = "\n".join(f"`{line}`" if " = " in line and "Wonderland" not in line else line
+                           for line in plain.splitlines())
+        s1, s2 = solve(plain), solve(ticked)
+        assert (s1.answer, s1.status) == (s2.answer, s2.status)
+
+
+def test_cipher_unseen_letters_use_word_patterns():
+    prompt = CIPHER_REAL.replace("trb wzrswvog hffk", "hffk")
+    s = solve(prompt)
+    assert (s.status, s.answer) == ("solved", "book")
+    assert "hffk = ?oo? = book" in s.trace
+
+
+def test_numeric_equation_trace():
+    prompt = EQ_NUMERIC_REAL.replace("69/52", "87\\11")
+    s = solve(prompt)
+    assert (s.status, s.answer) == ("solved", "858")  # reversed: 78*11 = 858, written reversed
+    assert s.trace.startswith("mode: reversed\n\\ means a*b")
+
+
 @pytest.mark.parametrize("prompt", [
     "", "garbage", None, 42,
+    GRAVITY_REAL.split("For t")[0] + "Now, determine the falling distance for t = 4.41s given d = 0.5*g*t^2.",
+    GRAVITY_REAL.rsplit("Now,", 1)[0], UNIT_REAL.rsplit("Now,", 1)[0],
+    UNIT_REAL.replace("10.08 m becomes 6.69\n17.83 m becomes 11.83\n", ""),
+    CIPHER_REAL.rsplit("Now,", 1)[0], CIPHER_REAL.replace("ucoov pwgtfyoqg vorq yrjjoe -> queen discovers near valley\n", ""),
+    EQ_NUMERIC_REAL.rsplit("Now,", 1)[0], EQ_NUMERIC_REAL.split("\n34/44")[0] + "\nNow, determine the result for: 69/52",
+    EQ_NUMERIC_REAL.replace("69/52", "6/9/52"), EQ_SYMBOLIC_REAL.replace("[[-!'", "[["),
     BIT_REAL.split("Here are")[0],                      # no examples, no query
     BIT_REAL.rsplit("Now,", 1)[0],                      # query missing
     NUMERAL_REAL.split("\n11")[0] + "\nNow, write the number 38 in the Wonderland numeral system.",  # no examples

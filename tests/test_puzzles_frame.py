@@ -1,0 +1,52 @@
+"""solve_frame, trace_tokens and the `python -m lab.puzzles` commands (CPU only, offline)."""
+
+import pandas as pd
+
+from lab.puzzles import CATEGORIES, generate, solve_frame, trace_tokens
+from lab.puzzles.__main__ import main
+
+
+def mixed(n=8, seed=0):
+    return pd.concat([generate(c, n, seed) for c in CATEGORIES], ignore_index=True)
+
+
+def test_solve_frame_columns_and_correct():
+    df = mixed()
+    out = solve_frame(df)
+    for col in ["id", "category", "subtype", "status", "answer", "trace", "trace_tokens", "reason", "correct"]:
+        assert col in out.columns
+    assert out["id"].tolist() == df["id"].tolist()
+    assert out["category"].tolist() == df["category"].tolist()
+    assert out["correct"].mean() > 0.9
+    assert (out["trace_tokens"] > 0).all() and (out["trace_tokens"] < 400).all()
+    assert "correct" not in solve_frame(df.drop(columns=["answer"])).columns
+
+
+def test_trace_tokens_estimate_and_tokenizer():
+    t = "rule: x\nx = 00000001\n</think>\n\\boxed{00000001}"
+    assert trace_tokens(t) == max(len(t.split()), -(-len(t) * 2 // 7))
+
+    class Tok:  # a stand-in with the HF call signature
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": list(text)}
+
+    assert trace_tokens(t, Tok()) == len(t)
+
+
+def test_cli_generate_and_solve(tmp_path, capsys):
+    inp, out = tmp_path / "in.csv", tmp_path / "out.csv"
+    assert main(["generate", "--category", "equation_transformation", "--n", "12", "--seed", "3",
+                 "--set", "symbolic=0.5", "--set", "ops=simple", str(inp)]) == 0
+    df = pd.read_csv(inp, dtype=str, keep_default_na=False)
+    assert len(df) == 12 and df["id"].is_unique
+    assert main(["solve", str(inp), str(out)]) == 0
+    res = pd.read_csv(out, dtype=str, keep_default_na=False)
+    assert {"id", "category", "subtype", "status", "answer", "trace_tokens", "trace"} <= set(res.columns)
+    text = capsys.readouterr().out
+    assert "equation_transformation" in text and "accuracy" in text and "puzzles/s" in text
+
+
+def test_cli_errors(tmp_path, capsys):
+    assert main(["solve", str(tmp_path / "missing.csv"), str(tmp_path / "o.csv")]) == 2
+    assert main(["generate", "--category", "nope", "--n", "1", str(tmp_path / "o.csv")]) == 2
+    assert "error:" in capsys.readouterr().err
