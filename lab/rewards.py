@@ -1,0 +1,338 @@
+r"""GRPO reward functions, in the style of open-r1's rewards.py: plain functions in a registry.
+
+`REWARDS` maps a name to a function with TRL 1.15 GRPOTrainer's reward signature
+``f(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]``. `build(weights,
+**options)` turns the config's ``grpo.rewards`` mapping (name -> weight) into what the trainer
+takes: ``GRPOTrainer(reward_funcs=funcs, args=GRPOConfig(reward_weights=weights, ...))``.
+
+What TRL 1.15 passes (read in ``trl/trainer/grpo_trainer.py``, ``_calculate_rewards``): keywords
+``prompts`` (list), ``completions`` (for a plain-text dataset, the decoded strings, decoded with
+``skip_special_tokens=True``; for a conversational one, ``[{"role": "assistant", "content": ...}]``
+lists, which these functions also accept), ``completion_ids`` (lists of token ids, unpadded; a
+finished completion ends with its EOS token, a truncated one does not), every dataset column but
+``prompt``/``completion``/``completion_ids`` as a list aligned with the completions (here ``answer``,
+``solver_trace``, ``category``, ...), and ``trainer_state`` (transformers' TrainerState),
+``log_extra`` and ``log_metric`` (logging callbacks), plus ``environments`` when environments are
+used. A function may return ``None`` for a completion: TRL stores it as NaN, which drops that
+function's term for that completion (the weighted sum is a ``nansum``); only when EVERY function
+returns None for a completion is it "unscorable": excluded from the group's mean and std and
+given advantage 0. TRL names each reward in its logs by ``__name__``.
+
+The rewards, by registry name (the plain functions are `<name>_reward`, as in open-r1; each
+is in [0, 1] except `length`, which is in [-1, 0]):
+
+``correctness``
+  1.0 if ``lab.metric.verify(answer, extract_answer(completion))`` else 0.0: exactly the
+  competition's scoring, fall-backs included (a completion with no box can still be read by the
+  "Final answer:" / last-number rules). A missing gold answer (None/NaN) gives None.
+``format``
+  ``0.5 * closed + 0.5 * box``. ``closed`` is 1 when ``</think>`` occurs exactly once. ``box`` is
+  judged on the answer part (the text after the last ``</think>``; the whole completion when there
+  is none): 1.0 for a clean ending (exactly one ``\boxed{`` there, only whitespace after its last
+  ``}``, and the content the metric reads, up to that last ``}``, is non-empty after stripping);
+  0.5 when the metric's boxed rule still reads a non-empty answer from the answer part but the
+  ending is untidy (two boxes, text after the box, an unclosed box); 0 for no box or only empty
+  boxes. So: clean 1.0; clean but no ``</think>`` 0.5; two boxes or trailing text 0.75; an empty
+  box after ``</think>`` 0.5; nothing 0. Boxes inside the reasoning are ignored.
+``length``
+  DAPO's soft overlong penalty on the completion's token count L (``len(completion_ids)``) with
+  budget B = ``max_completion_length`` and buffer W = ``length_buffer`` (default B // 4): 0 while
+  L <= B - W, then falling linearly to -1 at L = B. A truncated completion (see below) gets -1
+  when ``truncation="penalise"`` and None when ``truncation="mask"``. Give it a positive weight.
+``trace_agreement``
+  Where the row has a solver trace: the share of the trace's reasoning lines (before its
+  ``</think>``) that the completion's reasoning (before its first ``</think>``, or all of it when
+  unclosed) reproduces in order, i.e. the length of the longest common subsequence of the two line
+  lists over the number of trace lines. Lines are compared exactly after collapsing whitespace and
+  dropping blank lines. No trace (empty, None, NaN) gives 0.0.
+
+Truncation: a completion is truncated when ``len(ids) >= max_completion_length`` and, if
+``eos_token_ids`` are given, its last id is not one of them (without them, a completion ending
+with EOS exactly at the budget is also counted as truncated: rare and harmless). With
+``truncation="mask"``, `build` makes EVERY reward it returns give None for truncated completions,
+so TRL treats them as unscorable (no reward, advantage 0, out of the group baseline), as DAPO's
+overlong filtering does; also set ``GRPOConfig(mask_truncated_completions=True)`` to drop their
+tokens from the loss. With ``"penalise"`` (default) they are scored as Kaggle would score them and
+`length` adds -1.
+
+Deliberate simplifications: rewards are stateless (no schedule over ``trainer_state``); the
+format check is textual, not token-level, and assumes ``</think>`` survives decoding with
+``skip_special_tokens=True`` (true for the lab's tokenizers, where it is an ordinary added token);
+trace agreement is exact line matching, so a numeric line differing in one digit counts as a miss.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from typing import Any, Callable, Mapping, Sequence
+
+from lab.config import LabError
+from lab.metric import extract_answer, verify
+
+__all__ = ["REWARDS", "OPTIONS", "TRUNCATION", "Reward", "build", "correctness_reward", "format_reward",
+           "length_reward", "trace_agreement_reward", "format_score", "agreement", "is_truncated"]
+
+THINK_END = "</think>"
+BOXED = "\\boxed{"
+TRUNCATION = ("penalise", "mask")
+
+
+# ----------------------------------------------------------------------------------------------
+# helpers
+# ----------------------------------------------------------------------------------------------
+
+def _text(completion: Any) -> str:
+    """A completion as text: a string as is; a conversational completion's last message content."""
+    if completion is None:
+        return ""
+    if isinstance(completion, str):
+        return completion
+    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], Mapping):
+        return str(completion[-1].get("content") or "")
+    return str(completion)
+
+
+def _missing(v: Any) -> bool:
+    return v is None or (isinstance(v, float) and math.isnan(v))
+
+
+def _column(kwargs: dict, name: str, reward: str, n: int) -> list:
+    if name not in kwargs:
+        cols = sorted(k for k in kwargs if k not in ("trainer_state", "log_extra", "log_metric", "environments"))
+        raise LabError(f"reward {reward!r} needs the dataset column {name!r}; the columns passed are {cols}")
+    values = list(kwargs[name])
+    if len(values) != n:
+        raise LabError(f"reward {reward!r}: {len(values)} values in column {name!r} for {n} completions")
+    return values
+
+
+def is_truncated(ids: Sequence[int], max_completion_length: int, eos_token_ids: Sequence[int] | None = None) -> bool:
+    """True when a completion used the whole budget without ending (see the module docstring)."""
+    ids = list(ids)
+    if len(ids) < int(max_completion_length):
+        return False
+    return not eos_token_ids or not ids or ids[-1] not in set(eos_token_ids)
+
+
+def _ids(completion_ids: Sequence | None, n: int, reward: str) -> list:
+    if completion_ids is None:
+        raise LabError(f"reward {reward!r} needs completion_ids (token ids of each completion); none were passed")
+    ids = list(completion_ids)
+    if len(ids) != n:
+        raise LabError(f"reward {reward!r}: {len(ids)} completion_ids for {n} completions")
+    return ids
+
+
+def _budget(max_completion_length: Any, reward: str) -> int:
+    try:
+        budget = None if isinstance(max_completion_length, bool) else int(max_completion_length)
+    except (TypeError, ValueError):
+        budget = None
+    if budget is None or budget < 1 or budget != max_completion_length:
+        raise LabError(f"{reward} needs max_completion_length (the completion budget in tokens, an int >= 1), "
+                       f"got {max_completion_length!r}; pass it to lab.rewards.build")
+    return budget
+
+
+# ----------------------------------------------------------------------------------------------
+# the rewards
+# ----------------------------------------------------------------------------------------------
+
+def correctness_reward(prompts, completions, completion_ids=None, metric_version: str = "final", **kwargs) -> list:
+    """1.0 when the competition's metric scores the completion correct against `answer`, else 0.0 (None: no gold)."""
+    golds = _column(kwargs, "answer", "correctness", len(completions))
+    out = []
+    for gold, c in zip(golds, completions):
+        if _missing(gold):
+            out.append(None)
+            continue
+        if not isinstance(gold, str):
+            raise LabError(f"reward 'correctness': gold answer {gold!r} is a {type(gold).__name__}, not a str; "
+                           "read the data with dtype=str (binary answers such as 0101 lose their leading zeros)")
+        out.append(1.0 if verify(gold, extract_answer(_text(c), metric_version), metric_version) else 0.0)
+    return out
+
+
+def _box_score(answer_part: str) -> float:
+    """1.0 clean final box, 0.5 readable but untidy, 0.0 no non-empty box (see the module docstring)."""
+    starts = [m.end() for m in re.finditer(re.escape(BOXED), answer_part)]
+    if not starts:
+        return 0.0
+    if len(starts) == 1:
+        tail = answer_part[starts[0]:].rstrip()
+        if tail.endswith("}") and tail[:-1].strip():
+            return 1.0
+    ends = [s - len(BOXED) for s in starts[1:]] + [len(answer_part)]
+    for s, e in zip(starts, ends):  # the metric's boxed rule: up to the last `}` before the next box
+        seg = answer_part[s:e]
+        close = seg.rfind("}")
+        if (seg[:close] if close >= 0 else seg).strip():
+            return 0.5
+    return 0.0
+
+
+def format_score(text: str) -> float:
+    """The `format` reward of one completion text."""
+    closed = text.count(THINK_END) == 1
+    answer_part = text.rsplit(THINK_END, 1)[-1]
+    return 0.5 * closed + 0.5 * _box_score(answer_part)
+
+
+def format_reward(prompts, completions, completion_ids=None, **kwargs) -> list:
+    """`</think>` once, then exactly one non-empty `\\boxed{}` at the very end: 1.0; partial credit otherwise."""
+    return [format_score(_text(c)) for c in completions]
+
+
+def length_reward(prompts, completions, completion_ids=None, max_completion_length: int | None = None,
+           length_buffer: int | None = None, truncation: str = "penalise",
+           eos_token_ids: Sequence[int] | None = None, **kwargs) -> list:
+    """0 well inside the budget, down to -1 at the budget (DAPO soft overlong); truncated: -1 or None (mask)."""
+    budget = _budget(max_completion_length, "reward 'length'")
+    buffer = _buffer(length_buffer, budget)
+    _check_truncation(truncation)
+    out = []
+    for ids in _ids(completion_ids, len(completions), "length"):
+        n = len(ids)
+        if is_truncated(ids, budget, eos_token_ids):
+            out.append(None if truncation == "mask" else -1.0)
+        elif n <= budget - buffer:
+            out.append(0.0)
+        else:
+            out.append(-min(1.0, (n - (budget - buffer)) / buffer))
+    return out
+
+
+def _steps(text: str) -> list[str]:
+    """Whitespace-normalised non-empty lines of the reasoning (the text before the first `</think>`)."""
+    reasoning = text.split(THINK_END, 1)[0]
+    return [s for s in (" ".join(line.split()) for line in reasoning.splitlines()) if s]
+
+
+def _lcs(a: list[str], b: list[str]) -> int:
+    """Length of the longest common subsequence of two lists of lines."""
+    wanted = set(a)
+    b = [x for x in b if x in wanted]  # lines absent from `a` can never match
+    if not a or not b:
+        return 0
+    prev = [0] * (len(b) + 1)
+    for x in a:
+        cur = [0] * (len(b) + 1)
+        for j, y in enumerate(b, 1):
+            cur[j] = prev[j - 1] + 1 if x == y else max(prev[j], cur[j - 1])
+        prev = cur
+    return prev[-1]
+
+
+def agreement(completion: str, solver_trace: str | None) -> float:
+    """Share of the solver trace's reasoning lines the completion reproduces in order (0.0 without a trace)."""
+    if _missing(solver_trace) or not str(solver_trace).strip():
+        return 0.0
+    trace = _steps(str(solver_trace))
+    if not trace:
+        return 0.0
+    return _lcs(trace, _steps(completion)) / len(trace)
+
+
+def trace_agreement_reward(prompts, completions, completion_ids=None, **kwargs) -> list:
+    """Share of the row's `solver_trace` reasoning lines reproduced in order (LCS over lines); 0.0 without one."""
+    traces = _column(kwargs, "solver_trace", "trace_agreement", len(completions))
+    return [agreement(_text(c), t) for c, t in zip(completions, traces)]
+
+
+REWARDS: dict[str, Callable[..., list]] = {
+    "correctness": correctness_reward,
+    "format": format_reward,
+    "length": length_reward,
+    "trace_agreement": trace_agreement_reward,
+}
+
+
+# ----------------------------------------------------------------------------------------------
+# build: config mapping -> (reward_funcs, reward_weights)
+# ----------------------------------------------------------------------------------------------
+
+# every option `build` accepts, with its default; a typo is an error, not silently ignored
+OPTIONS: dict[str, Any] = {
+    "metric_version": "final",         # correctness: the metric version (final | legacy)
+    "max_completion_length": None,     # the completion budget in tokens (length, and truncation=mask)
+    "length_buffer": None,             # length: tokens before the budget where the penalty starts (B // 4)
+    "truncation": "penalise",          # truncated completions: penalise (length gives -1) | mask (all None)
+    "eos_token_ids": None,             # end-of-turn ids: a full-budget completion ending in one is finished
+}
+
+
+def _check_truncation(truncation: str) -> None:
+    if truncation not in TRUNCATION:
+        raise LabError(f"unknown truncation {truncation!r}; allowed: {', '.join(TRUNCATION)}")
+
+
+def _buffer(length_buffer: Any, budget: int) -> int:
+    buffer = max(1, budget // 4) if length_buffer is None else int(length_buffer)
+    if not 1 <= buffer <= budget:
+        raise LabError(f"length_buffer must be between 1 and max_completion_length ({budget}), got {length_buffer!r}")
+    return buffer
+
+
+class Reward:
+    """A registry function bound to `build`'s options: named (TRL logs ``__name__``), picklable, and, with
+    ``truncation="mask"``, returning None for every truncated completion."""
+
+    def __init__(self, name: str, options: Mapping[str, Any]):
+        self.__name__ = name
+        self.__qualname__ = name
+        self.name = name
+        self.options = dict(options)
+
+    def __call__(self, prompts=None, completions=(), completion_ids=None, **kwargs) -> list:
+        completions = list(completions)
+        rewards = REWARDS[self.name](prompts, completions, completion_ids, **{**kwargs, **self.options})
+        if self.options["truncation"] == "mask":
+            budget = self.options["max_completion_length"]
+            eos = self.options["eos_token_ids"]
+            ids = _ids(completion_ids, len(completions), self.name)
+            rewards = [None if is_truncated(i, budget, eos) else r for i, r in zip(ids, rewards)]
+        return rewards
+
+    def __repr__(self) -> str:
+        return f"Reward({self.name!r})"
+
+
+def build(weights: Mapping[str, Any], **options) -> tuple[list[Reward], list[float]]:
+    """(reward_funcs, reward_weights) for GRPOTrainer / GRPOConfig from a name -> weight mapping.
+
+    `weights` is the config's ``grpo.rewards`` (a dict or DictConfig), in order; names must be
+    keys of `REWARDS`. `options` (see `OPTIONS`): metric_version, max_completion_length (needed by
+    `length` and by ``truncation="mask"``), length_buffer, truncation, eos_token_ids.
+    """
+    unknown_opts = sorted(set(options) - set(OPTIONS))
+    if unknown_opts:
+        raise LabError(f"unknown reward option(s) {unknown_opts}; known: {', '.join(OPTIONS)}")
+    opts = {**OPTIONS, **options}
+    if weights is None or not len(weights):
+        raise LabError(f"no rewards configured (grpo.rewards is empty); known rewards: {', '.join(REWARDS)}")
+    names = [str(k) for k in weights.keys()]
+    unknown = [n for n in names if n not in REWARDS]
+    if unknown:
+        raise LabError(f"unknown reward(s) {unknown} in grpo.rewards; known rewards: {', '.join(REWARDS)}")
+    values = []
+    for n in names:
+        w = weights[n]
+        try:
+            w = float(w)
+        except (TypeError, ValueError):
+            raise LabError(f"grpo.rewards.{n}: weight must be a number, got {w!r}") from None
+        if not math.isfinite(w):
+            raise LabError(f"grpo.rewards.{n}: weight must be finite, got {w!r}")
+        values.append(w)
+    _check_truncation(opts["truncation"])
+    if opts["metric_version"] not in ("final", "legacy"):
+        raise LabError(f"unknown metric_version {opts['metric_version']!r}; allowed: final, legacy")
+    if "length" in names or opts["truncation"] == "mask" or opts["max_completion_length"] is not None:
+        why = "reward 'length'" if "length" in names else "truncation='mask'" if opts["truncation"] == "mask" \
+            else "build"
+        opts["max_completion_length"] = _budget(opts["max_completion_length"], why)
+        opts["length_buffer"] = _buffer(opts["length_buffer"], opts["max_completion_length"])
+    if opts["eos_token_ids"] is not None:
+        opts["eos_token_ids"] = [int(i) for i in opts["eos_token_ids"]]
+    return [Reward(n, opts) for n in names], values
