@@ -9,8 +9,9 @@ The rule space searched, cheapest first (cost = (level, number of NOTs)):
 All rules of a level are checked at once with numpy; the query is carried along as an extra
 column, so every consistent rule's prediction comes for free. If all consistent rules of the
 minimal cost agree on the query the status is `solved`, else `ambiguous` (answer: the most common
-prediction). If no rule up to level 3 fits, a per-bit fallback treats each output bit as a function
-of the fewest input bits that explains the examples (`ambiguous` unless every bit is forced).
+prediction). If no rule up to level 3 fits: an affine rule (each output bit an XOR of input
+bits and maybe 1, solved over GF(2); `solved` only if every query bit is forced); then a per-bit fallback treats each output bit as a function
+of the fewest input bits (at most 4) that explains the examples (`ambiguous` unless every bit is forced).
 
 Trace (structured rule): the rule, the query, each copy, each operation, one line each:
     rule: shl1 XOR rotr3
@@ -207,6 +208,46 @@ def rule_trace(rule, q: int) -> list[str]:
     return lines
 
 
+def affine(x: list[int], y: list[int], q: int):
+    """Each output bit as an XOR of input bits (and maybe 1), i.e. any mix of XOR, NOT, shifts and
+    rotations. -> (answer, lines) if every bit fits and is forced for the query, else None."""
+    qb = b8(q)
+    lines = ["rule: XOR per bit", f"x = {qb}"]
+    out = ""
+    for i in range(8):
+        pivots: dict[int, tuple[int, int]] = {}  # pivot bit -> (row over x0..x7 and 1, target)
+        for xv, yv in zip(x, y):
+            row, t = (int(b8(xv), 2) << 1) | 1, int(b8(yv)[i])
+            for p in sorted(pivots, reverse=True):
+                if row >> p & 1:
+                    row, t = row ^ pivots[p][0], t ^ pivots[p][1]
+            if row == 0:
+                if t:
+                    return None  # inconsistent: not affine
+                continue
+            top = row.bit_length() - 1
+            for p, (r, tt) in list(pivots.items()):
+                if r >> top & 1:
+                    pivots[p] = (r ^ row, tt ^ t)
+            pivots[top] = (row, t)
+        row, t = (q << 1) | 1, 0
+        for p in sorted(pivots, reverse=True):
+            if row >> p & 1:
+                row, t = row ^ pivots[p][0], t ^ pivots[p][1]
+        if row:
+            return None  # the query bit is not forced
+        w = 0  # one solution: free variables 0, so weight j = target of the pivot row at bit j
+        for p, (_, tt) in pivots.items():
+            if tt:
+                w |= 1 << p
+        terms = [f"x{7 - (p - 1)}" for p in range(8, 0, -1) if w >> p & 1] + (["1"] if w & 1 else [])
+        val = sum(int(qb[7 - (p - 1)]) for p in range(1, 9) if w >> p & 1) + (w & 1)
+        bit = str(val % 2)
+        lines.append(f"b{i} = {' ^ '.join(terms) or '0'} = {bit}")
+        out += bit
+    return out, lines
+
+
 def per_bit(x: list[int], y: list[int], q: int):
     """Fallback: each output bit from the fewest input bits. -> (answer, forced, lines) or None."""
     xb = [b8(v) for v in x]
@@ -215,8 +256,8 @@ def per_bit(x: list[int], y: list[int], q: int):
     out, forced, lines = [], True, ["rule: per bit", f"x = {qb}"]
     for i in range(8):
         done = False
-        for arity in range(0, 4):
-            preds, first = set(), None
+        for arity in range(0, 5):
+            preds = []  # (prediction or '?', subset, query pattern) of every consistent subset
             for sub in combinations(range(8), arity):
                 table, ok = {}, True
                 for xs, ys in zip(xb, yb):
@@ -224,20 +265,16 @@ def per_bit(x: list[int], y: list[int], q: int):
                     if table.setdefault(key, ys[i]) != ys[i]:
                         ok = False
                         break
-                if not ok:
-                    continue
-                key = "".join(qb[j] for j in sub)
-                pred = table.get(key, "?")
-                preds.add(pred)
-                if first is None or (first[2] == "?" and pred != "?"):
-                    first = (sub, key, pred)
-            if first is None:
+                if ok:
+                    key = "".join(qb[j] for j in sub)
+                    preds.append((table.get(key, "?"), sub, key))
+            if not preds:
                 continue
-            vals = preds - {"?"}
-            bit = Counter(vals).most_common(1)[0][0] if len(vals) == 1 else "1" if "1" in vals else "0"
-            if preds != {bit}:
+            votes = Counter(p for p, _, _ in preds if p != "?")
+            bit = max(votes, key=lambda v: (votes[v], v == "0")) if votes else "0"
+            if set(p for p, _, _ in preds) != {bit}:
                 forced = False
-            sub, key = first[0], first[1]
+            _, sub, key = next((t for t in preds if t[0] == bit), preds[0])
             src = ",".join(f"x{j}" for j in sub) or "none"
             lines.append(f"b{i} <- {src}: {key or '-'} -> {bit}")
             out.append(bit)
@@ -274,7 +311,11 @@ def solve(prompt: str) -> Solution:
         status = "solved" if len(votes) == 1 else "ambiguous"
         reason = "" if status == "solved" else f"{len(top)} equally simple rules give {len(votes)} answers"
         return Solution(ans, status, finish(rule_trace(rule, q), ans), CATEGORY, "", reason)
-    fb = per_bit([a for a, _ in ex], [b for _, b in ex], q)
+    xs_, ys_ = [a for a, _ in ex], [b for _, b in ex]
+    af = affine(xs_, ys_, q)
+    if af is not None:
+        return Solution(af[0], "solved", finish(af[1], af[0]), CATEGORY, "", "")
+    fb = per_bit(xs_, ys_, q)
     if fb is None:
         return undetermined(CATEGORY, "no rule in the searched space fits the examples")
     ans, forced, lines = fb
