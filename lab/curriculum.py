@@ -1,0 +1,151 @@
+"""Prompt selection and curriculum for GRPO: which training prompts to keep, and in what order.
+
+Pure pandas/numpy on tables; no model. The pieces, in the order 03_grpo uses them:
+
+`estimate_pass_rates(samples)`
+  Per-id share of correct samples, ``DataFrame[id, n, correct, pass_rate]``, from a samples table
+  (k completions per prompt drawn from the SFT model, as `lab.generate.sample_table` writes it).
+  It is `lab.vote.pass_rates`, which does exactly this; nothing is recomputed here.
+`select(pass_rates, threshold)`
+  Drops prompts the model already solves (pass rate >= threshold over its k samples: a group that
+  is all correct has zero reward variance, so GRPO learns nothing from it) and keeps the rest.
+  Prompts with pass rate 0 are KEPT: with k samples a rate of 0 only says "not solved in k tries",
+  and more samples during training may still produce a correct one and so a signal; they are
+  counted (`selection_summary`'s ``unsolved``) so a run that is mostly unsolved prompts shows it.
+`order(puzzles, pass_rates, curriculum, shape, seed=...)`
+  The training prompts in the order the trainer should see them. Curriculum on: from high to
+  low pass rate (easy to hard); ``linear`` sorts (ties in a seeded random order, so equal rates
+  do not come out grouped by however the input was sorted); ``stepped`` sorts, cuts the order into
+  ``buckets`` contiguous buckets of (near) equal size, and shuffles within each bucket. Curriculum
+  off: a seeded shuffle. The same seed always gives the same order.
+
+Using the order: TRL's GRPOTrainer shuffles its dataset by default; pass
+``GRPOConfig(shuffle_dataset=False)`` or the order is lost. When training runs for more prompts
+than the dataset holds (max_steps * prompts_per_step > n), the trainer starts the same order again
+from the top, so the curriculum restarts at the easy end each epoch.
+
+Deliberate simplifications: pass rates are measured once, before training, and never refreshed
+as the model improves (no online difficulty re-estimation as in DAPO's dynamic sampling); the
+pass rate is the only difficulty signal (no per-category balancing); stepped buckets are cut by
+rank, so prompts with equal pass rates may straddle a bucket boundary.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+
+from lab.config import LabError
+from lab.vote import pass_rates as _vote_pass_rates
+
+__all__ = ["SHAPES", "estimate_pass_rates", "select", "selection_summary", "order"]
+
+SHAPES = ("linear", "stepped")
+
+
+def estimate_pass_rates(samples: pd.DataFrame, version: str = "final") -> pd.DataFrame:
+    """``DataFrame[id, n, correct, pass_rate]`` per id (first-appearance order): `lab.vote.pass_rates`.
+
+    `samples` needs ``id``, ``gold``, ``answer`` (extracted, as strings) and ``tokens`` columns.
+    """
+    return _vote_pass_rates(samples, version)
+
+
+def _check_rates(pass_rates: pd.DataFrame) -> pd.DataFrame:
+    """A checked copy with ids as str; clear errors for missing columns, duplicates, rates outside [0, 1]."""
+    if not isinstance(pass_rates, pd.DataFrame):
+        raise LabError(f"pass rates must be a DataFrame[id, n, correct, pass_rate], got {type(pass_rates).__name__}")
+    missing = [c for c in ("id", "pass_rate") if c not in pass_rates.columns]
+    if missing:
+        raise LabError(f"pass-rate table lacks column(s) {missing}; columns are {list(pass_rates.columns)}")
+    df = pass_rates.copy()
+    df["id"] = df["id"].astype(str)
+    dup = df["id"][df["id"].duplicated()].unique()
+    if len(dup):
+        raise LabError(f"pass-rate table has duplicate id(s) {list(dup[:5])}")
+    rate = pd.to_numeric(df["pass_rate"], errors="coerce")
+    bad = df["id"][rate.isna() | (rate < 0) | (rate > 1)]
+    if len(bad):
+        raise LabError(f"pass_rate must be a number in [0, 1]; not so for id(s) {list(bad[:5])}")
+    df["pass_rate"] = rate.astype(float)
+    return df.reset_index(drop=True)
+
+
+def _check_threshold(threshold: float) -> float:
+    try:
+        t = float(threshold)
+    except (TypeError, ValueError):
+        raise LabError(f"threshold must be a number in (0, 1], got {threshold!r}") from None
+    if not 0.0 < t <= 1.0:
+        raise LabError(f"threshold must be in (0, 1], got {threshold!r}")
+    return t
+
+
+def select(pass_rates: pd.DataFrame, threshold: float = 0.75) -> tuple[list[str], pd.DataFrame]:
+    """(kept_ids, dropped): keep prompts with pass_rate < threshold, in table order; `dropped` holds the rows
+    of the others (pass_rate >= threshold, already solved). Pass rate 0 is kept (see the module docstring)."""
+    t = _check_threshold(threshold)
+    df = _check_rates(pass_rates)
+    solved = df["pass_rate"] >= t
+    return df.loc[~solved, "id"].tolist(), df.loc[solved].reset_index(drop=True)
+
+
+def selection_summary(pass_rates: pd.DataFrame, threshold: float = 0.75) -> dict:
+    """Counts of a `select`: total, kept, dropped (pass rate >= threshold), unsolved (pass rate 0, kept)."""
+    t = _check_threshold(threshold)
+    df = _check_rates(pass_rates)
+    dropped = int((df["pass_rate"] >= t).sum())
+    return {"threshold": t, "total": int(len(df)), "kept": int(len(df)) - dropped, "dropped": dropped,
+            "unsolved": int((df["pass_rate"] == 0).sum())}
+
+
+def order(puzzles: pd.DataFrame, pass_rates: pd.DataFrame | None, curriculum: bool, shape: str = "linear", *,
+          seed: int, buckets: int = 4) -> pd.DataFrame:
+    """The rows of `puzzles` (needs an ``id`` column) in training order, index reset, with two columns added
+    (replacing any of the same name): ``pass_rate`` (NaN where unknown) and ``bucket`` (the stepped bucket,
+    0 = easiest; <NA> otherwise).
+
+    curriculum=True: easy to hard by pass rate, `shape` linear or stepped (`buckets` buckets); every
+    puzzle needs a pass rate. curriculum=False: a seeded shuffle; `pass_rates` may be None. The
+    shape is validated either way, so a typo in the config fails before a long run, not after.
+    """
+    if shape not in SHAPES:
+        raise LabError(f"unknown curriculum shape {shape!r}; allowed: {', '.join(SHAPES)}")
+    if isinstance(buckets, bool) or not isinstance(buckets, (int, np.integer)) or buckets < 1:
+        raise LabError(f"buckets must be an int >= 1, got {buckets!r}")
+    if "id" not in puzzles.columns:
+        raise LabError(f"puzzles table lacks column 'id'; columns are {list(puzzles.columns)}")
+    keys = puzzles["id"].astype(str)
+    dup = keys[keys.duplicated()].unique()
+    if len(dup):
+        raise LabError(f"puzzles table has duplicate id(s) {list(dup[:5])}")
+    if curriculum and pass_rates is None:
+        raise LabError("curriculum is on but no pass rates were given; estimate them first (estimate_pass_rates)")
+
+    out = puzzles.drop(columns=[c for c in ("pass_rate", "bucket") if c in puzzles.columns]).reset_index(drop=True)
+    if pass_rates is not None:
+        rates = _check_rates(pass_rates).set_index("id")["pass_rate"]
+        out["pass_rate"] = keys.map(rates).to_numpy(dtype=float)
+    else:
+        out["pass_rate"] = np.nan
+    out["bucket"] = pd.array([pd.NA] * len(out), dtype="Int64")
+
+    rng = np.random.default_rng(int(seed))
+    perm = rng.permutation(len(out))
+    if not curriculum:
+        return out.iloc[perm].reset_index(drop=True)
+
+    unknown = keys[out["pass_rate"].isna().to_numpy()]
+    if len(unknown):
+        raise LabError(f"{len(unknown)} puzzle(s) have no pass rate, e.g. {list(unknown[:5])}; "
+                       "estimate pass rates for every training prompt, or turn the curriculum off")
+    shuffled = out.iloc[perm]
+    ranked = shuffled.sort_values("pass_rate", ascending=False, kind="stable").reset_index(drop=True)
+    if shape == "linear":
+        return ranked
+    parts = []
+    for b, idx in enumerate(np.array_split(np.arange(len(ranked)), int(buckets))):
+        part = ranked.iloc[idx[rng.permutation(len(idx))]].copy()
+        part["bucket"] = pd.array([b] * len(part), dtype="Int64")
+        parts.append(part)
+    return pd.concat(parts).reset_index(drop=True)
