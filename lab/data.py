@@ -30,7 +30,7 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lab.config import LabError, atomic_write_csv, atomic_write_json, atomic_write_text, project_root, read_json
+from lab.config import LabError, atomic_write_csv, atomic_write_json, project_root, read_json
 
 REQUIRED = ("id", "prompt")
 HASHED = ("id", "prompt", "answer")
@@ -266,15 +266,6 @@ def _per_category(train: pd.DataFrame, val: pd.DataFrame) -> dict[str, dict[str,
     return dict(sorted(counts.items()))
 
 
-def _write_csv(path: Path, df: pd.DataFrame) -> None:
-    # pandas leaves a field holding a lone '\r' unquoted, which no reader gets back: quote everything then
-    has_cr = any(df[c].astype(str).str.contains("\r", regex=False).any() for c in df.columns)
-    if has_cr:
-        atomic_write_text(path, df.to_csv(index=False, quoting=csv.QUOTE_ALL))
-    else:
-        atomic_write_csv(path, df)
-
-
 def save_split(train: pd.DataFrame, val: pd.DataFrame, folder: str | os.PathLike, *,
                seed: int | None = None, val_fraction: float | None = None, **extra: Any) -> dict:
     """Write train.csv, val.csv and split.json (counts, per-category counts, content hashes).
@@ -292,8 +283,8 @@ def save_split(train: pd.DataFrame, val: pd.DataFrame, folder: str | os.PathLike
         "per_category": _per_category(train, val),
         **extra,
     }
-    _write_csv(folder / "train.csv", train)
-    _write_csv(folder / "val.csv", val)
+    atomic_write_csv(folder / "train.csv", train)
+    atomic_write_csv(folder / "val.csv", val)
     atomic_write_json(folder / "split.json", info)
     return info
 
@@ -314,3 +305,59 @@ def load_split(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
         df.attrs = {"split": {k: info.get(k) for k in ("seed", "val_fraction")}}
         out.append(df)
     return out[0], out[1]
+
+
+def prepare(cfg) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The run's (train, val) split: made once into `cfg.data.split_dir`, then read back hash-checked.
+
+    synthetic: `lab.puzzles.generate` per category (train with `seed`, val with another seed,
+    val puzzles whose prompt also occurs in train removed); competition: the CSV found by
+    `find_data_file(cfg.data.path)`, classified and split stratified by category. A split folder
+    made with other data settings is an error, so two stages of one run can never disagree.
+    """
+    from omegaconf import OmegaConf
+
+    from lab.config import resolve_path
+
+    d = cfg.data
+    folder = resolve_path(d.split_dir)
+    settings = {"seed": int(cfg.seed), **OmegaConf.to_container(d, resolve=True)}
+    settings.pop("split_dir", None)
+    if (folder / "split.json").is_file():
+        made_with = read_json(folder / "split.json").get("settings")
+        if made_with != json_safe(settings):
+            raise LabError(f"{folder / 'split.json'}: this run's split was made with data settings {made_with}, "
+                           f"not {json_safe(settings)}; use another run_name (or delete {folder})")
+        return load_split(folder)
+    categories = list(d.categories) if d.categories else None
+    if d.source == "synthetic":
+        from lab.puzzles import CATEGORIES, generate
+
+        categories = categories or list(CATEGORIES)
+        opts = {c: dict(d.difficulty.get(c, {})) for c in categories} if d.difficulty else {c: {} for c in categories}
+        train = pd.concat([generate(c, int(d.n_train), seed=int(cfg.seed), **opts[c]) for c in categories],
+                          ignore_index=True)
+        val = pd.concat([generate(c, int(d.n_val), seed=int(cfg.seed) + 7919, **opts[c]) for c in categories],
+                        ignore_index=True)
+        val = val[~val["prompt"].isin(set(train["prompt"]))].reset_index(drop=True)
+    elif d.source == "competition":
+        df = add_categories(load_puzzles(find_data_file(d.path)))
+        if categories:
+            df = df[df["category"].isin(categories)].reset_index(drop=True)
+        train, val = split(df, float(d.val_fraction), int(cfg.seed))
+        if d.n_val:
+            val = val.head(int(d.n_val))
+        if d.n_train:
+            train = train.head(int(d.n_train))
+    else:
+        raise LabError(f"conf/data: source must be 'synthetic' or 'competition', not {d.source!r}")
+    save_split(train, val, folder, seed=int(cfg.seed), val_fraction=float(d.val_fraction),
+               settings=json_safe(settings))
+    return load_split(folder)
+
+
+def json_safe(obj: Any) -> Any:
+    """The value as it reads back from JSON (tuples become lists, keys strings)."""
+    import json
+
+    return json.loads(json.dumps(obj))

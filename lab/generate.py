@@ -222,3 +222,19 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature:
     bar.close()
     rows = [r for pid in puzzles["id"].astype(str) for r in done.get(pid, [])]
     return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
+
+
+PREDICTION_COLUMNS = ["id", "category", "subtype", "prompt", "gold", "completion", "answer", "correct", "tokens",
+                      "finish_reason"]
+
+
+def predictions(gen: Generator, puzzles: pd.DataFrame, out_csv: str | Path | None = None,
+                cache: str | Path | None = None) -> pd.DataFrame:
+    """One completion per puzzle with the competition's settings (greedy), scored; the table error analysis reads."""
+    from lab.config import atomic_write_csv
+
+    t = sample_table(gen, puzzles, n=1, cache=cache)
+    t = t.merge(puzzles[["id", "prompt"]].astype({"id": str}), on="id", how="left")[PREDICTION_COLUMNS]
+    if out_csv is not None:
+        atomic_write_csv(out_csv, t)
+    return t
