@@ -50,3 +50,10 @@ def test_cli_errors(tmp_path, capsys):
     assert main(["solve", str(tmp_path / "missing.csv"), str(tmp_path / "o.csv")]) == 2
     assert main(["generate", "--category", "nope", "--n", "1", str(tmp_path / "o.csv")]) == 2
     assert "error:" in capsys.readouterr().err
+
+
+def test_solve_frame_pool_matches_serial():
+    df = mixed(3, seed=4)
+    a = solve_frame(df, workers=1).drop(columns=["seconds"])
+    b = solve_frame(df, workers=2).drop(columns=["seconds"])
+    pd.testing.assert_frame_equal(a, b)

@@ -28,6 +28,7 @@ import re
 from collections import Counter
 from functools import lru_cache
 from itertools import permutations
+from operator import itemgetter
 
 from .classify import equation_parts
 from .common import Solution, finish, undetermined
@@ -242,31 +243,37 @@ def _encode_answer(op_neg, q, mode, s2d):
     return None if None in out else "".join(out)
 
 
-def _reduce(domains, rounds: int = 6):
+def _reduce(domains, rounds: int = 8):
     """Arc consistency, cheaply: an operator keeps only meanings that fit all its examples, and a
     candidate survives only if every other example sharing symbols (or the operator) has a
-    candidate agreeing with it on them. Repeats until nothing changes (at most `rounds` times)."""
+    candidate agreeing with it on them. Revises against changed examples only, at most `rounds`."""
     domains = [(sym, s, list(c)) for sym, s, c in domains]
+    links = {}  # (i, j) -> (getter on i's digits, getter on j's digits, same operator)
+    for i, (sym_i, s_i, _) in enumerate(domains):
+        for j, (sym_j, s_j, _) in enumerate(domains):
+            shared = sorted({c for c in s_i if c != sym_i and c in s_j and c != sym_j})
+            if i != j and (shared or sym_i == sym_j):
+                gi = itemgetter(*[s_i.index(c) for c in shared]) if shared else (lambda d: ())
+                gj = itemgetter(*[s_j.index(c) for c in shared]) if shared else (lambda d: ())
+                links[(i, j)] = (gi, gj, sym_i == sym_j)
+    dirty = set(range(len(domains)))
     for _ in range(rounds):
-        changed = False
-        for i, (sym_i, s_i, c_i) in enumerate(domains):
-            for j, (sym_j, s_j, c_j) in enumerate(domains):
-                if i == j:
-                    continue
-                shared = sorted({c for c in s_i if c != sym_i and c in s_j and c != sym_j})
-                same_op = sym_i == sym_j
-                if not shared and not same_op:
-                    continue
-                pi = [s_i.index(c) for c in shared]
-                pj = [s_j.index(c) for c in shared]
-                keys = {(m if same_op else None, tuple(d[p] for p in pj)) for m, d in c_j}
-                kept = [(m, d) for m, d in c_i if (m if same_op else None, tuple(d[p] for p in pi)) in keys]
-                if len(kept) < len(c_i):
-                    domains[i] = (sym_i, s_i, kept)
-                    c_i = kept
-                    changed = True
-        if not changed:
+        if not dirty:
             break
+        changed = set()
+        keysets = {}
+        for (i, j), (gi, gj, same_op) in links.items():
+            if j not in dirty:
+                continue
+            if (i, j) not in keysets:
+                keysets[(i, j)] = {(m if same_op else None, gj(d)) for m, d in domains[j][2]}
+            keys = keysets[(i, j)]
+            c_i = domains[i][2]
+            kept = [(m, d) for m, d in c_i if (m if same_op else None, gi(d)) in keys]
+            if len(kept) < len(c_i):
+                domains[i] = (domains[i][0], domains[i][1], kept)
+                changed.add(i)
+        dirty = changed
     return domains
 
 

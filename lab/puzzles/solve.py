@@ -4,12 +4,13 @@
 `undetermined` Solution with the error as reason. `solve_frame(df)` does it for a DataFrame (with a
 tqdm bar for big frames) and, when the frame has a gold `answer` column, adds `correct` via
 lab.metric.verify (string equality if that module is missing).
-Deliberately simple: single process; the solvers are fast enough (see the module of each category).
+Deliberately simple: a plain process pool for big frames, nothing cached between calls.
 """
 
 from __future__ import annotations
 
 import importlib
+import os
 import time
 from pathlib import Path
 
@@ -76,25 +77,46 @@ def _verifier():
         return lambda gold, pred: str(gold).strip() == str(pred).strip()
 
 
-def solve_frame(df, tokenizer=None, progress: bool | None = None):
+def _solve_timed(prompt):
+    t0 = time.perf_counter()
+    s = solve(prompt)
+    return s, time.perf_counter() - t0
+
+
+def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int | None = None):
     """DataFrame with id, category, subtype, status, answer, trace, trace_tokens, reason, seconds
-    (+ correct when df has a gold `answer` column)."""
+    (+ correct when df has a gold `answer` column). `workers`: processes (default: up to 4 for
+    frames of 500 rows or more, else 1); `seconds` is each puzzle's own solve time."""
     import pandas as pd
 
+    prompts = df["prompt"].tolist()
     progress = len(df) >= 200 if progress is None else progress
-    rows = []
-    it = df["prompt"].tolist()
+    if workers is None:
+        workers = min(4, os.cpu_count() or 1) if len(prompts) >= 500 else 1
+    bar = None
     if progress:
         from tqdm.auto import tqdm
-        it = tqdm(it, desc="solving", unit="puzzle")
+        bar = tqdm(total=len(prompts), desc="solving", unit="puzzle")
+    results = []
+    if workers > 1:
+        from concurrent.futures import ProcessPoolExecutor
+
+        with ProcessPoolExecutor(max_workers=workers) as pool:
+            for r in pool.map(_solve_timed, prompts, chunksize=32):
+                results.append(r)
+                if bar is not None:
+                    bar.update(1)
+    else:
+        for p in prompts:
+            results.append(_solve_timed(p))
+            if bar is not None:
+                bar.update(1)
+    if bar is not None:
+        bar.close()
     ids = df["id"].tolist() if "id" in df.columns else [str(i) for i in range(len(df))]
-    for pid, prompt in zip(ids, it):
-        t0 = time.perf_counter()
-        s = solve(prompt)
-        dt = time.perf_counter() - t0
-        rows.append({"id": pid, "category": s.category, "subtype": s.subtype, "status": s.status,
-                     "answer": s.answer, "trace": s.trace, "trace_tokens": trace_tokens(s.trace, tokenizer),
-                     "reason": s.reason, "seconds": dt})
+    rows = [{"id": pid, "category": s.category, "subtype": s.subtype, "status": s.status, "answer": s.answer,
+             "trace": s.trace, "trace_tokens": trace_tokens(s.trace, tokenizer), "reason": s.reason, "seconds": dt}
+            for pid, (s, dt) in zip(ids, results)]
     out = pd.DataFrame(rows, columns=["id", "category", "subtype", "status", "answer", "trace",
                                       "trace_tokens", "reason", "seconds"])
     if "answer" in df.columns:
