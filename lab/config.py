@@ -110,8 +110,7 @@ def atomic_write_csv(path: str | os.PathLike, df) -> Path:
     """CSV without the index; every field quoted when any text holds a lone '\\r' (pandas leaves those unquoted)."""
     import csv
 
-    text_cols = [c for c in df.columns if df[c].dtype == object or str(df[c].dtype) == "string"]
-    has_cr = any(df[c].astype(str).str.contains("\r", regex=False).any() for c in text_cols)
+    has_cr = any(df[c].astype(str).str.contains("\r", regex=False).any() for c in df.columns)
     return atomic_write_text(path, df.to_csv(index=False, quoting=csv.QUOTE_ALL if has_cr else csv.QUOTE_MINIMAL))
 
 

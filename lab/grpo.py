@@ -57,14 +57,11 @@ def build_dataset(tokenizer, puzzles: pd.DataFrame):
     return Dataset.from_list(rows)
 
 
-def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int):
+def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float]):
     import torch
     from trl import GRPOConfig
 
     g = cfg.grpo
-    from lab.rewards import build
-
-    _, weights = build(dict(g.rewards))
     use_vllm = str(g.rollout_backend) == "vllm"
     extra = {}
     if use_vllm:
@@ -74,7 +71,7 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int):
         output_dir=str(output_dir), max_steps=int(g.max_steps), learning_rate=float(g.learning_rate),
         per_device_train_batch_size=int(g.prompts_per_step) * int(g.num_generations), gradient_accumulation_steps=1,
         num_generations=int(g.num_generations), max_completion_length=int(max_completion_length),
-        temperature=float(g.temperature), top_p=float(g.top_p), top_k=0, beta=float(g.beta), reward_weights=weights,
+        temperature=float(g.temperature), top_p=float(g.top_p), top_k=0, beta=float(g.beta), reward_weights=reward_weights,
         mask_truncated_completions=bool(g.mask_truncated_completions), shuffle_dataset=not bool(g.curriculum),
         logging_steps=int(g.logging_steps), save_steps=int(g.save_steps), save_total_limit=2, seed=int(cfg.seed),
         data_seed=int(cfg.seed), report_to="none", use_cpu=not torch.cuda.is_available(),
@@ -133,10 +130,11 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     prompts = list(ds["prompt"])
     budget = int(g.max_completion_length) if g.max_completion_length else completion_budget(
         tokenizer, prompts, int(cfg.infer.max_tokens), int(cfg.model.max_model_len))
-    funcs, _ = build(dict(g.rewards), max_completion_length=budget)
+    funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
+                           truncation="mask" if g.mask_truncated_completions else "penalise")
     guard = _GuardRails(cfg)
     out = stage.path("checkpoints")
-    trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_args(cfg, out, budget), train_dataset=ds,
+    trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_args(cfg, out, budget, weights), train_dataset=ds,
                           processing_class=tokenizer,
                           callbacks=[guard, *_callbacks(None, float(g.wall_clock_budget_min))])
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}

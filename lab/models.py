@@ -104,9 +104,8 @@ def build_tiny(cfg: DictConfig, path: Path) -> None:
         torch.manual_seed(int(cfg.seed))
         model = NemotronHForCausalLM(mcfg)
         # The 0.02 init suits a 4096-wide model; at width 64 it caps every logit near +-1, so a frozen
-        # head could never be confident. Draw the head at std 1/sqrt(width) instead (the LoRA cannot
-        # reach lm_head: TRL 1.15's SFTTrainer refuses it).
-        torch.nn.init.normal_(model.lm_head.weight, std=mcfg.hidden_size ** -0.5)
+        # head could never be confident (the LoRA cannot reach lm_head: TRL 1.15's SFTTrainer refuses it).
+        torch.nn.init.normal_(model.lm_head.weight, std=float(cfg.model.head_init_std))
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
     try:

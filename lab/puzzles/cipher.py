@@ -14,7 +14,7 @@ Trace:
     hffk = ?oo? = book
 (the key line lists only the query's letters that the examples give; a word with letters the
 examples do not give shows its partial decryption, then the matched word).
-Deliberately simple: lowercase letters only; no letter-frequency statistics or language model.
+Deliberately simple: only a-z is substituted (anything else stands for itself, case is kept); no letter-frequency statistics or language model.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from .common import Solution, finish, undetermined
 CATEGORY = "text_cipher"
 HEADER = "In Alice's Wonderland, secret encryption rules are used on text. Here are some examples:"
 QUERY_RE = re.compile(r"decrypt the following text:\s*(.+?)\s*$", re.S)
-PAIR_RE = re.compile(r"^\s*([a-z ]+?)\s*->\s*([a-z ]+?)\s*$", re.M)
+PAIR_RE = re.compile(r"^\s*(.+?)\s*->\s*(.+?)\s*$", re.M)
 
 SUBJECTS = ("alice queen king rabbit hatter cat mouse turtle dragon knight princess wizard student teacher "
             "bird caterpillar duchess gardener child fox owl unicorn").split()
@@ -46,8 +46,8 @@ def parse(prompt: str):
     """(examples [(cipher, plain)], query or None)."""
     body, sep, tail = prompt.partition("Now, decrypt the following text:")
     ex = [(c, p) for c, p in PAIR_RE.findall(body) if len(c.split()) == len(p.split())]
-    q = tail.strip().lower() if sep else ""
-    return ex, (q if re.fullmatch(r"[a-z ]+", q or "-") else None)
+    q = " ".join(tail.split()) if sep else ""
+    return ex, (q if re.search(r"[a-z]", q) else None)
 
 
 def build_key(examples):
@@ -57,6 +57,8 @@ def build_key(examples):
             if len(cw) != len(pw):
                 continue
             for a, b in zip(cw, pw):
+                if a not in string.ascii_lowercase or b not in string.ascii_lowercase:
+                    continue
                 if c2p.get(a, b) == b and p2c.get(b, a) == a:
                     c2p[a], p2c[b] = b, a
     return c2p, p2c
@@ -87,6 +89,8 @@ def solve(prompt: str) -> Solution:
     if not ex:
         return undetermined(CATEGORY, "no 'cipher -> plain' examples found")
     c2p, p2c = build_key(ex)
+    for ch in set(q) - set(string.ascii_lowercase):  # anything but a-z stands for itself
+        c2p[ch] = p2c[ch] = ch
     base = dict(c2p)
     words = q.split()
     vocab = list(dict.fromkeys([w for _, p in ex for w in p.split()] + WORDS))
@@ -102,7 +106,7 @@ def solve(prompt: str) -> Solution:
                     c2p[a], p2c[b] = b, a
                 changed = True
     status, reason, out, lines = "solved", "", [], []
-    used = sorted({a for a in q.replace(" ", "") if a in base}, key=q.index)
+    used = sorted({a for a in q if a in base and a in string.ascii_lowercase}, key=q.index)
     lines.append("key: " + " ".join(f"{a}={base[a]}" for a in used))
     for cw in words:
         partial = "".join(base.get(a, "?") for a in cw)
