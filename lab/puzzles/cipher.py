@@ -92,7 +92,7 @@ def solve(prompt: str) -> Solution:
     for ch in set(q) - set(string.ascii_lowercase):  # anything but a-z stands for itself
         c2p[ch] = p2c[ch] = ch
     base = dict(c2p)
-    words = q.split()
+    words = [re.sub(r"^[^a-z]+|[^a-z]+$", "", w) or w for w in q.split()]  # cores without edge punctuation
     vocab = list(dict.fromkeys([w for _, p in ex for w in p.split()] + WORDS))
     changed = True
     while changed:
@@ -108,7 +108,8 @@ def solve(prompt: str) -> Solution:
     status, reason, out, lines = "solved", "", [], []
     used = sorted({a for a in q if a in base and a in string.ascii_lowercase}, key=q.index)
     lines.append("key: " + " ".join(f"{a}={base[a]}" for a in used))
-    for cw in words:
+    for full, cw in zip(q.split(), words):
+        pre, post = full[:full.find(cw)], full[full.find(cw) + len(cw):]
         partial = "".join(base.get(a, "?") for a in cw)
         if all(a in c2p for a in cw):
             pw = "".join(c2p[a] for a in cw)
@@ -120,7 +121,7 @@ def solve(prompt: str) -> Solution:
             else:
                 pw = "".join(c2p.get(a, "?") for a in cw)
                 status, reason = "undetermined", f"'{cw}' matches no known word"
-        out.append(pw)
+        out.append(pre + pw + post)
         lines.append(f"{cw} = {pw}" if partial == pw else f"{cw} = {partial} = {pw}")
     ans = " ".join(out)
     return Solution(ans, status, finish(lines, ans), CATEGORY, "", reason)

@@ -79,12 +79,18 @@ def split_lhs(lhs: str):
 
 # ---------------------------------------------------------------- numeric
 
+def split_numeric(lhs: str):
+    """(x, operator, y) for digits-operator-digits (any number of digits), else None."""
+    m = re.fullmatch(r"(\d+)(\D)(\d+)", lhs.strip())
+    return m.groups() if m else None
+
+
 def numeric_candidates(examples):
     """{operator: {(mode, neg): [op, ...]}} of meanings consistent with all its examples."""
     by_op: dict[str, list] = {}
     for lhs, rhs in examples:
-        p = split_lhs(lhs)
-        if p and p[0].isdigit() and p[2].isdigit():
+        p = split_numeric(lhs)
+        if p:
             by_op.setdefault(p[1], []).append((p[0], p[2], rhs))
     out = {}
     for sym, exs in by_op.items():
@@ -103,9 +109,9 @@ def best_mode(cands) -> tuple[str, str]:
 
 
 def solve_numeric(examples, query, subtype) -> Solution:
-    q = split_lhs(query)
-    if not q or not (q[0].isdigit() and q[2].isdigit()):
-        return undetermined(CATEGORY, f"query {query!r} is not two 2-digit numbers around an operator", subtype)
+    q = split_numeric(query)
+    if not q:
+        return undetermined(CATEGORY, f"query {query!r} is not two numbers around an operator", subtype)
     x, sym, y = q
     cands = numeric_candidates(examples)
     if not cands:
@@ -126,7 +132,7 @@ def solve_numeric(examples, query, subtype) -> Solution:
         (mode, neg), ops = fits[0]
     preds = Counter(compute(op, x, y, mode, neg, sym) for op in ops)
     ans = compute(ops[0], x, y, mode, neg, sym)
-    n = sum(1 for lhs, _ in examples if (split_lhs(lhs) or "  ")[1] == sym)
+    n = sum(1 for lhs, _ in examples if (split_numeric(lhs) or "  ")[1] == sym)
     lines = [f"mode: {mode}", f"{sym} means {ops[0]} (fits {n} examples)", *operand_lines(x, sym, y, ops[0], mode),
              f"answer: {ans}"]
     status = "solved" if len(preds) == 1 else "ambiguous"
