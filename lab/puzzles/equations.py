@@ -1,4 +1,4 @@
-"""Equation transformation puzzles: two 2-character operands around a hidden operator symbol.
+"""Equation transformation puzzles: two operands around a hidden operator symbol (`34/44 = 1`).
 
 Hidden rule model (shared by solver and generator):
   mode   plain: operands read as written, result written as computed
@@ -12,13 +12,27 @@ cryptarithm), deduce (the query's operator occurs in the examples) or guess (it 
 
 Numeric solver: every (mode, neg, op) consistent with all examples of each operator; the mode
 explaining the most operators wins; the query operator's consistent ops, in OPS order, give the
-answer (ambiguous if they disagree). Symbolic solver: backtracking over the symbol->digit map
-and the operators' meanings, examples in order, with a node budget; all solutions found (up to a
-cap) vote on the query's answer. Guess subtype: status undetermined, the answer uses the first
-op (in OPS order) not taken by another operator.
+answer (ambiguous if they disagree).
+Symbolic solver (per mode): for each example, its candidates (meaning, digits) come from a
+precomputed table of the equality pattern of x+y+result over all 00..99 operand pairs (so
+`[[+!' = '@` only meets digit strings with the same repeats); an arc-consistency pass prunes
+candidates that no example sharing a symbol or the operator agrees with; a depth-first join
+(indexed on already bound symbols, node budget, solution cap) finds the consistent symbol->digit
+maps and meanings. Every solution, completed in every way for query symbols the examples never
+fix, votes on the query's answer: one answer is `solved`, several (or some unwritable: a result
+digit whose symbol never appears) `ambiguous`. Guess subtype: status undetermined, the answer
+uses the first op (in OPS order) not taken by another operator.
+Traces (numeric; symbolic adds a `digits:` line and the decoded query):
+    mode: reversed
+    / means b-a (fits 2 examples)
+    69/52: a = 96, b = 25
+    25-96 = -71
+    answer: 17/
 Deliberately simplified: the op list is this project's guess at the hidden rules; rules outside
 it are reported undetermined, never forced. The symbolic solver assumes the digit-substitution
-model and operands of exactly two symbols; other symbolic puzzles are undetermined.
+model and operands of exactly two symbols (5-symbol left sides); other symbolic puzzles (for
+instance string rewrites, or the 4-symbol left side of the one real example seen) are undetermined.
+The generator draws its operator meanings from the same OPS list, so round trips are optimistic.
 """
 
 from __future__ import annotations
