@@ -106,6 +106,13 @@ class _GuardRails:
         return GuardRails()
 
 
+def _floats(log: pd.DataFrame, col: str) -> list[float | None]:
+    """A logged column as JSON-safe floats; None where TRL logged nothing (e.g. every reward masked)."""
+    if col not in log:
+        return []
+    return [None if x is None or pd.isna(x) else round(float(x), 4) for x in log[col]]
+
+
 def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer):
     """Select prompts by pass rate, run GRPO, save the adapter; returns (metrics, model, step log)."""
     from transformers.trainer_utils import get_last_checkpoint
@@ -143,14 +150,14 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         print(f"resuming from {last}")
     trainer.train(resume_from_checkpoint=last)
     save_adapter(model, Path(str(g.adapter_dir)))
-    log = pd.DataFrame([h for h in trainer.state.log_history if "reward" in h])
+    log = pd.DataFrame([h for h in trainer.state.log_history if "completions/mean_length" in h])  # per-step logs
     atomic_write_csv(stage.path("train_log.csv"), log)
     changed = sum(float((p.detach() - before[n]).abs().sum()) for n, p in model.named_parameters() if n in before)
     metrics = {
         "prompts_pool": len(pool), "prompts_dropped": int(len(dropped)), "prompts_trained": len(chosen),
         "max_completion_length": budget, "steps": int(trainer.state.global_step),
-        "reward_per_step": [round(float(x), 4) for x in log.get("reward", pd.Series(dtype=float))],
-        "reward_std_per_step": [round(float(x), 4) for x in log.get("reward_std", pd.Series(dtype=float))],
+        "reward_per_step": _floats(log, "reward"), "reward_std_per_step": _floats(log, "reward_std"),
+        "truncated_share_per_step": _floats(log, "completions/clipped_ratio"),
         "lora_weight_change": changed, "warnings": guard.warnings,
     }
     return metrics, model, log

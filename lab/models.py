@@ -178,9 +178,13 @@ def load(cfg: DictConfig, adapter: str | os.PathLike | None = None, trainable: b
     if adapter is not None:
         from peft import PeftModel
 
-        adapter = Path(adapter)
+        from lab.sft import _allow_out_proj, guard_fused_mamba_out_proj
+
+        adapter = resolve_path(adapter)
         if not (adapter / "adapter_config.json").is_file():
             raise LabError(f"{adapter}: not a LoRA adapter folder (no adapter_config.json)")
-        model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+        with _allow_out_proj():  # the lab trains out_proj through the PyTorch Mamba path (see lab.sft)
+            model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
+        guard_fused_mamba_out_proj(model)
     model.train(trainable)
     return model, tok
