@@ -1,0 +1,292 @@
+"""SFT guarantees on the tiny model (CPU, offline, a few optimiser steps each)."""
+
+from __future__ import annotations
+
+import os
+import shutil
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+
+from lab import config, models, sft  # noqa: E402
+from lab.config import LabError, Stage  # noqa: E402
+from lab.prompts import chat_prompt, user_message  # noqa: E402
+from lab.puzzles import generate, solve  # noqa: E402
+
+ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "out_proj", "shared_experts.up_proj",
+       "shared_experts.down_proj", "experts"]
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("sft")
+
+
+def compose(root, name="run", *extra):
+    return config.compose([f"run_dir={root / name}", f"model.path={root / 'base_model'}", "sft.batch_size=2",
+                           "sft.logging_steps=1", "sft.save_steps=3", "sft.max_steps=3", *extra])
+
+
+@pytest.fixture(scope="module")
+def puzzles():
+    return generate("numeral_system", 6, 0)
+
+
+def load(root, *extra):
+    cfg = compose(root, "run", *extra)
+    model, tok = models.load(cfg)
+    return cfg, model, tok
+
+
+# ---- target table and configuration errors -----------------------------------------------------
+
+def test_target_table_lists_every_configured_family(root):
+    cfg, model, tok = load(root)
+    assert sorted(str(t) for t in cfg.sft.lora.targets) == sorted(ALL)
+    pm, table = sft.attach_lora(cfg, model)
+    rows = table.set_index("family")
+    assert sorted(rows.index) == sorted(ALL)
+    # tiny layout M E * E M E: 1 attention layer, 2 Mamba layers, 3 MoE layers (2 fused params each)
+    expect = {"q_proj": 1, "k_proj": 1, "v_proj": 1, "o_proj": 1, "in_proj": 2, "out_proj": 2,
+              "shared_experts.up_proj": 3, "shared_experts.down_proj": 3, "experts": 6}
+    assert rows["modules"].to_dict() == expect
+    r, a = 32, model.config
+    assert rows.loc["q_proj", "trainable_params"] == r * (a.hidden_size + a.num_attention_heads * a.head_dim)
+    per_param = r * a.n_routed_experts * (a.hidden_size + a.moe_intermediate_size)
+    assert rows.loc["experts", "trainable_params"] == 6 * per_param
+    assert rows["trainable_params"].sum() == sum(p.numel() for p in pm.parameters() if p.requires_grad)
+
+
+def test_unknown_family_names_the_modules_that_exist(root):
+    cfg, model, _ = load(root, "sft.lora.targets=[q_proj,gate_proj]")
+    with pytest.raises(LabError) as e:
+        sft.attach_lora(cfg, model)
+    msg = str(e.value)
+    assert "'gate_proj'" in msg and "no such module exists" in msg
+    for fam in ("q_proj", "in_proj", "out_proj", "experts", "shared_experts.up_proj"):
+        assert fam in msg
+
+
+def test_rank_above_32_is_refused(root):
+    cfg, model, _ = load(root, "sft.lora.r=64")
+    with pytest.raises(LabError, match=r"lora.r=64 .*rank <= 32"):
+        sft.attach_lora(cfg, model)
+
+
+def test_lm_head_is_refused_with_trls_reason(root):
+    cfg, model, _ = load(root, "sft.lora.targets=[q_proj,lm_head]")
+    with pytest.raises(LabError, match=r"lm_head.*lm_head\.weight directly"):
+        sft.attach_lora(cfg, model)
+
+
+def test_unsloth_backend_without_unsloth_is_a_clear_error(root, puzzles):
+    pytest.importorskip("lab.sft_unsloth")
+    from lab import sft_unsloth
+
+    if sft_unsloth._IMPORT_ERROR is None:
+        pytest.skip("unsloth is installed here")
+    cfg = compose(root, "unsloth", "sft.backend=unsloth")
+    with pytest.raises(LabError, match=r"backend=unsloth needs the `unsloth` package.*sft\.backend=hf"):
+        sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles)
+
+
+# ---- the SFT data --------------------------------------------------------------------------------
+
+def test_assistant_turn_renders_byte_for_byte_as_planned(root, puzzles):
+    cfg, model, tok = load(root)
+    examples, counts = sft.sft_examples(tok, puzzles, 10_000)
+    assert counts["kept"] == len(puzzles) == len(examples)
+    for (_, ex), (_, pz) in zip(examples.iterrows(), puzzles.iterrows()):
+        expected_prompt = tok.apply_chat_template([{"role": "user", "content": user_message(pz["prompt"])}],
+                                                  tokenize=False, add_generation_prompt=True, enable_thinking=True)
+        assert ex["prompt"] == expected_prompt == chat_prompt(tok, pz["prompt"])
+        assert ex["prompt"].endswith("<|im_start|>assistant\n<think>\n")
+        assert ex["completion"] == solve(pz["prompt"]).trace + tok.eos_token
+        p_ids = tok(ex["prompt"], add_special_tokens=False)["input_ids"]
+        pc_ids = tok(ex["prompt"] + ex["completion"], add_special_tokens=False)["input_ids"]
+        assert pc_ids[:len(p_ids)] == p_ids
+    # what TRL actually trains on: the loss mask starts exactly where the prompt's tokens end
+    from lab import trl_cpu
+
+    trl_cpu.install()
+    pm, _ = sft.attach_lora(cfg, model)
+    trainer = sft.build_trainer(cfg, root / "render_ck", pm, tok, examples)
+    for row, (_, ex) in zip(trainer.train_dataset, examples.iterrows()):
+        p_ids = tok(ex["prompt"], add_special_tokens=False)["input_ids"]
+        assert row["input_ids"] == tok(ex["prompt"] + ex["completion"], add_special_tokens=False)["input_ids"]
+        mask = [int(label != -100) for label in row["labels"]]  # TRL folds completion_mask into labels
+        assert mask.index(1) == len(p_ids) and set(mask[len(p_ids):]) == {1}
+        assert row["labels"][len(p_ids):] == row["input_ids"][len(p_ids):]
+        assert tok.decode([i for i, m in zip(row["input_ids"], mask) if m]) == ex["completion"]
+
+
+def test_overlong_examples_are_counted_and_dropped_not_cut(root, puzzles):
+    _, _, tok = load(root)
+    full, _ = sft.sft_examples(tok, puzzles, 10_000)
+    limit = int(sorted(full["tokens"])[len(full) // 2])
+    kept, counts = sft.sft_examples(tok, puzzles, limit)
+    n_over = int((full["tokens"] > limit).sum())
+    assert 0 < n_over < len(full)
+    assert counts["overlong"] == n_over and counts["kept"] == len(kept) == len(full) - n_over
+    assert (kept["tokens"] <= limit).all()
+    for _, ex in kept.iterrows():  # kept examples are whole
+        assert ex["completion"] == full.set_index("id").loc[ex["id"], "completion"]
+        assert ex["completion"].endswith(tok.eos_token)
+
+
+# ---- the fused Mamba kernel guard ----------------------------------------------------------------
+
+def test_fused_mamba_kernel_is_bypassed_for_mixers_with_an_out_proj_lora(root, puzzles, monkeypatch):
+    """With mamba_ssm, training calls mamba2_split_conv1d_scan_combined(..., outproj_weight=...) and returns
+    its output, bypassing out_proj. A sentinel stands in for that kernel here."""
+    import transformers.models.nemotron_h.modeling_nemotron_h as mh
+
+    from lab import trl_cpu
+
+    trl_cpu.install()
+    calls = []
+
+    def sentinel(zxbcdt, *args, outproj_weight=None, **kwargs):  # mamba_ssm's fused kernel, as far as shapes go
+        calls.append(outproj_weight)
+        return torch.zeros(*zxbcdt.shape[:2], outproj_weight.shape[0])
+
+    x = torch.randint(5, 300, (2, 24))
+
+    def one_trainer_step(cfg, pm, tok, name):
+        examples, _ = sft.sft_examples(tok, puzzles.head(2), 10_000)
+        trainer = sft.build_trainer(compose(root, name, "sft.max_steps=1", "sft.save_steps=100", "sft.warmup_ratio=0"),
+                                    root / name / "ck", pm, tok, examples)
+        trainer.train()
+
+    # without an out_proj LoRA the "kernel" runs for both Mamba layers, in SFTTrainer's training step too
+    monkeypatch.setattr(mh, sft.FUSED_FN, sentinel)
+    cfg, model, tok = load(root, "sft.lora.targets=[q_proj,in_proj]")
+    pm, _ = sft.attach_lora(cfg, model)
+    assert isinstance(getattr(mh, sft.FUSED_FN), sft._FusedScanGuard)
+    pm.train()
+    pm(input_ids=x, use_cache=False)  # SFTTrainer passes use_cache=False; a cache disables the fused branch
+    assert len(calls) == 2
+    calls.clear()
+    one_trainer_step(cfg, pm, tok, "guard_off")
+    assert len(calls) >= 2
+
+    # with an out_proj LoRA it never runs: the PyTorch path calls out_proj (and its LoRA)
+    calls.clear()
+    monkeypatch.setattr(mh, sft.FUSED_FN, sentinel)
+    cfg, model, tok = load(root, "sft.lora.targets=[q_proj,in_proj,out_proj]")
+    pm, _ = sft.attach_lora(cfg, model)
+    assert sft.guard_fused_mamba_out_proj(pm) == 2  # installing again must not double-wrap
+    assert getattr(mh, sft.FUSED_FN).inner is sentinel
+    pm.train()
+    for i in (0, 4):  # B=0 at init would hide A's gradient
+        torch.nn.init.normal_(pm.base_model.model.model.layers[i].mixer.out_proj.lora_B["default"].weight)
+    pm.zero_grad()
+    loss = pm(input_ids=x, labels=x, use_cache=False).loss
+    loss.backward()
+    assert calls == [] and loss.isfinite()
+    for i in (0, 4):
+        op = pm.base_model.model.model.layers[i].mixer.out_proj
+        assert op.lora_A["default"].weight.grad.abs().sum() > 0
+        assert op.lora_B["default"].weight.grad.abs().sum() > 0
+    before = {i: pm.base_model.model.model.layers[i].mixer.out_proj.lora_A["default"].weight.detach().clone()
+              for i in (0, 4)}
+    pm.zero_grad()
+    one_trainer_step(cfg, pm, tok, "guard_on")
+    assert calls == []
+    for i in (0, 4):
+        assert not torch.equal(pm.base_model.model.model.layers[i].mixer.out_proj.lora_A["default"].weight, before[i])
+
+
+# ---- training: gradient check, resume, wall-clock budget -----------------------------------------
+
+def _stop_at(step):
+    from transformers import TrainerCallback
+
+    class Stop(TrainerCallback):
+        def on_step_end(self, args, state, control, **kw):
+            if state.global_step >= step:
+                control.should_training_stop = True
+            return control
+
+    return Stop()
+
+
+def _adapter(cfg):
+    from safetensors.torch import load_file
+
+    return load_file(str(config.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors"))
+
+
+def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeypatch):
+    common = ("sft.max_steps=6", "sft.save_steps=3", "sft.resume=true")
+    # uninterrupted: 6 steps
+    cfg_a = compose(root, "uninterrupted", *common)
+    model, tok = models.load(cfg_a)
+    frozen = {"embeddings": model.model.embeddings.weight, "lm_head": model.lm_head.weight,
+              "q_proj": model.model.layers[2].mixer.q_proj.weight,
+              "out_proj": model.model.layers[0].mixer.out_proj.weight,
+              "experts.up_proj": model.model.layers[1].mixer.experts.up_proj,
+              "conv1d": model.model.layers[0].mixer.conv1d.weight, "router": model.model.layers[3].mixer.gate.weight}
+    frozen_before = {k: v.detach().clone() for k, v in frozen.items()}
+    m_a, pm, _, log = sft.train(cfg_a, Stage("02_sft", cfg=cfg_a), puzzles, model, tok)
+    assert m_a["steps"] == 6 and not m_a["stopped_by_budget"] and len(log) == 6
+
+    # the gradient check passed for every family, every LoRA tensor moved, sampled frozen tensors did not
+    assert m_a["gradient_check_failed"] == []
+    import pandas as pd
+
+    rep = pd.read_csv(config.resolve_path(cfg_a.run_dir) / "02_sft" / "gradient_check.csv")
+    assert sorted(rep["family"]) == sorted(ALL) and rep["ok"].all() and (rep["tensors_unchanged"] == 0).all()
+    fz = pd.read_csv(config.resolve_path(cfg_a.run_dir) / "02_sft" / "frozen_check.csv")
+    assert fz["unchanged"].all() and len(fz) >= 15
+    assert any("embeddings" in t for t in fz["tensor"]) and any("experts.base_layer.base_layer.up_proj" in t
+                                                                for t in fz["tensor"])
+    # and explicitly, as TRL's tests do: frozen base tensors are bit-identical, LoRA tensors all moved
+    for k, before in frozen_before.items():
+        assert torch.equal(frozen[k].detach(), before), k
+    for n, p in pm.named_parameters():
+        if p.requires_grad:
+            assert "lora_" in n
+            assert p.detach().abs().sum() > 0, n  # lora_B starts at 0: it moved
+    a = _adapter(cfg_a)
+    assert any(".experts.base_layer.lora_A" in k for k in a) and any(".out_proj.lora_B" in k for k in a)
+
+    # interrupted after the checkpoint at step 3, then rerun with resume=true
+    cfg_b = compose(root, "interrupted", *common)
+    original = sft._callbacks
+    monkeypatch.setattr(sft, "_callbacks", lambda *args: original(*args) + [_stop_at(3)])
+    m_b1, *_ = sft.train(cfg_b, Stage("02_sft", cfg=cfg_b), puzzles)
+    assert m_b1["steps"] == 3
+    ck = config.resolve_path(cfg_b.run_dir) / "02_sft" / "checkpoints"
+    assert (ck / "checkpoint-3" / "adapter_model.safetensors").is_file()
+    monkeypatch.setattr(sft, "_callbacks", original)
+    m_b2, *_ = sft.train(cfg_b, Stage("02_sft", cfg=cfg_b), puzzles)
+    assert m_b2["steps"] == 6 and m_b2["resumed_from"].endswith("checkpoint-3")
+    b = _adapter(cfg_b)
+    assert set(a) == set(b)
+    for k in a:
+        torch.testing.assert_close(a[k], b[k], rtol=1e-5, atol=1e-6, msg=k)
+    # the adapter after step 3 differs from the final one: the resumed run really trained
+    from safetensors.torch import load_file
+
+    c3 = load_file(str(ck / "checkpoint-3" / "adapter_model.safetensors"))
+    assert any(not torch.equal(c3[k], b[k]) for k in b)
+
+    # resume=false starts afresh: the old checkpoints are gone
+    cfg_c = compose(root, "interrupted", "sft.max_steps=1", "sft.resume=false", "sft.gradient_check=false")
+    m_c, *_ = sft.train(cfg_c, Stage("02_sft", cfg=cfg_c), puzzles)
+    assert m_c["resumed_from"] is None and m_c["steps"] == 1 and not (ck / "checkpoint-3").exists()
+
+
+def test_wall_clock_budget_saves_and_stops_cleanly(root, puzzles):
+    cfg = compose(root, "budget", "sft.max_steps=5", "sft.save_steps=100", "sft.wall_clock_budget_min=1e-6",
+                  "sft.gradient_check=false")
+    m, *_ = sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles)
+    assert m["stopped_by_budget"] and m["steps"] == 1 < m["max_steps"] == 5
+    ck = config.resolve_path(cfg.run_dir) / "02_sft" / "checkpoints" / "checkpoint-1"
+    for f in ("adapter_model.safetensors", "optimizer.pt", "trainer_state.json"):
+        assert (ck / f).is_file(), f
+    assert (config.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors").is_file()
+    shutil.rmtree(config.resolve_path(cfg.run_dir))
