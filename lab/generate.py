@@ -53,8 +53,12 @@ def completion_budget(tokenizer, prompts: Sequence[str], max_tokens: int, max_mo
 def generate_hf(model, tokenizer, prompts: Sequence[str], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
                 max_new_tokens: int = 256, batch_size: int = 32, seed: int = 0, logprobs: bool = False,
                 progress: bool = True) -> list[list[Completion]]:
-    """Batched `model.generate` with KV cache; greedy when temperature == 0."""
+    """Batched `model.generate` with KV cache; greedy when temperature == 0 (then n copies of one completion)."""
     import torch
+
+    if temperature <= 0 and n > 1:
+        once = generate_hf(model, tokenizer, prompts, 1, 0.0, top_p, max_new_tokens, batch_size, seed, logprobs, progress)
+        return [comps * n for comps in once]
 
     was_training = model.training
     model.eval()

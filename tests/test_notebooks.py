@@ -1,0 +1,38 @@
+"""The five notebooks: stored clean with a `parameters` cell, and executed end to end by papermill on the smoke budget."""
+
+import json
+
+import nbformat
+import pytest
+
+from lab.config import project_root
+from lab.pipeline import SMOKE_OVERRIDES, STAGES, run_notebooks, summary
+
+NOTEBOOKS = [project_root() / "notebooks" / f"{s}.ipynb" for s in STAGES]
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=STAGES)
+def test_notebook_is_clean_and_parameterised(path):
+    nb = nbformat.read(path, as_version=4)
+    code = [c for c in nb.cells if c.cell_type == "code"]
+    assert not any(c.get("outputs") or c.get("execution_count") for c in code), "stored with outputs"
+    params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
+    assert len(params) == 1 and "overrides: list[str] = []" in params[0].source
+    assert nb.cells[0].cell_type == "markdown" and "What this notebook does" in nb.cells[0].source
+    assert any(f'Stage("{path.stem}"' in c.source for c in code)
+
+
+@pytest.mark.slow
+def test_all_notebooks_run_on_the_smoke_budget(tmp_path):
+    run_dir = run_notebooks(SMOKE_OVERRIDES + [f"run_dir={tmp_path}"], log_output=False)
+    s = summary(run_dir)
+    for stage in STAGES:
+        assert "missing" not in s["stages"][stage], stage
+        assert (tmp_path / "notebooks" / f"{stage}.ipynb").is_file()
+        assert json.loads((tmp_path / stage / "manifest.json").read_text())["status"] == "finished"
+    st = s["stages"]
+    assert {"accuracy_before", "accuracy_after", "wall_seconds"} <= set(st["02_sft"])
+    assert {"reward_per_step", "accuracy_after", "accuracy_sft_start"} <= set(st["03_grpo"])
+    assert {"greedy_accuracy", "maj_at_k"} <= set(st["04_vote"])
+    assert {"accuracy_by_category", "taxonomy"} <= set(st["05_errors"])
+    assert (tmp_path / "summary.md").is_file() and (tmp_path / "02_sft" / "adapter" / "adapter_config.json").is_file()
