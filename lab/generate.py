@@ -24,7 +24,7 @@ from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
-from tqdm.auto import tqdm
+from tqdm import tqdm  # text bars: they show in papermill logs as well as in Jupyter
 
 from lab.prompts import chat_prompt
 

@@ -46,3 +46,18 @@ def install() -> bool:
         tu._ChunkedLogProbFunction = TorchLogProbFunction
         return True
     return False
+
+
+def use_text_progress(trainer) -> None:
+    """Swap transformers' HTML notebook progress bar for the text one.
+
+    Inside a Jupyter kernel the Trainer draws an HTML widget, which a headless papermill run
+    shows as `<IPython.core.display.HTML object>` and never updates; the text bar shows in
+    both places, so long training runs stay visible in `make demo` and sweeps.
+    """
+    from transformers.trainer_callback import ProgressCallback
+    from transformers.utils.notebook import NotebookProgressCallback
+
+    if any(isinstance(cb, NotebookProgressCallback) for cb in trainer.callback_handler.callbacks):
+        trainer.remove_callback(NotebookProgressCallback)
+        trainer.add_callback(ProgressCallback)
