@@ -48,8 +48,8 @@ Not covered: the `trust_remote_code` modeling file (refused with a clear error w
 replace the mixer's whole forward (`use_kernels=True`, not used by the lab).
 
 Deliberately simple: one adapter, one dataset, no packing; the gradient check compares a
-strided sample of each frozen tensor (at most 65,536 values), not the whole tensor, so it stays
-cheap on the 30B model.
+strided sample of each tensor (at most 65,536 values; the whole tensor on the tiny model), not
+every value of the big ones, so it stays cheap on the 30B model.
 """
 
 from __future__ import annotations
@@ -344,7 +344,7 @@ class GradientCheck:
 
     def __init__(self, model):
         self.model = model
-        self.before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+        self.before = {n: _sample(p) for n, p in model.named_parameters() if p.requires_grad}
         self.frozen: dict[str, object] = {}
         seen = set()
         for n, p in model.named_parameters():
@@ -371,7 +371,7 @@ class GradientCheck:
         for n, p in self.model.named_parameters():
             if n in self.before:
                 fam = family_of(n) or "other"
-                d = float((p.detach() - self.before[n]).abs().sum())
+                d = float((_sample(p) - self.before[n]).abs().sum())
                 moved[fam] = moved.get(fam, 0.0) + d
                 tensors[fam] = tensors.get(fam, 0) + 1
                 still[fam] = still.get(fam, 0) + (d == 0.0)
@@ -445,9 +445,13 @@ def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, exam
     from datasets import Dataset
     from trl import SFTTrainer
 
-    return SFTTrainer(model=peft_model, args=training_args(cfg, output_dir), processing_class=tokenizer,
-                      train_dataset=Dataset.from_pandas(examples[["prompt", "completion"]], preserve_index=False),
-                      callbacks=list(callbacks))
+    from lab.trl_cpu import use_text_progress
+
+    trainer = SFTTrainer(model=peft_model, args=training_args(cfg, output_dir), processing_class=tokenizer,
+                         train_dataset=Dataset.from_pandas(examples[["prompt", "completion"]], preserve_index=False),
+                         callbacks=list(callbacks))
+    use_text_progress(trainer)
+    return trainer
 
 
 def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, tokenizer=None):

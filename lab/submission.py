@@ -25,9 +25,14 @@ PR #47088, closed unmerged). `split_fused_experts` therefore writes
 `...mixer.experts.{e}.up_proj.lora_A.weight` (r, in) / `.lora_B.weight` (out, r), and the
 same for down_proj, which is the layout of an adapter trained on the original per-expert
 `nn.Linear` modules. `check` reports fused keys as a problem.
-Verified from vLLM's source on GitHub main (mid/late 2026; the installed vLLM could not be read here,
-vLLM is GPU-only and absent from this environment) and numerically against PEFT on the tiny
-model (tests/test_submission.py); NOT verified by loading into vLLM 0.33 itself.
+What is verified: the layout was read from vLLM's sources as stored in a public code index
+(vllm-project/vllm on GitHub, recent main-branch versions of the files named above, release not
+identifiable; vLLM is GPU-only and not installed here), and the split reproduces PEFT's own
+per-expert deltas exactly on the tiny model (tests/test_submission.py). What is NOT verified:
+loading the packed zip into vLLM 0.33 itself; if 0.33 sets `is_3d_moe_weight` for Nemotron-H,
+it would want the fused keys instead, and `split_fused_experts` (and `check`'s fused-key rule)
+would need to change. vLLM also needs a LoRA on BOTH up_proj and down_proj of EVERY routed
+expert of a layer (`pack_moe` asserts it); `check` reports incomplete expert sets.
 
 `check(zip, base_model=None)` validates any zip and returns every problem in plain words
 (empty list = valid): layout, config fields, rank, DoRA, tensor names, shapes against the rank,
@@ -376,6 +381,22 @@ def _check_tensors(header: dict, config: dict, modules: dict | None, n_layers: i
             if hit is None or (n_layers is not None and hit.groupdict().get("layer") is not None
                                and int(hit["layer"]) >= n_layers):  # layer indices from the base config
                 unmatched.append(name)
+    experts: dict[str, set] = {}
+    for module in pairs:
+        ex = re.match(r"^(?P<experts>.+\.experts)\.(?P<e>\d+)\.(?P<param>up_proj|down_proj)$", module)
+        if ex:
+            experts.setdefault(ex["experts"], set()).add((int(ex["e"]), ex["param"]))
+    for prefix, have in sorted(experts.items()):
+        vprefix = re.sub(r"^backbone\.", "model.", prefix)
+        n = None
+        if modules is not None and modules.get(vprefix, (None,))[0] == "experts":
+            n = next(iter(modules[vprefix][1].values()))[0]
+        n = n or max(e for e, _ in have) + 1
+        lack = sorted({(e, q) for e in range(n) for q in EXPERT_PARAMS} - have)
+        if lack:
+            shown = ", ".join(f"{e}.{q}" for e, q in lack[:4]) + (" ..." if len(lack) > 4 else "")
+            p.append(f"{prefix}: vLLM needs a LoRA on both up_proj and down_proj of every one of the {n} routed "
+                     f"experts (its pack_moe asserts it); missing {len(lack)}: {shown}")
     for module, ab in pairs.items():
         if set(ab) != {"lora_A", "lora_B"}:
             unpaired.append(f"{module} has only {', '.join(sorted(ab))}")

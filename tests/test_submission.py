@@ -221,6 +221,17 @@ def test_check_reports_fused_expert_keys(tiny, tmp_path):
     assert "mixer.experts.base_layer.lora_A.weight" in hit or "mixer.experts.lora_A.weight" in hit
 
 
+def test_check_reports_incomplete_expert_sets(tiny, tmp_path):
+    moe = _first(tiny, "experts")
+
+    def drop(t):
+        for ab in ("A", "B"):
+            t.pop(f"base_model.model.model.layers.{moe}.mixer.experts.3.down_proj.lora_{ab}.weight")
+
+    (hit,) = _only(check(_variant(tmp_path, tiny, "experts", tensors_edit=drop)), "vLLM needs a LoRA on both")
+    assert f"layers.{moe}.mixer.experts" in hit and "3.down_proj" in hit
+
+
 def test_check_reports_adapter_names_in_keys_and_non_lora_tensors(tiny, tmp_path):
     k = f"base_model.model.model.layers.{_first(tiny, 'q_proj')}.mixer.q_proj.lora_A.weight"
 
