@@ -101,7 +101,16 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], n: int = 1, temperatur
 def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
                   max_new_tokens: int = 7680, seed: int = 0, logprobs: bool = False,
                   lora_request=None) -> list[list[Completion]]:
-    """vLLM `LLM.generate` with `SamplingParams`; `llm` comes from `vllm_engine`."""
+    """vLLM `LLM.generate` with `SamplingParams`; `llm` comes from `vllm_engine`.
+
+    Checked against vLLM 0.33.0 (vllm/sampling_params.py, outputs.py, logprobs.py, v1/engine/__init__.py):
+    `logprobs=0` returns, per generated token, a dict {token_id: Logprob} holding just the sampled
+    token (the sampled token is always included, so up to logprobs+1 entries), computed from the raw
+    model distribution (default `logprobs_mode="raw_logprobs"`, before temperature/top_p), as the hf
+    back-end does. With a seed and n > 1, vLLM gives the i-th sample seed + i. `token_ids` include the
+    end-of-turn token when generation stopped on it (the hf back-end counts it too). finish_reason is
+    one of stop, length, abort, error, repetition; only stop and length are results.
+    """
     from vllm import SamplingParams
 
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed,
@@ -111,26 +120,32 @@ def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 
     for o in outs:
         comps = []
         for c in o.outputs:
+            if c.finish_reason not in ("stop", "length"):
+                raise RuntimeError(f"vLLM request {o.request_id} finished with {c.finish_reason!r}, not stop/length")
             lp = None
             if logprobs and c.logprobs is not None:
                 lp = [step[tid].logprob for step, tid in zip(c.logprobs, c.token_ids)]
-            comps.append(Completion(text=c.text, tokens=len(c.token_ids),
-                                    finish_reason="length" if c.finish_reason == "length" else "stop", logprobs=lp))
+            comps.append(Completion(text=c.text, tokens=len(c.token_ids), finish_reason=c.finish_reason, logprobs=lp))
         results.append(comps)
     return results
 
 
 def vllm_engine(cfg, model_path: str):
-    """A vLLM `LLM` with LoRA enabled and the competition's engine settings (conf/infer/kaggle.yaml)."""
+    """A vLLM `LLM` with LoRA enabled and the competition's engine settings (conf/infer/kaggle.yaml).
+
+    Keyword names checked against vLLM 0.33.0's `LLM.__init__` and `EngineArgs` (see tests/test_bench.py).
+    The context length is the smaller of infer.max_model_len and model.max_model_len: completion
+    budgets are computed against the model's, and a model (the tiny one) may allow less than Kaggle's.
+    """
     from vllm import LLM
 
     inf = cfg.infer
     return LLM(model=model_path, enable_lora=True, max_lora_rank=int(inf.max_lora_rank),
-               max_model_len=int(inf.max_model_len), max_num_seqs=int(inf.max_num_seqs),
-               gpu_memory_utilization=float(inf.gpu_memory_utilization),
+               max_model_len=min(int(inf.max_model_len), int(cfg.model.max_model_len)),
+               max_num_seqs=int(inf.max_num_seqs), gpu_memory_utilization=float(inf.gpu_memory_utilization),
                tensor_parallel_size=int(inf.tensor_parallel_size), enable_prefix_caching=bool(inf.enable_prefix_caching),
                enable_chunked_prefill=bool(inf.enable_chunked_prefill), seed=int(cfg.seed),
-               trust_remote_code=bool(cfg.model.trust_remote_code))
+               dtype=str(cfg.model.dtype), trust_remote_code=bool(cfg.model.trust_remote_code))
 
 
 class Generator:
@@ -148,9 +163,12 @@ class Generator:
         elif self.backend == "vllm":
             from vllm.lora.request import LoRARequest
 
+            from lab.config import resolve_path
+
             self.tokenizer = tokenizer or models.load_tokenizer(cfg)
             self.llm = vllm_engine(cfg, models.model_path(cfg))
-            self.lora = LoRARequest("adapter", 1, str(adapter)) if adapter else None
+            self.lora = (LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=str(resolve_path(adapter)))
+                         if adapter else None)
         else:
             raise ValueError(f"model.generation_backend must be 'hf' or 'vllm', not {self.backend!r}")
 

@@ -1,0 +1,238 @@
+"""The vLLM back-end against vLLM 0.33's real signatures (no vllm needed), and the vote bench's plumbing.
+
+The name sets below were recorded from the vLLM 0.33.0 source distribution on PyPI
+(`pip download vllm==0.33.0 --no-deps --no-binary :all:`, PKG-INFO `Version: 0.33.0`):
+  vllm/entrypoints/llm.py      LLM.__init__(self, model, *, ...named..., **kwargs); kwargs go to EngineArgs
+  vllm/engine/arg_utils.py     the EngineArgs dataclass fields (259 in all; those the lab may use below)
+  vllm/sampling_params.py      SamplingParams (msgspec.Struct) fields
+  vllm/lora/request.py         LoRARequest(lora_name, lora_int_id, lora_path="", ...); id must be >= 1
+  vllm/config/lora.py          MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
+  vllm/v1/engine/__init__.py   FINISH_REASON_STRINGS = ("stop", "length", "abort", "error", "repetition")
+If the GPU extra moves to another vLLM, re-record these from that version's source.
+"""
+
+from __future__ import annotations
+
+import ast
+import importlib.util
+import sys
+import types
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from omegaconf import OmegaConf
+
+ROOT = Path(__file__).resolve().parent.parent
+
+VLLM_LLM_PARAMS = {  # LLM.__init__: `model` positional-or-keyword, the rest keyword-only
+    "model", "runner", "convert", "tokenizer", "tokenizer_mode", "skip_tokenizer_init", "trust_remote_code",
+    "allowed_local_media_path", "allowed_media_domains", "tensor_parallel_size", "dtype", "quantization", "revision",
+    "tokenizer_revision", "chat_template", "seed", "gpu_memory_utilization", "cpu_offload_gb", "offload_group_size",
+    "offload_num_in_group", "offload_prefetch_step", "offload_params", "enforce_eager", "enable_return_routed_experts",
+    "return_sampling_mask", "disable_custom_all_reduce", "hf_token", "hf_overrides", "mm_processor_kwargs",
+    "pooler_config", "structured_outputs_config", "profiler_config", "attention_config", "kv_cache_memory_bytes",
+    "compilation_config", "quantization_config", "logits_processors", "spec_method", "spec_model", "spec_tokens",
+}
+VLLM_ENGINE_ARGS = {  # a subset of EngineArgs fields, each checked present in 0.33.0
+    "enable_lora", "max_loras", "max_lora_rank", "max_cpu_loras", "lora_dtype", "max_model_len", "max_num_seqs",
+    "max_num_batched_tokens", "max_logprobs", "enable_prefix_caching", "enable_chunked_prefill", "enable_sleep_mode",
+    "enforce_eager", "kv_cache_dtype", "mamba_ssm_cache_dtype", "seed", "dtype", "trust_remote_code",
+    "tensor_parallel_size", "gpu_memory_utilization",
+}
+VLLM_SAMPLING_PARAMS = {
+    "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "watermarking", "top_p", "top_k",
+    "min_p", "seed", "stop", "stop_token_ids", "ignore_eos", "max_tokens", "min_tokens", "logprobs", "prompt_logprobs",
+    "prompt_logprob_token_ids", "prompt_logprob_start", "logprob_token_ids", "flat_logprobs", "detokenize",
+    "skip_special_tokens", "spaces_between_special_tokens", "include_stop_str_in_output", "output_kind",
+    "stream_interval", "skip_clone", "output_text_buffer_length", "structured_outputs", "logit_bias",
+    "allowed_token_ids", "extra_args", "bad_words", "skip_reading_prefix_cache", "thinking_token_budget",
+    "repetition_detection", "routed_experts_prompt_start", "trace_decode_token_ids",
+}
+VLLM_LORA_REQUEST = {"lora_name", "lora_int_id", "lora_path", "base_model_name", "load_inplace", "is_3d_lora_weight"}
+VLLM_MAX_LORA_RANKS = {1, 8, 16, 32, 64, 128, 256, 320, 512}
+VLLM_MODEL_DTYPES = {"auto", "half", "float16", "bfloat16", "float", "float32"}
+VLLM_FINISH_REASONS = {"stop", "length", "abort", "error", "repetition"}
+
+ALLOWED = {"LLM": VLLM_LLM_PARAMS | VLLM_ENGINE_ARGS, "SamplingParams": VLLM_SAMPLING_PARAMS,
+           "LoRARequest": VLLM_LORA_REQUEST}
+
+
+def _vllm_calls() -> dict[str, list[ast.Call]]:
+    """Calls to LLM / SamplingParams / LoRARequest anywhere in lab/generate.py."""
+    tree = ast.parse((ROOT / "lab" / "generate.py").read_text(encoding="utf-8"))
+    calls: dict[str, list[ast.Call]] = {name: [] for name in ALLOWED}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call):
+            f = node.func
+            name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else None
+            if name in calls:
+                calls[name].append(node)
+    return calls
+
+
+def test_vllm_keyword_names_match_0_33_signatures():
+    calls = _vllm_calls()
+    for name, found in calls.items():
+        assert found, f"lab/generate.py no longer calls {name}"
+        for call in found:
+            assert not call.args, f"{name}(...) at line {call.lineno}: pass keywords, not positional arguments"
+            kws = {k.arg for k in call.keywords}
+            assert None not in kws, f"{name}(**...) at line {call.lineno}: spell the keywords out"
+            unknown = kws - ALLOWED[name]
+            assert not unknown, f"{name}(...) at line {call.lineno}: {sorted(unknown)} not in vLLM 0.33's signature"
+
+
+def test_engine_settings_are_values_vllm_accepts():
+    from lab.config import compose
+
+    cfg = compose(["model=nemotron_nano"])
+    assert int(cfg.infer.max_lora_rank) in VLLM_MAX_LORA_RANKS
+    assert int(cfg.sft.lora.r) <= int(cfg.infer.max_lora_rank)
+    assert str(cfg.model.dtype) in VLLM_MODEL_DTYPES
+    assert str(compose([]).model.dtype) in VLLM_MODEL_DTYPES
+
+
+# ------------------------------------------------------------------------------------------------
+# generate_vllm / vllm_engine / Generator with a stand-in vllm module
+# ------------------------------------------------------------------------------------------------
+
+class _Rec:
+    def __init__(self, **kw):
+        self.kw = kw
+
+
+def _fake_vllm(monkeypatch, outputs):
+    seen = {}
+
+    class SamplingParams(_Rec):
+        def __init__(self, **kw):
+            assert set(kw) <= VLLM_SAMPLING_PARAMS
+            super().__init__(**kw)
+            seen["params"] = kw
+
+    class LLM:
+        def __init__(self, **kw):
+            assert set(kw) <= VLLM_LLM_PARAMS | VLLM_ENGINE_ARGS
+            seen["engine"] = kw
+
+        def generate(self, prompts, params, lora_request=None):
+            seen["generate"] = (prompts, params, lora_request)
+            return outputs
+
+    class LoRARequest(_Rec):
+        def __init__(self, **kw):
+            assert set(kw) <= VLLM_LORA_REQUEST and kw["lora_int_id"] >= 1 and kw["lora_path"]
+            super().__init__(**kw)
+
+    vllm = types.ModuleType("vllm")
+    vllm.LLM, vllm.SamplingParams = LLM, SamplingParams
+    lora = types.ModuleType("vllm.lora")
+    req = types.ModuleType("vllm.lora.request")
+    req.LoRARequest = LoRARequest
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.lora", lora)
+    monkeypatch.setitem(sys.modules, "vllm.lora.request", req)
+    return seen
+
+
+def _lp(v):
+    return types.SimpleNamespace(logprob=v, rank=1, decoded_token=None)
+
+
+def _out(text, token_ids, logprobs, reason):
+    return types.SimpleNamespace(text=text, token_ids=token_ids, logprobs=logprobs, finish_reason=reason,
+                                 cumulative_logprob=None)
+
+
+def test_generate_vllm_reads_0_33_outputs(monkeypatch):
+    from lab.generate import generate_vllm
+
+    # logprobs=0: one dict per generated token holding the sampled token (plus, in general, top-k others)
+    a = _out("x \\boxed{1}", [5, 6, 2], [{5: _lp(-0.5), 9: _lp(-0.1)}, {6: _lp(-1.0)}, {2: _lp(-0.25)}], "stop")
+    b = _out("x x x", [5, 5, 5], [{5: _lp(-2.0)}] * 3, "length")
+    seen = _fake_vllm(monkeypatch, [types.SimpleNamespace(request_id="0", outputs=[a, b])])
+    res = generate_vllm(sys.modules["vllm"].LLM(model="m"), ["p"], n=2, temperature=1.0, max_new_tokens=3, seed=7, logprobs=True,
+                        lora_request="L")
+    assert seen["params"] == dict(n=2, temperature=1.0, top_p=1.0, max_tokens=3, seed=7, logprobs=0)
+    assert seen["generate"][2] == "L"
+    (c1, c2), = res
+    assert (c1.tokens, c1.finish_reason, c1.logprobs) == (3, "stop", [-0.5, -1.0, -0.25])
+    assert (c2.tokens, c2.finish_reason) == (3, "length") and c2.mean_logprob == pytest.approx(-2.0)
+
+    seen = _fake_vllm(monkeypatch, [types.SimpleNamespace(request_id="0", outputs=[_out("", [1], None, "stop")])])
+    assert generate_vllm(sys.modules["vllm"].LLM(model="m"), ["p"])[0][0].logprobs is None
+    assert seen["params"]["logprobs"] is None
+
+    _fake_vllm(monkeypatch, [types.SimpleNamespace(request_id="7", outputs=[_out("", [1], None, "abort")])])
+    with pytest.raises(RuntimeError, match="abort"):
+        generate_vllm(sys.modules["vllm"].LLM(model="m"), ["p"])
+
+
+def test_generator_vllm_branch(monkeypatch, tmp_path):
+    from lab import generate, models
+    from lab.config import compose
+
+    seen = _fake_vllm(monkeypatch, [])
+    monkeypatch.setattr(models, "load_tokenizer", lambda cfg: "TOK")
+    monkeypatch.setattr(models, "model_path", lambda cfg: "/models/nemotron")
+    cfg = compose(["model=nemotron_nano"])
+    g = generate.Generator(cfg, adapter="outputs/x/adapter")
+    e = seen["engine"]
+    assert e["model"] == "/models/nemotron" and e["enable_lora"] is True and e["max_lora_rank"] == 32
+    assert e["max_model_len"] == 8192 and e["seed"] == int(cfg.seed) and e["dtype"] == "bfloat16"
+    assert Path(g.lora.kw["lora_path"]).is_absolute() and g.lora.kw["lora_path"].endswith("outputs/x/adapter")
+
+    tiny = compose(["model.generation_backend=vllm"])
+    generate.Generator(tiny)
+    assert seen["engine"]["max_model_len"] == int(tiny.model.max_model_len) < int(tiny.infer.max_model_len)
+
+
+# ------------------------------------------------------------------------------------------------
+# bench/vote_bench.py
+# ------------------------------------------------------------------------------------------------
+
+def _bench():
+    spec = importlib.util.spec_from_file_location("vote_bench", ROOT / "bench" / "vote_bench.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_bench_without_adapter_exits_2(tmp_path, capsys):
+    assert _bench().main(["--adapter", str(tmp_path / "none")]) == 2
+    assert "make demo" in capsys.readouterr().err
+
+
+def test_bench_vote_rows_on_a_hand_made_table():
+    bench = _bench()
+    rows = []
+    answers = {"a": ["1", "1", "2", "1"], "b": ["2", "3", "3", "3"], "c": ["5", "5", "5", "5"]}
+    gold = {"a": "1", "b": "2", "c": "5"}
+    for pid, ans in answers.items():
+        for j, x in enumerate(ans):
+            rows.append({"id": pid, "category": "t", "gold": gold[pid], "sample": j, "answer": x, "tokens": 10,
+                         "finish_reason": "stop", "mean_logprob": -0.1 if x == gold[pid] else -2.0})
+    out = {(r["method"], tuple(sorted(r["options"].items()))): r for r in bench.vote_rows(pd.DataFrame(rows), 4, "final")}
+    maj = out[("majority", ())]
+    assert maj["accuracy"] == pytest.approx(2 / 3) and maj["token_ratio"] == 1.0 and maj["delta_points"] == 0
+    conf = out[("confidence", (("keep_top", 0.25),))]  # the confident trace of b is its correct one
+    assert conf["accuracy"] == 1.0 and conf["wins"] == 1 and conf["losses"] == 0
+    assert conf["delta_points"] == pytest.approx(100 / 3)
+    es = out[("early_stop", (("agree", 1.0), ("window", 2)))]
+    assert es["token_ratio"] == pytest.approx((2 + 4 + 2) / 12)  # a and c stop after their first window
+    md = bench.markdown({"adapter": "A", "finished": "now", "git_commit": "x",
+                         "voting": {"k": 4, "puzzles": 3, "temperature": 1.0, "top_p": 1.0, "seed": 0,
+                                    "baseline_accuracy": maj["accuracy"], "baseline_tokens_per_puzzle": 40.0,
+                                    "methods": list(out.values()), "greedy_decode": None, "curve": [],
+                                    "sampling": {"rows_drawn_now": 0, "tokens_drawn_now": 0, "wall_seconds": 0.0}}})
+    assert "maj@4" in md and "confidence keep_top=0.25" in md
+
+
+def test_bench_config_overrides(tmp_path):
+    bench = _bench()
+    stage = tmp_path / "03_grpo"
+    (stage / "adapter").mkdir(parents=True)
+    (stage / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({"seed": 1, "infer": {"batch_size": 32}})))
+    cfg, src = bench.load_config(stage / "adapter", ["infer.batch_size=64", "seed=3"])
+    assert (cfg.infer.batch_size, cfg.seed, src) == (64, 3, str(stage / "config.yaml"))
