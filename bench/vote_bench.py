@@ -1,0 +1,396 @@
+"""Voting and generation benchmark on the demo's trained tiny model: `make bench`.
+
+What it measures
+  1. Voting, on one fixed sample table. K = 32 completions per held-out puzzle are drawn once
+     from the trained adapter (`outputs/demo/03_grpo/adapter`, else `02_sft`'s) with the vote
+     settings of that run (temperature, top_p, seed) and per-token log-probabilities, through
+     `lab.generate.sample_table`. The table is cached in `outputs/bench/samples_K32.jsonl`
+     (appended chunk by chunk; an interrupted run resumes) and written as `samples_K32.csv`.
+     Every method of `lab.vote.METHODS` is then replayed on that table: greedy (the first
+     sample), majority (maj@32, the baseline), DeepConf-style confidence weighting for several
+     `keep_top` shares, and early stopping for several `window`/`agree` settings. Per method:
+     accuracy, its difference from maj@32 in points, tokens per puzzle and their ratio to
+     maj@32's, samples drawn, and the paired count of puzzles it wins / loses against maj@32.
+     Also maj@k and pass@k for k = 1..32 (`lab.vote.curves`) and, as the Kaggle reference,
+     the accuracy of greedy decoding (temperature 0, one completion, the competition's budget).
+  2. Generation throughput of the hf back-end on the same model: the same prompts, greedy, a
+     fixed `max_new_tokens`, once one prompt per `generate` call (batch 1) and once batched
+     (default 32 per call); tokens per second and their ratio, plus the share of prompts whose
+     batched completion equals the batch-1 one (left padding must not change greedy output).
+
+Output: a printed table, `outputs/bench/vote_bench.json` and `vote_bench.md` (written
+atomically). Every figure comes from the run; nothing is hard-coded.
+
+What it simplifies
+  * Voting is replayed offline (see `lab.vote`): early stopping's token saving is what a sampler
+    drawing `window` samples at a time would get; batched sampling of all 32 at once gets none.
+  * One draw of 32 samples per puzzle; maj@k uses the first k. With ~100 held-out puzzles one
+    puzzle is one point of accuracy, so differences of a few points are within noise (the
+    paired win/loss counts say how many puzzles actually moved).
+  * Confidence is the mean token log-probability of a trace (raw model distribution), not
+    DeepConf's lowest sliding-window confidence, and there is no online stopping inside a trace.
+  * Throughput is the tiny model on CPU with however many threads torch has (the Makefile leaves
+    OMP_NUM_THREADS to the caller): it compares batching on this machine, not the GPU or vLLM.
+    Tokens counted are completion tokens up to and including end-of-turn; a batch runs until its
+    longest member stops, so padding steps cost time but add no tokens.
+
+The sample cache is keyed by the adapter's and base model's weight hashes, the held-out split's
+hash and the sampling settings (`samples_K32.meta.json`); if any differs it is discarded and
+redrawn. Overrides (`--overrides key=value ...`) apply on top of the adapter run's own resolved
+config (`<stage>/config.yaml` beside the adapter), e.g. `infer.batch_size=64`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+import os
+import statistics
+import sys
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+K = 32
+KEEP_TOPS = (1.0, 0.9, 0.5, 0.25, 0.1)
+EARLY_STOP = ((1, 1.0), (2, 1.0), (4, 1.0), (8, 1.0), (4, 0.75), (8, 0.75), (8, 0.6))
+CURVE_KS = (1, 2, 4, 8, 16, 32)
+
+
+def parse_args(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--adapter", help="LoRA adapter folder (default: outputs/demo/03_grpo/adapter, else 02_sft's)")
+    p.add_argument("--overrides", nargs="*", default=[], metavar="KEY=VALUE",
+                   help="config overrides on top of the adapter run's config, e.g. infer.batch_size=64")
+    p.add_argument("--out", default="outputs/bench", help="output folder (relative to the repo root)")
+    p.add_argument("--k", type=int, default=K, help="samples per puzzle (default 32)")
+    p.add_argument("--tp-prompts", type=int, default=32, help="prompts for the throughput runs")
+    p.add_argument("--tp-batch", type=int, default=32, help="prompts per generate() call in the batched run")
+    p.add_argument("--tp-max-new-tokens", type=int, default=64, help="fixed completion budget of the throughput runs")
+    p.add_argument("--tp-repeats", type=int, default=3, help="timed repeats per setting (median reported)")
+    p.add_argument("--skip-throughput", action="store_true", help="only the voting part")
+    return p.parse_args(argv)
+
+
+# ----------------------------------------------------------------------------------------------
+# config, adapter, cache key
+# ----------------------------------------------------------------------------------------------
+
+def find_adapter(arg: str | None) -> Path | None:
+    from lab.config import resolve_path
+
+    if arg:
+        return resolve_path(arg)
+    for stage in ("03_grpo", "02_sft"):
+        p = resolve_path(f"outputs/demo/{stage}/adapter")
+        if (p / "adapter_config.json").is_file():
+            return p
+    return None
+
+
+def load_config(adapter: Path, overrides: list[str]):
+    """The adapter run's resolved config (`<stage>/config.yaml`) with overrides; else compose(overrides)."""
+    from omegaconf import OmegaConf
+
+    from lab.config import LabError, compose
+
+    stage_cfg = adapter.parent / "config.yaml"
+    if not stage_cfg.is_file():
+        return compose(overrides), "compose(overrides)"
+    cfg = OmegaConf.load(stage_cfg)
+    for o in overrides:
+        if "=" not in o:
+            raise LabError(f"override {o!r} is not KEY=VALUE")
+        key, value = o.split("=", 1)
+        OmegaConf.update(cfg, key.lstrip("+"), OmegaConf.from_dotlist([f"v={value}"]).v, merge=True)
+    return cfg, str(stage_cfg)
+
+
+def file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def folder_hash(folder: Path, pattern: str = "*.safetensors") -> str:
+    files = sorted(folder.glob(pattern))
+    return hashlib.sha256("".join(f"{f.name}:{file_sha256(f)}" for f in files).encode()).hexdigest()[:16]
+
+
+def cache_key(cfg, adapter: Path, val, k: int) -> dict:
+    from lab import models
+
+    return {
+        "adapter": str(adapter), "adapter_sha": folder_hash(adapter),
+        "base_model": str(cfg.model.path), "base_model_sha": folder_hash(Path(models.model_path(cfg))),
+        "val_ids_sha": hashlib.sha256("\n".join(val["id"].astype(str)).encode()).hexdigest()[:16],
+        "val_prompts_sha": hashlib.sha256("\n".join(val["prompt"].astype(str)).encode()).hexdigest()[:16],
+        "k": int(k), "temperature": float(cfg.vote.temperature), "top_p": float(cfg.infer.top_p),
+        "seed": int(cfg.seed), "max_tokens": int(cfg.infer.max_tokens), "max_model_len": int(cfg.model.max_model_len),
+        "metric_version": str(cfg.infer.get("metric_version", "final")),
+    }
+
+
+# ----------------------------------------------------------------------------------------------
+# sampling
+# ----------------------------------------------------------------------------------------------
+
+def sample(gen, val, k: int, out: Path, key: dict) -> tuple[object, dict]:
+    """The K-sample table, drawn once and cached; returns (table, info about this call)."""
+    from lab.config import atomic_write_csv, atomic_write_json, read_json
+    from lab.generate import sample_table
+
+    cache, meta, csv = out / f"samples_K{k}.jsonl", out / f"samples_K{k}.meta.json", out / f"samples_K{k}.csv"
+    if cache.is_file():
+        old = read_json(meta) if meta.is_file() else None
+        if old != key:
+            changed = sorted(x for x in key if old is None or old.get(x) != key[x])
+            print(f"sample cache {cache} was made with other settings ({', '.join(changed)} differ): redrawing")
+            cache.unlink()
+            csv.unlink(missing_ok=True)
+    atomic_write_json(meta, key)
+    before = set()
+    if cache.is_file():
+        for line in cache.read_text(encoding="utf-8").splitlines():
+            try:
+                before.add(json.loads(line)["id"])
+            except (json.JSONDecodeError, KeyError):
+                continue
+    t0 = time.time()
+    table = sample_table(gen, val, n=k, temperature=float(gen.cfg.vote.temperature), logprobs=True, cache=cache)
+    wall = time.time() - t0
+    atomic_write_csv(csv, table)
+    new = table[~table["id"].isin(before)]
+    return table, {"rows": int(len(table)), "rows_drawn_now": int(len(new)), "tokens_drawn_now": int(new["tokens"].sum()),
+                   "wall_seconds": round(wall, 1), "cache": str(cache), "csv": str(csv)}
+
+
+def greedy_reference(gen, val, out: Path, key: dict):
+    """Greedy decoding (the competition's setting), cached like the samples."""
+    from lab.config import atomic_write_json, read_json
+    from lab.generate import predictions
+
+    cache, meta = out / "greedy.jsonl", out / "greedy.meta.json"
+    gkey = {x: v for x, v in key.items() if x not in ("k", "temperature")}
+    if cache.is_file() and (not meta.is_file() or read_json(meta) != gkey):
+        cache.unlink()
+    atomic_write_json(meta, gkey)
+    return predictions(gen, val, cache=cache)
+
+
+# ----------------------------------------------------------------------------------------------
+# voting
+# ----------------------------------------------------------------------------------------------
+
+def vote_rows(samples, k: int, version: str) -> list[dict]:
+    from lab import vote
+
+    settings = [("greedy", {}), ("majority", {})]
+    settings += [("confidence", {"keep_top": kt}) for kt in KEEP_TOPS]
+    settings += [("early_stop", {"window": w, "agree": a}) for w, a in EARLY_STOP]
+    missing = sorted(set(vote.METHODS) - {m for m, _ in settings})
+    settings += [(m, {}) for m in missing]  # a method added to lab.vote later is still replayed
+    results = {}
+    for method, opts in settings:
+        results[(method, tuple(opts.items()))] = vote.replay(samples, method, k=k, version=version, **opts)
+    base = results[("majority", ())]
+    base_ok = base.set_index("id")["correct"].astype(bool)
+    base_s = vote.summary(base)
+    rows = []
+    for (method, opts), res in results.items():
+        s = vote.summary(res)
+        ok = res.set_index("id")["correct"].astype(bool).reindex(base_ok.index)
+        rows.append({
+            "method": method, "options": dict(opts), "label": _label(method, dict(opts), k),
+            "puzzles": s["puzzles"], "accuracy": s["accuracy"],
+            "delta_points": 100.0 * (s["accuracy"] - base_s["accuracy"]),
+            "tokens_per_puzzle": s["tokens_used"],
+            "token_ratio": s["tokens_used"] / base_s["tokens_used"] if base_s["tokens_used"] else math.nan,
+            "samples_used": s["samples_used"],
+            "wins": int((ok & ~base_ok).sum()), "losses": int((~ok & base_ok).sum()),
+        })
+    return rows
+
+
+def _label(method: str, opts: dict, k: int) -> str:
+    if method == "greedy":
+        return "first sample (T>0)"
+    if method == "majority":
+        return f"maj@{k}"
+    if method == "confidence":
+        return f"confidence keep_top={opts['keep_top']:g}"
+    if method == "early_stop":
+        return f"early_stop window={opts['window']} agree={opts['agree']:g}"
+    return method
+
+
+# ----------------------------------------------------------------------------------------------
+# throughput
+# ----------------------------------------------------------------------------------------------
+
+def throughput(model, tokenizer, prompts: list[str], batch: int, max_new_tokens: int, repeats: int) -> dict:
+    """hf back-end greedy generation, batch 1 vs `batch` prompts per call: tokens/s (median of repeats)."""
+    import torch
+
+    from lab.generate import generate_hf
+
+    def run(bs: int):
+        t0 = time.perf_counter()
+        outs = generate_hf(model, tokenizer, prompts, n=1, temperature=0.0, max_new_tokens=max_new_tokens,
+                           batch_size=bs, progress=False)
+        return time.perf_counter() - t0, outs
+
+    generate_hf(model, tokenizer, prompts[:2], n=1, temperature=0.0, max_new_tokens=4, batch_size=2, progress=False)
+    res = {}
+    texts = {}
+    for name, bs in (("batch_1", 1), (f"batch_{batch}", batch)):
+        walls, toks = [], None
+        for _ in range(max(1, repeats)):
+            wall, outs = run(bs)
+            walls.append(wall)
+            toks = sum(c[0].tokens for c in outs)
+            texts[name] = [c[0].text for c in outs]
+        wall = statistics.median(walls)
+        res[name] = {"prompts_per_call": bs, "tokens": int(toks), "wall_seconds": [round(w, 3) for w in walls],
+                     "tokens_per_second": toks / wall}
+    b1, bn = res["batch_1"], res[f"batch_{batch}"]
+    same = sum(a == b for a, b in zip(texts["batch_1"], texts[f"batch_{batch}"]))
+    return {"prompts": len(prompts), "max_new_tokens": max_new_tokens, "repeats": repeats,
+            "torch_threads": torch.get_num_threads(), "device": str(next(model.parameters()).device),
+            "runs": res, "speedup": bn["tokens_per_second"] / b1["tokens_per_second"],
+            "same_completion_share": same / len(prompts)}
+
+
+# ----------------------------------------------------------------------------------------------
+# report
+# ----------------------------------------------------------------------------------------------
+
+def _f(x, spec=".3f"):
+    return "n/a" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def markdown(report: dict) -> str:
+    v = report["voting"]
+    k = v["k"]
+    L = [f"# Vote bench: {report['adapter']}", "",
+         f"{v['puzzles']} held-out puzzles, K = {k} samples each at temperature {v['temperature']:g} "
+         f"(top_p {v['top_p']:g}, seed {v['seed']}); one puzzle = {100 / max(v['puzzles'], 1):.1f} points. "
+         f"Baseline: maj@{k}, accuracy {_f(v['baseline_accuracy'])}, {_f(v['baseline_tokens_per_puzzle'], '.0f')} "
+         f"tokens per puzzle. Wins/losses: puzzles the method gets right and maj@{k} wrong, and the reverse.", "",
+         f"| method | accuracy | Δ vs maj@{k} (points) | tokens/puzzle | tokens vs maj@{k} | samples used | wins | losses |",
+         "|---|---:|---:|---:|---:|---:|---:|---:|"]
+    for r in v["methods"]:
+        L.append(f"| {r['label']} | {_f(r['accuracy'])} | {r['delta_points']:+.1f} | {_f(r['tokens_per_puzzle'], '.0f')} "
+                 f"| {_f(r['token_ratio'], '.3f')} | {_f(r['samples_used'], '.1f')} | {r['wins']} | {r['losses']} |")
+    g = v.get("greedy_decode")
+    if g:
+        L.append(f"| greedy decode (T=0, Kaggle) | {_f(g['accuracy'])} | {g['delta_points']:+.1f} "
+                 f"| {_f(g['tokens_per_puzzle'], '.0f')} | {_f(g['token_ratio'], '.3f')} | 1.0 | {g['wins']} | {g['losses']} |")
+    L += ["", "## maj@k and pass@k (first k of the K samples)", "", "| k | maj@k | pass@k | tokens/puzzle |",
+          "|---:|---:|---:|---:|"]
+    for c in v["curve"]:
+        L.append(f"| {c['k']} | {_f(c['maj_at_k'])} | {_f(c['pass_at_k'])} | {_f(c['tokens_per_puzzle'], '.0f')} |")
+    t = report.get("throughput")
+    if t:
+        L += ["", f"## hf generation throughput ({t['device']}, {t['torch_threads']} torch thread(s))", "",
+              f"{t['prompts']} prompts, greedy, max_new_tokens={t['max_new_tokens']}, median of {t['repeats']} runs.", "",
+              "| setting | prompts per call | tokens | median wall (s) | tokens/s |", "|---|---:|---:|---:|---:|"]
+        for name, r in t["runs"].items():
+            L.append(f"| {name} | {r['prompts_per_call']} | {r['tokens']} | {statistics.median(r['wall_seconds']):.2f} "
+                     f"| {r['tokens_per_second']:.1f} |")
+        L += ["", f"Batched / batch 1: **{t['speedup']:.2f}x**; completions identical in "
+                  f"{100 * t['same_completion_share']:.0f}% of prompts."]
+    smp = v["sampling"]
+    L += ["", f"Generated {report['finished']} from commit {report['git_commit']}; this run drew {smp['rows_drawn_now']} "
+              f"samples ({smp['tokens_drawn_now']} tokens) in {smp['wall_seconds']} s, the rest came from the cache.", ""]
+    return "\n".join(L)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    from lab.config import LabError
+
+    adapter = find_adapter(args.adapter)
+    if adapter is None or not (adapter / "adapter_config.json").is_file():
+        where = adapter or "outputs/demo/03_grpo/adapter (or outputs/demo/02_sft/adapter)"
+        print(f"vote_bench: no trained adapter at {where}.\n"
+              "Run `make demo` first (it trains the tiny model's adapters, ~15 min on CPU), "
+              "or pass --adapter DIR.", file=sys.stderr)
+        return 2
+    try:
+        return _run(args, adapter)
+    except LabError as e:
+        print(f"vote_bench: error: {e}", file=sys.stderr)
+        return 2
+
+
+def _run(args, adapter: Path) -> int:
+    from lab import data, generate, vote
+    from lab.config import atomic_write_json, atomic_write_text, git_commit, hardware, package_versions, resolve_path, \
+        seed_everything
+
+    t_start = time.time()
+    cfg, cfg_source = load_config(adapter, args.overrides)
+    cfg.infer.top_p = float(cfg.vote.top_p)  # sample_table samples with infer.top_p; the vote settings apply
+    out = resolve_path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    seed_everything(int(cfg.seed))
+    _, val = data.prepare(cfg)
+    version = str(cfg.infer.get("metric_version", "final"))
+    print(f"vote_bench: adapter {adapter} (config: {cfg_source}); {len(val)} held-out puzzles, K={args.k}")
+
+    gen = generate.Generator(cfg, adapter=adapter)
+    key = cache_key(cfg, adapter, val, args.k)
+    samples, sampling = sample(gen, val, args.k, out, key)
+    greedy = greedy_reference(gen, val, out, key)
+
+    rows = vote_rows(samples, args.k, version)
+    base = next(r for r in rows if r["method"] == "majority" and not r["options"])
+    g_ok = greedy.set_index("id")["correct"].astype(bool)
+    base_ok = vote.replay(samples, "majority", k=args.k, version=version).set_index("id")["correct"].astype(bool)
+    g_ok = g_ok.reindex(base_ok.index)
+    greedy_row = {"accuracy": float(greedy["correct"].mean()),
+                  "delta_points": 100.0 * (float(greedy["correct"].mean()) - base["accuracy"]),
+                  "tokens_per_puzzle": float(greedy["tokens"].mean()),
+                  "token_ratio": float(greedy["tokens"].mean()) / base["tokens_per_puzzle"],
+                  "wins": int((g_ok & ~base_ok).sum()), "losses": int((~g_ok & base_ok).sum())}
+    curve = vote.curves(samples, K=args.k, version=version)
+    curve_rows = curve[curve["k"].isin([k for k in CURVE_KS if k <= args.k] + [args.k])].to_dict("records")
+
+    report = {
+        "adapter": str(adapter), "adapter_sha": key["adapter_sha"], "config_source": cfg_source,
+        "overrides": list(args.overrides), "git_commit": git_commit(), "packages": package_versions(),
+        "hardware": hardware(),
+        "voting": {"k": args.k, "puzzles": int(samples["id"].nunique()), "temperature": key["temperature"],
+                   "top_p": key["top_p"], "seed": key["seed"], "max_tokens": key["max_tokens"],
+                   "metric_version": version, "sampling": sampling,
+                   "baseline_accuracy": base["accuracy"], "baseline_tokens_per_puzzle": base["tokens_per_puzzle"],
+                   "methods": rows, "greedy_decode": greedy_row, "curve": curve_rows,
+                   "finish_reasons": samples["finish_reason"].value_counts().to_dict(),
+                   "mean_tokens_per_sample": float(samples["tokens"].mean())},
+    }
+    if not args.skip_throughput:
+        prompts = gen.prompts(val["prompt"].tolist()[:args.tp_prompts])
+        print(f"throughput: {len(prompts)} prompts, batch 1 vs {args.tp_batch}, max_new_tokens={args.tp_max_new_tokens}")
+        report["throughput"] = throughput(gen.model, gen.tokenizer, prompts, args.tp_batch, args.tp_max_new_tokens,
+                                          args.tp_repeats)
+    report["wall_seconds"] = round(time.time() - t_start, 1)
+    report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
+    atomic_write_json(out / "vote_bench.json", report)
+    md = markdown(report)
+    atomic_write_text(out / "vote_bench.md", md)
+    print()
+    print(md)
+    print(f"wrote {out / 'vote_bench.json'} and {out / 'vote_bench.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
