@@ -13,6 +13,7 @@ COMMANDS = {
     "sweep": ("lab.sweep", "sweep_main", "run notebooks over a grid of overrides (papermill + Hydra)"),
     "report": ("lab.sweep", "report_main", "one table and plots across a sweep's jobs"),
     "kaggle": ("lab.kaggle", "main", "build an offline Kaggle kernel or its dependency dataset"),
+    "submission": ("lab.submission", "main", "pack ADAPTER_DIR OUT.zip / check ZIP: the Kaggle submission"),
 }
 
 
