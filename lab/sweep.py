@@ -1,0 +1,653 @@
+"""Sweeps over the stage notebooks and one report across them: `python -m lab sweep` / `python -m lab report`.
+
+A sweep is a Hydra multirun over the lab's own config (`conf/config.yaml`), driven by Hydra's
+machinery: its override grammar and BasicSweeper make the grid (`sft.learning_rate=1e-3,3e-3`,
+`range(...)`, ...), and its launcher plugins run the jobs: `basic` (one after another in this
+process), `joblib` (local processes in parallel), `submitit_local` and `submitit_slurm` (submitit;
+SLURM settings are ordinary Hydra overrides such as `hydra.launcher.partition=gpu`). Each job is
+Hydra's task function `_Job`, which executes the chosen notebooks through papermill with the
+job's overrides plus `run_dir=<sweep_dir>/<job_name>`, so every job is a complete run folder:
+
+    <sweep_dir>/sweep.json                 what was asked (fixed overrides, stages, launcher)
+    <sweep_dir>/<job_name>/                the job's run_dir; job_name is Hydra's override_dirname
+                                           of the swept keys, e.g. `seed=1,sft.learning_rate=0.01`
+        job.json                           the job manifest: overrides, params, status, times
+        config.yaml                        the job's resolved config
+        notebooks/<stage>.ipynb            executed notebooks (kept, partly executed, on failure)
+        logs/<stage>.log                   the kernels' stdout/stderr
+        <stage>/metrics.json ...           what each notebook writes (lab.config.Stage)
+        summary.md, summary.json           lab.pipeline.summary of the job
+        error.txt                          only for a failed job: stage, error, traceback
+        done.json                          written atomically LAST: the job finished
+        .hydra/, job.log                   Hydra's own record of the job
+
+A job counts as finished only when `done.json` exists, lists every requested stage with the same
+overrides, and each of those stages has its `metrics.json` (which `Stage.finish` writes atomically).
+Running the same sweep again skips finished jobs and reruns failed or unfinished ones; inside a
+rerun, the leading stages that already finished with identical overrides are kept, and everything
+from the first unfinished stage on is executed again. A failing job writes `error.txt` and
+returns; the other jobs go on. `--seeds N` is shorthand for `seed=1,2,...,N` (seeds 1..N, not the
+config's seed plus offsets, so job names read `seed=1`, `seed=2`, ...).
+
+`python -m lab report SWEEP_DIR` collects every job (failed ones too, with a status column) into
+`report.csv` and `report.md`: parameters (the swept overrides, parsed) and every stage's scalar
+metrics as `<stage>.<key>`; it plots each headline metric against each swept parameter (mean and
+min-max over seeds) and, for a seeds-only sweep, a per-seed bar chart with the mean, into
+`<sweep_dir>/plots/`.
+
+Deliberately simple: jobs never share state (each builds or reads its own base model and split
+under its run_dir), so there is no cross-job caching; a job's name comes from its swept overrides,
+so the fixed overrides of a sweep folder cannot change between reruns (refused: use a new
+--name); values holding '/' make nested job folders; the report reads only top-level scalar
+metrics (per-category tables stay in each job's folder).
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import logging
+import math
+import os
+import re
+import socket
+import sys
+import time
+import traceback
+from pathlib import Path
+from typing import Any, Iterable
+
+from lab.config import (LabError, atomic_write_csv, atomic_write_json, atomic_write_text, project_root, read_json,
+                        resolve_path)
+from lab.pipeline import SMOKE_OVERRIDES, STAGES
+
+log = logging.getLogger(__name__)
+
+SWEEPS_DIR = "outputs/sweeps"
+LAUNCHERS = ("basic", "joblib", "submitit_local", "submitit_slurm")
+HEADLINE = ("02_sft.accuracy_after", "03_grpo.accuracy_sft_start", "03_grpo.accuracy_after", "03_grpo.delta",
+            "04_vote.maj_at_k")
+SWEEP_FILE, JOB_FILE, DONE_FILE, ERROR_FILE = "sweep.json", "job.json", "done.json", "error.txt"
+RESERVED = {"run_dir": "each job's run_dir is its own folder in the sweep",
+            "run_name": "jobs are named after their swept overrides"}
+HYDRA_OWNED = ("hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job.chdir", "hydra.job.config.override_dirname",
+               "hydra/launcher")
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+
+
+def _now() -> str:
+    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def quote(value: str) -> str:
+    """A Hydra override value as a quoted string: paths holding '=' or ',' stay one string."""
+    return "'" + str(value).replace("'", "\\'") + "'"
+
+
+def parse_overrides(overrides: Iterable[str]):
+    """Hydra's own parser; a syntax error becomes a LabError naming the overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = list(overrides)
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except Exception as e:  # OverrideParseException and friends
+        raise LabError(f"cannot parse overrides {overrides}: {e}") from None
+
+
+# ---------------------------------------------------------------------------------------------
+# one job
+# ---------------------------------------------------------------------------------------------
+
+def job_params(overrides: list[str], exclude_keys: Iterable[str]) -> dict[str, Any]:
+    """The job's parameters: its overrides whose keys are swept (not in `exclude_keys`), values parsed."""
+    exclude = set(exclude_keys)
+    out = {}
+    for o in parse_overrides(overrides):
+        if o.key_or_group not in exclude:
+            v = o.value()
+            out[o.key_or_group] = v if isinstance(v, (int, float, bool, str)) or v is None else str(v)
+    return out
+
+
+def is_done(job_dir: Path, stages: list[str], overrides: list[str]) -> bool:
+    """done.json lists these stages with the same overrides, and every stage has its metrics.json."""
+    done = Path(job_dir) / DONE_FILE
+    if not done.is_file():
+        return False
+    try:
+        d = read_json(done)
+    except LabError:
+        return False
+    return (sorted(d.get("overrides", [])) == sorted(overrides) and set(stages) <= set(d.get("stages", []))
+            and all((Path(job_dir) / s / "metrics.json").is_file() for s in stages))
+
+
+def _stage_kept(job_dir: Path, stage: str, nb_overrides: list[str]) -> bool:
+    """A stage that already finished in this folder with exactly these overrides."""
+    d = job_dir / stage
+    if not (d / "metrics.json").is_file():
+        return False
+    try:
+        man = read_json(d / "manifest.json")
+    except LabError:
+        return False
+    return man.get("status") == "finished" and man.get("overrides") == nb_overrides
+
+
+def _error_text(stage: str, notebook: Path, err: BaseException) -> str:
+    tb = "".join(traceback.format_exception(type(err), err, err.__traceback__))
+    return _ANSI.sub("", f"stage: {stage}\nnotebook: {notebook}\nerror: {type(err).__name__}: "
+                         f"{str(err).strip()}\n\n{tb}")
+
+
+def execute_stage(stage: str, job_dir: Path, nb_overrides: list[str]) -> Path:
+    """Run notebooks/<stage>.ipynb with papermill into <job_dir>/notebooks/; kernel output in logs/."""
+    import papermill as pm
+
+    src = project_root() / "notebooks" / f"{stage}.ipynb"
+    if not src.is_file():
+        raise LabError(f"{src}: notebook not found (stages are {', '.join(STAGES)})")
+    out = job_dir / "notebooks" / src.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    (job_dir / "logs").mkdir(exist_ok=True)
+    with open(job_dir / "logs" / f"{stage}.log", "w", encoding="utf-8") as f:
+        pm.execute_notebook(str(src), str(out), parameters={"overrides": list(nb_overrides)}, cwd=str(project_root()),
+                            kernel_name="python3", progress_bar=False, log_output=False, stdout_file=f, stderr_file=f)
+    if not (job_dir / stage / "metrics.json").is_file():
+        raise LabError(f"{out}: the notebook ran to the end but {job_dir / stage / 'metrics.json'} was not written")
+    return out
+
+
+def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str], *, name: str | None = None,
+            params: dict | None = None, cfg=None, force: bool = False) -> dict:
+    """Execute `stages` for one job into `job_dir` (its run_dir); never raises for a failing notebook.
+
+    Returns {"job", "status": finished|failed|skipped, ...}. Order of writes: job.json (running),
+    config.yaml, the notebooks (each stage's metrics.json atomically), summary, job.json
+    (finished), done.json last; a failure writes error.txt and job.json (failed) and no done.json.
+    """
+    job_dir = Path(job_dir).resolve()
+    name = name or job_dir.name
+    overrides = [str(o) for o in overrides]
+    if not force and is_done(job_dir, stages, overrides):
+        log.info(f"[{name}] finished earlier: skipped")
+        return {"job": name, "status": "skipped"}
+    job_dir.mkdir(parents=True, exist_ok=True)
+    (job_dir / DONE_FILE).unlink(missing_ok=True)
+    (job_dir / ERROR_FILE).unlink(missing_ok=True)
+    nb_overrides = [*overrides, f"run_dir={quote(job_dir)}"]
+    t0 = time.time()
+    job = {"job": name, "status": "running", "overrides": overrides, "params": params or {}, "stages": list(stages),
+           "run_dir": str(job_dir), "notebook_overrides": nb_overrides, "host": socket.gethostname(),
+           "pid": os.getpid(), "start_time": _now(), "end_time": None, "wall_seconds": None,
+           "stages_kept": [], "stages_run": []}
+    atomic_write_json(job_dir / JOB_FILE, job)
+    if cfg is not None:
+        from omegaconf import OmegaConf
+
+        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+        OmegaConf.update(cfg, "run_dir", str(job_dir))
+        atomic_write_text(job_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+    stage = None
+    try:
+        keep = not force
+        for stage in stages:
+            keep = keep and _stage_kept(job_dir, stage, nb_overrides)
+            if keep:
+                log.info(f"[{name}] {stage}: finished earlier with the same overrides, kept")
+                job["stages_kept"].append(stage)
+                continue
+            t = time.time()
+            log.info(f"[{name}] {stage}: running")
+            execute_stage(stage, job_dir, nb_overrides)
+            log.info(f"[{name}] {stage}: done in {time.time() - t:.0f} s")
+            job["stages_run"].append(stage)
+        stage = None
+        from lab.pipeline import summary
+
+        summary(job_dir)
+    except Exception as e:
+        where = stage or "summary"
+        nb = job_dir / "notebooks" / f"{where}.ipynb"
+        atomic_write_text(job_dir / ERROR_FILE, _error_text(where, nb, e))
+        first = _ANSI.sub("", str(e)).strip().splitlines()
+        job.update(status="failed", failed_stage=where, error=f"{type(e).__name__}: {first[-1] if first else ''}",
+                   end_time=_now(), wall_seconds=round(time.time() - t0, 1))
+        atomic_write_json(job_dir / JOB_FILE, job)
+        log.error(f"[{name}] {where}: FAILED ({job['error']}); see {job_dir / ERROR_FILE}")
+        return {"job": name, "status": "failed", "stage": where, "error": job["error"]}
+    job.update(status="finished", end_time=_now(), wall_seconds=round(time.time() - t0, 1))
+    atomic_write_json(job_dir / JOB_FILE, job)
+    atomic_write_json(job_dir / DONE_FILE, {"job": name, "status": "finished", "stages": list(stages),
+                                            "overrides": overrides, "end_time": job["end_time"]})
+    return {"job": name, "status": "finished", "wall_seconds": job["wall_seconds"]}
+
+
+class _Job:
+    """Hydra's task function for one sweep job. Plain attributes only: submitit and joblib pickle it."""
+
+    def __init__(self, stages: list[str], force: bool = False):
+        self.stages = list(stages)
+        self.force = force
+
+    def __call__(self, cfg) -> dict:
+        from hydra.core.hydra_config import HydraConfig
+
+        hc = HydraConfig.get()
+        job_dir = Path(hc.runtime.output_dir)
+        sweep_dir = Path(str(hc.sweep.dir)).resolve()
+        overrides = [str(o) for o in hc.overrides.task]
+        name = str(job_dir.resolve().relative_to(sweep_dir)) if job_dir.resolve().is_relative_to(sweep_dir) \
+            else job_dir.name
+        try:
+            params = job_params(overrides, hc.job.config.override_dirname.exclude_keys)
+            return run_job(job_dir, overrides, self.stages, name=name, params=params, cfg=cfg, force=self.force)
+        except Exception as e:  # a broken job must not stop the sweep (Hydra re-raises failed jobs)
+            log.error(f"[{name}] could not run: {type(e).__name__}: {e}")
+            try:
+                atomic_write_text(job_dir / ERROR_FILE, _error_text("setup", job_dir, e))
+            except OSError:
+                pass
+            return {"job": name, "status": "failed", "stage": "setup", "error": f"{type(e).__name__}: {e}"}
+
+
+# ---------------------------------------------------------------------------------------------
+# the sweep
+# ---------------------------------------------------------------------------------------------
+
+def plan(overrides: list[str], seeds: int | None = None, smoke: bool = False) -> dict:
+    """Split the command line's overrides into lab overrides, Hydra overrides and the swept (named) keys."""
+    overrides = list(overrides)
+    if smoke:
+        given = {o.key_or_group for o in parse_overrides(overrides)}
+        overrides = [o for o in SMOKE_OVERRIDES if o.split("=", 1)[0] not in given] + overrides
+    parsed = parse_overrides(overrides)
+    if seeds is not None:
+        if seeds < 1:
+            raise LabError(f"--seeds {seeds}: need at least 1")
+        if any(o.key_or_group == "seed" for o in parsed):
+            raise LabError("give either --seeds N or seed=..., not both")
+        overrides.append("seed=" + ",".join(str(s) for s in range(1, seeds + 1)))
+        parsed = parse_overrides(overrides)
+    lab, hydra, named, fixed = [], [], [], []
+    for line, o in zip(overrides, parsed):
+        key = o.key_or_group
+        if o.is_hydra_override():
+            owned = [h for h in HYDRA_OWNED if key == h or key.startswith(h + ".")]
+            if owned:
+                raise LabError(f"{line}: set by `lab sweep` itself (use --dir for the sweep folder, --launcher for "
+                               "the launcher)")
+            hydra.append(line)
+            continue
+        if key in RESERVED:
+            raise LabError(f"{line}: not allowed in a sweep: {RESERVED[key]}")
+        lab.append(line)
+        if o.is_sweep_override() or (key == "seed" and seeds is not None):
+            named.append(key)
+        else:
+            fixed.append(key)
+    return {"lab": lab, "hydra": hydra, "named": named, "fixed": fixed,
+            "fixed_overrides": sorted(line for line, o in zip(overrides, parsed)
+                                      if not o.is_hydra_override() and o.key_or_group in fixed)}
+
+
+def hydra_overrides(p: dict, sweep_dir: Path, launcher: str) -> list[str]:
+    """Everything Hydra needs: the launcher, the sweep folder, job folders named after the swept keys."""
+    if launcher not in LAUNCHERS:
+        raise LabError(f"--launcher {launcher}: not one of {', '.join(LAUNCHERS)}")
+    subdir = "${hydra.job.override_dirname}" if p["named"] else "default"
+    return [*p["lab"], f"hydra/launcher={launcher}", f"hydra.sweep.dir={quote(sweep_dir)}",
+            f"hydra.sweep.subdir={subdir}",
+            "hydra.job.config.override_dirname.exclude_keys=[" + ",".join(quote(k) for k in p["fixed"]) + "]",
+            "hydra.job.config.override_dirname.kv_sep='='", "hydra.job.config.override_dirname.item_sep=','",
+            "hydra.job.chdir=false", *p["hydra"]]
+
+
+def _check_sweep_file(sweep_dir: Path, p: dict) -> None:
+    f = sweep_dir / SWEEP_FILE
+    if not f.is_file():
+        return
+    old = read_json(f)
+    if old.get("fixed_overrides") != p["fixed_overrides"]:
+        raise LabError(f"{f}: this sweep folder was made with fixed overrides {old.get('fixed_overrides')}, not "
+                       f"{p['fixed_overrides']}; its job names would not tell the two apart. Use another --name "
+                       f"(or delete {sweep_dir})")
+
+
+def multirun(overrides: list[str], task, config_dir: Path | None = None):
+    """Hydra's multirun (what `@hydra.main` does for `--multirun`) over conf/config.yaml with `task`."""
+    from hydra import version
+    from hydra._internal.hydra import Hydra
+    from hydra._internal.utils import create_config_search_path
+    from hydra.core.global_hydra import GlobalHydra
+
+    version.setbase("1.3")
+    GlobalHydra.instance().clear()
+    try:
+        hydra = Hydra.create_main_hydra2(task_name="job", config_search_path=create_config_search_path(
+            str(config_dir or project_root() / "conf")))
+        batches = hydra.multirun(config_name="config", task_function=task, overrides=list(overrides))
+    finally:
+        GlobalHydra.instance().clear()
+    return [r.return_value for batch in batches for r in batch]
+
+
+def sweep(overrides: list[str], *, name: str = "default", sweep_dir: str | os.PathLike | None = None,
+          stages: list[str] = STAGES, launcher: str = "basic", seeds: int | None = None, smoke: bool = False,
+          force: bool = False) -> tuple[Path, list[dict]]:
+    """Run the sweep; returns (sweep_dir, one result dict per job)."""
+    from hydra.errors import HydraException
+    from omegaconf.errors import OmegaConfBaseException
+
+    bad = [s for s in stages if s not in STAGES]
+    if bad:
+        raise LabError(f"unknown stages {bad}; stages are {', '.join(STAGES)}")
+    stages = [s for s in STAGES if s in stages]
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*", name):
+        raise LabError(f"--name {name!r}: use letters, digits, '.', '_' and '-'")
+    sweep_dir = resolve_path(sweep_dir) if sweep_dir else resolve_path(f"{SWEEPS_DIR}/{name}")
+    p = plan(overrides, seeds=seeds, smoke=smoke)
+    _check_sweep_file(sweep_dir, p)
+    sweep_dir.mkdir(parents=True, exist_ok=True)
+    info = {"name": name, "sweep_dir": str(sweep_dir), "stages": stages, "launcher": launcher, "seeds": seeds,
+            "overrides": p["lab"], "hydra_overrides": p["hydra"], "swept_keys": p["named"],
+            "fixed_overrides": p["fixed_overrides"], "started": _now(), "command": sys.argv}
+    atomic_write_json(sweep_dir / SWEEP_FILE, info)
+    print(f"sweep {name}: {sweep_dir}\n  stages: {' '.join(stages)}\n  launcher: {launcher}\n"
+          f"  swept: {', '.join(p['named']) or '(nothing: one job)'}", flush=True)
+    try:
+        results = multirun(hydra_overrides(p, sweep_dir, launcher), _Job(stages, force=force))
+    except (HydraException, OmegaConfBaseException) as e:
+        raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: the sweep could not start: {e}") from None
+    info.update(finished=_now(), results=results)
+    atomic_write_json(sweep_dir / SWEEP_FILE, info)
+    return sweep_dir, results
+
+
+def sweep_main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(
+        prog="python -m lab sweep",
+        description="Hydra multirun over the stage notebooks: one folder per job, a report at the end.",
+        epilog="example: python -m lab sweep --name lr --seeds 3 --stages 01_explore 02_sft -- "
+               "sft.learning_rate=1e-3,3e-3   (Hydra sweep syntax after --; hydra.launcher.* settings too)")
+    ap.add_argument("--name", default="default", help="sweep name; folder outputs/sweeps/NAME (default: default)")
+    ap.add_argument("--dir", default=None, help="sweep folder instead of outputs/sweeps/NAME")
+    ap.add_argument("--stages", nargs="+", default=STAGES, choices=STAGES, metavar="STAGE",
+                    help=f"stages to run, in order (default: all: {' '.join(STAGES)})")
+    ap.add_argument("--launcher", default="basic", choices=LAUNCHERS,
+                    help="Hydra launcher: basic (sequential), joblib (local parallel), submitit_local, submitit_slurm")
+    ap.add_argument("--seeds", type=int, default=None, help="shorthand for seed=1,2,...,N")
+    ap.add_argument("--smoke", action="store_true", help="add lab.pipeline.SMOKE_OVERRIDES (the smallest budget)")
+    ap.add_argument("--force", action="store_true", help="rerun jobs and stages that already finished")
+    ap.add_argument("--no-report", action="store_true", help="skip `lab report` at the end")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides (also accepted after --)")
+    args = ap.parse_args(argv)
+    t0 = time.time()
+    sweep_dir, results = sweep([*args.overrides, *extra], name=args.name, sweep_dir=args.dir, stages=args.stages,
+                               launcher=args.launcher, seeds=args.seeds, smoke=args.smoke, force=args.force)
+    print(f"\nsweep finished in {time.time() - t0:.0f} s: {sweep_dir}")
+    for r in results:
+        print(f"  {r.get('status', '?'):<9} {r.get('job')}" + (f"   ({r.get('stage')}: {r.get('error')})"
+                                                               if r.get("status") == "failed" else ""))
+    if not args.no_report:
+        print()
+        report_main([str(sweep_dir)])
+    failed = [r for r in results if r.get("status") == "failed"]
+    if failed:
+        print(f"\n{len(failed)} job(s) failed; see error.txt in their folders. Run the same command again to "
+              "rerun them (finished jobs are skipped).")
+    return 1 if failed else 0
+
+
+# ---------------------------------------------------------------------------------------------
+# the report
+# ---------------------------------------------------------------------------------------------
+
+def _scalar(v) -> bool:
+    return v is None or isinstance(v, (bool, int, float, str))
+
+
+def job_status(job_dir: Path, job: dict) -> str:
+    """finished (done.json and every stage's metrics), failed (error.txt), else unfinished (running or killed)."""
+    stages = job.get("stages", [])
+    if (job_dir / DONE_FILE).is_file() and all((job_dir / s / "metrics.json").is_file() for s in stages):
+        return "finished"
+    if (job_dir / ERROR_FILE).is_file():
+        return "failed"
+    return "unfinished"
+
+
+def find_jobs(sweep_dir: Path) -> list[Path]:
+    """Every job folder (holding job.json) under the sweep folder, hidden folders (.submitit, .hydra) skipped."""
+    out = []
+    for f in sorted(sweep_dir.rglob(JOB_FILE)):
+        rel = f.parent.relative_to(sweep_dir)
+        if not any(part.startswith(".") for part in rel.parts):
+            out.append(f.parent)
+    return out
+
+
+def collect(sweep_dir: str | os.PathLike) -> tuple["pd.DataFrame", list[str]]:  # noqa: F821
+    """One row per job: job, status, parameters, `<stage>.<key>` scalar metrics, error. Returns (table, params)."""
+    import pandas as pd
+
+    sweep_dir = Path(sweep_dir)
+    rows, params = [], []
+    for job_dir in find_jobs(sweep_dir):
+        try:
+            job = read_json(job_dir / JOB_FILE)
+        except LabError as e:
+            rows.append({"job": str(job_dir.relative_to(sweep_dir)), "status": "unreadable", "error": str(e)})
+            continue
+        row = {"job": str(job_dir.relative_to(sweep_dir)), "status": job_status(job_dir, job)}
+        for k, v in (job.get("params") or {}).items():
+            if k not in params:
+                params.append(k)
+            row[k] = v
+        for stage in STAGES:
+            m = job_dir / stage / "metrics.json"
+            if m.is_file():
+                try:
+                    metrics = read_json(m)
+                except LabError:
+                    continue
+                row.update({f"{stage}.{k}": v for k, v in metrics.items() if _scalar(v)})
+        if row["status"] == "failed":
+            err = (job_dir / ERROR_FILE).read_text(encoding="utf-8").splitlines()
+            row["error"] = job.get("error") or next((x for x in err if x.startswith("error:")), "")
+            row["failed_stage"] = job.get("failed_stage", "")
+        rows.append(row)
+    if not rows:
+        raise LabError(f"{sweep_dir}: no jobs found (no */{JOB_FILE}); run `python -m lab sweep` first")
+    df = pd.DataFrame(rows)
+    params = sorted(params, key=lambda k: (k == "seed", k))  # seed last among the parameters
+    metric_cols = [c for s in STAGES for c in df.columns if c.startswith(s + ".")]
+    tail = [c for c in ("failed_stage", "error") if c in df]
+    df = df[["job", "status", *params, *metric_cols, *tail]]
+    sort = [p for p in params if df[p].notna().all()]
+    try:
+        df = df.sort_values(sort + ["job"] if sort else ["job"], kind="stable").reset_index(drop=True)
+    except TypeError:  # mixed types in a parameter column
+        df = df.sort_values(["job"]).reset_index(drop=True)
+    return df, params
+
+
+def _fmt(v) -> str:
+    if v is None or (isinstance(v, float) and math.isnan(v)):
+        return ""
+    if isinstance(v, float):
+        return f"{v:.4g}"
+    return str(v).replace("|", "\\|").replace("\n", " ")
+
+
+def markdown_table(df) -> str:
+    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
+    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
+    return "\n".join(lines)
+
+
+def swept_params(df, params: list[str]) -> list[str]:
+    """Parameters other than seed that take more than one value across jobs."""
+    return [p for p in params if p != "seed" and df[p].astype(str).nunique() > 1]
+
+
+def _numeric(df, col: str):
+    import pandas as pd
+
+    return pd.to_numeric(df[col], errors="coerce")
+
+
+def _order(values) -> list:
+    vals = list(dict.fromkeys(values))
+    try:
+        return sorted(vals, key=float)
+    except (TypeError, ValueError):
+        return sorted(vals, key=str)
+
+
+def aggregate(df, params: list[str], metrics: list[str]):
+    """Mean, std, min, max and n of each metric over seeds, per combination of the other parameters."""
+    import pandas as pd
+
+    keys = swept_params(df, params)
+    rows = []
+    groups = df.groupby([df[k].astype(str) for k in keys], sort=False) if keys else [((), df)]
+    for key, g in groups:
+        key = key if isinstance(key, tuple) else (key,)
+        row = dict(zip(keys, key))
+        row["jobs"] = len(g)
+        row["finished"] = int((g["status"] == "finished").sum())
+        for m in metrics:
+            x = _numeric(g, m).dropna()
+            row[m] = (f"{x.mean():.4g} ± {x.std(ddof=1):.2g} [{x.min():.4g}, {x.max():.4g}] (n={len(x)})"
+                      if len(x) > 1 else (f"{x.iloc[0]:.4g} (n=1)" if len(x) else ""))
+        rows.append(row)
+    out = pd.DataFrame(rows)
+    if keys:
+        out = out.iloc[sorted(range(len(out)), key=lambda i: [_order(out[k]).index(out[k].iloc[i]) for k in keys])]
+    return out
+
+
+def _safe(name: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
+
+
+def plot_against(df, metric: str, param: str, others: list[str]):
+    """Mean and min-max (over seeds and repeats) of `metric` for each value of `param`; one line per other setting."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(6, 3.8))
+    ax = fig.subplots()
+    xs = _order(df[param].astype(str))
+    groups = df.groupby([df[k].astype(str) for k in others], sort=True) if others else [((), df)]
+    n_groups = len(groups) if others else 1
+    for i, (key, g) in enumerate(groups):
+        key = key if isinstance(key, tuple) else (key,)
+        label = ", ".join(f"{k}={v}" for k, v in zip(others, key)) or None
+        pos, mean, lo, hi = [], [], [], []
+        shift = (i - (n_groups - 1) / 2) * 0.06
+        for j, x in enumerate(xs):
+            vals = _numeric(g[g[param].astype(str) == x], metric).dropna()
+            if len(vals):
+                pos.append(j + shift)
+                mean.append(vals.mean())
+                lo.append(vals.mean() - vals.min())
+                hi.append(vals.max() - vals.mean())
+                ax.scatter([j + shift] * len(vals), vals, s=12, alpha=0.35, color=f"C{i}")
+        if pos:
+            ax.errorbar(pos, mean, yerr=[lo, hi], marker="o", capsize=4, label=label, color=f"C{i}")
+    ax.set_xticks(range(len(xs)), xs, rotation=20 if max(map(len, xs)) > 6 else 0, fontsize=8)
+    ax.set_xlabel(param)
+    ax.set_ylabel(metric)
+    n_seeds = df["seed"].nunique() if "seed" in df else 1
+    ax.set_title(f"{metric} against {param}\nmean, min-max over {n_seeds} seed(s); dots: single jobs", fontsize=9)
+    if any(ax.get_legend_handles_labels()[1]):
+        ax.legend(fontsize=7)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    return fig
+
+
+def plot_seeds(df, metrics: list[str]):
+    """Seeds-only sweep: one bar per seed for each headline metric, the mean as a black line and number."""
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(max(5.0, 1.6 * len(metrics) + 2), 3.8))
+    ax = fig.subplots()
+    seeds = _order(df["seed"].astype(str)) if "seed" in df else ["(one run)"]
+    w = 0.8 / max(len(seeds), 1)
+    for i, s in enumerate(seeds):
+        g = df[df["seed"].astype(str) == s] if "seed" in df else df
+        vals = [_numeric(g, m).mean() for m in metrics]
+        ax.bar([j + (i - (len(seeds) - 1) / 2) * w for j in range(len(metrics))], vals, width=w, label=f"seed {s}")
+    for j, m in enumerate(metrics):
+        mean = _numeric(df, m).mean()
+        if not math.isnan(mean):
+            ax.hlines(mean, j - 0.42, j + 0.42, color="black", linewidth=2)
+            ax.annotate(f"mean {mean:.3f}", (j, mean), textcoords="offset points", xytext=(0, 4), ha="center",
+                        fontsize=7)
+    ax.axhline(0, color="grey", linewidth=0.5)
+    ax.set_xticks(range(len(metrics)), metrics, rotation=15, fontsize=7)
+    ax.set_title(f"Headline metrics per seed ({len(seeds)} seeds); black: mean", fontsize=9)
+    ax.legend(fontsize=7, ncol=min(len(seeds), 5))
+    ax.grid(alpha=0.3, axis="y")
+    fig.tight_layout()
+    return fig
+
+
+def report(sweep_dir: str | os.PathLike, metrics: Iterable[str] = HEADLINE) -> dict:
+    """Write report.csv, report.md and plots/*.png for a sweep folder; returns what was written."""
+    from lab.plots import save
+
+    sweep_dir = Path(sweep_dir)
+    df, params = collect(sweep_dir)
+    headline = [m for m in dict.fromkeys(metrics) if m in df and _numeric(df, m).notna().any()]
+    swept = swept_params(df, params)
+    atomic_write_csv(sweep_dir / "report.csv", df)
+    plots = []
+    plot_dir = sweep_dir / "plots"
+    for m in headline:
+        for p in swept:
+            fig = plot_against(df, m, p, [o for o in swept if o != p])
+            plots.append(save(fig, plot_dir / f"{_safe(m)}__vs__{_safe(p)}.png"))
+    if not swept and headline and "seed" in df and df["seed"].nunique() > 1:
+        plots.append(save(plot_seeds(df, headline), plot_dir / "seeds.png"))
+    counts = df["status"].value_counts().to_dict()
+    short = df[["job", "status", *params, *headline, *[c for c in ("failed_stage", "error") if c in df]]]
+    lines = [f"# Sweep report: {sweep_dir.name}", "",
+             f"{len(df)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ".",
+             f"Swept parameters: {', '.join(swept) or '(none)'}" + ("; seeds: " + ", ".join(
+                 map(str, _order(df['seed']))) if "seed" in df else "") + ".", "",
+             "## Headline metrics per job", "", markdown_table(short), ""]
+    if headline:
+        lines += ["## Over seeds (mean ± std [min, max] (n))", "", markdown_table(aggregate(df, params, headline)), ""]
+    if plots:
+        lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] + [""]
+    lines += ["## Every job, every scalar metric", "", markdown_table(df), ""]
+    md = "\n".join(lines)
+    atomic_write_text(sweep_dir / "report.md", md)
+    return {"table": df, "markdown": md, "csv": sweep_dir / "report.csv", "md": sweep_dir / "report.md",
+            "plots": plots, "headline": headline, "swept": swept}
+
+
+def report_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lab report",
+                                 description="one table (CSV + Markdown) and plots across a sweep's jobs")
+    ap.add_argument("sweep_dir", help="a sweep folder, e.g. outputs/sweeps/default")
+    ap.add_argument("--metrics", nargs="+", default=list(HEADLINE),
+                    help="headline metrics to plot, as <stage>.<key> (default: %(default)s)")
+    args = ap.parse_args(argv)
+    sweep_dir = resolve_path(args.sweep_dir)
+    if not sweep_dir.is_dir():
+        raise LabError(f"{sweep_dir}: sweep folder not found")
+    r = report(sweep_dir, args.metrics)
+    print(r["markdown"])
+    print(f"wrote {r['csv']}, {r['md']}" + (f" and {len(r['plots'])} plot(s) in {sweep_dir / 'plots'}"
+                                            if r["plots"] else ""))
+    return 0
