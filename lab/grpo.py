@@ -1,163 +1,605 @@
-"""GRPO from the SFT adapter, with TRL 1.15's GRPOTrainer: rewards, pass-rate selection, curriculum.
+r"""GRPO from the SFT adapter, with TRL 1.15's GRPOTrainer: rewards, pass-rate selection, curriculum.
 
-Steps, each visible in the 03_grpo notebook:
-1. estimate each training prompt's pass rate with k samples from the SFT model
-   (`grpo.pass_rate_k`), drop prompts at or above `grpo.drop_threshold` (they teach nothing),
-   and order the rest easy -> hard when `grpo.curriculum` is on (TRL's shuffling is then off);
-2. train with the rewards named in `grpo.rewards` (weights from config, functions from
-   `lab.rewards.REWARDS`); `max_completion_length` comes from the competition budget
-   (`model.max_model_len` minus the longest prompt, capped by `infer.max_tokens`), never from
-   TRL's default of 512;
-3. every logged step is checked: the share of truncated completions and of groups with zero
-   reward variance are compared with `grpo.truncation_warn_share` / `zero_variance_warn_share`
-   and a warning is printed and recorded when exceeded.
+`train(cfg, stage, train_puzzles, model, tokenizer) -> (metrics, model, log_df)` is what the 03_grpo
+notebook calls. In order:
 
-Rollouts: `hf` (transformers generate inside GRPOTrainer, CPU or GPU); on GPU, `vllm` uses
-TRL's colocate mode (`use_vllm=True, vllm_mode="colocate"`), settings in conf/grpo.
+1. the pool: `grpo.n_prompts` training puzzles (seeded sample); the completion budget
+   `max_completion_length` is `min(infer.max_tokens, model.max_model_len - longest pool prompt)`
+   (the competition's rule of `lab.generate.completion_budget`, with prompt tokens counted as TRL
+   tokenises them), or `grpo.max_completion_length` when set (checked against the same limit).
+   Never TRL's default of 512;
+2. pass rates: `grpo.pass_rate_k` samples per pool prompt from the model being trained (the
+   transformers back-end on the in-memory model, at `grpo.temperature` and the GRPO budget), saved
+   to `pass_rates.csv`; prompts at or above `grpo.drop_threshold` are dropped (a group that is all
+   correct has no reward variance); the rest are ordered easy -> hard (`grpo.curriculum`) or
+   shuffled (seeded), see `lab.curriculum`. The chosen order is saved (`prompt_order.csv`, and
+   `checkpoints/lab_run.json` with the run's fingerprint) and REUSED on resume: pass rates are
+   never re-estimated for a resumed run;
+3. the training schedule: the order, repeated until it covers `max_steps * prompts_per_step`
+   rows (curriculum: the same order again each pass; no curriculum: pass p >= 1 is reshuffled
+   with seed + p). The lab hands TRL this one long dataset with `shuffle_dataset=False`, so TRL's
+   sampler never reshuffles per epoch: a resumed run skips exactly the rows already trained on;
+4. training with the rewards named in `grpo.rewards` (functions from `lab.rewards.REWARDS`, weights
+   from config; `lab.rewards.build`), TRL logging every step. Guard rails: after every logged step
+   the share of truncated completions (`completions/clipped_ratio`) and of groups with zero reward
+   variance (`frac_reward_zero_std`) are compared with `grpo.truncation_warn_share` /
+   `grpo.zero_variance_warn_share`, and a step where every completion was unscorable (reward None,
+   e.g. all truncated under `mask_truncated_completions`) is flagged; each warning is printed and
+   recorded in `metrics["warnings"]`. The gradient check of `lab.sft` (every LoRA family got a
+   gradient and moved, sampled frozen base tensors did not) runs when `grpo.gradient_check`;
+5. the adapter (only the trained "default" LoRA; TRL's frozen "ref" copy, made when beta > 0, is
+   deleted first) is saved to `grpo.adapter_dir`; `train_log.csv` holds every logged step.
 
-Deliberately simple: one adapter trained in place (no reference model unless beta > 0),
-no iterative refinement loop yet.
+Metrics (per logged step, JSON-safe, None where TRL logged nothing): `reward_per_step`,
+`reward_std_per_step`, `rewards_per_step` ({reward name: {mean: [...], std: [...]}}),
+`correctness_per_step` (the `correctness` reward's mean, when configured),
+`completion_length_per_step`, `truncated_share_per_step`, `zero_variance_share_per_step`,
+`grad_norm_per_step`, `kl_per_step` (beta > 0); plus steps, budget, prompt counts, resume facts,
+`lora_weight_change`, `gradient_check_failed`, `warnings`.
+
+Resume (`grpo.resume=true`): the newest checkpoint in `<stage>/checkpoints` at or below `max_steps`
+is resumed (adapter, optimizer, scheduler, RNG and data position, by the Trainer); the run's
+fingerprint (every `grpo` key that changes the trajectory, the seed, model, budget, the pool's ids
+and a checksum of the starting adapter) must match the one the checkpoints were written with, or
+it is a `LabError` (set `grpo.resume=false` to start over, or use another run_dir). A checkpoint
+already at `max_steps` is not trained further (transformers would otherwise run one extra step):
+its adapter is loaded and saved. Checkpoints without a fingerprint (older lab versions) are
+discarded with a warning; checkpoints past `max_steps` are deleted. `grpo.resume=false` deletes
+all checkpoints first. `grpo.wall_clock_budget_min` saves a checkpoint and stops cleanly after the
+first optimiser step past the budget.
+
+Iterative refinement (`grpo.refine=true`, after iGRPO, arXiv:2602.09000): every step, for each
+prompt of the batch, stage one samples `num_generations` drafts from the current policy (TRL's own
+generation: same sampling settings and budget) and scores them with the same weighted rewards;
+the highest-reward draft (first on ties; unscorable drafts rank last) is put into the prompt, and
+stage two samples the group from that draft-conditioned prompt; TRL scores and trains on those
+refinements only (the loss sees the draft-conditioned prompt). The refinement prompt is exactly
+``chat_prompt(tokenizer, puzzle + REFINE_SUFFIX.format(draft=DRAFT))`` (so the Kaggle
+boxed-answer line still comes last), where REFINE_SUFFIX is::
+
+    \n\nHere is an earlier attempt at this puzzle:\n<attempt>\n{draft}\n</attempt>\n
+    Check the attempt, correct any mistakes, and solve the puzzle again.
+
+(one string, no line break after ``</attempt>\n``), and DRAFT is the draft's own sampled tokens
+(its end-of-turn token removed), spliced in as ids rather than re-tokenised text, so its length is
+known. Drafts and refinements share the context window: with refine on, the budget is
+`min(infer.max_tokens, (model.max_model_len - longest refinement prompt without its draft) // 2)`.
+Every step's chosen drafts go to `refinements.csv`. Kaggle scores single-pass answers with no
+draft; whether training on refinements carries over to them is what a run has to show.
+
+Rollouts: `grpo.rollout_backend=hf` (transformers generate inside GRPOTrainer, CPU or GPU) or
+`vllm` (TRL's colocate mode: `use_vllm=True, vllm_mode="colocate"`; vLLM is imported by TRL only
+when the trainer is built, never by `grpo_args`). Memory, colocate mode: the vLLM engine holds a
+SECOND full copy of the base weights (TRL merges the LoRA into it at every weight sync) plus its KV
+cache, in the share `grpo.vllm_gpu_memory_utilization` of the GPU; the trainer's model, LoRA
+optimizer state and activations must fit in the rest; `grpo.vllm_sleep_mode` frees the engine's
+weights and cache during the optimiser step (level 2; weights are re-sent at the next sync).
+- one 80 GB H100: Nemotron-3-Nano-30B-A3B in bf16 is about 60 GB, so two copies cannot fit:
+  use `rollout_backend=hf` for the real model. Colocate fits models whose bf16 weights are
+  below about a quarter of the card (<= 8B on 80 GB) with `vllm_gpu_memory_utilization` 0.3-0.4
+  (weights + KV cache), sleep mode on; the tiny model with anything from 0.1 up.
+- a Kaggle GPU: the standard notebook GPUs (T4 16 GB, two of them, or a P100 16 GB) cannot hold
+  the 30B model in bf16 for training at all, vLLM or not: GRPO on the real model is not a Kaggle
+  notebook job; the tiny demo runs there with `rollout_backend=hf`. On any card, colocate needs
+  (2 x weights + KV cache + activations) below its memory.
+Unsloth rollouts are not offered (Unsloth's fast generation would need its own GRPO patching).
+
+Deliberately simple: one adapter trained in place (TRL's reference is the adapter's starting copy
+when beta > 0); pass rates are measured once, before training, on the start model; one process
+(no multi-GPU); `refine` drafts and refinements both cost a full rollout (no matched budget as in
+the paper), it is tested on the transformers back-end only, and its drafts are scored without the
+`trainer_state` keyword (the lab's rewards do not read it).
 """
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
+import json
+import math
+import re
+import shutil
 import warnings
 from pathlib import Path
+from typing import Any, Sequence
 
+import numpy as np
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
-from lab.config import LabError, atomic_write_csv
+from lab.config import LabError, atomic_write_csv, atomic_write_json, read_json, resolve_path
 from lab.prompts import chat_prompt
 
+ROLLOUT_BACKENDS = ("hf", "vllm")
 
-def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame) -> pd.DataFrame:
-    """k samples per training prompt from the current model -> [id, n, correct, pass_rate]."""
+# grpo keys that do not change the training trajectory: a resumed run may change them
+RESUME_FREE_KEYS = ("max_steps", "save_steps", "logging_steps", "resume", "wall_clock_budget_min",
+                    "truncation_warn_share", "zero_variance_warn_share", "gradient_check", "adapter_dir",
+                    "vllm_gpu_memory_utilization", "vllm_sleep_mode")
+
+RUN_RECORD = "lab_run.json"
+
+REFINE_SUFFIX = ("\n\nHere is an earlier attempt at this puzzle:\n<attempt>\n{draft}\n</attempt>\n"
+                 "Check the attempt, correct any mistakes, and solve the puzzle again.")
+_DRAFT_SLOT = "\x00DRAFT\x00"  # stands where the draft's ids are spliced in
+
+
+# ---- budget, prompts, schedule ----------------------------------------------------------------
+
+def _n_tokens(tokenizer, text: str) -> int:
+    """Prompt tokens as TRL counts them (it tokenises text prompts with the tokenizer's special tokens)."""
+    return len(tokenizer(text=text)["input_ids"])
+
+
+def completion_budget(cfg: DictConfig, tokenizer, puzzles: Sequence[str]) -> int:
+    """The GRPO `max_completion_length` for these raw puzzle texts (see the module docstring)."""
+    g = cfg.grpo
+    max_len, max_tokens = int(cfg.model.max_model_len), int(cfg.infer.max_tokens)
+    if bool(g.refine):
+        longest = max(_n_tokens(tokenizer, refine_prompt_text(tokenizer, p, "")) for p in puzzles)
+        limit = (max_len - longest) // 2
+        what = f"(model.max_model_len - {longest}) // 2 = {limit} (refine: drafts and refinements share the context)"
+    else:
+        longest = max(_n_tokens(tokenizer, chat_prompt(tokenizer, p)) for p in puzzles)
+        limit = max_len - longest
+        what = f"model.max_model_len - longest prompt = {limit}"
+    if limit <= 0:
+        raise LabError(f"a prompt of {longest} tokens leaves no room for a completion under "
+                       f"model.max_model_len={max_len}" + (" (refine=true: the draft needs room too)" if g.refine else ""))
+    if g.max_completion_length is None:
+        return min(max_tokens, limit)
+    b = int(g.max_completion_length)
+    if not 1 <= b <= limit:
+        raise LabError(f"conf/grpo: max_completion_length={b} must be between 1 and {what}")
+    return b
+
+
+def build_dataset(tokenizer, puzzles: pd.DataFrame):
+    """Rendered Kaggle prompts plus the columns rewards read (answer, category, solver_trace), the id and the
+    raw puzzle text (`refine` builds its prompts from it); one row per puzzle row, in order."""
+    from datasets import Dataset
+
+    from lab.puzzles import solve
+
+    cache: dict[str, dict] = {}
+    rows = []
+    for _, r in puzzles.iterrows():
+        key = str(r["id"])
+        if key not in cache:
+            sol = solve(r["prompt"])
+            cache[key] = {"prompt": chat_prompt(tokenizer, r["prompt"]), "answer": str(r["answer"]),
+                          "category": str(r.get("category", "")),
+                          "solver_trace": sol.trace if sol.status == "solved" else "", "id": key,
+                          "puzzle": str(r["prompt"])}
+        rows.append(cache[key])
+    return Dataset.from_list(rows)
+
+
+def schedule(order: Sequence[str], n_rows: int, shuffle: bool, seed: int) -> list[str]:
+    """The ids in training order for the whole run: `order` repeated to `n_rows` rows; with `shuffle`, every
+    pass after the first is reshuffled with `np.random.default_rng(seed + pass)`."""
+    order = list(order)
+    if not order:
+        raise LabError("no training prompts to schedule")
+    out: list[str] = []
+    p = 0
+    while len(out) < n_rows:
+        if p and shuffle:
+            out += [order[i] for i in np.random.default_rng(int(seed) + p).permutation(len(order))]
+        else:
+            out += order
+        p += 1
+    return out[:n_rows]
+
+
+def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, budget: int | None = None) -> pd.DataFrame:
+    """k samples per training prompt from the in-memory model (transformers back-end, `grpo.temperature`,
+    the GRPO budget) -> [id, n, correct, pass_rate]."""
     from lab.curriculum import estimate_pass_rates
     from lab.generate import Generator, sample_table
 
-    gen = Generator(cfg, model=model, tokenizer=tokenizer)
+    over = {"model": {"generation_backend": "hf"}}
+    if budget is not None:
+        over["infer"] = {"max_tokens": int(budget)}
+    gcfg = OmegaConf.merge(cfg, over)
+    gen = Generator(gcfg, model=model, tokenizer=tokenizer)
     samples = sample_table(gen, puzzles, n=int(cfg.grpo.pass_rate_k), temperature=float(cfg.grpo.temperature),
                            progress=True)
     return estimate_pass_rates(samples)
 
 
-def build_dataset(tokenizer, puzzles: pd.DataFrame):
-    """Rendered Kaggle prompts plus the columns rewards read: answer, category, solver_trace."""
-    from datasets import Dataset
+# ---- GRPOConfig -------------------------------------------------------------------------------
 
-    from lab.puzzles import solve
-
-    rows = []
-    for _, r in puzzles.iterrows():
-        sol = solve(r["prompt"])
-        rows.append({"prompt": chat_prompt(tokenizer, r["prompt"]), "answer": str(r["answer"]),
-                     "category": str(r.get("category", "")),
-                     "solver_trace": sol.trace if sol.status == "solved" else ""})
-    return Dataset.from_list(rows)
+def check_backend(cfg: DictConfig) -> str:
+    backend = str(cfg.grpo.rollout_backend)
+    if backend not in ROLLOUT_BACKENDS:
+        raise LabError(f"conf/grpo: rollout_backend={backend!r} is not one of {', '.join(ROLLOUT_BACKENDS)}")
+    return backend
 
 
-def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float]):
-    import torch
-    from trl import GRPOConfig
+def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
+                cuda: bool | None = None) -> dict[str, Any]:
+    """The keyword arguments `grpo_args` gives GRPOConfig: every value from the config, none left to a TRL
+    default that matters (max_completion_length, shuffling, batch shape, learning rate, seed, precision)."""
+    if cuda is None:
+        import torch
 
+        cuda = torch.cuda.is_available()
     g = cfg.grpo
-    use_vllm = str(g.rollout_backend) == "vllm"
-    extra = {}
-    if use_vllm:
-        extra = dict(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=float(g.vllm_gpu_memory_utilization),
-                     vllm_max_model_length=int(cfg.model.max_model_len), vllm_enable_sleep_mode=bool(g.vllm_sleep_mode))
-    return GRPOConfig(
+    kw = dict(
         output_dir=str(output_dir), max_steps=int(g.max_steps), learning_rate=float(g.learning_rate),
         per_device_train_batch_size=int(g.prompts_per_step) * int(g.num_generations), gradient_accumulation_steps=1,
         num_generations=int(g.num_generations), max_completion_length=int(max_completion_length),
-        temperature=float(g.temperature), top_p=float(g.top_p), top_k=0, beta=float(g.beta), reward_weights=reward_weights,
-        mask_truncated_completions=bool(g.mask_truncated_completions), shuffle_dataset=not bool(g.curriculum),
+        temperature=float(g.temperature), top_p=float(g.top_p), top_k=0, beta=float(g.beta),
+        reward_weights=[float(w) for w in reward_weights], mask_truncated_completions=bool(g.mask_truncated_completions),
+        shuffle_dataset=False,  # the lab's schedule is the order (see `schedule`)
         logging_steps=int(g.logging_steps), save_steps=int(g.save_steps), save_total_limit=2, seed=int(cfg.seed),
-        data_seed=int(cfg.seed), report_to="none", use_cpu=not torch.cuda.is_available(),
-        bf16=str(cfg.model.dtype) == "bfloat16" and torch.cuda.is_available(), dataloader_num_workers=0,
-        lr_scheduler_type="constant", warmup_steps=0, **extra)
+        data_seed=int(cfg.seed), report_to="none", use_cpu=not cuda,
+        bf16=str(cfg.model.dtype) == "bfloat16" and cuda, dataloader_num_workers=0,
+        gradient_checkpointing=bool(g.gradient_checkpointing), lr_scheduler_type="constant", warmup_steps=0,
+        log_completions=False,
+    )
+    if check_backend(cfg) == "vllm":
+        kw.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=float(g.vllm_gpu_memory_utilization),
+                  vllm_max_model_length=int(cfg.model.max_model_len), vllm_enable_sleep_mode=bool(g.vllm_sleep_mode),
+                  vllm_tensor_parallel_size=1)
+    return kw
 
 
-class _GuardRails:
-    """A TrainerCallback that warns (and records) when truncation or zero-variance groups dominate."""
+def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
+              cuda: bool | None = None):
+    """GRPOConfig from `conf/grpo` (constructing it never imports vLLM)."""
+    from trl import GRPOConfig
 
-    def __new__(cls, cfg):
-        from transformers import TrainerCallback
+    kw = grpo_kwargs(cfg, output_dir, max_completion_length, reward_weights, cuda)
+    unknown = sorted(set(kw) - {f.name for f in dataclasses.fields(GRPOConfig)})
+    if unknown:
+        raise LabError(f"the installed TRL's GRPOConfig has no field(s) {unknown}; lab.grpo targets trl==1.15")
+    return GRPOConfig(**kw)
 
-        class GuardRails(TrainerCallback):
-            def __init__(self):
-                self.warnings: list[str] = []
 
-            def on_log(self, args, state, control, logs=None, **kw):
-                logs = logs or {}
-                clipped = logs.get("completions/clipped_ratio")
-                zero = logs.get("frac_reward_zero_std")
-                if clipped is not None and clipped > float(cfg.grpo.truncation_warn_share):
-                    self._warn(f"step {state.global_step}: {clipped:.0%} of completions hit max_completion_length")
-                if zero is not None and zero > float(cfg.grpo.zero_variance_warn_share):
-                    self._warn(f"step {state.global_step}: {zero:.0%} of groups have zero reward variance "
-                               "(no learning signal)")
+# ---- callbacks ----------------------------------------------------------------------------------
 
-            def _warn(self, msg):
-                self.warnings.append(msg)
-                warnings.warn(msg, stacklevel=2)
+def _guard_rails(cfg: DictConfig):
+    """A TrainerCallback that warns (and records) when truncation or zero-variance groups dominate a step, or
+    when no completion of a step could be scored."""
+    from transformers import TrainerCallback
 
-        return GuardRails()
+    trunc, zero_var = float(cfg.grpo.truncation_warn_share), float(cfg.grpo.zero_variance_warn_share)
 
+    class GuardRails(TrainerCallback):
+        def __init__(self):
+            self.warnings: list[str] = []
+
+        def on_log(self, args, state, control, logs=None, **kw):
+            logs = logs or {}
+            if "completions/mean_length" not in logs:  # not a training step's log (e.g. the final summary)
+                return
+            clipped, zero = logs.get("completions/clipped_ratio"), logs.get("frac_reward_zero_std")
+            step = state.global_step
+            if clipped is not None and clipped > trunc:
+                self._warn(f"step {step}: {clipped:.0%} of completions hit max_completion_length "
+                           f"(grpo.truncation_warn_share={trunc})")
+            if zero is not None and zero > zero_var:
+                self._warn(f"step {step}: {zero:.0%} of groups have zero reward variance, no learning signal "
+                           f"(grpo.zero_variance_warn_share={zero_var})")
+            if logs.get("reward") is None:
+                self._warn(f"step {step}: no completion could be scored (every reward None, e.g. all truncated "
+                           "under mask_truncated_completions): this step taught nothing")
+
+        def _warn(self, msg):
+            self.warnings.append(msg)
+            warnings.warn(msg, stacklevel=2)
+
+    return GuardRails()
+
+
+def _callbacks(cfg: DictConfig, check) -> list:
+    """[guard rails, lab.sft's callback (gradient snapshot, wall-clock budget)]; tests append to this list."""
+    from lab.sft import _callbacks as sft_callbacks
+
+    return [_guard_rails(cfg), *sft_callbacks(check, float(cfg.grpo.wall_clock_budget_min))]
+
+
+# ---- resume ------------------------------------------------------------------------------------
+
+def adapter_checksum(model) -> str:
+    """sha256 over the trainable (LoRA) tensors' names and bytes, on CPU: tells two starting adapters apart exactly."""
+    import torch
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if p.requires_grad:
+                h.update(n.encode())
+                h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def fingerprint(cfg: DictConfig, pool_ids: Sequence[str], model, budget: int) -> dict:
+    """What must not change between a run and its resumption (see the module docstring)."""
+    g = OmegaConf.to_container(cfg.grpo, resolve=True)
+    for k in RESUME_FREE_KEYS:
+        g.pop(k, None)
+    return {"grpo": g, "seed": int(cfg.seed), "model": str(cfg.model.path), "dtype": str(cfg.model.dtype),
+            "max_completion_length": int(budget),
+            "pool_sha256": hashlib.sha256("\n".join(map(str, pool_ids)).encode()).hexdigest(),
+            "start_adapter": adapter_checksum(model)}
+
+
+def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += _diff(old.get(k, "<absent>"), new.get(k, "<absent>"), f"{prefix}{k}.")
+        return out
+    return [] if json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True) \
+        else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+
+
+def _step_of(path: Path) -> int:
+    m = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    return int(m.group(1)) if m else -1
+
+
+def resume_point(cfg: DictConfig, out: Path, fp: dict) -> tuple[Path | None, dict | None, list[str]]:
+    """(checkpoint to resume or None, the run record to reuse or None, notes). Deletes what must not be resumed;
+    raises LabError when checkpoints exist for a different configuration."""
+    notes: list[str] = []
+    if not out.is_dir():
+        return None, None, notes
+    if not bool(cfg.grpo.resume):
+        shutil.rmtree(out)  # a fresh run: stale checkpoints must not be resumed later
+        return None, None, notes
+    ckpts = sorted((p for p in out.iterdir() if p.is_dir() and _step_of(p) >= 0), key=_step_of)
+    record_path = out / RUN_RECORD
+    if not ckpts:
+        shutil.rmtree(out)
+        return None, None, notes
+    if not record_path.is_file():
+        notes.append(f"{out}: checkpoints without {RUN_RECORD} (an older lab version, or another tool) cannot be "
+                     "matched to this configuration: discarded, training starts afresh")
+        shutil.rmtree(out)
+        return None, None, notes
+    record = read_json(record_path)
+    diff = _diff(record.get("fingerprint", {}), fp)
+    if diff:
+        raise LabError(f"{out}: checkpoints were written by a different GRPO configuration ({'; '.join(diff)}); "
+                       "set grpo.resume=false to start over (deletes them) or use another run_dir")
+    max_steps = int(cfg.grpo.max_steps)
+    for p in ckpts:
+        if _step_of(p) > max_steps:
+            notes.append(f"{p.name} is past grpo.max_steps={max_steps}: deleted")
+            shutil.rmtree(p)
+    usable = [p for p in ckpts if _step_of(p) <= max_steps]
+    return (usable[-1] if usable else None), record, notes
+
+
+# ---- iterative refinement (iGRPO) ---------------------------------------------------------------
+
+def refine_prompt_text(tokenizer, puzzle: str, draft: str) -> str:
+    """The refinement prompt as text: `chat_prompt(tokenizer, puzzle + REFINE_SUFFIX.format(draft=draft))`."""
+    return chat_prompt(tokenizer, puzzle + REFINE_SUFFIX.format(draft=draft))
+
+
+def refine_prompt_ids(tokenizer, puzzle: str, draft_ids: Sequence[int]) -> list[int]:
+    """The refinement prompt's token ids: the text around the draft tokenised as TRL tokenises prompts (the part
+    before with the tokenizer's special tokens, the part after without), the draft's own ids in between with
+    end-of-turn ids removed from its end."""
+    pre, post = refine_prompt_text(tokenizer, puzzle, _DRAFT_SLOT).split(_DRAFT_SLOT)
+    ids = list(draft_ids)
+    ends = {tokenizer.eos_token_id, tokenizer.pad_token_id}
+    while ids and ids[-1] in ends:
+        ids.pop()
+    return list(tokenizer(text=pre)["input_ids"]) + ids + list(tokenizer(post, add_special_tokens=False)["input_ids"])
+
+
+def draft_scores(funcs, weights: Sequence[float], prompts: list, drafts: list[str], draft_ids: list, rows: list[dict]
+                 ) -> list[float]:
+    """The weighted reward of each draft as TRL would compute it (nansum over functions of weight * reward); a
+    draft every function returns None for scores -inf (it ranks last)."""
+    cols = {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
+    cols.pop("prompt", None)
+    per_func = []
+    for f in funcs:
+        vals = f(prompts=prompts, completions=drafts, completion_ids=draft_ids, **cols)
+        per_func.append([math.nan if v is None else float(v) for v in vals])
+    out = []
+    for i in range(len(drafts)):
+        vals = [w * fv[i] for w, fv in zip(weights, per_func) if not math.isnan(fv[i])]
+        out.append(float(sum(vals)) if vals else -math.inf)
+    return out
+
+
+def best_drafts(scores: Sequence[float], group: int) -> list[int]:
+    """Per group of `group` consecutive drafts, the index (into `scores`) of the highest score, first on ties."""
+    if group < 1 or len(scores) % group:
+        raise LabError(f"{len(scores)} draft scores do not split into groups of {group}")
+    return [start + int(np.argmax(scores[start:start + group])) for start in range(0, len(scores), group)]
+
+
+def refine_rollout(tokenizer, funcs, weights, rows_by_prompt: dict[str, dict], records: list[dict]):
+    """A TRL `rollout_func` doing iGRPO's two stages with the trainer's own generation (see the docstring)."""
+
+    def rollout(prompts: list, trainer) -> dict:
+        group = int(trainer.num_generations)
+        prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
+        draft_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, group)  # stage one: drafts
+        drafts = tokenizer.batch_decode(draft_ids, skip_special_tokens=True)
+        rows = [rows_by_prompt[p] for p in prompts]
+        scores = draft_scores(funcs, weights, prompts, drafts, draft_ids, rows)
+        best = best_drafts(scores, group)
+        refined = []
+        for b in best:
+            ids = refine_prompt_ids(tokenizer, rows[b]["puzzle"], draft_ids[b])
+            refined += [ids] * group
+            records.append({"step": int(trainer.state.global_step) + 1, "id": rows[b]["id"],
+                            "draft_reward": scores[b], "draft_rewards": json.dumps(scores[b - b % group:][:group]),
+                            "draft_tokens": len(draft_ids[b]), "draft": drafts[b]})
+        completion_ids, logprobs = trainer._generate_single_turn(refined, None, {}, group)  # stage two
+        finite = [s for s in scores if math.isfinite(s)]
+        chosen = [scores[b] for b in best if math.isfinite(scores[b])]
+        trainer._log_metric("refine/draft_reward_mean", float(np.mean(finite)) if finite else math.nan)
+        trainer._log_metric("refine/best_draft_reward_mean", float(np.mean(chosen)) if chosen else math.nan)
+        return {"prompt_ids": refined, "completion_ids": completion_ids, "logprobs": logprobs}
+
+    return rollout
+
+
+# ---- training ------------------------------------------------------------------------------------
 
 def _floats(log: pd.DataFrame, col: str) -> list[float | None]:
     """A logged column as JSON-safe floats; None where TRL logged nothing (e.g. every reward masked)."""
     if col not in log:
         return []
-    return [None if x is None or pd.isna(x) else round(float(x), 4) for x in log[col]]
+    out = []
+    for x in log[col]:
+        try:
+            v = float(x)
+        except (TypeError, ValueError):
+            v = math.nan
+        out.append(None if math.isnan(v) or math.isinf(v) else round(v, 4))
+    return out
+
+
+def step_metrics(log: pd.DataFrame, reward_names: Sequence[str], beta: float) -> dict:
+    """The per-step lists `train` returns (see the module docstring)."""
+    m = {"logged_steps": [int(s) for s in log["step"]] if "step" in log else [],
+         "reward_per_step": _floats(log, "reward"), "reward_std_per_step": _floats(log, "reward_std"),
+         "rewards_per_step": {n: {"mean": _floats(log, f"rewards/{n}/mean"), "std": _floats(log, f"rewards/{n}/std")}
+                              for n in reward_names},
+         "completion_length_per_step": _floats(log, "completions/mean_length"),
+         "truncated_share_per_step": _floats(log, "completions/clipped_ratio"),
+         "zero_variance_share_per_step": _floats(log, "frac_reward_zero_std"),
+         "grad_norm_per_step": _floats(log, "grad_norm")}
+    if "correctness" in reward_names:
+        m["correctness_per_step"] = m["rewards_per_step"]["correctness"]["mean"]
+    if beta > 0:
+        m["kl_per_step"] = _floats(log, "kl")
+    return m
+
+
+def _check_rollout_backend(backend: str) -> None:
+    if backend != "vllm":
+        return
+    import importlib.util
+
+    import torch
+
+    if not torch.cuda.is_available():
+        raise LabError("conf/grpo: rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf on CPU")
+    if importlib.util.find_spec("vllm") is None:
+        raise LabError("conf/grpo: rollout_backend=vllm but vllm is not installed (pip install -e '.[gpu]'); "
+                       "or use rollout_backend=hf")
 
 
 def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer):
     """Select prompts by pass rate, run GRPO, save the adapter; returns (metrics, model, step log)."""
-    from transformers.trainer_utils import get_last_checkpoint
     from trl import GRPOTrainer
 
     from lab import curriculum, trl_cpu
-    from lab.generate import completion_budget
     from lab.rewards import build
-    from lab.sft import _callbacks, save_adapter
+    from lab.sft import GradientCheck, _allow_out_proj, save_adapter
 
-    trl_cpu.install()
     g = cfg.grpo
+    backend = check_backend(cfg)
+    _check_rollout_backend(backend)
+    trl_cpu.install()
+    max_steps, per_step = int(g.max_steps), int(g.prompts_per_step)
+    if max_steps < 1:
+        raise LabError(f"conf/grpo: max_steps={max_steps} must be >= 1")
+
     pool = train_puzzles.sample(n=min(int(g.n_prompts), len(train_puzzles)), random_state=int(cfg.seed))
-    rates = pass_rate_table(cfg, model, tokenizer, pool)
-    atomic_write_csv(stage.path("pass_rates.csv"), rates)
-    kept, dropped = curriculum.select(rates, threshold=float(g.drop_threshold))
-    if not len(kept):
-        raise LabError(f"{stage.dir}: every training prompt has pass rate >= {g.drop_threshold}; nothing to learn")
-    chosen = curriculum.order(pool[pool["id"].isin(set(kept))], rates, curriculum=bool(g.curriculum),
-                              shape=str(g.curriculum_shape), seed=int(cfg.seed))
-    ds = build_dataset(tokenizer, chosen)
-    prompts = list(ds["prompt"])
-    budget = int(g.max_completion_length) if g.max_completion_length else completion_budget(
-        tokenizer, prompts, int(cfg.infer.max_tokens), int(cfg.model.max_model_len))
+    pool = pool.assign(id=pool["id"].astype(str)).reset_index(drop=True)
+    budget = completion_budget(cfg, tokenizer, pool["prompt"].tolist())
+    out = stage.path("checkpoints")
+    fp = fingerprint(cfg, pool["id"].tolist(), model, budget)
+    last, record, notes = resume_point(cfg, out, fp)
+    for n in notes:
+        print(f"WARNING: {n}")
+
+    if record is None:  # a fresh run: estimate pass rates, select and order the prompts, record them
+        rates = pass_rate_table(cfg, model, tokenizer, pool, budget)
+        atomic_write_csv(stage.path("pass_rates.csv"), rates)
+        thr = float(g.drop_threshold)
+        kept, _ = curriculum.select(rates, threshold=thr)
+        if not kept:
+            raise LabError(f"{stage.dir}: every training prompt has pass rate >= {thr}; nothing to learn")
+        chosen = curriculum.order(pool[pool["id"].isin(set(kept))], rates, curriculum=bool(g.curriculum),
+                                  shape=str(g.curriculum_shape), seed=int(cfg.seed))
+        atomic_write_csv(stage.path("prompt_order.csv"), chosen[["id", "category", "pass_rate", "bucket"]]
+                         if "category" in chosen else chosen[["id", "pass_rate", "bucket"]])
+        record = {"fingerprint": fp, "order": chosen["id"].tolist(),
+                  "selection": curriculum.selection_summary(rates, threshold=thr)}
+        out.mkdir(parents=True, exist_ok=True)
+        atomic_write_json(out / RUN_RECORD, record)
+    else:
+        print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
+    order = [str(i) for i in record["order"]]
+    by_id = pool.set_index("id")
+    missing = [i for i in order if i not in by_id.index]
+    if missing:
+        raise LabError(f"{out / RUN_RECORD}: prompt ids {missing[:5]} are not in this run's pool")
+    ids = schedule(order, max_steps * per_step, shuffle=not bool(g.curriculum), seed=int(cfg.seed))
+    ds = build_dataset(tokenizer, by_id.loc[ids].reset_index())
+
     funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
                            truncation="mask" if g.mask_truncated_completions else "penalise")
-    guard = _GuardRails(cfg)
-    out = stage.path("checkpoints")
-    trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_args(cfg, out, budget, weights), train_dataset=ds,
-                          processing_class=tokenizer,
-                          callbacks=[guard, *_callbacks(None, float(g.wall_clock_budget_min))])
+    check = GradientCheck(model) if bool(g.gradient_check) else None
+    callbacks = _callbacks(cfg, check)
     before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
-    last = get_last_checkpoint(str(out)) if g.resume and out.is_dir() else None
-    if last:
-        print(f"resuming from {last}")
-    trainer.train(resume_from_checkpoint=last)
-    save_adapter(model, Path(str(g.adapter_dir)))
-    log = pd.DataFrame([h for h in trainer.state.log_history if "completions/mean_length" in h])  # per-step logs
+    refinements: list[dict] = []
+    finished = last is not None and _step_of(last) >= max_steps
+    if finished:  # nothing left to train: transformers would run one more step; take the checkpoint as it is
+        print(f"{last} is already at grpo.max_steps={max_steps}: loading its adapter, no further training")
+        model.load_adapter(str(last), adapter_name="default", is_trainable=True)
+        state = read_json(last / "trainer_state.json")
+        history, steps = state.get("log_history", []), int(state["global_step"])
+    else:
+        rollout = None
+        if bool(g.refine):
+            rows_by_prompt = {r["prompt"]: r for r in ds}
+            rollout = refine_rollout(tokenizer, funcs, weights, rows_by_prompt, refinements)
+        with _allow_out_proj():  # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included)
+            trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_args(cfg, out, budget, weights),
+                                  train_dataset=ds, processing_class=tokenizer, callbacks=callbacks,
+                                  rollout_func=rollout)
+        if last:
+            print(f"resuming from {last}")
+        trainer.train(resume_from_checkpoint=str(last) if last else None)
+        history, steps = trainer.state.log_history, int(trainer.state.global_step)
+    if "ref" in getattr(model, "peft_config", {}):
+        model.delete_adapter("ref")  # TRL's frozen reference copy: not part of the trained adapter
+    save_adapter(model, resolve_path(str(g.adapter_dir)))
+
+    log = pd.DataFrame([h for h in history if "completions/mean_length" in h])  # per-step logs
     atomic_write_csv(stage.path("train_log.csv"), log)
+    if refinements:
+        atomic_write_csv(stage.path("refinements.csv"), pd.DataFrame(refinements))
     changed = sum(float((p.detach() - before[n]).abs().sum()) for n, p in model.named_parameters() if n in before)
+    guard, lab_cb = callbacks[0], callbacks[1]
+    late: list[str] = []
+    sel = record.get("selection", {})
     metrics = {
-        "prompts_pool": len(pool), "prompts_dropped": int(len(dropped)), "prompts_trained": len(chosen),
-        "max_completion_length": budget, "steps": int(trainer.state.global_step),
-        "reward_per_step": _floats(log, "reward"), "reward_std_per_step": _floats(log, "reward_std"),
-        "truncated_share_per_step": _floats(log, "completions/clipped_ratio"),
-        "lora_weight_change": changed, "warnings": guard.warnings,
+        "prompts_pool": len(pool), "prompts_dropped": int(sel.get("dropped", 0)),
+        "prompts_unsolved": int(sel.get("unsolved", 0)), "prompts_trained": len(order),
+        "max_completion_length": budget, "rollout_backend": backend, "refine": bool(g.refine),
+        "steps": steps, "max_steps": max_steps, "resumed_from": str(last) if last else None,
+        "already_finished": finished, "stopped_by_budget": bool(lab_cb.stopped_by_budget),
+        **step_metrics(log, [f.__name__ for f in funcs], float(g.beta)),
+        "lora_weight_change": changed,
     }
+    if check is not None and not finished:
+        rep, frozen = check.report(), check.frozen_report()
+        atomic_write_csv(stage.path("gradient_check.csv"), rep)
+        atomic_write_csv(stage.path("frozen_check.csv"), frozen)
+        bad = rep.loc[~rep["ok"], "family"].tolist() + [f"frozen:{t}" for t in frozen.loc[~frozen["unchanged"], "tensor"]]
+        metrics["gradient_check_failed"] = bad
+        if bad:
+            late.append(f"gradient check failed for: {', '.join(bad)} (see gradient_check.csv, frozen_check.csv)")
+    if not finished and changed == 0.0:
+        late.append("the adapter did not change: every step had zero advantage or no scorable completion")
+    for w in late:
+        print(f"WARNING: {w}")
+    metrics["warnings"] = list(notes) + guard.warnings + late
     return metrics, model, log
