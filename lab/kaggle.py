@@ -1,0 +1,397 @@
+"""Offline Kaggle kernels: `python -m lab kaggle build` and `python -m lab kaggle dataset`.
+
+Kaggle runs competition kernels without internet, so the lab reaches a kernel as a Kaggle
+dataset and the kernel installs from it:
+
+- `python -m lab kaggle dataset` writes `kaggle_kernel/build/dataset/`: `dataset-metadata.json`
+  (id, title, licenses), the lab's wheel (`pip wheel --no-deps --no-build-isolation --no-index`
+  on a copy of pyproject.toml + lab/, so nothing is fetched and the checkout gets no build/
+  folder), `lab_src.tar.gz` (the repo's conf/, notebooks/ and scripts/: the notebooks compose
+  the config from `$LAB_ROOT/conf`), and `requirements.txt` with the pinned dependencies (the
+  versions installed here; torch as the pyproject's range unless the GPU extra pins it). You fill
+  the folder with wheels on a machine with internet (`pip download -r requirements.txt -d ...`,
+  see kaggle_kernel/README.md); this command itself downloads nothing.
+- `python -m lab kaggle build --notebook 02_sft --overrides model=nemotron_nano data=competition`
+  writes `kaggle_kernel/build/02_sft/`: `kernel-metadata.json` (id `<username>/<slug>` where the slug
+  is Kaggle's slug of the title; competition, model and dataset sources; internet off, private,
+  GPU on) and the notebook with its parameters baked in by papermill's prepare-only mode (the
+  `injected-parameters` cell) plus a first cell that installs the lab offline
+  (`pip install --no-index --find-links <dataset folder> nemotron-reasoning-lab[gpu]`; `[gpu]`, i.e.
+  vLLM for the real model's generation, only when the kernel has a GPU), unpacks
+  lab_src.tar.gz to /tmp/lab_root and sets $LAB_ROOT. The overrides are composed here first, so a
+  typo fails now and not an hour into a Kaggle session. `run_dir` is baked in as
+  `/kaggle/working/outputs/<run_name>` (Kaggle's writable, saved folder) unless you set it; the
+  competition data and the model mount are found at run time by lab.data / lab.models.
+  `--notebook pipeline` makes one kernel that runs all stages through papermill
+  (lab.pipeline.run_notebooks) from the unpacked notebooks/.
+  A stage kernel can continue a run made by another kernel: attach it with `--kernel-sources
+  user/slug` and the install cell copies its `outputs/<run_name>/` into `/kaggle/working/outputs/`.
+
+Deliberately simple: one dependency dataset for every kernel; no calls to the Kaggle API (push
+with the `kaggle` command-line tool, kaggle_kernel/README.md); the username comes from
+--username or $KAGGLE_USERNAME, never from credential files; the model source string is yours to
+set (a Kaggle Models handle `owner/model/framework/variation[/version]`).
+"""
+
+from __future__ import annotations
+
+import argparse
+import gzip
+import io
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from pathlib import Path
+
+from lab.config import LabError, atomic_write_json, atomic_write_text, compose, project_root, resolve_path
+from lab.pipeline import STAGES
+
+COMPETITION = "nvidia-nemotron-model-reasoning-challenge"
+MODEL_SOURCE = "nvidia/nemotron-3-nano-30b-a3b/transformers/bf16"  # set your own: owner/model/framework/variation[/version]
+DIST_NAME = "nemotron-reasoning-lab"
+WHEEL_GLOB = "nemotron_reasoning_lab-*.whl"
+DATASET_TITLE = "Nemotron reasoning lab deps"
+BUILD_DIR = "kaggle_kernel/build"
+SRC_TARBALL = "lab_src.tar.gz"
+SRC_FOLDERS = ("conf", "notebooks", "scripts")
+KAGGLE_INPUT = "/kaggle/input"
+KAGGLE_WORKING = "/kaggle/working"
+LAB_ROOT_ON_KAGGLE = "/tmp/lab_root"
+PIPELINE = "pipeline"
+INSTALL_TAG = "lab-offline-install"
+
+
+def slugify(title: str) -> str:
+    """Kaggle's slug of a title: lowercase, every run of non-alphanumerics becomes one '-', no '-' at the ends."""
+    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", title.lower())).strip("-")
+
+
+def _username(username: str | None) -> str:
+    u = username or os.environ.get("KAGGLE_USERNAME")
+    if not u:
+        raise LabError("no Kaggle username: pass --username NAME or set $KAGGLE_USERNAME")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9_-]*", u):
+        raise LabError(f"--username {u!r}: not a Kaggle username")
+    return u
+
+
+def _check_title(title: str, what: str, lo: int, hi: int) -> str:
+    slug = slugify(title)
+    if not lo <= len(title) <= hi or len(slug) < 3:
+        raise LabError(f"{what} title {title!r}: Kaggle wants {lo} to {hi} characters with a slug of at least 3")
+    return slug
+
+
+# ---------------------------------------------------------------------------------------------
+# the dependency dataset
+# ---------------------------------------------------------------------------------------------
+
+def _pyproject() -> dict:
+    import tomllib
+
+    p = project_root() / "pyproject.toml"
+    if not p.is_file():
+        raise LabError(f"{p}: not found (the wheel and requirements.txt are built from it)")
+    return tomllib.loads(p.read_text(encoding="utf-8"))
+
+
+def requirements(gpu_extra: bool = True) -> list[str]:
+    """The lab's dependencies pinned to the versions installed here; torch keeps the pyproject's range
+    (or the GPU extra's pin): Kaggle's image brings a CUDA torch, a CPU build from here would be wrong."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    proj = _pyproject()["project"]
+    deps = [Requirement(d) for d in proj.get("dependencies", [])]
+    extra = [Requirement(d) for d in proj.get("optional-dependencies", {}).get("gpu", [])] if gpu_extra else []
+    extra_names = {r.name.lower() for r in extra}
+    lines = []
+    for r in deps:
+        if r.name.lower() in extra_names:
+            continue  # the GPU extra pins it
+        if r.name.lower() == "torch":
+            lines.append(str(r))
+            continue
+        try:
+            v = metadata.version(r.name).split("+")[0]
+        except metadata.PackageNotFoundError:
+            lines.append(str(r))
+            continue
+        lines.append(f"{r.name}=={v}" if r.specifier.contains(v, prereleases=True) else str(r))
+    return lines + [str(r) for r in extra]
+
+
+def _build_wheel(dest: Path) -> Path:
+    """`pip wheel --no-deps --no-build-isolation --no-index` on a temporary copy of the package (offline)."""
+    root = project_root()
+    for old in dest.glob(WHEEL_GLOB):
+        old.unlink()
+    with tempfile.TemporaryDirectory(prefix="lab_wheel_") as tmp:
+        src = Path(tmp) / "src"
+        src.mkdir()
+        shutil.copy2(root / "pyproject.toml", src / "pyproject.toml")
+        shutil.copytree(root / "lab", src / "lab", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        readme = root / "README.md"
+        (src / "README.md").write_text(readme.read_text(encoding="utf-8") if readme.is_file() else "", encoding="utf-8")
+        cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
+               "--disable-pip-version-check", "-q", str(src), "-w", str(dest)]
+        out = subprocess.run(cmd, capture_output=True, text=True, cwd=tmp)
+        if out.returncode != 0:
+            raise LabError(f"{root / 'pyproject.toml'}: building the wheel failed ({' '.join(cmd)}):\n"
+                           f"{out.stdout[-2000:]}{out.stderr[-2000:]}")
+    wheels = sorted(dest.glob(WHEEL_GLOB))
+    if not wheels:
+        raise LabError(f"{dest}: pip wheel wrote no {WHEEL_GLOB}")
+    return wheels[-1]
+
+
+def _source_tarball(dest: Path) -> Path:
+    """conf/, notebooks/, scripts/ as a reproducible .tar.gz (sorted, no timestamps or owners), written atomically."""
+    root = project_root()
+    buf = io.BytesIO()
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
+        for folder in SRC_FOLDERS:
+            if not (root / folder).is_dir():
+                continue
+            for p in sorted((root / folder).rglob("*")):
+                rel = p.relative_to(root)
+                if not p.is_file() or any(part in ("__pycache__", ".ipynb_checkpoints") or part.startswith(".")
+                                          for part in rel.parts) or p.suffix == ".pyc":
+                    continue
+                info = tarfile.TarInfo(str(rel))
+                data = p.read_bytes()
+                info.size, info.mtime, info.mode = len(data), 0, 0o644
+                tar.addfile(info, io.BytesIO(data))
+    path = dest / SRC_TARBALL
+    fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{SRC_TARBALL}.", suffix=".tmp")
+    with os.fdopen(fd, "wb") as f:
+        f.write(buf.getvalue())
+    os.replace(tmp, path)
+    return path
+
+
+def build_dataset(username: str | None = None, out: str | os.PathLike | None = None, title: str = DATASET_TITLE,
+                  license_name: str = "other", gpu_extra: bool = True, wheel: bool = True) -> Path:
+    """Write the dependency dataset's folder (metadata, wheel, source tarball, requirements.txt)."""
+    user = _username(username)
+    slug = _check_title(title, "dataset", 6, 50)
+    out = resolve_path(out) if out else resolve_path(f"{BUILD_DIR}/dataset")
+    out.mkdir(parents=True, exist_ok=True)
+    reqs = requirements(gpu_extra)
+    atomic_write_text(out / "requirements.txt", "\n".join([
+        "# Pinned dependencies of nemotron-reasoning-lab (generated by `python -m lab kaggle dataset`).",
+        "# Fill this folder with wheels on a machine WITH internet, for Kaggle's Python and platform, e.g.:",
+        "#   pip download -r requirements.txt -d . --only-binary=:all: --python-version 3.11 \\",
+        "#       --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64",
+        "# Kaggle installs them offline: pip install --no-index --find-links <this folder> nemotron-reasoning-lab",
+        *reqs, ""]))
+    if wheel:
+        _build_wheel(out)
+    _source_tarball(out)
+    atomic_write_json(out / "dataset-metadata.json", {
+        "title": title, "id": f"{user}/{slug}", "licenses": [{"name": license_name}],
+        "description": "The nemotron-reasoning-lab wheel, its pinned dependencies as wheels (requirements.txt) and "
+                       f"the lab's conf/ and notebooks/ ({SRC_TARBALL}), for offline Kaggle kernels."})
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# the kernel
+# ---------------------------------------------------------------------------------------------
+
+def install_cell_source(dataset_slug: str, run_dir: str, package: str = DIST_NAME) -> str:
+    """The first cell of a built kernel: offline install from the attached dataset, LAB_ROOT, earlier outputs."""
+    return f'''# Offline setup, inserted by `python -m lab kaggle build`: this kernel has no internet access.
+# Installs the lab and its pinned dependencies from the attached dataset ({dataset_slug}), unpacks the
+# lab's conf/ and notebooks/ to {LAB_ROOT_ON_KAGGLE} (LAB_ROOT) and, when another kernel's output with this
+# run is attached, copies it to RUN_DIR so this stage continues that run.
+import glob, importlib, os, shutil, subprocess, sys, tarfile
+
+LAB_DATASET = "{dataset_slug}"
+RUN_DIR = "{run_dir}"
+_wheels = (sorted(glob.glob("{KAGGLE_INPUT}/" + LAB_DATASET + "/{WHEEL_GLOB}"))
+           or sorted(glob.glob("{KAGGLE_INPUT}/**/{WHEEL_GLOB}", recursive=True)))
+if not _wheels:
+    raise FileNotFoundError("no {WHEEL_GLOB} under {KAGGLE_INPUT}: attach the dataset " + LAB_DATASET
+                            + " (built by `python -m lab kaggle dataset`)")
+LAB_DEPS = os.path.dirname(_wheels[-1])
+subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", LAB_DEPS,
+                "{package}"], check=True)
+importlib.invalidate_caches()
+
+LAB_ROOT = "{LAB_ROOT_ON_KAGGLE}"
+_src = os.path.join(LAB_DEPS, "{SRC_TARBALL}")
+if os.path.isfile(_src):
+    with tarfile.open(_src) as _t:
+        try:
+            _t.extractall(LAB_ROOT, filter="data")
+        except TypeError:  # Python without extraction filters
+            _t.extractall(LAB_ROOT)
+else:  # Kaggle unpacked the archive into a folder
+    _conf = sorted(glob.glob(LAB_DEPS + "/**/conf/config.yaml", recursive=True))
+    if not _conf:
+        raise FileNotFoundError("neither {SRC_TARBALL} nor conf/config.yaml in " + LAB_DEPS)
+    LAB_ROOT = os.path.dirname(os.path.dirname(_conf[0]))
+os.environ["LAB_ROOT"] = LAB_ROOT
+
+if RUN_DIR.startswith("{KAGGLE_WORKING}/"):
+    for _prev in sorted(glob.glob("{KAGGLE_INPUT}/*/" + os.path.relpath(RUN_DIR, "{KAGGLE_WORKING}"))):
+        print("continuing the run in", _prev)
+        shutil.copytree(_prev, RUN_DIR, dirs_exist_ok=True)
+print("lab installed from", LAB_DEPS, "| LAB_ROOT =", LAB_ROOT, "| run_dir =", RUN_DIR)
+'''
+
+
+def _pipeline_notebook():
+    import nbformat
+
+    nb = nbformat.v4.new_notebook()
+    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
+    nb.metadata["language_info"] = {"name": "python"}
+    nb.cells = [
+        nbformat.v4.new_markdown_cell(
+            "# Nemotron reasoning lab: every stage\n\nRuns the lab's stage notebooks in order with papermill "
+            "(`lab.pipeline.run_notebooks`), each with the same overrides; the executed notebooks, every stage's "
+            "outputs and `summary.md` land in the run folder under /kaggle/working."),
+        nbformat.v4.new_code_cell("# Hydra overrides for this run; the kernel builder bakes them in.\n"
+                                  "overrides: list[str] = []\nstages: list[str] = " + json.dumps(STAGES),
+                                  metadata={"tags": ["parameters"]}),
+        nbformat.v4.new_code_cell("from lab.pipeline import run_notebooks, summary\n\n"
+                                  "run_dir = run_notebooks(overrides, stages)\nsummary(run_dir)\n"
+                                  "print(open(run_dir / 'summary.md').read())"),
+    ]
+    return nb
+
+
+def _notebook_name(notebook: str) -> str:
+    name = Path(notebook).name
+    name = name[:-len(".ipynb")] if name.endswith(".ipynb") else name
+    if name not in (*STAGES, PIPELINE):
+        raise LabError(f"--notebook {notebook!r}: one of {', '.join(STAGES)} or {PIPELINE}")
+    return name
+
+
+def build_kernel(notebook: str, overrides: list[str] = (), username: str | None = None, title: str | None = None,
+                 out: str | os.PathLike | None = None, competition: str = COMPETITION,
+                 model_source: str | None = MODEL_SOURCE, dataset: str | None = None, enable_gpu: bool = True,
+                 run_name: str | None = None, kernel_sources: list[str] = (), machine_shape: str | None = None,
+                 gpu_extra: bool | None = None) -> Path:
+    """Write a push-ready kernel folder: kernel-metadata.json and the parameterised notebook.
+
+    The install cell installs `nemotron-reasoning-lab[gpu]` (vLLM, unsloth: the real model generates with vLLM)
+    when the kernel has a GPU, unless `gpu_extra=False`; the dataset must then hold the GPU wheels.
+    """
+    import nbformat
+    import papermill as pm
+
+    from lab.sweep import parse_overrides
+
+    name = _notebook_name(notebook)
+    user = _username(username)
+    title = title or f"Nemotron lab {name}"
+    slug = _check_title(title, "kernel", 5, 50)
+    dataset = dataset or f"{user}/{slugify(DATASET_TITLE)}"
+    if not re.fullmatch(r"[A-Za-z0-9_-]+/[a-z0-9-]+", dataset):
+        raise LabError(f"--dataset {dataset!r}: expected owner/dataset-slug")
+    overrides = list(overrides)
+    keys = {o.key_or_group for o in parse_overrides(overrides)}
+    run_name = run_name or slug
+    if "run_dir" not in keys:
+        overrides.append(f"run_dir={KAGGLE_WORKING}/outputs/{run_name}")
+    cfg = compose(overrides)  # fails here, with the key named, rather than on Kaggle
+    run_dir = str(cfg.run_dir)
+    if not run_dir.startswith("/kaggle/"):
+        print(f"warning: run_dir={run_dir} is not under {KAGGLE_WORKING}; outputs elsewhere are not kept by Kaggle",
+              file=sys.stderr)
+
+    src = _pipeline_notebook() if name == PIPELINE else str(project_root() / "notebooks" / f"{name}.ipynb")
+    nb = pm.execute_notebook(src, None, parameters={"overrides": overrides}, prepare_only=True, progress_bar=False,
+                             kernel_name="python3", language="python")
+    for k in ("input_path", "output_path"):
+        nb.metadata.get("papermill", {}).pop(k, None)
+    package = DIST_NAME + ("[gpu]" if (enable_gpu if gpu_extra is None else gpu_extra) else "")
+    install = nbformat.v4.new_code_cell(install_cell_source(dataset.split("/", 1)[1], run_dir, package),
+                                        metadata={"tags": [INSTALL_TAG]})
+    nb.cells.insert(0, install)
+    nbformat.validate(nb)
+
+    out = resolve_path(out) if out else resolve_path(f"{BUILD_DIR}/{name}")
+    out.mkdir(parents=True, exist_ok=True)
+    code_file = f"{name}.ipynb"
+    atomic_write_text(out / code_file, nbformat.writes(nb))
+    meta = {"id": f"{user}/{slug}", "title": title, "code_file": code_file, "language": "python",
+            "kernel_type": "notebook", "is_private": True, "enable_gpu": bool(enable_gpu), "enable_tpu": False,
+            "enable_internet": False, "dataset_sources": [dataset],
+            "competition_sources": [competition] if competition else [],
+            "kernel_sources": list(kernel_sources), "model_sources": [model_source] if model_source else []}
+    if machine_shape:
+        meta["machine_shape"] = machine_shape
+    atomic_write_json(out / "kernel-metadata.json", meta)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------
+# command line
+# ---------------------------------------------------------------------------------------------
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    extra = []
+    if "--" in argv:
+        i = argv.index("--")
+        argv, extra = argv[:i], argv[i + 1:]
+    ap = argparse.ArgumentParser(prog="python -m lab kaggle", description="offline Kaggle kernels and their dataset")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    b = sub.add_parser("build", help="a push-ready kernel folder for one notebook (or the whole pipeline)",
+                       epilog="example: python -m lab kaggle build --notebook 02_sft --username me "
+                              "--overrides model=nemotron_nano data=competition")
+    b.add_argument("--notebook", required=True, help=f"one of {', '.join(STAGES)} or {PIPELINE}")
+    b.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides baked into the notebook")
+    b.add_argument("--username", default=None, help="your Kaggle username (default: $KAGGLE_USERNAME)")
+    b.add_argument("--title", default=None, help="kernel title; its slug is the kernel id (default: 'Nemotron lab NAME')")
+    b.add_argument("--out", default=None, help=f"folder to write (default: {BUILD_DIR}/NAME)")
+    b.add_argument("--competition", default=COMPETITION, help="competition slug (default: %(default)s)")
+    b.add_argument("--model-source", default=MODEL_SOURCE,
+                   help="Kaggle Models handle owner/model/framework/variation[/version]; '' for none (default: %(default)s)")
+    b.add_argument("--dataset", default=None, help="owner/slug of the dependency dataset (default: USER/"
+                                                   f"{slugify(DATASET_TITLE)})")
+    b.add_argument("--kernel-sources", nargs="*", default=[], help="other kernels (owner/slug) whose output to attach; "
+                                                                   "their outputs/<run_name> is continued")
+    b.add_argument("--run-name", default=None, help="run folder under /kaggle/working/outputs (default: the slug)")
+    b.add_argument("--no-gpu", action="store_true", help="enable_gpu: false")
+    b.add_argument("--machine-shape", default=None, help="Kaggle machine_shape, e.g. NvidiaTeslaT4 (default: unset)")
+    b.add_argument("--no-gpu-extra", action="store_true",
+                   help="install the lab without its [gpu] extra (default: with it when the kernel has a GPU)")
+    d = sub.add_parser("dataset", help="the dataset folder with the lab's wheel, conf/notebooks and requirements.txt")
+    d.add_argument("--username", default=None, help="your Kaggle username (default: $KAGGLE_USERNAME)")
+    d.add_argument("--title", default=DATASET_TITLE, help="dataset title; its slug is the dataset id (default: %(default)s)")
+    d.add_argument("--out", default=None, help=f"folder to write (default: {BUILD_DIR}/dataset)")
+    d.add_argument("--license", default="other", help="Kaggle license name (default: %(default)s)")
+    d.add_argument("--no-gpu-extra", action="store_true", help="leave the [gpu] extra (vllm, unsloth, torch pin) out")
+    d.add_argument("--no-wheel", action="store_true", help="skip building the wheel (metadata and sources only)")
+    args = ap.parse_args(argv)
+    if args.cmd == "build":
+        out = build_kernel(args.notebook, [*args.overrides, *extra], username=args.username, title=args.title,
+                           out=args.out, competition=args.competition, model_source=args.model_source or None,
+                           dataset=args.dataset, enable_gpu=not args.no_gpu, run_name=args.run_name,
+                           kernel_sources=args.kernel_sources, machine_shape=args.machine_shape,
+                           gpu_extra=False if args.no_gpu_extra else None)
+        meta = json.loads((out / "kernel-metadata.json").read_text())
+        print(f"wrote {out}: {meta['code_file']} and kernel-metadata.json (id {meta['id']})\n"
+              f"push it with: kaggle kernels push -p {out}")
+    else:
+        if extra:
+            raise LabError(f"`kaggle dataset` takes no overrides (got {extra})")
+        out = build_dataset(args.username, args.out, args.title, args.license, gpu_extra=not args.no_gpu_extra,
+                            wheel=not args.no_wheel)
+        meta = json.loads((out / "dataset-metadata.json").read_text())
+        print(f"wrote {out} (id {meta['id']}): " + ", ".join(sorted(p.name for p in out.iterdir())) +
+              f"\nnext: fill it with wheels (pip download -r {out / 'requirements.txt'} -d {out} ...; see "
+              f"kaggle_kernel/README.md), then: kaggle datasets create -p {out}")
+    return 0
