@@ -29,6 +29,7 @@ test: venv
 	$(BIN)/python -m pytest
 
 bench: venv
+	$(BIN)/python bench/solve_bench.py
 	$(BIN)/python bench/vote_bench.py
 
 sweep: venv

@@ -1,0 +1,53 @@
+"""Solver throughput on a competition-sized batch: 9,500 generated puzzles, the six categories in equal shares.
+
+Prints the wall seconds for the whole batch through `lab.puzzles.solve_frame` (the process pool
+the `solve` command uses) and, per category, the seconds spent and accuracy against the
+generators' answers. The real train.csv is not in the repository; with it, run
+`python -m lab.puzzles solve data/train.csv out.csv` for the real figures.
+
+Deliberately simple: generated puzzles are drawn from the same rule spaces the solvers search,
+so the accuracy here is an upper bound; the timing is what this script is for.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import time
+
+import pandas as pd
+
+from lab.config import atomic_write_json, project_root
+from lab.puzzles import CATEGORIES, generate, solve, solve_frame
+
+N = 9500
+
+
+def main() -> int:
+    per = N // len(CATEGORIES)
+    df = pd.concat([generate(c, per + (1 if i < N % len(CATEGORIES) else 0), seed=2026) for i, c in enumerate(CATEGORIES)],
+                   ignore_index=True)
+    t0 = time.time()
+    out = solve_frame(df)
+    wall = time.time() - t0
+    rows = []
+    for cat, g in df.groupby("category"):
+        t = time.time()
+        for p in g["prompt"].head(200):
+            solve(p)
+        per_puzzle = (time.time() - t) / min(200, len(g))
+        o = out[out["category"] == cat]
+        rows.append({"category": cat, "n": len(g), "accuracy": round(float(o["correct"].mean()), 4),
+                     "solved_share": round(float((o["status"] == "solved").mean()), 4),
+                     "ms_per_puzzle_one_core": round(per_puzzle * 1000, 2),
+                     "est_seconds_one_core": round(per_puzzle * len(g), 1)})
+    table = pd.DataFrame(rows).sort_values("est_seconds_one_core", ascending=False)
+    print(f"solved {len(df)} puzzles in {wall:.1f} s wall (solve_frame, process pool)")
+    print(table.to_string(index=False))
+    atomic_write_json(project_root() / "outputs" / "bench" / "solve_bench.json",
+                      {"n": len(df), "wall_seconds": round(wall, 1), "per_category": rows})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
