@@ -59,6 +59,7 @@ K = 32
 KEEP_TOPS = (1.0, 0.9, 0.5, 0.25, 0.1)
 EARLY_STOP = ((1, 1.0), (2, 1.0), (4, 1.0), (8, 1.0), (4, 0.75), (8, 0.75), (8, 0.6))
 CURVE_KS = (1, 2, 4, 8, 16, 32)
+CHUNK = 16  # puzzles per sample_table chunk: the resume granularity; seeds depend on it, so it is in the cache key
 
 
 def parse_args(argv=None):
@@ -134,7 +135,7 @@ def cache_key(cfg, adapter: Path, val, k: int) -> dict:
         "val_prompts_sha": hashlib.sha256("\n".join(val["prompt"].astype(str)).encode()).hexdigest()[:16],
         "k": int(k), "temperature": float(cfg.vote.temperature), "top_p": float(cfg.infer.top_p),
         "seed": int(cfg.seed), "max_tokens": int(cfg.infer.max_tokens), "max_model_len": int(cfg.model.max_model_len),
-        "metric_version": str(cfg.infer.get("metric_version", "final")),
+        "metric_version": str(cfg.infer.get("metric_version", "final")), "chunk": CHUNK,
     }
 
 
@@ -164,7 +165,8 @@ def sample(gen, val, k: int, out: Path, key: dict) -> tuple[object, dict]:
             except (json.JSONDecodeError, KeyError):
                 continue
     t0 = time.time()
-    table = sample_table(gen, val, n=k, temperature=float(gen.cfg.vote.temperature), logprobs=True, cache=cache)
+    table = sample_table(gen, val, n=k, temperature=float(gen.cfg.vote.temperature), logprobs=True, cache=cache,
+                         chunk=CHUNK)
     wall = time.time() - t0
     atomic_write_csv(csv, table)
     new = table[~table["id"].isin(before)]
