@@ -109,10 +109,15 @@ def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 
     model distribution (default `logprobs_mode="raw_logprobs"`, before temperature/top_p), as the hf
     back-end does. With a seed and n > 1, vLLM gives the i-th sample seed + i. `token_ids` include the
     end-of-turn token when generation stopped on it (the hf back-end counts it too). finish_reason is
-    one of stop, length, abort, error, repetition; only stop and length are results.
+    one of stop, length, abort, error, repetition; only stop and length are results. Greedy (temperature
+    0) with n > 1 is rejected by SamplingParams ("n must be 1 when using greedy sampling"), so, as in
+    `generate_hf`, one completion is drawn and repeated n times.
     """
     from vllm import SamplingParams
 
+    if temperature <= 0 and n > 1:
+        once = generate_vllm(llm, prompts, 1, 0.0, top_p, max_new_tokens, seed, logprobs, lora_request)
+        return [comps * n for comps in once]
     params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed,
                             logprobs=0 if logprobs else None)
     outs = llm.generate(list(prompts), params, lora_request=lora_request)

@@ -8,6 +8,7 @@ The name sets below were recorded from the vLLM 0.33.0 source distribution on Py
   vllm/lora/request.py         LoRARequest(lora_name, lora_int_id, lora_path="", ...); id must be >= 1
   vllm/config/lora.py          MaxLoRARanks = Literal[1, 8, 16, 32, 64, 128, 256, 320, 512]
   vllm/v1/engine/__init__.py   FINISH_REASON_STRINGS = ("stop", "length", "abort", "error", "repetition")
+  vllm/sampling_params.py      _verify_greedy_sampling: temperature < 1e-5 with n > 1 raises
 If the GPU extra moves to another vLLM, re-record these from that version's source.
 """
 
@@ -163,6 +164,11 @@ def test_generate_vllm_reads_0_33_outputs(monkeypatch):
     seen = _fake_vllm(monkeypatch, [types.SimpleNamespace(request_id="0", outputs=[_out("", [1], None, "stop")])])
     assert generate_vllm(sys.modules["vllm"].LLM(model="m"), ["p"])[0][0].logprobs is None
     assert seen["params"]["logprobs"] is None
+
+    # greedy with n > 1: vLLM 0.33 rejects n > 1 at temperature 0, so one completion is drawn and repeated
+    seen = _fake_vllm(monkeypatch, [types.SimpleNamespace(request_id="0", outputs=[_out("g", [1], None, "stop")])])
+    res = generate_vllm(sys.modules["vllm"].LLM(model="m"), ["p"], n=3, temperature=0.0)
+    assert seen["params"]["n"] == 1 and [c.text for c in res[0]] == ["g"] * 3
 
     _fake_vllm(monkeypatch, [types.SimpleNamespace(request_id="7", outputs=[_out("", [1], None, "abort")])])
     with pytest.raises(RuntimeError, match="abort"):
