@@ -35,7 +35,8 @@ Metrics (per logged step, JSON-safe, None where TRL logged nothing): `reward_per
 `correctness_per_step` (the `correctness` reward's mean, when configured),
 `completion_length_per_step`, `truncated_share_per_step`, `zero_variance_share_per_step`,
 `grad_norm_per_step`, `kl_per_step` (beta > 0); plus steps, budget, prompt counts, resume facts,
-`lora_weight_change`, `gradient_check_failed`, `warnings`.
+`lora_weight_change` (summed absolute change over a strided sample of each LoRA tensor),
+`gradient_check_failed`, `warnings`.
 
 Resume (`grpo.resume=true`): the newest checkpoint in `<stage>/checkpoints` at or below `max_steps`
 is resumed (adapter, optimizer, scheduler, RNG and data position, by the Trainer); the run's
@@ -479,6 +480,16 @@ def step_metrics(log: pd.DataFrame, reward_names: Sequence[str], beta: float) ->
     return m
 
 
+def _trainable_sample(model, size: int = 65536) -> dict:
+    """A strided sample (at most `size` values, float32) of every trainable tensor: bounded memory on the 30B model."""
+    out = {}
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            flat = p.detach().reshape(-1)
+            out[n] = flat[::max(1, flat.numel() // size)][:size].float().clone()
+    return out
+
+
 def _check_rollout_backend(backend: str) -> None:
     if backend != "vllm":
         return
@@ -547,7 +558,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
                            truncation="mask" if g.mask_truncated_completions else "penalise")
     check = GradientCheck(model) if bool(g.gradient_check) else None
     callbacks = _callbacks(cfg, check)
-    before = {n: p.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+    before = _trainable_sample(model)
     refinements: list[dict] = []
     finished = last is not None and _step_of(last) >= max_steps
     if finished:  # nothing left to train: transformers would run one more step; take the checkpoint as it is
@@ -576,7 +587,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     atomic_write_csv(stage.path("train_log.csv"), log)
     if refinements:
         atomic_write_csv(stage.path("refinements.csv"), pd.DataFrame(refinements))
-    changed = sum(float((p.detach() - before[n]).abs().sum()) for n, p in model.named_parameters() if n in before)
+    after = _trainable_sample(model)
+    changed = sum(float((after[n] - before[n]).abs().sum()) for n in after if n in before)
     guard, lab_cb = callbacks[0], callbacks[1]
     late: list[str] = []
     sel = record.get("selection", {})
