@@ -1,0 +1,104 @@
+"""What scripts/train_sft.py and train_grpo.py share under `accelerate launch` (one process per GPU).
+
+- `open_stage`: the main process opens the stage folder and makes the split and the tiny model first
+  (lab.data.prepare / lab.models.model_path write files), the other processes follow;
+- `save_on_main`: lab.sft.train and lab.grpo.train call lab.sft.save_adapter on every process; with
+  several processes only the main one writes (DDP keeps the weights identical) and, under DeepSpeed
+  ZeRO-3, the LoRA weights are gathered from all processes first;
+- `leave_distributed`: after training, the process group is torn down so that the main process can
+  evaluate alone (vLLM must not find a live process group or the launcher's RANK/WORLD_SIZE).
+
+Deliberately thin: the training itself is lab.sft.train / lab.grpo.train, unchanged.
+"""
+
+from __future__ import annotations
+
+import gc
+import os
+import sys
+from pathlib import Path
+
+DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+            "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def overrides_from(argv: list[str] | None) -> tuple[list[str], bool]:
+    """Hydra overrides from the command line; `--no-eval` skips the held-out evaluation."""
+    args = list(sys.argv[1:] if argv is None else argv)
+    if "-h" in args or "--help" in args:
+        print(f"usage: [accelerate launch --config_file conf/accelerate/ddp.yaml] {sys.argv[0]} [--no-eval] "
+              "[key=value ...]\n\nHydra overrides compose conf/config.yaml as in the notebooks; outputs go to "
+              "<run_dir>/<stage>/ exactly as the notebook's.")
+        sys.exit(0)
+    no_eval = "--no-eval" in args
+    return [a for a in args if a != "--no-eval"], no_eval
+
+
+def open_stage(name: str, overrides: list[str]):
+    """(PartialState, Stage, cfg): the main process first (split, tiny model), then the others."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    from accelerate import PartialState
+
+    from lab import data, models
+    from lab.config import Stage
+
+    state = PartialState()  # sets this process's CUDA device, so lab.models.load's "cuda" is the local GPU
+    with state.main_process_first():
+        stage = Stage(name, overrides)
+        data.prepare(stage.cfg)
+        models.model_path(stage.cfg)  # builds the tiny model once
+    return state, stage, stage.cfg
+
+
+def _zero3() -> bool:
+    try:
+        from transformers.integrations import is_deepspeed_zero3_enabled
+
+        return bool(is_deepspeed_zero3_enabled())
+    except ImportError:
+        return False
+
+
+def save_on_main(state) -> None:
+    """Route lab.sft.save_adapter (used by lab.sft.train and lab.grpo.train) through the main process."""
+    from lab import sft
+
+    original = sft.save_adapter
+    if getattr(original, "_lab_launch", False) or state.num_processes == 1:
+        return
+
+    def save_adapter(model, adapter_dir):
+        if _zero3():
+            import deepspeed
+
+            params = [p for n, p in model.named_parameters() if "lora_" in n]
+            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
+                if state.is_main_process:
+                    original(model, adapter_dir)
+        elif state.is_main_process:
+            original(model, adapter_dir)
+        state.wait_for_everyone()
+        return Path(adapter_dir)
+
+    save_adapter._lab_launch = True
+    sft.save_adapter = save_adapter
+
+
+def leave_distributed(state, *objects) -> bool:
+    """Free the training model, end the process group; True on the main process (which evaluates)."""
+    import torch
+
+    for o in objects:
+        del o
+    gc.collect()
+    if torch.cuda.is_available():
+        torch.cuda.empty_cache()
+    main = state.is_main_process
+    if state.num_processes > 1:
+        state.wait_for_everyone()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for k in DIST_ENV:
+            os.environ.pop(k, None)
+    return main

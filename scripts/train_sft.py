@@ -1,0 +1,48 @@
+"""02_sft as a script, for `accelerate launch` on several GPUs (DDP, DeepSpeed ZeRO-2/3; conf/accelerate/).
+
+    accelerate launch --config_file conf/accelerate/ddp.yaml --num_processes 8 \
+        scripts/train_sft.py model=nemotron_nano data=competition run_name=sft8
+    python scripts/train_sft.py run_name=demo          # one process, same outputs
+
+Mirrors notebooks/02_sft.ipynb with the same Hydra overrides and the same folder: every process trains
+with lab.sft.train; then the main process alone evaluates the saved adapter on the held-out split
+(greedy, the competition's settings) and writes `<run_dir>/02_sft/predictions.csv` and `metrics.json`
+(accuracy_after, per-category accuracy, the training metrics), which notebooks 03-05 read.
+
+Deliberately thin: no before-training evaluation (the notebook has it; waiting ranks would hit the
+collective timeout on the real model); `--no-eval` skips the evaluation too (then 03_grpo cannot
+start from this run, it needs accuracy_after).
+"""
+
+from __future__ import annotations
+
+import sys
+
+
+def main(argv: list[str] | None = None) -> int:
+    import _launch
+
+    overrides, no_eval = _launch.overrides_from(argv)
+    state, stage, cfg = _launch.open_stage("02_sft", overrides)
+    from lab import data, generate, sft
+
+    _launch.save_on_main(state)
+    train, val = data.prepare(cfg)
+    metrics, model, tokenizer, log = sft.train(cfg, stage, train)
+    if not _launch.leave_distributed(state, model):
+        return 0
+    if not no_eval:
+        after = generate.predictions(generate.Generator(cfg, adapter=cfg.sft.adapter_dir), val,
+                                     out_csv=stage.path("predictions.csv"))
+        metrics = {"accuracy_after": float(after["correct"].mean()),
+                   "per_category": {c: {"after": float(a)} for c, a in after.groupby("category")["correct"].mean().items()},
+                   **metrics}
+        print(f"held-out accuracy after SFT: {metrics['accuracy_after']:.3f}")
+    metrics["processes"] = state.num_processes
+    stage.finish(metrics)
+    print(f"wrote {stage.path('metrics.json')}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
