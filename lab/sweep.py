@@ -545,8 +545,11 @@ def plot_against(df, metric: str, param: str, others: list[str]):
     fig = Figure(figsize=(6, 3.8))
     ax = fig.subplots()
     xs = _order(df[param].astype(str))
-    groups = df.groupby([df[k].astype(str) for k in others], sort=True) if others else [((), df)]
-    n_groups = len(groups) if others else 1
+    groups = list(df.groupby([df[k].astype(str) for k in others], sort=False)) if others else [((), df)]
+    if others:
+        orders = [_order(df[k].astype(str)) for k in others]
+        groups.sort(key=lambda kg: [o.index(v) for o, v in zip(orders, kg[0] if isinstance(kg[0], tuple) else (kg[0],))])
+    n_groups = len(groups)
     for i, (key, g) in enumerate(groups):
         key = key if isinstance(key, tuple) else (key,)
         label = ", ".join(f"{k}={v}" for k, v in zip(others, key)) or None
