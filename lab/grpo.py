@@ -37,6 +37,8 @@ Metrics (per logged step, JSON-safe, None where TRL logged nothing): `reward_per
 `grad_norm_per_step`, `kl_per_step` (beta > 0); plus steps, budget, prompt counts, resume facts,
 `lora_weight_change` (summed absolute change over a strided sample of each LoRA tensor),
 `gradient_check_failed`, `warnings`.
+Reading them: with the curriculum on, later steps see harder prompts, so the per-step reward
+falls by construction; it is not a learning curve (held-out accuracy in the notebook is).
 
 Resume (`grpo.resume=true`): the newest checkpoint in `<stage>/checkpoints` at or below `max_steps`
 is resumed (adapter, optimizer, scheduler, RNG and data position, by the Trainer); the run's
@@ -61,7 +63,7 @@ boxed-answer line still comes last), where REFINE_SUFFIX is::
     \n\nHere is an earlier attempt at this puzzle:\n<attempt>\n{draft}\n</attempt>\n
     Check the attempt, correct any mistakes, and solve the puzzle again.
 
-(one string, no line break after ``</attempt>\n``), and DRAFT is the draft's own sampled tokens
+(one Python string, shown on two lines: ``</attempt>\n`` is followed directly by ``Check``), and DRAFT is the draft's own sampled tokens
 (its end-of-turn token removed), spliced in as ids rather than re-tokenised text, so its length is
 known. Drafts and refinements share the context window: with refine on, the budget is
 `min(infer.max_tokens, (model.max_model_len - longest refinement prompt without its draft) // 2)`.
