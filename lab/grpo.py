@@ -65,7 +65,8 @@ boxed-answer line still comes last), where REFINE_SUFFIX is::
 
 (one Python string, shown on two lines: ``</attempt>\n`` is followed directly by ``Check``), and
 DRAFT is the draft's own sampled tokens (its end-of-turn token removed), spliced in as ids rather
-than re-tokenised text, so its length is known. Drafts and refinements share the context window: with refine on, the budget is
+than re-tokenised text, so its length is known. Drafts and refinements share the context window:
+with refine on, the budget is
 `min(infer.max_tokens, (model.max_model_len - longest refinement prompt without its draft) // 2)`.
 Every step's chosen drafts go to `refinements.csv`. Kaggle scores single-pass answers with no
 draft; whether training on refinements carries over to them is what a run has to show.
