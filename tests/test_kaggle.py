@@ -183,8 +183,7 @@ def test_accelerate_configs_load():
         ds = (c.deepspeed_config or {}).get("deepspeed_config_file")
         if ds:
             assert json.loads((project_root() / ds).read_text())["zero_optimization"]["stage"] in (2, 3)
-    assert kinds == {"cpu_ddp": "MULTI_CPU", "ddp": "MULTI_GPU", "deepspeed_zero2": "DEEPSPEED",
-                     "deepspeed_zero3": "DEEPSPEED"}
+    assert kinds == {"ddp": "MULTI_GPU", "deepspeed_zero2": "DEEPSPEED", "deepspeed_zero3": "DEEPSPEED"}
 
 
 @pytest.mark.parametrize("script", ["train_sft.py", "train_grpo.py"])
