@@ -16,8 +16,8 @@ notebook calls. In order:
    `checkpoints/lab_run.json` with the run's fingerprint) and REUSED on resume: pass rates are
    never re-estimated for a resumed run;
 3. the training schedule: the order, repeated until it covers `max_steps * prompts_per_step`
-   rows (curriculum: the same order again each pass; no curriculum: pass p >= 1 is reshuffled
-   with seed + p). The lab hands TRL this one long dataset with `shuffle_dataset=False`, so TRL's
+   rows per process (curriculum: the same order again each pass; no curriculum: pass p >= 1 is
+   reshuffled with seed + p). The lab hands TRL this one long dataset with `shuffle_dataset=False`, so TRL's
    sampler never reshuffles per epoch: a resumed run skips exactly the rows already trained on;
 4. training with the rewards named in `grpo.rewards` (functions from `lab.rewards.REWARDS`, weights
    from config; `lab.rewards.build`), TRL logging every step. Guard rails: after every logged step
@@ -89,8 +89,9 @@ weights and cache during the optimiser step (level 2; weights are re-sent at the
 Unsloth rollouts are not offered (Unsloth's fast generation would need its own GRPO patching).
 
 Deliberately simple: one adapter trained in place (TRL's reference is the adapter's starting copy
-when beta > 0); pass rates are measured once, before training, on the start model; one process
-(no multi-GPU); `refine` drafts and refinements both cost a full rollout (no matched budget as in
+when beta > 0); pass rates are measured once, before training, on the start model; under several
+processes (scripts/train_grpo.py) every process selects and records the prompts itself (same seed,
+same result; checked with 2 CPU processes, not on GPUs); `refine` drafts and refinements both cost a full rollout (no matched budget as in
 the paper), it is tested on the transformers back-end only, and its drafts are scored without the
 `trainer_state` keyword (the lab's rewards do not read it).
 """
@@ -554,11 +555,14 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     missing = [i for i in order if i not in by_id.index]
     if missing:
         raise LabError(f"{out / RUN_RECORD}: prompt ids {missing[:5]} are not in this run's pool")
-    ids = schedule(order, max_steps * per_step, shuffle=not bool(g.curriculum), seed=int(cfg.seed))
-    ds = build_dataset(tokenizer, by_id.loc[ids].reset_index())
-
     funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
                            truncation="mask" if g.mask_truncated_completions else "penalise")
+    args = grpo_args(cfg, out, budget, weights)
+    # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps
+    ids = schedule(order, max_steps * per_step * int(args.world_size), shuffle=not bool(g.curriculum),
+                   seed=int(cfg.seed))
+    ds = build_dataset(tokenizer, by_id.loc[ids].reset_index())
+
     check = GradientCheck(model) if bool(g.gradient_check) else None
     callbacks = _callbacks(cfg, check)
     before = _trainable_sample(model)
@@ -575,7 +579,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
             rows_by_prompt = {r["prompt"]: r for r in ds}
             rollout = refine_rollout(tokenizer, funcs, weights, rows_by_prompt, refinements)
         with _allow_out_proj():  # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included)
-            trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=grpo_args(cfg, out, budget, weights),
+            trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
                                   train_dataset=ds, processing_class=tokenizer, callbacks=callbacks,
                                   rollout_func=rollout)
         if last:
