@@ -21,13 +21,11 @@ from __future__ import annotations
 import glob
 import json
 import os
-import shutil
-import tempfile
 from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from lab.config import LabError, resolve_path
+from lab.config import LabError, atomic_dir, resolve_path
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>", "<unk>"]  # ids 0..4: pad, bos, eos, ...
 THINK_TOKENS = ["<think>", "</think>"]  # ordinary added tokens: they stay visible in decoded text
@@ -106,18 +104,10 @@ def build_tiny(cfg: DictConfig, path: Path) -> None:
         # The 0.02 init suits a 4096-wide model; at width 64 it caps every logit near +-1, so a frozen
         # head could never be confident (the LoRA cannot reach lm_head: TRL 1.15's SFTTrainer refuses it).
         torch.nn.init.normal_(model.lm_head.weight, std=float(cfg.model.head_init_std))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
-    try:
+    with atomic_dir(path) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
-        if path.exists():
-            shutil.rmtree(path)
-        os.replace(tmp, path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def kaggle_model_dir() -> Path | None:

@@ -523,18 +523,9 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
 
 def save_adapter(model, adapter_dir: Path) -> Path:
     """Save only the LoRA weights (never full embedding/lm_head copies), atomically (temp folder + rename)."""
-    import os
-    import tempfile
+    from lab.config import atomic_dir
 
     adapter_dir = Path(adapter_dir)
-    adapter_dir.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=adapter_dir.parent, prefix=f".{adapter_dir.name}."))
-    try:
+    with atomic_dir(adapter_dir) as tmp:
         model.save_pretrained(str(tmp), save_embedding_layers=False)
-        if adapter_dir.exists():
-            shutil.rmtree(adapter_dir)
-        os.replace(tmp, adapter_dir)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
     return adapter_dir
