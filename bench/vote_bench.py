@@ -218,7 +218,20 @@ def vote_rows(samples, k: int, version: str) -> list[dict]:
             "samples_used": s["samples_used"],
             "wins": int((ok & ~base_ok).sum()), "losses": int((~ok & base_ok).sum()),
         })
+        rows[-1]["delta_ci95_points"] = paired_ci95(rows[-1]["wins"], rows[-1]["losses"], s["puzzles"])
     return rows
+
+
+def paired_ci95(wins: int, losses: int, n: int) -> float:
+    """Half-width, in points, of a normal 95% interval for the paired accuracy difference (W - L) / n.
+
+    Covers the choice of puzzles only, not the randomness of the 32 samples drawn for each.
+    """
+    if n <= 0:
+        return math.nan
+    d = (wins - losses) / n
+    var = ((wins + losses) / n - d * d) / n
+    return 100.0 * 1.96 * math.sqrt(max(var, 0.0))
 
 
 def _label(method: str, opts: dict, k: int) -> str:
@@ -285,16 +298,17 @@ def markdown(report: dict) -> str:
          f"{v['puzzles']} held-out puzzles, K = {k} samples each at temperature {v['temperature']:g} "
          f"(top_p {v['top_p']:g}, seed {v['seed']}); one puzzle = {100 / max(v['puzzles'], 1):.1f} points. "
          f"Baseline: maj@{k}, accuracy {_f(v['baseline_accuracy'])}, {_f(v['baseline_tokens_per_puzzle'], '.0f')} "
-         f"tokens per puzzle. Wins/losses: puzzles the method gets right and maj@{k} wrong, and the reverse.", "",
+         f"tokens per puzzle. Wins/losses: puzzles the method gets right and maj@{k} wrong, and the reverse; "
+         f"± is a paired 95% interval over the choice of puzzles (not over the draw of samples).", "",
          f"| method | accuracy | Δ vs maj@{k} (points) | tokens/puzzle | tokens vs maj@{k} | samples used | wins | losses |",
          "|---|---:|---:|---:|---:|---:|---:|---:|"]
-    for r in v["methods"]:
-        L.append(f"| {r['label']} | {_f(r['accuracy'])} | {r['delta_points']:+.1f} | {_f(r['tokens_per_puzzle'], '.0f')} "
-                 f"| {_f(r['token_ratio'], '.3f')} | {_f(r['samples_used'], '.1f')} | {r['wins']} | {r['losses']} |")
-    g = v.get("greedy_decode")
-    if g:
-        L.append(f"| greedy decode (T=0, Kaggle) | {_f(g['accuracy'])} | {g['delta_points']:+.1f} "
-                 f"| {_f(g['tokens_per_puzzle'], '.0f')} | {_f(g['token_ratio'], '.3f')} | 1.0 | {g['wins']} | {g['losses']} |")
+    rows = [(r["label"], r) for r in v["methods"]]
+    if v.get("greedy_decode"):
+        rows.append(("greedy decode (T=0, Kaggle)", {**v["greedy_decode"], "samples_used": 1.0}))
+    for label, r in rows:
+        L.append(f"| {label} | {_f(r['accuracy'])} | {r['delta_points']:+.1f} ± {_f(r.get('delta_ci95_points'), '.1f')} "
+                 f"| {_f(r['tokens_per_puzzle'], '.0f')} | {_f(r['token_ratio'], '.3f')} | {_f(r['samples_used'], '.1f')} "
+                 f"| {r['wins']} | {r['losses']} |")
     L += ["", "## maj@k and pass@k (first k of the K samples)", "", "| k | maj@k | pass@k | tokens/puzzle |",
           "|---:|---:|---:|---:|"]
     for c in v["curve"]:
@@ -364,6 +378,7 @@ def _run(args, adapter: Path) -> int:
                   "tokens_per_puzzle": float(greedy["tokens"].mean()),
                   "token_ratio": float(greedy["tokens"].mean()) / base["tokens_per_puzzle"],
                   "wins": int((g_ok & ~base_ok).sum()), "losses": int((~g_ok & base_ok).sum())}
+    greedy_row["delta_ci95_points"] = paired_ci95(greedy_row["wins"], greedy_row["losses"], len(base_ok))
     curve = vote.curves(samples, K=args.k, version=version)
     curve_rows = curve[curve["k"].isin([k for k in CURVE_KS if k <= args.k] + [args.k])].to_dict("records")
 

@@ -225,6 +225,8 @@ def test_bench_vote_rows_on_a_hand_made_table():
     conf = out[("confidence", (("keep_top", 0.25),))]  # the confident trace of b is its correct one
     assert conf["accuracy"] == 1.0 and conf["wins"] == 1 and conf["losses"] == 0
     assert conf["delta_points"] == pytest.approx(100 / 3)
+    assert conf["delta_ci95_points"] == pytest.approx(100 * 1.96 * ((1 / 3 - 1 / 9) / 3) ** 0.5)
+    assert maj["delta_ci95_points"] == 0.0
     es = out[("early_stop", (("agree", 1.0), ("window", 2)))]
     assert es["token_ratio"] == pytest.approx((2 + 4 + 2) / 12)  # a and c stop after their first window
     md = bench.markdown({"adapter": "A", "finished": "now", "git_commit": "x",
