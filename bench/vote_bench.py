@@ -10,7 +10,9 @@ What it measures
      sample), majority (maj@32, the baseline), DeepConf-style confidence weighting for several
      `keep_top` shares, and early stopping for several `window`/`agree` settings. Per method:
      accuracy, its difference from maj@32 in points, tokens per puzzle and their ratio to
-     maj@32's, samples drawn, and the paired count of puzzles it wins / loses against maj@32.
+     maj@32's, samples drawn, the paired count of puzzles it wins / loses against maj@32, and a
+     paired 95% interval for the difference (over the choice of puzzles; the draw of the samples
+     adds spread of its own: two draws of the same adapter moved maj@32 by 6 points).
      Also maj@k and pass@k for k = 1..32 (`lab.vote.curves`) and, as the Kaggle reference,
      the accuracy of greedy decoding (temperature 0, one completion, the competition's budget).
   2. Generation throughput of the hf back-end on the same model: the same prompts, greedy, a
