@@ -12,7 +12,7 @@ What it measures
      accuracy, its difference from maj@32 in points, tokens per puzzle and their ratio to
      maj@32's, samples drawn, the paired count of puzzles it wins / loses against maj@32, and a
      paired 95% interval for the difference (over the choice of puzzles; the draw of the samples
-     adds spread of its own: two draws of the same adapter moved maj@32 by 6 points).
+     adds spread of its own, gauged by maj@16 on samples 0-15 against maj@16 on samples 16-31).
      Also maj@k and pass@k for k = 1..32 (`lab.vote.curves`) and, as the Kaggle reference,
      the accuracy of greedy decoding (temperature 0, one completion, the competition's budget).
   2. Generation throughput of the hf back-end on the same model: the same prompts, greedy, a
@@ -311,6 +311,10 @@ def markdown(report: dict) -> str:
         L.append(f"| {label} | {_f(r['accuracy'])} | {r['delta_points']:+.1f} ± {_f(r.get('delta_ci95_points'), '.1f')} "
                  f"| {_f(r['tokens_per_puzzle'], '.0f')} | {_f(r['token_ratio'], '.3f')} | {_f(r['samples_used'], '.1f')} "
                  f"| {r['wins']} | {r['losses']} |")
+    sh = v.get("split_half_majority") or {}
+    if "second" in sh:
+        L += ["", f"Draw noise: maj@{sh['k']} on samples 0-{sh['k'] - 1} scores {_f(sh['first'])}, on samples "
+                  f"{sh['k']}-{2 * sh['k'] - 1} {_f(sh['second'])} (same puzzles, same settings, other samples)."]
     L += ["", "## maj@k and pass@k (first k of the K samples)", "", "| k | maj@k | pass@k | tokens/puzzle |",
           "|---:|---:|---:|---:|"]
     for c in v["curve"]:
@@ -381,6 +385,12 @@ def _run(args, adapter: Path) -> int:
                   "token_ratio": float(greedy["tokens"].mean()) / base["tokens_per_puzzle"],
                   "wins": int((g_ok & ~base_ok).sum()), "losses": int((~g_ok & base_ok).sum())}
     greedy_row["delta_ci95_points"] = paired_ci95(greedy_row["wins"], greedy_row["losses"], len(base_ok))
+    half = args.k // 2
+    split_half = {"k": half}
+    if half >= 1:
+        second = samples[samples["sample"] >= half].assign(sample=lambda d: d["sample"] - half)
+        for name, part in (("first", samples[samples["sample"] < half]), ("second", second)):
+            split_half[name] = vote.summary(vote.replay(part, "majority", k=half, version=version))["accuracy"]
     curve = vote.curves(samples, K=args.k, version=version)
     curve_rows = curve[curve["k"].isin([k for k in CURVE_KS if k <= args.k] + [args.k])].to_dict("records")
 
@@ -392,7 +402,7 @@ def _run(args, adapter: Path) -> int:
                    "top_p": key["top_p"], "seed": key["seed"], "max_tokens": key["max_tokens"],
                    "metric_version": version, "sampling": sampling,
                    "baseline_accuracy": base["accuracy"], "baseline_tokens_per_puzzle": base["tokens_per_puzzle"],
-                   "methods": rows, "greedy_decode": greedy_row, "curve": curve_rows,
+                   "methods": rows, "greedy_decode": greedy_row, "curve": curve_rows, "split_half_majority": split_half,
                    "finish_reasons": samples["finish_reason"].value_counts().to_dict(),
                    "mean_tokens_per_sample": float(samples["tokens"].mean())},
     }
