@@ -36,3 +36,19 @@ def test_all_notebooks_run_on_the_smoke_budget(tmp_path):
     assert {"greedy_accuracy", "maj_at_k"} <= set(st["04_vote"])
     assert {"accuracy_by_category", "taxonomy"} <= set(st["05_errors"])
     assert (tmp_path / "summary.md").is_file() and (tmp_path / "02_sft" / "adapter" / "adapter_config.json").is_file()
+
+
+@pytest.mark.slow
+def test_same_seed_gives_identical_metrics(tmp_path):
+    """Two runs with the same seed agree on every metric (timings aside) on CPU."""
+
+    def metrics(run_dir):
+        out = {}
+        for stage in ["02_sft", "03_grpo"]:
+            m = json.loads((run_dir / stage / "metrics.json").read_text())
+            out[stage] = {k: v for k, v in m.items() if "seconds" not in k and k not in ("resumed_from",)}
+        return out
+
+    a = run_notebooks(SMOKE_OVERRIDES + [f"run_dir={tmp_path}/a"], stages=["02_sft", "03_grpo"], log_output=False)
+    b = run_notebooks(SMOKE_OVERRIDES + [f"run_dir={tmp_path}/b"], stages=["02_sft", "03_grpo"], log_output=False)
+    assert metrics(a) == metrics(b)
