@@ -107,7 +107,7 @@ def test_grpo_args_builds_a_valid_config_for_the_pinned_trl(root, backend):
     assert args.max_completion_length == 37 != 512 and args.shuffle_dataset is False
     assert args.num_generations == 4 and args.per_device_train_batch_size == 8 and args.generation_batch_size == 8
     assert args.steps_per_generation == 1 and args.num_iterations == 1 and args.top_k == 0
-    assert args.reward_weights == [1.0, 0.2, 1.0] and args.beta == 0.04 and args.learning_rate == 2e-3
+    assert args.reward_weights == [1.0, 0.2, 1.0] and args.beta == 0.04 and args.learning_rate == cfg.grpo.learning_rate
     assert args.mask_truncated_completions is False and args.gradient_checkpointing is False
     assert args.seed == cfg.seed and args.max_steps == 2 and args.save_steps == 2 and not args.bf16
     if backend == "vllm":
@@ -134,7 +134,7 @@ def test_completion_budget_is_the_competitions_never_trls_default(root, puzzles)
     tok = models.load_tokenizer(compose(root))
     texts = puzzles["prompt"].tolist()
     longest = max(len(tok(chat_prompt(tok, p))["input_ids"]) for p in texts)  # as TRL tokenises
-    assert grpo.completion_budget(compose(root, "b", "infer.max_tokens=7680"), tok, texts) == 768 - longest
+    assert grpo.completion_budget(compose(root, "b", "infer.max_tokens=7680"), tok, texts) == compose(root, "b").model.max_model_len - longest
     assert grpo.completion_budget(compose(root, "b", "infer.max_tokens=12"), tok, texts) == 12
     assert grpo.completion_budget(compose(root, "b", "grpo.max_completion_length=20"), tok, texts) == 20
     with pytest.raises(LabError, match="max_completion_length=700 must be between 1 and"):
@@ -142,7 +142,7 @@ def test_completion_budget_is_the_competitions_never_trls_default(root, puzzles)
     # refine: the draft and the refinement share what the refinement prompt leaves
     empty = max(len(tok(grpo.refine_prompt_text(tok, p, ""))["input_ids"]) for p in texts)
     assert grpo.completion_budget(compose(root, "b", "infer.max_tokens=7680", "grpo.refine=true"), tok, texts) \
-        == (768 - empty) // 2
+        == (compose(root, "b").model.max_model_len - empty) // 2
 
 
 def test_schedule_repeats_the_order_and_reshuffles_only_without_curriculum():
@@ -339,7 +339,8 @@ def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch)
 
     # 5. a changed configuration does not resume silently; resume=false starts over
     cfg_c = compose(root, "interrupted", *common, "grpo.learning_rate=1e-3")
-    with pytest.raises(LabError, match=r"different GRPO configuration \(grpo.learning_rate: 0.002 -> 0.001\)"):
+    lr_was = cfg_b.grpo.learning_rate
+    with pytest.raises(LabError, match=rf"different GRPO configuration \(grpo.learning_rate: {lr_was} -> 0.001\)"):
         run(cfg_c, puzzles)
     monkeypatch.undo()
     cfg_d = compose(root, "interrupted", *common, "grpo.max_steps=1", "grpo.resume=false", "grpo.gradient_check=false")
