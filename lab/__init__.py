@@ -8,14 +8,18 @@ Modules, by what they do:
   puzzles     per-category parsers, solvers, trace writers and generators
   models      loading the base model (or building the tiny one) and adapters
   generate    one generation interface: transformers on CPU/GPU, vLLM on GPU
-  sft         the supervised warm-up (TRL SFTTrainer + PEFT LoRA)
+  sft         the supervised warm-up (TRL SFTTrainer + PEFT LoRA); sft_unsloth: the GPU back-end
   rewards     GRPO reward functions, a name-to-function registry
+  curriculum  pass-rate selection and easy-to-hard ordering of GRPO prompts
   grpo        reinforcement learning (TRL GRPOTrainer)
   vote        inference-time voting and pass@k / maj@k
   errors      error analysis: per-category accuracy, failure taxonomy
   submission  packing and checking the Kaggle submission.zip
   sweep       papermill sweeps and reports across runs
   kaggle      building offline Kaggle kernels
+  pipeline    running the five notebooks headless (`python -m lab demo`) and the run summary
+  plots       the stage plots the notebooks show and save
+  trl_cpu     what TRL 1.15 needs to train on a CPU (no Triton) and to show progress under papermill
 """
 
 __version__ = "0.1.0"
