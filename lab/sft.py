@@ -522,10 +522,30 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
 
 
 def save_adapter(model, adapter_dir: Path) -> Path:
-    """Save only the LoRA weights (never full embedding/lm_head copies), atomically (temp folder + rename)."""
+    """Save only the LoRA weights (never full embedding/lm_head copies), atomically (temp folder + rename).
+
+    Under several processes (`accelerate launch`, torchrun) only the main process writes, after the
+    LoRA weights are gathered when DeepSpeed ZeRO-3 shards them; every process waits for the write.
+    """
+    import contextlib
+
+    import torch.distributed as dist
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
     from lab.config import atomic_dir
 
     adapter_dir = Path(adapter_dir)
-    with atomic_dir(adapter_dir) as tmp:
-        model.save_pretrained(str(tmp), save_embedding_layers=False)
+    distributed = dist.is_available() and dist.is_initialized()
+    gather = contextlib.nullcontext()
+    if is_deepspeed_zero3_enabled():
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters([p for n, p in model.named_parameters() if "lora_" in n],
+                                                   modifier_rank=None)
+    with gather:
+        if not distributed or dist.get_rank() == 0:
+            with atomic_dir(adapter_dir) as tmp:
+                model.save_pretrained(str(tmp), save_embedding_layers=False)
+    if distributed:
+        dist.barrier()
     return adapter_dir

@@ -2,9 +2,6 @@
 
 - `open_stage`: the main process opens the stage folder and makes the split and the tiny model first
   (lab.data.prepare / lab.models.model_path write files), the other processes follow;
-- `save_on_main`: lab.sft.train and lab.grpo.train call lab.sft.save_adapter on every process; with
-  several processes only the main one writes (DDP keeps the weights identical) and, under DeepSpeed
-  ZeRO-3, the LoRA weights are gathered from all processes first;
 - `leave_distributed`: after training, the process group is torn down so that the main process can
   evaluate alone (vLLM must not find a live process group or the launcher's RANK/WORLD_SIZE).
 
@@ -16,7 +13,6 @@ from __future__ import annotations
 import gc
 import os
 import sys
-from pathlib import Path
 
 DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
             "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
@@ -49,40 +45,6 @@ def open_stage(name: str, overrides: list[str]):
         data.prepare(stage.cfg)
         models.model_path(stage.cfg)  # builds the tiny model once
     return state, stage, stage.cfg
-
-
-def _zero3() -> bool:
-    try:
-        from transformers.integrations import is_deepspeed_zero3_enabled
-
-        return bool(is_deepspeed_zero3_enabled())
-    except ImportError:
-        return False
-
-
-def save_on_main(state) -> None:
-    """Route lab.sft.save_adapter (used by lab.sft.train and lab.grpo.train) through the main process."""
-    from lab import sft
-
-    original = sft.save_adapter
-    if getattr(original, "_lab_launch", False) or state.num_processes == 1:
-        return
-
-    def save_adapter(model, adapter_dir):
-        if _zero3():
-            import deepspeed
-
-            params = [p for n, p in model.named_parameters() if "lora_" in n]
-            with deepspeed.zero.GatheredParameters(params, modifier_rank=None):
-                if state.is_main_process:
-                    original(model, adapter_dir)
-        elif state.is_main_process:
-            original(model, adapter_dir)
-        state.wait_for_everyone()
-        return Path(adapter_dir)
-
-    save_adapter._lab_launch = True
-    sft.save_adapter = save_adapter
 
 
 def leave_distributed(state, *objects) -> bool:

@@ -28,7 +28,6 @@ def main(argv: list[str] | None = None) -> int:
     from lab import data, generate, grpo, models
     from lab.config import read_json, stage_output
 
-    _launch.save_on_main(state)
     train, val = data.prepare(cfg)
     sft_dir = stage_output(cfg, "02_sft")
     sft_metrics = read_json(sft_dir / "metrics.json")

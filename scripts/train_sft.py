@@ -26,7 +26,6 @@ def main(argv: list[str] | None = None) -> int:
     state, stage, cfg = _launch.open_stage("02_sft", overrides)
     from lab import data, generate, sft
 
-    _launch.save_on_main(state)
     train, val = data.prepare(cfg)
     metrics, model, tokenizer, log = sft.train(cfg, stage, train)
     if not _launch.leave_distributed(state, model):
