@@ -18,7 +18,9 @@ prompt wording), not on the run's data, so it is identical for every run and see
 
 from __future__ import annotations
 
+import functools
 import glob
+import hashlib
 import json
 import os
 from pathlib import Path
@@ -61,18 +63,20 @@ In Alice's Wonderland, a secret set of transformation rules is applied to equati
 Now, determine the result for:
 Please put your final answer inside `\\boxed{}`. For example: `\\boxed{your answer}`
 queen discovers near valley cat imagines book the a of and to in is was rabbit hatter
-I V X L C D M XX XXX XL XC CD CM II III IV VI VII VIII IX
 """
 
 
 def build_tiny_tokenizer(vocab_size: int = 768):
-    """A byte-level BPE tokenizer (digits always single tokens) with Nemotron-style chat turns."""
-    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+    """A byte-level BPE tokenizer with Nemotron-style chat turns. Digits and capital letters are always single
+    tokens, so a number or a Roman numeral is spelled the same wherever it appears (with merges, ' XXX' in a
+    trace line and 'XXX' in the answer were different tokens, and the tiny model had to learn to re-spell them)."""
+    from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers, trainers
     from transformers import PreTrainedTokenizerFast
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.Sequence([
         pre_tokenizers.Digits(individual_digits=True),
+        pre_tokenizers.Split(Regex("[A-Z]"), behavior="isolated"),
         pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=True),
     ])
     tok.decoder = decoders.ByteLevel()
@@ -88,8 +92,52 @@ def build_tiny_tokenizer(vocab_size: int = 768):
     return fast
 
 
+RECIPE_FILE = "tiny_recipe.json"  # what a built tiny model was built from; a changed config must not reuse it
+
+
+@functools.lru_cache(maxsize=4)
+def _tokenizer_sha(vocab_size: int) -> str:
+    return hashlib.sha256(build_tiny_tokenizer(vocab_size).backend_tokenizer.to_str().encode()).hexdigest()[:16]
+
+
+def tiny_recipe(cfg: DictConfig) -> dict:
+    """Everything the tiny model's weights and tokenizer depend on."""
+    arch = OmegaConf.to_container(cfg.model.architecture, resolve=True)
+    return {"architecture": arch, "seed": int(cfg.seed), "head_init_std": float(cfg.model.head_init_std),
+            "tokenizer_sha256": _tokenizer_sha(int(arch["vocab_size"]))}
+
+
+def _flat(d: dict, prefix: str = "") -> dict:
+    out = {}
+    for k, v in d.items():
+        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
+    return out
+
+
+def check_tiny_recipe(cfg: DictConfig, path: Path) -> None:
+    """Refuse a built tiny model whose recipe differs from the config (a silently stale base model would make
+    every later number wrong)."""
+    f = path / RECIPE_FILE
+    want = tiny_recipe(cfg)
+    try:
+        have = json.loads(f.read_text())
+    except (OSError, json.JSONDecodeError):
+        have = None
+    if have == want:
+        return
+    if have is None:
+        why = f"{f} is missing or unreadable (built by an older version of the lab)"
+    else:
+        h, w = _flat(have), _flat(want)
+        why = "; ".join(f"{k}: built {h.get(k)!r}, config {w.get(k)!r}" for k in sorted(set(h) | set(w))
+                        if h.get(k) != w.get(k))
+    raise LabError(f"{path}: this tiny base model was built from a different recipe ({why}). Delete the folder "
+                   "(and the run's stage folders, whose adapters were trained on it) or use another run_name.")
+
+
 def build_tiny(cfg: DictConfig, path: Path) -> None:
-    """Build the tiny tokenizer and model from `cfg.model.architecture` and save both to `path` atomically."""
+    """Build the tiny tokenizer and model from `cfg.model.architecture` and save both to `path` atomically,
+    with the recipe they were built from."""
     import torch
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
@@ -108,6 +156,7 @@ def build_tiny(cfg: DictConfig, path: Path) -> None:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         model.generation_config.save_pretrained(tmp)
+        (tmp / RECIPE_FILE).write_text(json.dumps(tiny_recipe(cfg), indent=1))
 
 
 def kaggle_model_dir() -> Path | None:
@@ -128,6 +177,7 @@ def model_path(cfg: DictConfig) -> str:
     if cfg.model.build_tiny:
         if not (local / "config.json").is_file():
             build_tiny(cfg, local)
+        check_tiny_recipe(cfg, local)
         return str(local)
     if local.is_dir():
         if not (local / "config.json").is_file():

@@ -6,7 +6,7 @@ import pytest
 
 from lab import generate as G
 from lab import models
-from lab.config import compose
+from lab.config import LabError, compose
 from lab.prompts import BOXED_INSTRUCTION, chat_prompt, user_message
 
 PUZZLE = ("In Alice's Wonderland, numbers are secretly converted into a different numeral system. Some examples are "
@@ -52,6 +52,26 @@ def test_tiny_build_is_deterministic(tmp_path):
     for (n, pa), (_, pb) in zip(ma.named_parameters(), mb.named_parameters()):
         assert (pa == pb).all(), n
     assert json.loads((tmp_path / "a" / "base_model" / "config.json").read_text())["model_type"] == "nemotron_h"
+
+
+def test_a_stale_tiny_model_is_refused_naming_what_changed(tmp_path):
+    models.load(compose([f"run_dir={tmp_path}"]))
+    with pytest.raises(LabError, match=r"architecture.num_attention_heads: built 16, config 8"):
+        models.load(compose([f"run_dir={tmp_path}", "model.architecture.num_attention_heads=8"]))
+    with pytest.raises(LabError, match="seed: built 1234, config 7"):
+        models.load(compose([f"run_dir={tmp_path}", "seed=7"]))
+    (tmp_path / "base_model" / models.RECIPE_FILE).unlink()
+    with pytest.raises(LabError, match="missing or unreadable"):
+        models.load(compose([f"run_dir={tmp_path}"]))
+
+
+def test_tiny_tokenizer_spells_numbers_and_numerals_the_same_everywhere(tiny):
+    _, _, tok = tiny
+    for text in ["XXXVIII", " XXXVIII", "30 -> XXX", "XXX + VIII = XXXVIII", "\\boxed{XXXVIII}"]:
+        pieces = [tok.decode([i]) for i in tok(text, add_special_tokens=False)["input_ids"]]
+        letters = [p.strip() for p in pieces if p.strip().isalpha() and p.strip().isupper()]
+        assert all(len(p) == 1 for p in letters), pieces
+    assert [tok.decode([i]) for i in tok("1994", add_special_tokens=False)["input_ids"]] == list("1994")
 
 
 def test_generation_budget_and_finish_reason(tiny):
