@@ -6,12 +6,14 @@ Pure pandas/numpy on tables; no model. The pieces, in the order 03_grpo uses the
   Per-id share of correct samples, ``DataFrame[id, n, correct, pass_rate]``, from a samples table
   (k completions per prompt drawn from the SFT model, as `lab.generate.sample_table` writes it).
   It is `lab.vote.pass_rates`, which does exactly this; nothing is recomputed here.
-`select(pass_rates, threshold)`
+`select(pass_rates, threshold, drop_unsolved)`
   Drops prompts the model already solves (pass rate >= threshold over its k samples: a group that
-  is all correct has zero reward variance, so GRPO learns nothing from it) and keeps the rest.
-  Prompts with pass rate 0 are KEPT: with k samples a rate of 0 only says "not solved in k tries",
-  and more samples during training may still produce a correct one and so a signal; they are
-  counted (`selection_summary`'s ``unsolved``) so a run that is mostly unsolved prompts shows it.
+  is all correct has zero reward variance, so GRPO learns nothing from it) and, with
+  ``drop_unsolved``, prompts no sample solved (pass rate 0: all wrong, the same zero variance; the
+  filter DAPO's dynamic sampling applies per batch, here applied once up front). Kept unsolved,
+  they may still produce a correct sample during training, but on the tiny demo 51-56 of 64 pool
+  prompts were unsolved when SFT ended below 10%, and GRPO spent its steps on groups whose only
+  reward variance came from the format term. Both counts are in `selection_summary`.
 `order(puzzles, pass_rates, curriculum, shape, seed=...)`
   The training prompts in the order the trainer should see them. Curriculum on: from high to
   low pass rate (easy to hard); ``linear`` sorts (ties in a seeded random order, so equal rates
@@ -81,21 +83,28 @@ def _check_threshold(threshold: float) -> float:
     return t
 
 
-def select(pass_rates: pd.DataFrame, threshold: float = 0.75) -> tuple[list[str], pd.DataFrame]:
-    """(kept_ids, dropped): keep prompts with pass_rate < threshold, in table order; `dropped` holds the rows
-    of the others (pass_rate >= threshold, already solved). Pass rate 0 is kept (see the module docstring)."""
-    t = _check_threshold(threshold)
-    df = _check_rates(pass_rates)
-    solved = df["pass_rate"] >= t
-    return df.loc[~solved, "id"].tolist(), df.loc[solved].reset_index(drop=True)
+def _dropped(df: pd.DataFrame, threshold: float, drop_unsolved: bool) -> pd.Series:
+    return (df["pass_rate"] >= threshold) | ((df["pass_rate"] == 0) if drop_unsolved else False)
 
 
-def selection_summary(pass_rates: pd.DataFrame, threshold: float = 0.75) -> dict:
-    """Counts of a `select`: total, kept, dropped (pass rate >= threshold), unsolved (pass rate 0, kept)."""
+def select(pass_rates: pd.DataFrame, threshold: float = 0.75, drop_unsolved: bool = False
+           ) -> tuple[list[str], pd.DataFrame]:
+    """(kept_ids, dropped): keep prompts with pass_rate < threshold (and > 0 with `drop_unsolved`), in table
+    order; `dropped` holds the rows of the others."""
     t = _check_threshold(threshold)
     df = _check_rates(pass_rates)
-    dropped = int((df["pass_rate"] >= t).sum())
-    return {"threshold": t, "total": int(len(df)), "kept": int(len(df)) - dropped, "dropped": dropped,
+    out = _dropped(df, t, drop_unsolved)
+    return df.loc[~out, "id"].tolist(), df.loc[out].reset_index(drop=True)
+
+
+def selection_summary(pass_rates: pd.DataFrame, threshold: float = 0.75, drop_unsolved: bool = False) -> dict:
+    """Counts of a `select`: total, kept, dropped (solved, plus unsolved with `drop_unsolved`), solved
+    (pass rate >= threshold), unsolved (pass rate 0, dropped or kept)."""
+    t = _check_threshold(threshold)
+    df = _check_rates(pass_rates)
+    dropped = int(_dropped(df, t, drop_unsolved).sum())
+    return {"threshold": t, "drop_unsolved": bool(drop_unsolved), "total": int(len(df)),
+            "kept": int(len(df)) - dropped, "dropped": dropped, "solved": int((df["pass_rate"] >= t).sum()),
             "unsolved": int((df["pass_rate"] == 0).sum())}
 
 

@@ -10,8 +10,9 @@ notebook calls. In order:
    Never TRL's default of 512;
 2. pass rates: `grpo.pass_rate_k` samples per pool prompt from the model being trained (the
    transformers back-end on the in-memory model, at `grpo.temperature` and the GRPO budget), saved
-   to `pass_rates.csv`; prompts at or above `grpo.drop_threshold` are dropped (a group that is all
-   correct has no reward variance); the rest are ordered easy -> hard (`grpo.curriculum`) or
+   to `pass_rates.csv`; prompts at or above `grpo.drop_threshold` are dropped, and with
+   `grpo.drop_unsolved` those no sample solved (a group all right or all wrong has no correctness
+   variance); the rest are ordered easy -> hard (`grpo.curriculum`) or
    shuffled (seeded), see `lab.curriculum`. The chosen order is saved (`prompt_order.csv`, and
    `checkpoints/lab_run.json` with the run's fingerprint) and REUSED on resume: pass rates are
    never re-estimated for a resumed run;
@@ -22,8 +23,9 @@ notebook calls. In order:
 4. training with the rewards named in `grpo.rewards` (functions from `lab.rewards.REWARDS`, weights
    from config; `lab.rewards.build`), TRL logging every step. Guard rails: after every logged step
    the share of truncated completions (`completions/clipped_ratio`) and of groups with zero reward
-   variance (`frac_reward_zero_std`) are compared with `grpo.truncation_warn_share` /
-   `grpo.zero_variance_warn_share`, and a step where every completion was unscorable (reward None,
+   variance (`frac_reward_zero_std`, on the weighted total) are compared with `grpo.truncation_warn_share` /
+   `grpo.zero_variance_warn_share`, and so is the share of groups whose correctness is the same in
+   every sample (`GroupSpread`, which a varying format reward cannot hide), and a step where every completion was unscorable (reward None,
    e.g. all truncated under `mask_truncated_completions`) is flagged; each warning is printed and
    recorded in `metrics["warnings"]`. The gradient check of `lab.sft` (every LoRA family got a
    gradient and moved, sampled frozen base tensors did not) runs when `grpo.gradient_check`;
@@ -265,9 +267,30 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, rew
 
 # ---- callbacks ----------------------------------------------------------------------------------
 
-def _guard_rails(cfg: DictConfig):
-    """A TrainerCallback that warns (and records) when truncation or zero-variance groups dominate a step, or
-    when no completion of a step could be scored."""
+class GroupSpread:
+    """Wraps one reward function (TRL still sees its name) and records, per call, the share of groups
+    (consecutive runs of `group` completions, as TRL orders them) whose scored samples all got the same
+    value. On correctness this is the share of prompts that teach nothing: all right or all wrong. TRL's
+    `frac_reward_zero_std` is measured on the weighted total, where a small format reward can vary while
+    correctness does not, and so hides exactly this."""
+
+    def __init__(self, func, group: int):
+        self.func, self.group = func, int(group)
+        self.__name__ = self.__qualname__ = func.__name__
+        self.shares: list[float] = []
+
+    def __call__(self, *args, **kwargs):
+        rewards = self.func(*args, **kwargs)
+        groups = [rewards[i:i + self.group] for i in range(0, len(rewards), self.group)]
+        flat = [len({r for r in g if r is not None}) <= 1 for g in groups]
+        self.shares.append(sum(flat) / len(flat) if flat else 1.0)
+        return rewards
+
+
+def _guard_rails(cfg: DictConfig, spread: GroupSpread | None = None):
+    """A TrainerCallback that warns (and records) when truncation or zero-variance groups dominate a step
+    (on the total reward, and on correctness alone when `spread` tracks it), or when no completion of a step
+    could be scored."""
     from transformers import TrainerCallback
 
     trunc, zero_var = float(cfg.grpo.truncation_warn_share), float(cfg.grpo.zero_variance_warn_share)
@@ -288,6 +311,10 @@ def _guard_rails(cfg: DictConfig):
             if zero is not None and zero > zero_var:
                 self._warn(f"step {step}: {zero:.0%} of groups have zero reward variance, no learning signal "
                            f"(grpo.zero_variance_warn_share={zero_var})")
+            flat = spread.shares[-1] if spread is not None and spread.shares else None
+            if flat is not None and flat > zero_var:
+                self._warn(f"step {step}: in {flat:.0%} of groups every sample is equally right or wrong: no "
+                           f"correctness signal, whatever the other rewards do (grpo.zero_variance_warn_share={zero_var})")
             if logs.get("reward") is None:
                 self._warn(f"step {step}: no completion could be scored (every reward None, e.g. all truncated "
                            "under mask_truncated_completions): this step taught nothing")
@@ -299,11 +326,11 @@ def _guard_rails(cfg: DictConfig):
     return GuardRails()
 
 
-def _callbacks(cfg: DictConfig, check) -> list:
+def _callbacks(cfg: DictConfig, check, spread: GroupSpread | None = None) -> list:
     """[guard rails, lab.sft's callback (gradient snapshot, wall-clock budget)]; tests append to this list."""
     from lab.sft import _callbacks as sft_callbacks
 
-    return [_guard_rails(cfg), *sft_callbacks(check, float(cfg.grpo.wall_clock_budget_min))]
+    return [_guard_rails(cfg, spread), *sft_callbacks(check, float(cfg.grpo.wall_clock_budget_min))]
 
 
 # ---- resume ------------------------------------------------------------------------------------
@@ -536,16 +563,19 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     if record is None:  # a fresh run: estimate pass rates, select and order the prompts, record them
         rates = pass_rate_table(cfg, model, tokenizer, pool, budget)
         atomic_write_csv(stage.path("pass_rates.csv"), rates)
-        thr = float(g.drop_threshold)
-        kept, _ = curriculum.select(rates, threshold=thr)
+        thr, unsolved = float(g.drop_threshold), bool(g.drop_unsolved)
+        kept, _ = curriculum.select(rates, threshold=thr, drop_unsolved=unsolved)
         if not kept:
-            raise LabError(f"{stage.dir}: every training prompt has pass rate >= {thr}; nothing to learn")
+            raise LabError(f"{stage.dir}: no training prompt has a pass rate below {thr}"
+                           + (" and above 0" if unsolved else "") + f" over {g.pass_rate_k} samples (see "
+                           f"{stage.path('pass_rates.csv')}): nothing to learn from. A start that solves nothing "
+                           "needs more SFT, not GRPO; or set grpo.drop_unsolved=false.")
         chosen = curriculum.order(pool[pool["id"].isin(set(kept))], rates, curriculum=bool(g.curriculum),
                                   shape=str(g.curriculum_shape), seed=int(cfg.seed))
         atomic_write_csv(stage.path("prompt_order.csv"), chosen[["id", "category", "pass_rate", "bucket"]]
                          if "category" in chosen else chosen[["id", "pass_rate", "bucket"]])
         record = {"fingerprint": fp, "order": chosen["id"].tolist(),
-                  "selection": curriculum.selection_summary(rates, threshold=thr)}
+                  "selection": curriculum.selection_summary(rates, threshold=thr, drop_unsolved=unsolved)}
         out.mkdir(parents=True, exist_ok=True)
         atomic_write_json(out / RUN_RECORD, record)
     else:
@@ -557,6 +587,10 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         raise LabError(f"{out / RUN_RECORD}: prompt ids {missing[:5]} are not in this run's pool")
     funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
                            truncation="mask" if g.mask_truncated_completions else "penalise")
+    spread = None
+    if "correctness" in [f.__name__ for f in funcs]:
+        i = [f.__name__ for f in funcs].index("correctness")
+        funcs[i] = spread = GroupSpread(funcs[i], int(g.num_generations))
     args = grpo_args(cfg, out, budget, weights)
     # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps
     ids = schedule(order, max_steps * per_step * int(args.world_size), shuffle=not bool(g.curriculum),
@@ -564,7 +598,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     ds = build_dataset(tokenizer, by_id.loc[ids].reset_index())
 
     check = GradientCheck(model) if bool(g.gradient_check) else None
-    callbacks = _callbacks(cfg, check)
+    callbacks = _callbacks(cfg, check, spread)
     before = _trainable_sample(model)
     refinements: list[dict] = []
     finished = last is not None and _step_of(last) >= max_steps
@@ -606,6 +640,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         "steps": steps, "max_steps": max_steps, "resumed_from": str(last) if last else None,
         "already_finished": finished, "stopped_by_budget": bool(lab_cb.stopped_by_budget),
         **step_metrics(log, [f.__name__ for f in funcs], float(g.beta)),
+        # this process's reward calls since this run (re)started: one per step without refine
+        "correctness_flat_group_share_per_step": [round(x, 4) for x in spread.shares] if spread else [],
         "lora_weight_change": changed,
     }
     if check is not None and not finished:

@@ -25,7 +25,7 @@ STAGES = ["01_explore", "02_sft", "03_grpo", "04_vote", "05_errors"]
 # The smallest budget on which every stage still runs end to end (tests and smoke runs).
 SMOKE_OVERRIDES = ["data.n_train=16", "data.n_val=4", "data.explore_max=16", "infer.max_tokens=24",
                    "sft.max_steps=2", "sft.batch_size=4", "sft.warmup_ratio=0", "sft.save_steps=1000", "grpo.max_steps=1", "grpo.n_prompts=4",
-                   "grpo.pass_rate_k=2", "grpo.drop_threshold=1.0", "grpo.num_generations=2",
+                   "grpo.pass_rate_k=2", "grpo.drop_threshold=1.0", "grpo.drop_unsolved=false", "grpo.num_generations=2",
                    "grpo.prompts_per_step=2", "grpo.mask_truncated_completions=false", "vote.k=2"]
 
 

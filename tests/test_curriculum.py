@@ -56,8 +56,17 @@ def test_select_drops_solved_prompts_and_keeps_unsolved_ones():
     assert kept == ["c", "d", "e"]                       # table order; pass rate 0 is kept
     assert dropped["id"].tolist() == ["a", "b"]          # >= threshold is dropped
     assert list(dropped.columns) == ["id", "n", "correct", "pass_rate"]
-    assert selection_summary(table, 0.75) == {"threshold": 0.75, "total": 5, "kept": 3, "dropped": 2,
-                                              "unsolved": 1}
+    assert selection_summary(table, 0.75) == {"threshold": 0.75, "drop_unsolved": False, "total": 5, "kept": 3,
+                                              "dropped": 2, "solved": 2, "unsolved": 1}
+
+
+def test_select_can_drop_unsolved_prompts_too():
+    table = rates({"a": 1.0, "b": 0.75, "c": 0.5, "d": 0.0, "e": 0.25})
+    kept, dropped = select(table, threshold=0.75, drop_unsolved=True)
+    assert kept == ["c", "e"]
+    assert dropped["id"].tolist() == ["a", "b", "d"]
+    assert selection_summary(table, 0.75, drop_unsolved=True) == {
+        "threshold": 0.75, "drop_unsolved": True, "total": 5, "kept": 2, "dropped": 3, "solved": 2, "unsolved": 1}
 
 
 def test_select_threshold_one_drops_only_always_solved():

@@ -44,7 +44,7 @@ def puzzles():
     return generate("numeral_system", 6, 0)
 
 
-BASE = ("grpo.n_prompts=4", "grpo.pass_rate_k=2", "grpo.drop_threshold=1.0", "grpo.num_generations=4",
+BASE = ("grpo.n_prompts=4", "grpo.pass_rate_k=2", "grpo.drop_threshold=1.0", "grpo.drop_unsolved=false", "grpo.num_generations=4",
         "grpo.prompts_per_step=2", "infer.max_tokens=12", "grpo.max_steps=2", "grpo.save_steps=2",
         "grpo.gradient_checkpointing=false", "grpo.mask_truncated_completions=false", "+grpo.rewards.token_mean=1.0")
 
@@ -183,6 +183,35 @@ def test_refinement_prompt_and_draft_choice_are_built_as_documented(root, puzzle
     assert grpo.best_drafts([-math.inf, 0.0], 2) == [1]
     with pytest.raises(LabError):
         grpo.best_drafts([1.0, 2.0, 3.0], 2)
+
+
+def test_group_spread_counts_groups_whose_correctness_never_varies():
+    calls = iter([[1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0], [1.0, 1.0, None, 1.0, 0.0, 1.0, 0.0, None]])
+
+    def correctness(prompts=None, completions=(), **kw):
+        return next(calls)
+
+    spread = grpo.GroupSpread(correctness, group=4)
+    assert spread.__name__ == "correctness"  # TRL logs rewards under this name
+    assert spread(completions=["x"] * 8) == [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # values pass through
+    spread(completions=["x"] * 8)
+    # call 1: group 1 varies, group 2 is all wrong; call 2: group 1 all right (None = masked), group 2 varies
+    assert spread.shares == [0.5, 0.5]
+
+
+def test_guard_rails_warn_when_correctness_is_flat_though_the_total_reward_varies(root):
+    cfg = compose(root, "guard2", "grpo.zero_variance_warn_share=0.8")
+    spread = grpo.GroupSpread(lambda **kw: [0.0] * 8, group=4)
+    spread(completions=["x"] * 8)
+    guard = grpo._callbacks(cfg, None, spread)[0]
+
+    class State:
+        global_step = 1
+
+    with pytest.warns(UserWarning, match="every sample is equally right or wrong"):
+        guard.on_log(None, State, None, logs={"completions/mean_length": 9, "completions/clipped_ratio": 0.0,
+                                               "frac_reward_zero_std": 0.0, "reward": 0.1})
+    assert len(guard.warnings) == 1
 
 
 def test_guard_rails_warn_and_record(root):
