@@ -60,6 +60,7 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 K = 32
 KEEP_TOPS = (1.0, 0.9, 0.5, 0.25, 0.1)
 EARLY_STOP = ((1, 1.0), (2, 1.0), (4, 1.0), (8, 1.0), (4, 0.75), (8, 0.75), (8, 0.6))
+ADAPTIVE = ((1, 0.9), (1, 0.95), (1, 0.99), (2, 0.95))  # (window, stop_prob): Adaptive-Consistency's Beta stopping rule
 CURVE_KS = (1, 2, 4, 8, 16, 32)
 CHUNK = 16  # puzzles per sample_table chunk: the resume granularity; seeds depend on it, so it is in the cache key
 
@@ -199,6 +200,7 @@ def vote_rows(samples, k: int, version: str) -> list[dict]:
     settings = [("greedy", {}), ("majority", {})]
     settings += [("confidence", {"keep_top": kt}) for kt in KEEP_TOPS]
     settings += [("early_stop", {"window": w, "agree": a}) for w, a in EARLY_STOP]
+    settings += [("early_stop", {"window": w, "agree": None, "stop_prob": p}) for w, p in ADAPTIVE]
     missing = sorted(set(vote.METHODS) - {m for m, _ in settings})
     settings += [(m, {}) for m in missing]  # a method added to lab.vote later is still replayed
     results = {}
@@ -243,6 +245,8 @@ def _label(method: str, opts: dict, k: int) -> str:
         return f"maj@{k}"
     if method == "confidence":
         return f"confidence keep_top={opts['keep_top']:g}"
+    if method == "early_stop" and opts.get("stop_prob") is not None:
+        return f"early_stop window={opts['window']} stop_prob={opts['stop_prob']:g}"
     if method == "early_stop":
         return f"early_stop window={opts['window']} agree={opts['agree']:g}"
     return method

@@ -32,7 +32,12 @@ Methods (`METHODS`, used by `replay`), each over the first k samples of an id in
                  stops after a window when the leading real answer holds at least ``agree`` of
                  the samples so far (``agree=1.0``: unanimous), or when no other class (nor a
                  brand-new one) could overtake it with all remaining samples; the answer is the
-                 majority of the samples drawn. Every token of every drawn sample is counted.
+                 majority of the samples drawn. With ``stop_prob`` it also stops when the leader is
+                 probably the true majority (Adaptive-Consistency, Aggarwal et al. 2023): with a
+                 leader count a and runner-up count b, P(leader's share > runner-up's) under a
+                 uniform prior, the Beta(a+1, b+1) mass above 1/2 (`leader_probability`), reaches
+                 ``stop_prob``; ``agree=None`` turns the agreement rule off. Every token of every
+                 drawn sample is counted.
 
 Metrics: `pass_at_k` (the unbiased estimator of Chen et al. 2021 in its stable product form),
 `maj_at_k`, `curves` / `per_category_curves` (pass@k, maj@k, tokens per puzzle and per correct
@@ -61,7 +66,7 @@ from lab.metric import NOT_FOUND, verify
 
 __all__ = [
     "NOT_FOUND", "METHODS", "OPTIONS", "is_answer", "assign_classes", "weighted_vote", "majority_vote",
-    "confidence_vote", "early_stop_vote", "replay", "pass_at_k", "maj_at_k", "curves", "per_category_curves",
+    "confidence_vote", "early_stop_vote", "leader_probability", "replay", "pass_at_k", "maj_at_k", "curves", "per_category_curves",
     "per_category", "summary", "pass_rates",
 ]
 
@@ -177,13 +182,22 @@ def _can_be_overtaken(counts: Sequence[int], reps: Sequence[str], leader: int, r
     return False
 
 
+def leader_probability(lead: int, runner_up: int) -> float:
+    """P(p_lead > p_runner_up) given the two counts, uniform prior: the mass of Beta(lead+1, runner_up+1)
+    above 1/2, which for whole counts is P(Binomial(lead + runner_up + 1, 1/2) <= lead)."""
+    n = int(lead) + int(runner_up) + 1
+    return sum(math.comb(n, i) for i in range(int(lead) + 1)) / 2 ** n
+
+
 def early_stop_vote(answers: Sequence, tokens: Sequence[int], budget: int | None = None, window: int = 4,
-                    agree: float = 1.0, version: str = "final") -> tuple[str, int, int]:
+                    agree: float | None = 1.0, version: str = "final", stop_prob: float | None = None
+                    ) -> tuple[str, int, int]:
     """(answer, samples_used, tokens_used): vote over windows of samples in order until stopping (module docstring).
 
     Stops after a window when the leading real answer holds at least `agree` of the samples drawn so
-    far, or when it cannot be overtaken by the remaining budget; never draws more than `budget`
-    (default: all samples given). tokens_used sums `tokens` of every drawn sample.
+    far (unless `agree` is None), when `stop_prob` is set and `leader_probability` of the leader over the
+    runner-up reaches it, or when it cannot be overtaken by the remaining budget; never draws more than
+    `budget` (default: all samples given). tokens_used sums `tokens` of every drawn sample.
     """
     answers = [_norm(a) for a in answers]
     tokens = [int(t) for t in tokens]
@@ -191,8 +205,10 @@ def early_stop_vote(answers: Sequence, tokens: Sequence[int], budget: int | None
         raise ValueError(f"{len(answers)} answers but {len(tokens)} token counts")
     if int(window) < 1:
         raise ValueError(f"window must be >= 1, got {window}")
-    if not 0.0 < float(agree) <= 1.0:
-        raise ValueError(f"agree must be in (0, 1], got {agree}")
+    if agree is not None and not 0.0 < float(agree) <= 1.0:
+        raise ValueError(f"agree must be in (0, 1] or None, got {agree}")
+    if stop_prob is not None and not 0.5 < float(stop_prob) < 1.0:
+        raise ValueError(f"stop_prob must be in (0.5, 1) or None, got {stop_prob}")
     budget = len(answers) if budget is None else min(int(budget), len(answers))
     if budget <= 0:
         return NOT_FOUND, 0, 0
@@ -208,8 +224,12 @@ def early_stop_vote(answers: Sequence, tokens: Sequence[int], budget: int | None
         if used >= budget or not is_answer(reps[leader]):  # budget spent, or no real answer yet: go on
             continue
         counts = np.bincount(labels, minlength=len(reps)).tolist()
-        if counts[leader] >= float(agree) * used - 1e-9:
+        if agree is not None and counts[leader] >= float(agree) * used - 1e-9:
             break
+        if stop_prob is not None:
+            others = [n for c, n in enumerate(counts) if c != leader]
+            if leader_probability(counts[leader], max(others, default=0)) >= float(stop_prob):
+                break
         if not _can_be_overtaken(counts, reps, leader, budget - used):
             break
     return reps[leader], used, sum(tokens[:used])
@@ -233,9 +253,9 @@ def _m_confidence(g: pd.DataFrame, keep_top: float = 0.5, conf_col: str = "mean_
     return confidence_vote(g["answer"].tolist(), conf, keep_top, version), len(g), int(g["tokens"].sum())
 
 
-def _m_early_stop(g: pd.DataFrame, window: int = 4, agree: float = 1.0, version: str = "final",
-                  **_) -> tuple[str, int, int]:
-    return early_stop_vote(g["answer"].tolist(), g["tokens"].tolist(), None, window, agree, version)
+def _m_early_stop(g: pd.DataFrame, window: int = 4, agree: float | None = 1.0, version: str = "final",
+                  stop_prob: float | None = None, **_) -> tuple[str, int, int]:
+    return early_stop_vote(g["answer"].tolist(), g["tokens"].tolist(), None, window, agree, version, stop_prob)
 
 
 # name -> function(per-id rows in sample order, already cut to the first k) -> (answer, samples_used, tokens_used)
@@ -246,7 +266,7 @@ METHODS: dict[str, Callable[..., tuple[str, int, int]]] = {
     "early_stop": _m_early_stop,
 }
 # every option any method reads; replay rejects others so a typo is not silently ignored
-OPTIONS = ("version", "keep_top", "conf_col", "window", "agree")
+OPTIONS = ("version", "keep_top", "conf_col", "window", "agree", "stop_prob")
 
 RESULT_COLUMNS = ["id", "category", "answer", "samples_used", "tokens_used", "correct"]
 

@@ -11,8 +11,8 @@ import pytest
 
 from lab.config import LabError
 from lab.metric import NOT_FOUND
-from lab.vote import (METHODS, assign_classes, confidence_vote, curves, early_stop_vote, maj_at_k, majority_vote,
-                      pass_at_k, pass_rates, per_category, per_category_curves, replay, summary, weighted_vote)
+from lab.vote import (METHODS, assign_classes, confidence_vote, curves, early_stop_vote, leader_probability, maj_at_k,
+                      majority_vote, pass_at_k, pass_rates, per_category, per_category_curves, replay, summary, weighted_vote)
 
 NF = NOT_FOUND
 
@@ -166,6 +166,29 @@ def test_early_stop_when_leader_cannot_be_overtaken():
 def test_early_stop_not_found_window_does_not_stop():
     assert early_stop_vote([NF] * 4 + ["x"] * 4, [1] * 8, window=4) == ("x", 8, 8)
     assert early_stop_vote([NF] * 4, [5] * 4, window=2) == (NF, 4, 20)
+
+
+def test_leader_probability_is_the_beta_mass_above_one_half():
+    assert leader_probability(0, 0) == 0.5
+    assert leader_probability(4, 0) == 1 - 1 / 32            # Beta(5, 1): 1 - 0.5**5
+    assert leader_probability(3, 0) == 1 - 1 / 16
+    assert leader_probability(2, 2) == 0.5                    # symmetric
+    assert abs(leader_probability(10, 4) - 0.9408) < 1e-4     # P(Binomial(15, 1/2) <= 10)
+    assert leader_probability(11, 4) > 0.95 > leader_probability(10, 4)
+
+
+def test_early_stop_on_leader_probability():
+    toks = [1] * 32
+    # unanimous: P = 1 - 2**-(a+1) passes 0.95 at a = 4 (0.969), not at 3 (0.9375)
+    assert early_stop_vote(["x"] * 32, toks, window=1, agree=None, stop_prob=0.95) == ("x", 4, 4)
+    # one dissent early: x y x x x x ... -> a=5, b=1 after 6: P(Bin(7) <= 5) = 0.9375; a=6, b=1: 0.9648
+    assert early_stop_vote(["x", "y"] + ["x"] * 30, toks, window=1, agree=None, stop_prob=0.95) == ("x", 7, 7)
+    # an even split never becomes probable: it goes on until only the overtaking rule stops it (4:3 with 1 left)
+    assert early_stop_vote(list("xyxyxyxy"), [1] * 8, window=1, agree=None, stop_prob=0.95)[1] == 7
+    # agree=None alone: only the overtaking rule (after 4 of 8 a new answer could at most tie, and lose the tie)
+    assert early_stop_vote(["x"] * 8, [1] * 8, window=2, agree=None) == ("x", 4, 4)
+    with pytest.raises(ValueError):
+        early_stop_vote(["a"], [1], stop_prob=0.5)
 
 
 def test_early_stop_budget_and_validation():
