@@ -183,7 +183,9 @@ def hardware() -> dict[str, Any]:
     import torch
 
     hw = {"platform": platform.platform(), "python": platform.python_version(),
-          "cpu_count": os.cpu_count(), "cuda": torch.cuda.is_available()}
+          "cpu_count": os.cpu_count(), "cuda": torch.cuda.is_available(),
+          # the order of float sums follows the thread count: the tiny demo's outcome can change with it
+          "torch_threads": torch.get_num_threads()}
     if torch.cuda.is_available():
         hw["gpus"] = [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())]
     return hw

@@ -77,6 +77,7 @@ def test_stage_writes_config_and_manifest_without_secrets(tmp_path, monkeypatch)
     m = json.loads((st.dir / "manifest.json").read_text())
     assert m["status"] == "finished" and m["seed"] == st.cfg.seed and m["end_time"] and m["packages"]["torch"]
     assert {"git_commit", "hardware", "start_time", "wall_seconds"} <= set(m)
+    assert isinstance(m["hardware"]["torch_threads"], int) and m["hardware"]["torch_threads"] >= 1
     text = "".join(p.read_text() for p in st.dir.iterdir() if p.is_file())
     assert "supersecret" not in text
     assert json.loads((st.dir / "metrics.json").read_text())["accuracy"] == 0.5
