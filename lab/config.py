@@ -74,6 +74,18 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
     return cfg
 
 
+def split_at_dashes(argv: list[str] | None) -> tuple[list[str], list[str]]:
+    """A command line (default: sys.argv[1:]) split at the first `--`: (the command's own arguments, the
+    Hydra overrides after it)."""
+    import sys
+
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if "--" not in argv:
+        return argv, []
+    i = argv.index("--")
+    return argv[:i], argv[i + 1:]
+
+
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (CPU and CUDA) and ask torch for deterministic kernels on CPU."""
     import torch

@@ -48,7 +48,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from lab.config import LabError, atomic_write_json, atomic_write_text, compose, project_root, resolve_path
+from lab.config import (LabError, atomic_write_json, atomic_write_text, compose, project_root, resolve_path,
+                        split_at_dashes)
 from lab.pipeline import STAGES
 
 COMPETITION = "nvidia-nemotron-model-reasoning-challenge"
@@ -341,11 +342,7 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
 # ---------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_at_dashes(argv)
     ap = argparse.ArgumentParser(prog="python -m lab kaggle", description="offline Kaggle kernels and their dataset")
     sub = ap.add_subparsers(dest="cmd", required=True)
     b = sub.add_parser("build", help="a push-ready kernel folder for one notebook (or the whole pipeline)",

@@ -58,7 +58,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lab.config import (LabError, atomic_write_csv, atomic_write_json, atomic_write_text, project_root, read_json,
-                        resolve_path)
+                        resolve_path, split_at_dashes)
 from lab.pipeline import SMOKE_OVERRIDES, STAGES
 
 log = logging.getLogger(__name__)
@@ -366,11 +366,7 @@ def sweep(overrides: list[str], *, name: str = "default", sweep_dir: str | os.Pa
 
 
 def sweep_main(argv: list[str] | None = None) -> int:
-    argv = list(sys.argv[1:] if argv is None else argv)
-    extra = []
-    if "--" in argv:
-        i = argv.index("--")
-        argv, extra = argv[:i], argv[i + 1:]
+    argv, extra = split_at_dashes(argv)
     ap = argparse.ArgumentParser(
         prog="python -m lab sweep",
         description="Hydra multirun over the stage notebooks: one folder per job, a report at the end.",

@@ -3,7 +3,8 @@
 - `open_stage`: the main process opens the stage folder and makes the split and the tiny model first
   (lab.data.prepare / lab.models.model_path write files), the other processes follow;
 - `leave_distributed`: after training, the process group is torn down so that the main process can
-  evaluate alone (vLLM must not find a live process group or the launcher's RANK/WORLD_SIZE).
+  evaluate alone (vLLM must not find a live process group or the launcher's RANK/WORLD_SIZE);
+- `finish`: the main process records the process count and closes the stage.
 
 Deliberately thin: the training itself is lab.sft.train / lab.grpo.train, unchanged.
 """
@@ -64,3 +65,11 @@ def leave_distributed(state, *objects) -> bool:
         for k in DIST_ENV:
             os.environ.pop(k, None)
     return main
+
+
+def finish(state, stage, metrics: dict) -> int:
+    """Close the stage with `metrics` (plus the process count); the script's exit status."""
+    metrics["processes"] = state.num_processes
+    stage.finish(metrics)
+    print(f"wrote {stage.path('metrics.json')}")
+    return 0

@@ -46,10 +46,7 @@ def main(argv: list[str] | None = None) -> int:
                    "delta": acc - float(sft_metrics["accuracy_after"]), "per_category": table.to_dict("index"),
                    **metrics}
         print(f"held-out accuracy: SFT start {metrics['accuracy_sft_start']:.3f} -> after GRPO {acc:.3f}")
-    metrics["processes"] = state.num_processes
-    stage.finish(metrics)
-    print(f"wrote {stage.path('metrics.json')}")
-    return 0
+    return _launch.finish(state, stage, metrics)
 
 
 if __name__ == "__main__":

@@ -37,10 +37,7 @@ def main(argv: list[str] | None = None) -> int:
                    "per_category": {c: {"after": float(a)} for c, a in after.groupby("category")["correct"].mean().items()},
                    **metrics}
         print(f"held-out accuracy after SFT: {metrics['accuracy_after']:.3f}")
-    metrics["processes"] = state.num_processes
-    stage.finish(metrics)
-    print(f"wrote {stage.path('metrics.json')}")
-    return 0
+    return _launch.finish(state, stage, metrics)
 
 
 if __name__ == "__main__":
