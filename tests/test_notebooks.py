@@ -35,6 +35,9 @@ def test_all_notebooks_run_on_the_smoke_budget(tmp_path):
     assert {"reward_per_step", "accuracy_after", "accuracy_sft_start"} <= set(st["03_grpo"])
     assert {"greedy_accuracy", "maj_at_k"} <= set(st["04_vote"])
     assert {"accuracy_by_category", "taxonomy"} <= set(st["05_errors"])
+    m3, m5 = (json.loads((tmp_path / stage / "metrics.json").read_text()) for stage in ("03_grpo", "05_errors"))
+    # fixed - broken is the net change from the SFT start, counted once (not once per category and again in "all")
+    assert m5["fixed_since_sft"] - m5["broken_since_sft"] == round(m5["n"] * (m5["accuracy"] - m3["accuracy_sft_start"]))
     assert (tmp_path / "summary.md").is_file() and (tmp_path / "02_sft" / "adapter" / "adapter_config.json").is_file()
 
 
