@@ -454,6 +454,7 @@ def collect(sweep_dir: str | os.PathLike) -> tuple["pd.DataFrame", list[str]]:  
                 except LabError:
                     continue
                 row.update({f"{stage}.{k}": v for k, v in metrics.items() if _scalar(v)})
+        row["hardware"] = _hardware_label(job_dir)
         if row["status"] == "failed":
             err = (job_dir / ERROR_FILE).read_text(encoding="utf-8").splitlines()
             row["error"] = job.get("error") or next((x for x in err if x.startswith("error:")), "")
@@ -465,13 +466,26 @@ def collect(sweep_dir: str | os.PathLike) -> tuple["pd.DataFrame", list[str]]:  
     params = sorted(params, key=lambda k: (k == "seed", k))  # seed last among the parameters
     metric_cols = [c for s in STAGES for c in df.columns if c.startswith(s + ".")]
     tail = [c for c in ("failed_stage", "error") if c in df]
-    df = df[["job", "status", *params, *metric_cols, *tail]]
+    df = df[["job", "status", *params, "hardware", *metric_cols, *tail]]
     sort = [p for p in params if df[p].notna().all()]
     try:
         df = df.sort_values(sort + ["job"] if sort else ["job"], kind="stable").reset_index(drop=True)
     except TypeError:  # mixed types in a parameter column
         df = df.sort_values(["job"]).reset_index(drop=True)
     return df, params
+
+
+def _hardware_label(job_dir: Path) -> str:
+    """Where a job ran, from its first stage manifest: GPU name or "cpu", and torch's thread count (the tiny
+    model's outcome for one seed can change with either, see README)."""
+    for stage in STAGES:
+        try:
+            hw = read_json(job_dir / stage / "manifest.json").get("hardware") or {}
+        except LabError:
+            continue
+        where = (hw.get("gpus") or ["cuda"])[0] if hw.get("cuda") else "cpu"
+        return f"{where}, torch threads {hw['torch_threads']}" if "torch_threads" in hw else where
+    return ""
 
 
 def _fmt(v) -> str:
@@ -618,7 +632,7 @@ def report(sweep_dir: str | os.PathLike, metrics: Iterable[str] = HEADLINE) -> d
     if not swept and headline and "seed" in df and df["seed"].nunique() > 1:
         plots.append(save(plot_seeds(df, headline), plot_dir / "seeds.png"))
     counts = df["status"].value_counts().to_dict()
-    short = df[["job", "status", *params, *headline, *[c for c in ("failed_stage", "error") if c in df]]]
+    short = df[["job", "status", *params, "hardware", *headline, *[c for c in ("failed_stage", "error") if c in df]]]
     lines = [f"# Sweep report: {sweep_dir.name}", "",
              f"{len(df)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ".",
              f"Swept parameters: {', '.join(swept) or '(none)'}" + ("; seeds: " + ", ".join(

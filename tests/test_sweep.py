@@ -237,3 +237,18 @@ def test_job_status_and_done_marker(tmp_path):
     assert not sw.is_done(d, ["01_explore", "02_sft"], ["seed=1"]) and sw.job_status(d, job) == "unfinished"
     (d / "done.json").write_text("{ half written")
     assert not sw.is_done(d, ["01_explore"], ["seed=1"])
+
+
+def test_report_says_where_each_job_ran(tmp_path):
+    """The tiny model's outcome for a seed depends on the device and thread count, so the report shows both."""
+    d = tmp_path / "hw"
+    gpu = fake_job(d, {"seed": 1}, full_metrics(1, 0.001))
+    cpu = fake_job(d, {"seed": 2}, full_metrics(2, 0.001))
+    old = fake_job(d, {"seed": 3}, full_metrics(3, 0.001))
+    atomic_write_json(gpu / "01_explore" / "manifest.json",
+                      {"hardware": {"cuda": True, "gpus": ["NVIDIA H100 80GB HBM3"], "torch_threads": 1}})
+    atomic_write_json(cpu / "01_explore" / "manifest.json", {"hardware": {"cuda": False, "torch_threads": 2}})
+    atomic_write_json(old / "01_explore" / "manifest.json", {"hardware": {"cuda": False}})  # before threads were recorded
+    out = sw.report(d)
+    assert out["table"]["hardware"].tolist() == ["NVIDIA H100 80GB HBM3, torch threads 1", "cpu, torch threads 2", "cpu"]
+    assert "| seed=2 | finished | 2 | cpu, torch threads 2 |" in out["markdown"]
