@@ -260,10 +260,13 @@ def test_grpo_trains_the_adapter_and_generation_uses_it(root, puzzles):
     assert m["correctness_per_step"] == m["rewards_per_step"]["correctness"]["mean"]
     assert len(m["kl_per_step"]) == 3 and all(v is not None and v >= 0 for v in m["kl_per_step"])
     assert all(g is not None and g > 0 for g in m["grad_norm_per_step"])
-    # the budget: infer.max_tokens=12 caps it; TRL generated within it; all truncated -> the guard rail fired
+    # the budget: infer.max_tokens=12 caps it; TRL generated within it; the barely trained model seldom ends
+    # within 12 tokens, so most completions are truncated and the guard rail fired on exactly those steps
     assert m["max_completion_length"] == 12 and max(log["completions/max_length"]) <= 12
-    assert m["truncated_share_per_step"] == [1.0, 1.0, 1.0] and len(m["completion_length_per_step"]) == 3
-    assert sum("hit max_completion_length" in w for w in m["warnings"]) == 3
+    shares = m["truncated_share_per_step"]
+    assert len(shares) == len(m["completion_length_per_step"]) == 3 and min(shares) > 0.5
+    warn_share = float(cfg.grpo.truncation_warn_share)
+    assert sum("hit max_completion_length" in w for w in m["warnings"]) == sum(s > warn_share for s in shares)
     assert not any("zero reward variance" in w for w in m["warnings"])
     saved = pd.read_csv(stage.path("train_log.csv"))
     for col in ("reward", "reward_std", "rewards/token_mean/mean", "rewards/correctness/std", "kl",
