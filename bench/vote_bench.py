@@ -348,7 +348,7 @@ def main(argv=None) -> int:
     if adapter is None or not (adapter / "adapter_config.json").is_file():
         where = adapter or "outputs/demo/03_grpo/adapter (or outputs/demo/02_sft/adapter)"
         print(f"vote_bench: no trained adapter at {where}.\n"
-              "Run `make demo` first (it trains the tiny model's adapters, ~7 min on 2 CPU cores), "
+              "Run `make demo` first (it trains the tiny model's adapters, ~3 min on 2 CPU cores), "
               "or pass --adapter DIR.", file=sys.stderr)
         return 2
     try:

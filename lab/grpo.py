@@ -588,8 +588,9 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
                            truncation="mask" if g.mask_truncated_completions else "penalise")
     spread = None
-    if "correctness" in [f.__name__ for f in funcs]:
-        i = [f.__name__ for f in funcs].index("correctness")
+    names = [f.__name__ for f in funcs]
+    if "correctness" in names:
+        i = names.index("correctness")
         funcs[i] = spread = GroupSpread(funcs[i], int(g.num_generations))
     args = grpo_args(cfg, out, budget, weights)
     # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps
