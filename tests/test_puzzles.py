@@ -152,14 +152,17 @@ def test_real_examples_classified_and_solved():
         check_trace(solve(p))
 
 
-def test_equation_backticks_optional():
-    df = generate("equation_transformation", 20, seed=3, symbolic=1.0, n_examples=8)
-    for p, a in zip(df["prompt"], df["answer"]):
-        plain = "\n".join(line.strip("`") for line in p.splitlines())
-        ticked = "\n".join(f"`{line}`" if " = " in line and "Wonderland" not in line else line
-                           for line in plain.splitlines())
-        s1, s2 = solve(plain), solve(ticked)
-        assert (s1.answer, s1.status) == (s2.answer, s2.status)
+def test_equation_backtick_is_a_symbol():
+    from lab.puzzles.classify import equation_parts
+    assert equation_parts(EQ_SYMBOLIC_REAL) == ([("`!*[{", "'\"[`")], "[[-!'")
+    # a puzzle whose symbols include the backtick, at the edges of lines too, solves like the same puzzle
+    # written with another symbol in its place
+    df = generate("equation_transformation", 60, seed=3, symbolic=1.0, n_examples=8)
+    ticked = [(p, a) for p, a in zip(df["prompt"], df["answer"]) if "`" in p.split("\n", 1)[1]]
+    assert len(ticked) >= 5
+    for p, a in ticked:
+        s1, s2 = solve(p), solve(p.replace("`", "\u00a7"))
+        assert (s1.answer.replace("`", "\u00a7"), s1.status) == (s2.answer, s2.status)
 
 
 def test_cipher_unseen_letters_use_word_patterns():

@@ -22,20 +22,23 @@ KEYS = [  # (substring of the opening sentence, category), checked in order
     ("transformation rules is applied to equations", "equation_transformation"),
 ]
 
-EQ_LINE_RE = re.compile(r"^\s*`?(.+?) = (.*?)`?\s*$")
-EQ_QUERY_RE = re.compile(r"determine the result for:\s*`?(.*?)`?\s*$", re.S)
+EQ_LINE_RE = re.compile(r"^\s*(\S.*?) = (.*?)\s*$")
 NUMERIC_LHS_RE = re.compile(r"^\d+\D\d+$")
 
 
 def equation_parts(prompt: str):
-    """(examples [(lhs, rhs)], query or None) for an equation prompt; backticks optional."""
+    """(examples [(lhs, rhs)], query or None) for an equation prompt.
+
+    A backtick is a symbol like any other, not quoting: in the real example line `` `!*[{ = '"[` ``
+    the left side is the five symbols `` `!*[{ `` (operands `` `! `` and ``[{``, operator ``*``, the
+    shape of the query ``[[-!'``) and the result is the four symbols `` '"[` ``."""
     body, _, tail = prompt.partition("Now, determine the result for:")
     examples = []
     for line in body.splitlines()[1:]:
         m = EQ_LINE_RE.match(line)
         if m:
             examples.append((m.group(1), m.group(2)))
-    q = tail.strip().strip("`").strip() if _ else None
+    q = tail.strip() if _ else None
     return examples, (q or None)
 
 

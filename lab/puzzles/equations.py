@@ -30,8 +30,9 @@ Traces (numeric; symbolic adds a `digits:` line and the decoded query):
     answer: 17/
 Deliberately simplified: the op list is this project's guess at the hidden rules; rules outside
 it are reported undetermined, never forced. The symbolic solver assumes the digit-substitution
-model and operands of exactly two symbols (5-symbol left sides); other symbolic puzzles (for
-instance string rewrites, or the 4-symbol left side of the one real example seen) are undetermined.
+model and operands of exactly two symbols (5-symbol left sides, like the one real example seen,
+`` `!*[{ = '"[` ``, where the backtick is a symbol); other symbolic puzzles (string rewrites, say)
+are undetermined.
 The generator draws its operator meanings from the same OPS list, so round trips are optimistic.
 """
 
@@ -67,7 +68,7 @@ OP_NAMES = list(OPS)
 MODES = ("plain", "reversed")
 NEGS = ("op", "-")  # ties go to the operator symbol, as in the one real example
 OPERATOR_POOL = "+-*/|\\&%^#@<>:;!?~{}[]()$"
-SYMBOL_POOL = "!\"#$%&'()*+,-./:;<>?@[\\]^_{|}~"
+SYMBOL_POOL = "!\"#$%&'()*+,-./:;<>?@[\\]^_`{|}~"  # the backtick too: it is a symbol in the real rows
 
 
 def compute(op: str, x: str, y: str, mode: str, neg: str, sym: str) -> str:
@@ -372,9 +373,8 @@ def solve(prompt: str) -> Solution:
     return solve_symbolic(examples, query, subtype)
 
 
-def make_prompt(examples: list[tuple[str, str]], query: str, backticks: bool) -> str:
-    tick = "`" if backticks else ""
-    lines = [HEADER] + [f"{tick}{lhs} = {rhs}{tick}" for lhs, rhs in examples]
+def make_prompt(examples: list[tuple[str, str]], query: str) -> str:
+    lines = [HEADER] + [f"{lhs} = {rhs}" for lhs, rhs in examples]
     lines.append(f"Now, determine the result for: {query}")
     return "\n".join(lines)
 
@@ -411,4 +411,4 @@ def generate_one(rng: random.Random, n_examples: int = 5, n_operators: int = 3, 
     examples = [one(s) for s in ex_syms]
     query, answer = one(q_sym)
     kind = ("symbolic" if is_sym else "numeric") + ("_guess" if is_guess else "_deduce")
-    return make_prompt(examples, query, backticks=is_sym and rng.random() < 0.5), answer, kind
+    return make_prompt(examples, query), answer, kind
