@@ -15,7 +15,12 @@ What it measures
      adds spread of its own, gauged by maj@16 on samples 0-15 against maj@16 on samples 16-31).
      Also maj@k and pass@k for k = 1..32 (`lab.vote.curves`) and, as the Kaggle reference,
      the accuracy of greedy decoding (temperature 0, one completion, the competition's budget).
-  2. Generation throughput of the hf back-end on the same model: the same prompts, greedy, a
+  2. A temperature scan: the same K-sample draw at a few more temperatures (`--temperatures`,
+     default 0.1 and 0.3, each cached in `<out>/T<t>/`), and per temperature the first sample,
+     maj@32, pass@32 and the configured early stop (`vote.options.early_stop`) against maj@32.
+     The early-stopping saving depends on how concentrated the samples are, and that is what
+     temperature moves; the table shows what each temperature costs in maj@32's lift.
+  3. Generation throughput of the hf back-end on the same model: the same prompts, greedy, a
      fixed `max_new_tokens`, once one prompt per `generate` call (batch 1) and once batched
      (default 32 per call); tokens per second and their ratio, plus the share of prompts whose
      batched completion equals the batch-1 one (left padding must not change greedy output).
@@ -62,6 +67,7 @@ KEEP_TOPS = (1.0, 0.9, 0.5, 0.25, 0.1)
 EARLY_STOP = ((1, 1.0), (2, 1.0), (4, 1.0), (8, 1.0), (4, 0.75), (8, 0.75), (8, 0.6))
 ADAPTIVE = ((1, 0.9), (1, 0.95), (1, 0.99), (2, 0.95))  # (window, stop_prob): Adaptive-Consistency's Beta stopping rule
 CURVE_KS = (1, 2, 4, 8, 16, 32)
+SCAN_TEMPERATURES = (0.1, 0.3)  # besides the run's own: how the early-stopping saving moves with the samples' spread
 CHUNK = 16  # puzzles per sample_table chunk: the resume granularity; seeds depend on it, so it is in the cache key
 
 
@@ -77,6 +83,9 @@ def parse_args(argv=None):
     p.add_argument("--tp-batch", type=int, default=32, help="prompts per generate() call in the batched run")
     p.add_argument("--tp-max-new-tokens", type=int, default=64, help="fixed completion budget of the throughput runs")
     p.add_argument("--tp-repeats", type=int, default=3, help="timed repeats per setting (median reported)")
+    p.add_argument("--temperatures", type=float, nargs="*", default=list(SCAN_TEMPERATURES), metavar="T",
+                   help="extra temperatures for the temperature scan, each a K-sample draw of its own "
+                        "(default 0.1 0.3; give none to skip)")
     p.add_argument("--skip-throughput", action="store_true", help="only the voting part")
     return p.parse_args(argv)
 
@@ -147,10 +156,11 @@ def cache_key(cfg, adapter: Path, val, k: int) -> dict:
 # ----------------------------------------------------------------------------------------------
 
 def sample(gen, val, k: int, out: Path, key: dict) -> tuple[object, dict]:
-    """The K-sample table, drawn once and cached; returns (table, info about this call)."""
+    """The K-sample table at key["temperature"], drawn once and cached; returns (table, info about this call)."""
     from lab.config import atomic_write_csv, atomic_write_json, read_json
     from lab.generate import sample_table
 
+    out.mkdir(parents=True, exist_ok=True)
     cache, meta, csv = out / f"samples_K{k}.jsonl", out / f"samples_K{k}.meta.json", out / f"samples_K{k}.csv"
     if cache.is_file():
         old = read_json(meta) if meta.is_file() else None
@@ -168,7 +178,7 @@ def sample(gen, val, k: int, out: Path, key: dict) -> tuple[object, dict]:
             except (json.JSONDecodeError, KeyError):
                 continue
     t0 = time.time()
-    table = sample_table(gen, val, n=k, temperature=float(gen.cfg.vote.temperature), logprobs=True, cache=cache,
+    table = sample_table(gen, val, n=k, temperature=float(key["temperature"]), logprobs=True, cache=cache,
                          chunk=CHUNK)
     wall = time.time() - t0
     atomic_write_csv(csv, table)
@@ -252,6 +262,24 @@ def _label(method: str, opts: dict, k: int) -> str:
     return method
 
 
+def scan_row(samples, k: int, version: str, early_stop: dict) -> dict:
+    """One temperature's headline figures: first sample, maj@k, pass@k and the configured early stop against maj@k."""
+    from lab import vote
+
+    curve = vote.curves(samples, K=k, version=version).set_index("k")
+    maj = vote.replay(samples, "majority", k=k, version=version)
+    es = vote.replay(samples, "early_stop", k=k, version=version, **early_stop)
+    maj_s, es_s = vote.summary(maj), vote.summary(es)
+    ok, base_ok = (r.set_index("id")["correct"].astype(bool) for r in (es, maj))
+    ok = ok.reindex(base_ok.index)
+    return {"first_sample": float(curve.loc[1, "maj_at_k"]), "maj_at_k": maj_s["accuracy"],
+            "pass_at_k": float(curve.loc[k, "pass_at_k"]), "early_stop": dict(early_stop),
+            "early_stop_accuracy": es_s["accuracy"], "early_stop_delta_points": 100.0 * (es_s["accuracy"] - maj_s["accuracy"]),
+            "early_stop_token_ratio": es_s["tokens_used"] / maj_s["tokens_used"] if maj_s["tokens_used"] else math.nan,
+            "early_stop_samples_used": es_s["samples_used"],
+            "wins": int((ok & ~base_ok).sum()), "losses": int((~ok & base_ok).sum())}
+
+
 # ----------------------------------------------------------------------------------------------
 # throughput
 # ----------------------------------------------------------------------------------------------
@@ -319,6 +347,21 @@ def markdown(report: dict) -> str:
     if "second" in sh:
         L += ["", f"Draw noise: maj@{sh['k']} on samples 0-{sh['k'] - 1} scores {_f(sh['first'])}, on samples "
                   f"{sh['k']}-{2 * sh['k'] - 1} {_f(sh['second'])} (same puzzles, same settings, other samples)."]
+    scan = v.get("temperature_scan") or []
+    if scan:
+        es = scan[0]["early_stop"]
+        rule = ", ".join(f"{key} {val}" for key, val in es.items())
+        L += ["", "## Early stopping against the sampling temperature", "",
+              f"The configured early stop ({rule}) against maj@{k}, each temperature its own draw of K = {k} samples "
+              f"(greedy decoding: {_f((v.get('greedy_decode') or {}).get('accuracy'))}). The saving depends on how "
+              f"concentrated the samples are, which the temperature moves; read it beside what maj@{k} adds over the "
+              "first sample at each temperature.", "",
+              f"| temperature | first sample | maj@{k} | pass@{k} | early stop | Δ vs maj@{k} (points) | tokens vs maj@{k} "
+              "| samples used | wins | losses |", "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+        for r in scan:
+            L.append(f"| {r['temperature']:g} | {_f(r['first_sample'])} | {_f(r['maj_at_k'])} | {_f(r['pass_at_k'])} "
+                     f"| {_f(r['early_stop_accuracy'])} | {r['early_stop_delta_points']:+.1f} | {_f(r['early_stop_token_ratio'])} "
+                     f"| {_f(r['early_stop_samples_used'], '.1f')} | {r['wins']} | {r['losses']} |")
     L += ["", "## maj@k and pass@k (first k of the K samples)", "", "| k | maj@k | pass@k | tokens/puzzle |",
           "|---:|---:|---:|---:|"]
     for c in v["curve"]:
@@ -359,6 +402,8 @@ def main(argv=None) -> int:
 
 
 def _run(args, adapter: Path) -> int:
+    from omegaconf import OmegaConf
+
     from lab import data, generate, vote
     from lab.config import atomic_write_json, atomic_write_text, git_commit, hardware, package_versions, resolve_path, \
         seed_everything
@@ -397,6 +442,13 @@ def _run(args, adapter: Path) -> int:
             split_half[name] = vote.summary(vote.replay(part, "majority", k=half, version=version))["accuracy"]
     curve = vote.curves(samples, K=args.k, version=version)
     curve_rows = curve[curve["k"].isin([k for k in CURVE_KS if k <= args.k] + [args.k])].to_dict("records")
+    early_stop = dict(OmegaConf.to_container(cfg.vote.options.early_stop))
+    scan = [{"temperature": key["temperature"], **scan_row(samples, args.k, version, early_stop)}]
+    for t in sorted(set(args.temperatures) - {key["temperature"]}):
+        print(f"temperature scan: K={args.k} samples at temperature {t:g}")
+        table, _ = sample(gen, val, args.k, out / f"T{t:g}", {**key, "temperature": float(t)})
+        scan.append({"temperature": float(t), **scan_row(table, args.k, version, early_stop)})
+    scan.sort(key=lambda r: r["temperature"])
 
     report = {
         "adapter": str(adapter), "adapter_sha": key["adapter_sha"], "config_source": cfg_source,
@@ -407,6 +459,7 @@ def _run(args, adapter: Path) -> int:
                    "metric_version": version, "sampling": sampling,
                    "baseline_accuracy": base["accuracy"], "baseline_tokens_per_puzzle": base["tokens_per_puzzle"],
                    "methods": rows, "greedy_decode": greedy_row, "curve": curve_rows, "split_half_majority": split_half,
+                   "temperature_scan": scan,
                    "finish_reasons": samples["finish_reason"].value_counts().to_dict(),
                    "mean_tokens_per_sample": float(samples["tokens"].mean())},
     }

@@ -235,6 +235,31 @@ def test_bench_vote_rows_on_a_hand_made_table():
                                     "methods": list(out.values()), "greedy_decode": None, "curve": [],
                                     "sampling": {"rows_drawn_now": 0, "tokens_drawn_now": 0, "wall_seconds": 0.0}}})
     assert "maj@4" in md and "confidence keep_top=0.25" in md
+    assert "against the sampling temperature" not in md  # no scan, no section
+
+
+def test_bench_temperature_scan_row():
+    bench = _bench()
+    rows = []
+    answers = {"a": ["1", "1", "1", "1"], "b": ["2", "3", "2", "3"], "c": ["4", "5", "5", "5"]}
+    gold = {"a": "1", "b": "3", "c": "5"}
+    for pid, ans in answers.items():
+        for j, x in enumerate(ans):
+            rows.append({"id": pid, "category": "t", "gold": gold[pid], "sample": j, "answer": x, "tokens": 10,
+                         "finish_reason": "stop", "mean_logprob": -0.5})
+    r = bench.scan_row(pd.DataFrame(rows), 4, "final", {"window": 2, "agree": 1.0})
+    # first sample: a only; maj@4: a, c (b ties 2-2, the first-seen '2' wins); pass@4: all three
+    assert (r["first_sample"], r["maj_at_k"], r["pass_at_k"]) == (pytest.approx(1 / 3), pytest.approx(2 / 3), 1.0)
+    # early stop: a stops after its first window ("1","1"); b and c run to the end (no window agrees)
+    assert r["early_stop_token_ratio"] == pytest.approx((2 + 4 + 4) / 12)
+    assert (r["early_stop_delta_points"], r["wins"], r["losses"]) == (0.0, 0, 0)
+    md = bench.markdown({"adapter": "A", "finished": "now", "git_commit": "x",
+                         "voting": {"k": 4, "puzzles": 3, "temperature": 0.5, "top_p": 1.0, "seed": 0,
+                                    "baseline_accuracy": r["maj_at_k"], "baseline_tokens_per_puzzle": 40.0,
+                                    "methods": [], "greedy_decode": None, "curve": [],
+                                    "temperature_scan": [{"temperature": 0.5, **r}],
+                                    "sampling": {"rows_drawn_now": 0, "tokens_drawn_now": 0, "wall_seconds": 0.0}}})
+    assert "| 0.5 | 0.333 | 0.667 | 1.000 | 0.667 | +0.0 | 0.833 | 3.3 | 0 | 0 |" in md
 
 
 def test_bench_config_overrides(tmp_path):
