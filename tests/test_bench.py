@@ -210,16 +210,18 @@ def test_bench_without_adapter_exits_2(tmp_path, capsys):
     assert "make demo" in capsys.readouterr().err
 
 
+def _samples(answers: dict, gold: dict) -> pd.DataFrame:
+    """A samples table, 10 tokens a sample; correct answers are the confident ones (mean log-prob -0.1 vs -2)."""
+    return pd.DataFrame([{"id": pid, "category": "t", "gold": gold[pid], "sample": j, "answer": x, "tokens": 10,
+                          "finish_reason": "stop", "mean_logprob": -0.1 if x == gold[pid] else -2.0}
+                         for pid, ans in answers.items() for j, x in enumerate(ans)])
+
+
 def test_bench_vote_rows_on_a_hand_made_table():
     bench = _bench()
-    rows = []
-    answers = {"a": ["1", "1", "2", "1"], "b": ["2", "3", "3", "3"], "c": ["5", "5", "5", "5"]}
-    gold = {"a": "1", "b": "2", "c": "5"}
-    for pid, ans in answers.items():
-        for j, x in enumerate(ans):
-            rows.append({"id": pid, "category": "t", "gold": gold[pid], "sample": j, "answer": x, "tokens": 10,
-                         "finish_reason": "stop", "mean_logprob": -0.1 if x == gold[pid] else -2.0})
-    out = {(r["method"], tuple(sorted(r["options"].items()))): r for r in bench.vote_rows(pd.DataFrame(rows), 4, "final")}
+    samples = _samples({"a": ["1", "1", "2", "1"], "b": ["2", "3", "3", "3"], "c": ["5", "5", "5", "5"]},
+                       {"a": "1", "b": "2", "c": "5"})
+    out = {(r["method"], tuple(sorted(r["options"].items()))): r for r in bench.vote_rows(samples, 4, "final")}
     maj = out[("majority", ())]
     assert maj["accuracy"] == pytest.approx(2 / 3) and maj["token_ratio"] == 1.0 and maj["delta_points"] == 0
     conf = out[("confidence", (("keep_top", 0.25),))]  # the confident trace of b is its correct one
@@ -240,14 +242,9 @@ def test_bench_vote_rows_on_a_hand_made_table():
 
 def test_bench_temperature_scan_row():
     bench = _bench()
-    rows = []
-    answers = {"a": ["1", "1", "1", "1"], "b": ["2", "3", "2", "3"], "c": ["4", "5", "5", "5"]}
-    gold = {"a": "1", "b": "3", "c": "5"}
-    for pid, ans in answers.items():
-        for j, x in enumerate(ans):
-            rows.append({"id": pid, "category": "t", "gold": gold[pid], "sample": j, "answer": x, "tokens": 10,
-                         "finish_reason": "stop", "mean_logprob": -0.5})
-    r = bench.scan_row(pd.DataFrame(rows), 4, "final", {"window": 2, "agree": 1.0})
+    samples = _samples({"a": ["1", "1", "1", "1"], "b": ["2", "3", "2", "3"], "c": ["4", "5", "5", "5"]},
+                       {"a": "1", "b": "3", "c": "5"})
+    r = bench.scan_row(samples, 4, "final", {"window": 2, "agree": 1.0})
     # first sample: a only; maj@4: a, c (b ties 2-2, the first-seen '2' wins); pass@4: all three
     assert (r["first_sample"], r["maj_at_k"], r["pass_at_k"]) == (pytest.approx(1 / 3), pytest.approx(2 / 3), 1.0)
     # early stop: a stops after its first window ("1","1"); b and c run to the end (no window agrees)
