@@ -217,23 +217,24 @@ def vote_rows(samples, k: int, version: str) -> list[dict]:
     for method, opts in settings:
         results[(method, tuple(opts.items()))] = vote.replay(samples, method, k=k, version=version, **opts)
     base = results[("majority", ())]
+    return [{"method": method, "options": dict(opts), "label": _label(method, dict(opts), k), **compare(res, base)}
+            for (method, opts), res in results.items()]
+
+
+def compare(res, base) -> dict:
+    """A replayed method (`lab.vote.replay` table) against the baseline's replay on the same ids: accuracy, its
+    difference in points with a paired 95% half-width, tokens per puzzle and their ratio, samples used, and the
+    puzzles it wins / loses."""
+    from lab import vote
+
+    s, b = vote.summary(res), vote.summary(base)
     base_ok = base.set_index("id")["correct"].astype(bool)
-    base_s = vote.summary(base)
-    rows = []
-    for (method, opts), res in results.items():
-        s = vote.summary(res)
-        ok = res.set_index("id")["correct"].astype(bool).reindex(base_ok.index)
-        rows.append({
-            "method": method, "options": dict(opts), "label": _label(method, dict(opts), k),
-            "puzzles": s["puzzles"], "accuracy": s["accuracy"],
-            "delta_points": 100.0 * (s["accuracy"] - base_s["accuracy"]),
-            "tokens_per_puzzle": s["tokens_used"],
-            "token_ratio": s["tokens_used"] / base_s["tokens_used"] if base_s["tokens_used"] else math.nan,
-            "samples_used": s["samples_used"],
-            "wins": int((ok & ~base_ok).sum()), "losses": int((~ok & base_ok).sum()),
-        })
-        rows[-1]["delta_ci95_points"] = paired_ci95(rows[-1]["wins"], rows[-1]["losses"], s["puzzles"])
-    return rows
+    ok = res.set_index("id")["correct"].astype(bool).reindex(base_ok.index)
+    wins, losses = int((ok & ~base_ok).sum()), int((~ok & base_ok).sum())
+    return {"puzzles": s["puzzles"], "accuracy": s["accuracy"], "delta_points": 100.0 * (s["accuracy"] - b["accuracy"]),
+            "delta_ci95_points": paired_ci95(wins, losses, s["puzzles"]), "tokens_per_puzzle": s["tokens_used"],
+            "token_ratio": s["tokens_used"] / b["tokens_used"] if b["tokens_used"] else math.nan,
+            "samples_used": s["samples_used"], "wins": wins, "losses": losses}
 
 
 def paired_ci95(wins: int, losses: int, n: int) -> float:
@@ -268,16 +269,12 @@ def scan_row(samples, k: int, version: str, early_stop: dict) -> dict:
 
     curve = vote.curves(samples, K=k, version=version).set_index("k")
     maj = vote.replay(samples, "majority", k=k, version=version)
-    es = vote.replay(samples, "early_stop", k=k, version=version, **early_stop)
-    maj_s, es_s = vote.summary(maj), vote.summary(es)
-    ok, base_ok = (r.set_index("id")["correct"].astype(bool) for r in (es, maj))
-    ok = ok.reindex(base_ok.index)
-    return {"first_sample": float(curve.loc[1, "maj_at_k"]), "maj_at_k": maj_s["accuracy"],
+    es = compare(vote.replay(samples, "early_stop", k=k, version=version, **early_stop), maj)
+    return {"first_sample": float(curve.loc[1, "maj_at_k"]), "maj_at_k": vote.summary(maj)["accuracy"],
             "pass_at_k": float(curve.loc[k, "pass_at_k"]), "early_stop": dict(early_stop),
-            "early_stop_accuracy": es_s["accuracy"], "early_stop_delta_points": 100.0 * (es_s["accuracy"] - maj_s["accuracy"]),
-            "early_stop_token_ratio": es_s["tokens_used"] / maj_s["tokens_used"] if maj_s["tokens_used"] else math.nan,
-            "early_stop_samples_used": es_s["samples_used"],
-            "wins": int((ok & ~base_ok).sum()), "losses": int((~ok & base_ok).sum())}
+            "early_stop_accuracy": es["accuracy"], "early_stop_delta_points": es["delta_points"],
+            "early_stop_token_ratio": es["token_ratio"], "early_stop_samples_used": es["samples_used"],
+            "wins": es["wins"], "losses": es["losses"]}
 
 
 # ----------------------------------------------------------------------------------------------
@@ -338,7 +335,7 @@ def markdown(report: dict) -> str:
          "|---|---:|---:|---:|---:|---:|---:|---:|"]
     rows = [(r["label"], r) for r in v["methods"]]
     if v.get("greedy_decode"):
-        rows.append(("greedy decode (T=0, Kaggle)", {**v["greedy_decode"], "samples_used": 1.0}))
+        rows.append(("greedy decode (T=0, Kaggle)", v["greedy_decode"]))
     for label, r in rows:
         L.append(f"| {label} | {_f(r['accuracy'])} | {r['delta_points']:+.1f} ± {_f(r.get('delta_ci95_points'), '.1f')} "
                  f"| {_f(r['tokens_per_puzzle'], '.0f')} | {_f(r['token_ratio'], '.3f')} | {_f(r['samples_used'], '.1f')} "
@@ -425,15 +422,8 @@ def _run(args, adapter: Path) -> int:
 
     rows = vote_rows(samples, args.k, version)
     base = next(r for r in rows if r["method"] == "majority" and not r["options"])
-    g_ok = greedy.set_index("id")["correct"].astype(bool)
-    base_ok = vote.replay(samples, "majority", k=args.k, version=version).set_index("id")["correct"].astype(bool)
-    g_ok = g_ok.reindex(base_ok.index)
-    greedy_row = {"accuracy": float(greedy["correct"].mean()),
-                  "delta_points": 100.0 * (float(greedy["correct"].mean()) - base["accuracy"]),
-                  "tokens_per_puzzle": float(greedy["tokens"].mean()),
-                  "token_ratio": float(greedy["tokens"].mean()) / base["tokens_per_puzzle"],
-                  "wins": int((g_ok & ~base_ok).sum()), "losses": int((~g_ok & base_ok).sum())}
-    greedy_row["delta_ci95_points"] = paired_ci95(greedy_row["wins"], greedy_row["losses"], len(base_ok))
+    greedy_row = compare(vote.replay(greedy, "greedy", version=version),
+                         vote.replay(samples, "majority", k=args.k, version=version))
     half = args.k // 2
     split_half = {"k": half}
     if half >= 1:
