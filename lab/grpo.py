@@ -167,13 +167,15 @@ def build_dataset(tokenizer, puzzles: pd.DataFrame):
     from datasets import Dataset
 
     from lab.puzzles import solve
+    from lab.puzzles.cipher import vocabulary
 
+    vocab = vocabulary(puzzles["prompt"])  # cipher puzzles share the frame's vocabulary, as in solve_frame
     cache: dict[str, dict] = {}
     rows = []
     for _, r in puzzles.iterrows():
         key = str(r["id"])
         if key not in cache:
-            sol = solve(r["prompt"])
+            sol = solve(r["prompt"], vocab)
             cache[key] = {"prompt": chat_prompt(tokenizer, r["prompt"]), "answer": str(r["answer"]),
                           "category": str(r.get("category", "")),
                           "solver_trace": sol.trace if sol.status == "solved" else "", "id": key,

@@ -301,14 +301,17 @@ def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int) -> tuple[pd
 
     prompt = the exact Kaggle prompt rendered by the chat template (ends with `<think>\\n`);
     completion = the solver trace (reasoning, `</think>`, `\\boxed{answer}`) + end-of-turn token.
-    Returns the examples and counts of what was kept, not solved, wrong, or too long.
+    Returns the examples and counts of what was kept, not solved, wrong, or too long. Cipher
+    puzzles share the vocabulary of all the frame's cipher examples, as in `solve_frame`.
     """
     from lab.metric import verify
     from lab.puzzles import solve
+    from lab.puzzles.cipher import vocabulary
 
+    vocab = vocabulary(puzzles["prompt"])
     rows, counts = [], {"puzzles": len(puzzles), "kept": 0, "unsolved": 0, "solver_wrong": 0, "overlong": 0}
     for _, row in puzzles.iterrows():
-        sol = solve(row["prompt"])
+        sol = solve(row["prompt"], vocab)
         if sol.status != "solved":
             counts["unsolved"] += 1
             continue

@@ -196,3 +196,20 @@ def test_malformed(prompt):
     s = solve(prompt)
     assert s.status == "undetermined" and s.reason
     check_trace(s)
+
+
+def test_cipher_reads_unseen_words_from_the_batch_vocabulary():
+    from lab.puzzles import cipher, solve_frame
+
+    key = dict(zip("abcdefghijklmnopqrstuvwxyz", "qwertyuiopasdfghjklzxcvbnm"))
+    enc = lambda s: "".join(key.get(ch, ch) for ch in s)  # noqa: E731
+    # 'zephyr' is not in the built-in word list; puzzle b's own examples never show z, p, h or y
+    a = cipher.make_prompt([(enc("the zephyr reads a book"), "the zephyr reads a book")], enc("the book"))
+    b = cipher.make_prompt([(enc("alice sees the castle"), "alice sees the castle")], enc("the zephyr"))
+    assert "zephyr" not in cipher.WORDS
+    alone = solve(b)
+    assert alone.status == "undetermined" and "zephyr" not in alone.answer
+    assert cipher.vocabulary([a, b, "not a cipher prompt", BIT_REAL])["zephyr"] == 1
+    assert (solve(b, cipher.vocabulary([a])).answer, solve(b, cipher.vocabulary([a])).status) == ("the zephyr", "solved")
+    out = solve_frame(pd.DataFrame({"id": ["a", "b"], "prompt": [a, b], "answer": ["the book", "the zephyr"]}))
+    assert out["correct"].tolist() == [True, True] and out["status"].tolist() == ["solved", "solved"]

@@ -2,10 +2,13 @@
 
 parse  -> examples [(cipher, plain)] and the query
 solve  -> the letter key from the aligned examples; query letters the key does not cover are found
-          by matching each query word against known plaintext words (the examples' words plus the
-          built-in word list WORDS) of the same length, consistent with the key, the word's own
-          letter pattern and bijectivity; a unique match fixes its letters and the matching repeats
-          until nothing changes. Status: solved if every query letter is fixed, ambiguous if some
+          by matching each query word against known plaintext words of the same length, consistent
+          with the key, the word's own letter pattern and bijectivity; a unique match fixes its
+          letters and the matching repeats until nothing changes. Known words, in the order a tie
+          is broken: the puzzle's own example words, then the batch vocabulary (`vocabulary(prompts)`:
+          the plaintext words of every cipher example in the file being solved, most frequent
+          first; `solve_frame` builds it, so a word one puzzle only encrypts is read from the
+          examples of others), then the built-in word list WORDS. Status: solved if every query letter is fixed, ambiguous if some
           word still has several matches (the first is used, example words first), undetermined if
           some word has none (unknown letters shown as '?').
 Trace:
@@ -23,6 +26,9 @@ import random
 import re
 import string
 
+from collections import Counter
+
+from .classify import classify
 from .common import Solution, finish, undetermined
 
 CATEGORY = "text_cipher"
@@ -48,6 +54,16 @@ def parse(prompt: str):
     ex = [(c, p) for c, p in PAIR_RE.findall(body) if len(c.split()) == len(p.split())]
     q = " ".join(tail.split()) if sep else ""
     return ex, (q if re.search(r"[a-z]", q) else None)
+
+
+def vocabulary(prompts) -> Counter:
+    """Plaintext words of every cipher example in `prompts` (other categories' prompts are skipped),
+    counted: the vocabulary a whole file shares. Built from the prompts only, never from answers."""
+    words: Counter = Counter()
+    for p in prompts:
+        if classify(p)[0] == CATEGORY:
+            words.update(w for _, plain in parse(p)[0] for w in plain.split() if w.isalpha())
+    return words
 
 
 def build_key(examples):
@@ -82,7 +98,8 @@ def matches(cw: str, c2p: dict, p2c: dict, vocab: list[str]) -> list[str]:
     return out
 
 
-def solve(prompt: str) -> Solution:
+def solve(prompt: str, vocab: Counter | None = None) -> Solution:
+    """`vocab`: the batch vocabulary (see `vocabulary`), used after the puzzle's own example words."""
     ex, q = parse(prompt)
     if not q:
         return undetermined(CATEGORY, "no query text found")
@@ -93,7 +110,8 @@ def solve(prompt: str) -> Solution:
         c2p[ch] = p2c[ch] = ch
     base = dict(c2p)
     words = [re.sub(r"^[^a-z]+|[^a-z]+$", "", w) or w for w in q.split()]  # cores without edge punctuation
-    vocab = list(dict.fromkeys([w for _, p in ex for w in p.split()] + WORDS))
+    pooled = [w for w, _ in vocab.most_common()] if vocab else []
+    vocab = list(dict.fromkeys([w for _, p in ex for w in p.split()] + pooled + WORDS))
     changed = True
     while changed:
         changed = False

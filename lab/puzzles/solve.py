@@ -4,6 +4,8 @@
 `undetermined` Solution with the error as reason. `solve_frame(df)` does it for a DataFrame (with a
 tqdm bar for big frames) and, when the frame has a gold `answer` column, adds `correct` via
 lab.metric.verify (string equality if that module is missing).
+`solve_frame` first pools the plaintext words of every cipher example in the frame, so a cipher
+query word that its own examples never spell out can still be read (see `cipher.vocabulary`).
 Deliberately simple: a plain process pool for big frames, nothing cached between calls.
 """
 
@@ -31,8 +33,9 @@ def category_module(category: str):
     return importlib.import_module(f"lab.puzzles.{MODULES[category]}")
 
 
-def solve(prompt: str) -> Solution:
-    """The Solution for one prompt; malformed or unknown prompts give status 'undetermined'."""
+def solve(prompt: str, vocab=None) -> Solution:
+    """The Solution for one prompt; malformed or unknown prompts give status 'undetermined'.
+    `vocab`: the batch's cipher vocabulary (`cipher.vocabulary(prompts)`), passed to the cipher solver."""
     try:
         category, subtype = classify(prompt)
     except Exception as e:  # noqa: BLE001 - solve never raises
@@ -40,7 +43,8 @@ def solve(prompt: str) -> Solution:
     if category == "unknown":
         return undetermined("unknown", "prompt wording not recognised")
     try:
-        sol = category_module(category).solve(prompt)
+        module = category_module(category)
+        sol = module.solve(prompt, vocab) if category == "text_cipher" else module.solve(prompt)
     except Exception as e:  # noqa: BLE001
         return undetermined(category, f"solver error: {type(e).__name__}: {e}", subtype)
     sol.subtype = sol.subtype or subtype
@@ -77,19 +81,23 @@ def _verifier():
         return lambda gold, pred: str(gold).strip() == str(pred).strip()
 
 
-def _solve_timed(prompt):
+def _solve_timed(prompt, vocab=None):
     t0 = time.perf_counter()
-    s = solve(prompt)
+    s = solve(prompt, vocab)
     return s, time.perf_counter() - t0
 
 
 def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int | None = None):
     """DataFrame with id, category, subtype, status, answer, trace, trace_tokens, reason, seconds
     (+ correct when df has a gold `answer` column). `workers`: processes (default: up to 4 for
-    frames of 500 rows or more, else 1); `seconds` is each puzzle's own solve time."""
+    frames of 500 rows or more, else 1); `seconds` is each puzzle's own solve time. Cipher puzzles
+    share the vocabulary of every cipher example in the frame (see `cipher.vocabulary`)."""
     import pandas as pd
 
+    from .cipher import vocabulary
+
     prompts = df["prompt"].tolist()
+    vocab = vocabulary(prompts)
     progress = len(df) >= 200 if progress is None else progress
     if workers is None:
         workers = min(4, os.cpu_count() or 1) if len(prompts) >= 500 else 1
@@ -102,13 +110,13 @@ def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int |
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            for r in pool.map(_solve_timed, prompts, chunksize=32):
+            for r in pool.map(_solve_timed, prompts, [vocab] * len(prompts), chunksize=32):
                 results.append(r)
                 if bar is not None:
                     bar.update(1)
     else:
         for p in prompts:
-            results.append(_solve_timed(p))
+            results.append(_solve_timed(p, vocab))
             if bar is not None:
                 bar.update(1)
     if bar is not None:
