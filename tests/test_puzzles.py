@@ -52,7 +52,8 @@ def test_api():
     ("numeral_system", {}), ("numeral_system", {"max_value": 10, "n_examples": 2}),
     ("numeral_system", {"max_value": 3999, "n_examples": 6}),
     ("bit_manipulation", {"complexity": 1}), ("bit_manipulation", {"complexity": 2, "n_examples": 10}),
-    ("bit_manipulation", {"complexity": 3, "n_examples": 10}),
+    ("bit_manipulation", {"complexity": 3, "n_examples": 10}), ("bit_manipulation", {"complexity": 4}),
+    ("bit_manipulation", {"complexity": 5}),
 ])
 def test_generate_frame(category, kw):
     df = generate(category, 30, seed=7, **kw)
@@ -70,6 +71,8 @@ ROUNDTRIP = [  # (category, difficulty, minimum accuracy over non-guess puzzles)
     ("bit_manipulation", {"complexity": 1, "n_examples": 6}, 1.0),
     ("bit_manipulation", {"complexity": 2, "n_examples": 8}, 0.95),
     ("bit_manipulation", {"complexity": 3, "n_examples": 10}, 0.9),
+    ("bit_manipulation", {"complexity": 4, "n_examples": 10}, 0.9),  # any function of three copies
+    ("bit_manipulation", {"complexity": 5, "n_examples": 8}, 0.95),  # XOR of 4-5 copies
     ("gravity", {"n_examples": 1}, 1.0), ("gravity", {"n_examples": 6, "g_min": 1, "g_max": 30}, 1.0),
     ("unit_conversion", {"n_examples": 2}, 1.0), ("unit_conversion", {"n_examples": 6, "x_max": 500}, 1.0),
     ("text_cipher", {"n_examples": 2}, 0.95), ("text_cipher", {"n_examples": 5}, 0.95),
@@ -131,6 +134,29 @@ def test_bit_handmade_rotation_xor():
     assert (s.status, s.answer) == ("solved", f"{f(0b00110100):08b}")
     assert s.trace.splitlines()[0].startswith("rule: ")
     check_trace(s)
+
+
+@pytest.mark.parametrize("f,first", [
+    # (x AND NOT shl1) XOR rotr2: a NOT inside a three-copy rule, outside the named level 3
+    (lambda v: (v & ~(v << 1) & 255) ^ (((v >> 2) | (v << 6)) & 255), "rule: table of (x, shl1, rotr2)"),
+    # x XOR shl1 XOR shr2 XOR rotl3, NOT: four copies, past every named level
+    (lambda v: ~(v ^ (v << 1) ^ (v >> 2) ^ (((v << 3) | (v >> 5)) & 255)) & 255, "rule: NOT (x XOR shl1 XOR"),
+])
+def test_bit_rules_past_the_named_levels(f, first):
+    import re
+
+    from lab.puzzles import bits
+
+    xs = [0b01010001, 0b00001001, 0b11110000, 0b10000001, 0b01111110, 0b00110011, 0b11001010, 0b00011100,
+          0b10101101, 0b01100110]
+    body = "\n".join(f"{v:08b} -> {f(v) & 255:08b}" for v in xs)
+    prompt = BIT_REAL.split("01010001 ->")[0] + body + "\n\nNow, determine the output for: 00110100"
+    s = solve(prompt)
+    check_trace(s)
+    assert (s.status, s.answer) == ("solved", f"{f(0b00110100) & 255:08b}")
+    assert s.trace.startswith(first)
+    for name, val in re.findall(r"^(\w+) = ([01]{8})$", s.trace, re.M):  # every copy line is checkable
+        assert val == bits.b8(bits.apply_t(name, 0b00110100)), name
 
 
 def test_real_examples_classified_and_solved():
