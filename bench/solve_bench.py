@@ -6,7 +6,8 @@ the `solve` command uses) and, per category, the seconds spent and accuracy agai
 generators' answers. The real train.csv is not in the repository; with it, run
 `python -m lab.puzzles solve data/train.csv out.csv` for the real figures.
 
-Also: cipher puzzles whose vocabulary the solver's built-in word list does not know (every word
+Also: bit puzzles by rule complexity (3 to 5: the named three-copy rules, any function of three
+copies, an XOR of four or five copies), and cipher puzzles whose vocabulary the solver's built-in word list does not know (every word
 spelled backwards, which keeps the letter key valid), solved one by one and as one batch (where
 the batch vocabulary pooled from all examples fills the gaps): how much a file's own examples make
 up for an unknown vocabulary.
@@ -78,12 +79,22 @@ def main() -> int:
     table = pd.DataFrame(rows).sort_values("est_seconds_one_core", ascending=False)
     print(f"solved {len(df)} puzzles in {wall:.1f} s wall (solve_frame, process pool)")
     print(table.to_string(index=False))
+    hard = []
+    for c in (3, 4, 5):  # bit rules past the default mix: named three-copy, any function of three, XOR of 4-5
+        g = generate("bit_manipulation", 400, seed=21, complexity=c, n_examples=8)
+        o = solve_frame(g, progress=False)
+        hard.append({"complexity": c, "n": len(g), "accuracy": round(float(o["correct"].mean()), 4),
+                     "solved_share": round(float((o["status"] == "solved").mean()), 4),
+                     "solved_but_wrong": int(((o["status"] == "solved") & ~o["correct"]).sum()),
+                     "ms_per_puzzle": round(1000 * float(o["seconds"].mean()), 2)})
+    print("\nbit manipulation by rule complexity (8 examples each):")
+    print(pd.DataFrame(hard).to_string(index=False))
     vocab = [unknown_vocabulary(k) for k in (2, 3, 4)]
     print("\ncipher, vocabulary unknown to the solver (words spelled backwards), one by one vs pooled over the batch:")
     print(pd.DataFrame(vocab).to_string(index=False))
     atomic_write_json(project_root() / "outputs" / "bench" / "solve_bench.json",
                       {"n": len(df), "wall_seconds": round(wall, 1), "per_category": rows,
-                       "cipher_unknown_vocabulary": vocab})
+                       "bits_by_complexity": hard, "cipher_unknown_vocabulary": vocab})
     return 0
 
 
