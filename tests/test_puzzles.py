@@ -54,6 +54,7 @@ def test_api():
     ("bit_manipulation", {"complexity": 1}), ("bit_manipulation", {"complexity": 2, "n_examples": 10}),
     ("bit_manipulation", {"complexity": 3, "n_examples": 10}), ("bit_manipulation", {"complexity": 4}),
     ("bit_manipulation", {"complexity": 5}), ("bit_manipulation", {"complexity": 6}),
+    ("bit_manipulation", {"complexity": 7}),
 ])
 def test_generate_frame(category, kw):
     df = generate(category, 30, seed=7, **kw)
@@ -73,7 +74,8 @@ ROUNDTRIP = [  # (category, difficulty, minimum accuracy over non-guess puzzles)
     ("bit_manipulation", {"complexity": 3, "n_examples": 10}, 0.9),
     ("bit_manipulation", {"complexity": 4, "n_examples": 10}, 0.9),  # a pipeline of 2-3 steps
     ("bit_manipulation", {"complexity": 5, "n_examples": 10}, 0.9),  # any function of three copies
-    ("bit_manipulation", {"complexity": 6, "n_examples": 8}, 0.95),  # XOR of 4-5 copies
+    ("bit_manipulation", {"complexity": 6, "n_examples": 8}, 0.9),  # a one- or two-copy rule, then a mask
+    ("bit_manipulation", {"complexity": 7, "n_examples": 8}, 0.95),  # XOR of 4-5 copies
     ("gravity", {"n_examples": 1}, 1.0), ("gravity", {"n_examples": 6, "g_min": 1, "g_max": 30}, 1.0),
     ("unit_conversion", {"n_examples": 2}, 1.0), ("unit_conversion", {"n_examples": 6, "x_max": 500}, 1.0),
     ("text_cipher", {"n_examples": 2}, 0.95), ("text_cipher", {"n_examples": 5}, 0.95),
@@ -144,6 +146,10 @@ def test_bit_handmade_rotation_xor():
      "XOR shr2: 10100001 XOR 00101000 = 10001001\nNOT: 01110110\n</think>"),
     # (x AND NOT shl1) XOR rotr2: a NOT inside a three-copy rule, outside the named level 3
     (lambda v: (v & ~(v << 1) & 255) ^ (((v >> 2) | (v << 6)) & 255), "rule: table of (x, shl1, rotr2)"),
+    # (shl1 OR rotr3) AND 10110110: a constant mask
+    (lambda v: ((v << 1) | ((v >> 3) | (v << 5))) & 0b10110110,
+     "rule: (shl1 OR rotr3) AND 10110110\nx = 00110100\nshl1 = 01101000\nrotr3 = 10000110\n"
+     "shl1 OR rotr3 = 11101110\n11101110 AND 10110110 = 10100110\n</think>"),
     # x XOR shl1 XOR shr2 XOR rotl3, NOT: four copies, past every named level
     (lambda v: ~(v ^ (v << 1) ^ (v >> 2) ^ (((v << 3) | (v >> 5)) & 255)) & 255, "rule: NOT (x XOR shl1 XOR"),
 ])
