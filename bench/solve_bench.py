@@ -6,9 +6,9 @@ the `solve` command uses) and, per category, the seconds spent and accuracy agai
 generators' answers. The real train.csv is not in the repository; with it, run
 `python -m lab.puzzles solve data/train.csv out.csv` for the real figures.
 
-Also: bit puzzles by rule complexity (3 to 7: the named three-copy rules, 2-3 step pipelines, any
+Also: bit puzzles by rule complexity (3 to 8: the named three-copy rules, 2-3 step pipelines, any
 function of three copies, a one- or two-copy rule then a constant mask, an XOR of four or five
-copies), and cipher puzzles whose vocabulary the solver's built-in word list does not know (every word
+copies, any function of four copies), and cipher puzzles whose vocabulary the solver's built-in word list does not know (every word
 spelled backwards, which keeps the letter key valid), solved one by one and as one batch (where
 the batch vocabulary pooled from all examples fills the gaps): how much a file's own examples make
 up for an unknown vocabulary.
@@ -81,7 +81,7 @@ def main() -> int:
     print(f"solved {len(df)} puzzles in {wall:.1f} s wall (solve_frame, process pool)")
     print(table.to_string(index=False))
     hard = []
-    for c in (3, 4, 5, 6, 7):  # past the default: named three-copy rules, pipelines, tables, masks, XOR of 4-5
+    for c in (3, 4, 5, 6, 7, 8):  # past the default: named three-copy rules, pipelines, tables, masks, XOR of 4-5, tables of 4
         g = generate("bit_manipulation", 400, seed=21, complexity=c, n_examples=8)
         o = solve_frame(g, progress=False)
         hard.append({"complexity": c, "n": len(g), "accuracy": round(float(o["correct"].mean()), 4),

@@ -54,7 +54,7 @@ def test_api():
     ("bit_manipulation", {"complexity": 1}), ("bit_manipulation", {"complexity": 2, "n_examples": 10}),
     ("bit_manipulation", {"complexity": 3, "n_examples": 10}), ("bit_manipulation", {"complexity": 4}),
     ("bit_manipulation", {"complexity": 5}), ("bit_manipulation", {"complexity": 6}),
-    ("bit_manipulation", {"complexity": 7}),
+    ("bit_manipulation", {"complexity": 7}), ("bit_manipulation", {"complexity": 8}),
 ])
 def test_generate_frame(category, kw):
     df = generate(category, 30, seed=7, **kw)
@@ -76,6 +76,7 @@ ROUNDTRIP = [  # (category, difficulty, minimum accuracy over non-guess puzzles)
     ("bit_manipulation", {"complexity": 5, "n_examples": 10}, 0.9),  # any function of three copies
     ("bit_manipulation", {"complexity": 6, "n_examples": 8}, 0.9),  # a one- or two-copy rule, then a mask
     ("bit_manipulation", {"complexity": 7, "n_examples": 8}, 0.95),  # XOR of 4-5 copies
+    ("bit_manipulation", {"complexity": 8, "n_examples": 10}, 0.8),  # any function of four copies
     ("gravity", {"n_examples": 1}, 1.0), ("gravity", {"n_examples": 6, "g_min": 1, "g_max": 30}, 1.0),
     ("unit_conversion", {"n_examples": 2}, 1.0), ("unit_conversion", {"n_examples": 6, "x_max": 500}, 1.0),
     ("text_cipher", {"n_examples": 2}, 0.95), ("text_cipher", {"n_examples": 5}, 0.95),
