@@ -140,21 +140,21 @@ def test_bit_handmade_rotation_xor():
     check_trace(s)
 
 
-@pytest.mark.parametrize("f,first", [
+@pytest.mark.parametrize("f,first,method", [
     # rotl3, then x XOR shr2 (x), then NOT: a program, whose copy shr2(rotl3(x)) no expression level has
     (lambda v: ~(((v << 3) | (v >> 5)) & 255 ^ (((v << 3) | (v >> 5)) & 255) >> 2) & 255,
      "rule: rotl3, then XOR shr2, then NOT\nx = 00110100\nrotl3: 10100001\n"
-     "XOR shr2: 10100001 XOR 00101000 = 10001001\nNOT: 01110110\n</think>"),
+     "XOR shr2: 10100001 XOR 00101000 = 10001001\nNOT: 01110110\n</think>", "pipeline"),
     # (x AND NOT shl1) XOR rotr2: a NOT inside a three-copy rule, outside the named level 3
-    (lambda v: (v & ~(v << 1) & 255) ^ (((v >> 2) | (v << 6)) & 255), "rule: table of (x, shl1, rotr2)"),
+    (lambda v: (v & ~(v << 1) & 255) ^ (((v >> 2) | (v << 6)) & 255), "rule: table of (x, shl1, rotr2)", "table of three"),
     # (shl1 OR rotr3) AND 10110110: a constant mask
     (lambda v: ((v << 1) | ((v >> 3) | (v << 5))) & 0b10110110,
      "rule: (shl1 OR rotr3) AND 10110110\nx = 00110100\nshl1 = 01101000\nrotr3 = 10000110\n"
-     "shl1 OR rotr3 = 11101110\n11101110 AND 10110110 = 10100110\n</think>"),
+     "shl1 OR rotr3 = 11101110\n11101110 AND 10110110 = 10100110\n</think>", "rule then mask"),
     # x XOR shl1 XOR shr2 XOR rotl3, NOT: four copies, past every named level
-    (lambda v: ~(v ^ (v << 1) ^ (v >> 2) ^ (((v << 3) | (v >> 5)) & 255)) & 255, "rule: NOT (x XOR shl1 XOR"),
+    (lambda v: ~(v ^ (v << 1) ^ (v >> 2) ^ (((v << 3) | (v >> 5)) & 255)) & 255, "rule: NOT (x XOR shl1 XOR", "xor of copies"),
 ])
-def test_bit_rules_past_the_named_levels(f, first):
+def test_bit_rules_past_the_named_levels(f, first, method):
     import re
 
     from lab.puzzles import bits
@@ -167,6 +167,7 @@ def test_bit_rules_past_the_named_levels(f, first):
     check_trace(s)
     assert (s.status, s.answer) == ("solved", f"{f(0b00110100) & 255:08b}")
     assert s.trace.startswith(first)
+    assert s.method == method
     for name, val in re.findall(r"^(\w+) = ([01]{8})$", s.trace, re.M):  # every copy line is checkable
         assert val == bits.b8(bits.apply_t(name, 0b00110100)), name
 
@@ -248,6 +249,9 @@ def test_cipher_reads_unseen_words_from_the_batch_vocabulary():
     alone = solve(b)
     assert alone.status == "undetermined" and "zephyr" not in alone.answer
     assert cipher.vocabulary([a, b, "not a cipher prompt", BIT_REAL])["zephyr"] == 1
-    assert (solve(b, cipher.vocabulary([a])).answer, solve(b, cipher.vocabulary([a])).status) == ("the zephyr", "solved")
+    pooled = solve(b, cipher.vocabulary([a]))
+    assert (pooled.answer, pooled.status, pooled.method) == ("the zephyr", "solved", "batch words")
+    assert alone.method == "no word"
     out = solve_frame(pd.DataFrame({"id": ["a", "b"], "prompt": [a, b], "answer": ["the book", "the zephyr"]}))
     assert out["correct"].tolist() == [True, True] and out["status"].tolist() == ["solved", "solved"]
+    assert out["method"].tolist() == ["key", "batch words"]

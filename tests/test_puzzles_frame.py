@@ -57,3 +57,16 @@ def test_solve_frame_pool_matches_serial():
     a = solve_frame(df, workers=1).drop(columns=["seconds"])
     b = solve_frame(df, workers=2).drop(columns=["seconds"])
     pd.testing.assert_frame_equal(a, b)
+
+
+def test_method_table_counts_solver_methods():
+    from lab.puzzles import method_table
+
+    out = pd.DataFrame({"category": ["bit_manipulation"] * 3 + ["gravity"],
+                        "method": ["pipeline", "pipeline", "one copy", ""],
+                        "status": ["solved", "ambiguous", "solved", "solved"], "correct": [True, False, True, True]})
+    t = method_table(out)
+    assert t.to_dict("records") == [
+        {"category": "bit_manipulation", "method": "pipeline", "n": 2, "solved": 1, "accuracy": 0.5},
+        {"category": "bit_manipulation", "method": "one copy", "n": 1, "solved": 1, "accuracy": 1.0}]
+    assert "accuracy" not in method_table(out.drop(columns=["correct"])).columns

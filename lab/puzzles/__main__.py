@@ -1,8 +1,9 @@
 """`python -m lab.puzzles solve IN.csv OUT.csv` and `python -m lab.puzzles generate --category C --n N --seed S OUT.csv`.
 
 solve: reads IN (columns prompt, optional id and gold answer; read as strings), writes OUT with id,
-category, subtype, status, answer, trace_tokens, reason, seconds, trace (and correct when IN has
-answers), prints per-category counts, statuses, accuracy (if answers) and puzzles per second.
+category, subtype, status, method, answer, trace_tokens, reason, seconds, trace (and correct when IN
+has answers), prints per-category counts, statuses, accuracy (if answers) and puzzles per second,
+then the same per solver method (on the real file, which rule levels and meanings its puzzles use).
 generate: writes a generated frame; difficulty knobs as `--set key=value` (repeatable).
 """
 
@@ -12,6 +13,8 @@ import argparse
 import sys
 
 from lab.config import LabError, atomic_write_csv
+
+from .solve import method_table
 
 
 def _read_csv(path: str):
@@ -44,7 +47,9 @@ def summary(out, has_gold: bool) -> str:
     text = table.to_string(index=False)
     if has_gold:
         text += f"\noverall accuracy: {out['correct'].mean():.4f} ({int(out['correct'].sum())}/{len(out)})"
-    return text + "\n(trace_tokens: " + ("tokenizer count)" if _TOK else "ESTIMATE, no tokenizer given)")
+    text += "\n(trace_tokens: " + ("tokenizer count)" if _TOK else "ESTIMATE, no tokenizer given)")
+    return text + "\n\nby method (what answered: bits, the rule level; cipher, the word source; equations, mode and meaning):\n" \
+        + method_table(out).to_string(index=False)
 
 
 _TOK = None

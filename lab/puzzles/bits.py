@@ -540,6 +540,10 @@ def parse(prompt: str):
     return ex, (int(m.group(1), 2) if m else None)
 
 
+METHODS = {0: "constant", 1: "one copy", 2: "two copies", 3: "three copies", 4: "pipeline",
+           5: "table of three", 6: "rule then mask", 7: "xor of copies", 8: "table of four"}
+
+
 def _pick(found, q: int) -> Solution:
     """The answer of the cheapest consistent rules: `solved` if they all agree, else `ambiguous`."""
     best = min(c for c, _, _ in found)
@@ -550,7 +554,7 @@ def _pick(found, q: int) -> Solution:
     ans = b8(pred)
     status = "solved" if len(votes) == 1 else "ambiguous"
     reason = "" if status == "solved" else f"{len(top)} equally simple rules give {len(votes)} answers"
-    return Solution(ans, status, finish(rule_trace(rule, q), ans), CATEGORY, "", reason)
+    return Solution(ans, status, finish(rule_trace(rule, q), ans), CATEGORY, "", reason, METHODS[best[0]])
 
 
 def solve(prompt: str) -> Solution:
@@ -567,19 +571,19 @@ def solve(prompt: str) -> Solution:
     xs_, ys_ = [a for a, _ in ex], [b for _, b in ex]
     lin = xor_of_copies(xs_, ys_, q)
     if lin is not None:
-        return Solution(lin[0], "solved", finish(lin[1], lin[0]), CATEGORY, "", "")
+        return Solution(lin[0], "solved", finish(lin[1], lin[0]), CATEGORY, "", "", METHODS[7])
     found = table_rules(x, y, q, k=4)
     if found:
         return _pick(found, q)
     af = affine(xs_, ys_, q)
     if af is not None:
-        return Solution(af[0], "solved", finish(af[1], af[0]), CATEGORY, "", "")
+        return Solution(af[0], "solved", finish(af[1], af[0]), CATEGORY, "", "", "affine per bit")
     fb = per_bit(xs_, ys_, q)
     if fb is None:
         return undetermined(CATEGORY, "no rule in the searched space fits the examples")
     ans, forced, lines = fb
     return Solution(ans, "solved" if forced else "ambiguous", finish(lines, ans), CATEGORY, "",
-                    "per-bit fallback" + ("" if forced else ": some bits not forced"))
+                    "per-bit fallback" + ("" if forced else ": some bits not forced"), "per bit")
 
 
 # ---------------------------------------------------------------- generator

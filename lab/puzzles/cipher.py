@@ -11,7 +11,8 @@ solve  -> the letter key from the aligned examples; query letters the key does n
           examples of others), then the built-in word list WORDS. Status: solved if every query letter is fixed, ambiguous if some
           word still has several matches (the first is used, example words first), undetermined if
           some word has none (unknown letters shown as '?').
-Trace:
+`method` says where the weakest query word came from: key, examples' words, batch words, word
+list, or no word. Trace:
     key: t=c r=a b=t w=i
     trb = cat
     hffk = ?oo? = book
@@ -111,7 +112,8 @@ def solve(prompt: str, vocab: Counter | None = None) -> Solution:
     base = dict(c2p)
     words = [re.sub(r"^[^a-z]+|[^a-z]+$", "", w) or w for w in q.split()]  # cores without edge punctuation
     pooled = [w for w, _ in vocab.most_common()] if vocab else []
-    vocab = list(dict.fromkeys([w for _, p in ex for w in p.split()] + pooled + WORDS))
+    own = [w for _, p in ex for w in p.split()]
+    vocab = list(dict.fromkeys(own + pooled + WORDS))
     changed = True
     while changed:
         changed = False
@@ -124,6 +126,7 @@ def solve(prompt: str, vocab: Counter | None = None) -> Solution:
                     c2p[a], p2c[b] = b, a
                 changed = True
     status, reason, out, lines = "solved", "", [], []
+    sources = ["key"]  # where the query's plain words came from, the weakest last
     used = sorted({a for a in q if a in base and a in string.ascii_lowercase}, key=q.index)
     lines.append("key: " + " ".join(f"{a}={base[a]}" for a in used))
     for full, cw in zip(q.split(), words):
@@ -139,10 +142,15 @@ def solve(prompt: str, vocab: Counter | None = None) -> Solution:
             else:
                 pw = "".join(c2p.get(a, "?") for a in cw)
                 status, reason = "undetermined", f"'{cw}' matches no known word"
+        if partial != pw or "?" in pw:
+            sources.append("no word" if "?" in pw else "examples' words" if pw in own else "batch words"
+                           if pw in pooled else "word list")
         out.append(pre + pw + post)
         lines.append(f"{cw} = {pw}" if partial == pw else f"{cw} = {partial} = {pw}")
     ans = " ".join(out)
-    return Solution(ans, status, finish(lines, ans), CATEGORY, "", reason)
+    order = ["key", "examples' words", "batch words", "word list", "no word"]
+    method = max(sources, key=order.index)
+    return Solution(ans, status, finish(lines, ans), CATEGORY, "", reason, method)
 
 
 def sentence(rng: random.Random) -> str:

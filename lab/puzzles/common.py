@@ -25,6 +25,7 @@ class Solution:
     category: str
     subtype: str = ""
     reason: str = ""
+    method: str = ""  # which part of the solver answered (bits: the rule level), for the per-method tables
 
 
 def finish(lines: list[str], answer: str) -> str:

@@ -22,6 +22,8 @@ maps and meanings. Every solution, completed in every way for query symbols the 
 fix, votes on the query's answer: one answer is `solved`, several (or some unwritable: a result
 digit whose symbol never appears) `ambiguous`. Guess subtype: status undetermined, the answer
 uses the first op (in OPS order) not taken by another operator.
+`method` is the query operator's reading, mode and meaning (`reversed b-a`), so a table over a
+file shows which meanings its puzzles use.
 Traces (numeric; symbolic adds a `digits:` line and the decoded query):
     mode: reversed
     / means b-a (fits 2 examples)
@@ -152,7 +154,7 @@ def solve_numeric(examples, query, subtype) -> Solution:
              f"answer: {ans}"]
     status = "solved" if len(preds) == 1 else "ambiguous"
     reason = "" if status == "solved" else f"{len(ops)} meanings of {sym!r} fit and disagree"
-    return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason)
+    return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason, f"{mode} {ops[0]}")
 
 
 def operand_lines(x: str, sym: str, y: str, op: str, mode: str) -> list[str]:
@@ -238,7 +240,7 @@ def solve_symbolic(examples, query, subtype, cap: int = 500, budget: int = 200_0
     status = "solved" if len(votes) == 1 and not unwritable else "ambiguous"
     reason = "" if status == "solved" else (f"{len(solutions)} digit maps give {len(votes)} answers"
                                             + (f", {unwritable} unwritable" if unwritable else ""))
-    return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason)
+    return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason, f"{mode} {op}")
 
 
 def _completions(s2d: dict, symbols: str):

@@ -88,7 +88,7 @@ def _solve_timed(prompt, vocab=None):
 
 
 def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int | None = None):
-    """DataFrame with id, category, subtype, status, answer, trace, trace_tokens, reason, seconds
+    """DataFrame with id, category, subtype, status, method, answer, trace, trace_tokens, reason, seconds
     (+ correct when df has a gold `answer` column). `workers`: processes (default: up to 4 for
     frames of 500 rows or more, else 1); `seconds` is each puzzle's own solve time. Cipher puzzles
     share the vocabulary of every cipher example in the frame (see `cipher.vocabulary`)."""
@@ -122,12 +122,25 @@ def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int |
     if bar is not None:
         bar.close()
     ids = df["id"].tolist() if "id" in df.columns else [str(i) for i in range(len(df))]
-    rows = [{"id": pid, "category": s.category, "subtype": s.subtype, "status": s.status, "answer": s.answer,
-             "trace": s.trace, "trace_tokens": trace_tokens(s.trace, tokenizer), "reason": s.reason, "seconds": dt}
+    rows = [{"id": pid, "category": s.category, "subtype": s.subtype, "status": s.status, "method": s.method,
+             "answer": s.answer, "trace": s.trace, "trace_tokens": trace_tokens(s.trace, tokenizer), "reason": s.reason,
+             "seconds": dt}
             for pid, (s, dt) in zip(ids, results)]
-    out = pd.DataFrame(rows, columns=["id", "category", "subtype", "status", "answer", "trace",
+    out = pd.DataFrame(rows, columns=["id", "category", "subtype", "status", "method", "answer", "trace",
                                       "trace_tokens", "reason", "seconds"])
     if "answer" in df.columns:
         verify = _verifier()
         out["correct"] = [bool(verify(g, p)) for g, p in zip(df["answer"].tolist(), out["answer"].tolist())]
     return out
+
+
+def method_table(out):
+    """Puzzles per category and solver method of a `solve_frame` result: n, solved, and accuracy when
+    it has gold answers (`correct`). Rows without a method (undetermined, or categories that have one
+    way only) are left out."""
+    g = out[out["method"] != ""].groupby(["category", "method"])
+    table = g.size().rename("n").to_frame()
+    table["solved"] = g["status"].apply(lambda s: int((s == "solved").sum()))
+    if "correct" in out:
+        table["accuracy"] = g["correct"].mean().round(4)
+    return table.reset_index().sort_values(["category", "n"], ascending=[True, False])
