@@ -204,6 +204,25 @@ def test_equation_backtick_is_a_symbol():
         assert (s1.answer.replace("`", "\u00a7"), s1.status) == (s2.answer, s2.status)
 
 
+EQ_SYMBOLIC_DEDUCE = ("In Alice's Wonderland, a secret set of transformation rules is applied to equations. Below are a "
+                      "few examples:\n\"#*$% = %!)\n&'+() = &'()\n{!-\"$ = -((\n#(*%& = \"#\"&\n)$+'\" = )$'\"\n"
+                      "%{-\"( = -$#\n$&*## = ((!\n'%-&) = -'\nNow, determine the result for: #'-\"%")
+
+
+def test_equation_subtypes_handmade():
+    # symbolic, deduce: digits 0-9 written !"#$%&'(){ ; * is a*b, + concatenates, - is b-a (its minus written -)
+    assert classify(EQ_SYMBOLIC_DEDUCE) == ("equation_transformation", "symbolic_deduce")
+    s = solve(EQ_SYMBOLIC_DEDUCE)
+    assert (s.status, s.answer, s.method) == ("solved", '-"#', "plain b-a")  # 14-26 = -12
+    assert "#'-\"% -> 26-14" in s.trace
+    # numeric, guess: the query's operator never appears; a guess is given, flagged undetermined
+    guess = EQ_NUMERIC_REAL.replace("69/52", "69&52")
+    assert classify(guess) == ("equation_transformation", "numeric_guess")
+    s = solve(guess)
+    assert s.status == "undetermined" and "never appears" in s.reason and s.answer
+    check_trace(s)
+
+
 def test_cipher_unseen_letters_use_word_patterns():
     prompt = CIPHER_REAL.replace("trb wzrswvog hffk", "hffk")
     s = solve(prompt)
