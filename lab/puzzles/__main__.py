@@ -48,8 +48,9 @@ def summary(out, has_gold: bool) -> str:
     if has_gold:
         text += f"\noverall accuracy: {out['correct'].mean():.4f} ({int(out['correct'].sum())}/{len(out)})"
     text += "\n(trace_tokens: " + ("tokenizer count)" if _TOK else "ESTIMATE, no tokenizer given)")
+    by_method = method_table(out)
     return text + "\n\nby method (what answered: bits, the rule level; cipher, the word source; equations, mode and meaning):\n" \
-        + method_table(out).to_string(index=False)
+        + (by_method.to_string(index=False) if len(by_method) else "(no puzzle of a category with several methods)")
 
 
 _TOK = None

@@ -8,9 +8,9 @@ solve  -> the letter key from the aligned examples; query letters the key does n
           is broken: the puzzle's own example words, then the batch vocabulary (`vocabulary(prompts)`:
           the plaintext words of every cipher example in the file being solved, most frequent
           first; `solve_frame` builds it, so a word one puzzle only encrypts is read from the
-          examples of others), then the built-in word list WORDS. Status: solved if every query letter is fixed, ambiguous if some
-          word still has several matches (the first is used, example words first), undetermined if
-          some word has none (unknown letters shown as '?').
+          examples of others), then the built-in word list WORDS. Status: solved if every query
+          letter is fixed, ambiguous if some word still has several matches (the first is used),
+          undetermined if some word has none (unknown letters shown as '?').
 `method` says where the weakest query word came from: key, examples' words, batch words, word
 list, or no word. Trace:
     key: t=c r=a b=t w=i
@@ -26,7 +26,6 @@ from __future__ import annotations
 import random
 import re
 import string
-
 from collections import Counter
 
 from .classify import classify
