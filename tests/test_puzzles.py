@@ -274,3 +274,10 @@ def test_cipher_reads_unseen_words_from_the_batch_vocabulary():
     out = solve_frame(pd.DataFrame({"id": ["a", "b"], "prompt": [a, b], "answer": ["the book", "the zephyr"]}))
     assert out["correct"].tolist() == [True, True] and out["status"].tolist() == ["solved", "solved"]
     assert out["method"].tolist() == ["key", "batch words"]
+
+
+def test_units_with_longer_unit_names():
+    prompt = UNIT_REAL.replace(" m becomes", " square m becomes").replace("6.69", "6.69 ft").replace(
+        "25.09 m", "25.09 square m")
+    s = solve(prompt)
+    assert (s.status, s.answer) == ("solved", "16.65")

@@ -22,7 +22,7 @@ from .gravity import decimals, estimate
 CATEGORY = "unit_conversion"
 HEADER = "In Alice's Wonderland, a secret unit conversion is applied to measurements. For example:"
 NUM = r"(-?\d+(?:\.\d+)?)"
-EX_RE = re.compile(rf"^\s*{NUM}\s*([^\s\d]*)\s+becomes\s+{NUM}\s*$", re.M)
+EX_RE = re.compile(rf"^\s*{NUM}\s*([^\d\n]*?)\s+becomes\s+{NUM}[^\d\n]*$", re.M)  # units of any words
 QUERY_RE = re.compile(rf"convert the following measurement:\s*{NUM}\s*(\S*)")
 UNITS = ["m", "cm", "km", "g", "kg", "s", "L", "ft", "in", "lb"]
 
