@@ -6,12 +6,14 @@ the `solve` command uses) and, per category, the seconds spent and accuracy agai
 generators' answers. The real train.csv is not in the repository; with it, run
 `python -m lab.puzzles solve data/train.csv out.csv` for the real figures.
 
-Also: bit puzzles by rule complexity (3 to 8: the named three-copy rules, 2-3 step pipelines, any
-function of three copies, a one- or two-copy rule then a constant mask, an XOR of four or five
-copies, any function of four copies), and cipher puzzles whose vocabulary the solver's built-in word list does not know (every word
-spelled backwards, which keeps the letter key valid), solved one by one and as one batch (where
-the batch vocabulary pooled from all examples fills the gaps): how much a file's own examples make
-up for an unknown vocabulary.
+Also:
+- bit puzzles by rule complexity, 3 to 8: the named three-copy rules, 2-3 step pipelines, any
+  function of three copies, a one- or two-copy rule then a constant mask, an XOR of four or five
+  copies, any function of four copies;
+- cipher puzzles whose vocabulary the solver's built-in word list does not know (every word spelled
+  backwards, which keeps the letter key valid), solved one by one and as one batch, where the
+  vocabulary pooled from all examples fills the gaps: how much a file's own examples make up for
+  an unknown vocabulary.
 
 Deliberately simple: generated puzzles are drawn from the same rule spaces the solvers search,
 so the accuracy here is an upper bound; the timing is what this script is for.
