@@ -398,6 +398,38 @@ def rule_trace(rule, q: int) -> list[str]:
     return lines
 
 
+def gf2_solve(equations, queries):
+    """Gauss-Jordan elimination over GF(2). `equations`: (row, target) pairs, a row a bitmask over the
+    unknowns; `queries`: rows. -> (each query row's value, one solution as a bitmask, free unknowns 0),
+    or None if the equations contradict each other or some query row is not forced by them."""
+    pivots: dict[int, tuple[int, int]] = {}  # pivot bit -> (row, target), each row clear of other pivots
+
+    def reduce(row: int, t: int):
+        for p, (r, tt) in pivots.items():
+            if row >> p & 1:
+                row, t = row ^ r, t ^ tt
+        return row, t
+
+    for row, t in equations:
+        row, t = reduce(row, t)
+        if not row:
+            if t:
+                return None  # inconsistent
+            continue
+        top = row.bit_length() - 1
+        for p, (r, tt) in list(pivots.items()):
+            if r >> top & 1:
+                pivots[p] = (r ^ row, tt ^ t)
+        pivots[top] = (row, t)
+    values = []
+    for row in queries:
+        row, t = reduce(row, 0)
+        if row:
+            return None  # not forced
+        values.append(t)
+    return values, sum(1 << p for p, (_, t) in pivots.items() if t)
+
+
 LIN_NAMES = ["x"] + [f"shl{k}" for k in range(1, 8)] + [f"shr{k}" for k in range(1, 8)]  # spans every rotation
 
 
@@ -410,34 +442,11 @@ def xor_of_copies(x: list[int], y: list[int], q: int):
         cs = [apply_t(n, v) for n in LIN_NAMES]
         return [sum(1 << j for j, c in enumerate(cs) if c >> (7 - p) & 1) | 1 << 15 for p in range(8)]
 
-    pivots: dict[int, tuple[int, int]] = {}
-
-    def reduce(row: int, t: int):
-        for p, (r, tt) in pivots.items():
-            if row >> p & 1:
-                row, t = row ^ r, t ^ tt
-        return row, t
-
-    for xv, yv in zip(x, y):
-        for row, t in zip(bit_rows(xv), map(int, b8(yv))):
-            row, t = reduce(row, t)
-            if not row:
-                if t:
-                    return None  # inconsistent: not an XOR of copies
-                continue
-            top = row.bit_length() - 1
-            for p, (r, tt) in list(pivots.items()):
-                if r >> top & 1:
-                    pivots[p] = (r ^ row, tt ^ t)
-            pivots[top] = (row, t)
-    out = ""
-    for row in bit_rows(q):
-        row, t = reduce(row, 0)
-        if row:
-            return None  # the query bit is not forced
-        out += str(t)
-    chosen = {p for p, (_, t) in pivots.items() if t}  # one solution: free unknowns 0
-    names = [LIN_NAMES[j] for j in range(15) if j in chosen]
+    solved = gf2_solve([(row, int(t)) for xv, yv in zip(x, y) for row, t in zip(bit_rows(xv), b8(yv))], bit_rows(q))
+    if solved is None:
+        return None
+    chosen = solved[1]
+    names = [LIN_NAMES[j] for j in range(15) if chosen >> j & 1]
     for k in range(1, 8):  # shl k XOR shr 8-k is a rotation: name it so
         if f"shl{k}" in names and f"shr{8 - k}" in names:
             names.remove(f"shl{k}")
@@ -445,7 +454,7 @@ def xor_of_copies(x: list[int], y: list[int], q: int):
     val = 0
     for n in names:
         val ^= apply_t(n, q)
-    neg = 15 in chosen
+    neg = bool(chosen >> 15 & 1)
     rule = " XOR ".join(names) or "00000000"
     lines = [f"rule: {'NOT (' + rule + ')' if neg else rule}", f"x = {b8(q)}",
              *[f"{n} = {b8(apply_t(n, q))}" for n in names if n != "x"]]
@@ -462,37 +471,14 @@ def affine(x: list[int], y: list[int], q: int):
     qb = b8(q)
     lines = ["rule: XOR per bit", f"x = {qb}"]
     out = ""
-    for i in range(8):
-        pivots: dict[int, tuple[int, int]] = {}  # pivot bit -> (row over x0..x7 and 1, target)
-        for xv, yv in zip(x, y):
-            row, t = (int(b8(xv), 2) << 1) | 1, int(b8(yv)[i])
-            for p in sorted(pivots, reverse=True):
-                if row >> p & 1:
-                    row, t = row ^ pivots[p][0], t ^ pivots[p][1]
-            if row == 0:
-                if t:
-                    return None  # inconsistent: not affine
-                continue
-            top = row.bit_length() - 1
-            for p, (r, tt) in list(pivots.items()):
-                if r >> top & 1:
-                    pivots[p] = (r ^ row, tt ^ t)
-            pivots[top] = (row, t)
-        row, t = (q << 1) | 1, 0
-        for p in sorted(pivots, reverse=True):
-            if row >> p & 1:
-                row, t = row ^ pivots[p][0], t ^ pivots[p][1]
-        if row:
-            return None  # the query bit is not forced
-        w = 0  # one solution: free variables 0, so weight j = target of the pivot row at bit j
-        for p, (_, tt) in pivots.items():
-            if tt:
-                w |= 1 << p
+    for i in range(8):  # unknowns: bit 0 the constant 1, bit p (1..8) input bit x(8-p)
+        solved = gf2_solve([((xv << 1) | 1, int(b8(yv)[i])) for xv, yv in zip(x, y)], [(q << 1) | 1])
+        if solved is None:
+            return None
+        (bit,), w = solved
         terms = [f"x{7 - (p - 1)}" for p in range(8, 0, -1) if w >> p & 1] + (["1"] if w & 1 else [])
-        val = sum(int(qb[7 - (p - 1)]) for p in range(1, 9) if w >> p & 1) + (w & 1)
-        bit = str(val % 2)
         lines.append(f"b{i} = {' ^ '.join(terms) or '0'} = {bit}")
-        out += bit
+        out += str(bit)
     return out, lines
 
 
