@@ -3,8 +3,10 @@
 `pack(adapter_dir, out_zip)` writes a zip with exactly two files at its root,
 `adapter_config.json` and `adapter_model.safetensors`: no folders, no nested zip. The config
 keeps only standard PEFT LoraConfig fields (fields another back-end added, e.g. Unsloth's, are
-dropped). DoRA, rank > 32, `modules_to_save` and LoRA biases are refused. The zip is written to
-a temporary file, checked with `check`, and only then renamed into place.
+dropped) and names the base model by a relative path or Hub id, never this machine's absolute
+path. DoRA, rank > 32, `modules_to_save` and LoRA biases are refused; an unreadable adapter is a
+LabError naming the file. The zip is written to a temporary file, checked with `check`, given the
+user's normal file permissions and only then renamed into place.
 
 Routed experts. PEFT's `target_parameters` stores a LoRA on the fused expert parameters of
 Nemotron-H (`mixer.experts.up_proj`, shape (E, out, in)) as ONE pair per parameter, and nests
@@ -12,40 +14,67 @@ the two wrappers, so an adapter holds `...mixer.experts.base_layer.lora_{A,B}.we
 the first parameter of `NemotronHExperts`) and `...mixer.experts.lora_{A,B}.weight` (down_proj),
 with lora_A of shape (r*E, in) (expert-major blocks: expert e is rows e*r..(e+1)*r) and lora_B of
 shape (out, r*E) (rank-major: expert e is columns e, e+E, e+2E, ...), see
-`peft.tuners.lora.layer.ParamWrapper.get_delta_weight`. vLLM reads Nemotron-H expert LoRAs per
-expert instead: `NemotronHForCausalLM.get_expert_mapping` (vllm/model_executor/models/nemotron_h.py)
-yields `experts.{e}.up_proj` (w1) and `experts.{e}.down_proj` (w2), which
-`vllm/lora/utils.py:process_packed_modules_mapping` turns into the packed sub-modules of each
-`...mixer.experts` module; `LoRAModelManager._create_merged_loras_inplace`
-(vllm/lora/model_manager.py) looks the adapter's tensors up under those names and
-`PackedLoRALayerWeights.pack_moe(..., is_non_gated_moe=True)` (vllm/lora/lora_weights.py)
-stacks them. Nemotron-H does not set `is_3d_moe_weight`, so the fused PEFT keys take the 2-D
-`FusedMoEWithLoRA` path and fail to load (`assert isinstance(lora_a, list)`, vllm-project/vllm
-PR #47088, closed unmerged). `split_fused_experts` therefore writes
-`...mixer.experts.{e}.up_proj.lora_A.weight` (r, in) / `.lora_B.weight` (out, r), and the
-same for down_proj, which is the layout of an adapter trained on the original per-expert
-`nn.Linear` modules. `check` reports fused keys as a problem.
-What is verified: the layout was read from vLLM's sources as stored in a public code index
-(vllm-project/vllm on GitHub, recent main-branch versions of the files named above, release not
-identifiable; vLLM is GPU-only and not installed here), and the split reproduces PEFT's own
-per-expert deltas exactly on the tiny model (tests/test_submission.py). What is NOT verified:
-loading the packed zip into vLLM 0.33 itself; if 0.33 sets `is_3d_moe_weight` for Nemotron-H,
-it would want the fused keys instead, and `split_fused_experts` (and `check`'s fused-key rule)
-would need to change. vLLM also needs a LoRA on BOTH up_proj and down_proj of EVERY routed
-expert of a layer (`pack_moe` asserts it); `check` reports incomplete expert sets.
+`peft.tuners.lora.layer.ParamWrapper.get_delta_weight`. vLLM 0.33 reads Nemotron-H expert LoRAs
+per expert instead (read in the vllm 0.33.0 wheel): `NemotronHForCausalLM` leaves
+`is_3d_moe_weight` at the SupportsLoRA default False (models/interfaces.py) and sets
+`is_non_gated_moe`; its `get_expert_mapping` (models/nemotron_h.py) yields the checkpoint names
+`experts.{e}.up_proj` (w1) and `experts.{e}.down_proj` (w2)
+(`RoutedExperts.build_expert_params_mapping`, layers/fused_moe/routed_experts.py), which
+`process_packed_modules_mapping` (vllm/lora/utils.py) makes the packed sub-modules of each
+`...mixer.experts`; `LoRAModelManager._create_merged_loras_inplace` (vllm/lora/model_manager.py)
+looks the adapter's tensors up under those names and `PackedLoRALayerWeights.pack_moe`
+(vllm/lora/lora_weights.py) stacks them, refusing experts of one projection with different
+ranks. Fused keys are refused at load (`_validate_moe_lora_format`: "contains fused 3D MoE
+weights"). `split_fused_experts` therefore writes `...mixer.experts.{e}.up_proj.lora_A.weight`
+(r, in) / `.lora_B.weight` (out, r), and the same for down_proj; the split reproduces PEFT's own
+per-expert deltas exactly on the tiny model (tests/test_submission.py). vLLM also needs a LoRA
+on BOTH up_proj and down_proj of EVERY routed expert of a layer (`pack_moe` asserts it).
+Not verified here: loading a packed zip into a running vLLM engine (GPU only).
 
-`check(zip, base_model=None)` validates any zip and returns every problem in plain words
-(empty list = valid): layout, config fields, rank, DoRA, tensor names, shapes against the rank,
-and, when a base model config is available (`base_model`, or the adapter's own
-`base_model_name_or_path` when that folder has a config.json), every tensor against the module it
-targets, built on the meta device (no weights are loaded). Without one, names are checked
-against the known Nemotron-H module families.
+rank_pattern / alpha_pattern. vLLM 0.33 applies them per module (`PEFTHelper.get_rank_and_scaling`,
+vllm/lora/peft_helper.py, matched like PEFT's `get_pattern_key` against the names in the file)
+and refuses an adapter whose largest rank (r or any rank_pattern value) exceeds max_lora_rank.
+PEFT matched the fused name `...experts.up_proj`, vLLM matches `...experts.3.up_proj`, so
+`pack` adds one escaped key per layer where the two would differ.
 
-Deliberately simple: the whole adapter is read into memory to convert it (fine for rank <= 32),
-and tensor headers are read straight from the zip without extracting it.
+lm_head. PEFT saves `base_model.model.lm_head.lora_A.weight` (r, hidden) / `.lora_B.weight`
+(vocab, r), which is what vLLM 0.33 reads: `parse_fine_tuned_lora_name` gives module `lm_head`,
+`NemotronHForCausalLM.embedding_modules` lists it and `LogitsProcessorWithLoRA`
+(vllm/lora/layers/logits_processor.py) holds (r, hidden) / (vocab, r). PEFT also saves a full copy
+`lm_head.base_layer.weight` when lm_head is targeted; vLLM skips that name
+(`is_base_embedding_weights`), so `pack` drops it.
 
-CLI: `python -m lab.submission pack ADAPTER_DIR OUT.zip [--dtype bfloat16]` and
-`python -m lab.submission check ZIP [--base-model DIR]` (exit 0 only when valid).
+`check(zip, base_model=None)` returns every problem in plain words (an empty list = valid):
+- the zip: two files at the root, no folders, `..` paths or nested zips; a zip that would inflate
+  past 16 GiB or more than 100:1 is refused unread (zip bomb); every byte read back must match the
+  zip's CRC-32;
+- the safetensors file, read whole, one tensor at a time: every tensor's byte range inside the
+  file, the ranges contiguous and covering it exactly (a file cut short or with trailing bytes
+  fails), dtype size x shape == range length, floating-point dtypes, every value finite and below
+  1e4 in magnitude (random bytes read as floats are mostly NaN or huge; overwritten bytes that
+  happen to read as small finite numbers cannot be told from weights);
+- the config: the fields vLLM 0.33's PEFTHelper requires or refuses, rank <= 32 per module;
+- the config against the tensors: every LoRA module is named by `target_modules` (routed experts
+  also by `target_parameters`), every name there has tensors;
+- the tensors: names vLLM parses, pairs complete, A (r, in) and B (out, r) at each module's rank,
+  complete expert sets; against the base model's modules built on the meta device (no weights)
+  when its config is at hand (`base_model`, or the adapter's `base_model_name_or_path` as a
+  folder, relative to the project root, or in the local Hub cache), else against the Nemotron-H
+  module families.
+Base model: an ERROR (a problem) when it is known not to be Nemotron-H (a config whose model_type
+is not `nemotron_h`, or a Hub id that names no Nemotron model, e.g. `meta-llama/Llama-3-8B`):
+Kaggle's vLLM puts the adapter on Nemotron-3-Nano whatever the field says, so it cannot be what
+the user meant. A WARNING (printed to stderr and kept in the result's `.warnings`; the zip stays
+valid) when it cannot be checked here (no field, a Nemotron Hub id not downloaded, a folder not
+on this machine): vLLM never reads the field, so refusing would reject every good real-model
+adapter checked without the 60 GB checkpoint; its tensors are still checked against the
+families and the rank.
+
+Deliberately simple: `pack` reads the whole adapter into memory to convert it (fine for rank <= 32);
+`check` streams the safetensors file from the zip without extracting it.
+
+CLI: `python -m lab.submission pack ADAPTER_DIR OUT.zip [--dtype bfloat16] [--base-model-name HUB_ID]`
+and `python -m lab.submission check ZIP [--base-model DIR]` (exit 0 only when valid).
 """
 
 from __future__ import annotations
