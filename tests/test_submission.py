@@ -511,3 +511,40 @@ def test_check_refuses_zip_bombs_and_zip_slip_paths(tiny, tmp_path):
     z = _variant(tmp_path, tiny, "slip", files_edit=lambda f: {"../" + CONFIG_NAME: f[CONFIG_NAME], **f})
     (hit,) = _only(check(z), "files in a subfolder")
     assert "../adapter_config.json" in hit
+
+
+REAL = config.project_root().parent / "shared" / "tokenizer" / "nemotron-3-nano"  # never committed, never downloaded
+
+
+@pytest.mark.skipif(not (REAL / "config.json").is_file(), reason="../shared/tokenizer/nemotron-3-nano absent")
+def test_check_against_the_real_nemotron_3_nano_config(tmp_path):
+    """A rank-2 LoRA in vLLM's names on one attention, one Mamba and one MoE layer (all 128 experts) and lm_head
+    of the real model, checked against its config on the meta device; then lm_head at the wrong vocabulary size."""
+    modules = submission._base_modules(REAL)
+    pattern = json.loads((REAL / "config.json").read_text())["hybrid_override_pattern"]
+    layers = {f"model.layers.{pattern.index(c)}." for c in "*ME"}
+    g = torch.Generator().manual_seed(0)
+    t = {}
+
+    def add(name, in_f, out_f):
+        t[f"base_model.model.{name}.lora_A.weight"] = torch.randn(2, in_f, generator=g) * 0.01
+        t[f"base_model.model.{name}.lora_B.weight"] = torch.randn(out_f, 2, generator=g) * 0.01
+
+    for name, (kind, *rest) in modules.items():
+        if name == "lm_head" or any(name.startswith(p) for p in layers):
+            if kind == "linear":
+                add(name, *rest)
+            else:
+                for param, (n_experts, out_f, in_f) in rest[0].items():
+                    for e in range(n_experts):
+                        add(f"{name}.{e}.{param}", in_f, out_f)
+    assert t["base_model.model.lm_head.lora_B.weight"].shape == (131072, 2)
+    assert "base_model.model.model.layers.1.mixer.experts.127.down_proj.lora_A.weight" in t
+    cfg = {"r": 2, "lora_alpha": 4, "peft_type": "LORA", "bias": "none",
+           "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "out_proj", "up_proj", "down_proj",
+                              "lm_head"], "base_model_name_or_path": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"}
+    z = _zip(tmp_path / "real.zip", {CONFIG_NAME: json.dumps(cfg).encode(), WEIGHTS_NAME: st_save(t)})
+    assert check(z, base_model=REAL) == []
+    t["base_model.model.lm_head.lora_B.weight"] = t["base_model.model.lm_head.lora_B.weight"][:1000].contiguous()
+    z = _zip(tmp_path / "real_bad.zip", {CONFIG_NAME: json.dumps(cfg).encode(), WEIGHTS_NAME: st_save(t)})
+    _only(check(z, base_model=REAL), "lm_head.lora_B.weight has shape (1000, 2), the base model's lm_head needs (131072, 2)")
