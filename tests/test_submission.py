@@ -548,3 +548,22 @@ def test_check_against_the_real_nemotron_3_nano_config(tmp_path):
     t["base_model.model.lm_head.lora_B.weight"] = t["base_model.model.lm_head.lora_B.weight"][:1000].contiguous()
     z = _zip(tmp_path / "real_bad.zip", {CONFIG_NAME: json.dumps(cfg).encode(), WEIGHTS_NAME: st_save(t)})
     _only(check(z, base_model=REAL), "lm_head.lora_B.weight has shape (1000, 2), the base model's lm_head needs (131072, 2)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_value_check_reads_every_float_dtype(tiny, tmp_path, dtype):
+    k = f"base_model.model.model.layers.{_first(tiny, 'in_proj')}.mixer.in_proj.lora_A.weight"
+
+    def cast(value=None):
+        def edit(t):
+            for name in t:
+                t[name] = t[name].to(dtype)
+            if value is not None:
+                t[k][1, 2] = value
+        return edit
+
+    assert check(_variant(tmp_path, tiny, "ok", tensors_edit=cast(-5000.0))) == []  # large but plausible
+    for value, needle in ((float("-inf"), "NaN or infinite"), (float("nan"), "NaN or infinite"),
+                          (-3e4, "far too large")):
+        (hit,) = _only(check(_variant(tmp_path, tiny, "bad", tensors_edit=cast(value))), needle)
+        assert k in hit
