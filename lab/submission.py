@@ -144,7 +144,8 @@ MAX_RATIO, RATIO_FROM = 100, 64 << 20  # zip bomb: > 100:1 overall once more tha
 MAX_CONFIG = 1 << 20
 MAX_HEADER = 100_000_000  # safetensors' own limit on the header length
 
-# IEEE-754 layout per float dtype: (unsigned view, mask clearing the sign, bits of +inf, bits of MAX_ABS, bits -> value).
+# IEEE-754 layout per float dtype: (unsigned view, mask clearing the sign, bits of +inf, bits of MAX_ABS,
+# bits -> value).
 # Without the sign, a float's bits order like its magnitude and every NaN/inf is >= the bits of +inf, so one integer
 # max per chunk finds NaN, inf and huge values (fast on any CPU; no float arithmetic on the weights).
 _FLOAT_BITS = {
@@ -424,7 +425,8 @@ def _keep_expert_patterns(config: dict, split: list) -> None:
     key such as `layers.1.mixer.experts.up_proj` would no longer apply. Where the two differ, one escaped key per
     (layer, parameter) is put first (the first match wins in both).
     """
-    orig = {"r": config["r"], "lora_alpha": config["lora_alpha"], "rank_pattern": dict(config.get("rank_pattern") or {}),
+    orig = {"r": config["r"], "lora_alpha": config["lora_alpha"],
+            "rank_pattern": dict(config.get("rank_pattern") or {}),
             "alpha_pattern": dict(config.get("alpha_pattern") or {})}
     for prefix, param in split:
         fused, one = f"{_strip(prefix)}.{param}", f"{_strip(prefix)}.0.{param}"
@@ -730,11 +732,12 @@ def _check_agreement(header: dict, config: dict) -> list[str]:
     mods = {_strip(m["module"]) for n in header if not _FUSED.match(n) and (m := _LORA_KEY.match(n))}
     has_fused = any(_FUSED.match(n) for n in header)
 
-    def fused_name(m: str) -> str:  # ...experts.3.up_proj -> ...experts.up_proj, the name PEFT's target_parameters match
+    def fused_name(m: str) -> str:  # ...experts.3.up_proj -> ...experts.up_proj, what target_parameters match
         return re.sub(r"\.experts\.\d+\.", ".experts.", m)
 
     try:
-        uncovered = sorted(m for m in mods if not _targets(m, tm) and not (".experts." in m and _targets(fused_name(m), tp)))
+        uncovered = sorted(m for m in mods if not _targets(m, tm)
+                           and not (".experts." in m and _targets(fused_name(m), tp)))
         named = [tm] if isinstance(tm, str) else tm
         absent = [f"{t!r} (target_modules)" for t in named if t != "all-linear"
                   and not any(_targets(m, t if isinstance(tm, str) else [t]) for m in mods)]

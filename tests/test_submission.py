@@ -284,7 +284,8 @@ def _data_start(st: bytes) -> int:
 
 
 def test_check_rejects_a_truncated_safetensors(tiny, tmp_path):
-    cut = _variant(tmp_path, tiny, "half", files_edit=lambda f: {**f, WEIGHTS_NAME: f[WEIGHTS_NAME][:len(f[WEIGHTS_NAME]) // 2]})
+    cut = _variant(tmp_path, tiny, "half",
+                   files_edit=lambda f: {**f, WEIGHTS_NAME: f[WEIGHTS_NAME][:len(f[WEIGHTS_NAME]) // 2]})
     (hit,) = _only(check(cut), "adapter_model.safetensors is truncated")
     assert "lies past the end" in hit
     # the opposite: bytes after the last tensor, which safetensors itself refuses
@@ -353,7 +354,8 @@ def test_check_rejects_a_config_that_disagrees_with_the_tensors(tiny, tmp_path):
 
 
 def test_check_rejects_a_base_model_that_is_not_nemotron_h(tiny, tmp_path):
-    z = _variant(tmp_path, tiny, "llama", config_edit=lambda c: c.update(base_model_name_or_path="meta-llama/Llama-3-8B"))
+    z = _variant(tmp_path, tiny, "llama",
+                 config_edit=lambda c: c.update(base_model_name_or_path="meta-llama/Llama-3-8B"))
     (hit,) = _only(check(z), "'meta-llama/Llama-3-8B', which is not Nemotron-H")
     # a local base model folder of another type
     other = tmp_path / "llama"
@@ -453,8 +455,8 @@ def test_lm_head_lora_is_packed_in_vllm_names_and_accepted(tiny, tmp_path):
     assert tuple(t["base_model.model.lm_head.lora_B.weight"].shape) == (vocab, 8)
     assert not any("base_layer" in k for k in t)
     assert "lm_head" in json.loads(_files(z)[CONFIG_NAME])["target_modules"]
-    torch.testing.assert_close(2.0 * t["base_model.model.lm_head.lora_B.weight"] @ t["base_model.model.lm_head.lora_A.weight"],
-                               head.get_delta_weight("default"))
+    A, B = t["base_model.model.lm_head.lora_A.weight"], t["base_model.model.lm_head.lora_B.weight"]
+    torch.testing.assert_close(16 / 8 * B @ A, head.get_delta_weight("default"))
     # a zip that keeps the copy is loadable (vLLM skips it) but says so
     raw = _zip(tmp_path / "raw_head.zip", {CONFIG_NAME: (adapter / CONFIG_NAME).read_bytes(),
                                            WEIGHTS_NAME: (adapter / WEIGHTS_NAME).read_bytes()})
@@ -467,7 +469,8 @@ def test_pack_writes_a_relative_or_given_base_model_name(tiny, tmp_path):
     assert not os.path.isabs(name)
     assert config.resolve_path(name).resolve() == tiny["base"].resolve()
     out = pack(tiny["adapter"], tmp_path / "hub.zip", base_model_name="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
-    assert json.loads(_files(out)[CONFIG_NAME])["base_model_name_or_path"] == "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+    assert json.loads(_files(out)[CONFIG_NAME])["base_model_name_or_path"] == \
+        "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
 
 
 def test_pack_creates_the_zip_with_the_users_permissions(tiny, tmp_path):
@@ -547,7 +550,8 @@ def test_check_against_the_real_nemotron_3_nano_config(tmp_path):
     assert check(z, base_model=REAL) == []
     t["base_model.model.lm_head.lora_B.weight"] = t["base_model.model.lm_head.lora_B.weight"][:1000].contiguous()
     z = _zip(tmp_path / "real_bad.zip", {CONFIG_NAME: json.dumps(cfg).encode(), WEIGHTS_NAME: st_save(t)})
-    _only(check(z, base_model=REAL), "lm_head.lora_B.weight has shape (1000, 2), the base model's lm_head needs (131072, 2)")
+    _only(check(z, base_model=REAL),
+          "lm_head.lora_B.weight has shape (1000, 2), the base model's lm_head needs (131072, 2)")
 
 
 @pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
