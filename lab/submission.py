@@ -789,6 +789,10 @@ def _check(path: Path, base_model, label: str | None = None) -> Report:
             if nested:
                 problems.append(f"nested zip inside the zip: {', '.join(nested)} (put the adapter files themselves "
                                 "at the zip's root)")
+            dups = sorted({n for n in names if names.count(n) > 1})
+            if dups:
+                problems.append(f"the zip holds {', '.join(dups)} more than once (which copy an unzip keeps "
+                                "is up to the tool)")
             sub = [n for n in names if "/" in n.rstrip("/") or n.endswith("/") or "\\" in n]
             if sub:
                 problems.append(f"files in a subfolder: {', '.join(sub[:6])} (Kaggle expects {CONFIG_NAME} and "
@@ -819,6 +823,8 @@ def _check(path: Path, base_model, label: str | None = None) -> Report:
                 problems += found
     except (zipfile.BadZipFile, EOFError, OSError, zlib.error) as e:  # e.g. "Bad CRC-32": bytes changed in the zip
         problems.append(f"{path}: damaged zip, its bytes do not read back as written ({type(e).__name__}: {e})")
+    except (RuntimeError, NotImplementedError) as e:  # encrypted members, compression methods zipfile lacks
+        problems.append(f"{path}: a member cannot be read ({e}); write the zip without a password, stored or deflated")
     if config is not None:
         problems += _check_config(config)
     if config is not None and header is not None:

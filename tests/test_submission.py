@@ -571,3 +571,25 @@ def test_value_check_reads_every_float_dtype(tiny, tmp_path, dtype):
                           (-3e4, "far too large")):
         (hit,) = _only(check(_variant(tmp_path, tiny, "bad", tensors_edit=cast(value))), needle)
         assert k in hit
+
+
+def test_check_reports_duplicate_and_unreadable_members(tiny, tmp_path):
+    import warnings
+
+    files = _files(tiny["zip"])
+    dup = tmp_path / "dup.zip"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate name, which is the point
+        with zipfile.ZipFile(dup, "w") as zf:
+            for n, b in files.items():
+                zf.writestr(n, b)
+            zf.writestr(CONFIG_NAME, files[CONFIG_NAME])
+    _only(check(dup), "holds adapter_config.json more than once")
+    enc = bytearray(tiny["zip"].read_bytes())  # mark every member encrypted (general purpose flag bit 0)
+    for sig, off in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        at = enc.find(sig)
+        while at >= 0:
+            enc[at + off] |= 1
+            at = enc.find(sig, at + 4)
+    (tmp_path / "enc.zip").write_bytes(bytes(enc))
+    _only(check(tmp_path / "enc.zip"), "a member cannot be read")
