@@ -45,9 +45,9 @@ lm_head. PEFT saves `base_model.model.lm_head.lora_A.weight` (r, hidden) / `.lor
 (`is_base_embedding_weights`), so `pack` drops it.
 
 `check(zip, base_model=None)` returns every problem in plain words (an empty list = valid):
-- the zip: two files at the root, no folders, `..` paths, duplicate or encrypted members or nested zips; a zip that would inflate
-  past 16 GiB or more than 100:1 is refused unread (zip bomb); every byte read back must match the
-  zip's CRC-32;
+- the zip: two files at the root, no folders, `..` paths, duplicate or encrypted members or nested
+  zips; a zip that would inflate past 16 GiB or more than 100:1 is refused unread (zip bomb);
+  every byte read back must match the zip's CRC-32;
 - the safetensors file, read whole, one tensor at a time: every tensor's byte range inside the
   file, the ranges contiguous and covering it exactly (a file cut short or with trailing bytes
   fails), dtype size x shape == range length, floating-point dtypes, every value finite and below
