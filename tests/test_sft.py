@@ -83,12 +83,6 @@ def test_rank_above_32_is_refused(root):
         sft.attach_lora(cfg, model)
 
 
-def test_lm_head_is_refused_with_trls_reason(root):
-    cfg, model, _ = load(root, "sft.lora.targets=[q_proj,lm_head]")
-    with pytest.raises(LabError, match=r"lm_head.*lm_head\.weight directly"):
-        sft.attach_lora(cfg, model)
-
-
 def test_unsloth_backend_without_unsloth_is_a_clear_error(root, puzzles):
     pytest.importorskip("lab.sft_unsloth")
     from lab import sft_unsloth
