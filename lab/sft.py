@@ -456,6 +456,18 @@ def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, exam
     return trainer
 
 
+def load_model(cfg: DictConfig):
+    """(model, tokenizer) that SFT trains: Unsloth's own loader with `sft.backend=unsloth` (lab.sft_unsloth, which
+    imports unsloth before transformers/TRL/PEFT), else `lab.models.load`."""
+    from lab import models
+
+    if str(cfg.sft.backend) == "unsloth":
+        from lab import sft_unsloth
+
+        return sft_unsloth.load(cfg)
+    return models.load(cfg)
+
+
 def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, tokenizer=None):
     """Train the SFT adapter into `cfg.sft.adapter_dir`.
 
@@ -464,7 +476,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     """
     from transformers.trainer_utils import get_last_checkpoint
 
-    from lab import models, trl_cpu
+    from lab import trl_cpu
 
     backend = str(cfg.sft.backend)
     if backend not in ("hf", "unsloth"):
@@ -472,15 +484,12 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     check_targets(cfg)
     attach = attach_lora
     if backend == "unsloth":
-        from lab import sft_unsloth  # imports unsloth first, before anything below touches transformers/trl/peft
+        from lab import sft_unsloth
 
-        sft_unsloth.require()
         attach = sft_unsloth.attach_lora
-        if model is None:
-            model, tokenizer = sft_unsloth.load(cfg)
-    trl_cpu.install()
     if model is None:
-        model, tokenizer = models.load(cfg)
+        model, tokenizer = load_model(cfg)
+    trl_cpu.install()
     examples, counts = sft_examples(tokenizer, train_puzzles, int(cfg.sft.max_seq_len))
     if cfg.sft.n_train:
         examples = examples.sample(frac=1.0, random_state=int(cfg.seed)).head(int(cfg.sft.n_train))
