@@ -131,8 +131,8 @@ def report(cfg: DictConfig, config, gpu_gib: float = 80.0) -> str:
     mem = sft_step_memory(cfg, config, fig)
     lines = ["LoRA on the model's shapes (meta device, no weights):", fig["table"].to_string(index=False),
              f"base parameters {fig['base_params']:,}; trainable {fig['trainable_params']:,} "
-             f"({100 * fig['trainable_params'] / fig['base_params']:.2f}%); adapter {fig["adapter_mb_fp32"]:,.1f} MB "
-             f"in fp32 as saved, {fig["adapter_mb_bf16"]:,.1f} MB in bf16",
+             f"({100 * fig['trainable_params'] / fig['base_params']:.2f}%); adapter {fig['adapter_mb_fp32']:,.1f} MB "
+             f"in fp32 as saved, {fig['adapter_mb_bf16']:,.1f} MB in bf16",
              f"Estimated peak GPU memory of one SFT step, {mem['tokens']:,} tokens, gradient checkpointing "
              f"{'on' if mem['gradient_checkpointing'] else 'off'} (an estimate from shapes, not a measurement):"]
     for k in ("weights", "lora_params_grads_adamw", "activations", "output_head", "cuda_context_allowance"):
