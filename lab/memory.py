@@ -125,8 +125,13 @@ def sft_step_memory(cfg: DictConfig, config, figures: dict | None = None) -> dic
     return gib
 
 
-def report(cfg: DictConfig, config, gpu_gib: float = 80.0) -> str:
-    """The LoRA table, parameter counts, adapter size and the memory estimate as text (02_sft prints it)."""
+def report(cfg: DictConfig, config, gpu_gib: float | None = None) -> str:
+    """The LoRA table, parameter counts, adapter size and the memory estimate as text (02_sft prints it), against
+    `gpu_gib` (default: this machine's first GPU, else 80)."""
+    import torch
+
+    if gpu_gib is None:
+        gpu_gib = torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else 80.0
     fig = lora_figures(cfg, config)
     mem = sft_step_memory(cfg, config, fig)
     lines = ["LoRA on the model's shapes (meta device, no weights):", fig["table"].to_string(index=False),
@@ -137,6 +142,6 @@ def report(cfg: DictConfig, config, gpu_gib: float = 80.0) -> str:
              f"{'on' if mem['gradient_checkpointing'] else 'off'} (an estimate from shapes, not a measurement):"]
     for k in ("weights", "lora_params_grads_adamw", "activations", "output_head", "cuda_context_allowance"):
         lines.append(f"  {k:<26} {mem[k]:7.2f} GiB")
-    verdict = "fits" if mem["total"] <= gpu_gib else "does NOT fit"
+    verdict = "fits" if mem["total"] <= gpu_gib else "WARNING: does NOT fit"
     lines.append(f"  {'total':<26} {mem['total']:7.2f} GiB: {verdict} one {gpu_gib:.0f} GiB GPU")
     return "\n".join(lines)
