@@ -79,3 +79,49 @@ def test_memory_estimate_terms_add_up(values, figures):
     assert off["activations"] > 3 * m["activations"]
     text = memory.report(cfg, values)
     assert "lm_head" in text and "estimate" in text and "GiB" in text
+
+
+def test_packed_adapter_names_and_shapes_are_the_ones_vllm_reads(values, figures):
+    """The preset's adapter, after `lab.submission.split_fused_experts` (experts split per expert), has exactly the
+    names and shapes vLLM 0.33's Nemotron-H reads: per-expert `experts.{e}.up_proj/down_proj` (its expert mapping,
+    `get_expert_mapping` in vllm/model_executor/models/nemotron_h.py), q/k/v/o, in/out_proj, shared experts and
+    `lm_head` (`embedding_modules`). Computed on the meta device: names and shapes only."""
+    from peft import get_peft_model_state_dict
+
+    from lab.submission import split_fused_experts
+
+    pm = figures["model"]
+    state = get_peft_model_state_dict(pm, save_embedding_layers=False)
+    config = pm.peft_config["default"].to_dict()
+    config["target_parameters"] = list(config["target_parameters"])
+    packed, n_fused = split_fused_experts(state, config)
+    v, r = values, 32
+    pattern = v["hybrid_override_pattern"]
+    d, E, I = v["hidden_size"], v["n_routed_experts"], v["moe_intermediate_size"]
+    assert n_fused == 2 * pattern.count("E")
+    want = {}
+    for layer, kind in enumerate(pattern):
+        p = f"base_model.model.model.layers.{layer}.mixer."
+        if kind == "E":
+            for e in range(E):
+                want[f"{p}experts.{e}.up_proj.lora_A.weight"] = (r, d)
+                want[f"{p}experts.{e}.up_proj.lora_B.weight"] = (I, r)
+                want[f"{p}experts.{e}.down_proj.lora_A.weight"] = (r, I)
+                want[f"{p}experts.{e}.down_proj.lora_B.weight"] = (d, r)
+            S = v["moe_shared_expert_intermediate_size"]
+            want.update({f"{p}shared_experts.up_proj.lora_A.weight": (r, d), f"{p}shared_experts.up_proj.lora_B.weight": (S, r),
+                         f"{p}shared_experts.down_proj.lora_A.weight": (r, S),
+                         f"{p}shared_experts.down_proj.lora_B.weight": (d, r)})
+        elif kind == "M":
+            inner = v["mamba_num_heads"] * v["mamba_head_dim"]
+            in_out = 2 * inner + 2 * v["n_groups"] * v["ssm_state_size"] + v["mamba_num_heads"]
+            want.update({f"{p}in_proj.lora_A.weight": (r, d), f"{p}in_proj.lora_B.weight": (in_out, r),
+                         f"{p}out_proj.lora_A.weight": (r, inner), f"{p}out_proj.lora_B.weight": (d, r)})
+        else:
+            q, kv = v["num_attention_heads"] * v["head_dim"], v["num_key_value_heads"] * v["head_dim"]
+            for mod, (i, o) in {"q_proj": (d, q), "k_proj": (d, kv), "v_proj": (d, kv), "o_proj": (q, d)}.items():
+                want.update({f"{p}{mod}.lora_A.weight": (r, i), f"{p}{mod}.lora_B.weight": (o, r)})
+    want.update({"base_model.model.lm_head.lora_A.weight": (r, d),
+                 "base_model.model.lm_head.lora_B.weight": (v["vocab_size"], r)})
+    assert {k: tuple(t.shape) for k, t in packed.items()} == want
+    assert len(want) == 12010
