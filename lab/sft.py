@@ -4,8 +4,8 @@ What it guarantees, because each of these silently cost teams days (each has a t
 tests/test_sft.py on the tiny model):
 - every configured LoRA target family must match something in the model, or it is an error
   that names the target and lists the families that do exist; the rank is at most 32 (Kaggle's
-  vLLM `max_lora_rank`); after wrapping,
-  every configured family must own trainable LoRA parameters, or it is an error. The table of
+  vLLM `max_lora_rank`); after wrapping, every configured family must own trainable LoRA
+  parameters, or it is an error. The table of
   what received a LoRA (family, count, trainable parameters) is printed and saved before training;
 - the gradient check: at the first optimiser step every family is checked for a non-zero
   gradient, after training for LoRA weights that moved (every tensor of every family), and a
@@ -486,6 +486,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     if backend == "unsloth":
         from lab import sft_unsloth
 
+        sft_unsloth.check_targets(cfg)  # before loading 30B weights
         attach = sft_unsloth.attach_lora
     if model is None:
         model, tokenizer = load_model(cfg)

@@ -78,14 +78,19 @@ def load(cfg: DictConfig):
     return model, tokenizer
 
 
-def attach_lora(cfg: DictConfig, model):
-    """`FastModel.get_peft_model` with the lab's targets; (peft_model, target table) or a LabError."""
-    from lab import sft
-
+def check_targets(cfg: DictConfig) -> None:
+    """Refuse what this backend cannot train as configured (lm_head, see the module docstring)."""
     if "lm_head" in {str(t) for t in cfg.sft.lora.targets}:
         raise LabError("conf/sft: lora.targets has lm_head with sft.backend=unsloth: Unsloth 2026.10.9 moves lm_head "
                        "to modules_to_save (a full trained copy of the head, which vLLM does not load for Nemotron-H); "
                        "use sft.backend=hf (lab.lora trains an lm_head LoRA) or drop lm_head from sft.lora.targets")
+
+
+def attach_lora(cfg: DictConfig, model):
+    """`FastModel.get_peft_model` with the lab's targets; (peft_model, target table) or a LabError."""
+    from lab import sft
+
+    check_targets(cfg)
     fm = fast_model()
     config = sft.lora_config(cfg, model)  # validates rank, unknown families
     kwargs = {}

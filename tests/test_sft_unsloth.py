@@ -85,6 +85,15 @@ def test_get_peft_model_gets_the_labs_targets_and_lm_head_is_refused(tmp_path, m
         sft_unsloth.attach_lora(cfg_for(tmp_path), tiny)  # the preset's targets include lm_head
 
 
+def test_lm_head_with_unsloth_is_refused_before_loading(tmp_path, monkeypatch):
+    calls = []
+    fake_unsloth(monkeypatch, calls)
+    cfg = cfg_for(tmp_path)  # the preset's targets, lm_head included
+    with pytest.raises(LabError, match=r"lm_head.*sft\.backend=hf"):
+        sft.train(cfg, Stage("02_sft", cfg=cfg), None)
+    assert calls == []
+
+
 def test_without_unsloth_the_error_says_what_to_do(monkeypatch):
     monkeypatch.setitem(sys.modules, "unsloth", None)  # import unsloth -> ImportError
     with pytest.raises(LabError, match=r"backend=unsloth needs the `unsloth` package.*sft\.backend=hf"):
