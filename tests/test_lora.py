@@ -113,3 +113,21 @@ def test_sft_trains_the_lm_head_lora_and_leaves_frozen_weights(root, puzzles):
     ck = load_file(str(config.resolve_path(cfg.run_dir) / "02_sft" / "checkpoints" / "checkpoint-3"
                        / "adapter_model.safetensors"))
     assert set(ck) == set(saved)  # the Trainer's checkpoints neither
+    # the submission zip carries the head's LoRA and passes the lab's own check
+    import zipfile
+
+    from lab import submission
+
+    zp = submission.pack(cfg.sft.adapter_dir, root / "train" / "submission.zip")
+    assert submission.check(zp) == []
+    with zipfile.ZipFile(zp) as z:
+        packed = load_file_bytes(z.read("adapter_model.safetensors"))
+    assert {"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight"} <= set(packed)
+    torch.testing.assert_close(packed["base_model.model.lm_head.lora_B.weight"].float(),
+                               saved["base_model.model.lm_head.lora_B.weight"].float(), rtol=1e-2, atol=1e-3)
+
+
+def load_file_bytes(data: bytes) -> dict:
+    from safetensors.torch import load
+
+    return load(data)
