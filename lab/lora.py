@@ -21,7 +21,9 @@ The LoRA head is itself one linear map over a wider input: `W h + s B A h = [W |
 What it simplifies: no second loss implementation (TRL's kernel, masking and loss normalisation are reused),
 no full logits, and generation (`model.generate`, vLLM) is untouched because the module itself is not changed.
 Not supported (refused with an error): DoRA or a LoRA bias on `lm_head`, MoE router logits in the fused
-call (Nemotron-H has none), logit soft-capping or scaling (Nemotron-H uses neither).
+call (Nemotron-H has none), logit soft-capping or scaling (Nemotron-H uses neither), DeepSpeed ZeRO-3 (the
+head's weights are read outside its module). Not verified without a GPU: TRL's Triton kernel on the
+concatenated head (the CPU tests run the same computation through lab.trl_cpu).
 """
 
 from __future__ import annotations
@@ -104,6 +106,11 @@ def install_fused_lora_head(model, temperature: float = 1.0,
     trl_forward = base.forward
     if getattr(trl_forward, "_lab_lora_head", False):
         return True
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if is_deepspeed_zero3_enabled():
+        raise LabError("lm_head LoRA under DeepSpeed ZeRO-3: lab.lora reads the head's weights outside its module, "
+                       "where ZeRO-3 leaves them sharded; use accelerate=ddp or deepspeed_zero2, or drop lm_head")
     tc = base.config.get_text_config()
     for key in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling"):
         if getattr(tc, key, None) not in (None, 1.0):
@@ -112,8 +119,8 @@ def install_fused_lora_head(model, temperature: float = 1.0,
 
     @functools.wraps(type(base).forward)
     def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kw):
-        head = self.get_output_embeddings()
-        if not fused_lm_head or head_lora(self) is None:
+        head = head_lora(self)
+        if not fused_lm_head or head is None:
             return trl_forward(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
                                num_items_in_batch=num_items_in_batch, **kw)
         if kw.get("output_router_logits") or getattr(tc, "output_router_logits", False):
