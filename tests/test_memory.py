@@ -94,11 +94,11 @@ def test_packed_adapter_names_and_shapes_are_the_ones_vllm_reads(values, figures
     state = get_peft_model_state_dict(pm, save_embedding_layers=False)
     config = pm.peft_config["default"].to_dict()
     config["target_parameters"] = list(config["target_parameters"])
-    packed, n_fused = split_fused_experts(state, config)
+    packed, fused = split_fused_experts(state, config)
     v, r = values, 32
     pattern = v["hybrid_override_pattern"]
     d, E, I = v["hidden_size"], v["n_routed_experts"], v["moe_intermediate_size"]
-    assert n_fused == 2 * pattern.count("E")
+    assert len(fused) == 2 * pattern.count("E")
     want = {}
     for layer, kind in enumerate(pattern):
         p = f"base_model.model.model.layers.{layer}.mixer."
