@@ -144,28 +144,57 @@ def sym_class(sym: str) -> str:
     return sym if sym in "+-*" else "other"
 
 
+USUAL = {"+": "add", "-": "sub", "*": "mul"}
+REPEAT = 0.05  # weight of a reading in which two shown operators share a family (rare in the real file)
+
+
+def unseen_family_weight(fam: str, sym: str) -> float:
+    """Prior of an operator that no example shows having family `fam`: its usual meaning for
+    `+ - *`, otherwise add / multiply / subtract about evenly; concatenation and mod rarely."""
+    rare = {"concat": 0.03, "mod": 0.03}
+    if fam in rare:
+        return rare[fam]
+    if sym in USUAL:
+        return 0.7 if USUAL[sym] == fam else 0.12
+    return 0.31
+
+
 class Prior:
-    """P(mode) and P(meaning | operator symbol class), from counts of deducible modes and meanings,
-    smoothed toward the all-symbol meaning shares (pseudo-count `k`) and those toward uniform."""
+    """P(mode), P(family | operator symbol class) and P(meaning | family), from counts of
+    deducible modes and meanings (`learn_priors`). Families by class are smoothed toward the
+    all-class shares (pseudo-count `k`); meanings within a family are pooled over classes (+0.5 each)
+    and normalised over the meanings the mode and symbol allow."""
 
     def __init__(self, modes: Counter, meanings: Counter, k: float = 4.0):
         self.modes, self.meanings, self.k = Counter(modes), Counter(meanings), k
-        total = Counter()
-        for (_, m), c in self.meanings.items():
-            total[m] += c
-        n = sum(total.values())
-        self.base = {m: (total[m] + 0.5) / (n + 0.5 * len(MEANINGS)) for m in MEANINGS}
+        self.fam_by_class, self.fam, self.var = Counter(), Counter(), Counter()
+        for (cls, m), c in self.meanings.items():
+            self.fam_by_class[(cls, FAMILY[m])] += c
+            self.fam[FAMILY[m]] += c
+            self.var[m] += c
+        n = sum(self.fam.values())
+        self.base = {f: (self.fam[f] + 1) / (n + len(FAMILIES)) for f in FAMILIES}
         nm = sum(self.modes[m] for m in MODES)
         self.mode_p = {m: (self.modes[m] + 1) / (nm + 2) for m in MODES}
         self._cache: dict = {}
 
-    def meaning(self, m: str, sym: str) -> float:
-        key = (m, sym_class(sym))
+    def variant(self, m: str, sym: str, mode: str) -> float:
+        allowed = [v for v in FAMILIES[FAMILY[m]] if v in meanings_for(mode, sym)]
+        return (self.var[m] + 0.5) / sum(self.var[v] + 0.5 for v in allowed)
+
+    def meaning(self, m: str, sym: str, mode: str = "reversed") -> float:
+        """P(meaning) of an operator the examples show."""
+        key = (m, sym_class(sym), mode, sym == "-")
         if key not in self._cache:
-            cls = key[1]
-            n = sum(c for (k, _), c in self.meanings.items() if k == cls)
-            self._cache[key] = (self.meanings[(cls, m)] + self.k * self.base[m]) / (n + self.k)
+            cls, fam = key[1], FAMILY[m]
+            n = sum(c for (k, _), c in self.fam_by_class.items() if k == cls)
+            p_fam = (self.fam_by_class[(cls, fam)] + self.k * self.base[fam]) / (n + self.k)
+            self._cache[key] = p_fam * self.variant(m, sym, mode)
         return self._cache[key]
+
+    def unseen(self, m: str, sym: str, mode: str) -> float:
+        """P(meaning) of an operator no example shows (before ruling out used families)."""
+        return unseen_family_weight(FAMILY[m], sym) * self.variant(m, sym, mode)
 
     def mode(self, mode: str) -> float:
         return self.mode_p[mode]
@@ -206,8 +235,8 @@ def by_operator(examples) -> dict:
 
 def numeric_hypotheses(by_op: dict, prior: Prior, miss_penalty: float = 1e-6):
     """[(weight, mode, {operator: meaning})] of every joint reading that fits: one mode, a fitting
-    meaning per operator, distinct families. An operator that no meaning fits in a mode is left
-    out of that mode's readings (weight times `miss_penalty`)."""
+    meaning per operator; a family shared by two operators costs REPEAT. An operator that no
+    meaning fits in a mode is left out of that mode's readings (weight times `miss_penalty`)."""
     out = []
     for mode in MODES:
         fits = {sym: [m for m in meanings_for(mode, sym) if all(compute(m, x, y, mode, sym) == r for x, y, r in exs)]
@@ -216,11 +245,9 @@ def numeric_hypotheses(by_op: dict, prior: Prior, miss_penalty: float = 1e-6):
         penalty = miss_penalty ** (len(fits) - len(syms))
         for combo in product(*(fits[s] for s in syms)):
             fams = [FAMILY[m] for m in combo]
-            if len(set(fams)) < len(fams):
-                continue
-            w = prior.mode(mode) * penalty
+            w = prior.mode(mode) * penalty * REPEAT ** (len(fams) - len(set(fams)))
             for s, m in zip(syms, combo):
-                w *= prior.meaning(m, s)
+                w *= prior.meaning(m, s, mode)
             out.append((w, mode, dict(zip(syms, combo))))
     return out
 
@@ -235,8 +262,8 @@ def query_readings(hyps, sym: str, prior: Prior):
             continue
         used = {FAMILY[m] for m in ops.values()}
         free = [m for m in meanings_for(mode, sym) if FAMILY[m] not in used]
-        z = sum(prior.meaning(m, sym) for m in free)
-        out += [(w * prior.meaning(m, sym) / z, mode, m, True) for m in free]
+        z = sum(prior.unseen(m, sym, mode) for m in free)
+        out += [(w * prior.unseen(m, sym, mode) / z, mode, m, True) for m in free]
     return out
 
 
@@ -297,7 +324,8 @@ def learn_priors(prompts) -> Prior:
         if not examples or not all(split_numeric(lhs) for lhs, _ in examples):
             continue
         by_op = by_operator(examples)
-        hyps = [h for h in numeric_hypotheses(by_op, flat) if len(h[2]) == len(by_op)]
+        hyps = [h for h in numeric_hypotheses(by_op, flat) if len(h[2]) == len(by_op)
+                and len({FAMILY[m] for m in h[2].values()}) == len(by_op)]
         if not hyps:
             continue
         hmodes = {h[1] for h in hyps}
@@ -351,6 +379,8 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
     seen = q[1] in {e[1] for e in exs}
     state = {"deadline": time.perf_counter() + seconds, "stopped": False}
     solutions = _symbolic_solutions(exs, cap, state)
+    if not solutions:  # two operators of one family (rare): allow it
+        solutions = _symbolic_solutions(exs, cap, state, repeat=True)
     if not solutions and seen:  # another operator's rule is outside the model: its examples only
         solutions = _symbolic_solutions([e for e in exs if e[1] == q[1]], cap, state)
     if not solutions:
@@ -358,9 +388,10 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
         return undetermined(CATEGORY, reason, subtype)
     votes, first, unwritable = Counter(), {}, 0
     for mode, s2d, ops in solutions:
-        w = prior.mode(mode)
+        fams = [FAMILY[m] for m in ops.values()]
+        w = prior.mode(mode) * REPEAT ** (len(fams) - len(set(fams)))
         for s, m in ops.items():
-            w *= prior.meaning(m, s)
+            w *= prior.meaning(m, s, mode)
         for wq, _, m, _ in query_readings([(w, mode, ops)], q[1], prior):
             comps = list(_completions(s2d, q[0] + q[2]))
             for full in comps:
@@ -394,7 +425,7 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
     return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason, method)
 
 
-def _symbolic_solutions(exs, cap, state):
+def _symbolic_solutions(exs, cap, state, repeat: bool = False):
     """[(mode, symbol->digit, {operator: meaning})] for both modes, as the join finds them."""
     solutions: list = []
     op_chars = {e[1] for e in exs}
@@ -412,6 +443,7 @@ def _symbolic_solutions(exs, cap, state):
             continue
         domains = _order(_reduce(domains))
         found: list = []
+        state["repeat"] = repeat
         _join(domains, 0, {}, {}, {}, mode, found, cap, state)
         solutions += found
     return solutions
@@ -509,7 +541,7 @@ def _join(domains, i, s2d, d2s, ops, mode, solutions, cap, state):
             state["stopped"] = True
             return
         new_op = sym not in ops
-        if new_op and FAMILY[meaning] in {FAMILY[m] for m in ops.values()}:
+        if new_op and not state["repeat"] and FAMILY[meaning] in {FAMILY[m] for m in ops.values()}:
             continue
         added, ok = [], True
         for c, dg in zip(s, digits):
