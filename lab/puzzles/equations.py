@@ -367,8 +367,8 @@ def pattern_table(meaning: str, mode: str) -> dict:
     return table
 
 
-def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: int = 20_000,
-                   seconds: float = 2.0) -> Solution:
+def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: int = 5_000,
+                   seconds: float = 1.0) -> Solution:
     prior = prior or default_prior()
     q = split_lhs(query)
     if not q:
@@ -387,15 +387,20 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
         reason = "symbolic: no digit map and known rules fit" + (" (time cap)" if state["stopped"] else "")
         return undetermined(CATEGORY, reason, subtype)
     votes, first, unwritable = Counter(), {}, 0
-    for mode, s2d, ops in solutions:
+    for n, (mode, s2d, ops) in enumerate(solutions):
+        if n % 500 == 499 and time.perf_counter() > state["deadline"]:
+            state["stopped"] = True  # the votes so far decide
+            break
         fams = [FAMILY[m] for m in ops.values()]
         w = prior.mode(mode) * REPEAT ** (len(fams) - len(set(fams)))
         for s, m in ops.items():
             w *= prior.meaning(m, s, mode)
-        for wq, _, m, _ in query_readings([(w, mode, ops)], q[1], prior):
-            comps = list(_completions(s2d, q[0] + q[2]))
-            for full in comps:
-                ans = _encode_answer(m, q, mode, full)
+        readings = query_readings([(w, mode, ops)], q[1], prior)
+        comps = list(_completions(s2d, q[0] + q[2]))
+        for full in comps:
+            d2s = {v: k for k, v in full.items()}
+            for wq, _, m, _ in readings:
+                ans = _encode_answer(m, q, mode, full, d2s)
                 if ans is None:
                     unwritable += 1
                     continue
@@ -459,16 +464,18 @@ def _completions(s2d: dict, symbols: str):
         yield {**s2d, **dict(zip(new, digits))}
 
 
-def _encode_answer(meaning, q, mode, s2d):
+def _encode_answer(meaning, q, mode, s2d, d2s):
     x, sym, y = q
-    if any(c not in s2d or not s2d[c].isdigit() for c in x + y):
+    if any(c not in s2d for c in x + y):
         return None
-    val = compute(meaning, "".join(s2d[c] for c in x), "".join(s2d[c] for c in y), mode, sym)
+    val = _compute_cached(meaning, "".join(s2d[c] for c in x), "".join(s2d[c] for c in y), mode, sym)
     if val is None:
         return None
-    d2s = {v: k for k, v in s2d.items()}
     out = [ch if ch == sym else d2s.get(ch) for ch in val]
     return None if None in out else "".join(out)
+
+
+_compute_cached = lru_cache(maxsize=1 << 16)(compute)
 
 
 def _reduce(domains, rounds: int = 8):
