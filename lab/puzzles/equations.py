@@ -161,17 +161,15 @@ def unseen_family_weight(fam: str, sym: str) -> float:
 
 class Prior:
     """P(mode), P(family | operator symbol class) and P(meaning | family), from counts of
-    deducible modes and meanings (`learn_priors`). Families by class are smoothed toward the
-    all-class shares (pseudo-count `k`); meanings within a family are pooled over classes (+0.5 each)
-    and normalised over the meanings the mode and symbol allow."""
+    deducible modes, families (by symbol class) and meanings (`learn_priors`). Families by class
+    are smoothed toward the all-class shares (pseudo-count `k`); meanings within a family are
+    pooled over classes (+0.5 each) and normalised over the meanings the mode and symbol allow."""
 
-    def __init__(self, modes: Counter, meanings: Counter, k: float = 4.0):
-        self.modes, self.meanings, self.k = Counter(modes), Counter(meanings), k
-        self.fam_by_class, self.fam, self.var = Counter(), Counter(), Counter()
-        for (cls, m), c in self.meanings.items():
-            self.fam_by_class[(cls, FAMILY[m])] += c
-            self.fam[FAMILY[m]] += c
-            self.var[m] += c
+    def __init__(self, modes: Counter, families: Counter, meanings: Counter, k: float = 4.0):
+        self.modes, self.fam_by_class, self.var, self.k = Counter(modes), Counter(families), Counter(meanings), k
+        self.fam = Counter()
+        for (_, f), c in self.fam_by_class.items():
+            self.fam[f] += c
         n = sum(self.fam.values())
         self.base = {f: (self.fam[f] + 1) / (n + len(FAMILIES)) for f in FAMILIES}
         nm = sum(self.modes[m] for m in MODES)
@@ -200,20 +198,30 @@ class Prior:
         return self.mode_p[mode]
 
     def as_dict(self) -> dict:
-        return {"modes": dict(self.modes), "meanings": {f"{c} {m}": n for (c, m), n in sorted(self.meanings.items())}}
+        """The counts, in DEFAULT_COUNTS' shape."""
+        return {"modes": dict(self.modes), "families": {f"{c} {f}": n for (c, f), n in sorted(self.fam_by_class.items())},
+                "meanings": dict(sorted(self.var.items()))}
 
 
 # Counts learn_priors gives on the development sample's prompts (its examples, never its answers);
 # used when a puzzle is solved on its own. solve_frame learns its batch's own counts instead.
 DEFAULT_COUNTS = {
-    "modes": {"plain": 46, "reversed": 102},
-    "meanings": {},
+    "modes": {"plain": 46, "reversed": 101},
+    "families": {
+        "* add": 7, "* concat": 14, "* mul": 37, "* sub": 2, "+ add": 46, "+ concat": 9, "+ mul": 3, "+ sub": 3,
+        "- add": 8, "- concat": 1, "- mod": 5, "- mul": 2, "- sub": 31, "other add": 45, "other concat": 20,
+        "other mod": 4, "other mul": 48, "other sub": 39,
+    },
+    "meanings": {
+        "a*b": 41, "a*b+1": 17, "a*b-1": 32, "a+b": 63, "a+b+1": 20, "a+b-1": 23, "a-b": 7, "ab": 36, "b-a end": 3,
+        "ba": 4, "mod": 9, "|a-b|": 6, "±|a-b|": 4, "±|a-b| end": 1,
+    },
 }
 
 
 def default_prior() -> Prior:
-    counts = Counter({tuple(k.split(" ", 1)): v for k, v in DEFAULT_COUNTS["meanings"].items()})
-    return Prior(Counter(DEFAULT_COUNTS["modes"]), counts)
+    families = Counter({tuple(k.split(" ", 1)): v for k, v in DEFAULT_COUNTS["families"].items()})
+    return Prior(Counter(DEFAULT_COUNTS["modes"]), families, Counter(DEFAULT_COUNTS["meanings"]))
 
 
 # ---------------------------------------------------------------- numeric
@@ -310,13 +318,15 @@ def solve_numeric(examples, query, subtype, prior: Prior | None = None) -> Solut
 
 
 def learn_priors(prompts) -> Prior:
-    """Counts of deducible modes and meanings over the numeric equation prompts' examples (never
-    their answers): a puzzle's mode when only one mode fits all its operators, an operator's meaning
-    when every fitting reading of the puzzle gives it the same one."""
+    """Counts of deducible modes, families and meanings over the numeric equation prompts' examples
+    (never their answers): a puzzle's mode when only one mode fits all its operators; an operator's
+    family (by symbol class), and its meaning, when every fitting reading of the puzzle gives it
+    the same one. Families and meanings are counted apart: a subtraction's marker form is often
+    left open by examples that still rule out every other family."""
     from .classify import classify
 
-    flat = Prior(Counter(), Counter())
-    modes, meanings = Counter(), Counter()
+    flat = Prior(Counter(), Counter(), Counter())
+    modes, families, meanings = Counter(), Counter(), Counter()
     for p in prompts:
         if not isinstance(p, str) or classify(p)[0] != CATEGORY:
             continue
@@ -332,10 +342,13 @@ def learn_priors(prompts) -> Prior:
         if len(hmodes) == 1:
             modes[hmodes.pop()] += 1
         for sym in by_op:
-            ms = {(h[1], h[2].get(sym)) for h in hyps}
-            if len(ms) == 1 and None not in (m := ms.pop()):
-                meanings[(sym_class(sym), m[1])] += 1
-    return Prior(modes, meanings)
+            ms = {h[2][sym] for h in hyps}
+            fams = {FAMILY[m] for m in ms}
+            if len(fams) == 1:
+                families[(sym_class(sym), fams.pop())] += 1
+            if len({(h[1], h[2][sym]) for h in hyps}) == 1:
+                meanings[ms.pop()] += 1
+    return Prior(modes, families, meanings)
 
 
 # ---------------------------------------------------------------- symbolic
