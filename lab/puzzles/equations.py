@@ -615,44 +615,53 @@ SIMPLE = ["a+b", "a*b", "ab", "a-b", "mod"]
 
 
 def generate_one(rng: random.Random, n_examples: int = 5, n_operators: int = 3, symbolic: float = 0.0,
-                 guess: float = 0.0, ops: str = "all", marker: str = "any", mode: str = "any", **_):
+                 guess: float = 0.0, ops: str = "all", marker: str = "any", mode: str = "any", meaning: str = "any",
+                 **_):
     """(prompt, answer, subtype). `symbolic`/`guess`: probability of that kind of puzzle; `ops`:
     'simple' (one meaning per family: a+b, a*b, ab, a-b, mod) or 'all' (every meaning); `marker`: the
-    subtraction meaning ('any', or one of SUB, e.g. 'b-a end'); `mode`: 'any', 'plain' or 'reversed'.
-    Each operator gets a meaning from its own family; a guess puzzle's query operator too."""
+    subtraction meaning ('any', or one of SUB, e.g. 'b-a end'); `mode`: 'any', 'plain' or 'reversed';
+    `meaning`: 'any', or the query operator's meaning. Every operator gets a meaning from its own
+    family; a guess puzzle's query operator too (a family no shown operator has)."""
     is_sym = rng.random() < float(symbolic)
     is_guess = rng.random() < float(guess)
     mode = rng.choice(MODES) if mode == "any" else mode
+    if meaning != "any" and meaning not in meanings_for(mode, "+"):
+        raise ValueError(f"equation meaning {meaning!r} is not one of {MEANINGS} in {mode} mode")
     k = max(1, min(int(n_operators), len(FAMILIES) - 1))
-    if is_sym:
-        digits = rng.sample(SYMBOL_POOL, 10)
-        operators = rng.sample([c for c in SYMBOL_POOL if c not in digits], k + 1)
-    else:
-        digits = None
-        operators = rng.sample(OPERATOR_POOL, k + 1)
+    digits = rng.sample(SYMBOL_POOL, 10) if is_sym else None
+    pool = [c for c in (SYMBOL_POOL if is_sym else OPERATOR_POOL) if not is_sym or c not in digits]
+    if meaning.endswith(" end"):
+        pool.remove("-")  # a '-' operator never writes its marker at the end
+    operators = rng.sample(pool, k + 1)
+    shown, hidden = operators[:k], operators[k]
+    n = max(1, int(n_examples))
+    ex_syms = (shown * n)[:n] if n >= k else rng.sample(shown, n)
+    rng.shuffle(ex_syms)
+    q_sym = hidden if is_guess else rng.choice(sorted(set(ex_syms)))
     fams = rng.sample(list(FAMILIES), k + 1)
-    meaning = {}
+    if meaning != "any":  # the query's operator gets that meaning's family
+        i, f = operators.index(q_sym), FAMILY[meaning]
+        if f in fams:
+            j = fams.index(f)
+            fams[i], fams[j] = fams[j], fams[i]
+        fams[i] = f
+    rule = {}
     for sym, fam in zip(operators, fams):
         choices = [m for m in FAMILIES[fam] if m in meanings_for(mode, sym)]
         if ops == "simple":
             choices = [m for m in choices if m in SIMPLE]
-        if fam == "sub" and marker != "any" and marker in choices:
+        if fam == "sub" and marker in choices:
             choices = [marker]
-        meaning[sym] = rng.choice(choices)
-    shown, hidden = operators[:k], operators[k]
+        rule[sym] = meaning if sym == q_sym and meaning != "any" else rng.choice(choices)
     enc = (lambda s: "".join(digits[int(ch)] if ch.isdigit() else ch for ch in s)) if is_sym else (lambda s: s)
 
     def one(sym):
         while True:
             x, y = str(rng.randint(10, 99)), str(rng.randint(10, 99))
-            r = compute(meaning[sym], x, y, mode, sym)
+            r = compute(rule[sym], x, y, mode, sym)
             if r is not None:
                 return enc(x) + sym + enc(y), enc(r)
 
-    n = max(1, int(n_examples))
-    ex_syms = (shown * n)[:n] if n >= k else rng.sample(shown, n)
-    rng.shuffle(ex_syms)
-    q_sym = hidden if is_guess else rng.choice(sorted(set(ex_syms)))
     examples = [one(s) for s in ex_syms]
     query, answer = one(q_sym)
     kind = ("symbolic" if is_sym else "numeric") + ("_guess" if is_guess else "_deduce")
