@@ -24,11 +24,12 @@ counts, from the development sample's prompts) is used. Every hypothesis that fi
 examples (mode + one meaning per operator, distinct families) is weighted by its prior; the
 answer with the most weight wins.
 Operator never shown in the examples: a meaning from a family the examples did not use, weighted
-by the prior for that symbol.
+by `unseen_family_weight` (the usual meaning for `+ - *`, else add / multiply / subtract evenly).
 
 Numeric solver: every meaning of every operator that fits its examples, per mode; the joint
-hypotheses with distinct families; an operator no meaning fits (a rule outside the model) is left
-out with a heavy penalty rather than sinking the puzzle.
+hypotheses with distinct families. Only where none exists: the readings that leave out the fewest
+operators (a rule outside the model), then share the fewest families; the symbolic solver relaxes
+the same way (families may repeat, then the query operator's examples alone).
 Symbolic solver (per mode): each example's candidates (meaning, digits) come from a table of the
 equality pattern of x+y+result over all 00..99 operand pairs; arc consistency prunes candidates no
 example sharing a symbol or the operator agrees with; a depth-first join (indexed on bound symbols,
@@ -145,7 +146,6 @@ def sym_class(sym: str) -> str:
 
 
 USUAL = {"+": "add", "-": "sub", "*": "mul"}
-REPEAT = 0.05  # weight of a reading in which two shown operators share a family (rare in the real file)
 
 
 def unseen_family_weight(fam: str, sym: str) -> float:
@@ -241,23 +241,23 @@ def by_operator(examples) -> dict:
     return by_op
 
 
-def numeric_hypotheses(by_op: dict, prior: Prior, miss_penalty: float = 1e-6):
+def numeric_hypotheses(by_op: dict, prior: Prior):
     """[(weight, mode, {operator: meaning})] of every joint reading that fits: one mode, a fitting
-    meaning per operator; a family shared by two operators costs REPEAT. An operator that no
-    meaning fits in a mode is left out of that mode's readings (weight times `miss_penalty`)."""
+    meaning per operator, distinct families. Where none exists, the readings that leave out the
+    fewest operators (rules outside the model), then share the fewest families, are kept."""
     out = []
     for mode in MODES:
         fits = {sym: [m for m in meanings_for(mode, sym) if all(compute(m, x, y, mode, sym) == r for x, y, r in exs)]
                 for sym, exs in by_op.items()}
         syms = [s for s in fits if fits[s]]
-        penalty = miss_penalty ** (len(fits) - len(syms))
         for combo in product(*(fits[s] for s in syms)):
-            fams = [FAMILY[m] for m in combo]
-            w = prior.mode(mode) * penalty * REPEAT ** (len(fams) - len(set(fams)))
+            w = prior.mode(mode)
             for s, m in zip(syms, combo):
                 w *= prior.meaning(m, s, mode)
-            out.append((w, mode, dict(zip(syms, combo))))
-    return out
+            cost = (len(fits) - len(syms), len(combo) - len({FAMILY[m] for m in combo}))
+            out.append((cost, w, mode, dict(zip(syms, combo))))
+    best = min((h[0] for h in out), default=None)
+    return [h[1:] for h in out if h[0] == best]
 
 
 def query_readings(hyps, sym: str, prior: Prior):
@@ -392,7 +392,7 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
     seen = q[1] in {e[1] for e in exs}
     state = {"deadline": time.perf_counter() + seconds, "stopped": False}
     solutions = _symbolic_solutions(exs, cap, state)
-    if not solutions:  # two operators of one family (rare): allow it
+    if not solutions:  # two operators of one family (rare in the real file): allow it
         solutions = _symbolic_solutions(exs, cap, state, repeat=True)
     if not solutions and seen:  # another operator's rule is outside the model: its examples only
         solutions = _symbolic_solutions([e for e in exs if e[1] == q[1]], cap, state)
@@ -404,8 +404,7 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
         if n % 500 == 499 and time.perf_counter() > state["deadline"]:
             state["stopped"] = True  # the votes so far decide
             break
-        fams = [FAMILY[m] for m in ops.values()]
-        w = prior.mode(mode) * REPEAT ** (len(fams) - len(set(fams)))
+        w = prior.mode(mode)
         for s, m in ops.items():
             w *= prior.meaning(m, s, mode)
         readings = query_readings([(w, mode, ops)], q[1], prior)
@@ -630,7 +629,7 @@ def generate_one(rng: random.Random, n_examples: int = 5, n_operators: int = 3, 
     k = max(1, min(int(n_operators), len(FAMILIES) - 1))
     digits = rng.sample(SYMBOL_POOL, 10) if is_sym else None
     pool = [c for c in (SYMBOL_POOL if is_sym else OPERATOR_POOL) if not is_sym or c not in digits]
-    if meaning.endswith(" end"):
+    if meaning.endswith(" end") and "-" in pool:
         pool.remove("-")  # a '-' operator never writes its marker at the end
     operators = rng.sample(pool, k + 1)
     shown, hidden = operators[:k], operators[k]
