@@ -81,7 +81,7 @@ ROUNDTRIP = [  # (category, difficulty, minimum accuracy over non-guess puzzles)
     ("unit_conversion", {"n_examples": 2}, 1.0), ("unit_conversion", {"n_examples": 6, "x_max": 500}, 1.0),
     ("text_cipher", {"n_examples": 2}, 0.95), ("text_cipher", {"n_examples": 5}, 0.95),
     ("equation_transformation", {"ops": "simple", "n_examples": 5}, 0.9),
-    ("equation_transformation", {"n_examples": 8, "n_operators": 2, "neg": "random"}, 0.9),
+    ("equation_transformation", {"n_examples": 8, "n_operators": 2, "mode": "reversed"}, 0.9),
     ("equation_transformation", {"guess": 1.0}, None),
     ("equation_transformation", {"symbolic": 1.0, "n_examples": 8}, 0.75),
 ]
