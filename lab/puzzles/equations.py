@@ -584,6 +584,26 @@ def _join(domains, i, s2d, d2s, ops, mode, solutions, cap, state):
             return
 
 
+# ---------------------------------------------------------------- tables
+
+def family_table(out):
+    """Equation puzzles of a `solve_frame` result by kind (numeric / symbolic), the query operator's
+    family and the mode: n, solved, and accuracy when it has gold answers. Puzzles no reading fits
+    (no method) count as family 'none'."""
+    eqs = out[out["category"] == CATEGORY].copy()
+    eqs["kind"] = eqs["subtype"].str.split("_").str[0] + eqs["subtype"].str.endswith("guess").map(
+        {True: " (operator unseen)", False: ""})
+    split = eqs["method"].str.partition(" ")
+    eqs["mode"] = split[0].replace("", "none")
+    eqs["family"] = split[2].map(lambda m: family(m) or "none")
+    g = eqs.groupby(["kind", "family", "mode"])
+    table = g.size().rename("n").to_frame()
+    table["solved"] = g["status"].apply(lambda s: int((s == "solved").sum()))
+    if "correct" in eqs:
+        table["accuracy"] = g["correct"].mean().round(4)
+    return table.reset_index()
+
+
 # ---------------------------------------------------------------- entry points
 
 def parse(prompt: str):
