@@ -128,3 +128,17 @@ def test_symbolic_caps_are_never_solved():
 def test_generator_rejects_an_end_marker_in_plain_mode():
     with pytest.raises(ValueError, match="plain"):
         generate("equation_transformation", 1, seed=0, mode="plain", meaning="b-a end")
+
+
+def test_family_table_names_kind_family_and_mode():
+    from lab.puzzles import family_table
+
+    names = ["plain mod", "reversed b-a end", "plain a*b", "symbolic plain mod"]
+    df = pd.DataFrame({"id": names, "prompt": [prompt(*HANDWRITTEN[k][:2]) for k in names],
+                       "answer": [HANDWRITTEN[k][2] for k in names]})
+    out = solve_frame(df, workers=1)
+    assert out["method"].tolist() == ["plain mod", "reversed b-a end", "plain a*b", "plain mod"]
+    rows = {tuple(r[:3]): tuple(r[3:]) for r in family_table(out).itertuples(index=False)}
+    assert rows == {("numeric", "mod", "plain"): (1, 1, 1.0), ("numeric", "sub", "reversed"): (1, 1, 1.0),
+                    ("numeric (operator unseen)", "mul", "plain"): (1, 0, 1.0),
+                    ("symbolic", "mod", "plain"): (1, 1, 1.0)}

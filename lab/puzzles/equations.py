@@ -590,18 +590,22 @@ def family_table(out):
     """Equation puzzles of a `solve_frame` result by kind (numeric / symbolic), the query operator's
     family and the mode: n, solved, and accuracy when it has gold answers. Puzzles no reading fits
     (no method) count as family 'none'."""
+    import pandas as pd
+
     eqs = out[out["category"] == CATEGORY].copy()
+    cols = ["kind", "family", "mode", "n", "solved"] + (["accuracy"] if "correct" in out else [])
+    if eqs.empty:
+        return pd.DataFrame(columns=cols)
     eqs["kind"] = eqs["subtype"].str.split("_").str[0] + eqs["subtype"].str.endswith("guess").map(
         {True: " (operator unseen)", False: ""})
-    split = eqs["method"].str.partition(" ")
-    eqs["mode"] = split[0].replace("", "none")
-    eqs["family"] = split[2].map(lambda m: family(m) or "none")
+    eqs["mode"] = [m.split(" ", 1)[0] or "none" for m in eqs["method"]]
+    eqs["family"] = [family(m.split(" ", 1)[-1]) or "none" for m in eqs["method"]]
     g = eqs.groupby(["kind", "family", "mode"])
     table = g.size().rename("n").to_frame()
     table["solved"] = g["status"].apply(lambda s: int((s == "solved").sum()))
     if "correct" in eqs:
         table["accuracy"] = g["correct"].mean().round(4)
-    return table.reset_index()
+    return table.reset_index()[cols]
 
 
 # ---------------------------------------------------------------- entry points
