@@ -34,9 +34,10 @@ Symbolic solver (per mode): each example's candidates (meaning, digits) come fro
 equality pattern of x+y+result over all 00..99 operand pairs; arc consistency prunes candidates no
 example sharing a symbol or the operator agrees with; a depth-first join (indexed on bound symbols,
 families kept distinct) enumerates every consistent symbol->digit map, up to a solution cap and a
-per-puzzle time cap (the reason says when a cap stopped it). Every map, completed in every way for
-query symbols the examples never fix, votes its weight on the query's answer; answers with a digit
-whose symbol never appears are dropped.
+per-puzzle time cap (the reason says when a cap stopped it; CPU seconds of the solving process, so
+other work on a shared machine hardly moves where it stops). Every map, completed in every way
+for query symbols the examples never fix, votes its weight on the query's answer; answers with a
+digit whose symbol never appears are dropped.
 Status: `solved` only when every fitting hypothesis gives the same answer (and the search was
 complete); `ambiguous` with the best-weighted answer otherwise; `undetermined` when the query's
 operator never appears (the answer is still the best guess) or nothing fits.
@@ -390,7 +391,7 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
     if not exs:
         return undetermined(CATEGORY, "no parseable symbolic examples", subtype)
     seen = q[1] in {e[1] for e in exs}
-    state = {"deadline": time.perf_counter() + seconds, "stopped": False}
+    state = {"deadline": time.process_time() + seconds, "stopped": False}
     solutions = _symbolic_solutions(exs, cap, state)
     if not solutions:  # two operators of one family (rare in the real file): allow it
         solutions = _symbolic_solutions(exs, cap, state, repeat=True)
@@ -401,7 +402,7 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
         return undetermined(CATEGORY, reason, subtype)
     votes, first, unwritable = Counter(), {}, 0
     for n, (mode, s2d, ops) in enumerate(solutions):
-        if n % 500 == 499 and time.perf_counter() > state["deadline"]:
+        if n % 500 == 499 and time.process_time() > state["deadline"]:
             state["stopped"] = True  # the votes so far decide
             break
         w = prior.mode(mode)
@@ -556,7 +557,7 @@ def _join(domains, i, s2d, d2s, ops, mode, solutions, cap, state):
     key = (ops[sym] if use_op else None, tuple(s2d[s[j]] for j in pos))
     for meaning, digits in index.get(key, ()):
         state["nodes"] = state.get("nodes", 0) + 1
-        if state["nodes"] % 4096 == 0 and time.perf_counter() > state["deadline"]:
+        if state["nodes"] % 4096 == 0 and time.process_time() > state["deadline"]:
             state["stopped"] = True
             return
         new_op = sym not in ops
