@@ -200,8 +200,8 @@ class Prior:
 
     def as_dict(self) -> dict:
         """The counts, in DEFAULT_COUNTS' shape."""
-        return {"modes": dict(self.modes), "families": {f"{c} {f}": n for (c, f), n in sorted(self.fam_by_class.items())},
-                "meanings": dict(sorted(self.var.items()))}
+        families = {f"{c} {f}": n for (c, f), n in sorted(self.fam_by_class.items())}
+        return {"modes": dict(self.modes), "families": families, "meanings": dict(sorted(self.var.items()))}
 
 
 # Counts learn_priors gives on the development sample's prompts (its examples, never its answers);
@@ -314,7 +314,8 @@ def solve_numeric(examples, query, subtype, prior: Prior | None = None) -> Solut
         sol.method = method
         return sol
     status = "solved" if len(votes) == 1 else "ambiguous"
-    reason = "" if status == "solved" else f"{len(votes)} answers fit; best has {votes[ans] / sum(votes.values()):.2f} of the prior weight"
+    share = votes[ans] / sum(votes.values())
+    reason = "" if status == "solved" else f"{len(votes)} answers fit; best has {share:.2f} of the prior weight"
     return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason, method)
 
 
