@@ -4,7 +4,7 @@ One rule model, shared by the numeric and the symbolic solver and by the generat
   mode     per puzzle, shared by all its operators. plain: operands read as written, result
            written as computed. reversed: each operand read with its digits reversed, the result's
            digit string reversed, leading zeros kept (`06*79 = 0285`: 60*97 = 5820).
-  meaning  per operator, each from its own family (families never repeat within a puzzle):
+  meaning  per operator, each from its own family (a puzzle repeats a family only rarely):
              add     a+b, a+b+1, a+b-1
              mul     a*b, a*b+1, a*b-1
              concat  ab, ba (the operand strings joined, either order)
@@ -16,13 +16,13 @@ One rule model, shared by the numeric and the symbolic solver and by the generat
 Symbolic puzzles are the same model behind a substitution: each digit written as a secret symbol
 (operator characters are never digit symbols; the subtraction marker is the operator's symbol).
 
-Priors: `learn_priors(prompts)` counts, over a file's numeric prompts, the mode of every puzzle whose
-examples fit one mode only and the meaning of every operator whose examples fit one meaning only
-(its prompt's examples only: never an answer), by operator symbol (`+`, `-`, `*`, other);
-`solve_frame` learns them from the batch it solves. Without a batch, DEFAULT_PRIOR (the same
-counts, from the development sample's prompts) is used. Every hypothesis that fits the
-examples (mode + one meaning per operator, distinct families) is weighted by its prior; the
-answer with the most weight wins.
+Priors: `learn_priors(prompts)` counts, over a file's numeric prompts (their examples, never an
+answer), the mode of every puzzle whose examples fit one mode only, the family of every operator
+whose examples leave it one family (by symbol: `+`, `-`, `*`, other) and the meaning of every
+operator they leave one meaning. `solve_frame` learns them from the batch it solves; a puzzle solved
+on its own uses DEFAULT_COUNTS (the same counts, from the development sample's prompts). Every
+reading that fits the examples (a mode + one meaning per operator) weighs
+P(mode) * prod P(family | symbol) P(meaning | family); the answer with the most weight wins.
 Operator never shown in the examples: a meaning from a family the examples did not use, weighted
 by `unseen_family_weight` (the usual meaning for `+ - *`, else add / multiply / subtract evenly).
 
@@ -45,13 +45,17 @@ operator never appears (the answer is still the best guess) or nothing fits.
 its family, for the per-family tables.
 Traces (numeric; symbolic adds a `digits:` line and the decoded query):
     mode: reversed
-    / means b-a end (fits 2 examples)
-    69/52: a = 96, b = 25
-    |96-25| = 71
-    written: 17/
-    answer: 17/
-Deliberately simplified: the meaning list is what the real file's examples need; rules outside it
-are never forced (the operator is left out, or the puzzle is undetermined).
+    } means b-a end (fits 2 examples)
+    73}21: a = 37, b = 12
+    |37-12| = 25
+    written: 52}
+    answer: 52}
+Deliberately simplified:
+- the meaning list is what the real file's examples need; rules outside it are never forced (the
+  operator is left out, or the puzzle is undetermined);
+- operands of symbolic puzzles are two symbols each (the real file's shape);
+- the symbolic search stops at its caps rather than counting digit maps cleverly; a capped search
+  is never `solved`.
 """
 
 from __future__ import annotations
