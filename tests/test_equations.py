@@ -142,3 +142,9 @@ def test_family_table_names_kind_family_and_mode():
     assert rows == {("numeric", "mod", "plain"): (1, 1, 1.0), ("numeric", "sub", "reversed"): (1, 1, 1.0),
                     ("numeric (operator unseen)", "mul", "plain"): (1, 0, 1.0),
                     ("symbolic", "mod", "plain"): (1, 1, 1.0)}
+
+
+def test_small_batches_use_the_default_prior():
+    few = generate("equation_transformation", 5, seed=3)["prompt"]
+    assert eq.learn_priors(few).as_dict() == eq.default_prior().as_dict()
+    assert eq.learn_priors([]).as_dict() == eq.default_prior().as_dict()

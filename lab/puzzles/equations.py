@@ -323,12 +323,13 @@ def solve_numeric(examples, query, subtype, prior: Prior | None = None) -> Solut
     return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason, method)
 
 
-def learn_priors(prompts) -> Prior:
+def learn_priors(prompts, minimum: int = 50) -> Prior:
     """Counts of deducible modes, families and meanings over the numeric equation prompts' examples
     (never their answers): a puzzle's mode when only one mode fits all its operators; an operator's
     family (by symbol class), and its meaning, when every fitting reading of the puzzle gives it
     the same one. Families and meanings are counted apart: a subtraction's marker form is often
-    left open by examples that still rule out every other family."""
+    left open by examples that still rule out every other family. A batch with fewer than
+    `minimum` deducible families (a handful of puzzles, or symbolic ones only) gets the default."""
     from .classify import classify
 
     flat = Prior(Counter(), Counter(), Counter())
@@ -354,6 +355,8 @@ def learn_priors(prompts) -> Prior:
                 families[(sym_class(sym), fams.pop())] += 1
             if len({(h[1], h[2][sym]) for h in hyps}) == 1:
                 meanings[ms.pop()] += 1
+    if sum(families.values()) < minimum:
+        return default_prior()
     return Prior(modes, families, meanings)
 
 
