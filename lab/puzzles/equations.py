@@ -155,7 +155,8 @@ USUAL = {"+": "add", "-": "sub", "*": "mul"}
 
 def unseen_family_weight(fam: str, sym: str) -> float:
     """Prior of an operator that no example shows having family `fam`: its usual meaning for
-    `+ - *`, otherwise add / multiply / subtract about evenly; concatenation and mod rarely."""
+    `+ - *`, otherwise add / multiply / subtract about evenly; concatenation and mod rarely.
+    Hand-set: no example shows such an operator, so no prompt can teach these shares."""
     rare = {"concat": 0.03, "mod": 0.03}
     if fam in rare:
         return rare[fam]
@@ -185,7 +186,7 @@ class Prior:
         allowed = [v for v in FAMILIES[FAMILY[m]] if v in meanings_for(mode, sym)]
         return (self.var[m] + 0.5) / sum(self.var[v] + 0.5 for v in allowed)
 
-    def meaning(self, m: str, sym: str, mode: str = "reversed") -> float:
+    def meaning(self, m: str, sym: str, mode: str) -> float:
         """P(meaning) of an operator the examples show."""
         key = (m, sym_class(sym), mode, sym == "-")
         if key not in self._cache:
