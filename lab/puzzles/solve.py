@@ -121,7 +121,7 @@ def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int |
 
         with ProcessPoolExecutor(max_workers=workers) as pool:
             for r in pool.map(_solve_timed, prompts, [vocab] * len(prompts), [priors] * len(prompts),
-                                chunksize=32):
+                              chunksize=32):
                 results.append(r)
                 if bar is not None:
                     bar.update(1)
