@@ -10,7 +10,8 @@ Public API (other modules rely on exactly these names):
 `Solution.trace` is the whole assistant completion that follows the chat template's `<think>\n`:
 short regular steps, then `</think>`, then `\boxed{answer}`.
 
-Also: trace_tokens(trace, tokenizer=None), solve_frame(df, tokenizer=None), method_table(solved), and the command line
+Also: trace_tokens(trace, tokenizer=None), solve_frame(df, tokenizer=None), method_table(solved),
+family_table(solved) (equations by kind, family and mode), and the command line
 `python -m lab.puzzles solve IN.csv OUT.csv` / `python -m lab.puzzles generate --category C --n N --seed S OUT.csv`.
 Modules: common (Solution, trace ending), classify, solve (dispatch), generate, and one per category:
 bits, gravity, units, cipher, numeral, equations.
@@ -18,7 +19,9 @@ bits, gravity, units, cipher, numeral, equations.
 
 from .classify import classify
 from .common import CATEGORIES, Solution
+from .equations import family_table
 from .generate import generate
 from .solve import method_table, solve, solve_frame, trace_tokens
 
-__all__ = ["CATEGORIES", "Solution", "classify", "solve", "generate", "solve_frame", "method_table", "trace_tokens"]
+__all__ = ["CATEGORIES", "Solution", "classify", "solve", "generate", "solve_frame", "method_table", "family_table",
+           "trace_tokens"]

@@ -3,7 +3,8 @@
 solve: reads IN (columns prompt, optional id and gold answer; read as strings), writes OUT with id,
 category, subtype, status, method, answer, trace_tokens, reason, seconds, trace (and correct when IN
 has answers), prints per-category counts, statuses, accuracy (if answers) and puzzles per second,
-then the same per solver method (on the real file, which rule levels and meanings its puzzles use).
+then the same per solver method (on the real file, which rule levels and meanings its puzzles use)
+and, for equations, per kind, family and mode.
 generate: writes a generated frame; difficulty knobs as `--set key=value` (repeatable).
 """
 
@@ -14,6 +15,7 @@ import sys
 
 from lab.config import LabError, atomic_write_csv
 
+from .equations import family_table
 from .solve import method_table
 
 
@@ -49,8 +51,13 @@ def summary(out, has_gold: bool) -> str:
         text += f"\noverall accuracy: {out['correct'].mean():.4f} ({int(out['correct'].sum())}/{len(out)})"
     text += "\n(trace_tokens: " + ("tokenizer count)" if _TOK else "ESTIMATE, no tokenizer given)")
     by_method = method_table(out)
-    return text + "\n\nby method (what answered: bits, the rule level; cipher, the word source; equations, mode and meaning):\n" \
+    text += "\n\nby method (what answered: bits, the rule level; cipher, the word source; equations, mode and meaning," \
+        " the subtraction's marker form included):\n" \
         + (by_method.to_string(index=False) if len(by_method) else "(no puzzle of a category with several methods)")
+    by_family = family_table(out)
+    if len(by_family):
+        text += "\n\nequations by kind, the query operator's family and mode:\n" + by_family.to_string(index=False)
+    return text
 
 
 _TOK = None

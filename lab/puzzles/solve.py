@@ -5,7 +5,9 @@
 tqdm bar for big frames) and, when the frame has a gold `answer` column, adds `correct` via
 lab.metric.verify (string equality if that module is missing).
 `solve_frame` first pools the plaintext words of every cipher example in the frame, so a cipher
-query word that its own examples never spell out can still be read (see `cipher.vocabulary`).
+query word that its own examples never spell out can still be read (see `cipher.vocabulary`), and
+learns the equation priors from the frame's own numeric equation prompts (`equations.learn_priors`:
+their examples only, never a gold answer).
 Deliberately simple: a plain process pool for big frames, nothing cached between calls.
 """
 
@@ -33,9 +35,10 @@ def category_module(category: str):
     return importlib.import_module(f"lab.puzzles.{MODULES[category]}")
 
 
-def solve(prompt: str, vocab=None) -> Solution:
+def solve(prompt: str, vocab=None, priors=None) -> Solution:
     """The Solution for one prompt; malformed or unknown prompts give status 'undetermined'.
-    `vocab`: the batch's cipher vocabulary (`cipher.vocabulary(prompts)`), passed to the cipher solver."""
+    `vocab`: the batch's cipher vocabulary (`cipher.vocabulary(prompts)`), passed to the cipher solver.
+    `priors`: the batch's equation priors (`equations.learn_priors(prompts)`); default: equations.DEFAULT_COUNTS."""
     try:
         category, subtype = classify(prompt)
     except Exception as e:  # noqa: BLE001 - solve never raises
@@ -44,7 +47,12 @@ def solve(prompt: str, vocab=None) -> Solution:
         return undetermined("unknown", "prompt wording not recognised")
     try:
         module = category_module(category)
-        sol = module.solve(prompt, vocab) if category == "text_cipher" else module.solve(prompt)
+        if category == "text_cipher":
+            sol = module.solve(prompt, vocab)
+        elif category == "equation_transformation":
+            sol = module.solve(prompt, priors)
+        else:
+            sol = module.solve(prompt)
     except Exception as e:  # noqa: BLE001
         return undetermined(category, f"solver error: {type(e).__name__}: {e}", subtype)
     sol.subtype = sol.subtype or subtype
@@ -81,9 +89,9 @@ def _verifier():
         return lambda gold, pred: str(gold).strip() == str(pred).strip()
 
 
-def _solve_timed(prompt, vocab=None):
+def _solve_timed(prompt, vocab=None, priors=None):
     t0 = time.perf_counter()
-    s = solve(prompt, vocab)
+    s = solve(prompt, vocab, priors)
     return s, time.perf_counter() - t0
 
 
@@ -95,9 +103,11 @@ def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int |
     import pandas as pd
 
     from .cipher import vocabulary
+    from .equations import learn_priors
 
     prompts = df["prompt"].tolist()
     vocab = vocabulary(prompts)
+    priors = learn_priors(prompts)
     progress = len(df) >= 200 if progress is None else progress
     if workers is None:
         workers = min(4, os.cpu_count() or 1) if len(prompts) >= 500 else 1
@@ -110,13 +120,14 @@ def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int |
         from concurrent.futures import ProcessPoolExecutor
 
         with ProcessPoolExecutor(max_workers=workers) as pool:
-            for r in pool.map(_solve_timed, prompts, [vocab] * len(prompts), chunksize=32):
+            for r in pool.map(_solve_timed, prompts, [vocab] * len(prompts), [priors] * len(prompts),
+                              chunksize=32):
                 results.append(r)
                 if bar is not None:
                     bar.update(1)
     else:
         for p in prompts:
-            results.append(_solve_timed(p, vocab))
+            results.append(_solve_timed(p, vocab, priors))
             if bar is not None:
                 bar.update(1)
     if bar is not None:
