@@ -55,13 +55,13 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, out_dir: Pat
     return run_dir
 
 
-def stages_and_overrides(stages: list[str], overrides: list[str]) -> tuple[list[str], list[str]]:
-    """Sort a command line's words into stage names and Hydra overrides, in whatever order they came: argparse
-    puts every word after `--stages` into the stage list (`--stages 02_sft sft.max_steps=2`), and a stage name
-    may stand among the overrides. A word that is neither a stage nor an override (`key=value`, `+key=value`,
-    `~key`) is refused, so nothing is run with settings the user did not mean."""
+def stages_and_overrides(words: list[str]) -> tuple[list[str], list[str]]:
+    """Sort a command line's words into stage names and Hydra overrides, each in the order given (later overrides
+    win, as in Hydra), wherever they stand: `--stages 02_sft sft.max_steps=2` and `sft.max_steps=2 02_sft` mean
+    the same. A word that is neither a stage nor an override (`key=value`, `+key=value`, `~key`) is refused, so
+    nothing runs with settings the user did not mean."""
     out_stages, out_over = [], []
-    for word in [*stages, *overrides]:
+    for word in words:
         if word in STAGES:
             out_stages.append(word)
         elif "=" in word or word.startswith("~"):
@@ -111,8 +111,9 @@ def demo_main(argv: list[str] | None = None) -> int:
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. seed=7 run_name=demo_seed7")
     p.add_argument("--stages", nargs="+", default=[], help="subset of stages to run (default: all five); stage "
                    "names and overrides may come in any order")
-    args = p.parse_args(argv)
-    stages, overrides = stages_and_overrides(args.stages, args.overrides)
+    p.parse_args(argv)  # usage and help; the words are sorted below, in their command-line order
+    stages, overrides = stages_and_overrides([w for w in (sys.argv[1:] if argv is None else argv)
+                                              if w not in ("--stages", "--")])
     t0 = time.time()
     run_dir = run_notebooks(overrides, stages or STAGES)
     summ = summary(run_dir)
