@@ -142,3 +142,13 @@ def test_grpo_run_record_is_keyed_by_the_base_models_content(run, tmp_path):
     (base / "generation_config.json").write_text((base / "generation_config.json").read_text() + "\n")
     with pytest.raises(LabError, match="model_sha256"):
         grpo.resume_point(cfg, out, grpo.fingerprint(cfg, ["a"], model, 8))
+
+
+def test_sweep_keeps_a_finished_stage_only_under_the_same_resolved_config(tmp_path):
+    from lab import sweep as sw
+    from lab.config import Stage
+
+    nb = ["seed=1", "sft.learning_rate=3e-3", f"run_dir={sw.quote(tmp_path)}"]
+    Stage("01_explore", nb).finish({})
+    assert sw._stage_kept(tmp_path, "01_explore", nb, sw.job_config(nb))
+    assert not sw._stage_kept(tmp_path, "01_explore", nb, sw.job_config([*nb, "sft.epochs=2"]))
