@@ -437,7 +437,9 @@ class Stage:
             validate(cfg, where=f"stage {name}")
         self.run_dir = resolve_path(self.cfg.run_dir)
         self.dir = self.run_dir / name
-        self._own_lock = acquire_lock(self.run_dir)  # before anything in the folder is touched
+        # before anything in the folder is touched; under `accelerate launch` (torchrun sets RANK) the main
+        # process's lock covers the other ranks, which open the same stage after it (scripts/_launch.py)
+        self._own_lock = acquire_lock(self.run_dir) if os.environ.get("RANK", "0") == "0" else False
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "metrics.json").unlink(missing_ok=True)
         seed_everything(int(self.cfg.seed))

@@ -191,3 +191,14 @@ def test_a_model_path_that_does_not_exist_is_a_clear_error(tmp_path):
     cfg = compose(["model=nemotron_nano", "model.path=nobody/no-such-model-here"])
     with pytest.raises(LabError, match="not in the local cache"):
         models.load_tokenizer(cfg)
+
+
+def test_other_ranks_of_a_distributed_launch_follow_the_main_process(tmp_path):
+    """scripts/_launch.py: the main process opens the stage (and holds the lock), then ranks 1.. open it too."""
+    main = Stage("02_sft", [f"run_dir={tmp_path}"])
+    env = {k: v for k, v in os.environ.items() if k != config.LOCK_ENV}
+    out = subprocess.run([sys.executable, "-c", STAGE_IN_CHILD, str(tmp_path)], capture_output=True, text=True,
+                         env={**env, "RANK": "1"}, timeout=300)
+    assert out.returncode == 0, out.stdout + out.stderr
+    assert (tmp_path / ".lock").exists()
+    main.finish({})
