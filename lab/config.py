@@ -81,7 +81,7 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
 # key -> (kind, lower bound, upper bound, bound kind); kinds: int, num (int or float); bounds are inclusive except
 # where the fourth field says ">" (strictly above the lower bound). A key absent from the config is skipped.
 CHECKS = {
-    "seed": ("int", None, None, ""),
+    "seed": ("int", 0, None, ""),
     "sft.batch_size": ("int", 1, None, ""), "sft.grad_accum": ("int", 1, None, ""),
     "sft.learning_rate": ("num", 0, None, ">"), "sft.max_seq_len": ("int", 1, None, ""),
     "sft.lora.r": ("int", 1, 32, ""), "sft.lora.alpha": ("num", 0, None, ">"),
@@ -116,9 +116,10 @@ def _problem(value, kind: str, lo, hi, strict: str) -> str | None:
 def validate(cfg: DictConfig, where: str = "config") -> None:
     """Refuse a config whose values cannot run, before any stage folder is opened: one LabError listing every
     problem (key, value, what it must be). Types and ranges come from `CHECKS`; besides those, `sft.max_steps`
-    is -1 (then `sft.epochs` > 0) or >= 1; `sft.n_train`, `data.n_train` and `data.n_val` are null or >= 1; and
-    the paths that must exist do: `data.path` (when the data source reads a file and a path is given) and
-    `model.path` when the model is not built here and names a local folder (`lab.models.check_model_path`)."""
+    is -1 (then `sft.epochs` > 0) or >= 1; `data.val_fraction` < 1; `sft.n_train`, `data.n_train` and `data.n_val`
+    are null or >= 1; and the paths that must exist do: `data.path` (when the data source reads a file and a path
+    is given) and `model.path` when the model is not built here and names a local folder
+    (`lab.models.check_model_path`)."""
     problems = []
 
     def get(key):
@@ -134,6 +135,8 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
     e = get("sft.epochs")
     if v == -1 and e is not _ABSENT and (why := _problem(e, "num", 0, None, ">")):
         problems.append(f"sft.epochs={e!r} {why} (or set sft.max_steps >= 1)")
+    if get("data.val_fraction") == 1:
+        problems.append("data.val_fraction=1 must be < 1 (nothing left to train on)")
     for key in ("data.n_train", "data.n_val", "sft.n_train"):
         v = get(key)
         if v not in (_ABSENT, None) and (why := _problem(v, "int", 1, None, "")):
@@ -370,7 +373,8 @@ def acquire_lock(run_dir: str | os.PathLike) -> bool:
         if where == host and isinstance(pid, int) and not _alive(pid):
             print(f"note: {lock}: taking over a stale lock of process {pid} on {host} (no longer running)",
                   file=sys.stderr, flush=True)
-            lock.unlink(missing_ok=True)
+            if _read_lock(lock).get("token") == holder.get("token"):  # not already taken over by another run
+                lock.unlink(missing_ok=True)
             continue
         raise LabError(f"{lock}: run folder in use by process {pid} on {where} since {holder.get('since')}; "
                        "one run writes into one folder at a time: wait for it, use another run_name, or delete "
