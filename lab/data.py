@@ -356,13 +356,15 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
             _need_answers(df, path)
         if categories:
             df = df[df["category"].isin(categories)].reset_index(drop=True)
+            if df.empty:
+                raise LabError(f"{path}: no puzzle of the categories {categories} (data.categories)")
         train, val = split(df, float(d.val_fraction), int(cfg.seed))
         if d.n_val:
             val = val.head(int(d.n_val))
         if d.n_train:
             train = train.head(int(d.n_train))
         notes = _split_notes(df, val, float(d.val_fraction), path)
-        if len(df) and val.empty:
+        if val.empty:
             raise LabError(f"{path}: no validation rows: {len(df)} puzzle(s), val_fraction={d.val_fraction}; every "
                            "category needs two puzzles or more (one for training, one held out)")
         for n in notes:
