@@ -172,8 +172,8 @@ def content_hash(path: str | Path) -> str:
     files and folders skipped); files over 1 GiB contribute their first and last 64 MiB (module docstring).
     Memoised per process by path, size and modification time."""
     path = Path(path)
-    files = [path] if path.is_file() else sorted(
-        p for p in path.rglob("*") if p.is_file() and not any(part.startswith(".") for part in p.relative_to(path).parts))
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not any(
+        part.startswith(".") for part in p.relative_to(path).parts))
     h = hashlib.sha256()
     for f in files:
         st = f.stat()

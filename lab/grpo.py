@@ -45,9 +45,9 @@ falls by construction; it is not a learning curve (held-out accuracy in the note
 Resume (`grpo.resume=true`): the newest checkpoint in `<stage>/checkpoints` at or below `max_steps`
 is resumed (adapter, optimizer, scheduler, RNG and data position, by the Trainer); the run's
 fingerprint (every `grpo` key that changes the trajectory, the seed, model and a content hash of its
-files, budget, the pool's ids and a checksum of the starting adapter) must match the one the checkpoints were written with, or
-it is a `LabError` (set `grpo.resume=false` to start over, or use another run_dir). A checkpoint
-already at `max_steps` is not trained further (transformers would otherwise run one extra step):
+files, budget, the pool's ids and a checksum of the starting adapter) must match the one the checkpoints
+were written with, or it is a `LabError` (set `grpo.resume=false` to start over, or use another run_dir).
+A checkpoint already at `max_steps` is not trained further (transformers would otherwise run one extra step):
 its adapter is loaded and saved. Checkpoints without a fingerprint (older lab versions) are
 discarded with a warning; checkpoints past `max_steps` are deleted. `grpo.resume=false` deletes
 all checkpoints first. `grpo.wall_clock_budget_min` saves a checkpoint and stops cleanly after the

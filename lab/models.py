@@ -191,9 +191,10 @@ def model_path(cfg: DictConfig) -> str:
 
 def check_model_path(p: str, hub_cache: bool = True) -> None:
     """A LabError unless `p` is a local model folder or a Hub id (`org/name`) whose config.json is in the local
-    Hub cache (nothing is downloaded; `hub_cache=False`, as at compose time, accepts any Hub id). Without this, a path that does not exist reaches `from_pretrained` as a
-    Hub id and fails with huggingface_hub's "Repo id must be in the form ..." message. The cache is read with
-    `huggingface_hub.try_to_load_from_cache` (huggingface_hub/file_download.py: a path, or None when absent)."""
+    Hub cache (nothing is downloaded; `hub_cache=False`, as at compose time, accepts any Hub id). Without this,
+    a path that does not exist reaches `from_pretrained` as a Hub id and fails with huggingface_hub's "Repo id
+    must be in the form ..." message. The cache is read with `huggingface_hub.try_to_load_from_cache`
+    (huggingface_hub/file_download.py: the cached file's path, else None or a "known missing" marker)."""
     local = resolve_path(p)
     if local.is_dir():
         if not (local / "config.json").is_file():
@@ -201,17 +202,17 @@ def check_model_path(p: str, hub_cache: bool = True) -> None:
         return
     if os.path.isdir("/kaggle/input") and kaggle_model_dir() is not None:
         return
-    looks_like_path = p.startswith((".", "/", "~")) or p.count("/") != 1 or os.sep != "/" and os.sep in p
-    if looks_like_path:
-        raise LabError(f"{local}: model folder not found (model.path={p!r} is neither a folder nor a Hub id 'org/name')")
+    if p.startswith((".", "/", "~")) or p.count("/") != 1:  # a path, not a Hub id
+        raise LabError(f"{local}: model folder not found (model.path={p!r} is neither a folder nor a Hub id "
+                       "'org/name')")
     if not hub_cache:
         return
     from huggingface_hub import try_to_load_from_cache
 
     if not isinstance(try_to_load_from_cache(p, "config.json"), str):
         raise LabError(f"model.path={p!r}: not a local folder, and the Hub model is not in the local cache "
-                       f"(nothing is downloaded at run time): download it beforehand, e.g. "
-                       f"`huggingface-cli download {p}`, or pass its folder as model.path")
+                       "(nothing is downloaded at run time): download it beforehand (README, 'The real model') "
+                       "or pass its folder as model.path")
 
 
 def device(cfg: DictConfig) -> str:

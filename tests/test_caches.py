@@ -1,5 +1,6 @@
 """Every artefact a rerun trusts is keyed by what produced it: 04_vote's sample cache (and every evaluation that
-passes a cache to `lab.generate.sample_table`), GRPO's run record, sweep jobs. A mismatch starts fresh (or refuses); a match is reused."""
+passes a cache to `lab.generate.sample_table`), GRPO's run record, sweep jobs. A mismatch starts fresh (or refuses);
+a match is reused."""
 
 import json
 
@@ -44,8 +45,8 @@ def _counting(gen, monkeypatch):
 def _vote_samples(root, tok, monkeypatch, *over, adapter=None, k=2, temperature=0.5):
     """sample_table as notebooks/04_vote.ipynb calls it; returns (table, prompts generated for)."""
     # the built base model, loaded as a plain folder: a new seed must not ask for another tiny build
-    cfg = compose([f"run_dir={root}", "infer.max_tokens=4", f"model.path={root / 'base_model'}", "model.build_tiny=false",
-                   *over])
+    cfg = compose([f"run_dir={root}", "infer.max_tokens=4", f"model.path={root / 'base_model'}",
+                   "model.build_tiny=false", *over])
     gen = G.Generator(cfg, adapter=adapter) if adapter else G.Generator(cfg, model=models.load(cfg)[0], tokenizer=tok)
     calls = _counting(gen, monkeypatch)
     t = G.sample_table(gen, PUZZLES, n=k, temperature=temperature, logprobs=True, cache=root / "samples.jsonl",
