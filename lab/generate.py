@@ -280,7 +280,8 @@ SAMPLE_COLUMNS = ["id", "category", "subtype", "gold", "sample", "completion", "
                   "finish_reason", "mean_logprob"]
 
 
-def sample_key(gen: Generator, n: int, temperature: float | None, logprobs: bool, chunk: int) -> dict:
+def sample_key(gen: Generator, n: int, temperature: float | None, logprobs: bool, chunk: int,
+               top_p: float | None = None) -> dict:
     """Everything a cached sample table depends on: the sampling settings as `Generator.run` resolves them, the
     run's seed, every `infer` setting (budget, batch size, metric version, engine), the back-end, dtype and
     model length, the chunk size (chunks are seeded by position), and `Generator.source()`."""
@@ -288,7 +289,7 @@ def sample_key(gen: Generator, n: int, temperature: float | None, logprobs: bool
 
     cfg = gen.cfg
     return {"n": int(n), "temperature": float(cfg.infer.temperature if temperature is None else temperature),
-            "top_p": float(cfg.infer.top_p), "seed": int(cfg.seed), "logprobs": bool(logprobs), "chunk": int(chunk),
+            "top_p": float(cfg.infer.top_p if top_p is None else top_p), "seed": int(cfg.seed), "logprobs": bool(logprobs), "chunk": int(chunk),
             "backend": gen.backend, "dtype": str(cfg.model.dtype), "max_model_len": int(cfg.model.max_model_len),
             "infer": OmegaConf.to_container(cfg.infer, resolve=True), **gen.source()}
 
@@ -331,10 +332,11 @@ def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:
 
 def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature: float | None = None,
                  logprobs: bool = False, cache: str | Path | None = None, chunk: int = 64,
-                 progress: bool = True) -> pd.DataFrame:
+                 progress: bool = True, top_p: float | None = None) -> pd.DataFrame:
     """Generate n completions per puzzle and score each; one row per (puzzle, sample).
 
-    `puzzles` needs `id, prompt` and, to score, `answer`. With `cache`, finished puzzles are
+    `puzzles` needs `id, prompt` and, to score, `answer`; `temperature` and `top_p` default to the
+    `infer` settings. With `cache`, finished puzzles are
     appended to a JSON-lines file chunk by chunk and skipped when the call is repeated with the
     same `sample_key`; a cache with another key is started afresh (module docstring).
     """
@@ -344,15 +346,15 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature:
     done: dict[str, list[dict]] = {}
     if cache is not None:
         cache = Path(cache)
-        done = _read_cache(cache, sample_key(gen, n, temperature, logprobs, chunk), int(n))
+        done = _read_cache(cache, sample_key(gen, n, temperature, logprobs, chunk, top_p), int(n))
     todo = puzzles[~puzzles["id"].astype(str).isin(done)]
     t0, new_tokens = time.time(), 0
     bar = tqdm(total=len(puzzles), initial=len(puzzles) - len(todo), desc="puzzles", unit="puzzle",
                disable=not progress, mininterval=2)
     for start in range(0, len(todo), chunk):
         part = todo.iloc[start:start + chunk]
-        outs = gen.run(gen.prompts(part["prompt"].tolist()), n=n, temperature=temperature, logprobs=logprobs,
-                       seed=int(gen.cfg.seed) + start, progress=False)
+        outs = gen.run(gen.prompts(part["prompt"].tolist()), n=n, temperature=temperature, top_p=top_p,
+                       logprobs=logprobs, seed=int(gen.cfg.seed) + start, progress=False)
         recs = []
         for (_, row), comps in zip(part.iterrows(), outs):
             gold = str(row["answer"]) if "answer" in row else None

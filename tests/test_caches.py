@@ -42,15 +42,15 @@ def _counting(gen, monkeypatch):
     return calls
 
 
-def _vote_samples(root, tok, monkeypatch, *over, adapter=None, k=2, temperature=0.5):
+def _vote_samples(root, tok, monkeypatch, *over, adapter=None, k=2, temperature=0.5, top_p=1.0):
     """sample_table as notebooks/04_vote.ipynb calls it; returns (table, prompts generated for)."""
     # the built base model, loaded as a plain folder: a new seed must not ask for another tiny build
     cfg = compose([f"run_dir={root}", "infer.max_tokens=4", f"model.path={root / 'base_model'}",
                    "model.build_tiny=false", *over])
     gen = G.Generator(cfg, adapter=adapter) if adapter else G.Generator(cfg, model=models.load(cfg)[0], tokenizer=tok)
     calls = _counting(gen, monkeypatch)
-    t = G.sample_table(gen, PUZZLES, n=k, temperature=temperature, logprobs=True, cache=root / "samples.jsonl",
-                       progress=False)
+    t = G.sample_table(gen, PUZZLES, n=k, temperature=temperature, top_p=top_p, logprobs=True,
+                       cache=root / "samples.jsonl", progress=False)
     return t, sum(calls)
 
 
@@ -63,18 +63,19 @@ def test_vote_samples_rerun_with_same_settings_reuses_them(run, monkeypatch):
     pd.testing.assert_frame_equal(first, again)
 
 
-@pytest.mark.parametrize("change", [{"temperature": 0.9}, {"k": 3}, {"over": ("seed=7",)},
+@pytest.mark.parametrize("change", [{"temperature": 0.9}, {"top_p": 0.8}, {"k": 3}, {"over": ("seed=7",)},
                                     {"over": ("infer.max_tokens=3",)}])
 def test_vote_samples_rerun_with_other_settings_regenerates(run, monkeypatch, change):
     root, _, tok = run
     (root / "samples.jsonl").unlink(missing_ok=True)
     _vote_samples(root, tok, monkeypatch)
     t, n = _vote_samples(root, tok, monkeypatch, *change.get("over", ()), k=change.get("k", 2),
-                         temperature=change.get("temperature", 0.5))
+                         temperature=change.get("temperature", 0.5), top_p=change.get("top_p", 1.0))
     assert n == 3 and len(t) == 3 * change.get("k", 2)
     assert sorted(t["sample"].unique()) == list(range(change.get("k", 2)))
     key = json.loads((root / "samples.jsonl").read_text().splitlines()[0])["key"]
     assert key["temperature"] == change.get("temperature", 0.5) and key["n"] == change.get("k", 2)
+    assert key["top_p"] == change.get("top_p", 1.0)
 
 
 def test_vote_samples_rerun_with_a_retrained_adapter_regenerates(run, tmp_path, monkeypatch):
