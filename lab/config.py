@@ -141,15 +141,16 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
         v = get(key)
         if v not in (_ABSENT, None) and (why := _problem(v, "int", 1, None, "")):
             problems.append(f"{key}={v!r} {why} (or null)")
-    if not problems:  # paths only once the values are sane (the checks below read them)
-        if get("data.source") == "competition" and get("data.path") not in (_ABSENT, None, ""):
+    if not problems:  # paths only once the values are sane; a /kaggle/ path is checked on Kaggle (kernel builds)
+        if get("data.source") == "competition" and get("data.path") not in (_ABSENT, None, "") \
+                and not _elsewhere(cfg.data.path):
             from lab.data import find_data_file
 
             try:
                 find_data_file(cfg.data.path)
             except LabError as e:
                 problems.append(f"data.path: {e}")
-        if get("model.build_tiny") is False:
+        if get("model.build_tiny") is False and not _elsewhere(cfg.model.path):
             from lab.models import check_model_path
 
             try:
@@ -161,6 +162,11 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
 
 
 _ABSENT = object()
+
+
+def _elsewhere(path) -> bool:
+    """A path on Kaggle's input or working mount while not on Kaggle: `lab kaggle build` composes it locally."""
+    return str(path).startswith("/kaggle/") and not Path("/kaggle").is_dir()
 
 
 def split_at_dashes(argv: list[str] | None) -> tuple[list[str], list[str]]:

@@ -202,3 +202,13 @@ def test_other_ranks_of_a_distributed_launch_follow_the_main_process(tmp_path):
     assert out.returncode == 0, out.stdout + out.stderr
     assert (tmp_path / ".lock").exists()
     main.finish({})
+
+
+def test_kaggle_paths_are_left_for_kaggle_to_check(tmp_path):
+    """`lab kaggle build` composes a kernel's overrides locally; /kaggle/ paths exist only there."""
+    import pathlib
+
+    if pathlib.Path("/kaggle").is_dir():
+        pytest.skip("on Kaggle the paths are checked")
+    compose(["data=competition", "data.path=/kaggle/input/x/train.csv", "model=nemotron_nano",
+             "model.path=/kaggle/input/nano/model"])
