@@ -1,15 +1,18 @@
 """Config, seeds, run folders and manifests: the plumbing every stage shares.
 
 `compose(overrides)` builds the Hydra config from `conf/` wherever the caller's working
-directory is (a notebook run by papermill, a test, a Kaggle kernel). `Stage` is what a
-notebook opens first: it makes the stage folder, seeds everything, writes the resolved
-config, and on `finish(metrics)` writes `metrics.json` and the manifest atomically.
+directory is (a notebook run by papermill, a test, a Kaggle kernel) and `validate`s it: every
+value's type and range, and the paths it names, are checked before any folder is touched. `Stage`
+is what a notebook opens first: it takes the run folder's lock (`run_lock`: one writer per run
+folder), makes the stage folder, seeds everything, writes the resolved config, and on
+`finish(metrics)` writes `metrics.json` and the manifest atomically.
 
 Deliberately simple: no experiment tracker, no database; a run is a folder of files.
 """
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime as _dt
 import json
@@ -71,7 +74,99 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
         raise LabError(f"{conf_dir / 'config.yaml'}: cannot resolve config: {e}") from None
+    validate(cfg, where=f"{conf_dir / 'config.yaml'} with overrides {overrides}")
     return cfg
+
+
+# key -> (kind, lower bound, upper bound, bound kind); kinds: int, num (int or float); bounds are inclusive except
+# where the fourth field says ">" (strictly above the lower bound). A key absent from the config is skipped.
+CHECKS = {
+    "seed": ("int", 0, None, ""),
+    "sft.batch_size": ("int", 1, None, ""), "sft.grad_accum": ("int", 1, None, ""),
+    "sft.learning_rate": ("num", 0, None, ">"), "sft.max_seq_len": ("int", 1, None, ""),
+    "sft.lora.r": ("int", 1, 32, ""), "sft.lora.alpha": ("num", 0, None, ">"),
+    "sft.save_steps": ("int", 1, None, ""), "sft.logging_steps": ("int", 1, None, ""),
+    "sft.warmup_ratio": ("num", 0, 1, ""), "sft.weight_decay": ("num", 0, None, ""),
+    "grpo.learning_rate": ("num", 0, None, ">"), "grpo.max_steps": ("int", 1, None, ""),
+    "grpo.num_generations": ("int", 1, None, ""), "grpo.prompts_per_step": ("int", 1, None, ""),
+    "grpo.n_prompts": ("int", 1, None, ""), "grpo.pass_rate_k": ("int", 1, None, ""),
+    "grpo.temperature": ("num", 0, None, ">"), "grpo.top_p": ("num", 0, 1, ">"), "grpo.beta": ("num", 0, None, ""),
+    "grpo.save_steps": ("int", 1, None, ""), "grpo.logging_steps": ("int", 1, None, ""),
+    "infer.max_tokens": ("int", 1, None, ""), "infer.max_model_len": ("int", 1, None, ""),
+    "infer.batch_size": ("int", 1, None, ""), "infer.temperature": ("num", 0, None, ""),
+    "infer.top_p": ("num", 0, 1, ">"), "infer.max_lora_rank": ("int", 1, 32, ""),
+    "model.max_model_len": ("int", 1, None, ""),
+    "vote.k": ("int", 1, None, ""), "vote.temperature": ("num", 0, None, ""), "vote.top_p": ("num", 0, 1, ">"),
+    "data.val_fraction": ("num", 0, 1, ""), "data.explore_max": ("int", 1, None, ""),
+}
+
+
+def _problem(value, kind: str, lo, hi, strict: str) -> str | None:
+    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
+        return "must be a whole number"
+    if kind == "num" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
+        return "must be a number"
+    if lo is not None and (value <= lo if strict == ">" else value < lo):
+        return f"must be {'>' if strict == '>' else '>='} {lo}"
+    if hi is not None and value > hi:
+        return f"must be <= {hi}"
+    return None
+
+
+def validate(cfg: DictConfig, where: str = "config") -> None:
+    """Refuse a config whose values cannot run, before any stage folder is opened: one LabError listing every
+    problem (key, value, what it must be). Types and ranges come from `CHECKS`; besides those, `sft.max_steps`
+    is -1 (then `sft.epochs` > 0) or >= 1; `data.val_fraction` < 1; `sft.n_train`, `data.n_train` and `data.n_val`
+    are null or >= 1; and the paths that must exist do: `data.path` (when the data source reads a file and a path
+    is given) and `model.path` when the model is not built here and names a local folder
+    (`lab.models.check_model_path`)."""
+    problems = []
+
+    def get(key):
+        return OmegaConf.select(cfg, key, default=_ABSENT)
+
+    for key, (kind, lo, hi, strict) in CHECKS.items():
+        v = get(key)
+        if v is not _ABSENT and (why := _problem(v, kind, lo, hi, strict)):
+            problems.append(f"{key}={v!r} {why}")
+    v = get("sft.max_steps")
+    if v is not _ABSENT and v != -1 and (why := _problem(v, "int", 1, None, "")):
+        problems.append(f"sft.max_steps={v!r} {why} (or -1: train for sft.epochs)")
+    e = get("sft.epochs")
+    if v == -1 and e is not _ABSENT and (why := _problem(e, "num", 0, None, ">")):
+        problems.append(f"sft.epochs={e!r} {why} (or set sft.max_steps >= 1)")
+    if get("data.val_fraction") == 1:
+        problems.append("data.val_fraction=1 must be < 1 (nothing left to train on)")
+    for key in ("data.n_train", "data.n_val", "sft.n_train"):
+        v = get(key)
+        if v not in (_ABSENT, None) and (why := _problem(v, "int", 1, None, "")):
+            problems.append(f"{key}={v!r} {why} (or null)")
+    if not problems:  # paths only once the values are sane; a /kaggle/ path is checked on Kaggle (kernel builds)
+        if get("data.source") == "competition" and get("data.path") not in (_ABSENT, None, "") \
+                and not _elsewhere(cfg.data.path):
+            from lab.data import find_data_file
+
+            try:
+                find_data_file(cfg.data.path)
+            except LabError as e:
+                problems.append(f"data.path: {e}")
+        if get("model.build_tiny") is False and not _elsewhere(cfg.model.path):
+            from lab.models import check_model_path
+
+            try:
+                check_model_path(str(cfg.model.path), hub_cache=False)
+            except LabError as e:
+                problems.append(f"model.path: {e}")
+    if problems:
+        raise LabError(f"{where}: " + "; ".join(problems) + " (nothing was run or changed)")
+
+
+_ABSENT = object()
+
+
+def _elsewhere(path) -> bool:
+    """A path on Kaggle's input or working mount while not on Kaggle: `lab kaggle build` composes it locally."""
+    return str(path).startswith("/kaggle/") and not Path("/kaggle").is_dir()
 
 
 def split_at_dashes(argv: list[str] | None) -> tuple[list[str], list[str]]:
@@ -98,11 +193,29 @@ def seed_everything(seed: int) -> None:
     os.environ.setdefault("PYTHONHASHSEED", str(seed))
 
 
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def temp_file(path: Path, suffix: str) -> tuple[int, str]:
+    """(fd, name) of a new temporary file beside `path` (its folder made if missing) with the permissions a plain
+    `open` would give (mkstemp's are 0600, unreadable to a shared team folder); a folder that cannot be written to
+    is a LabError naming it. The atomic writers here, in lab.errors and in lab.kaggle use it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    except OSError as e:
+        raise LabError(f"{path}: cannot write here ({e.strerror or e})") from None
+    os.chmod(tmp, 0o666 & ~_umask())
+    return fd, tmp
+
+
 def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     """Write via a temporary file in the same folder and rename: readers never see half a file."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    fd, tmp = temp_file(path, ".tmp")
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as f:
             f.write(text)
@@ -124,8 +237,12 @@ def atomic_dir(path: str | os.PathLike):
     import shutil
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    except OSError as e:
+        raise LabError(f"{path}: cannot write here ({e.strerror or e})") from None
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700: give the folder the user's normal permissions
     try:
         yield tmp
         if path.exists():
@@ -207,6 +324,113 @@ def _now() -> str:
     return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
+# ---- one writer per run folder ------------------------------------------------------------------
+
+LOCK_FILE = ".lock"
+LOCK_ENV = "LAB_RUN_LOCK"  # a driver's lock token, inherited by the notebook kernels it starts
+_HELD: dict[Path, str] = {}  # lock file -> token, for the locks this process took
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # exists, owned by someone else
+        return True
+    return True
+
+
+def acquire_lock(run_dir: str | os.PathLike) -> bool:
+    """Take `<run_dir>/.lock` (JSON: pid, host, token, since) so a second run into the same folder refuses.
+
+    Returns True when this call took it (the caller releases it), False when it is already this process's or
+    its driver's (the token in $LAB_RUN_LOCK: `python -m lab demo` and sweep jobs hold the lock while papermill
+    runs each stage's notebook in a kernel of its own). A lock whose holder is a dead process on this host is
+    taken over with a printed note; a live holder, or one on another host (whose process cannot be checked),
+    is a LabError naming it. The lock is created with a hard link of a complete file, so a reader never sees
+    half of one. Deliberately simple: two processes taking over the same stale lock at the same instant can race.
+    """
+    import socket
+    import sys
+    import uuid
+
+    lock = Path(run_dir).resolve() / LOCK_FILE
+    host = socket.gethostname()
+    for _ in range(3):
+        if lock in _HELD and _read_lock(lock).get("token") == _HELD[lock]:
+            return True
+        token = uuid.uuid4().hex
+        fd, tmp = temp_file(lock, ".tmp")
+        with os.fdopen(fd, "w", encoding="utf-8") as f:
+            f.write(json.dumps({"pid": os.getpid(), "host": host, "token": token, "since": _now()}))
+        try:
+            os.link(tmp, lock)
+            _HELD[lock] = token
+            return True
+        except FileExistsError:
+            pass
+        finally:
+            Path(tmp).unlink(missing_ok=True)
+        holder = _read_lock(lock)
+        if holder.get("token") and holder.get("token") == os.environ.get(LOCK_ENV):
+            return False
+        pid, where = holder.get("pid"), holder.get("host")
+        if where == host and isinstance(pid, int) and not _alive(pid):
+            print(f"note: {lock}: taking over a stale lock of process {pid} on {host} (no longer running)",
+                  file=sys.stderr, flush=True)
+            if _read_lock(lock).get("token") == holder.get("token"):  # not already taken over by another run
+                lock.unlink(missing_ok=True)
+            continue
+        raise LabError(f"{lock}: run folder in use by process {pid} on {where} since {holder.get('since')}; "
+                       "one run writes into one folder at a time: wait for it, use another run_name, or delete "
+                       "the lock file if that process is gone")
+    raise LabError(f"{lock}: could not take the run folder's lock")
+
+
+def _read_lock(lock: Path) -> dict:
+    try:
+        d = json.loads(lock.read_text(encoding="utf-8"))
+        return d if isinstance(d, dict) else {}
+    except (OSError, ValueError):
+        return {}
+
+
+def release_lock(run_dir: str | os.PathLike) -> None:
+    """Remove `<run_dir>/.lock` if this process took it."""
+    lock = Path(run_dir).resolve() / LOCK_FILE
+    token = _HELD.pop(lock, None)
+    if token is not None and _read_lock(lock).get("token") == token:
+        lock.unlink(missing_ok=True)
+
+
+def _release_all() -> None:
+    for lock in list(_HELD):
+        release_lock(lock.parent)
+
+
+atexit.register(_release_all)
+
+
+@contextlib.contextmanager
+def run_lock(run_dir: str | os.PathLike):
+    """Hold the run folder's lock for a driver; the notebooks it runs inherit it through $LAB_RUN_LOCK."""
+    took = acquire_lock(run_dir)
+    lock = Path(run_dir).resolve() / LOCK_FILE
+    before = os.environ.get(LOCK_ENV)
+    if took:
+        os.environ[LOCK_ENV] = _HELD[lock]
+    try:
+        yield
+    finally:
+        if took:
+            if before is None:
+                os.environ.pop(LOCK_ENV, None)
+            else:
+                os.environ[LOCK_ENV] = before
+            release_lock(run_dir)
+
+
 class Stage:
     """One notebook's output folder: `<run_dir>/<name>/` with config.yaml, manifest.json, metrics.json.
 
@@ -219,8 +443,13 @@ class Stage:
         self.name = name
         self.overrides = list(overrides)
         self.cfg = cfg if cfg is not None else compose(self.overrides)
+        if cfg is not None:
+            validate(cfg, where=f"stage {name}")
         self.run_dir = resolve_path(self.cfg.run_dir)
         self.dir = self.run_dir / name
+        # before anything in the folder is touched; under `accelerate launch` (torchrun sets RANK) the main
+        # process's lock covers the other ranks, which open the same stage after it (scripts/_launch.py)
+        self._own_lock = acquire_lock(self.run_dir) if os.environ.get("RANK", "0") == "0" else False
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "metrics.json").unlink(missing_ok=True)
         seed_everything(int(self.cfg.seed))
@@ -242,6 +471,8 @@ class Stage:
         atomic_write_json(self.dir / "metrics.json", metrics)
         self.manifest.update(status="finished", end_time=_now(), wall_seconds=wall)
         atomic_write_json(self.dir / "manifest.json", self.manifest)
+        if self._own_lock:
+            release_lock(self.run_dir)
         return metrics
 
 

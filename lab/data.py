@@ -210,7 +210,9 @@ def split(df: pd.DataFrame, val_fraction: float, seed: int) -> tuple[pd.DataFram
     """(train, val): seeded, stratified by `category` when present, independent of row order.
 
     Each category's rows are put in id order, shuffled with NumPy's PCG64 seeded by `seed`
-    (categories in sorted order), and the first floor(n * val_fraction + 0.5) go to val. Both parts
+    (categories in sorted order), and the first floor(n * val_fraction + 0.5) go to val, but at least
+    one when val_fraction > 0 and the category has two rows or more (a small file, 4 puzzles per
+    category at 0.1, still gets a validation row of every category; `prepare` notes it). Both parts
     keep the input's row order and get a fresh index. The seed and fraction are recorded in
     `train.attrs["split"]` for `save_split`.
     """
@@ -229,6 +231,8 @@ def split(df: pd.DataFrame, val_fraction: float, seed: int) -> tuple[pd.DataFram
         pos = np.asarray(pos)[np.argsort(ids[pos], kind="stable")]
         pos = pos[rng.permutation(len(pos))]
         n_val = int(np.floor(len(pos) * float(val_fraction) + 0.5))
+        if n_val == 0 and float(val_fraction) > 0 and len(pos) >= 2:
+            n_val = 1
         is_val[pos[:n_val]] = True
     train = df[~is_val].reset_index(drop=True)
     val = df[is_val].reset_index(drop=True)
@@ -307,8 +311,12 @@ def load_split(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
     return out[0], out[1]
 
 
-def prepare(cfg) -> tuple[pd.DataFrame, pd.DataFrame]:
+def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The run's (train, val) split: made once into `cfg.data.split_dir`, then read back hash-checked.
+
+    Every stage scores against answers, so a file without an `answer` column is refused
+    (`need_answers=False` is for a caller that never scores). A category too small for a validation
+    row, and one held out only because `split` keeps one, is noted (printed and in split.json's `notes`).
 
     synthetic: `lab.puzzles.generate` per category (train with `seed`, val with another seed,
     val puzzles whose prompt also occurs in train removed); competition: the CSV found by
@@ -328,7 +336,8 @@ def prepare(cfg) -> tuple[pd.DataFrame, pd.DataFrame]:
         if made_with != json_safe(settings):
             raise LabError(f"{folder / 'split.json'}: this run's split was made with data settings {made_with}, "
                            f"not {json_safe(settings)}; use another run_name (or delete {folder})")
-        return load_split(folder)
+        return _checked(load_split(folder), folder, need_answers)
+    extra: dict[str, Any] = {}
     categories = list(d.categories) if d.categories else None
     if d.source == "synthetic":
         from lab.puzzles import CATEGORIES, generate
@@ -341,19 +350,61 @@ def prepare(cfg) -> tuple[pd.DataFrame, pd.DataFrame]:
                         ignore_index=True)
         val = val[~val["prompt"].isin(set(train["prompt"]))].reset_index(drop=True)
     elif d.source == "competition":
-        df = add_categories(load_puzzles(find_data_file(d.path)))
+        path = find_data_file(d.path)
+        df = add_categories(load_puzzles(path))
+        if need_answers:
+            _need_answers(df, path)
         if categories:
             df = df[df["category"].isin(categories)].reset_index(drop=True)
+            if df.empty:
+                raise LabError(f"{path}: no puzzle of the categories {categories} (data.categories)")
         train, val = split(df, float(d.val_fraction), int(cfg.seed))
         if d.n_val:
             val = val.head(int(d.n_val))
         if d.n_train:
             train = train.head(int(d.n_train))
+        notes = _split_notes(df, val, float(d.val_fraction), path)
+        if val.empty:
+            raise LabError(f"{path}: no validation rows: {len(df)} puzzle(s), val_fraction={d.val_fraction}; every "
+                           "category needs two puzzles or more (one for training, one held out)")
+        for n in notes:
+            print(f"note: {n}", flush=True)
+        extra["notes"] = notes
     else:
         raise LabError(f"conf/data: source must be 'synthetic' or 'competition', not {d.source!r}")
     save_split(train, val, folder, seed=int(cfg.seed), val_fraction=float(d.val_fraction),
-               settings=json_safe(settings))
-    return load_split(folder)
+               settings=json_safe(settings), **extra)
+    return _checked(load_split(folder), folder, need_answers)
+
+
+def _need_answers(df: pd.DataFrame, path) -> None:
+    if "answer" not in df.columns:
+        raise LabError(f"{path}: no 'answer' column (columns are {list(df.columns)}): a file without answers, like "
+                       "the competition's test.csv, cannot be trained on or scored; pass the training file "
+                       "(data.path=...)")
+
+
+def _checked(parts: tuple[pd.DataFrame, pd.DataFrame], folder: Path, need_answers: bool):
+    if need_answers:
+        _need_answers(parts[0], folder / "train.csv")
+    return parts
+
+
+def _split_notes(df: pd.DataFrame, val: pd.DataFrame, val_fraction: float, path) -> list[str]:
+    """What a small file does to the split, in words: categories with no validation row, or with one only
+    because `split` keeps at least one."""
+    if "category" not in df.columns or val_fraction <= 0:
+        return []
+    notes = []
+    for cat, n in sorted(df["category"].value_counts().items()):
+        n_val = int((val["category"] == cat).sum()) if len(val) else 0
+        if n_val == 0:
+            notes.append(f"{path}: category {cat} has no validation row ({n} puzzle(s); data.n_val or "
+                         "val_fraction left none): its accuracy is not measured")
+        elif np.floor(n * val_fraction + 0.5) == 0:
+            notes.append(f"{path}: category {cat} has {n} puzzle(s); val_fraction={val_fraction} would hold out "
+                         "none, so one is held out")
+    return notes
 
 
 def json_safe(obj: Any) -> Any:

@@ -54,14 +54,13 @@ import hashlib
 import math
 import os
 import re
-import tempfile
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
 import numpy as np
 import pandas as pd
 
-from lab.config import LabError, atomic_write_csv, atomic_write_json, resolve_path
+from lab.config import LabError, atomic_write_csv, atomic_write_json, resolve_path, temp_file
 from lab.metric import extract_answer, verify
 from lab.puzzles import CATEGORIES
 
@@ -599,9 +598,8 @@ def save_figure(fig, path: str | os.PathLike) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".png")
+    fd, tmp = temp_file(path, ".png")
     os.close(fd)
     try:
         fig.savefig(tmp, format="png", dpi=110)

@@ -5,19 +5,28 @@
 `sample_table(...)` runs it over a puzzle table and scores every completion with the
 competition metric, giving the one table format that evaluation, voting, GRPO pass rates and
 error analysis all read. With a `cache` path it appends finished puzzles to a JSON-lines file
-and skips them on a rerun, so a long evaluation can be interrupted and resumed.
+and skips them on a rerun, so a long evaluation can be interrupted and resumed. The cache's first
+line is its key (`sample_key`: n, temperature, top_p, seed, the `infer` settings, back-end, dtype,
+and content hashes of the base model and adapter the samples came from); a cache made with another
+key is started afresh with a note naming what changed, and a puzzle counts as done only when all
+n of its samples were written.
 
 The completion budget is the competition's: `min(infer.max_tokens, model.max_model_len - prompt
 tokens)`. vLLM is imported only when the `vllm` back-end is chosen.
 
 Deliberately simple: the hf back-end batches prompts of similar length in fixed-size batches
-and samples with torch's generator seeded per batch; it does not do continuous batching.
+and samples with torch's generator seeded per batch; it does not do continuous batching. The
+content hash of a file over 1 GiB (the real model's weight shards) covers its size and its first
+and last 64 MiB, not every byte; smaller files are hashed whole; a Hub model is identified by
+its cached snapshot's commit.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
+import os
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -153,14 +162,71 @@ def vllm_engine(cfg, model_path: str):
                dtype=str(cfg.model.dtype), trust_remote_code=bool(cfg.model.trust_remote_code))
 
 
+_HASHES: dict[tuple, str] = {}
+_WHOLE = 1 << 30  # files up to 1 GiB are hashed whole
+_PART = 64 << 20  # of larger ones, the first and last 64 MiB
+
+
+def content_hash(path: str | Path) -> str:
+    """sha256 over a file, or over a folder's files (relative names, sizes and bytes, in sorted order; hidden
+    files and folders skipped); files over 1 GiB contribute their first and last 64 MiB (module docstring).
+    Memoised per process by path, size and modification time."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not any(
+        part.startswith(".") for part in p.relative_to(path).parts))
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        memo = (str(f.resolve()), st.st_size, st.st_mtime_ns)
+        if memo not in _HASHES:
+            fh = hashlib.sha256()
+            with open(f, "rb") as fd:
+                if st.st_size <= _WHOLE:
+                    for block in iter(lambda: fd.read(1 << 20), b""):
+                        fh.update(block)
+                else:
+                    fh.update(fd.read(_PART))
+                    fd.seek(st.st_size - _PART)
+                    fh.update(fd.read(_PART))
+            _HASHES[memo] = fh.hexdigest()
+        h.update(f"{f.relative_to(path) if f != path else f.name}\0{st.st_size}\0{_HASHES[memo]}\n".encode())
+    return h.hexdigest()
+
+
+def lora_checksum(model) -> str:
+    """sha256 over an in-memory model's LoRA tensors (names containing `lora_`), names and bytes, on CPU."""
+    import torch
+
+    h = hashlib.sha256()
+    with torch.no_grad():
+        for n, p in model.named_parameters():
+            if "lora_" in n:
+                h.update(n.encode())
+                h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def model_hash(path: str) -> str:
+    """A local model folder's `content_hash`; for a Hub id, the commit of its snapshot in the local Hub cache."""
+    if os.path.isdir(path):
+        return content_hash(path)
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(path, "config.json")
+    return f"hub:{Path(found).parent.name}" if isinstance(found, str) else f"hub:{path}"
+
+
 class Generator:
     """The configured back-end behind one call: `Generator(cfg, adapter).run(prompts, n=..., ...)`."""
 
     def __init__(self, cfg, adapter: str | Path | None = None, model=None, tokenizer=None):
         from lab import models
+        from lab.config import resolve_path
 
         self.cfg = cfg
         self.backend = str(cfg.model.generation_backend)
+        self.adapter = resolve_path(adapter) if adapter else None
+        self.in_memory = model is not None and self.backend == "hf"
         if self.backend == "hf":
             if model is None:
                 model, tokenizer = models.load(cfg, adapter=adapter)
@@ -176,6 +242,21 @@ class Generator:
                          if adapter else None)
         else:
             raise ValueError(f"model.generation_backend must be 'hf' or 'vllm', not {self.backend!r}")
+
+    def source(self) -> dict:
+        """What the completions come from: the base model (path and `model_hash`) and the adapter (path and
+        `content_hash`), or for a model handed in memory the `lora_checksum` of its weights as they are now."""
+        from lab import models
+
+        base = models.model_path(self.cfg)
+        out = {"model": base, "model_sha256": model_hash(base)}
+        if self.in_memory:
+            out["weights"] = "in memory"
+            out["lora_sha256"] = lora_checksum(self.model)
+        if self.adapter is not None:
+            out["adapter"] = str(self.adapter)
+            out["adapter_sha256"] = content_hash(self.adapter)
+        return out
 
     def prompts(self, puzzles: Sequence[str]) -> list[str]:
         return [chat_prompt(self.tokenizer, p) for p in puzzles]
@@ -199,13 +280,65 @@ SAMPLE_COLUMNS = ["id", "category", "subtype", "gold", "sample", "completion", "
                   "finish_reason", "mean_logprob"]
 
 
+def sample_key(gen: Generator, n: int, temperature: float | None, logprobs: bool, chunk: int,
+               top_p: float | None = None) -> dict:
+    """Everything a cached sample table depends on: the sampling settings as `Generator.run` resolves them, the
+    run's seed, every `infer` setting (budget, batch size, metric version, engine), the back-end, dtype and
+    model length, the chunk size (chunks are seeded by position), and `Generator.source()`."""
+    from omegaconf import OmegaConf
+
+    cfg = gen.cfg
+    return {"n": int(n), "temperature": float(cfg.infer.temperature if temperature is None else temperature),
+            "top_p": float(cfg.infer.top_p if top_p is None else top_p), "seed": int(cfg.seed), "logprobs": bool(logprobs), "chunk": int(chunk),
+            "backend": gen.backend, "dtype": str(cfg.model.dtype), "max_model_len": int(cfg.model.max_model_len),
+            "infer": OmegaConf.to_container(cfg.infer, resolve=True), **gen.source()}
+
+
+def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:
+    """The complete puzzles (all n samples) of a cache made with `key`; anything else is dropped, with a note
+    naming what changed, and the file is rewritten to hold only what is kept (under a fresh key line)."""
+    done: dict[str, list[dict]] = {}
+    lines = cache.read_text(encoding="utf-8").splitlines() if cache.is_file() else []
+    try:
+        head = json.loads(lines[0]) if lines else None
+    except json.JSONDecodeError:
+        head = None
+    old = head.get("key") if isinstance(head, dict) else None
+    if lines and old != key:
+        changed = sorted(k for k in set(old or {}) | set(key) if (old or {}).get(k) != key.get(k)) if old else []
+        print(f"note: {cache}: made with other settings ({', '.join(changed) if changed else 'no key line'}); "
+              f"its {len(lines) - 1} line(s) are not reused, the samples are drawn afresh", flush=True)
+    elif lines:
+        for line in lines[1:]:
+            try:
+                rec = json.loads(line)
+            except json.JSONDecodeError:  # a line cut short by a kill: redo that puzzle
+                continue
+            done.setdefault(str(rec["id"]), []).append(rec)
+        partial = [pid for pid, recs in done.items() if sorted(r["sample"] for r in recs) != list(range(n))]
+        for pid in partial:
+            del done[pid]
+        if partial:
+            print(f"note: {cache}: {len(partial)} puzzle(s) with fewer than {n} samples written are drawn again",
+                  flush=True)
+    if lines and len(lines) == 1 + sum(len(r) for r in done.values()) and old == key:
+        return done
+    from lab.config import atomic_write_text
+
+    kept = [r for recs in done.values() for r in recs]
+    atomic_write_text(cache, "".join(json.dumps(r) + "\n" for r in [{"key": key}, *kept]))
+    return done
+
+
 def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature: float | None = None,
                  logprobs: bool = False, cache: str | Path | None = None, chunk: int = 64,
-                 progress: bool = True) -> pd.DataFrame:
+                 progress: bool = True, top_p: float | None = None) -> pd.DataFrame:
     """Generate n completions per puzzle and score each; one row per (puzzle, sample).
 
-    `puzzles` needs `id, prompt` and, to score, `answer`. With `cache`, finished puzzles are
-    appended to a JSON-lines file chunk by chunk and skipped when the call is repeated.
+    `puzzles` needs `id, prompt` and, to score, `answer`; `temperature` and `top_p` default to the
+    `infer` settings. With `cache`, finished puzzles are
+    appended to a JSON-lines file chunk by chunk and skipped when the call is repeated with the
+    same `sample_key`; a cache with another key is started afresh (module docstring).
     """
     from lab.metric import extract_answer, verify
 
@@ -213,21 +346,15 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature:
     done: dict[str, list[dict]] = {}
     if cache is not None:
         cache = Path(cache)
-        if cache.is_file():
-            for line in cache.read_text(encoding="utf-8").splitlines():
-                try:
-                    rec = json.loads(line)
-                except json.JSONDecodeError:  # a line cut short by a kill: redo that puzzle
-                    continue
-                done.setdefault(rec["id"], []).append(rec)
+        done = _read_cache(cache, sample_key(gen, n, temperature, logprobs, chunk, top_p), int(n))
     todo = puzzles[~puzzles["id"].astype(str).isin(done)]
     t0, new_tokens = time.time(), 0
     bar = tqdm(total=len(puzzles), initial=len(puzzles) - len(todo), desc="puzzles", unit="puzzle",
                disable=not progress, mininterval=2)
     for start in range(0, len(todo), chunk):
         part = todo.iloc[start:start + chunk]
-        outs = gen.run(gen.prompts(part["prompt"].tolist()), n=n, temperature=temperature, logprobs=logprobs,
-                       seed=int(gen.cfg.seed) + start, progress=False)
+        outs = gen.run(gen.prompts(part["prompt"].tolist()), n=n, temperature=temperature, top_p=top_p,
+                       logprobs=logprobs, seed=int(gen.cfg.seed) + start, progress=False)
         recs = []
         for (_, row), comps in zip(part.iterrows(), outs):
             gold = str(row["answer"]) if "answer" in row else None
@@ -241,7 +368,6 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature:
         for r in recs:
             done.setdefault(r["id"], []).append(r)
         if cache is not None:
-            cache.parent.mkdir(parents=True, exist_ok=True)
             with open(cache, "a", encoding="utf-8") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in recs))
         bar.update(len(part))

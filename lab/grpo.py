@@ -44,10 +44,10 @@ falls by construction; it is not a learning curve (held-out accuracy in the note
 
 Resume (`grpo.resume=true`): the newest checkpoint in `<stage>/checkpoints` at or below `max_steps`
 is resumed (adapter, optimizer, scheduler, RNG and data position, by the Trainer); the run's
-fingerprint (every `grpo` key that changes the trajectory, the seed, model, budget, the pool's ids
-and a checksum of the starting adapter) must match the one the checkpoints were written with, or
-it is a `LabError` (set `grpo.resume=false` to start over, or use another run_dir). A checkpoint
-already at `max_steps` is not trained further (transformers would otherwise run one extra step):
+fingerprint (every `grpo` key that changes the trajectory, the seed, model and a content hash of its
+files, budget, the pool's ids and a checksum of the starting adapter) must match the one the checkpoints
+were written with, or it is a `LabError` (set `grpo.resume=false` to start over, or use another run_dir).
+A checkpoint already at `max_steps` is not trained further (transformers would otherwise run one extra step):
 its adapter is loaded and saved. Checkpoints without a fingerprint (older lab versions) are
 discarded with a warning; checkpoints past `max_steps` are deleted. `grpo.resume=false` deletes
 all checkpoints first. `grpo.wall_clock_budget_min` saves a checkpoint and stops cleanly after the
@@ -351,11 +351,17 @@ def adapter_checksum(model) -> str:
 
 
 def fingerprint(cfg: DictConfig, pool_ids: Sequence[str], model, budget: int) -> dict:
-    """What must not change between a run and its resumption (see the module docstring)."""
+    """What must not change between a run and its resumption (see the module docstring); the pass rates and
+    prompt order of a run record are reused only under the same fingerprint, which holds the content hash of
+    the base model (`lab.generate.model_hash`) beside the start adapter's checksum."""
+    from lab.generate import model_hash
+    from lab.models import model_path
+
     g = OmegaConf.to_container(cfg.grpo, resolve=True)
     for k in RESUME_FREE_KEYS:
         g.pop(k, None)
     return {"grpo": g, "seed": int(cfg.seed), "model": str(cfg.model.path), "dtype": str(cfg.model.dtype),
+            "model_sha256": model_hash(model_path(cfg)),
             "max_completion_length": int(budget),
             "pool_sha256": hashlib.sha256("\n".join(map(str, pool_ids)).encode()).hexdigest(),
             "start_adapter": adapter_checksum(model)}

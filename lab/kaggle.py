@@ -49,7 +49,7 @@ import tempfile
 from pathlib import Path
 
 from lab.config import (LabError, atomic_write_json, atomic_write_text, compose, project_root, resolve_path,
-                        split_at_dashes)
+                        split_at_dashes, temp_file)
 from lab.pipeline import STAGES
 
 COMPETITION = "nvidia-nemotron-model-reasoning-challenge"
@@ -170,7 +170,7 @@ def _source_tarball(dest: Path) -> Path:
                 info.size, info.mtime, info.mode = len(data), 0, 0o644
                 tar.addfile(info, io.BytesIO(data))
     path = dest / SRC_TARBALL
-    fd, tmp = tempfile.mkstemp(dir=dest, prefix=f".{SRC_TARBALL}.", suffix=".tmp")
+    fd, tmp = temp_file(path, ".tmp")
     with os.fdopen(fd, "wb") as f:
         f.write(buf.getvalue())
     os.replace(tmp, path)

@@ -163,7 +163,9 @@ def score(golds: Sequence[str], raw_outputs: Sequence[str | None], version: str 
 # command line: python -m lab score PREDICTIONS.csv --gold GOLD.csv
 # ----------------------------------------------------------------------------------------------
 
-def _read(path: str, needed: Iterable[str], what: str) -> pd.DataFrame:
+def read_table(path: str, needed: Iterable[str], what: str) -> pd.DataFrame:
+    """A CSV read as strings, exactly; LabErrors name the file: not found, not UTF-8, empty, unreadable, a needed
+    column missing, a duplicate id (when there is an `id` column)."""
     p = Path(path)
     if not p.is_file():
         raise LabError(f"{p}: {what} file not found")
@@ -178,7 +180,7 @@ def _read(path: str, needed: Iterable[str], what: str) -> pd.DataFrame:
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise LabError(f"{p}: missing column(s) {missing}; columns are {list(df.columns)}")
-    dup = df["id"][df["id"].duplicated()]
+    dup = df["id"][df["id"].duplicated()] if "id" in df.columns else []
     if len(dup):
         raise LabError(f"{p}: duplicate id(s) {list(dup.unique()[:5])}")
     return df
@@ -210,17 +212,23 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--gold", required=True, help="CSV with id, answer (optionally prompt or category)")
     ap.add_argument("--version", default="final", choices=_VERSIONS, help="metric version (default: final)")
     ap.add_argument("--details", default=None, help="write the per-row judgement to this CSV")
+    ap.add_argument("--column", choices=("completion", "answer"), default=None,
+                    help="which predictions column to score when both are present (default: completion)")
     args = ap.parse_args(argv)
 
-    pred = _read(args.predictions, ["id"], "predictions")
-    if "completion" in pred.columns:
-        out_col = "completion"
-    elif "answer" in pred.columns:
-        out_col = "answer"
-    else:
+    pred = read_table(args.predictions, ["id"], "predictions")
+    have = [c for c in ("completion", "answer") if c in pred.columns]
+    if not have:
         raise LabError(f"{args.predictions}: needs a 'completion' (raw output) or 'answer' (extracted) column; "
                        f"columns are {list(pred.columns)}")
-    gold = _read(args.gold, ["id", "answer"], "gold")
+    if args.column is not None and args.column not in have:
+        raise LabError(f"{args.predictions}: no {args.column!r} column to score; columns are {list(pred.columns)}")
+    out_col = args.column or have[0]
+    if len(have) == 2:
+        print(f"note: {args.predictions} has both 'completion' and 'answer': scoring {out_col!r}"
+              + (" (the answer is extracted from it again)" if out_col == "completion" else " as given")
+              + f"; --column {'answer' if out_col == 'completion' else 'completion'} scores the other")
+    gold = read_table(args.gold, ["id", "answer"], "gold")
     gold_ids, pred_ids = set(gold["id"]), set(pred["id"])
     if gold_ids != pred_ids:
         missing = sorted(gold_ids - pred_ids)

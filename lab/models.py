@@ -185,7 +185,34 @@ def model_path(cfg: DictConfig) -> str:
         return str(local)
     if os.path.isdir("/kaggle/input") and (k := kaggle_model_dir()) is not None:
         return str(k)
-    return p  # a Hub id; from_pretrained reports clearly if it is not in the local cache
+    check_model_path(p)
+    return p  # a Hub id found in the local Hub cache
+
+
+def check_model_path(p: str, hub_cache: bool = True) -> None:
+    """A LabError unless `p` is a local model folder or a Hub id (`org/name`) whose config.json is in the local
+    Hub cache (nothing is downloaded; `hub_cache=False`, as at compose time, accepts any Hub id). Without this,
+    a path that does not exist reaches `from_pretrained` as a Hub id and fails with huggingface_hub's "Repo id
+    must be in the form ..." message. The cache is read with `huggingface_hub.try_to_load_from_cache`
+    (huggingface_hub/file_download.py: the cached file's path, else None or a "known missing" marker)."""
+    local = resolve_path(p)
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise LabError(f"{local}: model folder has no config.json")
+        return
+    if os.path.isdir("/kaggle/input") and kaggle_model_dir() is not None:
+        return
+    if p.startswith((".", "/", "~")) or p.count("/") != 1:  # a path, not a Hub id
+        raise LabError(f"{local}: model folder not found (model.path={p!r} is neither a folder nor a Hub id "
+                       "'org/name')")
+    if not hub_cache:
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(p, "config.json"), str):
+        raise LabError(f"model.path={p!r}: not a local folder, and the Hub model is not in the local cache "
+                       "(nothing is downloaded at run time): download it beforehand (README, 'The real model') "
+                       "or pass its folder as model.path")
 
 
 def device(cfg: DictConfig) -> str:

@@ -18,7 +18,8 @@ import sys
 import time
 from pathlib import Path
 
-from lab.config import LabError, atomic_write_json, atomic_write_text, compose, project_root, read_json, resolve_path
+from lab.config import (LabError, atomic_write_json, atomic_write_text, compose, project_root, read_json, resolve_path,
+                        run_lock)
 
 STAGES = ["01_explore", "02_sft", "03_grpo", "04_vote", "05_errors"]
 
@@ -34,21 +35,40 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, out_dir: Pat
     """Execute the stage notebooks with papermill; returns the run directory."""
     import papermill as pm
 
-    cfg = compose(overrides)
+    cfg = compose(overrides)  # validated: a bad value stops here, before any stage folder is touched
+    unknown = [s for s in stages if s not in STAGES or not (project_root() / "notebooks" / f"{s}.ipynb").is_file()]
+    if unknown:
+        raise LabError(f"{project_root() / 'notebooks'}: no stage notebook {unknown} (stages are {', '.join(STAGES)})")
     run_dir = resolve_path(cfg.run_dir)
-    out_dir = out_dir or run_dir / "notebooks"
-    out_dir.mkdir(parents=True, exist_ok=True)
-    logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
-    for name in stages:
-        src = project_root() / "notebooks" / f"{name}.ipynb"
-        if not src.is_file():
-            raise LabError(f"{src}: notebook not found (stages are {', '.join(STAGES)})")
-        t0 = time.time()
-        print(f"\n=== {name}: running {src.name} -> {out_dir / src.name}", flush=True)
-        pm.execute_notebook(str(src), str(out_dir / src.name), parameters={"overrides": list(overrides)},
-                            cwd=str(project_root()), log_output=log_output, progress_bar=False, kernel_name="python3")
-        print(f"=== {name}: done in {time.time() - t0:.0f} s", flush=True)
+    with run_lock(run_dir):  # one writer per run folder; the notebooks' kernels inherit the lock
+        out_dir = out_dir or run_dir / "notebooks"
+        out_dir.mkdir(parents=True, exist_ok=True)
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
+        for name in stages:
+            src = project_root() / "notebooks" / f"{name}.ipynb"
+            t0 = time.time()
+            print(f"\n=== {name}: running {src.name} -> {out_dir / src.name}", flush=True)
+            pm.execute_notebook(str(src), str(out_dir / src.name), parameters={"overrides": list(overrides)},
+                                cwd=str(project_root()), log_output=log_output, progress_bar=False,
+                                kernel_name="python3")
+            print(f"=== {name}: done in {time.time() - t0:.0f} s", flush=True)
     return run_dir
+
+
+def stages_and_overrides(words: list[str]) -> tuple[list[str], list[str]]:
+    """Sort a command line's words into stage names and Hydra overrides, each in the order given (later overrides
+    win, as in Hydra), wherever they stand: `--stages 02_sft sft.max_steps=2` and `sft.max_steps=2 02_sft` mean
+    the same. A word that is neither a stage nor an override (`key=value`, `+key=value`, `~key`) is refused, so
+    nothing runs with settings the user did not mean."""
+    out_stages, out_over = [], []
+    for word in words:
+        if word in STAGES:
+            out_stages.append(word)
+        elif "=" in word or word.startswith("~"):
+            out_over.append(word)
+        else:
+            raise LabError(f"{word!r} is neither a stage ({', '.join(STAGES)}) nor a Hydra override (key=value)")
+    return out_stages, out_over
 
 
 def headline(run_dir: Path) -> dict:
@@ -89,10 +109,13 @@ def summary(run_dir: Path) -> dict:
 def demo_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab demo", description="run all five notebooks on the embedded default")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. seed=7 run_name=demo_seed7")
-    p.add_argument("--stages", nargs="+", default=STAGES, help="subset of stages to run, in order")
-    args = p.parse_args(argv)
+    p.add_argument("--stages", nargs="+", default=[], help="subset of stages to run (default: all five); stage "
+                   "names and overrides may come in any order")
+    p.parse_args(argv)  # usage and help; the words are sorted below, in their command-line order
+    stages, overrides = stages_and_overrides([w for w in (sys.argv[1:] if argv is None else argv)
+                                              if w not in ("--stages", "--")])
     t0 = time.time()
-    run_dir = run_notebooks(args.overrides, args.stages)
+    run_dir = run_notebooks(overrides, stages or STAGES)
     summ = summary(run_dir)
     print(f"\nDemo finished in {time.time() - t0:.0f} s.")
     print(f"Executed notebooks: {run_dir / 'notebooks'}")

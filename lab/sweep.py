@@ -22,10 +22,12 @@ job's overrides plus `run_dir=<sweep_dir>/<job_name>`, so every job is a complet
         .hydra/, job.log                   Hydra's own record of the job
 
 A job counts as finished only when `done.json` exists, lists every requested stage with the same
-overrides, and each of those stages has its `metrics.json` (which `Stage.finish` writes atomically).
+overrides and the same resolved config (its sha256: a default changed in `conf/` since is another
+job), and each of those stages has its `metrics.json` (which `Stage.finish` writes atomically).
 Running the same sweep again skips finished jobs and reruns failed or unfinished ones; inside a
-rerun, the leading stages that already finished with identical overrides are kept, and everything
-from the first unfinished stage on is executed again. A failing job writes `error.txt` and
+rerun, the leading stages that already finished with identical overrides and an identical resolved
+config are kept, and everything from the first unfinished stage on is executed again. A job holds
+its folder's lock (`lab.config.run_lock`) while it runs. A failing job writes `error.txt` and
 returns; the other jobs go on. `--seeds N` is shorthand for `seed=1,2,...,N` (seeds 1..N, not the
 config's seed plus offsets, so job names read `seed=1`, `seed=2`, ...).
 
@@ -58,7 +60,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lab.config import (LabError, atomic_write_csv, atomic_write_json, atomic_write_text, project_root, read_json,
-                        resolve_path, split_at_dashes)
+                        resolve_path, run_lock, split_at_dashes)
 from lab.pipeline import SMOKE_OVERRIDES, STAGES
 
 log = logging.getLogger(__name__)
@@ -110,8 +112,27 @@ def job_params(overrides: list[str], exclude_keys: Iterable[str]) -> dict[str, A
     return out
 
 
-def is_done(job_dir: Path, stages: list[str], overrides: list[str]) -> bool:
-    """done.json lists these stages with the same overrides, and every stage has its metrics.json."""
+def job_config(nb_overrides: list[str]) -> dict:
+    """The resolved config the job's notebooks compose (validated), as plain data: what a finished job or stage
+    must have been made with to be kept. The overrides alone are not enough: a default changed in conf/ since
+    the job ran gives the same overrides another config."""
+    from omegaconf import OmegaConf
+
+    from lab.config import compose
+
+    return OmegaConf.to_container(compose(nb_overrides), resolve=True)
+
+
+def config_key(config: dict) -> str:
+    import hashlib
+    import json
+
+    return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
+
+
+def is_done(job_dir: Path, stages: list[str], overrides: list[str], key: str | None = None) -> bool:
+    """done.json lists these stages with the same overrides (and, when `key` is given, the same resolved config:
+    `config_key`), and every stage has its metrics.json."""
     done = Path(job_dir) / DONE_FILE
     if not done.is_file():
         return False
@@ -120,11 +141,13 @@ def is_done(job_dir: Path, stages: list[str], overrides: list[str]) -> bool:
     except LabError:
         return False
     return (sorted(d.get("overrides", [])) == sorted(overrides) and set(stages) <= set(d.get("stages", []))
+            and (key is None or d.get("config_sha256") == key)
             and all((Path(job_dir) / s / "metrics.json").is_file() for s in stages))
 
 
-def _stage_kept(job_dir: Path, stage: str, nb_overrides: list[str]) -> bool:
-    """A stage that already finished in this folder with exactly these overrides."""
+def _stage_kept(job_dir: Path, stage: str, nb_overrides: list[str], config: dict | None = None) -> bool:
+    """A stage that already finished in this folder with exactly these overrides (and, when `config` is given,
+    whose config.yaml holds that resolved config)."""
     d = job_dir / stage
     if not (d / "metrics.json").is_file():
         return False
@@ -132,6 +155,14 @@ def _stage_kept(job_dir: Path, stage: str, nb_overrides: list[str]) -> bool:
         man = read_json(d / "manifest.json")
     except LabError:
         return False
+    if config is not None:
+        from omegaconf import OmegaConf
+
+        try:
+            if OmegaConf.to_container(OmegaConf.load(d / "config.yaml"), resolve=True) != config:
+                return False
+        except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml: the stage is not kept
+            return False
     return man.get("status") == "finished" and man.get("overrides") == nb_overrides
 
 
@@ -170,13 +201,21 @@ def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str],
     job_dir = Path(job_dir).resolve()
     name = name or job_dir.name
     overrides = [str(o) for o in overrides]
-    if not force and is_done(job_dir, stages, overrides):
+    nb_overrides = [*overrides, f"run_dir={quote(job_dir)}"]
+    config = job_config(nb_overrides)  # validated before the job folder is touched
+    key = config_key(config)
+    if not force and is_done(job_dir, stages, overrides, key):
         log.info(f"[{name}] finished earlier: skipped")
         return {"job": name, "status": "skipped"}
+    with run_lock(job_dir):
+        return _run_job(job_dir, name, overrides, nb_overrides, stages, params, cfg, force, config, key)
+
+
+def _run_job(job_dir: Path, name: str, overrides: list[str], nb_overrides: list[str], stages: list[str],
+             params: dict | None, cfg, force: bool, config: dict, key: str) -> dict:
     job_dir.mkdir(parents=True, exist_ok=True)
     (job_dir / DONE_FILE).unlink(missing_ok=True)
     (job_dir / ERROR_FILE).unlink(missing_ok=True)
-    nb_overrides = [*overrides, f"run_dir={quote(job_dir)}"]
     t0 = time.time()
     job = {"job": name, "status": "running", "overrides": overrides, "params": params or {}, "stages": list(stages),
            "run_dir": str(job_dir), "notebook_overrides": nb_overrides, "host": socket.gethostname(),
@@ -193,7 +232,7 @@ def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str],
     try:
         keep = not force
         for stage in stages:
-            keep = keep and _stage_kept(job_dir, stage, nb_overrides)
+            keep = keep and _stage_kept(job_dir, stage, nb_overrides, config)
             if keep:
                 log.info(f"[{name}] {stage}: finished earlier with the same overrides, kept")
                 job["stages_kept"].append(stage)
@@ -220,7 +259,7 @@ def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str],
     job.update(status="finished", end_time=_now(), wall_seconds=round(time.time() - t0, 1))
     atomic_write_json(job_dir / JOB_FILE, job)
     atomic_write_json(job_dir / DONE_FILE, {"job": name, "status": "finished", "stages": list(stages),
-                                            "overrides": overrides, "end_time": job["end_time"]})
+                                            "overrides": overrides, "config_sha256": key, "end_time": job["end_time"]})
     return {"job": name, "status": "finished", "wall_seconds": job["wall_seconds"]}
 
 

@@ -60,9 +60,8 @@ def test_unknown_group_option_is_clear():
 def test_missing_data_path_names_the_path(tmp_path):
     from lab.data import prepare
 
-    cfg = compose(["data=competition", f"data.path={tmp_path}/nope.csv", f"run_dir={tmp_path}/run"])
-    with pytest.raises(LabError) as e:
-        prepare(cfg)
+    with pytest.raises(LabError) as e:  # since issue 19 at compose time, before any stage folder is opened
+        prepare(compose(["data=competition", f"data.path={tmp_path}/nope.csv", f"run_dir={tmp_path}/run"]))
     assert "nope.csv" in str(e.value)
 
 

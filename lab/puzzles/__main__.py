@@ -20,14 +20,16 @@ from .solve import method_table
 
 
 def _read_csv(path: str):
-    import pandas as pd
+    """The puzzles, read as `score` reads its files (clear errors for a missing, empty, non-UTF-8 or unreadable
+    file, a missing `prompt` column, duplicate ids); without an `id` column the rows are numbered, and it says so."""
+    from lab.metric import read_table
 
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except FileNotFoundError:
-        raise LabError(f"{path}: file not found") from None
-    if "prompt" not in df.columns:
-        raise LabError(f"{path}: no 'prompt' column (columns: {', '.join(df.columns)})")
+    df = read_table(path, ["prompt"], "puzzle")
+    if df.empty:
+        raise LabError(f"{path}: no rows under the header")
+    if "id" not in df.columns:
+        print(f"note: {path} has no 'id' column: the output numbers the rows 0..{len(df) - 1} in file order",
+              file=sys.stderr)
     return df
 
 
