@@ -8,16 +8,17 @@ dataset and the kernel installs from it:
   on a copy of pyproject.toml + lab/, so nothing is fetched and the checkout gets no build/
   folder), `lab_src.tar.gz` (the repo's conf/, notebooks/ and scripts/: the notebooks compose
   the config from `$LAB_ROOT/conf`), and `requirements.txt` with the pinned dependencies (the
-  versions installed here; torch as the pyproject's range unless the GPU extra pins it). You fill
-  the folder with wheels on a machine with internet (`pip download -r requirements.txt -d ...`,
-  see kaggle_kernel/README.md); this command itself downloads nothing.
+  versions installed here; torch as the pyproject's range unless the GPU extra pins it). This
+  downloads nothing; `--fetch-wheels` then fills the folder with wheels on a machine with internet
+  (`wheel_commands`: `pip wheel` for the source-only antlr4-python3-runtime 4.9.3 first, then a
+  binary-only `pip download` that finds it in the same folder).
 - `python -m lab kaggle build --notebook 02_sft --overrides model=nemotron_nano data=competition`
   writes `kaggle_kernel/build/02_sft/`: `kernel-metadata.json` (id `<username>/<slug>` where the slug
   is Kaggle's slug of the title; competition, model and dataset sources; internet off, private,
-  GPU on) and the notebook with its parameters baked in by papermill's prepare-only mode (the
-  `injected-parameters` cell) plus a first cell that installs the lab offline
-  (`pip install --no-index --find-links <dataset folder> nemotron-reasoning-lab[gpu]`; `[gpu]`, i.e.
-  vLLM for the real model's generation, only when the kernel has a GPU), unpacks
+  GPU on, `machine_shape`; the sources and the machine from `conf/kaggle`) and the notebook with its
+  parameters baked in by papermill's prepare-only mode (the `injected-parameters` cell) plus a first
+  cell that installs the lab offline (`pip install --no-index --find-links <dataset folder>
+  nemotron-reasoning-lab[vllm]`, with only the extras the composed config needs: `kernel_extras`), unpacks
   lab_src.tar.gz to /tmp/lab_root and sets $LAB_ROOT. The overrides are composed here first, so a
   typo fails now and not an hour into a Kaggle session. `run_dir` is baked in as
   `/kaggle/working/outputs/<run_name>` (Kaggle's writable, saved folder) unless you set it; the
@@ -29,8 +30,9 @@ dataset and the kernel installs from it:
 
 Deliberately simple: one dependency dataset for every kernel; no calls to the Kaggle API (push
 with the `kaggle` command-line tool, kaggle_kernel/README.md); the username comes from
---username or $KAGGLE_USERNAME, never from credential files; the model source string is yours to
-set (a Kaggle Models handle `owner/model/framework/variation[/version]`).
+--username or $KAGGLE_USERNAME, never from credential files. The model source is checked with the
+rule kaggle 2.2.5 applies on push (`check_model_source`); tests/test_kaggle.py runs kaggle's own push
+validation on a built kernel when the kaggle package is installed.
 """
 
 from __future__ import annotations
@@ -439,7 +441,7 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--title", default=DATASET_TITLE, help="dataset title; its slug is the dataset id (default: %(default)s)")
     d.add_argument("--out", default=None, help=f"folder to write (default: {BUILD_DIR}/dataset)")
     d.add_argument("--license", default="other", help="Kaggle license name (default: %(default)s)")
-    d.add_argument("--no-gpu-extra", action="store_true", help="leave the [gpu] extra (vllm, unsloth, torch pin) out")
+    d.add_argument("--no-gpu-extra", action="store_true", help="leave the GPU extras (vllm, unsloth, torch pin) out")
     d.add_argument("--no-wheel", action="store_true", help="skip building the wheel (metadata and sources only)")
     d.add_argument("--fetch-wheels", action="store_true",
                    help="then fill the folder with the dependency wheels (needs internet): pip wheel for "
