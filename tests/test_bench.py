@@ -292,6 +292,15 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
     pred = pd.read_csv(run / "02_sft" / "predictions.csv")
     assert len(pred) == 4 and set(pred["answer"].astype(str)) == {"0"}
 
+    # a packed zip (what Kaggle scores) is served as it is; the unzipped folder goes away with the generator
+    from lab import generate
+
+    cfg = OmegaConf.load(run / "02_sft" / "config.yaml")  # the stage's resolved config
+    with generate.Generator(cfg, adapter=ref) as gen:
+        served = Path(gen.lora.kw["lora_path"])
+        assert {p.name: p.read_bytes() for p in served.iterdir()} == packed
+    assert not served.exists()
+
 
 # ------------------------------------------------------------------------------------------------
 # bench/vote_bench.py
