@@ -4,9 +4,10 @@
 names (Mamba-2 `in_proj/out_proj`, attention `q/k/v/o_proj`, routed `experts.up_proj/down_proj`
 as fused 3-D parameters, `shared_experts.up_proj/down_proj`, `lm_head`) and a small byte-level
 BPE tokenizer trained locally on a fixed text, with a chat template that follows Nemotron's
-conventions (`<|im_start|>`/`<|im_end|>` turns; with thinking on, the generation prompt ends with
-`<think>\\n`). Both are saved once to `model.path` and reloaded from there, so every stage of a
-run uses the same weights. Nothing is downloaded.
+conventions (`<|im_start|>`/`<|im_end|>` turns, an empty system turn first; with thinking on, the
+generation prompt ends with `<think>\\n`): it renders the real template's bytes (`CHAT_TEMPLATE`).
+Both are saved once to `model.path` and reloaded from there, so every stage of a run uses the same
+weights. Nothing is downloaded.
 
 `model=nemotron_nano` loads the real checkpoint through transformers' own Nemotron-H
 implementation (no remote code unless configured), from a local folder, the Kaggle model

@@ -190,7 +190,10 @@ def test_generator_vllm_branch(monkeypatch, tmp_path):
     assert e["model"] == "/models/nemotron" and e["enable_lora"] is True and e["max_lora_rank"] == 32
     assert e["max_model_len"] == 8192 and e["seed"] == int(cfg.seed) and e["dtype"] == "bfloat16"
     assert g.lora is None
+    shut = []  # vLLM 0.33: LLM.llm_engine.engine_core is an EngineCoreClient whose shutdown() ends the engine process
+    g.llm.llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=lambda: shut.append(1)))
     g.close()
+    assert shut == [1] and g.llm is None
     with pytest.raises(LabError, match="closed"):
         g.run(["p"])
 
