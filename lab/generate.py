@@ -12,11 +12,14 @@ tokens)`. vLLM is imported only when the `vllm` back-end is chosen.
 
 The vllm back-end scores an adapter only in its packed form: vLLM 0.33 refuses the raw PEFT folder of
 a Nemotron-H adapter (its routed-expert LoRA is stored fused, and `LoRAModelManager._validate_moe_lora_format`
-in vllm/lora/model_manager.py rejects fused 3-D MoE weights for a model without a 3-D MoE LoRA layer), so
+in vllm/lora/model_manager.py rejects fused 3-D MoE weights for a model without a 3-D MoE LoRA layer, and
+`NemotronHForCausalLM` in vllm/model_executor/models/nemotron_h.py does not set `is_3d_moe_weight`), so
 `Generator(cfg, adapter=FOLDER)` packs the folder with `lab.submission.pack` (experts split per expert, the
 same zip Kaggle scores), unzips it into a temporary folder and hands that folder to `LoRARequest` (vLLM
 reads a folder, `vllm/lora/request.py`, `vllm/lora/utils.py:get_adapter_absolute_path`); a packed zip is
-accepted as well. It never generates from an in-memory model: `Generator(cfg, model=...)` with vllm is a
+accepted as well. (vLLM 0.33 would take the fused keys with `enable_mixed_moe_lora_format=True` and
+`LoRARequest(is_3d_lora_weight=True)`, but the competition's engine settings, conf/infer/kaggle.yaml, do not
+set it: the lab scores the form Kaggle loads.) It never generates from an in-memory model: `Generator(cfg, model=...)` with vllm is a
 LabError. The evaluation after training is therefore always: save the adapter, `del model` in the caller,
 `release_memory()`, then `Generator(cfg, adapter=...)`, which also refuses to start vLLM while this process
 still holds more than `VLLM_MAX_RESIDENT_GB` of CUDA memory (the training model was not released).
