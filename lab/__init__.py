@@ -9,6 +9,8 @@ Modules, by what they do:
   models      loading the base model (or building the tiny one) and adapters
   generate    one generation interface: transformers on CPU/GPU, vLLM on GPU
   sft         the supervised warm-up (TRL SFTTrainer + PEFT LoRA); sft_unsloth: the GPU back-end
+  lora        an lm_head LoRA that TRL 1.15's fused head really trains
+  memory      the real model's shapes under the LoRA (meta device) and an SFT step's memory estimate
   rewards     GRPO reward functions, a name-to-function registry
   curriculum  pass-rate selection and easy-to-hard ordering of GRPO prompts
   grpo        reinforcement learning (TRL GRPOTrainer)

@@ -542,6 +542,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     from trl import GRPOTrainer
 
     from lab import curriculum, trl_cpu
+    from lab.lora import install_fused_lora_head, trainer_accepts_head_lora
     from lab.rewards import build
     from lab.sft import GradientCheck, _allow_out_proj, save_adapter
 
@@ -615,10 +616,13 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         if bool(g.refine):
             rows_by_prompt = {r["prompt"]: r for r in ds}
             rollout = refine_rollout(tokenizer, funcs, weights, rows_by_prompt, refinements)
-        with _allow_out_proj():  # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included)
+        # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included); an lm_head LoRA: see lab.lora
+        with _allow_out_proj(), trainer_accepts_head_lora(model):
             trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
                                   train_dataset=ds, processing_class=tokenizer, callbacks=callbacks,
                                   rollout_func=rollout)
+        # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
+        install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
         if last:
             print(f"resuming from {last}")
         trainer.train(resume_from_checkpoint=str(last) if last else None)

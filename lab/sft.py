@@ -4,8 +4,8 @@ What it guarantees, because each of these silently cost teams days (each has a t
 tests/test_sft.py on the tiny model):
 - every configured LoRA target family must match something in the model, or it is an error
   that names the target and lists the families that do exist; the rank is at most 32 (Kaggle's
-  vLLM `max_lora_rank`); `lm_head` is refused with TRL's own reason (below); after wrapping,
-  every configured family must own trainable LoRA parameters, or it is an error. The table of
+  vLLM `max_lora_rank`); after wrapping, every configured family must own trainable LoRA
+  parameters, or it is an error. The table of
   what received a LoRA (family, count, trainable parameters) is printed and saved before training;
 - the gradient check: at the first optimiser step every family is checked for a non-zero
   gradient, after training for LoRA weights that moved (every tensor of every family), and a
@@ -26,8 +26,10 @@ attention `q_proj/k_proj/v_proj/o_proj`, Mamba `in_proj/out_proj`, shared expert
 `shared_experts.up_proj/down_proj`, routed experts `experts` (fused 3-D parameters
 `experts.up_proj/down_proj`, targeted with PEFT's `target_parameters`; PEFT nests one
 ParamWrapper in the other and saves them as `experts.base_layer.lora_*` = up_proj and
-`experts.lora_*` = down_proj; `lab.submission` converts them for vLLM), and `lm_head`, which TRL
-1.15's SFTTrainer refuses because it computes log-probabilities from `lm_head.weight` directly.
+`experts.lora_*` = down_proj; `lab.submission` converts them for vLLM), and `lm_head`. TRL 1.15's
+SFTTrainer refuses an `lm_head` LoRA because its fused head computes log-probabilities from
+`lm_head.weight` directly; `lab.lora` lets the trainer accept it and makes the fused head apply it
+(chunked, the full logits never built), so it trains (tests/test_lora.py).
 
 `out_proj`: PEFT 0.21 refuses it for Nemotron-H because, in training mode,
 `NemotronHMamba2Mixer.forward` first calls the module-level function
@@ -84,11 +86,6 @@ FAMILIES = {
     "lm_head": [("module", "lm_head")],
 }
 
-LM_HEAD_REASON = ("TRL 1.15's SFTTrainer (and GRPOTrainer) computes the log-probabilities from lm_head.weight "
-                  "directly, so a LoRA on lm_head would never be trained (TRL raises 'Applying a PEFT adapter to "
-                  "`lm_head` is not supported'); remove lm_head from sft.lora.targets")
-
-
 def _base(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
@@ -115,7 +112,7 @@ def _existing(avail: dict[str, int]) -> str:
 
 
 def check_targets(cfg: DictConfig) -> list[str]:
-    """Validate `sft.lora` without a model: rank, lm_head, dropout with experts. Returns the targets."""
+    """Validate `sft.lora` without a model: rank, dropout with experts. Returns the targets."""
     lc = cfg.sft.lora
     r = int(lc.r)
     if not 1 <= r <= MAX_RANK:
@@ -124,8 +121,6 @@ def check_targets(cfg: DictConfig) -> list[str]:
     targets = [str(t) for t in lc.targets]
     if not targets:
         raise LabError("conf/sft: lora.targets is empty")
-    if "lm_head" in targets:
-        raise LabError(f"conf/sft: lora.targets has lm_head: {LM_HEAD_REASON}")
     if "experts" in targets and float(lc.dropout) > 0:
         raise LabError(f"conf/sft: lora.dropout={lc.dropout} with the 'experts' family: PEFT's ParamWrapper (fused "
                        "expert parameters) does not support dropout; set sft.lora.dropout=0")
@@ -440,7 +435,7 @@ def training_args(cfg: DictConfig, output_dir: Path, **extra):
         max_length=int(s.max_seq_len), completion_only_loss=True, packing=False, seed=int(cfg.seed),
         data_seed=int(cfg.seed), report_to="none", use_cpu=not torch.cuda.is_available(),
         bf16=str(cfg.model.dtype) == "bfloat16" and torch.cuda.is_available(), dataloader_num_workers=0,
-        disable_tqdm=False, save_only_model=False, **extra)
+        disable_tqdm=False, save_only_model=False, gradient_checkpointing=bool(s.gradient_checkpointing), **extra)
 
 
 def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, examples: pd.DataFrame, callbacks=()):
@@ -448,13 +443,29 @@ def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, exam
     from datasets import Dataset
     from trl import SFTTrainer
 
+    from lab.lora import install_fused_lora_head, trainer_accepts_head_lora
     from lab.trl_cpu import use_text_progress
 
-    trainer = SFTTrainer(model=peft_model, args=training_args(cfg, output_dir), processing_class=tokenizer,
-                         train_dataset=Dataset.from_pandas(examples[["prompt", "completion"]], preserve_index=False),
-                         callbacks=list(callbacks))
+    with trainer_accepts_head_lora(peft_model):  # an lm_head LoRA: see lab.lora
+        trainer = SFTTrainer(model=peft_model, args=training_args(cfg, output_dir), processing_class=tokenizer,
+                             train_dataset=Dataset.from_pandas(examples[["prompt", "completion"]],
+                                                               preserve_index=False),
+                             callbacks=list(callbacks))
+    install_fused_lora_head(peft_model)  # SFTTrainer's fused head: temperature 1, log_probs/entropy/is_top1
     use_text_progress(trainer)
     return trainer
+
+
+def load_model(cfg: DictConfig):
+    """(model, tokenizer) that SFT trains: Unsloth's own loader with `sft.backend=unsloth` (lab.sft_unsloth, which
+    imports unsloth before transformers/TRL/PEFT), else `lab.models.load`."""
+    from lab import models
+
+    if str(cfg.sft.backend) == "unsloth":
+        from lab import sft_unsloth
+
+        return sft_unsloth.load(cfg)
+    return models.load(cfg)
 
 
 def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, tokenizer=None):
@@ -465,7 +476,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     """
     from transformers.trainer_utils import get_last_checkpoint
 
-    from lab import models, trl_cpu
+    from lab import trl_cpu
 
     backend = str(cfg.sft.backend)
     if backend not in ("hf", "unsloth"):
@@ -473,15 +484,13 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     check_targets(cfg)
     attach = attach_lora
     if backend == "unsloth":
-        from lab import sft_unsloth  # imports unsloth first, before anything below touches transformers/trl/peft
+        from lab import sft_unsloth
 
-        sft_unsloth.require()
+        sft_unsloth.check_targets(cfg)  # before loading 30B weights
         attach = sft_unsloth.attach_lora
-        if model is None:
-            model, tokenizer = sft_unsloth.load(cfg)
-    trl_cpu.install()
     if model is None:
-        model, tokenizer = models.load(cfg)
+        model, tokenizer = load_model(cfg)
+    trl_cpu.install()
     examples, counts = sft_examples(tokenizer, train_puzzles, int(cfg.sft.max_seq_len))
     if cfg.sft.n_train:
         examples = examples.sample(frac=1.0, random_state=int(cfg.seed)).head(int(cfg.sft.n_train))

@@ -1,88 +1,107 @@
-"""`sft.backend=unsloth`: a thin adapter over Unsloth's documented API, GPU only.
+"""`sft.backend=unsloth`: the model is loaded and wrapped by Unsloth's own loader, GPU only.
 
-Loading and LoRA wrapping go through `FastLanguageModel.from_pretrained` and
-`FastLanguageModel.get_peft_model`; everything else (the data, TRL's SFTTrainer, the gradient
-check, resume, saving) is `lab.sft`'s, unchanged. This module is imported only when that backend
-is chosen, and it imports `unsloth` first thing, because Unsloth patches transformers, TRL and
-PEFT at import time and warns (or patches only partly) when they were imported before it. In a
-notebook that uses this backend, `import lab.sft_unsloth` in the first cell.
+Unsloth 2026.10.9 (read from its wheel, `unsloth/models/loader.py`): `FastLanguageModel.from_pretrained` has
+dedicated paths only for Llama-family model types and hands every other type, `nemotron_h` included, to
+`FastModel.from_pretrained`, which is where Nemotron-H's setup lives (it registers float32 Triton precision for
+the Mamba-2 kernels). So the lab calls `FastModel` directly: `FastModel.from_pretrained` (16-bit LoRA: no 4-bit,
+no 8-bit, no full fine-tuning) and `FastModel.get_peft_model`. Everything else (the data, TRL's SFTTrainer, the
+gradient check, resume, saving) is `lab.sft`'s, unchanged.
 
-Known pitfalls with MoE models such as Nemotron-H, checked here instead of trusted:
-- Unsloth's default target list is Llama's (`gate_proj`, `up_proj`, ...): Nemotron-H has no
-  `gate_proj`, and `up_proj/down_proj` as module names only reach the SHARED expert. The routed
-  experts are fused 3-D parameters (`mixer.experts.up_proj/down_proj`) reachable only through
-  PEFT's `target_parameters`; Unsloth's automatic MoE detection looks for `mlp.experts.gate_up_proj`,
-  which Nemotron-H does not have (Nemotron-H puts everything under `mixer`). We pass the lab's
-  own `target_modules` / `target_parameters` (from `lab.sft.lora_config`) explicitly, and after
-  `get_peft_model` the target table must show trainable LoRA parameters for every configured
-  family, else a LabError lists what did get a LoRA.
-- An `lm_head` LoRA is dropped (Unsloth trains lm_head only through `modules_to_save`) and TRL
-  refuses it anyway: `lab.sft.check_targets` rejects it before we get here.
-- Unsloth may write its own fields into adapter_config.json; `lab.submission.pack` keeps only
-  standard PEFT LoraConfig fields.
-- `out_proj` of the Mamba mixers: Unsloth may install its own fused kernels; `lab.sft`'s guard
-  is applied after wrapping, and the gradient check shows whether out_proj trained.
+`unsloth` is imported only when this backend is used (`fast_model()`), never at import time of the lab. Unsloth
+patches transformers, TRL and PEFT when it is imported and warns when they were imported before it, so
+`lab.sft.load_model` (what 02_sft calls right after opening the stage) loads through here before anything of
+the lab touches transformers.
 
-Not verified here (no GPU, no Unsloth in the CPU environment): whether the pinned Unsloth
-version forwards `target_parameters` to PEFT (it accepts `**kwargs`); the trainable-parameter
-check above is what catches it if not.
+Checked here instead of trusted:
+- Unsloth's default targets are Llama's (`gate_proj`, ...): Nemotron-H has no `gate_proj`, and its routed experts
+  are fused 3-D parameters (`mixer.experts.up_proj/down_proj`) reachable only through PEFT's `target_parameters`,
+  which `FastModel.get_peft_model` accepts (`unsloth/models/vision.py`). The lab passes its own
+  `target_modules` / `target_parameters` (from `lab.sft.lora_config`), and after wrapping the target table must
+  show trainable LoRA parameters for every configured family, else a LabError lists what did get a LoRA.
+- `lm_head`: `FastModel.get_peft_model` moves `lm_head` from `target_modules` to `modules_to_save`
+  (`_redirect_embedding_targets` in `unsloth/models/vision.py`): a full trained copy of the head, which vLLM 0.33
+  does not load for Nemotron-H. So an `lm_head` target with this backend is refused; use `sft.backend=hf`
+  (lab.lora trains the head's LoRA) or drop `lm_head`.
+- Unsloth may write its own fields into adapter_config.json; `lab.submission.pack` keeps only standard PEFT
+  LoraConfig fields.
+- `out_proj` of the Mamba mixers: `lab.sft`'s fused-kernel guard is applied after wrapping, and the gradient check
+  shows whether out_proj trained.
+
+Not verified here (no GPU, no Unsloth in the CPU environment): a real Unsloth run. tests/test_sft_unsloth.py drives
+this module with a stand-in `unsloth` module that records what it is given.
 """
 
 from __future__ import annotations
+
+import sys
 
 from omegaconf import DictConfig
 
 from lab.config import LabError
 
-try:  # must run before transformers / trl / peft are imported, so Unsloth's patches apply
-    import unsloth  # noqa: F401
-    from unsloth import FastLanguageModel
 
-    _IMPORT_ERROR: BaseException | None = None
-except Exception as e:  # ImportError, or Unsloth's own error on a machine without a GPU
-    FastLanguageModel = None
-    _IMPORT_ERROR = e
+def fast_model():
+    """`unsloth.FastModel`, imported now; a LabError that says what to do when Unsloth cannot be used here."""
+    if "unsloth" not in sys.modules and any(m in sys.modules for m in ("transformers", "trl", "peft")):
+        print("WARNING: transformers/TRL/PEFT were imported before unsloth, so Unsloth patches them only in part; "
+              "load the model with lab.sft.load_model(cfg) before anything else touches them")
+    try:
+        import unsloth
+    except Exception as e:  # ImportError, or Unsloth's own error on a machine without a GPU
+        raise LabError("conf/sft: backend=unsloth needs the `unsloth` package and a CUDA GPU, and it cannot be "
+                       f"imported here ({type(e).__name__}: {e}); install the GPU extra (pip install -e '.[gpu]') "
+                       "on a GPU machine, or use sft.backend=hf") from None
+    return unsloth.FastModel
 
 
 def require() -> None:
     """A clear error when Unsloth cannot be used on this machine."""
-    if _IMPORT_ERROR is not None:
-        raise LabError("conf/sft: backend=unsloth needs the `unsloth` package and a CUDA GPU, and it cannot be "
-                       f"imported here ({type(_IMPORT_ERROR).__name__}: {_IMPORT_ERROR}); install the GPU extra "
-                       "(pip install -e '.[gpu]') on a GPU machine, or use sft.backend=hf")
+    fast_model()
 
 
 def load(cfg: DictConfig):
-    """(model, tokenizer) through `FastLanguageModel.from_pretrained`, 16-bit LoRA (no 4-bit)."""
+    """(model, tokenizer) through `unsloth.FastModel.from_pretrained`, 16-bit LoRA."""
     import torch
 
     from lab import models
 
-    require()
-    model, tokenizer = FastLanguageModel.from_pretrained(
+    fm = fast_model()
+    model, tokenizer = fm.from_pretrained(
         model_name=models.model_path(cfg), max_seq_length=int(cfg.sft.max_seq_len),
-        dtype=getattr(torch, str(cfg.model.dtype)), load_in_4bit=False,
-        trust_remote_code=bool(cfg.model.trust_remote_code))
+        dtype=getattr(torch, str(cfg.model.dtype)), load_in_4bit=False, load_in_8bit=False, load_in_16bit=True,
+        full_finetuning=False, trust_remote_code=bool(cfg.model.trust_remote_code),
+        use_gradient_checkpointing="unsloth" if cfg.sft.get("gradient_checkpointing", True) else False,
+        random_state=int(cfg.seed))
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
     return model, tokenizer
 
 
+def check_targets(cfg: DictConfig) -> None:
+    """Refuse what this backend cannot train as configured (lm_head, see the module docstring)."""
+    if "lm_head" in {str(t) for t in cfg.sft.lora.targets}:
+        raise LabError("conf/sft: lora.targets has lm_head with sft.backend=unsloth: Unsloth 2026.10.9 moves lm_head "
+                       "to modules_to_save (a full trained copy of the head, which vLLM does not load for Nemotron-H); "
+                       "use sft.backend=hf (lab.lora trains an lm_head LoRA) or drop lm_head from sft.lora.targets")
+
+
 def attach_lora(cfg: DictConfig, model):
-    """`FastLanguageModel.get_peft_model` with the lab's targets; (peft_model, target table) or a LabError."""
+    """`FastModel.get_peft_model` with the lab's targets; (peft_model, target table) or a LabError."""
     from lab import sft
 
-    require()
-    config = sft.lora_config(cfg, model)  # validates rank, lm_head, unknown families
+    check_targets(cfg)
+    fm = fast_model()
+    config = sft.lora_config(cfg, model)  # validates rank, unknown families
     kwargs = {}
     if config.target_parameters:
         kwargs["target_parameters"] = list(config.target_parameters)
     with sft._allow_out_proj():
-        pm = FastLanguageModel.get_peft_model(
+        pm = fm.get_peft_model(
             model, r=config.r, target_modules=sorted(config.target_modules or []), lora_alpha=config.lora_alpha,
-            lora_dropout=config.lora_dropout, bias="none", use_gradient_checkpointing="unsloth",
-            random_state=int(cfg.seed), use_rslora=False, loftq_config=None, **kwargs)
+            lora_dropout=config.lora_dropout, bias="none",
+            use_gradient_checkpointing="unsloth" if cfg.sft.get("gradient_checkpointing", True) else False,
+            random_state=int(cfg.seed), use_rslora=False, **kwargs)
     sft.guard_fused_mamba_out_proj(pm)
     table = sft.target_table(pm)
     sft.check_table(cfg, table, backend="unsloth")

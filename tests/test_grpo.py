@@ -399,3 +399,19 @@ def test_refine_trains_on_refinements_of_the_best_draft(root, puzzles, monkeypat
     assert {"refine/best_draft_reward_mean", "refine/draft_reward_mean"} <= set(log.columns)
     assert log["refine/best_draft_reward_mean"].iloc[0] >= log["refine/draft_reward_mean"].iloc[0]
     assert math.isfinite(m["reward_per_step"][0]) and m["lora_weight_change"] > 0
+
+
+def test_grpo_trains_an_lm_head_lora(root, puzzles):
+    """An adapter with an lm_head LoRA (the competition preset's) trains under GRPOTrainer too (lab.lora), with
+    TRL's reference adapter (beta > 0); the frozen head does not move."""
+    cfg = compose(root, "lm_head", "sft.lora.targets=[q_proj,lm_head]", "grpo.beta=0.04", "grpo.save_steps=10")
+    stage, pm, tok = start(cfg)
+    head = pm.get_base_model().lm_head
+    base_before = head.base_layer.weight.detach().clone()
+    before = {n: p.detach().clone() for n, p in pm.named_parameters() if "lm_head.lora_" in n}
+    m, model, _ = grpo.train(cfg, stage, puzzles, pm, tok)
+    assert m["steps"] == 2 and m["gradient_check_failed"] == [] and len(before) == 2
+    params = dict(model.named_parameters())
+    for n, v in before.items():
+        assert not torch.equal(params[n].detach(), v), n
+    assert torch.equal(head.base_layer.weight.detach(), base_before)

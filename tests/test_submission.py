@@ -274,3 +274,322 @@ def test_check_on_non_zip(tmp_path):
     problems = check(p)
     _only(problems, "adapter_config.json is not valid JSON")
     _only(problems, "adapter_model.safetensors is not a valid safetensors file")
+
+
+# ---- issues 16 and 19: the whole file read, the config against the tensors, the base model -----------------
+
+def _data_start(st: bytes) -> int:
+    """Offset of the first tensor byte in a safetensors file."""
+    return 8 + int.from_bytes(st[:8], "little")
+
+
+def test_check_rejects_a_truncated_safetensors(tiny, tmp_path):
+    cut = _variant(tmp_path, tiny, "half",
+                   files_edit=lambda f: {**f, WEIGHTS_NAME: f[WEIGHTS_NAME][:len(f[WEIGHTS_NAME]) // 2]})
+    (hit,) = _only(check(cut), "adapter_model.safetensors is truncated")
+    assert "lies past the end" in hit
+    # the opposite: bytes after the last tensor, which safetensors itself refuses
+    extra = _variant(tmp_path, tiny, "extra", files_edit=lambda f: {**f, WEIGHTS_NAME: f[WEIGHTS_NAME] + b"\0" * 64})
+    _only(check(extra), "64 bytes after its last tensor")
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf")])
+def test_check_rejects_nan_and_inf_weights(tiny, tmp_path, value):
+    k = f"base_model.model.model.layers.{_first(tiny, 'q_proj')}.mixer.q_proj.lora_B.weight"
+
+    def poison(t):
+        t[k] = t[k].clone()
+        t[k][3, 5] = value
+
+    (hit,) = _only(check(_variant(tmp_path, tiny, "nan", tensors_edit=poison)), "NaN or infinite LoRA weights")
+    assert k in hit and "(1 of" in hit
+
+
+def test_check_detects_overwritten_bytes(tiny, tmp_path):
+    import random
+
+    rng = random.Random(0)
+
+    def garble(f):  # random bytes over 4 KiB of tensor data, re-zipped (the zip's CRC then matches)
+        st = bytearray(f[WEIGHTS_NAME])
+        at = _data_start(st) + 1024
+        st[at:at + 4096] = bytes(rng.getrandbits(8) for _ in range(4096))
+        return {**f, WEIGHTS_NAME: bytes(st)}
+
+    problems = check(_variant(tmp_path, tiny, "garbled", files_edit=garble))
+    assert any("NaN or infinite" in p or "far too large" in p for p in problems), problems
+    # bytes changed inside the zip itself: the member's CRC-32 no longer matches
+    z = tmp_path / "crc.zip"
+    raw = bytearray(tiny["zip"].read_bytes())
+    at = raw.index(b"base_model.model.", raw.index(b"adapter_model.safetensors") + 30) + 40  # inside the header
+    raw[at:at + 1] = b"X" if raw[at:at + 1] != b"X" else b"Y"
+    z.write_bytes(bytes(raw))
+    _only(check(z), "damaged zip")
+    # a header whose byte range disagrees with dtype x shape
+    def lie(f):
+        st = f[WEIGHTS_NAME]
+        head = json.loads(st[8:_data_start(st)])
+        name = next(k for k in head if k != "__metadata__")
+        head[name]["shape"] = [head[name]["shape"][0] * 2, head[name]["shape"][1]]
+        hb = json.dumps(head).encode()
+        return {**f, WEIGHTS_NAME: len(hb).to_bytes(8, "little") + hb + st[_data_start(st):]}
+
+    _only(check(_variant(tmp_path, tiny, "lie", files_edit=lie)), "disagree with dtype x shape")
+
+
+def test_check_rejects_a_config_that_disagrees_with_the_tensors(tiny, tmp_path):
+    def gate(c):  # the config names gate_proj (Nemotron-H has none) where the tensors are on q_proj
+        c["target_modules"] = ["gate_proj" if t == "q_proj" else t for t in c["target_modules"]]
+
+    problems = check(_variant(tmp_path, tiny, "gate", config_edit=gate))
+    (hit,) = _only(problems, "does not describe the tensors")
+    assert "mixer.q_proj" in hit
+    (hit,) = _only(problems, "names targets that have no tensors")
+    assert "'gate_proj' (target_modules)" in hit
+    # the tensors of one family removed while the config still names it
+    att = _first(tiny, "k_proj")
+    no_k = _variant(tmp_path, tiny, "no_k", tensors_edit=lambda t: [t.pop(k) for k in list(t) if ".k_proj." in k])
+    (hit,) = _only(check(no_k), "names targets that have no tensors")
+    assert "'k_proj'" in hit and att >= 0
+
+
+def test_check_rejects_a_base_model_that_is_not_nemotron_h(tiny, tmp_path):
+    z = _variant(tmp_path, tiny, "llama",
+                 config_edit=lambda c: c.update(base_model_name_or_path="meta-llama/Llama-3-8B"))
+    (hit,) = _only(check(z), "'meta-llama/Llama-3-8B', which is not Nemotron-H")
+    # a local base model folder of another type
+    other = tmp_path / "llama"
+    other.mkdir()
+    (other / "config.json").write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2}))
+    z = _variant(tmp_path, tiny, "llama_dir", config_edit=lambda c: c.update(base_model_name_or_path=str(other)))
+    _only(check(z), "is 'llama', not Nemotron-H")
+    _only(check(tiny["zip"], base_model=other), "is 'llama', not Nemotron-H")
+
+
+def test_check_warns_when_the_base_model_cannot_be_checked(tiny, tmp_path, capsys):
+    good = check(tiny["zip"])
+    assert good == [] and good.warnings == []
+    z = _variant(tmp_path, tiny, "uncached",
+                 config_edit=lambda c: c.update(base_model_name_or_path="someone/nemotron-h-never-downloaded"))
+    report = check(z)
+    assert report == []  # vLLM never reads the field: a valid zip, but the user is told what was not checked
+    (w,) = report.warnings
+    assert "cannot be checked here" in w and "--base-model" in w
+    assert "warning:" in capsys.readouterr().err
+
+
+def _peft_adapter(tiny, tmp_path, name, **lora):
+    """A PEFT adapter on a fresh copy of the tiny model, every LoRA weight non-zero, saved with PEFT's defaults."""
+    from peft import LoraConfig, get_peft_model
+
+    model, _ = models.load(tiny["cfg"])
+    pm = get_peft_model(model, LoraConfig(lora_dropout=0.0, **lora))
+    g = torch.Generator().manual_seed(1)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if p.requires_grad:
+                p.copy_(torch.randn(p.shape, generator=g) * 0.05)
+    pm.save_pretrained(str(tmp_path / name))
+    return pm, tmp_path / name
+
+
+def test_rank_and_alpha_patterns_are_packed_and_accepted(tiny, tmp_path):
+    pm, adapter = _peft_adapter(tiny, tmp_path, "patterns", r=16, lora_alpha=32,
+                                target_modules=["q_proj", "v_proj"],
+                                target_parameters=["mixer.experts.up_proj", "mixer.experts.down_proj"],
+                                rank_pattern={"q_proj": 8, "experts.up_proj": 4}, alpha_pattern={"v_proj": 64})
+    z = pack(adapter, tmp_path / "patterns.zip")
+    assert check(z) == [] and check(z, base_model=tiny["base"]) == []
+    c = json.loads(_files(z)[CONFIG_NAME])
+    t = st_load(_files(z)[WEIGHTS_NAME])
+    # every module's delta, with the rank and alpha vLLM 0.33 resolves from the packed config for the packed name
+    # (PEFTHelper.get_rank_and_scaling), equals PEFT's own delta
+    base = pm.base_model.model
+    q = _first(tiny, "q_proj")
+    for key, wrapper in ((f"model.layers.{q}.mixer.q_proj", base.model.layers[q].mixer.q_proj),
+                         (f"model.layers.{q}.mixer.v_proj", base.model.layers[q].mixer.v_proj)):
+        A, B = t[f"base_model.model.{key}.lora_A.weight"], t[f"base_model.model.{key}.lora_B.weight"]
+        r, alpha = submission._rank_for(key, c), submission._alpha_for(key, c)
+        assert A.shape[0] == r
+        torch.testing.assert_close(alpha / r * B @ A, wrapper.get_delta_weight("default"), rtol=1e-5, atol=1e-6)
+    moe = _first(tiny, "experts")
+    outer = base.model.layers[moe].mixer.experts
+    for param, w in (("up_proj", outer.base_layer), ("down_proj", outer)):
+        delta = w.get_delta_weight("default")
+        for e in range(delta.shape[0]):
+            key = f"model.layers.{moe}.mixer.experts.{e}.{param}"
+            A, B = t[f"base_model.model.{key}.lora_A.weight"], t[f"base_model.model.{key}.lora_B.weight"]
+            r, alpha = submission._rank_for(key, c), submission._alpha_for(key, c)
+            assert A.shape[0] == (4 if param == "up_proj" else 16) == r
+            torch.testing.assert_close(alpha / r * B @ A, delta[e], rtol=1e-5, atol=1e-6)
+
+
+def test_check_rejects_an_effective_rank_above_32_and_mixed_expert_ranks(tiny, tmp_path):
+    z = _variant(tmp_path, tiny, "rp48", config_edit=lambda c: c.update(r=16, rank_pattern={"q_proj": 48}))
+    _only(check(z), "rank_pattern gives rank 48 to 'q_proj', above 32")
+    moe = _first(tiny, "experts")
+    key = f"base_model.model.model.layers.{moe}.mixer.experts.1.up_proj"
+
+    def shrink(t):  # expert 1's up_proj at rank 8 while the others keep 32 (said so by rank_pattern)
+        t[f"{key}.lora_A.weight"] = t[f"{key}.lora_A.weight"][:8].contiguous()
+        t[f"{key}.lora_B.weight"] = t[f"{key}.lora_B.weight"][:, :8].contiguous()
+
+    z = _variant(tmp_path, tiny, "mixed", tensors_edit=shrink,
+                 config_edit=lambda c: c.update(rank_pattern={rf"layers\.{moe}\.mixer\.experts\.1\.up_proj": 8}))
+    (hit,) = _only(check(z), "the routed experts have different LoRA ranks [8, 32]")
+    assert f"layers.{moe}.mixer.experts.up_proj" in hit
+
+
+def test_lm_head_lora_is_packed_in_vllm_names_and_accepted(tiny, tmp_path):
+    pm, adapter = _peft_adapter(tiny, tmp_path, "lm_head", r=8, lora_alpha=16, target_modules=["q_proj", "lm_head"])
+    saved = st_load((adapter / WEIGHTS_NAME).read_bytes())
+    assert "base_model.model.lm_head.base_layer.weight" in saved  # PEFT's default copies the whole head
+    z = pack(adapter, tmp_path / "lm_head.zip")
+    assert check(z) == [] and check(z, base_model=tiny["base"]) == []
+    t = st_load(_files(z)[WEIGHTS_NAME])
+    head = pm.base_model.model.lm_head
+    vocab, hidden = head.base_layer.weight.shape
+    # vLLM 0.33: parse_fine_tuned_lora_name -> module "lm_head", NemotronHForCausalLM.lm_head, served by
+    # LogitsProcessorWithLoRA; A is (r, hidden), B is (vocab, r); the base-layer copy is one vLLM skips
+    assert tuple(t["base_model.model.lm_head.lora_A.weight"].shape) == (8, hidden)
+    assert tuple(t["base_model.model.lm_head.lora_B.weight"].shape) == (vocab, 8)
+    assert not any("base_layer" in k for k in t)
+    assert "lm_head" in json.loads(_files(z)[CONFIG_NAME])["target_modules"]
+    A, B = t["base_model.model.lm_head.lora_A.weight"], t["base_model.model.lm_head.lora_B.weight"]
+    torch.testing.assert_close(16 / 8 * B @ A, head.get_delta_weight("default"))
+    # a zip that keeps the copy is loadable (vLLM skips it) but says so
+    raw = _zip(tmp_path / "raw_head.zip", {CONFIG_NAME: (adapter / CONFIG_NAME).read_bytes(),
+                                           WEIGHTS_NAME: (adapter / WEIGHTS_NAME).read_bytes()})
+    report = check(raw, base_model=tiny["base"])
+    assert any("lm_head.base_layer.weight" in w for w in report.warnings)
+
+
+def test_pack_writes_a_relative_or_given_base_model_name(tiny, tmp_path):
+    name = json.loads(_files(tiny["zip"])[CONFIG_NAME])["base_model_name_or_path"]
+    assert not os.path.isabs(name)
+    assert config.resolve_path(name).resolve() == tiny["base"].resolve()
+    out = pack(tiny["adapter"], tmp_path / "hub.zip", base_model_name="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
+    assert json.loads(_files(out)[CONFIG_NAME])["base_model_name_or_path"] == \
+        "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
+
+
+def test_pack_creates_the_zip_with_the_users_permissions(tiny, tmp_path):
+    old = os.umask(0o022)
+    try:
+        out = pack(tiny["adapter"], tmp_path / "perm.zip")
+    finally:
+        os.umask(old)
+    assert os.stat(out).st_mode & 0o777 == 0o644
+
+
+def test_pack_gives_a_clear_error_on_a_corrupt_adapter(tiny, tmp_path):
+    import shutil
+
+    src = tmp_path / "corrupt"
+    shutil.copytree(tiny["adapter"], src)
+    w = src / WEIGHTS_NAME
+    w.write_bytes(w.read_bytes()[: w.stat().st_size // 2])
+    with pytest.raises(LabError, match=f"{WEIGHTS_NAME}: not a readable safetensors file"):
+        pack(src, tmp_path / "out.zip")
+    assert not (tmp_path / "out.zip").exists()
+    # readable, but NaN weights: named with the adapter folder, nothing written
+    t = st_load((tiny["adapter"] / WEIGHTS_NAME).read_bytes())
+    k = next(iter(t))
+    t[k] = torch.full_like(t[k], float("nan"))
+    w.write_bytes(st_save(t))
+    with pytest.raises(LabError, match="cannot be packed") as e:
+        pack(src, tmp_path / "out.zip")
+    assert "NaN or infinite" in str(e.value) and not (tmp_path / "out.zip").exists()
+
+
+def test_check_refuses_zip_bombs_and_zip_slip_paths(tiny, tmp_path):
+    bomb = tmp_path / "bomb.zip"
+    with zipfile.ZipFile(bomb, "w", compression=zipfile.ZIP_DEFLATED) as zf:
+        zf.writestr(CONFIG_NAME, _files(tiny["zip"])[CONFIG_NAME])
+        with zf.open(WEIGHTS_NAME, "w", force_zip64=True) as f:
+            for _ in range(80):
+                f.write(b"\0" * (1 << 20))
+    (hit,) = _only(check(bomb), "a zip bomb or not an adapter")
+    assert "not unpacked" in hit
+    z = _variant(tmp_path, tiny, "slip", files_edit=lambda f: {"../" + CONFIG_NAME: f[CONFIG_NAME], **f})
+    (hit,) = _only(check(z), "files in a subfolder")
+    assert "../adapter_config.json" in hit
+
+
+REAL = config.project_root().parent / "shared" / "tokenizer" / "nemotron-3-nano"  # never committed, never downloaded
+
+
+@pytest.mark.skipif(not (REAL / "config.json").is_file(), reason="../shared/tokenizer/nemotron-3-nano absent")
+def test_check_against_the_real_nemotron_3_nano_config(tmp_path):
+    """A rank-2 LoRA in vLLM's names on one attention, one Mamba and one MoE layer (all 128 experts) and lm_head
+    of the real model, checked against its config on the meta device; then lm_head at the wrong vocabulary size."""
+    modules = submission._base_modules(REAL)
+    pattern = json.loads((REAL / "config.json").read_text())["hybrid_override_pattern"]
+    layers = {f"model.layers.{pattern.index(c)}." for c in "*ME"}
+    g = torch.Generator().manual_seed(0)
+    t = {}
+
+    def add(name, in_f, out_f):
+        t[f"base_model.model.{name}.lora_A.weight"] = torch.randn(2, in_f, generator=g) * 0.01
+        t[f"base_model.model.{name}.lora_B.weight"] = torch.randn(out_f, 2, generator=g) * 0.01
+
+    for name, (kind, *rest) in modules.items():
+        if name == "lm_head" or any(name.startswith(p) for p in layers):
+            if kind == "linear":
+                add(name, *rest)
+            else:
+                for param, (n_experts, out_f, in_f) in rest[0].items():
+                    for e in range(n_experts):
+                        add(f"{name}.{e}.{param}", in_f, out_f)
+    assert t["base_model.model.lm_head.lora_B.weight"].shape == (131072, 2)
+    assert "base_model.model.model.layers.1.mixer.experts.127.down_proj.lora_A.weight" in t
+    cfg = {"r": 2, "lora_alpha": 4, "peft_type": "LORA", "bias": "none",
+           "target_modules": ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "out_proj", "up_proj", "down_proj",
+                              "lm_head"], "base_model_name_or_path": "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"}
+    z = _zip(tmp_path / "real.zip", {CONFIG_NAME: json.dumps(cfg).encode(), WEIGHTS_NAME: st_save(t)})
+    assert check(z, base_model=REAL) == []
+    t["base_model.model.lm_head.lora_B.weight"] = t["base_model.model.lm_head.lora_B.weight"][:1000].contiguous()
+    z = _zip(tmp_path / "real_bad.zip", {CONFIG_NAME: json.dumps(cfg).encode(), WEIGHTS_NAME: st_save(t)})
+    _only(check(z, base_model=REAL),
+          "lm_head.lora_B.weight has shape (1000, 2), the base model's lm_head needs (131072, 2)")
+
+
+@pytest.mark.parametrize("dtype", [torch.float16, torch.bfloat16, torch.float32, torch.float64])
+def test_value_check_reads_every_float_dtype(tiny, tmp_path, dtype):
+    k = f"base_model.model.model.layers.{_first(tiny, 'in_proj')}.mixer.in_proj.lora_A.weight"
+
+    def cast(value=None):
+        def edit(t):
+            for name in t:
+                t[name] = t[name].to(dtype)
+            if value is not None:
+                t[k][1, 2] = value
+        return edit
+
+    assert check(_variant(tmp_path, tiny, "ok", tensors_edit=cast(-5000.0))) == []  # large but plausible
+    for value, needle in ((float("-inf"), "NaN or infinite"), (float("nan"), "NaN or infinite"),
+                          (-3e4, "far too large")):
+        (hit,) = _only(check(_variant(tmp_path, tiny, "bad", tensors_edit=cast(value))), needle)
+        assert k in hit
+
+
+def test_check_reports_duplicate_and_unreadable_members(tiny, tmp_path):
+    import warnings
+
+    files = _files(tiny["zip"])
+    dup = tmp_path / "dup.zip"
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # zipfile warns about the duplicate name, which is the point
+        with zipfile.ZipFile(dup, "w") as zf:
+            for n, b in files.items():
+                zf.writestr(n, b)
+            zf.writestr(CONFIG_NAME, files[CONFIG_NAME])
+    _only(check(dup), "holds adapter_config.json more than once")
+    enc = bytearray(tiny["zip"].read_bytes())  # mark every member encrypted (general purpose flag bit 0)
+    for sig, off in ((b"PK\x03\x04", 6), (b"PK\x01\x02", 8)):
+        at = enc.find(sig)
+        while at >= 0:
+            enc[at + off] |= 1
+            at = enc.find(sig, at + 4)
+    (tmp_path / "enc.zip").write_bytes(bytes(enc))
+    _only(check(tmp_path / "enc.zip"), "a member cannot be read")
