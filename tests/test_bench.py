@@ -304,6 +304,32 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
         assert {p.name: p.read_bytes() for p in served.iterdir()} == packed
     assert not served.exists()
 
+    # scripts/train_grpo.py from that SFT adapter: the same order and the same packed form
+    from lab import grpo
+
+    real_grpo = grpo.train
+
+    def grpo_spy(*a, **kw):
+        for name in ("vllm", "vllm.lora", "vllm.lora.request"):  # TRL probes for a real vllm while it trains
+            monkeypatch.delitem(sys.modules, name, raising=False)
+        out = real_grpo(*a, **kw)
+        trained.append(weakref.ref(out[1]))
+        rec = _fake_vllm(monkeypatch, outputs)
+        rec["on_engine"] = lambda kw: seen.update(grpo_model_alive_at_engine_start=trained[-1]() is not None)
+        return out
+
+    monkeypatch.setattr(grpo, "train", grpo_spy)
+    import train_grpo
+
+    seen.pop("served")
+    assert train_grpo.main([f"run_dir={run}", "model.generation_backend=vllm", "sft.lora.r=8",
+                            *SMOKE_OVERRIDES]) == 0
+    gc.collect()
+    assert seen["grpo_model_alive_at_engine_start"] is False and trained[-1]() is None
+    with zipfile.ZipFile(submission.pack(run / "03_grpo" / "adapter", tmp_path / "ref_grpo.zip")) as z:
+        assert seen["served"] == [{n: z.read(n) for n in z.namelist()}]
+    assert not seen["fused"] and seen["split"]
+
 
 # ------------------------------------------------------------------------------------------------
 # bench/vote_bench.py
