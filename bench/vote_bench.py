@@ -39,7 +39,9 @@ What it simplifies
   * Throughput is the tiny model on CPU with however many threads torch has (the Makefile leaves
     OMP_NUM_THREADS to the caller): it compares batching on this machine, not the GPU or vLLM.
     Tokens counted are completion tokens up to and including end-of-turn; a batch runs until its
-    longest member stops, so padding steps cost time but add no tokens.
+    longest member stops, so padding steps cost time but add no tokens. With the vllm back-end
+    (`--overrides model.generation_backend=vllm`, GPU) the samples come from vLLM, given the packed
+    adapter like every evaluation (`lab.generate`), and this throughput part is skipped.
 
 The sample cache is keyed by the adapter's and base model's weight hashes, the held-out split's
 hash and the sampling settings (`samples_K32.meta.json`); if any differs it is discarded and
@@ -453,11 +455,14 @@ def _run(args, adapter: Path) -> int:
                    "finish_reasons": samples["finish_reason"].value_counts().to_dict(),
                    "mean_tokens_per_sample": float(samples["tokens"].mean())},
     }
-    if not args.skip_throughput:
+    if not args.skip_throughput and gen.backend != "hf":
+        print(f"throughput: measures the hf back-end's batching; skipped with model.generation_backend={gen.backend}")
+    elif not args.skip_throughput:
         prompts = gen.prompts(val["prompt"].tolist()[:args.tp_prompts])
         print(f"throughput: {len(prompts)} prompts, batch 1 vs {args.tp_batch}, max_new_tokens={args.tp_max_new_tokens}")
         report["throughput"] = throughput(gen.model, gen.tokenizer, prompts, args.tp_batch, args.tp_max_new_tokens,
                                           args.tp_repeats)
+    gen.close()
     report["wall_seconds"] = round(time.time() - t_start, 1)
     report["finished"] = time.strftime("%Y-%m-%d %H:%M:%S %Z")
     atomic_write_json(out / "vote_bench.json", report)

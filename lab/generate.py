@@ -14,6 +14,24 @@ n of its samples were written.
 The completion budget is the competition's: `min(infer.max_tokens, model.max_model_len - prompt
 tokens)`. vLLM is imported only when the `vllm` back-end is chosen.
 
+The vllm back-end scores an adapter only in its packed form: vLLM 0.33 refuses the raw PEFT folder of
+a Nemotron-H adapter (its routed-expert LoRA is stored fused, and `LoRAModelManager._validate_moe_lora_format`
+in vllm/lora/model_manager.py rejects fused 3-D MoE weights for a model without a 3-D MoE LoRA layer, and
+`NemotronHForCausalLM` in vllm/model_executor/models/nemotron_h.py does not set `is_3d_moe_weight`), so
+`Generator(cfg, adapter=FOLDER)` packs the folder with `lab.submission.pack` (experts split per expert, the
+same zip Kaggle scores), unzips it into a temporary folder and hands that folder to `LoRARequest` (vLLM
+reads a folder, `vllm/lora/request.py`, `vllm/lora/utils.py:get_adapter_absolute_path`); a packed zip is
+accepted as well. (vLLM 0.33 would take the fused keys with `enable_mixed_moe_lora_format=True` and
+`LoRARequest(is_3d_lora_weight=True)`, but the competition's engine settings, conf/infer/kaggle.yaml, do not
+set it: the lab scores the form Kaggle loads.) It never generates from an in-memory model: `Generator(cfg, model=...)` with vllm is a
+LabError. The evaluation after training is therefore always: save the adapter, `del model` in the caller,
+`release_memory()`, then `Generator(cfg, adapter=...)`, which also refuses to start vLLM while this process
+still holds more than `VLLM_MAX_RESIDENT_GB` of CUDA memory (the training model was not released).
+
+What it simplifies:
+- one call for every stage and back-end: `Generator(cfg, adapter=...)`, `sample_table`, `predictions`;
+- the pack / unzip / LoRARequest steps of the vllm back-end, and closing its engine (`close()`, `with`).
+
 Deliberately simple: the hf back-end batches prompts of similar length in fixed-size batches
 and samples with torch's generator seeded per batch; it does not do continuous batching. The
 content hash of a file over 1 GiB (the real model's weight shards) covers its size and its first
@@ -23,11 +41,15 @@ its cached snapshot's commit.
 
 from __future__ import annotations
 
+import gc
 import hashlib
 import json
 import math
 import os
+import sys
+import tempfile
 import time
+import zipfile
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Sequence
@@ -35,7 +57,10 @@ from typing import Sequence
 import pandas as pd
 from tqdm import tqdm  # text bars: they show in papermill logs as well as in Jupyter
 
+from lab.config import LabError, resolve_path
 from lab.prompts import chat_prompt
+
+VLLM_MAX_RESIDENT_GB = 2.0  # CUDA memory this process may still hold when a vLLM engine starts (a model left behind)
 
 
 @dataclass
@@ -216,8 +241,60 @@ def model_hash(path: str) -> str:
     return f"hub:{Path(found).parent.name}" if isinstance(found, str) else f"hub:{path}"
 
 
+def release_memory() -> None:
+    """Collect garbage and hand the CUDA cache back, after the caller deleted its last reference to a model.
+
+    A function cannot delete its caller's variables, so the caller does `del model` first; this then makes
+    the memory of the (now unreachable) model free for a vLLM engine started next.
+    """
+    gc.collect()
+    torch = sys.modules.get("torch")
+    if torch is not None and torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.empty_cache()
+
+
+def _check_gpu_released() -> None:
+    torch = sys.modules.get("torch")
+    if torch is None or not torch.cuda.is_available():
+        return
+    held = torch.cuda.memory_allocated() / 2**30
+    if held > VLLM_MAX_RESIDENT_GB:
+        raise LabError(f"this process still holds {held:.1f} GB of CUDA memory (the training model?), and a vLLM "
+                       "engine needs the GPU: `del model` (every reference to it), then "
+                       "`lab.generate.release_memory()`, then start the Generator")
+
+
+def served_adapter(adapter: str | Path, workdir: str | Path) -> Path:
+    """The folder vLLM is given for `adapter`: a PEFT adapter folder is packed with `lab.submission.pack` (which
+    checks the zip) and unzipped into `workdir`; a packed .zip is checked with `lab.submission.check` and unzipped."""
+    from lab import submission
+
+    src, workdir = resolve_path(adapter), Path(workdir)
+    if src.is_dir() and (src / "adapter_config.json").is_file():
+        packed = submission.pack(src, workdir / "adapter.zip")
+    elif src.is_file() and zipfile.is_zipfile(src):
+        problems = submission.check(src)
+        if problems:
+            raise LabError(f"{src}: not a servable adapter zip: " + "; ".join(problems))
+        packed = src
+    else:
+        raise LabError(f"{src}: not a LoRA adapter (a folder with adapter_config.json, or a zip made by "
+                       "`python -m lab.submission pack`)")
+    out = workdir / "adapter"
+    with zipfile.ZipFile(packed) as z:  # check() allows exactly two plain files at the root
+        z.extractall(out)
+    return out
+
+
 class Generator:
-    """The configured back-end behind one call: `Generator(cfg, adapter).run(prompts, n=..., ...)`."""
+    """The configured back-end behind one call: `Generator(cfg, adapter).run(prompts, n=..., ...)`.
+
+    hf: the base model plus `adapter` (a PEFT folder) loaded by `lab.models.load`, or the in-memory `model`
+    (with its `tokenizer`) as it is. vllm: an engine on the base model, with `adapter` served in its packed
+    form (see the module docstring); an in-memory `model` is refused. `close()` (or `with Generator(...)`)
+    shuts the engine down or drops the model and releases the memory.
+    """
 
     def __init__(self, cfg, adapter: str | Path | None = None, model=None, tokenizer=None):
         from lab import models
@@ -227,19 +304,28 @@ class Generator:
         self.backend = str(cfg.model.generation_backend)
         self.adapter = resolve_path(adapter) if adapter else None
         self.in_memory = model is not None and self.backend == "hf"
+        self.model = self.llm = self.lora = self._workdir = None
+        if model is not None and adapter is not None:
+            raise LabError(f"Generator: got both an in-memory model and adapter={adapter}; pass one of them")
         if self.backend == "hf":
             if model is None:
                 model, tokenizer = models.load(cfg, adapter=adapter)
             self.model, self.tokenizer = model, tokenizer
         elif self.backend == "vllm":
+            if model is not None:
+                raise LabError("Generator: model.generation_backend=vllm cannot generate from an in-memory model "
+                               "(vLLM loads the base model itself, so it would score something other than the model "
+                               "passed). Save the adapter, `del model`, `lab.generate.release_memory()`, then "
+                               "`Generator(cfg, adapter=ADAPTER_DIR)`; or set model.generation_backend=hf")
             from vllm.lora.request import LoRARequest
 
-            from lab.config import resolve_path
-
+            _check_gpu_released()
             self.tokenizer = tokenizer or models.load_tokenizer(cfg)
+            if adapter is not None:
+                self._workdir = tempfile.TemporaryDirectory(prefix="lab_vllm_adapter_")
+                path = served_adapter(adapter, self._workdir.name)
+                self.lora = LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=str(path))
             self.llm = vllm_engine(cfg, models.model_path(cfg))
-            self.lora = (LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=str(resolve_path(adapter)))
-                         if adapter else None)
         else:
             raise ValueError(f"model.generation_backend must be 'hf' or 'vllm', not {self.backend!r}")
 
@@ -258,11 +344,31 @@ class Generator:
             out["adapter_sha256"] = content_hash(self.adapter)
         return out
 
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def close(self) -> None:
+        """Shut the vLLM engine down (its engine-core process holds the GPU memory) or drop the hf model, then
+        release the memory; the generator cannot run afterwards."""
+        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
+        if core is not None and hasattr(core, "shutdown"):  # vllm/v1/engine/core_client.py: EngineCoreClient.shutdown
+            core.shutdown()
+        self.llm = self.model = None
+        if self._workdir is not None:
+            self._workdir.cleanup()
+            self._workdir = None
+        release_memory()
+
     def prompts(self, puzzles: Sequence[str]) -> list[str]:
         return [chat_prompt(self.tokenizer, p) for p in puzzles]
 
     def run(self, prompts: Sequence[str], n: int = 1, temperature: float | None = None, top_p: float | None = None,
             seed: int | None = None, logprobs: bool = False, progress: bool = True) -> list[list[Completion]]:
+        if self.model is None and self.llm is None:
+            raise LabError("Generator: closed; make a new one")
         inf = self.cfg.infer
         temperature = float(inf.temperature if temperature is None else temperature)
         top_p = float(inf.top_p if top_p is None else top_p)

@@ -8,16 +8,17 @@ dataset and the kernel installs from it:
   on a copy of pyproject.toml + lab/, so nothing is fetched and the checkout gets no build/
   folder), `lab_src.tar.gz` (the repo's conf/, notebooks/ and scripts/: the notebooks compose
   the config from `$LAB_ROOT/conf`), and `requirements.txt` with the pinned dependencies (the
-  versions installed here; torch as the pyproject's range unless the GPU extra pins it). You fill
-  the folder with wheels on a machine with internet (`pip download -r requirements.txt -d ...`,
-  see kaggle_kernel/README.md); this command itself downloads nothing.
+  versions installed here; torch as the pyproject's range unless the GPU extra pins it). This
+  downloads nothing; `--fetch-wheels` then fills the folder with wheels on a machine with internet
+  (`wheel_commands`: `pip wheel` for the source-only antlr4-python3-runtime 4.9.3 first, then a
+  binary-only `pip download` that finds it in the same folder).
 - `python -m lab kaggle build --notebook 02_sft --overrides model=nemotron_nano data=competition`
   writes `kaggle_kernel/build/02_sft/`: `kernel-metadata.json` (id `<username>/<slug>` where the slug
   is Kaggle's slug of the title; competition, model and dataset sources; internet off, private,
-  GPU on) and the notebook with its parameters baked in by papermill's prepare-only mode (the
-  `injected-parameters` cell) plus a first cell that installs the lab offline
-  (`pip install --no-index --find-links <dataset folder> nemotron-reasoning-lab[gpu]`; `[gpu]`, i.e.
-  vLLM for the real model's generation, only when the kernel has a GPU), unpacks
+  GPU on, `machine_shape`; the sources and the machine from `conf/kaggle`) and the notebook with its
+  parameters baked in by papermill's prepare-only mode (the `injected-parameters` cell) plus a first
+  cell that installs the lab offline (`pip install --no-index --find-links <dataset folder>
+  nemotron-reasoning-lab[vllm]`, with only the extras the composed config needs: `kernel_extras`), unpacks
   lab_src.tar.gz to /tmp/lab_root and sets $LAB_ROOT. The overrides are composed here first, so a
   typo fails now and not an hour into a Kaggle session. `run_dir` is baked in as
   `/kaggle/working/outputs/<run_name>` (Kaggle's writable, saved folder) unless you set it; the
@@ -29,8 +30,9 @@ dataset and the kernel installs from it:
 
 Deliberately simple: one dependency dataset for every kernel; no calls to the Kaggle API (push
 with the `kaggle` command-line tool, kaggle_kernel/README.md); the username comes from
---username or $KAGGLE_USERNAME, never from credential files; the model source string is yours to
-set (a Kaggle Models handle `owner/model/framework/variation[/version]`).
+--username or $KAGGLE_USERNAME, never from credential files. The model source is checked with the
+rule kaggle 2.2.5 applies on push (`check_model_source`); tests/test_kaggle.py runs kaggle's own push
+validation on a built kernel when the kaggle package is installed.
 """
 
 from __future__ import annotations
@@ -52,8 +54,8 @@ from lab.config import (LabError, atomic_write_json, atomic_write_text, compose,
                         split_at_dashes, temp_file)
 from lab.pipeline import STAGES
 
-COMPETITION = "nvidia-nemotron-model-reasoning-challenge"
-MODEL_SOURCE = "nvidia/nemotron-3-nano-30b-a3b/transformers/bf16"  # set your own: owner/model/framework/variation[/version]
+SDIST_ONLY = ("antlr4-python3-runtime==4.9.3",)  # dependencies PyPI has no wheel of (omegaconf's): built with pip wheel
+PIP_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64")
 DIST_NAME = "nemotron-reasoning-lab"
 WHEEL_GLOB = "nemotron_reasoning_lab-*.whl"
 DATASET_TITLE = "Nemotron reasoning lab deps"
@@ -86,6 +88,28 @@ def _check_title(title: str, what: str, lo: int, hi: int) -> str:
     if not lo <= len(title) <= hi or len(slug) < 3:
         raise LabError(f"{what} title {title!r}: Kaggle wants {lo} to {hi} characters with a slug of at least 3")
     return slug
+
+
+def check_model_source(handle: str) -> str:
+    """A Kaggle Models handle as kaggle 2.2.5 accepts it in `model_sources`: owner/model/framework/instance/version,
+    five non-empty parts, the version an integer (`KaggleApi.validate_model_instance_version_string`,
+    kaggle/api/kaggle_api_extended.py, which `kaggle kernels push` calls on every model source)."""
+    parts = handle.split("/")
+    if len(parts) != 5 or not all(parts) or not parts[4].isdigit():
+        raise LabError(f"model source {handle!r}: Kaggle wants owner/model/framework/instance/version with an integer "
+                       "version (copy it from the model's Kaggle page; conf/kaggle/default.yaml model_source, or "
+                       "--model-source)")
+    return handle
+
+
+def kernel_extras(cfg, notebook: str) -> list[str]:
+    """The lab's extras a kernel needs, from its composed config: `vllm` when the notebook generates with vLLM
+    (evaluation, voting, GRPO rollouts), `unsloth` when it trains with Unsloth; nothing else is installed."""
+    gen = {"02_sft", "03_grpo", "04_vote", PIPELINE}
+    vllm = notebook in gen and (str(cfg.model.generation_backend) == "vllm"
+                                or (notebook in ("03_grpo", PIPELINE) and str(cfg.grpo.rollout_backend) == "vllm"))
+    unsloth = notebook in ("02_sft", PIPELINE) and "unsloth" in (str(cfg.sft.backend), str(cfg.model.train_backend))
+    return [x for x, need in (("vllm", vllm), ("unsloth", unsloth)) if need]
 
 
 # ---------------------------------------------------------------------------------------------
@@ -187,9 +211,9 @@ def build_dataset(username: str | None = None, out: str | os.PathLike | None = N
     reqs = requirements(gpu_extra)
     atomic_write_text(out / "requirements.txt", "\n".join([
         "# Pinned dependencies of nemotron-reasoning-lab (generated by `python -m lab kaggle dataset`).",
-        "# Fill this folder with wheels on a machine WITH internet, for Kaggle's Python and platform, e.g.:",
-        "#   pip download -r requirements.txt -d . --only-binary=:all: --python-version 3.11 \\",
-        "#       --platform manylinux_2_28_x86_64 --platform manylinux2014_x86_64",
+        "# Fill this folder with wheels on a machine WITH internet, for Kaggle's Python and platform:",
+        "#   python -m lab kaggle dataset --fetch-wheels   (runs, in this folder:)",
+        *["#   python " + " ".join(c[1:]).replace(str(out), ".") for c in wheel_commands(out)],
         "# Kaggle installs them offline: pip install --no-index --find-links <this folder> nemotron-reasoning-lab",
         *reqs, ""]))
     if wheel:
@@ -200,6 +224,31 @@ def build_dataset(username: str | None = None, out: str | os.PathLike | None = N
         "description": "The nemotron-reasoning-lab wheel, its pinned dependencies as wheels (requirements.txt) and "
                        f"the lab's conf/ and notebooks/ ({SRC_TARBALL}), for offline Kaggle kernels."})
     return out
+
+
+def wheel_commands(folder: str | os.PathLike, python_version: str = "3.11") -> list[list[str]]:
+    """The pip calls that fill the dataset folder with wheels for Kaggle (run on a machine WITH internet):
+    first `pip wheel` builds the dependencies PyPI has only as source (`SDIST_ONLY`: antlr4-python3-runtime 4.9.3,
+    which omegaconf pins, is pure Python), then `pip download` fetches every other pinned dependency as a binary
+    wheel for Kaggle's Python and platform, finding the built ones in the same folder."""
+    folder = str(folder)
+    pip = [sys.executable, "-m", "pip"]
+    return [[*pip, "wheel", "--no-deps", "--wheel-dir", folder, *SDIST_ONLY],
+            [*pip, "download", "--requirement", str(Path(folder) / "requirements.txt"), "--dest", folder,
+             "--find-links", folder, "--only-binary=:all:", "--python-version", python_version,
+             *[f"--platform={p}" for p in PIP_PLATFORMS]]]
+
+
+def fetch_wheels(folder: str | os.PathLike, python_version: str = "3.11") -> Path:
+    """Run `wheel_commands` (needs internet; tests never call it)."""
+    folder = resolve_path(folder)
+    if not (folder / "requirements.txt").is_file():
+        raise LabError(f"{folder}: no requirements.txt (run `python -m lab kaggle dataset` first)")
+    for cmd in wheel_commands(folder, python_version):
+        print("+", " ".join(cmd), flush=True)
+        if subprocess.run(cmd).returncode != 0:
+            raise LabError(f"{folder}: `{' '.join(cmd[2:4])}` failed (output above)")
+    return folder
 
 
 # ---------------------------------------------------------------------------------------------
@@ -278,15 +327,23 @@ def _notebook_name(notebook: str) -> str:
     return name
 
 
+def _from_config(value: str | None, default) -> str | None:
+    """A command-line value, else the config's; '' means none."""
+    value = default if value is None else value
+    return str(value) if value else None
+
+
 def build_kernel(notebook: str, overrides: list[str] = (), username: str | None = None, title: str | None = None,
-                 out: str | os.PathLike | None = None, competition: str = COMPETITION,
-                 model_source: str | None = MODEL_SOURCE, dataset: str | None = None, enable_gpu: bool = True,
+                 out: str | os.PathLike | None = None, competition: str | None = None,
+                 model_source: str | None = None, dataset: str | None = None, enable_gpu: bool = True,
                  run_name: str | None = None, kernel_sources: list[str] = (), machine_shape: str | None = None,
                  gpu_extra: bool | None = None) -> Path:
     """Write a push-ready kernel folder: kernel-metadata.json and the parameterised notebook.
 
-    The install cell installs `nemotron-reasoning-lab[gpu]` (vLLM, unsloth: the real model generates with vLLM)
-    when the kernel has a GPU, unless `gpu_extra=False`; the dataset must then hold the GPU wheels.
+    `competition`, `model_source` and `machine_shape` default to `conf/kaggle` of the composed config ('' for
+    none); `machine_shape` is written only for a GPU kernel. The install cell installs the lab with the extras
+    the kernel needs (`kernel_extras`: vllm and/or unsloth, from the config) unless `gpu_extra` is False (none)
+    or True (the whole [gpu] extra); the dataset must hold their wheels.
     """
     import nbformat
     import papermill as pm
@@ -300,6 +357,9 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
     dataset = dataset or f"{user}/{slugify(DATASET_TITLE)}"
     if not re.fullmatch(r"[A-Za-z0-9_-]+/[a-z0-9-]+", dataset):
         raise LabError(f"--dataset {dataset!r}: expected owner/dataset-slug")
+    for k in kernel_sources:  # kaggle 2.2.5 validate_kernel_string: owner/slug[/version], slug of 5+ characters
+        if not re.fullmatch(r"[^/]+/[^/]{5,}(/[^/]+)?", k):
+            raise LabError(f"--kernel-sources {k!r}: expected owner/kernel-slug (slug of at least 5 characters)")
     overrides = list(overrides)
     keys = {o.key_or_group for o in parse_overrides(overrides)}
     run_name = run_name or slug
@@ -310,13 +370,22 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
     if not run_dir.startswith("/kaggle/"):
         print(f"warning: run_dir={run_dir} is not under {KAGGLE_WORKING}; outputs elsewhere are not kept by Kaggle",
               file=sys.stderr)
+    competition = _from_config(competition, cfg.kaggle.competition)
+    model_source = _from_config(model_source, cfg.kaggle.model_source)
+    if model_source:
+        check_model_source(model_source)
+    machine_shape = _from_config(machine_shape, cfg.kaggle.machine_shape) if enable_gpu else None
 
     src = _pipeline_notebook() if name == PIPELINE else str(project_root() / "notebooks" / f"{name}.ipynb")
     nb = pm.execute_notebook(src, None, parameters={"overrides": overrides}, prepare_only=True, progress_bar=False,
                              kernel_name="python3", language="python")
     for k in ("input_path", "output_path"):
         nb.metadata.get("papermill", {}).pop(k, None)
-    package = DIST_NAME + ("[gpu]" if (enable_gpu if gpu_extra is None else gpu_extra) else "")
+    if gpu_extra is None:
+        extras = kernel_extras(cfg, name) if enable_gpu else []
+    else:
+        extras = ["gpu"] if gpu_extra else []
+    package = DIST_NAME + (f"[{','.join(extras)}]" if extras else "")
     install = nbformat.v4.new_code_cell(install_cell_source(dataset.split("/", 1)[1], run_dir, package),
                                         metadata={"tags": [INSTALL_TAG]})
     nb.cells.insert(0, install)
@@ -353,42 +422,52 @@ def main(argv: list[str] | None = None) -> int:
     b.add_argument("--username", default=None, help="your Kaggle username (default: $KAGGLE_USERNAME)")
     b.add_argument("--title", default=None, help="kernel title; its slug is the kernel id (default: 'Nemotron lab NAME')")
     b.add_argument("--out", default=None, help=f"folder to write (default: {BUILD_DIR}/NAME)")
-    b.add_argument("--competition", default=COMPETITION, help="competition slug (default: %(default)s)")
-    b.add_argument("--model-source", default=MODEL_SOURCE,
-                   help="Kaggle Models handle owner/model/framework/variation[/version]; '' for none (default: %(default)s)")
+    b.add_argument("--competition", default=None, help="competition slug; '' for none (default: kaggle.competition)")
+    b.add_argument("--model-source", default=None,
+                   help="Kaggle Models handle owner/model/framework/instance/version; '' for none "
+                        "(default: kaggle.model_source in conf/kaggle/default.yaml)")
     b.add_argument("--dataset", default=None, help="owner/slug of the dependency dataset (default: USER/"
                                                    f"{slugify(DATASET_TITLE)})")
     b.add_argument("--kernel-sources", nargs="*", default=[], help="other kernels (owner/slug) whose output to attach; "
                                                                    "their outputs/<run_name> is continued")
     b.add_argument("--run-name", default=None, help="run folder under /kaggle/working/outputs (default: the slug)")
     b.add_argument("--no-gpu", action="store_true", help="enable_gpu: false")
-    b.add_argument("--machine-shape", default=None, help="Kaggle machine_shape, e.g. NvidiaTeslaT4 (default: unset)")
+    b.add_argument("--machine-shape", default=None,
+                   help="Kaggle machine_shape (accelerator) of a GPU kernel, e.g. NvidiaTeslaT4 (default: kaggle.machine_shape)")
     b.add_argument("--no-gpu-extra", action="store_true",
-                   help="install the lab without its [gpu] extra (default: with it when the kernel has a GPU)")
+                   help="install the lab without vllm/unsloth (default: the extras the config needs, on a GPU kernel)")
     d = sub.add_parser("dataset", help="the dataset folder with the lab's wheel, conf/notebooks and requirements.txt")
     d.add_argument("--username", default=None, help="your Kaggle username (default: $KAGGLE_USERNAME)")
     d.add_argument("--title", default=DATASET_TITLE, help="dataset title; its slug is the dataset id (default: %(default)s)")
     d.add_argument("--out", default=None, help=f"folder to write (default: {BUILD_DIR}/dataset)")
     d.add_argument("--license", default="other", help="Kaggle license name (default: %(default)s)")
-    d.add_argument("--no-gpu-extra", action="store_true", help="leave the [gpu] extra (vllm, unsloth, torch pin) out")
+    d.add_argument("--no-gpu-extra", action="store_true", help="leave the GPU extras (vllm, unsloth, torch pin) out")
     d.add_argument("--no-wheel", action="store_true", help="skip building the wheel (metadata and sources only)")
+    d.add_argument("--fetch-wheels", action="store_true",
+                   help="then fill the folder with the dependency wheels (needs internet): pip wheel for "
+                        f"{', '.join(SDIST_ONLY)}, pip download --only-binary=:all: for the rest")
+    d.add_argument("--python-version", default="3.11", help="Kaggle's Python for --fetch-wheels (default: %(default)s)")
     args = ap.parse_args(argv)
     if args.cmd == "build":
         out = build_kernel(args.notebook, [*args.overrides, *extra], username=args.username, title=args.title,
-                           out=args.out, competition=args.competition, model_source=args.model_source or None,
+                           out=args.out, competition=args.competition, model_source=args.model_source,
                            dataset=args.dataset, enable_gpu=not args.no_gpu, run_name=args.run_name,
                            kernel_sources=args.kernel_sources, machine_shape=args.machine_shape,
                            gpu_extra=False if args.no_gpu_extra else None)
         meta = json.loads((out / "kernel-metadata.json").read_text())
+        acc = f" --accelerator {meta['machine_shape']}" if meta.get("machine_shape") else ""
         print(f"wrote {out}: {meta['code_file']} and kernel-metadata.json (id {meta['id']})\n"
-              f"push it with: kaggle kernels push -p {out}")
+              f"push it with: kaggle kernels push -p {out}{acc}")
     else:
         if extra:
             raise LabError(f"`kaggle dataset` takes no overrides (got {extra})")
         out = build_dataset(args.username, args.out, args.title, args.license, gpu_extra=not args.no_gpu_extra,
                             wheel=not args.no_wheel)
+        if args.fetch_wheels:
+            fetch_wheels(out, args.python_version)
         meta = json.loads((out / "dataset-metadata.json").read_text())
-        print(f"wrote {out} (id {meta['id']}): " + ", ".join(sorted(p.name for p in out.iterdir())) +
-              f"\nnext: fill it with wheels (pip download -r {out / 'requirements.txt'} -d {out} ...; see "
-              f"kaggle_kernel/README.md), then: kaggle datasets create -p {out}")
+        todo = "" if args.fetch_wheels else ("fill it with wheels on a machine with internet (`python -m lab kaggle "
+                                              "dataset --fetch-wheels`, see kaggle_kernel/README.md), then: ")
+        print(f"wrote {out} (id {meta['id']}): " + ", ".join(sorted(p.name for p in out.iterdir()))[:2000] +
+              f"\nnext: {todo}kaggle datasets create -p {out}")
     return 0

@@ -4,9 +4,10 @@
 names (Mamba-2 `in_proj/out_proj`, attention `q/k/v/o_proj`, routed `experts.up_proj/down_proj`
 as fused 3-D parameters, `shared_experts.up_proj/down_proj`, `lm_head`) and a small byte-level
 BPE tokenizer trained locally on a fixed text, with a chat template that follows Nemotron's
-conventions (`<|im_start|>`/`<|im_end|>` turns; with thinking on, the generation prompt ends with
-`<think>\\n`). Both are saved once to `model.path` and reloaded from there, so every stage of a
-run uses the same weights. Nothing is downloaded.
+conventions (`<|im_start|>`/`<|im_end|>` turns, an empty system turn first; with thinking on, the
+generation prompt ends with `<think>\\n`): it renders the real template's bytes (`CHAT_TEMPLATE`).
+Both are saved once to `model.path` and reloaded from there, so every stage of a run uses the same
+weights. Nothing is downloaded.
 
 `model=nemotron_nano` loads the real checkpoint through transformers' own Nemotron-H
 implementation (no remote code unless configured), from a local folder, the Kaggle model
@@ -32,18 +33,43 @@ from lab.config import LabError, atomic_dir, resolve_path
 SPECIAL_TOKENS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>", "<unk>"]  # ids 0..4: pad, bos, eos, ...
 THINK_TOKENS = ["<think>", "</think>"]  # ordinary added tokens: they stay visible in decoded text
 
-CHAT_TEMPLATE = (
-    "{%- for message in messages -%}"
-    "{{ '<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>\\n' }}"
-    "{%- endfor -%}"
-    "{%- if add_generation_prompt -%}"
-    "{%- if enable_thinking is defined and not enable_thinking -%}"
-    "{{ '<|im_start|>assistant\\n<think></think>' }}"
-    "{%- else -%}"
-    "{{ '<|im_start|>assistant\\n<think>\\n' }}"
-    "{%- endif -%}"
-    "{%- endif -%}"
-)
+# The tiny tokenizer's chat template: the lab's own, written to render the same bytes as Nemotron-3-Nano's
+# template for every conversation without tools: a system turn always comes first (empty unless the first
+# message is a system message); an assistant turn gets `<think></think>` when it has no think tags, is trimmed,
+# and, when a later user turn follows it and `truncate_history_thinking` (default true) holds, keeps only what
+# follows its last `</think>`; the generation prompt opens `<think>\n` (`<think></think>` with thinking off).
+# tests/test_prompts.py renders it against the real template (../shared) for each of these cases.
+CHAT_TEMPLATE = r"""
+{%- set enable_thinking = enable_thinking if enable_thinking is defined else true -%}
+{%- set truncate_history_thinking = truncate_history_thinking if truncate_history_thinking is defined else true -%}
+{%- if messages and messages[0]['role'] == 'system' -%}
+  {%- set system_text = messages[0]['content'] -%}
+  {%- set turns = messages[1:] -%}
+{%- else -%}
+  {%- set system_text = '' -%}
+  {%- set turns = messages -%}
+{%- endif -%}
+{%- set ns = namespace(last_user=-1) -%}
+{%- for m in turns -%}
+  {%- if m['role'] == 'user' -%}{%- set ns.last_user = loop.index0 -%}{%- endif -%}
+{%- endfor -%}
+{{- '<|im_start|>system\n' + system_text + '<|im_end|>\n' -}}
+{%- for m in turns -%}
+  {%- if m['role'] == 'assistant' -%}
+    {%- set text = m['content'] | default('', true) | string -%}
+    {%- if '<think>' not in text and '</think>' not in text -%}{%- set text = '<think></think>' + text -%}{%- endif -%}
+    {%- if truncate_history_thinking and loop.index0 < ns.last_user and '<think>' in text and '</think>' in text -%}
+      {%- set text = '<think></think>' + text.split('</think>')[-1] -%}
+    {%- endif -%}
+    {{- '<|im_start|>assistant\n' + (text | trim) + '<|im_end|>\n' -}}
+  {%- else -%}
+    {{- '<|im_start|>' + m['role'] + '\n' + (m['content'] | string) + '<|im_end|>\n' -}}
+  {%- endif -%}
+{%- endfor -%}
+{%- if add_generation_prompt -%}
+  {{- '<|im_start|>assistant\n<think>\n' if enable_thinking else '<|im_start|>assistant\n<think></think>' -}}
+{%- endif -%}
+""".strip()
 
 # The fixed text the tiny tokenizer learns its merges from: the competition's wording.
 _TOKENIZER_TEXT = """In Alice's Wonderland, a secret bit manipulation rule transforms 8-bit binary numbers. The transformation involves operations like bit shifts, rotations, XOR, AND, OR, NOT, and possibly majority or choice functions.
@@ -97,7 +123,9 @@ RECIPE_FILE = "tiny_recipe.json"  # what a built tiny model was built from; a ch
 
 @functools.lru_cache(maxsize=4)
 def _tokenizer_sha(vocab_size: int) -> str:
-    return hashlib.sha256(build_tiny_tokenizer(vocab_size).backend_tokenizer.to_str().encode()).hexdigest()[:16]
+    """The tokenizer's vocabulary and merges plus its chat template: a model built with another template is stale."""
+    tok = build_tiny_tokenizer(vocab_size)
+    return hashlib.sha256((tok.backend_tokenizer.to_str() + tok.chat_template).encode()).hexdigest()[:16]
 
 
 def tiny_recipe(cfg: DictConfig) -> dict:

@@ -2,8 +2,9 @@
 
 - `open_stage`: the main process opens the stage folder and makes the split and the tiny model first
   (lab.data.prepare / lab.models.model_path write files), the other processes follow;
-- `leave_distributed`: after training, the process group is torn down so that the main process can
-  evaluate alone (vLLM must not find a live process group or the launcher's RANK/WORLD_SIZE);
+- `leave_distributed`: after training (the caller has deleted its training model), the memory is released
+  and the process group is torn down so that the main process can evaluate alone (vLLM must not find the
+  training model on the GPU, a live process group or the launcher's RANK/WORLD_SIZE);
 - `finish`: the main process records the process count and closes the stage.
 
 Deliberately thin: the training itself is lab.sft.train / lab.grpo.train, unchanged.
@@ -11,7 +12,6 @@ Deliberately thin: the training itself is lab.sft.train / lab.grpo.train, unchan
 
 from __future__ import annotations
 
-import gc
 import os
 import sys
 
@@ -48,15 +48,17 @@ def open_stage(name: str, overrides: list[str]):
     return state, stage, stage.cfg
 
 
-def leave_distributed(state, *objects) -> bool:
-    """Free the training model, end the process group; True on the main process (which evaluates)."""
+def leave_distributed(state) -> bool:
+    """Release the memory, end the process group; True on the main process (which evaluates).
+
+    The caller deletes its own references to the training model first (`del model`): a function cannot
+    delete its caller's variables, and vLLM needs the GPU the model occupied (lab.generate.release_memory).
+    """
     import torch
 
-    for o in objects:
-        del o
-    gc.collect()
-    if torch.cuda.is_available():
-        torch.cuda.empty_cache()
+    from lab.generate import release_memory
+
+    release_memory()
     main = state.is_main_process
     if state.num_processes > 1:
         state.wait_for_everyone()

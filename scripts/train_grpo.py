@@ -6,8 +6,8 @@
 
 Mirrors notebooks/03_grpo.ipynb with the same Hydra overrides and folder: starts from the SFT adapter
 of the same run_dir (02_sft must have finished: notebook or scripts/train_sft.py), trains with
-lab.grpo.train on every process, then the main process alone evaluates the saved adapter on the
-held-out split and writes `<run_dir>/03_grpo/predictions.csv` and `metrics.json` (accuracy_sft_start,
+lab.grpo.train on every process, then the training model is deleted and its memory released, and
+the main process alone evaluates the saved adapter (packed, with the vllm back-end) on the held-out split and writes `<run_dir>/03_grpo/predictions.csv` and `metrics.json` (accuracy_sft_start,
 accuracy_after, delta, per-category SFT vs GRPO, the training metrics), which 04_vote and 05_errors read.
 
 Deliberately thin: `--no-eval` skips the evaluation (then the metrics hold only the training side).
@@ -33,11 +33,12 @@ def main(argv: list[str] | None = None) -> int:
     sft_metrics = read_json(sft_dir / "metrics.json")
     model, tokenizer = models.load(cfg, adapter=cfg.grpo.init_adapter, trainable=True)
     metrics, model, log = grpo.train(cfg, stage, train, model, tokenizer)
-    if not _launch.leave_distributed(state, model):
+    del model  # the training model leaves the GPU before an evaluation engine starts (lab.generate)
+    if not _launch.leave_distributed(state):
         return 0
     if not no_eval:
-        after = generate.predictions(generate.Generator(cfg, adapter=cfg.grpo.adapter_dir), val,
-                                     out_csv=stage.path("predictions.csv"))
+        with generate.Generator(cfg, adapter=cfg.grpo.adapter_dir) as gen:
+            after = generate.predictions(gen, val, out_csv=stage.path("predictions.csv"))
         start = pd.read_csv(sft_dir / "predictions.csv", dtype=str, keep_default_na=False)
         table = pd.DataFrame({"sft": start.groupby("category")["correct"].apply(lambda s: (s == "True").mean()),
                               "grpo": after.groupby("category")["correct"].mean()})

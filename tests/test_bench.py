@@ -116,10 +116,12 @@ def _fake_vllm(monkeypatch, outputs):
         def __init__(self, **kw):
             assert set(kw) <= VLLM_LLM_PARAMS | VLLM_ENGINE_ARGS
             seen["engine"] = kw
+            if "on_engine" in seen:
+                seen["on_engine"](kw)
 
         def generate(self, prompts, params, lora_request=None):
             seen["generate"] = (prompts, params, lora_request)
-            return outputs
+            return outputs(prompts, params, lora_request) if callable(outputs) else outputs
 
     class LoRARequest(_Rec):
         def __init__(self, **kw):
@@ -177,21 +179,156 @@ def test_generate_vllm_reads_0_33_outputs(monkeypatch):
 
 def test_generator_vllm_branch(monkeypatch, tmp_path):
     from lab import generate, models
-    from lab.config import compose
+    from lab.config import LabError, compose
 
     seen = _fake_vllm(monkeypatch, [])
     monkeypatch.setattr(models, "load_tokenizer", lambda cfg: "TOK")
     monkeypatch.setattr(models, "model_path", lambda cfg: "/models/nemotron")
     cfg = compose(["model=nemotron_nano"])
-    g = generate.Generator(cfg, adapter="outputs/x/adapter")
+    g = generate.Generator(cfg)
     e = seen["engine"]
     assert e["model"] == "/models/nemotron" and e["enable_lora"] is True and e["max_lora_rank"] == 32
     assert e["max_model_len"] == 8192 and e["seed"] == int(cfg.seed) and e["dtype"] == "bfloat16"
-    assert Path(g.lora.kw["lora_path"]).is_absolute() and g.lora.kw["lora_path"].endswith("outputs/x/adapter")
+    assert g.lora is None
+    shut = []  # vLLM 0.33: LLM.llm_engine.engine_core is an EngineCoreClient whose shutdown() ends the engine process
+    g.llm.llm_engine = types.SimpleNamespace(engine_core=types.SimpleNamespace(shutdown=lambda: shut.append(1)))
+    g.close()
+    assert shut == [1] and g.llm is None
+    with pytest.raises(LabError, match="closed"):
+        g.run(["p"])
 
     tiny = compose(["model.generation_backend=vllm"])
     generate.Generator(tiny)
     assert seen["engine"]["max_model_len"] == int(tiny.model.max_model_len) < int(tiny.infer.max_model_len)
+
+    # nothing that is not an adapter reaches vLLM, and no engine starts for it
+    del seen["engine"]
+    for bad in (tmp_path / "missing", tmp_path):
+        with pytest.raises(LabError, match="not a LoRA adapter"):
+            generate.Generator(cfg, adapter=bad)
+    assert "engine" not in seen
+
+
+def test_vllm_never_scores_an_in_memory_model(monkeypatch):
+    """vLLM loads the base model itself: a model passed in would be silently replaced, so it is refused."""
+    from lab import generate
+    from lab.config import LabError, compose
+
+    seen = _fake_vllm(monkeypatch, [])
+    with pytest.raises(LabError, match="in-memory model"):
+        generate.Generator(compose(["model.generation_backend=vllm"]), model=object(), tokenizer=object())
+    assert "engine" not in seen
+    with pytest.raises(LabError, match="both"):  # hf: a model and an adapter would leave one of them unused
+        generate.Generator(compose([]), adapter="x", model=object())
+
+
+def test_vllm_refuses_to_start_while_a_model_holds_the_gpu(monkeypatch):
+    import torch
+
+    from lab import generate
+    from lab.config import LabError, compose
+
+    seen = _fake_vllm(monkeypatch, [])
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "memory_allocated", lambda *a: 60 * 2**30)
+    with pytest.raises(LabError, match="60.0 GB"):
+        generate.Generator(compose(["model.generation_backend=vllm"]))
+    assert "engine" not in seen
+
+
+def _split_expert_names(folder: Path) -> tuple[set, set]:
+    from safetensors import safe_open
+
+    with safe_open(str(folder / "adapter_model.safetensors"), "pt") as f:
+        names = set(f.keys())
+    fused = {n for n in names if ".experts.lora_" in n or ".experts.base_layer." in n}
+    split = {n for n in names if ".experts.0.up_proj.lora_A" in n or ".experts.0.down_proj.lora_B" in n}
+    return fused, split
+
+
+def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model(monkeypatch, tmp_path):
+    """scripts/train_sft.py on the tiny model with the vllm back-end, vLLM replaced by a recorder: when the engine
+    starts, the training model is gone (a weak reference to it is dead); the adapter vLLM is given is the folder
+    of the packed zip (experts split per expert), byte for byte what `lab.submission.pack` writes for the trained
+    adapter; the evaluation's predictions come from that engine."""
+    import gc
+    import weakref
+    import zipfile
+
+    from lab import sft, submission
+    from lab.pipeline import SMOKE_OVERRIDES
+
+    trained, seen = [], {}
+    real_train = sft.train
+
+    def outputs(prompts, params, lora_request):
+        path = Path(lora_request.kw["lora_path"])
+        seen.setdefault("served", []).append({p.name: p.read_bytes() for p in path.iterdir()})
+        seen["fused"], seen["split"] = _split_expert_names(path)
+        return [types.SimpleNamespace(request_id=str(i), outputs=[_out("\\boxed{0}", [1, 2], None, "stop")])
+                for i in range(len(prompts))]
+
+    def spy(*a, **kw):
+        out = real_train(*a, **kw)
+        trained.append(weakref.ref(out[1]))
+        # the stand-in appears only now: TRL probes for a real vllm package while it trains
+        rec = _fake_vllm(monkeypatch, outputs)
+        rec["on_engine"] = lambda kw: seen.update(model_alive_at_engine_start=trained[0]() is not None)
+        return out
+
+    monkeypatch.setattr(sft, "train", spy)
+    monkeypatch.syspath_prepend(str(ROOT / "scripts"))
+    import train_sft
+
+    run = tmp_path / "run"
+    assert train_sft.main([f"run_dir={run}", "model.generation_backend=vllm", "sft.lora.r=8",
+                           *SMOKE_OVERRIDES]) == 0
+    gc.collect()
+    assert seen["model_alive_at_engine_start"] is False
+    assert trained[0]() is None
+    assert not seen["fused"] and seen["split"], "vLLM 0.33 was given fused expert keys"
+    ref = submission.pack(run / "02_sft" / "adapter", tmp_path / "ref.zip")
+    with zipfile.ZipFile(ref) as z:
+        packed = {n: z.read(n) for n in z.namelist()}
+    assert seen["served"] and all(s == packed for s in seen["served"])
+    assert sorted(packed) == ["adapter_config.json", "adapter_model.safetensors"]
+    pred = pd.read_csv(run / "02_sft" / "predictions.csv")
+    assert len(pred) == 4 and set(pred["answer"].astype(str)) == {"0"}
+
+    # a packed zip (what Kaggle scores) is served as it is; the unzipped folder goes away with the generator
+    from lab import generate
+
+    cfg = OmegaConf.load(run / "02_sft" / "config.yaml")  # the stage's resolved config
+    with generate.Generator(cfg, adapter=ref) as gen:
+        served = Path(gen.lora.kw["lora_path"])
+        assert {p.name: p.read_bytes() for p in served.iterdir()} == packed
+    assert not served.exists()
+
+    # scripts/train_grpo.py from that SFT adapter: the same order and the same packed form
+    from lab import grpo
+
+    real_grpo = grpo.train
+
+    def grpo_spy(*a, **kw):
+        for name in ("vllm", "vllm.lora", "vllm.lora.request"):  # TRL probes for a real vllm while it trains
+            monkeypatch.delitem(sys.modules, name, raising=False)
+        out = real_grpo(*a, **kw)
+        trained.append(weakref.ref(out[1]))
+        rec = _fake_vllm(monkeypatch, outputs)
+        rec["on_engine"] = lambda kw: seen.update(grpo_model_alive_at_engine_start=trained[-1]() is not None)
+        return out
+
+    monkeypatch.setattr(grpo, "train", grpo_spy)
+    import train_grpo
+
+    seen.pop("served")
+    assert train_grpo.main([f"run_dir={run}", "model.generation_backend=vllm", "sft.lora.r=8",
+                            *SMOKE_OVERRIDES]) == 0
+    gc.collect()
+    assert seen["grpo_model_alive_at_engine_start"] is False and trained[-1]() is None
+    with zipfile.ZipFile(submission.pack(run / "03_grpo" / "adapter", tmp_path / "ref_grpo.zip")) as z:
+        assert seen["served"] == [{n: z.read(n) for n in z.namelist()}]
+    assert not seen["fused"] and seen["split"]
 
 
 # ------------------------------------------------------------------------------------------------

@@ -16,6 +16,7 @@ import os
 import subprocess
 import sys
 import tarfile
+import types
 import zipfile
 from pathlib import Path
 
@@ -64,9 +65,93 @@ def test_kernel_metadata(kernel):
     assert meta["language"] == "python" and meta["kernel_type"] == "notebook"
     assert meta["is_private"] is True and meta["enable_gpu"] is True and meta["enable_internet"] is False
     assert meta["competition_sources"] == ["nvidia-nemotron-model-reasoning-challenge"]
-    assert meta["model_sources"] == [kaggle.MODEL_SOURCE] and meta["model_sources"][0].count("/") >= 3
+    assert meta["model_sources"] == ["metric/nemotron-3-nano-30b-a3b-bf16/transformers/default/1"]
+    assert meta["machine_shape"] == "NvidiaRtxPro6000"  # conf/kaggle/default.yaml: one 96 GB GPU
     assert meta["dataset_sources"] == ["alice/nemotron-reasoning-lab-deps"]
     assert meta["kernel_sources"] == ["alice/nemotron-lab-01-explore"]
+
+
+HANDLES = {  # model source -> accepted by kaggle 2.2.5's validate_model_instance_version_string
+    "metric/nemotron-3-nano-30b-a3b-bf16/transformers/default/1": True,
+    "nvidia/nemotron-3-nano-30b-a3b/transformers/bf16/12": True,
+    "nvidia/nemotron-3-nano-30b-a3b/transformers/bf16": False,  # the lab's earlier default: no version
+    "nvidia/nemotron-3-nano-30b-a3b/transformers/bf16/latest": False,
+    "nvidia/nemotron/transformers//1": False,
+    "nvidia/nemotron/transformers/bf16/1/2": False,
+    "nvidia/nemotron-3-nano-30b-a3b": False,
+}
+
+
+@pytest.mark.parametrize("handle,ok", HANDLES.items())
+def test_model_source_is_a_versioned_handle(handle, ok, tmp_path):
+    if ok:
+        assert kaggle.check_model_source(handle) == handle
+    else:
+        with pytest.raises(LabError, match="owner/model/framework/instance/version"):
+            kaggle.build_kernel("01_explore", [], username="bob", out=tmp_path / "k", model_source=handle)
+
+
+@pytest.fixture
+def kaggle_api(monkeypatch, tmp_path):
+    """kaggle 2.2.5's own KaggleApi, when installed (it is not in the dev extra: see pyproject.toml). Importing the
+    package authenticates: it is pointed at an empty config folder with no credential in the environment, and
+    nothing here reaches the network (`build_kaggle_client` is replaced by a recorder)."""
+    monkeypatch.setenv("KAGGLE_CONFIG_DIR", str(tmp_path / "kaggle_config"))
+    (tmp_path / "kaggle_config").mkdir()
+    for k in ("KAGGLE_USERNAME", "KAGGLE_KEY", "KAGGLE_API_TOKEN"):
+        monkeypatch.delenv(k, raising=False)
+    ext = pytest.importorskip("kaggle.api.kaggle_api_extended", reason="kaggle==2.2.5 is not installed")
+    import kaggle as kaggle_pkg
+
+    if kaggle_pkg.__version__ != "2.2.5":
+        pytest.skip(f"kaggle {kaggle_pkg.__version__} installed; these rules were read from 2.2.5")
+    return ext.KaggleApi()
+
+
+def test_check_model_source_agrees_with_kaggle(kaggle_api):
+    for handle, ok in HANDLES.items():
+        try:
+            kaggle_api.validate_model_instance_version_string(handle)
+            accepted = True
+        except ValueError:
+            accepted = False
+        assert accepted is ok, handle
+
+
+def test_competition_kernel_passes_kaggles_own_push_validation(kaggle_api, tmp_path, monkeypatch, capsys):
+    """`kaggle kernels push` (KaggleApi.kernels_push) on the built `model=nemotron_nano experiment=competition` kernel:
+    every metadata field goes through kaggle's own checks and into its request; the request is recorded, not sent."""
+    import types
+
+    out = kaggle.build_kernel("02_sft", ["model=nemotron_nano", "experiment=competition"], username="alice",
+                              out=tmp_path / "02_sft")
+    sent = []
+
+    class Client:
+        kernels = types.SimpleNamespace(kernels_api_client=types.SimpleNamespace(
+            save_kernel=lambda request: sent.append(request) or types.SimpleNamespace(error=None)))
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return False
+
+    monkeypatch.setattr(kaggle_api, "build_kaggle_client", lambda: Client())
+    capsys.readouterr()
+    kaggle_api.kernels_push(str(out))
+    assert "does not resolve to the specified id" not in capsys.readouterr().out
+    (req,) = sent
+    meta = json.loads((out / "kernel-metadata.json").read_text())
+    assert req.slug == meta["id"] == "alice/nemotron-lab-02-sft" and req.new_title == meta["title"]
+    assert req.language == "python" and req.kernel_type == "notebook" and req.is_private is True
+    assert req.enable_gpu is True and req.enable_internet is False and req.enable_tpu is False
+    assert list(req.model_data_sources) == ["metric/nemotron-3-nano-30b-a3b-bf16/transformers/default/1"]
+    assert list(req.competition_data_sources) == ["nvidia-nemotron-model-reasoning-challenge"]
+    assert list(req.dataset_data_sources) == ["alice/nemotron-reasoning-lab-deps"]
+    assert req.machine_shape == "NvidiaRtxPro6000"
+    body = json.loads(req.text)
+    assert "nemotron-reasoning-lab[vllm]" in body["cells"][0]["source"]  # the real model evaluates with vLLM
 
 
 def test_kernel_notebook_has_parameters_baked_in(kernel):
@@ -88,7 +173,7 @@ def test_kernel_install_cell_is_offline(kernel):
     first = cells(kernel / "02_sft.ipynb")[0]
     code = src(first)
     assert kaggle.INSTALL_TAG in first["metadata"]["tags"]
-    assert '"--no-index", "--find-links"' in code and '"nemotron-reasoning-lab[gpu]"' in code
+    assert '"--no-index", "--find-links"' in code and '"nemotron-reasoning-lab[vllm]"' in code  # and not unsloth
     assert "http" not in code and "://" not in code and "pip download" not in code
     assert 'LAB_DATASET = "nemotron-reasoning-lab-deps"' in code and 'os.environ["LAB_ROOT"]' in code
     assert 'RUN_DIR = "/kaggle/working/outputs/nano1"' in code
@@ -124,10 +209,10 @@ def test_install_cell_runs_against_a_fake_kaggle_tree(tmp_path, monkeypatch):
 
 def test_kernel_options(tmp_path, monkeypatch):
     out = kaggle.build_kernel("pipeline", ["run_dir=/kaggle/working/mine", "seed=7"], username="bob",
-                              title="Full pipeline, seed 7", out=tmp_path / "p", enable_gpu=False, model_source=None,
+                              title="Full pipeline, seed 7", out=tmp_path / "p", enable_gpu=False, model_source="",
                               dataset="carol/lab-deps")
     meta = json.loads((out / "kernel-metadata.json").read_text())
-    assert meta["id"] == "bob/full-pipeline-seed-7" and meta["enable_gpu"] is False
+    assert meta["id"] == "bob/full-pipeline-seed-7" and meta["enable_gpu"] is False and "machine_shape" not in meta
     assert meta["model_sources"] == [] and meta["dataset_sources"] == ["carol/lab-deps"]
     nb = cells(out / "pipeline.ipynb")
     assert '"nemotron-reasoning-lab"]' in src(nb[0]) and 'LAB_DATASET = "lab-deps"' in src(nb[0])
@@ -191,3 +276,42 @@ def test_launch_scripts_answer_help(script):
     r = subprocess.run([sys.executable, str(project_root() / "scripts" / script), "--help"], capture_output=True,
                        text=True, timeout=60, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert r.returncode == 0 and "accelerate launch" in r.stdout
+
+
+@pytest.mark.parametrize("notebook,overrides,extras", [
+    ("01_explore", ["model=nemotron_nano"], []),
+    ("05_errors", ["model=nemotron_nano"], []),
+    ("02_sft", ["model=nemotron_nano"], ["vllm"]),
+    ("04_vote", ["model=nemotron_nano"], ["vllm"]),
+    ("04_vote", [], []),  # the tiny model generates with transformers
+    ("03_grpo", ["grpo.rollout_backend=vllm"], ["vllm"]),
+    ("02_sft", ["model=nemotron_nano", "sft.backend=unsloth"], ["vllm", "unsloth"]),
+    ("pipeline", ["model=nemotron_nano"], ["vllm"]),
+])
+def test_install_cell_installs_only_what_the_kernel_needs(notebook, overrides, extras):
+    from lab.config import compose
+
+    assert kaggle.kernel_extras(compose(overrides), notebook) == extras
+    proj = kaggle._pyproject()["project"]["optional-dependencies"]
+    assert all(x in proj for x in extras) and set(proj["gpu"]) == set(proj["vllm"]) | set(proj["unsloth"])
+
+
+def test_wheel_set_builds_sdist_only_dependencies_first(tmp_path, monkeypatch):
+    """antlr4-python3-runtime 4.9.3 (omegaconf pins 4.9.*) has no wheel on PyPI, so `pip download --only-binary=:all:`
+    alone fails: it is built with `pip wheel` into the same folder first, which the download then finds."""
+    from importlib import metadata
+
+    name, version = kaggle.SDIST_ONLY[0].split("==")
+    assert metadata.version(name) == version  # the version this environment resolved for hydra-core
+    (tmp_path / "requirements.txt").write_text("hydra-core==1.3.2\n")
+    calls = []
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: calls.append(cmd) or types.SimpleNamespace(returncode=0))
+    kaggle.fetch_wheels(tmp_path, "3.11")
+    build, download = calls
+    assert build[2:4] == ["pip", "wheel"] and "--no-deps" in build and kaggle.SDIST_ONLY[0] in build
+    assert build[build.index("--wheel-dir") + 1] == str(tmp_path)
+    assert download[2:4] == ["pip", "download"] and "--only-binary=:all:" in download
+    assert download[download.index("--find-links") + 1] == str(tmp_path) == download[download.index("--dest") + 1]
+    assert download[download.index("--python-version") + 1] == "3.11"
+    with pytest.raises(LabError, match="requirements.txt"):
+        kaggle.fetch_wheels(tmp_path / "empty")
