@@ -5,7 +5,16 @@ directory is (a notebook run by papermill, a test, a Kaggle kernel). `Stage` is 
 notebook opens first: it makes the stage folder, seeds everything, writes the resolved
 config, and on `finish(metrics)` writes `metrics.json` and the manifest atomically.
 
-Deliberately simple: no experiment tracker, no database; a run is a folder of files.
+What it simplifies:
+- a notebook's `overrides` parameter may be a list or the string papermill's `-p` passes
+  (`'["seed=7", "run_name=seed7"]'`, JSON or YAML): `parse_overrides` reads both;
+- run folders: without `run_name` (or `run_dir`) a run gets its own time-stamped folder
+  (`outputs/<YYYY-MM-DD_HH-MM-SS>`, Hydra's `now` resolver), so an interactive run never
+  writes into `outputs/demo`, which only `python -m lab demo` (`make demo`) uses;
+- seeding is `transformers.set_seed`; live training curves go where `report_to` says
+  (`tracking_args`, TRL's own integrations).
+
+Deliberately simple: no database; a run is a folder of files.
 """
 
 from __future__ import annotations
@@ -15,7 +24,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import random
 import subprocess
 import tempfile
 import time
@@ -86,15 +94,83 @@ def split_at_dashes(argv: list[str] | None) -> tuple[list[str], list[str]]:
     return argv[:i], argv[i + 1:]
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (CPU and CUDA) and ask torch for deterministic kernels on CPU."""
-    import torch
+OVERRIDES_HELP = ("""pass a list of Hydra overrides: in Python overrides = ["seed=7", "run_name=seed7"]; """
+                  """with papermill -p overrides '["seed=7", "run_name=seed7"]' or -y 'overrides: [seed=7, run_name=seed7]'""")
 
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
+
+def parse_overrides(value: str | Iterable[str] | None) -> list[str]:
+    """A notebook's `overrides` parameter as a list of strings.
+
+    papermill's `-p overrides '[...]'` hands the notebook the string itself; it is read as YAML (JSON is
+    YAML), and must be a list. A list or tuple is taken as it is; None or an empty string is no override.
+    """
+    if value is None:
+        return []
+    if isinstance(value, str):
+        import yaml
+
+        text = value.strip()
+        if not text:
+            return []
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise LabError(f"notebook parameter overrides={text!r}: not a JSON/YAML list ({e}); {OVERRIDES_HELP}") from None
+        if not isinstance(value, list):
+            raise LabError(f"notebook parameter overrides={text!r}: not a list; {OVERRIDES_HELP}")
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise LabError(f"notebook parameter overrides={value!r}: expected a list of strings such as \"seed=7\"; "
+                   f"{OVERRIDES_HELP}")
+
+
+def names_run(overrides: Iterable[str]) -> bool:
+    """True when the overrides choose the run folder (`run_name=...` or `run_dir=...`, with or without `+`/`++`)."""
+    return any(o.lstrip("+").split("=", 1)[0].strip() in ("run_name", "run_dir") for o in overrides)
+
+
+TRACKERS = ("none", "tensorboard", "wandb", "mlflow")
+
+
+def tracking_args(cfg: DictConfig, stage: str) -> dict[str, Any]:
+    """`report_to` (and where its logs go) for a stage's TrainingArguments: `cfg.report_to` is one of TRACKERS.
+
+    The trackers are transformers' own integrations (transformers/integrations/integration_utils.py),
+    imported by the Trainer only when chosen. TensorBoard writes under `<run_dir>/tensorboard/<stage>`
+    (`tensorboard --logdir <run_dir>/tensorboard` shows every stage of the run); W&B and MLflow runs are
+    named `<run_name>/<stage>`. Everything the Trainer logs goes there, TRL's per-step GRPO metrics too:
+    the mean of every reward function (`rewards/<name>/mean`), the zero-variance share
+    (`frac_reward_zero_std`), the truncation share (`completions/clipped_ratio`), `grad_norm`.
+    """
+    tracker = str(cfg.get("report_to", "none") or "none").strip().lower()
+    if tracker not in TRACKERS:
+        raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: report_to={tracker!r} is not one of "
+                       f"{', '.join(TRACKERS)}")
+    if tracker == "none":
+        return {"report_to": "none"}
+    import importlib.util
+
+    module = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}[tracker]
+    if importlib.util.find_spec(module) is None:
+        raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: report_to={tracker} but {module} is not installed "
+                       f"(pip install {module})")
+    if tracker == "tensorboard":
+        # transformers' TensorBoardCallback reads the folder from this variable (TrainingArguments has no
+        # logging_dir in transformers 5)
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(resolve_path(cfg.run_dir) / "tensorboard" / stage)
+    return {"report_to": tracker, "run_name": f"{cfg.run_name}/{stage}"}
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA): `transformers.set_seed` (transformers/trainer_utils.py).
+
+    Deterministic kernels are not switched on: a rerun on the same hardware with the same torch thread
+    count is identical on CPU without them; on a GPU, torch's deterministic mode would make ops without
+    a deterministic CUDA kernel raise, so GPU runs can differ in the last bits between reruns.
+    """
+    from transformers import set_seed
+
+    set_seed(int(seed))
     os.environ.setdefault("PYTHONHASHSEED", str(seed))
 
 
@@ -215,9 +291,12 @@ class Stage:
     `"status": "running"` and no `metrics.json`, so nothing downstream mistakes it for done.
     """
 
-    def __init__(self, name: str, overrides: Iterable[str] = (), cfg: DictConfig | None = None):
+    def __init__(self, name: str, overrides: str | Iterable[str] = (), cfg: DictConfig | None = None):
         self.name = name
-        self.overrides = list(overrides)
+        self.overrides = parse_overrides(overrides)
+        if cfg is None and not names_run(self.overrides) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise LabError(f"{name}: several processes (WORLD_SIZE={os.environ['WORLD_SIZE']}) would each make their "
+                           "own time-stamped run folder; pass run_name=... so they share one")
         self.cfg = cfg if cfg is not None else compose(self.overrides)
         self.run_dir = resolve_path(self.cfg.run_dir)
         self.dir = self.run_dir / name

@@ -114,7 +114,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from lab.config import LabError, atomic_write_csv, atomic_write_json, read_json, resolve_path
+from lab.config import LabError, atomic_write_csv, atomic_write_json, read_json, resolve_path, tracking_args
 from lab.prompts import chat_prompt
 
 ROLLOUT_BACKENDS = ("hf", "vllm")
@@ -243,7 +243,7 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
         reward_weights=[float(w) for w in reward_weights], mask_truncated_completions=bool(g.mask_truncated_completions),
         shuffle_dataset=False,  # the lab's schedule is the order (see `schedule`)
         logging_steps=int(g.logging_steps), save_steps=int(g.save_steps), save_total_limit=2, seed=int(cfg.seed),
-        data_seed=int(cfg.seed), report_to="none", use_cpu=not cuda,
+        data_seed=int(cfg.seed), **tracking_args(cfg, "03_grpo"), use_cpu=not cuda,
         bf16=str(cfg.model.dtype) == "bfloat16" and cuda, dataloader_num_workers=0,
         gradient_checkpointing=bool(g.gradient_checkpointing), lr_scheduler_type="constant", warmup_steps=0,
         log_completions=False,
