@@ -164,13 +164,17 @@ def tracking_args(cfg: DictConfig, stage: str) -> dict[str, Any]:
 def seed_everything(seed: int) -> None:
     """Seed Python, NumPy and torch (CPU and CUDA): `transformers.set_seed` (transformers/trainer_utils.py).
 
-    Deterministic kernels are not switched on: a rerun on the same hardware with the same torch thread
-    count is identical on CPU without them; on a GPU, torch's deterministic mode would make ops without
-    a deterministic CUDA kernel raise, so GPU runs can differ in the last bits between reruns.
+    On CPU it also switches on torch's deterministic algorithms (`torch.use_deterministic_algorithms`):
+    the tiny model's SFT, GRPO and generation run under it with the same numbers as without, so it only
+    guards against an op without a deterministic kernel. On CUDA it stays off: the Mamba-2 PyTorch path
+    (transformers/models/nemotron_h/modeling_nemotron_h.py) takes torch.cumsum of floats, which torch's
+    deterministic mode refuses on CUDA (its docstring), so GPU reruns can differ in the last bits.
+    A CPU rerun is identical only with the same torch thread count (the order of float sums follows it).
     """
+    import torch
     from transformers import set_seed
 
-    set_seed(int(seed))
+    set_seed(int(seed), deterministic=not torch.cuda.is_available())
     os.environ.setdefault("PYTHONHASHSEED", str(seed))
 
 

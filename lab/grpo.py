@@ -405,8 +405,10 @@ def resume_point(cfg: DictConfig, out: Path, fp: dict) -> tuple[Path | None, dic
         if _step_of(p) > max_steps:
             notes.append(f"{p.name} is past grpo.max_steps={max_steps}: deleted")
             shutil.rmtree(p)
-    usable = [p for p in ckpts if _step_of(p) <= max_steps]
-    return (usable[-1] if usable else None), record, notes
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(str(out))  # the newest checkpoint-N left, as transformers finds it
+    return (Path(last) if last else None), record, notes
 
 
 # ---- iterative refinement (iGRPO) ---------------------------------------------------------------

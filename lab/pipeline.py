@@ -159,7 +159,7 @@ def summary(run_dir: Path) -> dict:
     table = table.rename(columns={"ci95": "95% interval", "fixed / broken": "fixed / broken vs previous stage"})
     walls = ", ".join(f"{k} {v['wall_seconds']:.0f} s" for k, v in stages.items() if "wall_seconds" in v)
     missing = [k for k, v in stages.items() if v.get("missing")]
-    lines = [f"# Run summary: {run_dir.name}", "", table.to_markdown(index=False), "",
+    lines = [f"# Run summary: {run_dir.name}", "", table.to_markdown(index=False, disable_numparse=True), "",
              f"Wall time: {summ['total_wall_seconds']:.0f} s ({walls})." if walls else "Wall time: no stage finished."]
     if missing:
         lines.append(f"Stages without a finished output: {', '.join(missing)}.")
