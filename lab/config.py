@@ -333,7 +333,8 @@ def stage_output(cfg: DictConfig, stage: str, *parts: str) -> Path:
     d = resolve_path(cfg.run_dir) / stage
     if not (d / "metrics.json").is_file():
         raise LabError(f"{d}: stage '{stage}' has no finished output (no metrics.json); run notebooks/{stage}.ipynb "
-                       f"with the same run_dir first")
+                       f"with the same run_name (or run_dir) first; a run without run_name gets a new time-stamped "
+                       f"folder, so pass e.g. overrides=[\"run_name=demo\"] to continue `make demo`'s run")
     p = d.joinpath(*parts)
     if parts and not p.exists():
         raise LabError(f"{p}: expected output of stage '{stage}' is missing")
