@@ -153,9 +153,9 @@ def summary(run_dir: Path) -> dict:
     rows = headline_table(run_dir, stages)
     summ["headline"] = rows
     atomic_write_json(run_dir / "summary.json", summ)
-    table = pd.DataFrame(rows, columns=["stage", "metric", "value", "ci95", "n", "fixed / broken"])
-    table["value"] = [f"{v:.3f}" if isinstance(v, float) else ("" if v is None else str(v)) for v in table["value"]]
-    table["n"] = ["" if v is None or pd.isna(v) else str(int(v)) for v in table["n"]]
+    text = [{**r, "value": f"{r['value']:.3f}" if isinstance(r["value"], float) else ("" if r["value"] is None else str(r["value"])),
+             "n": "" if r["n"] is None else str(int(r["n"]))} for r in rows]  # before pandas turns ints into floats
+    table = pd.DataFrame(text, columns=["stage", "metric", "value", "ci95", "n", "fixed / broken"])
     table = table.rename(columns={"ci95": "95% interval", "fixed / broken": "fixed / broken vs previous stage"})
     walls = ", ".join(f"{k} {v['wall_seconds']:.0f} s" for k, v in stages.items() if "wall_seconds" in v)
     missing = [k for k, v in stages.items() if v.get("missing")]

@@ -91,8 +91,15 @@ def show(fig: Figure, path: str | os.PathLike) -> Path:
     return path
 
 
-def _integer_x(ax) -> None:
-    ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+def _integer_x(ax, values) -> None:
+    """Whole-number ticks: every value when there are few (a one-step run shows "1", not 0.95 ... 1.05)."""
+    vals = sorted({int(v) for v in pd.to_numeric(pd.Series(list(values)), errors="coerce").dropna()})
+    if 0 < len(vals) <= 12:
+        ax.set_xticks(vals)
+        if len(vals) == 1:
+            ax.set_xlim(vals[0] - 1, vals[0] + 1)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
 # ---- stage plots -------------------------------------------------------------------------------------
@@ -105,7 +112,7 @@ def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = 
         if y in df:
             ax.plot(df[x], pd.to_numeric(df[y], errors="coerce"), marker="o", markersize=3, label=label(y))
     if x in ("step", "k"):
-        _integer_x(ax)
+        _integer_x(ax, df[x])
     ax.set_xlabel("optimiser step" if x == "step" else label(x))
     ax.set_ylabel(ylabel)
     ax.set_title(title)
@@ -141,7 +148,9 @@ def accuracy_bars(tables: Mapping[str, pd.DataFrame], title: str, by: str = "cat
         for p, a, h in zip(pos, acc, acc + hi):
             ax.text(p, h + 0.015, f"{a:.2f}", ha="center", va="bottom", fontsize=7, rotation=90 if len(names) > 2 else 0)
     ns = first["n"].tolist()
-    ax.set_xticks(x, [f"{g}\n(n={n})" for g, n in zip(groups, ns)], rotation=20, ha="right", fontsize=8)
+    many = len(groups) > 4
+    ax.set_xticks(x, [f"{g}\n(n={n})" for g, n in zip(groups, ns)], rotation=20 if many else 0,
+                  ha="right" if many else "center", fontsize=8)
     ax.set_ylim(0, 1.15)
     ax.set_ylabel("accuracy (bars: Wilson 95%)")
     ax.set_title(title)
@@ -179,7 +188,7 @@ def vote_k(curves: pd.DataFrame, greedy: float | None, title: str = "Accuracy ag
                     textcoords="offset points", xytext=(4, 0), va="center", fontsize=8, color=PALETTE[i])
     if greedy is not None:
         ax.axhline(greedy, color="black", linestyle="--", linewidth=1, label=f"greedy (Kaggle's setting) {greedy:.2f}")
-    _integer_x(ax)
+    _integer_x(ax, curves["k"])
     ax.set_xlabel("k (samples per puzzle)")
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1.02)

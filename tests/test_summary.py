@@ -60,6 +60,7 @@ def test_summary_md_is_one_table_without_per_step_lists(run):
     assert len(header) == 1 and "95% interval" in header[0] and "fixed / broken vs previous stage" in header[0]
     assert "[1.0" not in md and "0.1, 0.1" not in md  # the per-step series stay in summary.json and the CSVs
     assert s["stages"]["02_sft"]["loss_per_step"] == [1.0] * 20
+    assert re.search(r"\| 01_explore +\| training puzzles +\| 40 +\|", md)  # counts stay whole numbers
     assert re.search(r"\| 03_grpo +\| accuracy after GRPO +\| 0\.500 +\| \[0\.24, 0\.76\] +\| 10 +\| 2 / 1", md)
 
 
