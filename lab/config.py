@@ -132,8 +132,23 @@ def names_run(overrides: Iterable[str]) -> bool:
 TRACKERS = ("none", "tensorboard", "wandb", "mlflow")
 
 
+def tracker(cfg: DictConfig) -> str:
+    """`cfg.report_to`, checked: one of TRACKERS, and its package installed (else a LabError naming the key)."""
+    name = str(cfg.get("report_to", "none") or "none").strip().lower()
+    if name not in TRACKERS:
+        raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: report_to={name!r} is not one of "
+                       f"{', '.join(TRACKERS)}")
+    if name != "none":
+        import importlib.util
+
+        if importlib.util.find_spec(name) is None:
+            raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: report_to={name} but {name} is not installed "
+                           f"(pip install {name})")
+    return name
+
+
 def tracking_args(cfg: DictConfig, stage: str) -> dict[str, Any]:
-    """`report_to` (and where its logs go) for a stage's TrainingArguments: `cfg.report_to` is one of TRACKERS.
+    """`report_to` (and where its logs go) for a stage's TrainingArguments, from `cfg.report_to` (`tracker`).
 
     The trackers are transformers' own integrations (transformers/integrations/integration_utils.py),
     imported by the Trainer only when chosen. TensorBoard writes under `<run_dir>/tensorboard/<stage>`
@@ -142,23 +157,14 @@ def tracking_args(cfg: DictConfig, stage: str) -> dict[str, Any]:
     the mean of every reward function (`rewards/<name>/mean`), the zero-variance share
     (`frac_reward_zero_std`), the truncation share (`completions/clipped_ratio`), `grad_norm`.
     """
-    tracker = str(cfg.get("report_to", "none") or "none").strip().lower()
-    if tracker not in TRACKERS:
-        raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: report_to={tracker!r} is not one of "
-                       f"{', '.join(TRACKERS)}")
-    if tracker == "none":
+    name = tracker(cfg)
+    if name == "none":
         return {"report_to": "none"}
-    import importlib.util
-
-    module = {"tensorboard": "tensorboard", "wandb": "wandb", "mlflow": "mlflow"}[tracker]
-    if importlib.util.find_spec(module) is None:
-        raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: report_to={tracker} but {module} is not installed "
-                       f"(pip install {module})")
-    if tracker == "tensorboard":
-        # transformers' TensorBoardCallback reads the folder from this variable (TrainingArguments has no
+    if name == "tensorboard":
+        # transformers' TensorBoardCallback reads its folder from this variable (TrainingArguments has no
         # logging_dir in transformers 5)
         os.environ["TENSORBOARD_LOGGING_DIR"] = str(resolve_path(cfg.run_dir) / "tensorboard" / stage)
-    return {"report_to": tracker, "run_name": f"{cfg.run_name}/{stage}"}
+    return {"report_to": name, "run_name": f"{cfg.run_name}/{stage}"}
 
 
 def seed_everything(seed: int) -> None:
@@ -302,6 +308,7 @@ class Stage:
             raise LabError(f"{name}: several processes (WORLD_SIZE={os.environ['WORLD_SIZE']}) would each make their "
                            "own time-stamped run folder; pass run_name=... so they share one")
         self.cfg = cfg if cfg is not None else compose(self.overrides)
+        tracker(self.cfg)  # a typo in report_to fails here, not after the stage's first hour
         self.run_dir = resolve_path(self.cfg.run_dir)
         self.dir = self.run_dir / name
         self.dir.mkdir(parents=True, exist_ok=True)

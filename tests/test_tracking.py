@@ -66,3 +66,14 @@ def test_tensorboard_receives_the_sft_loss_and_the_grpo_reward_curves(tmp_path, 
     assert got["train/frac_reward_zero_std"] == pytest.approx(m["zero_variance_share_per_step"], abs=1e-4)
     assert got["train/completions/clipped_ratio"] == pytest.approx(m["truncated_share_per_step"], abs=1e-4)
     assert got["train/grad_norm"] == pytest.approx(m["grad_norm_per_step"], abs=1e-4)
+
+
+def test_a_tracker_that_is_not_installed_is_named_when_the_stage_opens(tmp_path, monkeypatch):
+    import importlib.util
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None if name == "wandb" else real(name, *a))
+    with pytest.raises(LabError, match=r"report_to=wandb but wandb is not installed \(pip install wandb\)"):
+        Stage("99_test", [f"run_dir={tmp_path}", "report_to=wandb"])
+    with pytest.raises(LabError, match="report_to='tensorbord'"):
+        Stage("99_test", [f"run_dir={tmp_path}", "report_to=tensorbord"])
