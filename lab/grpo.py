@@ -114,7 +114,7 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from lab.config import LabError, atomic_write_csv, atomic_write_json, read_json, resolve_path, tracking_args
+from lab.config import LabError, atomic_write_csv, atomic_write_json, read_json, resolve_path
 from lab.prompts import chat_prompt
 
 ROLLOUT_BACKENDS = ("hf", "vllm")
@@ -234,6 +234,8 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
         import torch
 
         cuda = torch.cuda.is_available()
+    from lab.config import tracking_args
+
     g = cfg.grpo
     kw = dict(
         output_dir=str(output_dir), max_steps=int(g.max_steps), learning_rate=float(g.learning_rate),
