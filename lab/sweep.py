@@ -33,7 +33,8 @@ config's seed plus offsets, so job names read `seed=1`, `seed=2`, ...).
 `report.csv` and `report.md`: parameters (the swept overrides, parsed) and every stage's scalar
 metrics as `<stage>.<key>`; it plots each headline metric against each swept parameter (mean and
 min-max over seeds) and, for a seeds-only sweep, a per-seed bar chart with the mean, into
-`<sweep_dir>/plots/`.
+`<sweep_dir>/plots/` (drawn by `lab.plots`). The tables are pandas' own: `to_markdown` (tabulate) and a
+groupby-agg for mean ± std [min, max] (n) over seeds.
 
 Deliberately simple: jobs never share state (each builds or reads its own base model and split
 under its run_dir), so there is no cross-job caching; a job's name comes from its swept overrides,
