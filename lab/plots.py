@@ -111,8 +111,10 @@ def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = 
     for y in ys:
         if y in df:
             ax.plot(df[x], pd.to_numeric(df[y], errors="coerce"), marker="o", markersize=3, label=label(y))
-    if x in ("step", "k"):
+    if x in ("step", "k") and x in df:
         _integer_x(ax, df[x])
+    if not ax.lines:
+        ax.text(0.5, 0.5, "nothing logged", ha="center", va="center", transform=ax.transAxes)
     ax.set_xlabel("optimiser step" if x == "step" else label(x))
     ax.set_ylabel(ylabel)
     ax.set_title(title)

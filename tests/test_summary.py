@@ -93,3 +93,9 @@ def test_line_names_trls_keys_readably():
     ax = plots.line(log, "step", ["reward", "rewards/correctness/mean"], "t", "reward").axes[0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["total reward (weighted)", "correctness"]
     assert ax.get_xlabel() == "optimiser step"
+
+
+def test_line_with_nothing_logged_still_draws():
+    """A run shorter than logging_steps logs no loss: the notebook's plot says so instead of failing."""
+    ax = plots.line(pd.DataFrame(), "step", ["loss"], "SFT training loss", "loss").axes[0]
+    assert [t.get_text() for t in ax.texts] == ["nothing logged"]
