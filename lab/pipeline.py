@@ -171,7 +171,8 @@ def summary(run_dir: Path) -> dict:
 def demo_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab demo", description="run all five notebooks on the embedded default")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. seed=7 run_name=demo_seed7")
-    p.add_argument("--stages", nargs="+", default=STAGES, help="subset of stages to run, in order")
+    p.add_argument("--stages", nargs="+", default=STAGES, choices=STAGES, metavar="STAGE",
+                   help="subset of stages to run, in order (give the overrides before --stages: it takes every word after it)")
     args = p.parse_args(argv)
     t0 = time.time()
     overrides = list(args.overrides) if names_run(args.overrides) else ["run_name=demo", *args.overrides]
