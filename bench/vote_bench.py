@@ -266,7 +266,8 @@ def _label(method: str, opts: dict, k: int) -> str:
 
 
 def scan_row(samples, k: int, version: str, early_stop: dict) -> dict:
-    """One temperature's headline figures: first sample, maj@k, pass@k and the configured early stop against maj@k."""
+    """One temperature's headline figures: one sample's accuracy (`first_sample`: maj@1 of `lab.vote.curves`, the mean
+    over all k samples), maj@k, pass@k and the configured early stop against maj@k."""
     from lab import vote
 
     curve = vote.curves(samples, K=k, version=version).set_index("k")

@@ -1,7 +1,7 @@
 """The Nemotron reasoning lab: the logic behind the notebooks.
 
 Modules, by what they do:
-  config      Hydra config, seeds, stage folders, manifests, atomic writes
+  config      Hydra config, seeds, run and stage folders, report_to, manifests, atomic writes
   metric      the competition's scorer, to the character
   prompts     the exact Kaggle prompt and chat-template rendering
   data        loading, validating and splitting puzzle files
@@ -20,7 +20,7 @@ Modules, by what they do:
   sweep       papermill sweeps and reports across runs
   kaggle      building offline Kaggle kernels
   pipeline    running the five notebooks headless (`python -m lab demo`) and the run summary
-  plots       the stage plots the notebooks show and save
+  plots       every plot of the lab (stages, errors, voting, sweeps) in one style, and the PNG writer
   trl_cpu     what TRL 1.15 needs to train on a CPU (no Triton) and to show progress under papermill
 """
 

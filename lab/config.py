@@ -7,7 +7,16 @@ is what a notebook opens first: it takes the run folder's lock (`run_lock`: one 
 folder), makes the stage folder, seeds everything, writes the resolved config, and on
 `finish(metrics)` writes `metrics.json` and the manifest atomically.
 
-Deliberately simple: no experiment tracker, no database; a run is a folder of files.
+What it simplifies:
+- a notebook's `overrides` parameter may be a list or the string papermill's `-p` passes
+  (`'["seed=7", "run_name=seed7"]'`, JSON or YAML): `parse_overrides` reads both;
+- run folders: without `run_name` (or `run_dir`) a run gets its own time-stamped folder
+  (`outputs/<YYYY-MM-DD_HH-MM-SS>`, Hydra's `now` resolver), so an interactive run never
+  writes into `outputs/demo`, which only `python -m lab demo` (`make demo`) uses;
+- seeding is `transformers.set_seed`; live training curves go where `report_to` says
+  (`tracking_args`, TRL's own integrations).
+
+Deliberately simple: no database; a run is a folder of files.
 """
 
 from __future__ import annotations
@@ -18,7 +27,6 @@ import datetime as _dt
 import json
 import os
 import platform
-import random
 import subprocess
 import tempfile
 import time
@@ -181,15 +189,94 @@ def split_at_dashes(argv: list[str] | None) -> tuple[list[str], list[str]]:
     return argv[:i], argv[i + 1:]
 
 
-def seed_everything(seed: int) -> None:
-    """Seed Python, NumPy and torch (CPU and CUDA) and ask torch for deterministic kernels on CPU."""
-    import torch
+OVERRIDES_HELP = ("""pass a list of Hydra overrides: in Python overrides = ["seed=7", "run_name=seed7"]; """
+                  """with papermill -p overrides '["seed=7", "run_name=seed7"]' or -y 'overrides: [seed=7, run_name=seed7]'""")
 
-    random.seed(seed)
-    np.random.seed(seed)
-    torch.manual_seed(seed)
-    if torch.cuda.is_available():
-        torch.cuda.manual_seed_all(seed)
+
+def parse_overrides(value: str | Iterable[str] | None) -> list[str]:
+    """A notebook's `overrides` parameter as a list of strings.
+
+    papermill's `-p overrides '[...]'` hands the notebook the string itself; it is read as YAML (JSON is
+    YAML), and must be a list. A list or tuple is taken as it is; None or an empty string is no override.
+    """
+    if value is None:
+        return []
+    if isinstance(value, str):
+        import yaml
+
+        text = value.strip()
+        if not text:
+            return []
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError as e:
+            raise LabError(f"notebook parameter overrides={text!r}: not a JSON/YAML list ({e}); {OVERRIDES_HELP}") from None
+        if not isinstance(value, list):
+            raise LabError(f"notebook parameter overrides={text!r}: not a list; {OVERRIDES_HELP}")
+    if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
+        return list(value)
+    raise LabError(f"notebook parameter overrides={value!r}: expected a list of strings such as \"seed=7\"; "
+                   f"{OVERRIDES_HELP}")
+
+
+def names_run(overrides: Iterable[str]) -> bool:
+    """True when the overrides choose the run folder (`run_name=...` or `run_dir=...`, with or without `+`/`++`)."""
+    return any(o.lstrip("+").split("=", 1)[0].strip() in ("run_name", "run_dir") for o in overrides)
+
+
+TRACKERS = ("none", "tensorboard", "wandb", "mlflow")
+
+
+def tracker(cfg: DictConfig) -> str:
+    """`cfg.report_to`, checked: one of TRACKERS, and its package installed (else a LabError naming the key)."""
+    name = str(cfg.get("report_to", "none") or "none").strip().lower()
+    if name not in TRACKERS:
+        raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: report_to={name!r} is not one of "
+                       f"{', '.join(TRACKERS)}")
+    if name != "none":
+        import importlib.util
+
+        if importlib.util.find_spec(name) is None:
+            raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: report_to={name} but {name} is not installed "
+                           f"(pip install {name})")
+    return name
+
+
+def tracking_args(cfg: DictConfig, stage: str) -> dict[str, Any]:
+    """`report_to` (and where its logs go) for a stage's TrainingArguments, from `cfg.report_to` (`tracker`).
+
+    The trackers are transformers' own integrations (transformers/integrations/integration_utils.py),
+    imported by the Trainer only when chosen. TensorBoard writes under `<run_dir>/tensorboard/<stage>`
+    (`tensorboard --logdir <run_dir>/tensorboard` shows every stage of the run); W&B and MLflow runs are
+    named `<run_name>/<stage>`. Everything the Trainer logs goes there, TRL's per-step GRPO metrics too:
+    the mean of every reward function (`rewards/<name>/mean`), the zero-variance share
+    (`frac_reward_zero_std`), the truncation share (`completions/clipped_ratio`), `grad_norm`.
+    """
+    name = tracker(cfg)
+    if name == "none":
+        return {"report_to": "none"}
+    if name == "tensorboard":
+        # transformers' TensorBoardCallback reads its folder from this variable (TrainingArguments has no
+        # logging_dir in transformers 5)
+        os.environ["TENSORBOARD_LOGGING_DIR"] = str(resolve_path(cfg.run_dir) / "tensorboard" / stage)
+    return {"report_to": name, "run_name": f"{cfg.run_name}/{stage}"}
+
+
+def seed_everything(seed: int) -> None:
+    """Seed Python, NumPy and torch (CPU and CUDA): `transformers.set_seed` (transformers/trainer_utils.py).
+
+    On CPU it also switches on torch's deterministic algorithms (`torch.use_deterministic_algorithms`):
+    the tiny model's SFT gives the same losses and gradient norms with it as without, and GRPO and
+    generation run under it (checked by hand; the tests run under it), so it only guards against an op
+    without a deterministic kernel. On CUDA it stays off: the Mamba-2 PyTorch path
+    (transformers/models/nemotron_h/modeling_nemotron_h.py) takes torch.cumsum of floats, which torch's
+    deterministic mode refuses on CUDA (its docstring), so GPU reruns can differ in the last bits.
+    A CPU rerun is identical only with the same torch thread count (the order of float sums follows it).
+    """
+    import torch
+    from transformers import set_seed
+
+    set_seed(int(seed), deterministic=not torch.cuda.is_available())
     os.environ.setdefault("PYTHONHASHSEED", str(seed))
 
 
@@ -439,12 +526,16 @@ class Stage:
     `"status": "running"` and no `metrics.json`, so nothing downstream mistakes it for done.
     """
 
-    def __init__(self, name: str, overrides: Iterable[str] = (), cfg: DictConfig | None = None):
+    def __init__(self, name: str, overrides: str | Iterable[str] = (), cfg: DictConfig | None = None):
         self.name = name
-        self.overrides = list(overrides)
+        self.overrides = parse_overrides(overrides)
+        if cfg is None and not names_run(self.overrides) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+            raise LabError(f"{name}: several processes (WORLD_SIZE={os.environ['WORLD_SIZE']}) would each make their "
+                           "own time-stamped run folder; pass run_name=... so they share one")
         self.cfg = cfg if cfg is not None else compose(self.overrides)
         if cfg is not None:
             validate(cfg, where=f"stage {name}")
+        tracker(self.cfg)  # a typo in report_to fails here, not after the stage's first hour
         self.run_dir = resolve_path(self.cfg.run_dir)
         self.dir = self.run_dir / name
         # before anything in the folder is touched; under `accelerate launch` (torchrun sets RANK) the main
@@ -481,7 +572,8 @@ def stage_output(cfg: DictConfig, stage: str, *parts: str) -> Path:
     d = resolve_path(cfg.run_dir) / stage
     if not (d / "metrics.json").is_file():
         raise LabError(f"{d}: stage '{stage}' has no finished output (no metrics.json); run notebooks/{stage}.ipynb "
-                       f"with the same run_dir first")
+                       f"with the same run_name (or run_dir) first; a run without run_name gets a new time-stamped "
+                       f"folder, so pass e.g. overrides=[\"run_name=demo\"] to continue `make demo`'s run")
     p = d.joinpath(*parts)
     if parts and not p.exists():
         raise LabError(f"{p}: expected output of stage '{stage}' is missing")

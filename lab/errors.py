@@ -14,9 +14,10 @@ What it produces:
   taxonomy(pred), examples(...) counts per category and class; sample rows of one class
   first_departure(c, trace)     first (1-based) reasoning step where the model leaves the
                                 solver's trace; departure_table(pred) per row
-  length_table / plot_lengths   completion tokens, correct vs wrong, against the budget
+  length_table                  completion tokens, correct vs wrong, against the budget
   compare(pred_a, pred_b)       puzzles fixed and broken between two runs (`python -m lab compare`)
-  analyse(pred, out_dir, budget) every table as CSV and plot as PNG, headline metrics as a dict
+  analyse(pred, out_dir, budget) every table as CSV and plot as PNG (drawn by `lab.plots`), headline
+                                metrics as a dict
 
 Failure classes, in priority order (the first that applies wins; correct rows are `correct`):
   truncated           finish_reason == 'length', or tokens >= budget when a budget is given
@@ -77,7 +78,6 @@ REQUIRED_COLUMNS = ("id", "category", "gold", "completion")
 OPTIONAL_COLUMNS = ("subtype", "prompt", "answer", "correct", "tokens", "finish_reason")
 DEFAULT_BUDGET = 7680
 NEAR_MISS_REL = 0.05
-Z95 = 1.959963984540054
 
 _BOX = re.compile(r"\\boxed\{")  # exactly what lab.metric looks for
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
@@ -179,19 +179,18 @@ def _ordered_categories(df: pd.DataFrame) -> list[str]:
 # accuracy with Wilson intervals
 
 
-def wilson_interval(k: int, n: int, z: float = Z95) -> tuple[float, float]:
-    """Wilson score interval for k successes in n trials (no continuity correction); (0, 1) for n=0."""
+def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
+    """Wilson score interval for k successes in n trials (no continuity correction); (0, 1) for n=0.
+
+    scipy's `binomtest(k, n).proportion_ci(method="wilson")` (scipy/stats/_binomtest.py)."""
+    from scipy.stats import binomtest
+
     if n <= 0:
         return 0.0, 1.0
     if not 0 <= k <= n:
         raise ValueError(f"wilson_interval: need 0 <= k <= n, got k={k}, n={n}")
-    p = k / n
-    z2 = z * z
-    centre = (p + z2 / (2 * n)) / (1 + z2 / n)
-    half = z * math.sqrt(p * (1 - p) / n + z2 / (4 * n * n)) / (1 + z2 / n)
-    lo = 0.0 if k == 0 else max(0.0, centre - half)
-    hi = 1.0 if k == n else min(1.0, centre + half)
-    return lo, hi
+    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
+    return float(ci.low), float(ci.high)
 
 
 def accuracy_table(pred: pd.DataFrame, by: Iterable[str] = ("category",), total: bool = True,
@@ -580,103 +579,6 @@ def length_table(pred: pd.DataFrame, budget: int = DEFAULT_BUDGET) -> pd.DataFra
 
 
 # --------------------------------------------------------------------------------------------
-# plots (matplotlib Figure objects: no pyplot state, no backend switch; saved with Agg)
-
-_CLASS_COLOURS = {"correct": "#2ca02c", "truncated": "#8c564b", "think_unclosed": "#e377c2", "no_box": "#7f7f7f",
-                  "empty_box": "#bcbd22", "wrong_format": "#17becf", "near_miss": "#ff7f0e",
-                  "right_in_reasoning": "#9467bd", "wrong": "#d62728"}
-
-
-def _figure(w: float, h: float):
-    from matplotlib.figure import Figure
-
-    return Figure(figsize=(w, h), layout="constrained")
-
-
-def save_figure(fig, path: str | os.PathLike) -> Path:
-    """Write a PNG atomically (temporary file in the same folder, then rename)."""
-    from matplotlib.backends.backend_agg import FigureCanvasAgg
-
-    path = Path(path)
-    FigureCanvasAgg(fig)
-    fd, tmp = temp_file(path, ".png")
-    os.close(fd)
-    try:
-        fig.savefig(tmp, format="png", dpi=110)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
-
-
-def plot_accuracy(acc: pd.DataFrame, label: str = "category"):
-    """Bars of accuracy per group with asymmetric Wilson error bars; `n` above each bar."""
-    acc = acc.reset_index(drop=True)
-    fig = _figure(max(5.0, 1.1 * len(acc) + 1), 3.8)
-    ax = fig.add_subplot()
-    x = np.arange(len(acc))
-    yerr = np.vstack([(acc["accuracy"] - acc["lo"]).clip(lower=0), (acc["hi"] - acc["accuracy"]).clip(lower=0)])
-    colours = ["#555555" if str(v) == "all" else "#1f77b4" for v in acc[label]]
-    ax.bar(x, acc["accuracy"].fillna(0), yerr=yerr, capsize=4, color=colours)
-    for xi, (a, n) in enumerate(zip(acc["accuracy"].fillna(0), acc["n"])):
-        ax.text(xi, 0.02, f"n={n}", ha="center", va="bottom", fontsize=8, color="white")
-    ax.set_xticks(x, [str(v) for v in acc[label]], rotation=30, ha="right")
-    ax.set_ylim(0, 1.1)
-    ax.set_ylabel("accuracy (Wilson 95%)")
-    ax.set_title(f"accuracy by {label}")
-    return fig
-
-
-def plot_taxonomy(tax: pd.DataFrame):
-    """Stacked horizontal bars: each category's share of every class (correct first)."""
-    fig = _figure(8.0, 0.55 * len(tax) + 1.6)
-    ax = fig.add_subplot()
-    y = np.arange(len(tax))
-    left = np.zeros(len(tax))
-    n = tax["n"].clip(lower=1).to_numpy(dtype=float)
-    for c in CLASSES:
-        share = tax[c].to_numpy(dtype=float) / n
-        if share.sum() == 0:
-            continue
-        ax.barh(y, share, left=left, color=_CLASS_COLOURS[c], label=c)
-        left += share
-    ax.set_yticks(y, [f"{c} (n={k})" for c, k in zip(tax["category"], tax["n"])])
-    ax.invert_yaxis()
-    ax.set_xlim(0, 1)
-    ax.set_xlabel("share of predictions")
-    ax.set_title("outcome classes per category")
-    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=5, fontsize=8, frameon=False)
-    return fig
-
-
-def plot_lengths(pred: pd.DataFrame, budget: int = DEFAULT_BUDGET):
-    """Histograms of completion tokens per category, correct vs wrong, a dashed line at the budget."""
-    df = normalise_predictions(pred)
-    cats = _ordered_categories(df) or ["(none)"]
-    ncols = min(3, len(cats))
-    nrows = math.ceil(len(cats) / ncols)
-    fig = _figure(4.2 * ncols, 3.0 * nrows)
-    tmax = df["tokens"].dropna().max() if df["tokens"].notna().any() else 0
-    hi = max(float(budget), float(tmax)) * 1.02
-    bins = np.linspace(0, hi, 31)
-    for i, cat in enumerate(cats):
-        ax = fig.add_subplot(nrows, ncols, i + 1)
-        g = df[df["category"] == cat]
-        for outcome, h, colour in (("correct", g[g["correct"]], "#2ca02c"), ("wrong", g[~g["correct"]], "#d62728")):
-            t = h["tokens"].dropna().astype(float)
-            if len(t):
-                ax.hist(t, bins=bins, alpha=0.6, color=colour, label=f"{outcome} ({len(t)})")
-        if not g["tokens"].notna().any():
-            ax.text(0.5, 0.5, "no token counts", ha="center", va="center", transform=ax.transAxes)
-        ax.axvline(budget, color="k", linestyle="--", linewidth=1, label=f"budget {budget}")
-        ax.set_title(cat, fontsize=10)
-        ax.set_xlabel("completion tokens")
-        ax.legend(fontsize=7)
-    return fig
-
-
-# --------------------------------------------------------------------------------------------
 # comparing two runs
 
 
@@ -836,9 +738,12 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int = DEFAUL
                         "finish_reason", "status", "solver_answer", "departure") if c in df.columns]
     write("failures.csv", df[cols])
 
-    for name, fig in (("accuracy_by_category.png", plot_accuracy(acc)), ("taxonomy.png", plot_taxonomy(tax)),
-                      ("lengths.png", plot_lengths(df, budget))):
-        save_figure(fig, out / name)
+    from lab import plots
+
+    for name, fig in (("accuracy_by_category.png", plots.accuracy_bars({"final": acc}, "Held-out accuracy by category")),
+                      ("taxonomy.png", plots.taxonomy(tax)),
+                      ("lengths.png", plots.lengths(df, budget, _ordered_categories(df)))):
+        plots.save(fig, out / name)
         files.append(name)
 
     total = acc[acc["category"] == "all"].iloc[0]

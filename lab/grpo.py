@@ -234,6 +234,8 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
         import torch
 
         cuda = torch.cuda.is_available()
+    from lab.config import tracking_args
+
     g = cfg.grpo
     kw = dict(
         output_dir=str(output_dir), max_steps=int(g.max_steps), learning_rate=float(g.learning_rate),
@@ -243,7 +245,7 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
         reward_weights=[float(w) for w in reward_weights], mask_truncated_completions=bool(g.mask_truncated_completions),
         shuffle_dataset=False,  # the lab's schedule is the order (see `schedule`)
         logging_steps=int(g.logging_steps), save_steps=int(g.save_steps), save_total_limit=2, seed=int(cfg.seed),
-        data_seed=int(cfg.seed), report_to="none", use_cpu=not cuda,
+        data_seed=int(cfg.seed), **tracking_args(cfg, "03_grpo"), use_cpu=not cuda,
         bf16=str(cfg.model.dtype) == "bfloat16" and cuda, dataloader_num_workers=0,
         gradient_checkpointing=bool(g.gradient_checkpointing), lr_scheduler_type="constant", warmup_steps=0,
         log_completions=False,
@@ -411,8 +413,10 @@ def resume_point(cfg: DictConfig, out: Path, fp: dict) -> tuple[Path | None, dic
         if _step_of(p) > max_steps:
             notes.append(f"{p.name} is past grpo.max_steps={max_steps}: deleted")
             shutil.rmtree(p)
-    usable = [p for p in ckpts if _step_of(p) <= max_steps]
-    return (usable[-1] if usable else None), record, notes
+    from transformers.trainer_utils import get_last_checkpoint
+
+    last = get_last_checkpoint(str(out))  # the newest checkpoint-N left, as transformers finds it
+    return (Path(last) if last else None), record, notes
 
 
 # ---- iterative refinement (iGRPO) ---------------------------------------------------------------

@@ -2,8 +2,14 @@
 
 `run_notebooks` executes notebooks/01_explore ... 05_errors through papermill, in order, each
 with the same Hydra overrides (the notebooks' `parameters` cell holds `overrides`), writing the
-executed copies into `<run_dir>/notebooks/`. `summary` collects every stage's `metrics.json`
-into `summary.json` and `summary.md` beside them. `make demo` is `python -m lab demo`.
+executed copies into `<run_dir>/notebooks/`. All five share one run folder: without `run_name`
+or `run_dir` the time-stamped name is resolved once and handed to every stage. `python -m lab demo`
+(`make demo`) runs into `outputs/demo` unless told otherwise.
+
+`summary` collects every stage's `metrics.json` into `summary.json`, and writes `summary.md`:
+one headline table (stage, metric, value, Wilson 95% interval, n, puzzles fixed / broken
+against the previous stage, from the stages' predictions files). Per-step series stay in the
+stages' CSVs and plots.
 
 Deliberately simple: stages run one after another in one process tree; sweeps over many runs
 live in `lab.sweep`.
@@ -12,14 +18,13 @@ live in `lab.sweep`.
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import sys
 import time
 from pathlib import Path
 
-from lab.config import (LabError, atomic_write_json, atomic_write_text, compose, project_root, read_json, resolve_path,
-                        run_lock)
+from lab.config import (LabError, atomic_write_json, atomic_write_text, compose, names_run, project_root, read_json,
+                        resolve_path, run_lock)
 
 STAGES = ["01_explore", "02_sft", "03_grpo", "04_vote", "05_errors"]
 
@@ -35,10 +40,13 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, out_dir: Pat
     """Execute the stage notebooks with papermill; returns the run directory."""
     import papermill as pm
 
+    overrides = list(overrides)
     cfg = compose(overrides)  # validated: a bad value stops here, before any stage folder is touched
     unknown = [s for s in stages if s not in STAGES or not (project_root() / "notebooks" / f"{s}.ipynb").is_file()]
     if unknown:
         raise LabError(f"{project_root() / 'notebooks'}: no stage notebook {unknown} (stages are {', '.join(STAGES)})")
+    if not names_run(overrides):  # one time stamp for all stages, not one per notebook
+        overrides.append(f"run_name={cfg.run_name}")
     run_dir = resolve_path(cfg.run_dir)
     with run_lock(run_dir):  # one writer per run folder; the notebooks' kernels inherit the lock
         out_dir = out_dir or run_dir / "notebooks"
@@ -80,28 +88,101 @@ def headline(run_dir: Path) -> dict:
     return out
 
 
-def _fmt(v) -> str:
-    if isinstance(v, float):
-        return f"{v:.3f}"
-    if isinstance(v, dict):
-        return ", ".join(f"{k}: {_fmt(x)}" for k, x in v.items())
-    if isinstance(v, list):
-        return "[" + ", ".join(_fmt(x) for x in v[:40]) + (" ..." if len(v) > 40 else "") + "]"
-    return str(v)
+def _predictions(path: Path):
+    from lab.errors import load_predictions
+
+    try:
+        return load_predictions(path) if path.is_file() else None
+    except LabError:
+        return None
+
+
+def _row(stage: str, metric: str, value, n=None, pred=None, before=None) -> dict:
+    """One headline row; with predictions: the Wilson interval of their accuracy and fixed/broken against `before`."""
+    from lab.errors import compare, wilson_interval
+
+    row = {"stage": stage, "metric": metric, "value": value, "ci95": "", "n": n, "fixed / broken": ""}
+    if isinstance(value, float) and n:
+        lo, hi = wilson_interval(int(round(value * n)), int(n))
+        row["ci95"] = f"[{lo:.2f}, {hi:.2f}]"
+    if pred is not None and before is not None:
+        try:
+            net = compare(before, pred)[0].set_index("category").loc["all"]
+            row["fixed / broken"] = f"{int(net['fixed'])} / {int(net['broken'])}"
+        except LabError:
+            pass
+    return row
+
+
+def headline_table(run_dir: Path, stages: dict | None = None) -> list[dict]:
+    """The run's headline numbers, one row each: stage, metric, value, ci95, n, fixed / broken.
+
+    Accuracies carry a Wilson 95% interval over the held-out puzzles; `fixed / broken` counts puzzles
+    right now and wrong in the previous stage's greedy predictions (and the reverse): SFT after vs
+    before, GRPO vs SFT, 04_vote's greedy vs GRPO. maj@k is an average over sample windows
+    (lab.vote.curves), so its interval treats round(maj@k * n) as the count.
+    """
+    run_dir = Path(run_dir)
+    stages = stages or headline(run_dir)
+    rows: list[dict] = []
+    m = stages.get("01_explore", {})
+    if "n_train" in m:
+        rows += [_row("01_explore", "training puzzles", m["n_train"]), _row("01_explore", "held-out puzzles", m.get("n_val"))]
+        if "solver_solved_share" in m:
+            rows.append(_row("01_explore", "solver: share solved", float(m["solver_solved_share"])))
+    sft_before, sft = _predictions(run_dir / "02_sft" / "predictions_before.csv"), _predictions(run_dir / "02_sft" / "predictions.csv")
+    m = stages.get("02_sft", {})
+    if "accuracy_after" in m:
+        n = len(sft) if sft is not None else m.get("n_val") or stages.get("01_explore", {}).get("n_val")
+        if "accuracy_before" in m:
+            rows.append(_row("02_sft", "accuracy before SFT", float(m["accuracy_before"]), n))
+        rows.append(_row("02_sft", "accuracy after SFT", float(m["accuracy_after"]), n, sft, sft_before))
+    grpo = _predictions(run_dir / "03_grpo" / "predictions.csv")
+    m = stages.get("03_grpo", {})
+    if "accuracy_after" in m:
+        n = len(grpo) if grpo is not None else None
+        rows.append(_row("03_grpo", "accuracy after GRPO", float(m["accuracy_after"]), n, grpo, sft))
+    vote = _predictions(run_dir / "04_vote" / "predictions.csv")
+    m = stages.get("04_vote", {})
+    if "greedy_accuracy" in m:
+        n = len(vote) if vote is not None else None
+        k = m.get("k", "k")
+        rows.append(_row("04_vote", "greedy accuracy (Kaggle's setting)", float(m["greedy_accuracy"]), n, vote, grpo))
+        for key, name in (("maj_at_k", f"maj@{k}"), ("pass_at_k", f"pass@{k}")):
+            if key in m:
+                rows.append(_row("04_vote", name, float(m[key]), n))
+    m = stages.get("05_errors", {})
+    if "accuracy" in m:
+        rows.append(_row("05_errors", "accuracy of the final predictions", float(m["accuracy"]), m.get("n")))
+        if "fixed_since_sft" in m:
+            rows[-1]["fixed / broken"] = f"{m['fixed_since_sft']} / {m['broken_since_sft']} since SFT"
+        if "truncated" in m:
+            rows.append(_row("05_errors", "truncated completions", m["truncated"], m.get("n")))
+    return rows
 
 
 def summary(run_dir: Path) -> dict:
-    """Write summary.json and summary.md for a run directory; returns the summary."""
+    """Write summary.json (every stage's metrics) and summary.md (the headline table); returns the summary."""
+    import pandas as pd
+
     run_dir = Path(run_dir)
     stages = headline(run_dir)
     summ = {"run_dir": str(run_dir), "stages": stages,
             "total_wall_seconds": round(sum(s.get("wall_seconds", 0) for s in stages.values()), 1)}
+    rows = headline_table(run_dir, stages)
+    summ["headline"] = rows
     atomic_write_json(run_dir / "summary.json", summ)
-    lines = [f"# Run summary: {run_dir.name}", "", f"Total wall time: {summ['total_wall_seconds']} s", ""]
-    for name, metrics in stages.items():
-        lines += [f"## {name}", "", "| metric | value |", "|---|---|"]
-        lines += [f"| {k} | {_fmt(v)} |" for k, v in metrics.items()]
-        lines.append("")
+    text = [{**r, "value": f"{r['value']:.3f}" if isinstance(r["value"], float) else ("" if r["value"] is None else str(r["value"])),
+             "n": "" if r["n"] is None else str(int(r["n"]))} for r in rows]  # before pandas turns ints into floats
+    table = pd.DataFrame(text, columns=["stage", "metric", "value", "ci95", "n", "fixed / broken"])
+    table = table.rename(columns={"ci95": "95% interval", "fixed / broken": "fixed / broken vs previous stage"})
+    walls = ", ".join(f"{k} {v['wall_seconds']:.0f} s" for k, v in stages.items() if "wall_seconds" in v)
+    missing = [k for k, v in stages.items() if v.get("missing")]
+    lines = [f"# Run summary: {run_dir.name}", "", table.to_markdown(index=False, disable_numparse=True), "",
+             f"Wall time: {summ['total_wall_seconds']:.0f} s ({walls})." if walls else "Wall time: no stage finished."]
+    if missing:
+        lines.append(f"Stages without a finished output: {', '.join(missing)}.")
+    lines += ["", "Every metric of every stage: `summary.json`; per-step series: each stage's `train_log.csv` and plots.", ""]
     atomic_write_text(run_dir / "summary.md", "\n".join(lines))
     return summ
 
@@ -115,18 +196,14 @@ def demo_main(argv: list[str] | None = None) -> int:
     stages, overrides = stages_and_overrides([w for w in (sys.argv[1:] if argv is None else argv)
                                               if w not in ("--stages", "--")])
     t0 = time.time()
+    overrides = overrides if names_run(overrides) else ["run_name=demo", *overrides]
     run_dir = run_notebooks(overrides, stages or STAGES)
-    summ = summary(run_dir)
+    summary(run_dir)
     print(f"\nDemo finished in {time.time() - t0:.0f} s.")
     print(f"Executed notebooks: {run_dir / 'notebooks'}")
     print(f"Summary: {run_dir / 'summary.md'} and {run_dir / 'summary.json'}")
-    print(json.dumps({k: {m: v for m, v in s.items() if m in HEADLINE_KEYS} for k, s in summ["stages"].items()},
-                     indent=1))
+    print((run_dir / "summary.md").read_text(encoding="utf-8"))
     return 0
-
-
-HEADLINE_KEYS = {"accuracy_before", "accuracy_after", "accuracy_sft_start", "greedy_accuracy", "maj_at_k",
-                 "pass_at_k", "accuracy", "wall_seconds", "n_train", "n_val"}
 
 
 def summary_main(argv: list[str] | None = None) -> int:

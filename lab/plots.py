@@ -1,75 +1,356 @@
-"""The lab's stage plots: small functions that take a table and return a matplotlib Figure.
+"""Every plot of the lab, in one style: small functions that take a table and return a matplotlib Figure.
 
-Every notebook shows these and saves them as PNG in its stage folder (`save`). Error-analysis
-plots live in `lab.errors`. Deliberately plain: matplotlib defaults, one figure per question.
+Stage notebooks, the error analysis (`lab.errors.analyse`), the voting notebook and the sweep report
+(`lab.sweep.report`) all draw here; `save` writes a PNG atomically and `show` also puts the figure
+into the notebook's output.
+
+The style, once for all: the Okabe-Ito palette (told apart with any colour vision), constrained layout,
+whole-number ticks for steps and k, readable legend names (`label` turns TRL's log keys such as
+`rewards/correctness/mean` into `correctness`), accuracy bars with their Wilson 95% interval and their
+value written on them (a bar of 0 still shows as a line and a "0.00"), and the greedy score as a
+dashed reference line on the voting curves.
+
+What it simplifies: one PNG writer, one figure factory and one palette instead of one per module; no
+pyplot state (figures are plain `Figure` objects, saved with the Agg canvas, safe in any backend).
 """
 
 from __future__ import annotations
 
+import math
+import os
 from pathlib import Path
+from typing import Iterable, Mapping
 
+import numpy as np
 import pandas as pd
 from matplotlib.figure import Figure
+from matplotlib.ticker import MaxNLocator
+
+from lab.config import temp_file
+
+# Okabe & Ito (2008), "Color Universal Design": blue, orange, bluish green, reddish purple, sky blue, vermillion,
+# yellow, black
+PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F0E442", "#000000")
+GREY = "#999999"
+DPI = 110
+
+_NAMES = {"reward": "total reward (weighted)", "reward_std": "total reward, std", "loss": "training loss",
+          "pass_at_k": "pass@k (any sample right)", "maj_at_k": "maj@k (majority vote)",
+          "frac_reward_zero_std": "groups with zero reward variance", "completions/clipped_ratio": "truncated share",
+          "grad_norm": "gradient norm", "kl": "KL to the start", "tokens_per_puzzle": "tokens per puzzle"}
 
 
-def save(fig: Figure, path: str | Path) -> Path:
-    """Write the figure as PNG atomically (temp file + rename) and return the path."""
-    from lab.errors import save_figure
+def label(key: str) -> str:
+    """A readable legend name for a log or table column: `rewards/correctness/mean` -> `correctness`."""
+    if key in _NAMES:
+        return _NAMES[key]
+    parts = key.split("/")
+    if len(parts) == 3 and parts[0] == "rewards":
+        return parts[1].replace("_", " ") + ("" if parts[2] == "mean" else f" ({parts[2]})")
+    return key.replace("_", " ")
 
-    return save_figure(fig, path)
+
+def figure(width: float = 6.4, height: float = 3.8) -> Figure:
+    return Figure(figsize=(width, height), layout="constrained", dpi=DPI)
 
 
-def line(df: pd.DataFrame, x: str, ys: list[str], title: str, ylabel: str = "") -> Figure:
-    """One line per column in `ys` against `x` (training curves)."""
-    fig = Figure(figsize=(6, 3.5))
-    ax = fig.subplots()
+def axes(fig: Figure, *grid) -> "matplotlib.axes.Axes":  # noqa: F821
+    """An axes in the lab's style: palette, light grid behind the data."""
+    ax = fig.add_subplot(*grid) if grid else fig.add_subplot()
+    ax.set_prop_cycle(color=PALETTE)
+    ax.grid(alpha=0.3)
+    ax.set_axisbelow(True)
+    return ax
+
+
+def save(fig: Figure, path: str | os.PathLike) -> Path:
+    """Write the figure as PNG atomically (temporary file in the same folder, then rename) and return the path."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    FigureCanvasAgg(fig)
+    fd, tmp = temp_file(path, ".png")
+    os.close(fd)
+    try:
+        fig.savefig(tmp, format="png", dpi=DPI)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def show(fig: Figure, path: str | os.PathLike) -> Path:
+    """`save`, then show the saved PNG in the notebook's output (nothing happens outside IPython)."""
+    path = save(fig, path)
+    try:
+        from IPython.display import Image, display
+    except ImportError:
+        return path
+    display(Image(data=path.read_bytes(), format="png"))
+    return path
+
+
+def _integer_x(ax, values) -> None:
+    """Whole-number ticks: every value when there are few (a one-step run shows "1", not 0.95 ... 1.05)."""
+    vals = sorted({int(v) for v in pd.to_numeric(pd.Series(list(values)), errors="coerce").dropna()})
+    if 0 < len(vals) <= 12:
+        ax.set_xticks(vals)
+        if len(vals) == 1:
+            ax.set_xlim(vals[0] - 1, vals[0] + 1)
+    else:
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+
+
+# ---- stage plots -------------------------------------------------------------------------------------
+
+def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = "") -> Figure:
+    """One line per column of `ys` (those present) against `x`; steps and k on whole-number ticks."""
+    fig = figure()
+    ax = axes(fig)
     for y in ys:
         if y in df:
-            ax.plot(df[x], df[y], marker=".", label=y)
-    ax.set_xlabel(x)
+            ax.plot(df[x], pd.to_numeric(df[y], errors="coerce"), marker="o", markersize=3, label=label(y))
+    if x in ("step", "k") and x in df:
+        _integer_x(ax, df[x])
+    if not ax.lines:
+        ax.text(0.5, 0.5, "nothing logged", ha="center", va="center", transform=ax.transAxes)
+    ax.set_xlabel("optimiser step" if x == "step" else label(x))
     ax.set_ylabel(ylabel)
     ax.set_title(title)
-    ax.legend(fontsize=8)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize=8)
     return fig
 
 
-def before_after(table: pd.DataFrame, title: str, labels=("before", "after")) -> Figure:
-    """Grouped bars of accuracy per category: columns `category` and the two labels."""
-    fig = Figure(figsize=(6, 3.5))
-    ax = fig.subplots()
-    x = range(len(table))
-    w = 0.38
-    for i, lab in enumerate(labels):
-        ax.bar([v + (i - 0.5) * w for v in x], table[lab], width=w, label=lab)
-    ax.set_xticks(list(x), table["category"], rotation=20, fontsize=8)
-    ax.set_ylim(0, 1)
-    ax.set_ylabel("accuracy")
+def accuracy_bars(tables: Mapping[str, pd.DataFrame], title: str, by: str = "category") -> Figure:
+    """Grouped bars of accuracy per group, one series per table, each with its Wilson 95% interval and value.
+
+    Each table is `lab.errors.accuracy_table` output (`by, n, correct, accuracy, lo, hi`, a last row `all`);
+    groups are those of the first table, in its order. The tick label carries n.
+    """
+    names = list(tables)
+    first = tables[names[0]].reset_index(drop=True)
+    groups = [str(g) for g in first[by]]
+    fig = figure(max(6.0, 0.9 * len(groups) * max(1, len(names)) * 0.6 + 2.5), 4.0)
+    ax = axes(fig)
+    ax.grid(alpha=0.3, axis="y")
+    ax.grid(False, axis="x")
+    w = 0.8 / len(names)
+    x = np.arange(len(groups))
+    for i, name in enumerate(names):
+        t = tables[name].assign(_g=tables[name][by].astype(str)).set_index("_g").reindex(groups)
+        acc = t["accuracy"].astype(float).fillna(0.0).to_numpy()
+        lo = (acc - t["lo"].astype(float).fillna(0.0).to_numpy()).clip(min=0)
+        hi = (t["hi"].astype(float).fillna(1.0).to_numpy() - acc).clip(min=0)
+        pos = x + (i - (len(names) - 1) / 2) * w
+        colour = PALETTE[i % len(PALETTE)]
+        ax.bar(pos, acc, width=w * 0.92, color=colour, edgecolor=colour, linewidth=1.2, label=name)
+        ax.errorbar(pos, acc, yerr=[lo, hi], fmt="none", ecolor="black", elinewidth=1, capsize=3)
+        for p, a, h in zip(pos, acc, acc + hi):
+            ax.text(p, h + 0.015, f"{a:.2f}", ha="center", va="bottom", fontsize=7, rotation=90 if len(names) > 2 else 0)
+    ns = first["n"].tolist()
+    many = len(groups) > 4
+    ax.set_xticks(x, [f"{g}\n(n={n})" for g, n in zip(groups, ns)], rotation=20 if many else 0,
+                  ha="right" if many else "center", fontsize=8)
+    ax.set_ylim(0, 1.15)
+    ax.set_ylabel("accuracy (bars: Wilson 95%)")
     ax.set_title(title)
-    ax.legend(fontsize=8)
-    fig.tight_layout()
-    return fig
-
-
-def curves(df: pd.DataFrame, x: str, ys: list[str], title: str, xlabel: str | None = None) -> Figure:
-    """Accuracy-style curves (0..1) against k or tokens."""
-    fig = line(df, x, ys, title, ylabel="accuracy")
-    ax = fig.axes[0]
-    ax.set_ylim(0, 1.02)
-    ax.set_xlabel(xlabel or x)
+    if len(names) > 1:
+        ax.legend(fontsize=8, loc="upper left", ncol=len(names))
     return fig
 
 
 def histogram(df: pd.DataFrame, column: str, by: str, title: str, xlabel: str) -> Figure:
-    """Overlaid histograms of `column`, one per value of `by`."""
-    fig = Figure(figsize=(6, 3.5))
-    ax = fig.subplots()
-    for key, g in df.groupby(by):
-        ax.hist(g[column], bins=30, alpha=0.5, label=str(key))
+    """Histograms of `column`, one outlined series per value of `by` (overlaps stay readable)."""
+    fig = figure()
+    ax = axes(fig)
+    values = pd.to_numeric(df[column], errors="coerce").dropna()
+    bins = np.histogram_bin_edges(values, bins=30) if len(values) else 10
+    for i, (key, g) in enumerate(df.groupby(by)):
+        ax.hist(pd.to_numeric(g[column], errors="coerce").dropna(), bins=bins, histtype="step", linewidth=1.6,
+                color=PALETTE[i % len(PALETTE)], label=f"{key} ({len(g)})")
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("count")
+    ax.set_ylabel("puzzles")
     ax.set_title(title)
     ax.legend(fontsize=8)
-    fig.tight_layout()
+    return fig
+
+
+# ---- voting ------------------------------------------------------------------------------------------
+
+def vote_k(curves: pd.DataFrame, greedy: float | None, title: str = "Accuracy against samples per puzzle") -> Figure:
+    """pass@k and maj@k against k (from `lab.vote.curves`, which estimates both on the same samples, so they
+    meet at k = 1), with the greedy score as a dashed line; the last point's value written beside it."""
+    fig = figure()
+    ax = axes(fig)
+    for i, col in enumerate(("pass_at_k", "maj_at_k")):
+        ax.plot(curves["k"], curves[col], marker="o", markersize=3, color=PALETTE[i], label=label(col))
+        ax.annotate(f"{curves[col].iloc[-1]:.2f}", (curves["k"].iloc[-1], curves[col].iloc[-1]),
+                    textcoords="offset points", xytext=(4, 0), va="center", fontsize=8, color=PALETTE[i])
+    if greedy is not None:
+        ax.axhline(greedy, color="black", linestyle="--", linewidth=1, label=f"greedy (Kaggle's setting) {greedy:.2f}")
+    _integer_x(ax, curves["k"])
+    ax.set_xlabel("k (samples per puzzle)")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+def vote_tokens(curves: pd.DataFrame, methods: pd.DataFrame,
+                title: str = "Accuracy against tokens spent per puzzle") -> Figure:
+    """maj@k as a line against tokens per puzzle, and each voting method (`method, accuracy, tokens_per_puzzle`;
+    a method named 'greedy ...' is drawn in black) as one marker in its own colour and shape."""
+    fig = figure()
+    ax = axes(fig)
+    ax.plot(curves["tokens_per_puzzle"], curves["maj_at_k"], color=GREY, marker=".", label="maj@k, k = 1, 2, ...")
+    markers = "sD^vP*X"
+    for i, m in enumerate(methods.itertuples(index=False)):
+        greedy = str(m.method).startswith("greedy")
+        ax.scatter(m.tokens_per_puzzle, m.accuracy, s=60, zorder=3, marker="o" if greedy else markers[i % len(markers)],
+                   color="black" if greedy else PALETTE[(i - 1) % len(PALETTE)],
+                   label=f"{m.method}: {m.accuracy:.2f}")
+    ax.set_xlabel("tokens per puzzle")
+    ax.set_ylabel("accuracy")
+    ax.set_ylim(0, 1.02)
+    ax.set_title(title)
+    ax.legend(fontsize=8, loc="lower right")
+    return fig
+
+
+# ---- error analysis ----------------------------------------------------------------------------------
+
+# one colour per outcome class (lab.errors.CLASSES): right in green, plain wrong in vermillion, the rest apart
+CLASS_COLOURS = {"correct": "#009E73", "truncated": "#56B4E9", "think_unclosed": "#CC79A7", "no_box": GREY,
+                 "empty_box": "#F0E442", "wrong_format": "#E69F00", "near_miss": "#0072B2",
+                 "right_in_reasoning": "#332288", "wrong": "#D55E00"}
+
+
+def taxonomy(tax: pd.DataFrame) -> Figure:
+    """Stacked horizontal bars: each category's share of every outcome class (correct first)."""
+    classes = [c for c in CLASS_COLOURS if c in tax]
+    fig = figure(8.0, 0.55 * len(tax) + 1.8)
+    ax = axes(fig)
+    ax.grid(False)
+    y = np.arange(len(tax))
+    left = np.zeros(len(tax))
+    n = tax["n"].clip(lower=1).to_numpy(dtype=float)
+    for c in classes:
+        share = tax[c].to_numpy(dtype=float) / n
+        if share.sum() == 0:
+            continue
+        ax.barh(y, share, left=left, color=CLASS_COLOURS[c], label=c.replace("_", " "))
+        left += share
+    ax.set_yticks(y, [f"{c} (n={k})" for c, k in zip(tax["category"], tax["n"])])
+    ax.invert_yaxis()
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("share of predictions")
+    ax.set_title("Outcome classes per category")
+    ax.legend(loc="upper center", bbox_to_anchor=(0.5, -0.2), ncol=5, fontsize=8, frameon=False)
+    return fig
+
+
+def lengths(df: pd.DataFrame, budget: int, categories: list[str]) -> Figure:
+    """Completion tokens per category, correct (filled) against wrong (outlined), a dashed line at the budget.
+
+    `df` is a normalised predictions table (`correct` bool, `tokens` Int64)."""
+    cats = categories or ["(none)"]
+    ncols = min(3, len(cats))
+    nrows = math.ceil(len(cats) / ncols)
+    fig = figure(4.2 * ncols, 3.0 * nrows)
+    tmax = df["tokens"].dropna().max() if df["tokens"].notna().any() else 0
+    bins = np.linspace(0, max(float(budget), float(tmax)) * 1.02, 31)
+    for i, cat in enumerate(cats):
+        ax = axes(fig, nrows, ncols, i + 1)
+        g = df[df["category"] == cat]
+        right, wrong = g[g["correct"]]["tokens"].dropna().astype(float), g[~g["correct"]]["tokens"].dropna().astype(float)
+        if len(right):
+            ax.hist(right, bins=bins, color=PALETTE[0], alpha=0.55, label=f"correct ({len(right)})")
+        if len(wrong):
+            ax.hist(wrong, bins=bins, histtype="step", linewidth=1.8, color=PALETTE[1], label=f"wrong ({len(wrong)})")
+        if not g["tokens"].notna().any():
+            ax.text(0.5, 0.5, "no token counts", ha="center", va="center", transform=ax.transAxes)
+        ax.axvline(budget, color="black", linestyle="--", linewidth=1, label=f"budget {budget}")
+        ax.yaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(cat, fontsize=10)
+        ax.set_xlabel("completion tokens")
+        ax.set_ylabel("predictions")
+        ax.legend(fontsize=7)
+    return fig
+
+
+# ---- sweeps ------------------------------------------------------------------------------------------
+
+def ordered(values) -> list:
+    """Distinct values, numerically sorted when they all read as numbers, else as text."""
+    vals = list(dict.fromkeys(values))
+    try:
+        return sorted(vals, key=float)
+    except (TypeError, ValueError):
+        return sorted(vals, key=str)
+
+
+def sweep_against(df: pd.DataFrame, metric: str, param: str, others: list[str]) -> Figure:
+    """Mean and min-max (over seeds and repeats) of `metric` for each value of `param`; one line per other setting;
+    single jobs as faint dots."""
+    fig = figure(6.4, 4.0)
+    ax = axes(fig)
+    xs = ordered(df[param].astype(str))
+    groups = list(df.groupby([df[k].astype(str) for k in others], sort=False)) if others else [((), df)]
+    if others:
+        orders = [ordered(df[k].astype(str)) for k in others]
+        groups.sort(key=lambda kg: [o.index(v) for o, v in zip(orders, kg[0] if isinstance(kg[0], tuple) else (kg[0],))])
+    for i, (key, g) in enumerate(groups):
+        key = key if isinstance(key, tuple) else (key,)
+        name = ", ".join(f"{k}={v}" for k, v in zip(others, key)) or None
+        colour = PALETTE[i % len(PALETTE)]
+        pos, mean, lo, hi = [], [], [], []
+        shift = (i - (len(groups) - 1) / 2) * 0.06
+        for j, x in enumerate(xs):
+            vals = pd.to_numeric(g[g[param].astype(str) == x][metric], errors="coerce").dropna()
+            if len(vals):
+                pos.append(j + shift)
+                mean.append(vals.mean())
+                lo.append(vals.mean() - vals.min())
+                hi.append(vals.max() - vals.mean())
+                ax.scatter([j + shift] * len(vals), vals, s=12, alpha=0.35, color=colour)
+        if pos:
+            ax.errorbar(pos, mean, yerr=[lo, hi], marker="o", capsize=4, label=name, color=colour)
+    ax.set_xticks(range(len(xs)), xs, rotation=20 if max(map(len, xs)) > 6 else 0, fontsize=8)
+    ax.set_xlabel(param)
+    ax.set_ylabel(metric)
+    n_seeds = df["seed"].nunique() if "seed" in df else 1
+    ax.set_title(f"{metric} against {param}\nmean, min-max over {n_seeds} seed(s); dots: single jobs", fontsize=9)
+    if ax.get_legend_handles_labels()[1]:
+        ax.legend(fontsize=7)
+    return fig
+
+
+def sweep_seeds(df: pd.DataFrame, metrics: list[str]) -> Figure:
+    """Seeds-only sweep: one bar per seed for each headline metric, its value on it, the mean as a black line."""
+    fig = figure(max(6.0, 1.8 * len(metrics) + 2), 4.0)
+    ax = axes(fig)
+    ax.grid(False, axis="x")
+    seeds = ordered(df["seed"].astype(str)) if "seed" in df else ["(one run)"]
+    w = 0.8 / max(len(seeds), 1)
+    for i, s in enumerate(seeds):
+        g = df[df["seed"].astype(str) == s] if "seed" in df else df
+        vals = [pd.to_numeric(g[m], errors="coerce").mean() for m in metrics]
+        pos = [j + (i - (len(seeds) - 1) / 2) * w for j in range(len(metrics))]
+        ax.bar(pos, vals, width=w * 0.92, color=PALETTE[i % len(PALETTE)], label=f"seed {s}")
+        for p, v in zip(pos, vals):
+            if not math.isnan(v):
+                ax.text(p, v, f"{v:.2f}", ha="center", va="bottom" if v >= 0 else "top", fontsize=6)
+    for j, m in enumerate(metrics):
+        mean = pd.to_numeric(df[m], errors="coerce").mean()
+        if not math.isnan(mean):
+            ax.hlines(mean, j - 0.42, j + 0.42, color="black", linewidth=2)
+            ax.annotate(f"mean {mean:.3f}", (j, mean), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7)
+    ax.axhline(0, color=GREY, linewidth=0.5)
+    ax.set_xticks(range(len(metrics)), metrics, rotation=15, fontsize=7)
+    ax.set_title(f"Headline metrics per seed ({len(seeds)} seeds); black: mean", fontsize=9)
+    ax.legend(fontsize=7, ncol=min(len(seeds), 5))
     return fig

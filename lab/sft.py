@@ -425,6 +425,8 @@ def training_args(cfg: DictConfig, output_dir: Path, **extra):
     import torch
     from trl import SFTConfig
 
+    from lab.config import tracking_args
+
     s = cfg.sft
     return SFTConfig(
         output_dir=str(output_dir), num_train_epochs=float(s.epochs), max_steps=int(s.max_steps),
@@ -433,7 +435,7 @@ def training_args(cfg: DictConfig, output_dir: Path, **extra):
         gradient_accumulation_steps=int(s.grad_accum), weight_decay=float(s.weight_decay),
         logging_steps=int(s.logging_steps), save_steps=int(s.save_steps), save_total_limit=int(s.save_total_limit),
         max_length=int(s.max_seq_len), completion_only_loss=True, packing=False, seed=int(cfg.seed),
-        data_seed=int(cfg.seed), report_to="none", use_cpu=not torch.cuda.is_available(),
+        data_seed=int(cfg.seed), **tracking_args(cfg, "02_sft"), use_cpu=not torch.cuda.is_available(),
         bf16=str(cfg.model.dtype) == "bfloat16" and torch.cuda.is_available(), dataloader_num_workers=0,
         disable_tqdm=False, save_only_model=False, gradient_checkpointing=bool(s.gradient_checkpointing), **extra)
 

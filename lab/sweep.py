@@ -35,7 +35,8 @@ config's seed plus offsets, so job names read `seed=1`, `seed=2`, ...).
 `report.csv` and `report.md`: parameters (the swept overrides, parsed) and every stage's scalar
 metrics as `<stage>.<key>`; it plots each headline metric against each swept parameter (mean and
 min-max over seeds) and, for a seeds-only sweep, a per-seed bar chart with the mean, into
-`<sweep_dir>/plots/`.
+`<sweep_dir>/plots/` (drawn by `lab.plots`). The tables are pandas' own: `to_markdown` (tabulate) and a
+groupby-agg for mean ± std [min, max] (n) over seeds.
 
 Deliberately simple: jobs never share state (each builds or reads its own base model and split
 under its run_dir), so there is no cross-job caching; a job's name comes from its swept overrides,
@@ -62,6 +63,7 @@ from typing import Any, Iterable
 from lab.config import (LabError, atomic_write_csv, atomic_write_json, atomic_write_text, project_root, read_json,
                         resolve_path, run_lock, split_at_dashes)
 from lab.pipeline import SMOKE_OVERRIDES, STAGES
+from lab.plots import ordered
 
 log = logging.getLogger(__name__)
 
@@ -536,9 +538,8 @@ def _fmt(v) -> str:
 
 
 def markdown_table(df) -> str:
-    lines = ["| " + " | ".join(map(str, df.columns)) + " |", "|" + "---|" * len(df.columns)]
-    lines += ["| " + " | ".join(_fmt(v) for v in row) + " |" for row in df.itertuples(index=False)]
-    return "\n".join(lines)
+    """pandas' `to_markdown` (tabulate) over the cells as text: floats to 4 significant digits, NaN blank, '|' escaped."""
+    return df.astype(object).map(_fmt).to_markdown(index=False, disable_numparse=True)
 
 
 def swept_params(df, params: list[str]) -> list[str]:
@@ -552,34 +553,29 @@ def _numeric(df, col: str):
     return pd.to_numeric(df[col], errors="coerce")
 
 
-def _order(values) -> list:
-    vals = list(dict.fromkeys(values))
-    try:
-        return sorted(vals, key=float)
-    except (TypeError, ValueError):
-        return sorted(vals, key=str)
-
-
 def aggregate(df, params: list[str], metrics: list[str]):
-    """Mean, std, min, max and n of each metric over seeds, per combination of the other parameters."""
+    """Mean, std, min, max and n of each metric over seeds, per combination of the other parameters
+    (pandas' groupby-agg; std with ddof=1)."""
     import pandas as pd
 
     keys = swept_params(df, params)
-    rows = []
-    groups = df.groupby([df[k].astype(str) for k in keys], sort=False) if keys else [((), df)]
-    for key, g in groups:
-        key = key if isinstance(key, tuple) else (key,)
-        row = dict(zip(keys, key))
-        row["jobs"] = len(g)
-        row["finished"] = int((g["status"] == "finished").sum())
-        for m in metrics:
-            x = _numeric(g, m).dropna()
-            row[m] = (f"{x.mean():.4g} ± {x.std(ddof=1):.2g} [{x.min():.4g}, {x.max():.4g}] (n={len(x)})"
-                      if len(x) > 1 else (f"{x.iloc[0]:.4g} (n=1)" if len(x) else ""))
-        rows.append(row)
-    out = pd.DataFrame(rows)
+    by = [df[k].astype(str) for k in keys] if keys else [pd.Series("", index=df.index)]
+    num = df[metrics].apply(pd.to_numeric, errors="coerce")
+    stats = num.groupby(by, sort=False).agg(["mean", "std", "min", "max", "count"])
+    counts = df.assign(finished=df["status"] == "finished").groupby(by, sort=False).agg(
+        jobs=("status", "size"), finished=("finished", "sum"))
+
+    def cell(st) -> str:
+        mean, std, lo, hi, n = st
+        if n > 1:
+            return f"{mean:.4g} ± {std:.2g} [{lo:.4g}, {hi:.4g}] (n={int(n)})"
+        return f"{mean:.4g} (n=1)" if n == 1 else ""
+
+    out = pd.DataFrame({m: [cell(r) for r in stats[m].itertuples(index=False)] for m in metrics}, index=stats.index)
+    out = counts.astype(int).join(out).reset_index(drop=not keys)
+    out = out[[*keys, "jobs", "finished", *metrics]]
     if keys:
-        out = out.iloc[sorted(range(len(out)), key=lambda i: [_order(out[k]).index(out[k].iloc[i]) for k in keys])]
+        out = out.iloc[sorted(range(len(out)), key=lambda i: [ordered(out[k]).index(out[k].iloc[i]) for k in keys])]
     return out
 
 
@@ -587,75 +583,9 @@ def _safe(name: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
 
 
-def plot_against(df, metric: str, param: str, others: list[str]):
-    """Mean and min-max (over seeds and repeats) of `metric` for each value of `param`; one line per other setting."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(6, 3.8))
-    ax = fig.subplots()
-    xs = _order(df[param].astype(str))
-    groups = list(df.groupby([df[k].astype(str) for k in others], sort=False)) if others else [((), df)]
-    if others:
-        orders = [_order(df[k].astype(str)) for k in others]
-        groups.sort(key=lambda kg: [o.index(v) for o, v in zip(orders, kg[0] if isinstance(kg[0], tuple) else (kg[0],))])
-    n_groups = len(groups)
-    for i, (key, g) in enumerate(groups):
-        key = key if isinstance(key, tuple) else (key,)
-        label = ", ".join(f"{k}={v}" for k, v in zip(others, key)) or None
-        pos, mean, lo, hi = [], [], [], []
-        shift = (i - (n_groups - 1) / 2) * 0.06
-        for j, x in enumerate(xs):
-            vals = _numeric(g[g[param].astype(str) == x], metric).dropna()
-            if len(vals):
-                pos.append(j + shift)
-                mean.append(vals.mean())
-                lo.append(vals.mean() - vals.min())
-                hi.append(vals.max() - vals.mean())
-                ax.scatter([j + shift] * len(vals), vals, s=12, alpha=0.35, color=f"C{i}")
-        if pos:
-            ax.errorbar(pos, mean, yerr=[lo, hi], marker="o", capsize=4, label=label, color=f"C{i}")
-    ax.set_xticks(range(len(xs)), xs, rotation=20 if max(map(len, xs)) > 6 else 0, fontsize=8)
-    ax.set_xlabel(param)
-    ax.set_ylabel(metric)
-    n_seeds = df["seed"].nunique() if "seed" in df else 1
-    ax.set_title(f"{metric} against {param}\nmean, min-max over {n_seeds} seed(s); dots: single jobs", fontsize=9)
-    if any(ax.get_legend_handles_labels()[1]):
-        ax.legend(fontsize=7)
-    ax.grid(alpha=0.3)
-    fig.tight_layout()
-    return fig
-
-
-def plot_seeds(df, metrics: list[str]):
-    """Seeds-only sweep: one bar per seed for each headline metric, the mean as a black line and number."""
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(max(5.0, 1.6 * len(metrics) + 2), 3.8))
-    ax = fig.subplots()
-    seeds = _order(df["seed"].astype(str)) if "seed" in df else ["(one run)"]
-    w = 0.8 / max(len(seeds), 1)
-    for i, s in enumerate(seeds):
-        g = df[df["seed"].astype(str) == s] if "seed" in df else df
-        vals = [_numeric(g, m).mean() for m in metrics]
-        ax.bar([j + (i - (len(seeds) - 1) / 2) * w for j in range(len(metrics))], vals, width=w, label=f"seed {s}")
-    for j, m in enumerate(metrics):
-        mean = _numeric(df, m).mean()
-        if not math.isnan(mean):
-            ax.hlines(mean, j - 0.42, j + 0.42, color="black", linewidth=2)
-            ax.annotate(f"mean {mean:.3f}", (j, mean), textcoords="offset points", xytext=(0, 4), ha="center",
-                        fontsize=7)
-    ax.axhline(0, color="grey", linewidth=0.5)
-    ax.set_xticks(range(len(metrics)), metrics, rotation=15, fontsize=7)
-    ax.set_title(f"Headline metrics per seed ({len(seeds)} seeds); black: mean", fontsize=9)
-    ax.legend(fontsize=7, ncol=min(len(seeds), 5))
-    ax.grid(alpha=0.3, axis="y")
-    fig.tight_layout()
-    return fig
-
-
 def report(sweep_dir: str | os.PathLike, metrics: Iterable[str] = HEADLINE) -> dict:
     """Write report.csv, report.md and plots/*.png for a sweep folder; returns what was written."""
-    from lab.plots import save
+    from lab.plots import save, sweep_against, sweep_seeds
 
     sweep_dir = Path(sweep_dir)
     df, params = collect(sweep_dir)
@@ -666,16 +596,16 @@ def report(sweep_dir: str | os.PathLike, metrics: Iterable[str] = HEADLINE) -> d
     plot_dir = sweep_dir / "plots"
     for m in headline:
         for p in swept:
-            fig = plot_against(df, m, p, [o for o in swept if o != p])
+            fig = sweep_against(df, m, p, [o for o in swept if o != p])
             plots.append(save(fig, plot_dir / f"{_safe(m)}__vs__{_safe(p)}.png"))
     if not swept and headline and "seed" in df and df["seed"].nunique() > 1:
-        plots.append(save(plot_seeds(df, headline), plot_dir / "seeds.png"))
+        plots.append(save(sweep_seeds(df, headline), plot_dir / "seeds.png"))
     counts = df["status"].value_counts().to_dict()
     short = df[["job", "status", *params, "hardware", *headline, *[c for c in ("failed_stage", "error") if c in df]]]
     lines = [f"# Sweep report: {sweep_dir.name}", "",
              f"{len(df)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ".",
              f"Swept parameters: {', '.join(swept) or '(none)'}" + ("; seeds: " + ", ".join(
-                 map(str, _order(df['seed']))) if "seed" in df else "") + ".", "",
+                 map(str, ordered(df['seed']))) if "seed" in df else "") + ".", "",
              "## Headline metrics per job", "", markdown_table(short), ""]
     if headline:
         lines += ["## Over seeds (mean ± std [min, max] (n))", "", markdown_table(aggregate(df, params, headline)), ""]

@@ -50,7 +50,9 @@ sampled sequentially in windows); the overtaking test counts classes as they sta
 the (rare) non-transitive case where a later answer would join a different class; confidence is
 one number per trace (no online per-group stopping inside a trace as in DeepConf-online);
 correctness is always recomputed with `verify` (a ``correct`` column in the table is ignored);
-maj@k uses the first k samples (one draw per id, not an average over subsets).
+`maj_at_k` and `replay` vote over the first k samples (one draw per id), while `curves` averages
+maj@k over the K cyclic windows of k consecutive samples (so it meets pass@k at k = 1) with the
+classes formed over all K samples in sample order.
 """
 
 from __future__ import annotations
@@ -357,18 +359,44 @@ def maj_at_k(samples: pd.DataFrame, k: int, version: str = "final") -> float:
     return float(res["correct"].astype(bool).mean()) if len(res) else 0.0
 
 
+def _window_majority_ok(labels: np.ndarray, ok: np.ndarray, real: np.ndarray, k: int) -> float:
+    """Share of the K cyclic windows of k consecutive samples whose majority vote is correct.
+
+    Window r holds samples r, r+1, ..., r+k-1 (mod K). Its winner is the class with the most samples among
+    real answers present (no-answers only when nothing else is there), ties to the class seen first in the
+    window; the voted answer is the winner's first sample in the window, so a window of one sample is that
+    sample. Classes are those of `assign_classes` over all K samples in sample order.
+    """
+    K = len(labels)
+    idx = (np.arange(K)[:, None] + np.arange(k)[None, :]) % K          # (K windows, k positions)
+    lab = labels[idx]
+    n_cls = int(labels.max()) + 1
+    onehot = lab[:, :, None] == np.arange(n_cls)[None, None, :]        # (K, k, classes)
+    counts = onehot.sum(axis=1)
+    present = counts > 0
+    first = np.where(present, onehot.argmax(axis=1), k)               # first position of each class
+    eligible = present & real[None, :]
+    eligible = np.where(eligible.any(axis=1, keepdims=True), eligible, present)
+    score = np.where(eligible, counts * (k + 1) - first, -1)          # most samples, then seen first
+    win = score.argmax(axis=1)
+    pos = first[np.arange(K), win]
+    return float(ok[idx[np.arange(K), pos]].mean())
+
+
 def _per_id(df: pd.DataFrame, K: int, version: str) -> list[dict]:
-    """Per id, over its first K samples: category, correct flags, cumulative tokens, maj@k correctness for k=1..K."""
+    """Per id, over its first K samples: category, correct count, mean tokens per sample, maj@k for k=1..K."""
     out = []
     for pid, g in df.groupby("id", sort=False):
         g = g.head(K)
         gold = _gold_of(g)
         answers = [_norm(a) for a in g["answer"]]
         labels, reps = assign_classes(answers, version)
-        rep_ok = [verify(gold, r, version) for r in reps]
-        maj_ok = [rep_ok[_winner(labels[:k], reps)] for k in range(1, K + 1)]
-        out.append({"category": g["category"].iloc[0], "c": sum(verify(gold, a, version) for a in answers),
-                    "cumtok": np.cumsum(g["tokens"].astype(int).to_numpy()), "maj": maj_ok})
+        ok = np.array([bool(verify(gold, a, version)) for a in answers])
+        real = np.array([is_answer(r) for r in reps])
+        labels = np.asarray(labels)
+        maj = [_window_majority_ok(labels, ok, real, k) for k in range(1, K + 1)]
+        out.append({"category": g["category"].iloc[0], "c": int(ok.sum()),
+                    "mean_tok": float(g["tokens"].astype(int).mean()), "maj": maj})
     return out
 
 
@@ -377,7 +405,7 @@ def _curve(items: list[dict], K: int) -> pd.DataFrame:
     for k in range(1, K + 1):
         n_ids = len(items)
         n_maj = sum(it["maj"][k - 1] for it in items)
-        tok = float(sum(it["cumtok"][k - 1] for it in items))
+        tok = float(sum(k * it["mean_tok"] for it in items))
         rows.append({"k": k, "puzzles": n_ids,
                      "pass_at_k": float(np.mean([pass_at_k(K, it["c"], k) for it in items])) if n_ids else 0.0,
                      "maj_at_k": n_maj / n_ids if n_ids else 0.0,
@@ -405,9 +433,11 @@ def _curve_inputs(samples: pd.DataFrame, K: int | None) -> tuple[pd.DataFrame, i
 def curves(samples: pd.DataFrame, K: int | None = None, version: str = "final") -> pd.DataFrame:
     """Per k = 1..K: pass@k, maj@k, mean tokens per puzzle, tokens per correct answer.
 
-    Uses the first K samples of each id (K defaults to the fewest any id has). pass@k is the
-    unbiased estimate from those K samples; maj@k votes over the first k; tokens_per_puzzle is the
-    mean of the first k samples' tokens (the cost of maj@k); tokens_per_correct is the total of
+    Uses the first K samples of each id (K defaults to the fewest any id has), and both estimators
+    average over all K of them, so they meet at k = 1 (the mean single-sample accuracy): pass@k is
+    the unbiased estimate of Chen et al.; maj@k is the share of the K cyclic windows of k consecutive
+    samples whose majority vote is right (every sample sits in exactly k windows). tokens_per_puzzle
+    is k times the mean tokens of a sample (the cost of maj@k); tokens_per_correct is the total of
     those tokens over the maj@k-correct count (inf when none is correct).
     """
     df, K = _curve_inputs(samples, K)

@@ -382,8 +382,9 @@ def test_bench_temperature_scan_row():
     samples = _samples({"a": ["1", "1", "1", "1"], "b": ["2", "3", "2", "3"], "c": ["4", "5", "5", "5"]},
                        {"a": "1", "b": "3", "c": "5"})
     r = bench.scan_row(samples, 4, "final", {"window": 2, "agree": 1.0})
-    # first sample: a only; maj@4: a, c (b ties 2-2, the first-seen '2' wins); pass@4: all three
-    assert (r["first_sample"], r["maj_at_k"], r["pass_at_k"]) == (pytest.approx(1 / 3), pytest.approx(2 / 3), 1.0)
+    # one sample (maj@1 of lab.vote.curves, the mean over all 4 samples): a 4/4, b 2/4, c 3/4; maj@4: a, c (b ties
+    # 2-2, the first-seen '2' wins); pass@4: all three
+    assert (r["first_sample"], r["maj_at_k"], r["pass_at_k"]) == (pytest.approx(0.75), pytest.approx(2 / 3), 1.0)
     # early stop: a stops after its first window ("1","1"); b and c run to the end (no window agrees)
     assert r["early_stop_token_ratio"] == pytest.approx((2 + 4 + 4) / 12)
     assert (r["early_stop_delta_points"], r["wins"], r["losses"]) == (0.0, 0, 0)
@@ -393,7 +394,7 @@ def test_bench_temperature_scan_row():
                                     "methods": [], "greedy_decode": None, "curve": [],
                                     "temperature_scan": [{"temperature": 0.5, **r}],
                                     "sampling": {"rows_drawn_now": 0, "tokens_drawn_now": 0, "wall_seconds": 0.0}}})
-    assert "| 0.5 | 0.333 | 0.667 | 1.000 | 0.667 | +0.0 | 0.833 | 3.3 | 0 | 0 |" in md
+    assert "| 0.5 | 0.750 | 0.667 | 1.000 | 0.667 | +0.0 | 0.833 | 3.3 | 0 | 0 |" in md
 
 
 def test_bench_config_overrides(tmp_path):

@@ -99,3 +99,38 @@ def test_changed_data_settings_in_one_run_dir_is_an_error(tmp_path):
     with pytest.raises(LabError) as e:
         prepare(compose([f"run_dir={tmp_path}", "data.n_train=6", "data.n_val=2"]))
     assert "split.json" in str(e.value)
+
+
+def test_overrides_parameter_accepts_papermills_string_and_lists():
+    from lab.config import parse_overrides
+
+    assert parse_overrides('["seed=7", "run_name=seed7"]') == ["seed=7", "run_name=seed7"]  # papermill -p
+    assert parse_overrides("[seed=7, run_name=seed7]") == ["seed=7", "run_name=seed7"]  # YAML
+    assert parse_overrides(["seed=7"]) == ["seed=7"] and parse_overrides(("a=1",)) == ["a=1"]
+    assert parse_overrides("") == [] and parse_overrides(None) == [] and parse_overrides("[]") == []
+    for bad in ("seed=7", "{seed: 7}", "[seed=7", ["seed=7", 7]):
+        with pytest.raises(LabError, match="overrides"):
+            parse_overrides(bad)
+
+
+def test_stage_reads_the_overrides_string(tmp_path):
+    st = Stage("99_test", f'["run_dir={tmp_path}", "seed=7"]')
+    assert st.cfg.seed == 7 and st.dir == tmp_path / "99_test" and st.overrides == [f"run_dir={tmp_path}", "seed=7"]
+
+
+def test_a_run_without_a_name_gets_its_own_time_stamped_folder(monkeypatch):
+    import re
+    import time
+
+    from lab.config import names_run
+
+    a = compose([])
+    time.sleep(1.05)
+    b = compose([])
+    assert re.fullmatch(r"outputs/\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", a.run_dir) and a.run_dir != b.run_dir
+    assert a.sft.adapter_dir == f"{a.run_dir}/02_sft/adapter"  # every path of the run follows its folder
+    assert compose(["run_name=x"]).run_dir == "outputs/x"
+    assert names_run(["seed=1", "run_name=x"]) and names_run(["++run_dir=/tmp/r"]) and not names_run(["seed=1"])
+    monkeypatch.setenv("WORLD_SIZE", "2")  # several processes would each stamp their own folder
+    with pytest.raises(LabError, match="run_name"):
+        Stage("99_test", ["seed=1"])

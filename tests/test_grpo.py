@@ -145,6 +145,21 @@ def test_completion_budget_is_the_competitions_never_trls_default(root, puzzles)
         == (compose(root, "b").model.max_model_len - empty) // 2
 
 
+def test_resume_point_takes_the_newest_checkpoint_within_max_steps(root, tmp_path):
+    """transformers' get_last_checkpoint picks the checkpoint once those past max_steps are deleted."""
+    out = tmp_path / "checkpoints"
+    for step in (2, 10, 4, 6):
+        (out / f"checkpoint-{step}").mkdir(parents=True)
+    (out / "checkpoint-x").mkdir()
+    fp = {"grpo": {"lr": 1}, "seed": 1}
+    config.atomic_write_json(out / grpo.RUN_RECORD, {"fingerprint": fp, "order": ["a"]})
+    cfg = compose(root, "resume_point", "grpo.resume=true", "grpo.max_steps=5")
+    last, record, notes = grpo.resume_point(cfg, out, fp)
+    assert last == out / "checkpoint-4" and record["order"] == ["a"]
+    assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-x"]
+    assert [n.split(" ")[0] for n in notes] == ["checkpoint-6", "checkpoint-10"]
+
+
 def test_schedule_repeats_the_order_and_reshuffles_only_without_curriculum():
     order = ["a", "b", "c"]
     assert grpo.schedule(order, 7, shuffle=False, seed=1) == ["a", "b", "c", "a", "b", "c", "a"]

@@ -55,3 +55,68 @@ def test_same_seed_gives_identical_metrics(tmp_path):
     a = run_notebooks(SMOKE_OVERRIDES + [f"run_dir={tmp_path}/a"], stages=["02_sft", "03_grpo"], log_output=False)
     b = run_notebooks(SMOKE_OVERRIDES + [f"run_dir={tmp_path}/b"], stages=["02_sft", "03_grpo"], log_output=False)
     assert metrics(a) == metrics(b)
+
+
+SMALL_DATA = ["data.n_train=16", "data.n_val=4", "data.explore_max=16"]
+
+
+def _readme_papermill_call() -> list[str]:
+    """The headless papermill call README.md documents, split as a shell would."""
+    import shlex
+
+    lines = [ln.strip() for ln in (project_root() / "README.md").read_text(encoding="utf-8").splitlines()
+             if ln.strip().startswith(".venv/bin/papermill ")]
+    assert lines, "README.md documents no `.venv/bin/papermill ...` call"
+    return shlex.split(lines[0].split("  #")[0])
+
+
+@pytest.mark.slow
+def test_the_readme_papermill_call_runs(tmp_path):
+    """README's `papermill NB OUT -p overrides '[...]'` through papermill's own command line: the notebook receives
+    the JSON string and reads it as the list (only the data size and the run folder are added here)."""
+    import subprocess
+    import sys
+
+    args = _readme_papermill_call()
+    assert args[:2] == [".venv/bin/papermill", "notebooks/01_explore.ipynb"] and args[3:5] == ["-p", "overrides"]
+    overrides = json.loads(args[5])
+    assert overrides == ["seed=7", "run_name=seed7"]
+    args[5] = json.dumps([*overrides, *SMALL_DATA, f"run_dir={tmp_path / 'run'}"])
+    out = subprocess.run([sys.executable, "-m", "papermill", args[1], str(tmp_path / "out.ipynb"), *args[3:],
+                          "-k", "python3"], cwd=project_root(), capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    m = json.loads((tmp_path / "run" / "01_explore" / "manifest.json").read_text())
+    assert m["status"] == "finished" and m["seed"] == 7 and m["overrides"][:2] == overrides
+
+
+@pytest.mark.slow
+def test_two_interactive_runs_with_defaults_get_two_folders_and_leave_the_demo_alone(tmp_path, monkeypatch):
+    """01_explore executed twice with its parameters cell as stored (no run_name), against a copy of conf/ whose
+    data defaults are small: two time-stamped run folders, and outputs/demo (the demo's) untouched."""
+    import shutil
+    import time
+
+    import papermill as pm
+
+    notebook = project_root() / "notebooks" / "01_explore.ipynb"
+    root = tmp_path / "lab"
+    shutil.copytree(project_root() / "conf", root / "conf")
+    syn = root / "conf" / "data" / "synthetic.yaml"
+    text = syn.read_text()
+    for key, small in (("n_train", 16), ("n_val", 4), ("explore_max", 16)):
+        text = text.replace(f"\n{key}: ", f"\n{key}: {small}  # ", 1)
+    syn.write_text(text)
+    demo = root / "outputs" / "demo"
+    demo.mkdir(parents=True)
+    (demo / "summary.md").write_text("the demo's own summary")
+    monkeypatch.setenv("LAB_ROOT", str(root))
+    for i in range(2):
+        pm.execute_notebook(str(notebook), str(tmp_path / f"run{i}.ipynb"),
+                            cwd=str(root), kernel_name="python3", progress_bar=False)
+        time.sleep(1.1)  # the folder name has whole seconds
+    runs = sorted(p.name for p in (root / "outputs").iterdir() if p.name != "demo")
+    assert len(runs) == 2, runs
+    for r in runs:
+        assert json.loads((root / "outputs" / r / "01_explore" / "metrics.json").read_text())["n_train"] == 16
+    assert sorted(p.name for p in demo.iterdir()) == ["summary.md"] and (demo / "summary.md").read_text() == \
+        "the demo's own summary"

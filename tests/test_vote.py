@@ -10,7 +10,7 @@ import pandas as pd
 import pytest
 
 from lab.config import LabError
-from lab.metric import NOT_FOUND
+from lab.metric import NOT_FOUND, verify
 from lab.vote import (METHODS, assign_classes, confidence_vote, curves, early_stop_vote, leader_probability, maj_at_k,
                       majority_vote, pass_at_k, pass_rates, per_category, per_category_curves, replay, summary, weighted_vote)
 
@@ -332,9 +332,11 @@ def test_maj_at_k_and_curves_on_tiny_table():
     cv = curves(s)
     assert cv["k"].tolist() == [1, 2, 3] and cv["puzzles"].tolist() == [2, 2, 2]
     np.testing.assert_allclose(cv["pass_at_k"], [1 / 3, 2 / 3, 1.0])
-    np.testing.assert_allclose(cv["maj_at_k"], [1.0, 1.0, 0.0])
-    np.testing.assert_allclose(cv["tokens_per_puzzle"], [5.5, 16.5, 33.0])
-    assert cv["tokens_per_correct"].tolist()[:2] == [5.5, 16.5] and math.isinf(cv["tokens_per_correct"].iloc[2])
+    # curves averages maj@k over the 3 cyclic windows (0,1) (1,2) (2,0): right only in (0,1), where 5 wins the
+    # tie by coming first; so maj@1 is pass@1, the mean of all samples, not the first sample's 1.0
+    np.testing.assert_allclose(cv["maj_at_k"], [1 / 3, 1 / 3, 0.0])
+    np.testing.assert_allclose(cv["tokens_per_puzzle"], [11.0, 22.0, 33.0])  # k times the mean sample (20 and 2)
+    assert cv["tokens_per_correct"].tolist()[:2] == [33.0, 66.0] and math.isinf(cv["tokens_per_correct"].iloc[2])
     cv2 = curves(s, K=2)
     np.testing.assert_allclose(cv2["pass_at_k"], [0.5, 1.0])   # both ids: 1 correct of their first 2
     with pytest.raises(LabError, match="only 3 samples"):
@@ -346,7 +348,28 @@ def test_per_category_curves():
     assert pc["category"].tolist() == ["a"] * 3 + ["b"] * 3
     a = pc[pc["category"] == "a"]
     np.testing.assert_allclose(a["pass_at_k"], [1 / 3, 2 / 3, 1.0])
-    np.testing.assert_allclose(a["tokens_per_puzzle"], [10, 30, 60])
+    np.testing.assert_allclose(a["tokens_per_puzzle"], [20, 40, 60])
+
+
+def test_curves_maj_at_k_is_the_window_average_of_majority_vote_and_meets_pass_at_k():
+    """maj@k from `curves` equals majority_vote over every cyclic window of k samples, averaged; at k=1 it is pass@1."""
+    rng = np.random.default_rng(0)
+    rows = []
+    for i in range(25):
+        gold = str(rng.integers(0, 3))
+        for j, a in enumerate(rng.choice(["0", "1", "2", "NOT_FOUND", ""], size=6, p=[0.3, 0.25, 0.2, 0.15, 0.1])):
+            rows.append({"id": f"p{i}", "category": "c", "gold": gold, "sample": j, "answer": str(a), "tokens": 1})
+    s = pd.DataFrame(rows)
+    cv = curves(s)
+    assert cv["maj_at_k"].iloc[0] == pytest.approx(cv["pass_at_k"].iloc[0])
+    for k in range(1, 7):
+        hits = []
+        for _, g in s.groupby("id", sort=False):
+            answers, gold = g["answer"].tolist(), g["gold"].iloc[0]
+            for r in range(6):
+                window = [answers[(r + t) % 6] for t in range(k)]
+                hits.append(verify(gold, majority_vote(window)))
+        assert cv["maj_at_k"].iloc[k - 1] == pytest.approx(np.mean(hits)), k
 
 
 def test_metrics_need_gold():
