@@ -33,7 +33,9 @@ def fake_unsloth(monkeypatch, calls):
 
 
 def cfg_for(tmp_path, *extra):
-    return config.compose([f"run_dir={tmp_path}", "model=nemotron_nano", "model.path=/models/nemotron",
+    (tmp_path / "nemotron").mkdir(exist_ok=True)  # model.path must be a model folder (validated at compose time)
+    (tmp_path / "nemotron" / "config.json").write_text("{}")  # never loaded: Unsloth is a stand-in
+    return config.compose([f"run_dir={tmp_path}", "model=nemotron_nano", f"model.path={tmp_path / 'nemotron'}",
                            "sft.backend=unsloth", *extra])
 
 
