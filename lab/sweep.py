@@ -117,12 +117,17 @@ def job_params(overrides: list[str], exclude_keys: Iterable[str]) -> dict[str, A
 def job_config(nb_overrides: list[str]) -> dict:
     """The resolved config the job's notebooks compose (validated), as plain data: what a finished job or stage
     must have been made with to be kept. The overrides alone are not enough: a default changed in conf/ since
-    the job ran gives the same overrides another config."""
+    the job ran gives the same overrides another config. `run_name` is left out: the job's folder is fixed by
+    `run_dir`, and a run_name left unset is a time stamp that differs at every compose."""
     from omegaconf import OmegaConf
 
     from lab.config import compose
 
-    return OmegaConf.to_container(compose(nb_overrides), resolve=True)
+    return _without_run_name(OmegaConf.to_container(compose(nb_overrides), resolve=True))
+
+
+def _without_run_name(config: dict) -> dict:
+    return {k: v for k, v in config.items() if k != "run_name"}
 
 
 def config_key(config: dict) -> str:
@@ -161,7 +166,7 @@ def _stage_kept(job_dir: Path, stage: str, nb_overrides: list[str], config: dict
         from omegaconf import OmegaConf
 
         try:
-            if OmegaConf.to_container(OmegaConf.load(d / "config.yaml"), resolve=True) != config:
+            if _without_run_name(OmegaConf.to_container(OmegaConf.load(d / "config.yaml"), resolve=True)) != config:
                 return False
         except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml: the stage is not kept
             return False

@@ -57,9 +57,8 @@ def test_the_preset_alone_and_in_any_order_gives_the_same_recipe():
 def test_the_real_model_never_inherits_the_tiny_demos_training_settings():
     tiny = compose([])
     assert (tiny.sft.learning_rate, tiny.sft.batch_size, tiny.grpo.max_steps) == (1e-2, 8, 20)  # the demo's
-    real = compose(["model=nemotron_nano"])
-    assert OmegaConf.to_container(real.sft) == OmegaConf.to_container(compose(PRESET).sft) | {
-        "adapter_dir": "outputs/demo/02_sft/adapter"}
+    real = compose(["model=nemotron_nano", "run_name=r"])  # one run folder: adapter_dir derives from it
+    assert OmegaConf.to_container(real.sft) == OmegaConf.to_container(compose([*PRESET, "run_name=r"]).sft)
     assert (real.sft.learning_rate, real.sft.batch_size, real.grpo.max_steps) == (2e-4, 1, 100)
 
 

@@ -56,21 +56,22 @@ def test_a_rejected_run_leaves_a_finished_stage_byte_identical(tmp_path, overrid
     assert after == before
 
 
-def test_stages_do_not_swallow_the_overrides_after_them(monkeypatch):
+def test_stages_do_not_swallow_the_overrides_after_them(monkeypatch, tmp_path):
     from lab import pipeline
     from lab.__main__ import main
 
     seen = []
+    (tmp_path / "summary.md").write_text("# summary\n")  # what the demo prints at the end
     monkeypatch.setattr(pipeline, "run_notebooks", lambda overrides, stages: seen.append((overrides, stages)) or
-                        Path("/nonexistent-run"))
+                        tmp_path)
     monkeypatch.setattr(pipeline, "summary", lambda run_dir: {"stages": {}})
     assert main(["demo", "run_name=r", "--stages", "02_sft", "sft.max_steps=2", "03_grpo"]) == 0
     assert seen == [(["run_name=r", "sft.max_steps=2"], ["02_sft", "03_grpo"])]
-    assert main(["demo", "--stages", "03_grpo", "seed=3", "02_sft"]) == 0
-    assert seen[1] == (["seed=3"], ["03_grpo", "02_sft"])
+    assert main(["demo", "--stages", "03_grpo", "seed=3", "02_sft"]) == 0  # no run_name: the demo's folder
+    assert seen[1] == (["run_name=demo", "seed=3"], ["03_grpo", "02_sft"])
     assert main(["demo", "--stages", "02_sf", "seed=3"]) == 2  # a typo: refused, nothing run
     assert main(["demo", "02_sft", "seed=3"]) == 0  # a stage name among the overrides is a stage
-    assert seen[2] == (["seed=3"], ["02_sft"]) and len(seen) == 3
+    assert seen[2] == (["run_name=demo", "seed=3"], ["02_sft"]) and len(seen) == 3
 
 
 def test_unknown_stage_is_refused_before_any_stage_runs(tmp_path):
@@ -131,18 +132,14 @@ def test_a_driver_lends_its_lock_to_the_stages_it_runs(tmp_path):
 # ---- files and folders -------------------------------------------------------------------------
 
 def test_files_get_the_users_normal_permissions(tmp_path):
-    from lab import errors
+    from lab import plots
 
     old = os.umask(0o022)
     try:
         p = atomic_write_text(tmp_path / "a.txt", "x")
         with config.atomic_dir(tmp_path / "adapter") as d:
             (d / "w").write_text("x")
-        import matplotlib.pyplot as plt
-
-        fig = plt.figure()
-        png = errors.save_figure(fig, tmp_path / "f.png")
-        plt.close(fig)
+        png = plots.save(plots.figure(), tmp_path / "f.png")
     finally:
         os.umask(old)
     assert oct(p.stat().st_mode & 0o777) == oct(0o644)
