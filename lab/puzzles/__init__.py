@@ -21,7 +21,7 @@ from .classify import classify
 from .common import CATEGORIES, Solution
 from .equations import family_table
 from .generate import generate
-from .solve import method_table, solve, solve_frame, trace_tokens
+from .solve import method_table, solve, solve_frame, token_table, trace_tokens
 
 __all__ = ["CATEGORIES", "Solution", "classify", "solve", "generate", "solve_frame", "method_table", "family_table",
-           "trace_tokens"]
+           "trace_tokens", "token_table"]

@@ -300,8 +300,11 @@ def _numeric(prompt: str, sol: Solution) -> list[str]:
     if earlier:
         lines.append(f"note {', '.join(earlier)} fit too; the solver's priors keep {mode} {meaning}")
     lines.append(f"note keep {mode} {meaning}" if exs else f"note {sym} is never shown: guess {mode} {meaning}")
-    if _eq_value(meaning, x, y, mode, sym, "q", lines) is None:
+    v = _eq_value(meaning, x, y, mode, sym, "q", lines)
+    if v is None:
         raise ValueError("the kept reading is undefined on the query")
+    if not lines[-1].endswith(f" = {v}"):  # no marker written: the result is the difference written above
+        lines.append(f"q: copy {v}")
     return lines
 
 
