@@ -326,6 +326,24 @@ def _check_compact_line(category: str, line: str, prompt: str, state: dict) -> b
                 raise Fail("x is not the prompt's query")
             state["x"] = int(m.group(1), 2)
             return True
+        m = re.fullmatch(r"b(\d) = ([x\d ^]+) = ([01])", line)  # affine: an XOR of input bits (x0 the first)
+        if m and "x" in state:
+            xs = _b8(state["x"])
+            v = 0
+            for t in m.group(2).split(" ^ "):
+                v ^= 1 if t == "1" else 0 if t == "0" else int(xs[int(t[1:])])
+            if v != int(m.group(3)):
+                raise Fail(f"the XOR is {v}")
+            state.setdefault("bits", []).append(m.group(3))
+            return True
+        m = re.fullmatch(r"b(\d) <- ([x\d,]+|none): (\d*|-) -> ([01])", line)  # per-bit fallback
+        if m and "x" in state:
+            xs = _b8(state["x"])
+            key = "".join(xs[int(t[1:])] for t in m.group(2).split(",")) if m.group(2) != "none" else "-"
+            if key != m.group(3):
+                raise Fail(f"the input bits are {key}")
+            state.setdefault("bits", []).append(m.group(4))
+            return False  # the bit read from the examples' table is a claim
         m = re.fullmatch(r"(.+) = ([01]{8})", line)
         if m and "x" in state and not line.startswith(("b", "table", "keys")):
             name = m.group(1)
@@ -429,6 +447,8 @@ def replay_compact(category: str, prompt: str, trace: str) -> tuple[bool, int, s
             return False, i, f"{line!r}: {e}", claims
     last = lines[-1] if lines else ""
     tail = last.rsplit("= ", 1)[-1].strip() if "= " in last else last.split(": ", 1)[-1].strip()
+    if category == "bit_manipulation" and len(state.get("bits", [])) == 8:
+        tail = "".join(state["bits"])
     if category == "text_cipher":
         words = [ln.rsplit(" = ", 1)[-1] for ln in lines if " = " in ln and not ln.startswith("key:")]
         tail = box if box.split() == [w for w in words] or _cipher_words_match(box, words) else " ".join(words)
