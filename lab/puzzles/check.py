@@ -148,6 +148,11 @@ OPS = {  # name -> function of the argument strings, giving the RESULT string
     "roman": lambda p: ROMAN[int(p)] if p.isdigit() and int(p) in ROMAN else (_ for _ in ()).throw(
         Fail(f"{p!r} is not a single place value")),
     "letter": _letter, "fits": _fits,
+    "pick": lambda v, *pos: "".join(v[int(p)] for p in pos) if all(p.isdigit() and int(p) < len(v) for p in pos)
+    else (_ for _ in ()).throw(Fail(f"positions {pos} are not in {v!r}")),
+    "parity": lambda s: str(s.count("1") % 2) if set(s) <= {"0", "1"} else (_ for _ in ()).throw(
+        Fail(f"{s!r} is not bits")),
+    "flip": lambda b: {"0": "1", "1": "0"}[b] if b in ("0", "1") else (_ for _ in ()).throw(Fail(f"{b!r} is not a bit")),
 }
 STATEFUL = {"decode", "encode", "read"}
 
@@ -470,7 +475,8 @@ def replay(style: str, category: str, prompt: str, trace: str):
 def check_frame(df, style: str | None = None):
     """Replays every solved row of a solve output (columns prompt, category, status, trace, and trace_style
     unless `style` is given). -> (per-row DataFrame [id, category, style, ok, line, message, recalls],
-    summary DataFrame per category and style [n, replayed, share])."""
+    summary DataFrame per category and style [n, replayed, share, unchecked_lines_mean]); `recalls` counts a
+    derivation's `let`/`recall` lines, or a compact trace's claim lines: what the replay takes on trust)."""
     import pandas as pd
 
     rows = []
@@ -486,5 +492,5 @@ def check_frame(df, style: str | None = None):
     summary = g.size().rename("n").to_frame()
     summary["replayed"] = g["ok"].sum().astype(int)
     summary["share"] = (summary["replayed"] / summary["n"]).round(4)
-    summary["recall_lines_mean"] = g["recalls"].mean().round(1)
+    summary["unchecked_lines_mean"] = g["recalls"].mean().round(1)
     return res, summary.reset_index()

@@ -121,8 +121,10 @@ def _bits(prompt: str, sol: Solution) -> list[str]:
     rule = d.get("rule")
     if "xor" in d:
         rule = ("xor", *d["xor"])
+    if rule is None and sol.method in ("affine per bit", "per bit"):
+        return _bits_per_bit(sol, ex, q)
     if rule is None:
-        raise ValueError("the solver kept no rule (per-bit fallbacks have no derivation)")
+        raise ValueError("the solver kept no rule")
     lines = ["note screen each single copy of x, example by example"]
     nots = {}
     found = None
@@ -170,6 +172,65 @@ def _bits(prompt: str, sol: Solution) -> list[str]:
     v = _bits_value(rule, q, "q", lines)
     if rule[0] == "const":
         lines.append(f"copy {v}")
+    return lines
+
+
+def _bits_per_bit(sol: Solution, ex, q) -> list[str]:
+    """The fallbacks, read from the compact trace's per-bit lines (`b3 = x0 ^ x5 ^ 1 = 1`, `b3 <- x0,x5: 01 -> 1`):
+    affine: each output bit's XOR of input bits checked on every example, then the query's; per bit: each output
+    bit's input bits per example, and the query's bit taken from an example with the same input bits."""
+    import re
+
+    from .bits import b8
+
+    lines = [f"note no rule of copies fits; recall how each output bit depends on the input bits ({sol.method})"]
+    bits = []
+    for ln in sol.trace.split("\n"):
+        m = re.fullmatch(r"b(\d) = ([x\d ^]+) = ([01])", ln)
+        if m:
+            i, terms = int(m.group(1)), m.group(2).split(" ^ ")
+            pos = [t[1:] for t in terms if t.startswith("x")]
+            one = "1" in terms
+
+            def xor(v, tag):
+                if not pos:
+                    return "1" if one else "0"
+                s = "".join(v[int(p)] for p in pos)
+                lines.append(f"{tag}: pick {v} {' '.join(pos)} = {s}")
+                r = str(s.count("1") % 2)
+                lines.append(f"{tag}: parity {s} = {r}")
+                if one:
+                    lines.append(f"{tag}: flip {r} = {1 - int(r)}")
+                    r = str(1 - int(r))
+                return r
+
+            for n, (xv, yv) in enumerate(ex, 1):
+                r = xor(b8(xv), f"ex{n}")
+                lines.append(f"ex{n}: pick {b8(yv)} {i} = {b8(yv)[i]}")
+                lines.append(f"ex{n}: eq {r} {b8(yv)[i]} = {'yes' if r == b8(yv)[i] else 'no'}")
+            bits.append(xor(b8(q), f"q{i}"))
+            continue
+        m = re.fullmatch(r"b(\d) <- ([x\d,]+|none): (\d*|-) -> ([01])", ln)
+        if m:
+            i = int(m.group(1))
+            pos = [t[1:] for t in m.group(2).split(",")] if m.group(2) != "none" else []
+            kq = "".join(b8(q)[int(p)] for p in pos)
+            if pos:
+                lines.append(f"q{i}: pick {b8(q)} {' '.join(pos)} = {kq}")
+            for n, (xv, yv) in enumerate(ex, 1):
+                k = "".join(b8(xv)[int(p)] for p in pos)
+                if pos:
+                    lines.append(f"ex{n}: pick {b8(xv)} {' '.join(pos)} = {k}")
+                    lines.append(f"ex{n}: eq {k} {kq} = {'yes' if k == kq else 'no'}")
+                if k == kq:
+                    lines.append(f"ex{n}: pick {b8(yv)} {i} = {b8(yv)[i]}")
+                    bits.append(b8(yv)[i])
+                    break
+            else:
+                raise ValueError(f"output bit {i}: no example shows the query's input bits")
+    if len(bits) != 8:
+        raise ValueError("not 8 per-bit lines")
+    lines.append(f"cat {' '.join(bits)} = {''.join(bits)}")
     return lines
 
 
