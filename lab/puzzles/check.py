@@ -454,6 +454,8 @@ def replay_compact(category: str, prompt: str, trace: str) -> tuple[bool, int, s
     tail = last.rsplit("= ", 1)[-1].strip() if "= " in last else last.split(": ", 1)[-1].strip()
     if category == "bit_manipulation" and len(state.get("bits", [])) == 8:
         tail = "".join(state["bits"])
+    if category == "bit_manipulation" and BITS_RE.match(state.get("rule", "")) and last.startswith("x = "):
+        tail = state["rule"]  # a constant rule: the claimed constant is the answer
     if category == "text_cipher":
         words = [ln.rsplit(" = ", 1)[-1] for ln in lines if " = " in ln and not ln.startswith("key:")]
         tail = box if box.split() == [w for w in words] or _cipher_words_match(box, words) else " ".join(words)
