@@ -164,3 +164,27 @@ def test_real_tokenizer_counts_within_budget():
     assert out["trace_tokens"].max() <= 7680
     bits = out.loc[out["category"] == "bit_manipulation", "trace_tokens"]
     assert bits.median() < 4900
+
+
+def test_trace_bench_reads_each_job(tmp_path):
+    """bench/trace_bench.py's table: per job, held-out accuracy with its Wilson interval and the style's trace tokens."""
+    import importlib.util
+    import json
+
+    from lab.errors import wilson_interval
+
+    spec = importlib.util.spec_from_file_location("trace_bench", Path(__file__).resolve().parents[1] / "bench" /
+                                                  "trace_bench.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    job = tmp_path / "data.trace_style=derivation,seed=2"
+    (job / "02_sft").mkdir(parents=True)
+    (job / "01_explore").mkdir()
+    (job / "job.json").write_text(json.dumps({"params": {}}))
+    (job / "config.yaml").write_text("seed: 2\ndata:\n  trace_style: derivation\n")
+    pd.DataFrame({"correct": ["True", "False", "True", "True"]}).to_csv(job / "02_sft" / "predictions.csv", index=False)
+    pd.DataFrame({"category": ["x", "x"], "trace_style": ["compact", "derivation"], "p50": [10, 500]}).to_csv(
+        job / "01_explore" / "trace_tokens.csv", index=False)
+    (row,) = bench.job_rows(tmp_path, "bits", 1.0)
+    assert (row["style"], row["seed"], row["n"], row["correct"], row["trace_tokens_p50"]) == ("derivation", 2, 4, 3, 500)
+    assert (row["lo"], row["hi"]) == pytest.approx(wilson_interval(3, 4), abs=1e-4)
