@@ -58,7 +58,8 @@ def _derivation(category):
 def _corrupt_digit(trace):
     """The first op line whose result ends in a digit (a letter for the cipher) gets that character changed."""
     lines = trace.split("\n")
-    for pattern, swap in ((r"\d$", lambda c: "1" if c == "0" else "0"), (r"[a-z]$", lambda c: "a" if c != "a" else "b")):
+    swaps = ((r"\d$", lambda c: "1" if c == "0" else "0"), (r"[a-z]$", lambda c: "a" if c != "a" else "b"))
+    for pattern, swap in swaps:
         for i, ln in enumerate(lines):
             if " = " in ln and re.search(pattern, ln) and not ln.startswith(("note", "let")) and ln[-5:] not in (
                     "= yes", " = no"):
@@ -167,7 +168,7 @@ def test_real_tokenizer_counts_within_budget():
 
 
 def test_trace_bench_reads_each_job(tmp_path):
-    """bench/trace_bench.py's table: per job, held-out accuracy with its Wilson interval and the style's trace tokens."""
+    """bench/trace_bench.py's table: per job, held-out accuracy with its Wilson interval and the style's tokens."""
     import importlib.util
     import json
 
@@ -186,5 +187,6 @@ def test_trace_bench_reads_each_job(tmp_path):
     pd.DataFrame({"category": ["x", "x"], "trace_style": ["compact", "derivation"], "p50": [10, 500]}).to_csv(
         job / "01_explore" / "trace_tokens.csv", index=False)
     (row,) = bench.job_rows(tmp_path, "bits", 1.0)
-    assert (row["style"], row["seed"], row["n"], row["correct"], row["trace_tokens_p50"]) == ("derivation", 2, 4, 3, 500)
+    got = (row["style"], row["seed"], row["n"], row["correct"], row["trace_tokens_p50"])
+    assert got == ("derivation", 2, 4, 3, 500)
     assert (row["lo"], row["hi"]) == pytest.approx(wilson_interval(3, 4), abs=1e-4)

@@ -128,6 +128,31 @@ def _pairs(*args: str) -> str:
     return " ".join(f"{k}:{b}" for k, b in zip(keys, o))
 
 
+def _roman(p: str) -> str:
+    if not (p.isdigit() and int(p) in ROMAN):
+        raise Fail(f"{p!r} is not a single place value")
+    return ROMAN[int(p)]
+
+
+def _pick(v: str, *pos: str) -> str:
+    """The characters of v at the given 0-based positions."""
+    if not all(p.isdigit() and int(p) < len(v) for p in pos):
+        raise Fail(f"positions {pos} are not in {v!r}")
+    return "".join(v[int(p)] for p in pos)
+
+
+def _parity(s: str) -> str:
+    if not set(s) <= {"0", "1"}:
+        raise Fail(f"{s!r} is not bits")
+    return str(s.count("1") % 2)
+
+
+def _flip(b: str) -> str:
+    if b not in ("0", "1"):
+        raise Fail(f"{b!r} is not a bit")
+    return "1" if b == "0" else "0"
+
+
 OPS = {  # name -> function of the argument strings, giving the RESULT string
     **{f"shl{k}": _shift("shl", k) for k in range(1, 8)}, **{f"shr{k}": _shift("shr", k) for k in range(1, 8)},
     **{f"rotl{k}": _shift("rotl", k) for k in range(1, 8)}, **{f"rotr{k}": _shift("rotr", k) for k in range(1, 8)},
@@ -145,14 +170,9 @@ OPS = {  # name -> function of the argument strings, giving the RESULT string
     "join": lambda *a: " ".join(a),
     "ulp": lambda a: "0." + "0" * (len(a.split(".")[1]) - 1) + "1" if "." in a else "1",
     "places": _places,
-    "roman": lambda p: ROMAN[int(p)] if p.isdigit() and int(p) in ROMAN else (_ for _ in ()).throw(
-        Fail(f"{p!r} is not a single place value")),
+    "roman": _roman,
     "letter": _letter, "fits": _fits,
-    "pick": lambda v, *pos: "".join(v[int(p)] for p in pos) if all(p.isdigit() and int(p) < len(v) for p in pos)
-    else (_ for _ in ()).throw(Fail(f"positions {pos} are not in {v!r}")),
-    "parity": lambda s: str(s.count("1") % 2) if set(s) <= {"0", "1"} else (_ for _ in ()).throw(
-        Fail(f"{s!r} is not bits")),
-    "flip": lambda b: {"0": "1", "1": "0"}[b] if b in ("0", "1") else (_ for _ in ()).throw(Fail(f"{b!r} is not a bit")),
+    "pick": _pick, "parity": _parity, "flip": _flip,
 }
 STATEFUL = {"decode", "encode", "read"}
 
@@ -261,8 +281,9 @@ class Replay:
                 raise Fail(f"no let for {missing[0]!r}")
             return "".join(self.symbols[c] for c in s)
         d2s = {d: c for c, d in self.symbols.items()}
-        return "".join(d2s.get(c, c) if c.isdigit() else c for c in s) if all(
-            not c.isdigit() or c in d2s for c in s) else (_ for _ in ()).throw(Fail(f"no let for a digit of {s}"))
+        if any(c.isdigit() and c not in d2s for c in s):
+            raise Fail(f"no let for a digit of {s}")
+        return "".join(d2s.get(c, c) for c in s)
 
 
 def _same_class(ch: str, edge: str) -> bool:

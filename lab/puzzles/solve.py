@@ -108,9 +108,10 @@ def _solve_timed(prompt, vocab=None, priors=None, style="compact"):
 def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int | None = None,
                 style: str = "compact"):
     """DataFrame with id, category, subtype, status, method, answer, trace, trace_tokens, reason, seconds
-    (+ correct when df has a gold `answer` column); `style` is the trace style (see `solve`). `workers`: processes (default: up to 4 for
-    frames of 500 rows or more, else 1); `seconds` is each puzzle's own solve time. Cipher puzzles
-    share the vocabulary of every cipher example in the frame (see `cipher.vocabulary`)."""
+    (+ correct when df has a gold `answer` column); `style` is the trace style (see `solve`).
+    `workers`: processes (default: up to 4 for frames of 500 rows or more, else 1); `seconds` is each
+    puzzle's own solve time. Cipher puzzles share the vocabulary of every cipher example in the frame
+    (see `cipher.vocabulary`)."""
     import pandas as pd
 
     from .cipher import vocabulary
