@@ -95,7 +95,8 @@ def main(argv: list[str] | None = None) -> int:
         k, n = int(g["correct"].sum()), int(g["n"].sum())
         lo, hi = wilson_interval(k, n)
         pooled.append({"probe": probe, "style": style, "seeds": len(g), "n": n,
-                       "accuracy": round(k / n, 4) if n else None, "lo": round(lo, 4), "hi": round(hi, 4), "trace_tokens_p50": g["trace_tokens_p50"].median()})
+                       "accuracy": round(k / n, 4) if n else None, "lo": round(lo, 4), "hi": round(hi, 4),
+                       "trace_tokens_p50": g["trace_tokens_p50"].median()})
     pooled = pd.DataFrame(pooled)
     text = ("## Trace learnability probe" + (" (SMOKE budget: plumbing only)" if args.smoke else "") + "\n\n"
             + markdown_table(table) + "\n\npooled over seeds:\n\n" + markdown_table(pooled) + "\n")
