@@ -14,8 +14,9 @@ on values written in the prompt or in earlier lines, a copy, a comparison, a dec
               binary: hex nibbles would hide the shifts' carries, and 8 bits are 8 tokens.
   equations   numeric: the query operator's candidate meanings, modes `plain` then `reversed`, meanings
               in `equations.MEANINGS` order, each computed on that operator's examples in turn until one
-              rejects it; the solver's reading is the first no example rejects, unless a reading before it
-              fits too (then a note says the solver's priors set it aside). The output format (reversal,
+              rejects it; the first that no example rejects is kept when it gives the solver's answer (for a
+              `solved` puzzle every fitting reading does, unless the other operators rule it out); otherwise
+              a note says the solver's priors set it aside, and the search goes on to the solver's reading. The output format (reversal,
               the subtraction marker in front or at the end) is its own step. Symbolic: the digit map is
               too large a search to write out (10! maps), so the trace recalls the solver's map (`let`
               lines) and each operator's meaning, then verifies every example under them and applies them.
@@ -327,7 +328,7 @@ def _eq_value(meaning: str, x: str, y: str, mode: str, sym: str, tag: str, lines
 
 def _numeric(prompt: str, sol: Solution) -> list[str]:
     from .classify import equation_parts
-    from .equations import MODES, by_operator, meanings_for, split_numeric
+    from .equations import MODES, by_operator, compute, meanings_for, split_numeric
 
     examples, query = equation_parts(prompt)
     x, sym, y = split_numeric(query)
@@ -335,13 +336,13 @@ def _numeric(prompt: str, sol: Solution) -> list[str]:
     exs = by_operator(examples).get(sym, [])
     lines = [f"note try each reading of {sym}: modes plain, reversed; meanings in a fixed order; "
              "each on the examples of " + sym + " until one fails"]
-    earlier = []
+    earlier, keep = [], (mode, meaning)
     for md in MODES:
         for m in meanings_for(md, sym):
+            lines.append(f"note {md} {m}")
             fits = True
             for n, (ex_x, ex_y, r) in enumerate(exs, 1):
                 tag = f"ex{n}"
-                lines.append(f"note {md} {m}")
                 v = _eq_value(m, ex_x, ex_y, md, sym, tag, lines)
                 if v is None:
                     lines.append(f"note {m} is undefined here")
@@ -351,6 +352,9 @@ def _numeric(prompt: str, sol: Solution) -> list[str]:
                 if v != r:
                     fits = False
                     break
+            if fits and exs and compute(m, x, y, md, sym) == sol.answer:
+                keep = (md, m)  # the first reading that fits every example (the solver's answer, too)
+                break
             if (md, m) == (mode, meaning):
                 break
             if fits and exs:
@@ -360,6 +364,7 @@ def _numeric(prompt: str, sol: Solution) -> list[str]:
         break
     if earlier:
         lines.append(f"note {', '.join(earlier)} fit too; the solver's priors keep {mode} {meaning}")
+    mode, meaning = keep
     lines.append(f"note keep {mode} {meaning}" if exs else f"note {sym} is never shown: guess {mode} {meaning}")
     v = _eq_value(meaning, x, y, mode, sym, "q", lines)
     if v is None:
