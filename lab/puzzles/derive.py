@@ -44,7 +44,7 @@ from .common import Solution, finish
 
 def _bits_value(rule, xv: int, tag: str, lines: list[str]) -> str:
     """Appends the lines computing `rule` on input xv; returns the written result."""
-    from .bits import NT, T_NAMES, V_NAMES, apply_step, apply_t, b8, op2, step_name
+    from .bits import NT, T_NAMES, apply_step, apply_t, b8, op2, op3
 
     def copy(name, v=xv):
         if name == "x":
@@ -82,7 +82,6 @@ def _bits_value(rule, xv: int, tag: str, lines: list[str]) -> str:
         _, op, i, j, k, ng = rule
         a, b, c = (copy(T_NAMES[m]) for m in (i, j, k))
         if op in ("MAJ", "CH"):
-            from .bits import op3
             r = b8(op3(op, int(a, 2), int(b, 2), int(c, 2)))
             lines.append(f"{tag}: {op} {a} {b} {c} = {r}")
         elif op == "XOR3":
@@ -111,7 +110,7 @@ def _bits_value(rule, xv: int, tag: str, lines: list[str]) -> str:
         for v in vals[1:]:
             r = binop("XOR", r, v)
         return neg(r) if ng else r
-    raise ValueError(f"no derivation for bits rule {kind} ({step_name if False else V_NAMES[0]})")
+    raise ValueError(f"no derivation for bits rule {kind}")
 
 
 def _bits(prompt: str, sol: Solution) -> list[str]:
