@@ -412,3 +412,31 @@ def json_safe(obj: Any) -> Any:
     import json
 
     return json.loads(json.dumps(obj))
+
+
+# ---- trace style and token counting (conf/data: trace_style, tokenizer_path) -------------------
+
+TRACE_STYLES = ("compact", "derivation")
+
+
+def trace_style(cfg) -> str:
+    """`data.trace_style`: 'compact' (the rule, then applied) or 'derivation' (the search written out, every line
+    checked by `python -m lab.puzzles check`); the SFT and GRPO data builders and `05_errors` read it."""
+    style = str(cfg.data.get("trace_style", None) or "compact")
+    if style not in TRACE_STYLES:
+        raise LabError(f"conf/data: trace_style={style!r} must be one of {', '.join(TRACE_STYLES)}")
+    return style
+
+
+def count_tokenizer(cfg, default=None):
+    """What counts trace tokens: `data.tokenizer_path` (a local folder with tokenizer.json and tokenizer_config.json)
+    when set, else `default` (the model's tokenizer). A set path that is not such a folder is a LabError."""
+    path = cfg.data.get("tokenizer_path", None)
+    if not path:
+        return default
+    from lab.config import resolve_path
+
+    p = resolve_path(str(path))
+    if not (p / "tokenizer.json").is_file() or not (p / "tokenizer_config.json").is_file():
+        raise LabError(f"conf/data: tokenizer_path={path}: no tokenizer.json and tokenizer_config.json in {p}")
+    return str(p)

@@ -250,10 +250,10 @@ _SOLVER_MEMO: dict[tuple[str, str], dict] = {}
 SOLUTION_COLUMNS = ("prompt_sha", "fingerprint", "status", "solver_answer", "solver_trace", "solver_reason")
 
 
-def _solve_prompt(prompt: str):
+def _solve_prompt(prompt: str, style: str = "compact"):
     from lab.puzzles import solve
 
-    return solve(prompt)
+    return solve(prompt, style=style)
 
 
 def solver_fingerprint() -> str:
@@ -270,14 +270,16 @@ def _sha(text: str) -> str:
     return hashlib.sha1(text.encode("utf-8")).hexdigest()
 
 
-def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None = None) -> pd.DataFrame:
-    """One row per prompt (in order): SOLUTION_COLUMNS. Reuses the memo and the CSV cache.
+def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None = None,
+                  style: str = "compact") -> pd.DataFrame:
+    """One row per prompt (in order): SOLUTION_COLUMNS, the trace in `style` (`data.trace_style`: the style the
+    model was trained on). Reuses the memo and the CSV cache (keyed by solver code and style).
 
     The CSV at `cache_path` (if given) is read when present and rewritten with every solution
     this call needed; rows made with another solver fingerprint are ignored.
     """
     prompts = [str(p) for p in prompts]
-    fp = solver_fingerprint()
+    fp = f"{solver_fingerprint()}-{style}"
     disk: dict[str, dict] = {}
     cache_path = Path(cache_path) if cache_path is not None else None
     if cache_path is not None and cache_path.is_file():
@@ -296,7 +298,7 @@ def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None =
         if row is None:
             fresh = True
             try:
-                s = _solve_prompt(p)
+                s = _solve_prompt(p, style)
                 row = {"status": str(s.status), "solver_answer": "" if s.answer is None else str(s.answer),
                        "solver_trace": str(s.trace or ""), "solver_reason": str(getattr(s, "reason", "") or "")}
             except Exception as e:  # noqa: BLE001 - the solver promises not to raise; do not die if it does
@@ -312,8 +314,8 @@ def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None =
 
 
 def with_solver(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
-                cache_path: str | os.PathLike | None = None) -> pd.DataFrame:
-    """`pred` plus `status, solver_answer, solver_trace, solver_reason` (solved from `prompt`).
+                cache_path: str | os.PathLike | None = None, style: str = "compact") -> pd.DataFrame:
+    """`pred` plus `status, solver_answer, solver_trace, solver_reason` (solved from `prompt`, trace in `style`).
 
     `solutions`, when given, is a table aligned with `pred` by `id` (or by row when it has no
     `id`) holding at least `status` and `solver_trace`: tests and notebooks can pass their own.
@@ -322,7 +324,7 @@ def with_solver(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
     if solutions is None:
         if (df["prompt"] == "").any():
             raise LabError("with_solver: some rows have no prompt, so the solver cannot see the puzzle")
-        sol = solve_prompts(df["prompt"], cache_path=cache_path)
+        sol = solve_prompts(df["prompt"], cache_path=cache_path, style=style)
     elif "id" in solutions.columns:
         if "status" not in solutions.columns:
             raise LabError(f"with_solver: solutions need a 'status' column; have {list(solutions.columns)}")
@@ -511,7 +513,7 @@ def first_departure(completion: str, solver_trace: str | None) -> int | None:
 
 def departure_table(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
                     cache_path: str | os.PathLike | None = None,
-                    statuses: Iterable[str] = ("solved", "ambiguous")) -> pd.DataFrame:
+                    statuses: Iterable[str] = ("solved", "ambiguous"), style: str = "compact") -> pd.DataFrame:
     """One row per prediction whose prompt has a solver trace with a status in `statuses`
     (an 'undetermined' trace only says "cannot solve", so it is left out by default):
     `id, category, subtype, status, correct, trace_steps, model_steps, departure` (Int64, <NA>
@@ -523,7 +525,7 @@ def departure_table(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
         for c in ("status", "solver_trace"):
             df[c] = df[c].map(_text)
     else:
-        df = with_solver(pred, solutions=solutions, cache_path=cache_path)
+        df = with_solver(pred, solutions=solutions, cache_path=cache_path, style=style)
     df = df[(df["solver_trace"].str.strip() != "") & df["status"].isin(list(statuses))]
     rows = []
     for r in df.to_dict("records"):
@@ -690,14 +692,15 @@ def _jsonable(v: Any) -> Any:
 
 
 def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int = DEFAULT_BUDGET,
-            solutions: pd.DataFrame | None = None, solver: bool = True) -> dict[str, Any]:
+            solutions: pd.DataFrame | None = None, solver: bool = True, style: str = "compact") -> dict[str, Any]:
     """Write every table (CSV) and plot (PNG) into `out_dir`; return the headline metrics.
 
     Files: accuracy_by_category.csv, accuracy_by_subtype.csv, accuracy_by_status.csv,
     taxonomy.csv, failures.csv (one row per prediction with its class), departures.csv,
     departure_summary.csv, lengths.csv, solutions.csv (the solver cache), and the plots
     accuracy_by_category.png, taxonomy.png, lengths.png. With `solver=False` (or no prompts)
-    the solver-based tables are skipped. `solutions` overrides the solver (see with_solver).
+    the solver-based tables are skipped. `solutions` overrides the solver (see with_solver); `style` is the
+    trace style the departures compare with (`data.trace_style`, the style the model was trained on).
 
     Returned dict (JSON-serialisable): n, accuracy, accuracy_by_category {category: {n, correct,
     accuracy, lo, hi}}, taxonomy {category: {class: count}} ('all' included), truncated,
@@ -724,7 +727,8 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int = DEFAUL
     use_solver = solver and (solutions is not None or (len(df) and (df["prompt"] != "").all()))
     status_acc = None
     if use_solver:
-        df = with_solver(df, solutions=solutions, cache_path=None if solutions is not None else out / "solutions.csv")
+        df = with_solver(df, solutions=solutions, cache_path=None if solutions is not None else out / "solutions.csv",
+                         style=style)
         if solutions is None:
             files.append("solutions.csv")
         status_acc = accuracy_table(df, ("status",))

@@ -115,6 +115,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from lab.config import LabError, atomic_write_csv, atomic_write_json, read_json, resolve_path
+from lab.data import trace_style
 from lab.prompts import chat_prompt
 
 ROLLOUT_BACKENDS = ("hf", "vllm")
@@ -161,8 +162,9 @@ def completion_budget(cfg: DictConfig, tokenizer, puzzles: Sequence[str]) -> int
     return b
 
 
-def build_dataset(tokenizer, puzzles: pd.DataFrame):
-    """Rendered Kaggle prompts plus the columns rewards read (answer, category, solver_trace), the id and the
+def build_dataset(tokenizer, puzzles: pd.DataFrame, style: str = "compact"):
+    """Rendered Kaggle prompts plus the columns rewards read (answer, category, solver_trace in `style`, the
+    `data.trace_style` the SFT stage trained on), the id and the
     raw puzzle text (`refine` builds its prompts from it); one row per puzzle row, in order."""
     from datasets import Dataset
 
@@ -175,7 +177,7 @@ def build_dataset(tokenizer, puzzles: pd.DataFrame):
     for _, r in puzzles.iterrows():
         key = str(r["id"])
         if key not in cache:
-            sol = solve(r["prompt"], vocab)
+            sol = solve(r["prompt"], vocab, style=style)
             cache[key] = {"prompt": chat_prompt(tokenizer, r["prompt"]), "answer": str(r["answer"]),
                           "category": str(r.get("category", "")),
                           "solver_trace": sol.trace if sol.status == "solved" else "", "id": key,
@@ -609,7 +611,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps
     ids = schedule(order, max_steps * per_step * int(args.world_size), shuffle=not bool(g.curriculum),
                    seed=int(cfg.seed))
-    ds = build_dataset(tokenizer, by_id.loc[ids].reset_index())
+    ds = build_dataset(tokenizer, by_id.loc[ids].reset_index(), trace_style(cfg))
 
     check = GradientCheck(model) if bool(g.gradient_check) else None
     callbacks = _callbacks(cfg, check, spread)

@@ -67,6 +67,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from lab.config import LabError, atomic_write_csv, resolve_path
+from lab.data import trace_style
 from lab.prompts import chat_prompt
 
 MAX_RANK = 32
@@ -291,11 +292,12 @@ def attach_lora(cfg: DictConfig, model):
 
 # ---- data -------------------------------------------------------------------------------------
 
-def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int) -> tuple[pd.DataFrame, dict]:
+def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int,
+                 style: str = "compact") -> tuple[pd.DataFrame, dict]:
     """Prompt/completion pairs from solver traces whose answer the competition metric accepts.
 
     prompt = the exact Kaggle prompt rendered by the chat template (ends with `<think>\\n`);
-    completion = the solver trace (reasoning, `</think>`, `\\boxed{answer}`) + end-of-turn token.
+    completion = the solver trace in `style` (`data.trace_style`; reasoning, `</think>`, `\\boxed{answer}`) + end-of-turn token.
     Returns the examples and counts of what was kept, not solved, wrong, or too long. Cipher
     puzzles share the vocabulary of all the frame's cipher examples, as in `solve_frame`.
     """
@@ -306,7 +308,7 @@ def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int) -> tuple[pd
     vocab = vocabulary(puzzles["prompt"])
     rows, counts = [], {"puzzles": len(puzzles), "kept": 0, "unsolved": 0, "solver_wrong": 0, "overlong": 0}
     for _, row in puzzles.iterrows():
-        sol = solve(row["prompt"], vocab)
+        sol = solve(row["prompt"], vocab, style=style)
         if sol.status != "solved":
             counts["unsolved"] += 1
             continue
@@ -493,7 +495,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     if model is None:
         model, tokenizer = load_model(cfg)
     trl_cpu.install()
-    examples, counts = sft_examples(tokenizer, train_puzzles, int(cfg.sft.max_seq_len))
+    examples, counts = sft_examples(tokenizer, train_puzzles, int(cfg.sft.max_seq_len), trace_style(cfg))
     if cfg.sft.n_train:
         examples = examples.sample(frac=1.0, random_state=int(cfg.seed)).head(int(cfg.sft.n_train))
     if examples.empty:

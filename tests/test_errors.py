@@ -152,7 +152,7 @@ def fake_solver(monkeypatch):
     """Replace lab.puzzles.solve: status by the prompt's first word, trace 'step a / step b'."""
     calls = []
 
-    def solve(prompt):
+    def solve(prompt, style="compact"):
         calls.append(prompt)
         status = prompt.split()[0]
         return SimpleNamespace(answer="1", status=status, trace=done("step a\nstep b", "1"), reason="")
@@ -345,3 +345,11 @@ def test_empty_predictions():
     assert accuracy_table(empty)["n"].tolist() == [0]
     with pytest.raises(LabError, match="no predictions"):
         analyse(empty, "unused")
+
+
+def test_solver_cache_keyed_by_trace_style(fake_solver):
+    """Departures compare with the trace style the model was trained on: each style is solved and cached apart."""
+    errors.solve_prompts(["solved one"])
+    errors.solve_prompts(["solved one"], style="derivation")
+    errors.solve_prompts(["solved one"], style="derivation")
+    assert len(fake_solver) == 2

@@ -149,3 +149,21 @@ def test_rendered_conversation_is_not_the_trained_text(real):
                                     {"role": "user", "content": "q"}], tokenize=False)
     assert "step 1" not in two  # ...but an earlier turn loses its reasoning
     assert "<|im_start|>assistant\n<think></think>\n\\boxed{1}<|im_end|>\n<|im_start|>user\nq" in two
+
+
+@needs_real
+def test_sft_and_grpo_data_read_the_trace_style(real, puzzles):
+    """`data.trace_style: derivation`: SFT completions and the GRPO rows' solver_trace are the derivation traces
+    (the answers are the solver's either way), and the derivations fit the competition's sequence budget."""
+    from lab import grpo, sft
+    from lab.puzzles import solve
+
+    examples, counts = sft.sft_examples(real, puzzles, 8192, "derivation")
+    assert set(examples["category"]) == set(CATEGORIES), counts
+    by_id = puzzles.set_index("id")["prompt"]
+    for _, ex in examples.iterrows():
+        assert ex["completion"] == solve(by_id[ex["id"]], style="derivation").trace + real.eos_token
+    ds = grpo.build_dataset(real, puzzles.head(6), "derivation")
+    for row, (_, pz) in zip(ds, puzzles.head(6).iterrows()):
+        sol = solve(pz["prompt"], style="derivation")
+        assert row["solver_trace"] == (sol.trace if sol.status == "solved" else "")

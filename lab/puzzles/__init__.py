@@ -10,18 +10,23 @@ Public API (other modules rely on exactly these names):
 `Solution.trace` is the whole assistant completion that follows the chat template's `<think>\n`:
 short regular steps, then `</think>`, then `\boxed{answer}`.
 
-Also: trace_tokens(trace, tokenizer=None), solve_frame(df, tokenizer=None), method_table(solved),
-family_table(solved) (equations by kind, family and mode), and the command line
-`python -m lab.puzzles solve IN.csv OUT.csv` / `python -m lab.puzzles generate --category C --n N --seed S OUT.csv`.
-Modules: common (Solution, trace ending), classify, solve (dispatch), generate, and one per category:
-bits, gravity, units, cipher, numeral, equations.
+`solve(prompt, style="derivation")` writes the trace as the solver's search, one checked step a line
+(`derive`); the answer and status are the same in both styles. `check` replays traces line by line.
+
+Also: trace_tokens(trace, tokenizer=None), solve_frame(df, tokenizer=None, style=...), token_table(solved)
+(p50/p90/p99/max trace tokens per category and style), method_table(solved), family_table(solved)
+(equations by kind, family and mode), and the command line `python -m lab.puzzles solve IN.csv OUT.csv
+[--trace-style derivation] [--tokenizer DIR]` / `python -m lab.puzzles check OUT.csv` /
+`python -m lab.puzzles generate --category C --n N --seed S OUT.csv`.
+Modules: common (Solution, trace ending), classify, solve (dispatch), generate, derive (derivation traces),
+check (the trace checker), and one per category: bits, gravity, units, cipher, numeral, equations.
 """
 
 from .classify import classify
 from .common import CATEGORIES, Solution
 from .equations import family_table
 from .generate import generate
-from .solve import method_table, solve, solve_frame, trace_tokens
+from .solve import method_table, solve, solve_frame, token_table, trace_tokens
 
 __all__ = ["CATEGORIES", "Solution", "classify", "solve", "generate", "solve_frame", "method_table", "family_table",
-           "trace_tokens"]
+           "trace_tokens", "token_table"]

@@ -1,10 +1,13 @@
-"""`python -m lab.puzzles solve IN.csv OUT.csv` and `python -m lab.puzzles generate --category C --n N --seed S OUT.csv`.
+"""`python -m lab.puzzles solve IN.csv OUT.csv [--trace-style derivation] [--tokenizer DIR]`,
+`python -m lab.puzzles check SOLVED.csv` and `python -m lab.puzzles generate --category C --n N --seed S OUT.csv`.
 
 solve: reads IN (columns prompt, optional id and gold answer; read as strings), writes OUT with id,
-category, subtype, status, method, answer, trace_tokens, reason, seconds, trace (and correct when IN
-has answers), prints per-category counts, statuses, accuracy (if answers) and puzzles per second,
-then the same per solver method (on the real file, which rule levels and meanings its puzzles use)
-and, for equations, per kind, family and mode.
+category, subtype, status, method, answer, trace_tokens, reason, seconds, trace, trace_style, prompt (and
+correct when IN has answers), prints per-category counts, statuses, accuracy (if answers) and puzzles per
+second, trace tokens p50/p90/p99/max against the 7,680 budget, then the same per solver method (on the
+real file, which rule levels and meanings its puzzles use) and, for equations, per kind, family and mode.
+check: replays every solved row's trace against its prompt (`lab.puzzles.check`), prints the share that
+replays per category and style and the first failing line of each failure; exit 1 unless all replay.
 generate: writes a generated frame; difficulty knobs as `--set key=value` (repeatable).
 """
 
@@ -16,7 +19,7 @@ import sys
 from lab.config import LabError, atomic_write_csv
 
 from .equations import family_table
-from .solve import method_table
+from .solve import BUDGET, method_table, token_table
 
 
 def _read_csv(path: str):
@@ -52,6 +55,7 @@ def summary(out, has_gold: bool) -> str:
     if has_gold:
         text += f"\noverall accuracy: {out['correct'].mean():.4f} ({int(out['correct'].sum())}/{len(out)})"
     text += "\n(trace_tokens: " + ("tokenizer count)" if _TOK else "ESTIMATE, no tokenizer given)")
+    text += f"\n\ntrace tokens (budget {BUDGET:,}):\n" + token_table(out).to_string(index=False)
     by_method = method_table(out)
     text += "\n\nby method (what answered: bits, the rule level; cipher, the word source; equations, mode and meaning," \
         " the subtraction's marker form included):\n" \
@@ -65,6 +69,23 @@ def summary(out, has_gold: bool) -> str:
 _TOK = None
 
 
+def check_command(path: str, show: int = 20) -> int:
+    from lab.metric import read_table
+
+    from .check import check_frame
+
+    df = read_table(path, ["prompt", "category", "status", "trace"], "solve output")
+    rows, summary = check_frame(df)
+    print(summary.to_string(index=False) if len(summary) else "(no solved rows)")
+    bad = rows[~rows["ok"]]
+    for _, r in bad.head(show).iterrows():
+        print(f"FAIL {r['id']} ({r['category']}, {r['style']}) line {r['line']}: {r['message']}")
+    if len(bad) > show:
+        print(f"... {len(bad) - show} more failures")
+    print(f"{len(rows) - len(bad)}/{len(rows)} solved traces replay")
+    return 0 if len(bad) == 0 else 1
+
+
 def main(argv: list[str] | None = None) -> int:
     global _TOK
     ap = argparse.ArgumentParser(prog="python -m lab.puzzles")
@@ -73,6 +94,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("inp")
     s.add_argument("out")
     s.add_argument("--tokenizer", default=None, help="local tokenizer folder for exact trace token counts")
+    s.add_argument("--trace-style", default="compact", choices=["compact", "derivation"])
+    c = sub.add_parser("check", help="replay every solved trace of a `solve` output")
+    c.add_argument("solved")
+    c.add_argument("--show", type=int, default=20, help="failures to print")
     g = sub.add_parser("generate", help="write generated puzzles to a CSV")
     g.add_argument("--category", required=True)
     g.add_argument("--n", type=int, required=True)
@@ -86,10 +111,14 @@ def main(argv: list[str] | None = None) -> int:
 
             df = _read_csv(args.inp)
             _TOK = args.tokenizer
-            out = solve_frame(df, tokenizer=args.tokenizer)
+            out = solve_frame(df, tokenizer=args.tokenizer, style=args.trace_style)
+            out["trace_style"] = args.trace_style
+            out["prompt"] = df["prompt"].tolist()
             atomic_write_csv(args.out, out)
             print(summary(out, "correct" in out.columns))
             print(f"wrote {args.out}")
+        elif args.cmd == "check":
+            return check_command(args.solved, args.show)
         else:
             from .generate import generate
 

@@ -436,7 +436,7 @@ LIN_NAMES = ["x"] + [f"shl{k}" for k in range(1, 8)] + [f"shr{k}" for k in range
 def xor_of_copies(x: list[int], y: list[int], q: int):
     """Level 7: the output as an XOR of any set of shifted copies, maybe NOT (rotl k = shl k XOR
     shr 8-k, so rotations are in the span). 16 unknowns, and every bit of every example is one
-    equation over GF(2), so 8 examples give 64. -> (answer, lines) if the equations are consistent
+    equation over GF(2), so 8 examples give 64. -> (answer, lines, (NOT?, copy names)) if the equations are consistent
     and force every query bit, else None."""
     def bit_rows(v: int):  # per output bit (MSB first): mask over LIN_NAMES + the NOT constant (bit 15)
         cs = [apply_t(n, v) for n in LIN_NAMES]
@@ -462,7 +462,7 @@ def xor_of_copies(x: list[int], y: list[int], q: int):
         lines.append(f"{rule} = {b8(val)}")
     if neg:
         lines.append(f"NOT ({rule}) = {b8(~val)}")
-    return (b8(~val) if neg else b8(val)), lines
+    return (b8(~val) if neg else b8(val)), lines, (neg, names)
 
 
 def affine(x: list[int], y: list[int], q: int):
@@ -540,7 +540,8 @@ def _pick(found, q: int) -> Solution:
     ans = b8(pred)
     status = "solved" if len(votes) == 1 else "ambiguous"
     reason = "" if status == "solved" else f"{len(top)} equally simple rules give {len(votes)} answers"
-    return Solution(ans, status, finish(rule_trace(rule, q), ans), CATEGORY, "", reason, METHODS[best[0]])
+    return Solution(ans, status, finish(rule_trace(rule, q), ans), CATEGORY, "", reason, METHODS[best[0]],
+                    {"rule": rule})
 
 
 def solve(prompt: str) -> Solution:
@@ -557,7 +558,8 @@ def solve(prompt: str) -> Solution:
     xs_, ys_ = [a for a, _ in ex], [b for _, b in ex]
     lin = xor_of_copies(xs_, ys_, q)
     if lin is not None:
-        return Solution(lin[0], "solved", finish(lin[1], lin[0]), CATEGORY, "", "", METHODS[7])
+        return Solution(lin[0], "solved", finish(lin[1], lin[0]), CATEGORY, "", "", METHODS[7],
+                        {"xor": lin[2]})
     found = table_rules(x, y, q, k=4)
     if found:
         return _pick(found, q)

@@ -26,6 +26,7 @@ class Solution:
     subtype: str = ""
     reason: str = ""
     method: str = ""  # which part of the solver answered (bits: the rule level), for the per-method tables
+    detail: dict | None = None  # what a derivation trace needs from the search (the rule found), never the answer
 
 
 def finish(lines: list[str], answer: str) -> str:

@@ -427,11 +427,11 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
                     unwritable += 1
                     continue
                 votes[ans] += wq / len(comps)
-                first.setdefault(ans, (mode, full, m))
+                first.setdefault(ans, (mode, full, m, ops))
     if not votes:
         return undetermined(CATEGORY, "symbolic: query symbols or result digits not covered by the examples", subtype)
     ans = max(votes, key=votes.get)
-    mode, s2d, m = first[ans]
+    mode, s2d, m, ops = first[ans]
     x, sym, y = q
     d = lambda s: "".join(s2d[c] for c in s)  # noqa: E731
     used = list(dict.fromkeys(x + y + "".join(ch for ch in ans if ch in s2d)))
@@ -449,7 +449,8 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
     status = "solved" if len(votes) == 1 and not unwritable and not capped else "ambiguous"
     reason = "" if status == "solved" else (f"{len(solutions)} digit maps give {len(votes)} answers"
                                             + (f", {unwritable} unwritable" if unwritable else "") + capped)
-    return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason, method)
+    return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason, method,
+                    {"mode": mode, "s2d": s2d, "ops": ops, "meaning": m})
 
 
 def _symbolic_solutions(exs, cap, state, repeat: bool = False):

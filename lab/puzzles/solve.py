@@ -35,8 +35,13 @@ def category_module(category: str):
     return importlib.import_module(f"lab.puzzles.{MODULES[category]}")
 
 
-def solve(prompt: str, vocab=None, priors=None) -> Solution:
+STYLES = ("compact", "derivation")
+
+
+def solve(prompt: str, vocab=None, priors=None, style: str = "compact") -> Solution:
     """The Solution for one prompt; malformed or unknown prompts give status 'undetermined'.
+    `style`: the trace style, 'compact' (the rule, then applied) or 'derivation' (the search written out,
+    see `lab.puzzles.derive`); the answer, status and method are the same in both.
     `vocab`: the batch's cipher vocabulary (`cipher.vocabulary(prompts)`), passed to the cipher solver.
     `priors`: the batch's equation priors (`equations.learn_priors(prompts)`); default: equations.DEFAULT_COUNTS."""
     try:
@@ -56,6 +61,11 @@ def solve(prompt: str, vocab=None, priors=None) -> Solution:
     except Exception as e:  # noqa: BLE001
         return undetermined(category, f"solver error: {type(e).__name__}: {e}", subtype)
     sol.subtype = sol.subtype or subtype
+    if style == "derivation":
+        from .derive import derivation
+        sol = derivation(prompt, sol)
+    elif style != "compact":
+        raise ValueError(f"trace style {style!r} is not one of {STYLES}")
     return sol
 
 
@@ -89,17 +99,19 @@ def _verifier():
         return lambda gold, pred: str(gold).strip() == str(pred).strip()
 
 
-def _solve_timed(prompt, vocab=None, priors=None):
+def _solve_timed(prompt, vocab=None, priors=None, style="compact"):
     t0 = time.perf_counter()
-    s = solve(prompt, vocab, priors)
+    s = solve(prompt, vocab, priors, style)
     return s, time.perf_counter() - t0
 
 
-def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int | None = None):
+def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int | None = None,
+                style: str = "compact"):
     """DataFrame with id, category, subtype, status, method, answer, trace, trace_tokens, reason, seconds
-    (+ correct when df has a gold `answer` column). `workers`: processes (default: up to 4 for
-    frames of 500 rows or more, else 1); `seconds` is each puzzle's own solve time. Cipher puzzles
-    share the vocabulary of every cipher example in the frame (see `cipher.vocabulary`)."""
+    (+ correct when df has a gold `answer` column); `style` is the trace style (see `solve`).
+    `workers`: processes (default: up to 4 for frames of 500 rows or more, else 1); `seconds` is each
+    puzzle's own solve time. Cipher puzzles share the vocabulary of every cipher example in the frame
+    (see `cipher.vocabulary`)."""
     import pandas as pd
 
     from .cipher import vocabulary
@@ -121,13 +133,13 @@ def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int |
 
         with ProcessPoolExecutor(max_workers=workers) as pool:
             for r in pool.map(_solve_timed, prompts, [vocab] * len(prompts), [priors] * len(prompts),
-                              chunksize=32):
+                              [style] * len(prompts), chunksize=32):
                 results.append(r)
                 if bar is not None:
                     bar.update(1)
     else:
         for p in prompts:
-            results.append(_solve_timed(p, vocab, priors))
+            results.append(_solve_timed(p, vocab, priors, style))
             if bar is not None:
                 bar.update(1)
     if bar is not None:
@@ -143,6 +155,21 @@ def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int |
         verify = _verifier()
         out["correct"] = [bool(verify(g, p)) for g, p in zip(df["answer"].tolist(), out["answer"].tolist())]
     return out
+
+
+BUDGET = 7680  # the competition's completion budget (conf/infer/kaggle.yaml max_tokens)
+
+
+def token_table(out, budget: int = BUDGET):
+    """Trace tokens per category (and `trace_style` when the frame has it): n, p50, p90, p99, max, and the
+    share over `budget`. The trace is the whole completion the scorer sees after `<think>\\n`."""
+    keys = ["category"] + (["trace_style"] if "trace_style" in out else [])
+    g = out.groupby(keys)["trace_tokens"]
+    table = g.quantile([0.5, 0.9, 0.99]).unstack().rename(columns={0.5: "p50", 0.9: "p90", 0.99: "p99"}).round(0)
+    table.insert(0, "n", g.size())
+    table["max"] = g.max()
+    table["over_budget"] = g.apply(lambda t: round(float((t > budget).mean()), 4))
+    return table.reset_index()
 
 
 def method_table(out):
