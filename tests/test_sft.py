@@ -225,6 +225,7 @@ def _adapter(cfg):
     return load_file(str(config.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors"))
 
 
+@pytest.mark.slow
 def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeypatch):
     common = ("sft.max_steps=6", "sft.save_steps=3", "sft.resume=true")
     # uninterrupted: 6 steps
