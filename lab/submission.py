@@ -92,6 +92,7 @@ from pathlib import Path
 
 import numpy as np
 
+from lab import lora
 from lab.config import LabError, project_root, resolve_path
 
 MAX_RANK = 32
@@ -111,18 +112,11 @@ LORA_CONFIG_FIELDS = frozenset({
 })
 REQUIRED_FIELDS = ("r", "lora_alpha", "target_modules")  # what vLLM's PEFTHelper requires
 
-# Nemotron-H module families a LoRA tensor may target (after `base_model.model.`; `backbone.` is the
-# original checkpoint's prefix, which vLLM maps to `model.`).
+# Nemotron-H module names a LoRA tensor may target (after `base_model.model.`; `backbone.` is the original
+# checkpoint's prefix, which vLLM maps to `model.`): one pattern per row of lab.lora's family table.
 _LAYER = r"(?:model|backbone)\.layers\.(?P<layer>\d+)\.mixer\."
-_FAMILY_PATTERNS = [
-    ("attention", re.compile(_LAYER + r"(?P<mod>q_proj|k_proj|v_proj|o_proj)$")),
-    ("mamba", re.compile(_LAYER + r"(?P<mod>in_proj|out_proj)$")),
-    ("moe", re.compile(_LAYER + r"(?P<mod>shared_experts\.(?:up_proj|down_proj))$")),
-    ("moe", re.compile(_LAYER + r"experts\.(?P<expert>\d+)\.(?P<mod>up_proj|down_proj)$")),
-    ("moe", re.compile(_LAYER + r"(?P<mod>fc1_latent_proj|fc2_latent_proj)$")),
-    ("mlp", re.compile(_LAYER + r"(?P<mod>up_proj|down_proj)$")),
-    ("head", re.compile(r"(?P<mod>lm_head)$")),
-]
+_FAMILY_PATTERNS = [(f.group, re.compile(("" if f.group == "head" else _LAYER) + f"(?P<mod>{f.packed})$"))
+                    for f in lora.TABLE]
 _FUSED = re.compile(r"^(?P<prefix>.*\.experts)(?P<nest>(?:\.base_layer)*)\.(?P<ab>lora_A|lora_B)\.weight$")
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.(?P<ab>lora_A|lora_B)\.weight$")
 EXPERT_PARAMS = ("up_proj", "down_proj")  # NemotronHExperts' parameters in registration order (= PEFT nesting)

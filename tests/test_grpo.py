@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lab import config, grpo, models, rewards, sft  # noqa: E402
+from lab import config, grpo, lora, models, rewards  # noqa: E402
 from lab.config import LabError, Stage  # noqa: E402
 from lab.prompts import BOXED_INSTRUCTION, chat_prompt  # noqa: E402
 from lab.puzzles import generate  # noqa: E402
@@ -57,7 +57,7 @@ def start(cfg):
     """Open the stage first (it seeds everything), then a fresh LoRA on the tiny model: the same start every time."""
     stage = Stage("03_grpo", cfg=cfg)
     model, tok = models.load(cfg)
-    pm, _ = sft.attach_lora(cfg, model)
+    pm, _ = lora.attach_lora(cfg, model)
     return stage, pm, tok
 
 
@@ -254,7 +254,7 @@ def test_guard_rails_warn_and_record(root):
 def test_grpo_trains_the_adapter_and_generation_uses_it(root, puzzles):
     cfg = compose(root, "train", "grpo.max_steps=3", "grpo.save_steps=10", "grpo.beta=0.04")
     stage, pm, tok = start(cfg)
-    start_dir = sft.save_adapter(pm, root / "train_start_adapter")
+    start_dir = lora.save_adapter(pm, root / "train_start_adapter")
     base = pm.get_base_model()
     layer = next(lay for lay in base.model.layers if type(lay.mixer).__name__.endswith("Attention"))
     moe = next(lay for lay in base.model.layers if type(lay.mixer).__name__.endswith("MoE"))
