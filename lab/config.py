@@ -289,7 +289,7 @@ def _umask() -> int:
 def temp_file(path: Path, suffix: str) -> tuple[int, str]:
     """(fd, name) of a new temporary file beside `path` (its folder made if missing) with the permissions a plain
     `open` would give (mkstemp's are 0600, unreadable to a shared team folder); a folder that cannot be written to
-    is a LabError naming it. The atomic writers here, in lab.errors and in lab.kaggle use it."""
+    is a LabError naming it. `atomic_file` (every atomic file write of the lab) and the run lock use it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
@@ -299,19 +299,29 @@ def temp_file(path: Path, suffix: str) -> tuple[int, str]:
     return fd, tmp
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write via a temporary file in the same folder and rename: readers never see half a file."""
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, suffix: str = ".tmp"):
+    """Yield a temporary file's path beside `path` (`temp_file`: the user's normal permissions) to write; when the
+    block ends without an error it is renamed to `path` (readers never see half a file), else it is removed. The
+    one atomic file writer: text, JSON, CSV, PNG figures, the Kaggle source tarball and submission.zip use it."""
     path = Path(path)
-    fd, tmp = temp_file(path, ".tmp")
+    fd, tmp = temp_file(path, suffix)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write via a temporary file in the same folder and rename: readers never see half a file."""
+    path = Path(path)
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     return path
 
 

@@ -85,7 +85,6 @@ import os
 import re
 import struct
 import sys
-import tempfile
 import zipfile
 import zlib
 from pathlib import Path
@@ -93,7 +92,7 @@ from pathlib import Path
 import numpy as np
 
 from lab import lora
-from lab.config import LabError, project_root, resolve_path
+from lab.config import LabError, atomic_file, project_root, resolve_path
 
 MAX_RANK = 32
 CONFIG_NAME = "adapter_config.json"
@@ -465,19 +464,13 @@ def _portable_name(name):
     return os.path.relpath(Path(name).expanduser(), project_root())
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str | None = None,
          base_model: str | os.PathLike | None = None, base_model_name: str | None = None) -> Path:
     """Write `out_zip` (adapter_config.json + adapter_model.safetensors at its root) atomically; returns its path.
 
     `base_model_name` (e.g. the Hub id) replaces the adapter's base_model_name_or_path; without it an absolute
-    local path is made relative to the project root. The zip gets the permissions of any file the user creates
-    (0666 less the umask), not mkstemp's 0600.
+    local path is made relative to the project root. The zip is written by `lab.config.atomic_file`, so it gets the
+    permissions of any file the user creates (0666 less the umask), not mkstemp's 0600.
     """
     import torch
     from safetensors.torch import load_file, save
@@ -528,25 +521,17 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
         dt = getattr(torch, dtype)
         tensors = {k: v.to(dt) for k, v in tensors.items()}
 
-    out_zip.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_zip.parent, prefix=f".{out_zip.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())
+    with atomic_file(out_zip) as tmp:  # replaces out_zip only once the packed zip passes the check
         with zipfile.ZipFile(tmp, "w") as zf:
             # top-level keys sorted; rank_pattern/alpha_pattern keep their order (the first matching key wins)
             zf.writestr(CONFIG_NAME, json.dumps(dict(sorted(config.items())), indent=2) + "\n",
                         compress_type=zipfile.ZIP_DEFLATED)
             zf.writestr(WEIGHTS_NAME, save({k: v.contiguous() for k, v in sorted(tensors.items())},
                                            metadata={"format": "pt"}), compress_type=zipfile.ZIP_STORED)
-        problems = _check(Path(tmp), base_model, label=str(out_zip))
+        problems = _check(tmp, base_model, label=str(out_zip))
         if problems:
             raise LabError(f"{adapter_dir}: cannot be packed into {out_zip}; the packed adapter has these "
                            "problems:\n  - " + "\n  - ".join(problems))
-        os.replace(tmp, out_zip)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return out_zip
 
 

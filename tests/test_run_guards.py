@@ -131,7 +131,7 @@ def test_a_driver_lends_its_lock_to_the_stages_it_runs(tmp_path):
 # ---- files and folders -------------------------------------------------------------------------
 
 def test_files_get_the_users_normal_permissions(tmp_path):
-    from lab import errors
+    from lab import plots
 
     old = os.umask(0o022)
     try:
@@ -141,7 +141,7 @@ def test_files_get_the_users_normal_permissions(tmp_path):
         import matplotlib.pyplot as plt
 
         fig = plt.figure()
-        png = errors.save_figure(fig, tmp_path / "f.png")
+        png = plots.save(fig, tmp_path / "f.png")
         plt.close(fig)
     finally:
         os.umask(old)
