@@ -27,6 +27,7 @@ import datetime as _dt
 import json
 import os
 import platform
+import re
 import subprocess
 import tempfile
 import time
@@ -587,4 +588,18 @@ def stage_output(cfg: DictConfig, stage: str, *parts: str) -> Path:
     p = d.joinpath(*parts)
     if parts and not p.exists():
         raise LabError(f"{p}: expected output of stage '{stage}' is missing")
+    return p
+
+
+def stage_input(cfg: DictConfig, path: str | os.PathLike) -> Path:
+    """`path` from the config (an adapter or file a stage reads), resolved. When it lies in a stage folder of this run
+    (`<run_dir>/NN_name/...`), that stage must have finished, checked by `stage_output`: after a crashed rerun of
+    the stage its older output is not read. A path elsewhere (an adapter from another run) is returned as it is."""
+    p = resolve_path(path)
+    try:
+        rel = p.relative_to(resolve_path(cfg.run_dir))
+    except ValueError:
+        return p
+    if rel.parts and re.fullmatch(r"\d\d_\w+", rel.parts[0]):
+        return stage_output(cfg, rel.parts[0], *rel.parts[1:])
     return p
