@@ -24,6 +24,7 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import functools
 import json
 import os
 import platform
@@ -87,13 +88,22 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
     return cfg
 
 
+@functools.cache
+def competition() -> DictConfig:
+    """The competition's fixed limits, read from conf/infer/kaggle.yaml (the scoring settings): `max_lora_rank` (the
+    largest LoRA rank Kaggle's vLLM loads), `max_tokens` (the completion budget) and `max_model_len` (vLLM's context
+    length). Their one home: the checks below, lab.lora, lab.submission and lab.generate read them here."""
+    return OmegaConf.load(project_root() / "conf" / "infer" / "kaggle.yaml")
+
+
 # key -> (kind, lower bound, upper bound, bound kind); kinds: int, num (int or float); bounds are inclusive except
-# where the fourth field says ">" (strictly above the lower bound). A key absent from the config is skipped.
+# where the fourth field says ">" (strictly above the lower bound); a bound given as a name is that key of
+# `competition()`. A key absent from the config is skipped.
 CHECKS = {
     "seed": ("int", 0, None, ""),
     "sft.batch_size": ("int", 1, None, ""), "sft.grad_accum": ("int", 1, None, ""),
     "sft.learning_rate": ("num", 0, None, ">"), "sft.max_seq_len": ("int", 1, None, ""),
-    "sft.lora.r": ("int", 1, 32, ""), "sft.lora.alpha": ("num", 0, None, ">"),
+    "sft.lora.r": ("int", 1, "max_lora_rank", ""), "sft.lora.alpha": ("num", 0, None, ">"),
     "sft.save_steps": ("int", 1, None, ""), "sft.logging_steps": ("int", 1, None, ""),
     "sft.warmup_ratio": ("num", 0, 1, ""), "sft.weight_decay": ("num", 0, None, ""),
     "grpo.learning_rate": ("num", 0, None, ">"), "grpo.max_steps": ("int", 1, None, ""),
@@ -103,7 +113,7 @@ CHECKS = {
     "grpo.save_steps": ("int", 1, None, ""), "grpo.logging_steps": ("int", 1, None, ""),
     "infer.max_tokens": ("int", 1, None, ""), "infer.max_model_len": ("int", 1, None, ""),
     "infer.batch_size": ("int", 1, None, ""), "infer.temperature": ("num", 0, None, ""),
-    "infer.top_p": ("num", 0, 1, ">"), "infer.max_lora_rank": ("int", 1, 32, ""),
+    "infer.top_p": ("num", 0, 1, ">"), "infer.max_lora_rank": ("int", 1, "max_lora_rank", ""),
     "model.max_model_len": ("int", 1, None, ""),
     "vote.k": ("int", 1, None, ""), "vote.temperature": ("num", 0, None, ""), "vote.top_p": ("num", 0, 1, ">"),
     "data.val_fraction": ("num", 0, 1, ""), "data.explore_max": ("int", 1, None, ""),
@@ -136,6 +146,7 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
 
     for key, (kind, lo, hi, strict) in CHECKS.items():
         v = get(key)
+        hi = int(competition()[hi]) if isinstance(hi, str) else hi
         if v is not _ABSENT and (why := _problem(v, kind, lo, hi, strict)):
             problems.append(f"{key}={v!r} {why}")
     v = get("sft.max_steps")

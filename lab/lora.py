@@ -6,7 +6,8 @@ What it simplifies:
 1. One table of LoRA families (`TABLE`): the names `sft.lora.targets` uses, what PEFT is given for each, and the
    module names a packed adapter holds for vLLM (what `lab.submission` checks).
 2. Every configured family must match something in the model (else an error naming the target and listing the
-   families that exist), the rank is at most `MAX_RANK` (Kaggle's vLLM `max_lora_rank`), and after wrapping every
+   families that exist), the rank is at most the competition's `max_lora_rank` (`lab.config.competition`), and
+   after wrapping every
    configured family must own trainable LoRA parameters (`target_table`, `check_table`).
 3. The gradient check (`GradientCheck`): at the first optimiser step every family must have a non-zero gradient;
    after training every LoRA tensor must have moved and a sample of frozen base tensors (one per layer-agnostic
@@ -76,13 +77,10 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
-from lab.config import LabError
+from lab.config import LabError, competition
 
 if TYPE_CHECKING:
     import pandas as pd
-
-MAX_RANK = 32
-
 
 @dataclass(frozen=True)
 class Family:
@@ -145,10 +143,10 @@ def _existing(avail: dict[str, int]) -> str:
 def check_targets(cfg: DictConfig) -> list[str]:
     """Validate `sft.lora` without a model: rank, dropout with experts. Returns the targets."""
     lc = cfg.sft.lora
-    r = int(lc.r)
-    if not 1 <= r <= MAX_RANK:
-        raise LabError(f"conf/sft: lora.r={r} is not allowed: Kaggle's vLLM loads LoRA rank <= {MAX_RANK} "
-                       f"(max_lora_rank={MAX_RANK}); use 1..{MAX_RANK}")
+    r, max_rank = int(lc.r), int(competition().max_lora_rank)
+    if not 1 <= r <= max_rank:
+        raise LabError(f"conf/sft: lora.r={r} is not allowed: Kaggle's vLLM loads LoRA rank <= {max_rank} "
+                       f"(max_lora_rank={max_rank}); use 1..{max_rank}")
     targets = [str(t) for t in lc.targets]
     if not targets:
         raise LabError("conf/sft: lora.targets is empty")

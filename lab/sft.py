@@ -2,7 +2,7 @@
 
 What it guarantees, because each of these silently cost teams days (each has a test in
 tests/test_sft.py on the tiny model):
-- the LoRA is `lab.lora`'s: every configured target family must match, the rank is at most 32, every family
+- the LoRA is `lab.lora`'s: every configured target family must match, the rank is at most Kaggle's, every family
   must own trainable LoRA parameters after wrapping; the table of what received a LoRA (family, count,
   trainable parameters) is printed and saved before training, and `lab.lora.GradientCheck` proves every family
   trained and the frozen weights did not move;

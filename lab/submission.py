@@ -4,8 +4,8 @@
 `adapter_config.json` and `adapter_model.safetensors`: no folders, no nested zip. The config
 keeps only standard PEFT LoraConfig fields (fields another back-end added, e.g. Unsloth's, are
 dropped) and names the base model by a relative path or Hub id, never this machine's absolute
-path. DoRA, rank > 32, `modules_to_save` and LoRA biases are refused; an unreadable adapter is a
-LabError naming the file. The zip is written to a temporary file, checked with `check`, given the
+path. DoRA, a rank above the competition's `max_lora_rank`, `modules_to_save` and LoRA biases are
+refused; an unreadable adapter is a LabError naming the file. The zip is written to a temporary file, checked with `check`, given the
 user's normal file permissions and only then renamed into place.
 
 Routed experts. PEFT's `target_parameters` stores a LoRA on the fused expert parameters of
@@ -53,7 +53,7 @@ lm_head. PEFT saves `base_model.model.lm_head.lora_A.weight` (r, hidden) / `.lor
   fails), dtype size x shape == range length, floating-point dtypes, every value finite and below
   1e4 in magnitude (random bytes read as floats are mostly NaN or huge; overwritten bytes that
   happen to read as small finite numbers cannot be told from weights);
-- the config: the fields vLLM 0.33's PEFTHelper requires or refuses, rank <= 32 per module;
+- the config: the fields vLLM 0.33's PEFTHelper requires or refuses, rank <= `max_lora_rank` per module;
 - the config against the tensors: every LoRA module is named by `target_modules` (routed experts
   also by `target_parameters`), every name there has tensors;
 - the tensors: names vLLM parses, pairs complete, A (r, in) and B (out, r) at each module's rank,
@@ -70,7 +70,7 @@ on this machine): vLLM never reads the field, so refusing would reject every goo
 adapter checked without the 60 GB checkpoint; its tensors are still checked against the
 families and the rank.
 
-Deliberately simple: `pack` reads the whole adapter into memory to convert it (fine for rank <= 32);
+Deliberately simple: `pack` reads the whole adapter into memory to convert it (fine for the ranks Kaggle loads);
 `check` streams the safetensors file from the zip without extracting it.
 
 CLI: `python -m lab.submission pack ADAPTER_DIR OUT.zip [--dtype bfloat16] [--base-model-name HUB_ID]`
@@ -92,9 +92,8 @@ from pathlib import Path
 import numpy as np
 
 from lab import lora
-from lab.config import LabError, atomic_file, project_root, resolve_path
+from lab.config import LabError, atomic_file, competition, project_root, resolve_path
 
-MAX_RANK = 32
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 
@@ -443,11 +442,12 @@ def _refuse(config: dict, where: str) -> None:
     bad = []
     if config.get("use_dora"):
         bad.append("use_dora is true (vLLM cannot serve DoRA)")
-    if int(config.get("r", 0)) > MAX_RANK:
-        bad.append(f"r={config['r']} > {MAX_RANK}")
+    max_rank = int(competition().max_lora_rank)
+    if int(config.get("r", 0)) > max_rank:
+        bad.append(f"r={config['r']} > {max_rank}")
     for k, v in (config.get("rank_pattern") or {}).items():
-        if int(v) > MAX_RANK:
-            bad.append(f"rank_pattern[{k!r}]={v} > {MAX_RANK}")
+        if int(v) > max_rank:
+            bad.append(f"rank_pattern[{k!r}]={v} > {max_rank}")
     if config.get("modules_to_save"):
         bad.append(f"modules_to_save={config['modules_to_save']} (vLLM loads LoRA weights only)")
     if config.get("lora_bias") or config.get("bias", "none") != "none":
@@ -553,8 +553,9 @@ def _check_config(config: dict) -> list[str]:
     except (TypeError, ValueError):
         r = 0
         p.append(f"{CONFIG_NAME}: r={config.get('r')!r} is not an integer")
-    if r > MAX_RANK:
-        p.append(f"LoRA rank r={r} is above {MAX_RANK}, the max_lora_rank Kaggle's vLLM loads")
+    max_rank = int(competition().max_lora_rank)
+    if r > max_rank:
+        p.append(f"LoRA rank r={r} is above {max_rank}, the max_lora_rank Kaggle's vLLM loads")
     elif "r" in config and r < 1:
         p.append(f"LoRA rank r={config.get('r')!r} must be a positive integer")
     # vLLM 0.33 applies both per module (PEFTHelper.get_rank_and_scaling, vllm/lora/peft_helper.py) and refuses
@@ -562,8 +563,8 @@ def _check_config(config: dict) -> list[str]:
     for k, v in (config.get("rank_pattern") or {}).items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             p.append(f"rank_pattern gives {v!r} to {k!r}, not a positive integer rank")
-        elif v > MAX_RANK:
-            p.append(f"rank_pattern gives rank {v} to {k!r}, above {MAX_RANK}, the max_lora_rank Kaggle's vLLM loads")
+        elif v > max_rank:
+            p.append(f"rank_pattern gives rank {v} to {k!r}, above {max_rank}, the max_lora_rank Kaggle's vLLM loads")
     for k, v in (config.get("alpha_pattern") or {}).items():
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
             p.append(f"alpha_pattern gives {v!r} to {k!r}, not a positive number")
