@@ -1,4 +1,4 @@
-# Two commands for a fresh machine: `make demo` and `make test`. Both create .venv first.
+# Commands for a fresh machine: `make demo`, `make test` (the fast lane) and `make test-all`. Each creates .venv first.
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +10,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 
-.PHONY: venv demo test bench sweep clean
+.PHONY: venv demo test test-all bench sweep clean
 
 venv: $(VENV)/.installed
 
@@ -25,7 +25,12 @@ $(VENV)/.installed: pyproject.toml
 demo: venv
 	$(BIN)/python -m lab demo
 
+# the fast lane: every test but the end-to-end (papermill, sweep, training) ones marked `slow`
 test: venv
+	$(BIN)/python -m pytest -m "not slow"
+
+# everything, the slow end-to-end tests included (what CI runs)
+test-all: venv
 	$(BIN)/python -m pytest
 
 bench: venv

@@ -9,7 +9,8 @@ Modules, by what they do:
   models      loading the base model (or building the tiny one) and adapters
   generate    one generation interface: transformers on CPU/GPU, vLLM on GPU
   sft         the supervised warm-up (TRL SFTTrainer + PEFT LoRA); sft_unsloth: the GPU back-end
-  lora        an lm_head LoRA that TRL 1.15's fused head really trains
+  lora        the LoRA family table, attaching the adapter, the out_proj and lm_head guards, the gradient check,
+              saving; callbacks: the trainer callbacks SFT and GRPO share
   memory      the real model's shapes under the LoRA (meta device) and an SFT step's memory estimate
   rewards     GRPO reward functions, a name-to-function registry
   curriculum  pass-rate selection and easy-to-hard ordering of GRPO prompts

@@ -24,9 +24,11 @@ from __future__ import annotations
 import atexit
 import contextlib
 import datetime as _dt
+import functools
 import json
 import os
 import platform
+import re
 import subprocess
 import tempfile
 import time
@@ -86,13 +88,22 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
     return cfg
 
 
+@functools.cache
+def competition() -> DictConfig:
+    """The competition's fixed limits, read from conf/infer/kaggle.yaml (the scoring settings): `max_lora_rank` (the
+    largest LoRA rank Kaggle's vLLM loads), `max_tokens` (the completion budget) and `max_model_len` (vLLM's context
+    length). Their one home: the checks below, lab.lora, lab.submission and lab.generate read them here."""
+    return OmegaConf.load(project_root() / "conf" / "infer" / "kaggle.yaml")
+
+
 # key -> (kind, lower bound, upper bound, bound kind); kinds: int, num (int or float); bounds are inclusive except
-# where the fourth field says ">" (strictly above the lower bound). A key absent from the config is skipped.
+# where the fourth field says ">" (strictly above the lower bound); a bound given as a name is that key of
+# `competition()`. A key absent from the config is skipped.
 CHECKS = {
     "seed": ("int", 0, None, ""),
     "sft.batch_size": ("int", 1, None, ""), "sft.grad_accum": ("int", 1, None, ""),
     "sft.learning_rate": ("num", 0, None, ">"), "sft.max_seq_len": ("int", 1, None, ""),
-    "sft.lora.r": ("int", 1, 32, ""), "sft.lora.alpha": ("num", 0, None, ">"),
+    "sft.lora.r": ("int", 1, "max_lora_rank", ""), "sft.lora.alpha": ("num", 0, None, ">"),
     "sft.save_steps": ("int", 1, None, ""), "sft.logging_steps": ("int", 1, None, ""),
     "sft.warmup_ratio": ("num", 0, 1, ""), "sft.weight_decay": ("num", 0, None, ""),
     "grpo.learning_rate": ("num", 0, None, ">"), "grpo.max_steps": ("int", 1, None, ""),
@@ -102,7 +113,7 @@ CHECKS = {
     "grpo.save_steps": ("int", 1, None, ""), "grpo.logging_steps": ("int", 1, None, ""),
     "infer.max_tokens": ("int", 1, None, ""), "infer.max_model_len": ("int", 1, None, ""),
     "infer.batch_size": ("int", 1, None, ""), "infer.temperature": ("num", 0, None, ""),
-    "infer.top_p": ("num", 0, 1, ">"), "infer.max_lora_rank": ("int", 1, 32, ""),
+    "infer.top_p": ("num", 0, 1, ">"), "infer.max_lora_rank": ("int", 1, "max_lora_rank", ""),
     "model.max_model_len": ("int", 1, None, ""),
     "vote.k": ("int", 1, None, ""), "vote.temperature": ("num", 0, None, ""), "vote.top_p": ("num", 0, 1, ">"),
     "data.val_fraction": ("num", 0, 1, ""), "data.explore_max": ("int", 1, None, ""),
@@ -135,6 +146,7 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
 
     for key, (kind, lo, hi, strict) in CHECKS.items():
         v = get(key)
+        hi = int(competition()[hi]) if isinstance(hi, str) else hi
         if v is not _ABSENT and (why := _problem(v, kind, lo, hi, strict)):
             problems.append(f"{key}={v!r} {why}")
     v = get("sft.max_steps")
@@ -289,7 +301,7 @@ def _umask() -> int:
 def temp_file(path: Path, suffix: str) -> tuple[int, str]:
     """(fd, name) of a new temporary file beside `path` (its folder made if missing) with the permissions a plain
     `open` would give (mkstemp's are 0600, unreadable to a shared team folder); a folder that cannot be written to
-    is a LabError naming it. The atomic writers here, in lab.errors and in lab.kaggle use it."""
+    is a LabError naming it. `atomic_file` (every atomic file write of the lab) and the run lock use it."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
@@ -299,19 +311,29 @@ def temp_file(path: Path, suffix: str) -> tuple[int, str]:
     return fd, tmp
 
 
-def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
-    """Write via a temporary file in the same folder and rename: readers never see half a file."""
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, suffix: str = ".tmp"):
+    """Yield a temporary file's path beside `path` (`temp_file`: the user's normal permissions) to write; when the
+    block ends without an error it is renamed to `path` (readers never see half a file), else it is removed. The
+    one atomic file writer: text, JSON, CSV, PNG figures, the Kaggle source tarball and submission.zip use it."""
     path = Path(path)
-    fd, tmp = temp_file(path, ".tmp")
+    fd, tmp = temp_file(path, suffix)
+    os.close(fd)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(text)
-            f.flush()
-            os.fsync(f.fileno())
+        yield Path(tmp)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write via a temporary file in the same folder and rename: readers never see half a file."""
+    path = Path(path)
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
     return path
 
 
@@ -577,4 +599,18 @@ def stage_output(cfg: DictConfig, stage: str, *parts: str) -> Path:
     p = d.joinpath(*parts)
     if parts and not p.exists():
         raise LabError(f"{p}: expected output of stage '{stage}' is missing")
+    return p
+
+
+def stage_input(cfg: DictConfig, path: str | os.PathLike) -> Path:
+    """`path` from the config (an adapter or file a stage reads), resolved. When it lies in a stage folder of this run
+    (`<run_dir>/NN_name/...`), that stage must have finished, checked by `stage_output`: after a crashed rerun of
+    the stage its older output is not read. A path elsewhere (an adapter from another run) is returned as it is."""
+    p = resolve_path(path)
+    try:
+        rel = p.relative_to(resolve_path(cfg.run_dir))
+    except ValueError:
+        return p
+    if rel.parts and re.fullmatch(r"\d\d_\w+", rel.parts[0]):
+        return stage_output(cfg, rel.parts[0], *rel.parts[1:])
     return p

@@ -61,7 +61,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from lab.config import LabError, atomic_write_csv, atomic_write_json, resolve_path, temp_file
+from lab.config import LabError, atomic_write_csv, atomic_write_json, resolve_path
 from lab.metric import extract_answer, verify
 from lab.puzzles import CATEGORIES
 

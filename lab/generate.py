@@ -57,7 +57,7 @@ from typing import Sequence
 import pandas as pd
 from tqdm import tqdm  # text bars: they show in papermill logs as well as in Jupyter
 
-from lab.config import LabError, resolve_path
+from lab.config import LabError, competition, resolve_path
 from lab.prompts import chat_prompt
 
 VLLM_MAX_RESIDENT_GB = 2.0  # CUDA memory this process may still hold when a vLLM engine starts (a model left behind)
@@ -133,9 +133,10 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], n: int = 1, temperatur
 
 
 def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                  max_new_tokens: int = 7680, seed: int = 0, logprobs: bool = False,
+                  max_new_tokens: int | None = None, seed: int = 0, logprobs: bool = False,
                   lora_request=None) -> list[list[Completion]]:
-    """vLLM `LLM.generate` with `SamplingParams`; `llm` comes from `vllm_engine`.
+    """vLLM `LLM.generate` with `SamplingParams`; `llm` comes from `vllm_engine`; `max_new_tokens` defaults to the
+    competition's completion budget (`lab.config.competition`).
 
     Checked against vLLM 0.33.0 (vllm/sampling_params.py, outputs.py, logprobs.py, v1/engine/__init__.py):
     `logprobs=0` returns, per generated token, a dict {token_id: Logprob} holding just the sampled
@@ -149,6 +150,8 @@ def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 
     """
     from vllm import SamplingParams
 
+    if max_new_tokens is None:
+        max_new_tokens = int(competition().max_tokens)
     if temperature <= 0 and n > 1:
         once = generate_vllm(llm, prompts, 1, 0.0, top_p, max_new_tokens, seed, logprobs, lora_request)
         return [comps * n for comps in once]

@@ -27,7 +27,7 @@ notebook calls. In order:
    `grpo.zero_variance_warn_share`, and so is the share of groups whose correctness is the same in
    every sample (`GroupSpread`, which a varying format reward cannot hide), and a step where every completion was unscorable (reward None,
    e.g. all truncated under `mask_truncated_completions`) is flagged; each warning is printed and
-   recorded in `metrics["warnings"]`. The gradient check of `lab.sft` (every LoRA family got a
+   recorded in `metrics["warnings"]`. The gradient check of `lab.lora` (every LoRA family got a
    gradient and moved, sampled frozen base tensors did not) runs when `grpo.gradient_check`;
 5. the adapter (only the trained "default" LoRA; TRL's frozen "ref" copy, made when beta > 0, is
    deleted first) is saved to `grpo.adapter_dir`; `train_log.csv` holds every logged step.
@@ -333,10 +333,10 @@ def _guard_rails(cfg: DictConfig, spread: GroupSpread | None = None):
 
 
 def _callbacks(cfg: DictConfig, check, spread: GroupSpread | None = None) -> list:
-    """[guard rails, lab.sft's callback (gradient snapshot, wall-clock budget)]; tests append to this list."""
-    from lab.sft import _callbacks as sft_callbacks
+    """[guard rails, lab.callbacks' callback (gradient snapshot, wall-clock budget)]; tests append to this list."""
+    from lab.callbacks import trainer_callbacks
 
-    return [_guard_rails(cfg, spread), *sft_callbacks(check, float(cfg.grpo.wall_clock_budget_min))]
+    return [_guard_rails(cfg, spread), *trainer_callbacks(check, float(cfg.grpo.wall_clock_budget_min))]
 
 
 # ---- resume ------------------------------------------------------------------------------------
@@ -554,9 +554,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     from trl import GRPOTrainer
 
     from lab import curriculum, trl_cpu
-    from lab.lora import install_fused_lora_head, trainer_accepts_head_lora
+    from lab.lora import GradientCheck, allow_out_proj, install_fused_lora_head, save_adapter, trainer_accepts_head_lora
     from lab.rewards import build
-    from lab.sft import GradientCheck, _allow_out_proj, save_adapter
 
     g = cfg.grpo
     backend = check_backend(cfg)
@@ -629,7 +628,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
             rows_by_prompt = {r["prompt"]: r for r in ds}
             rollout = refine_rollout(tokenizer, funcs, weights, rows_by_prompt, refinements)
         # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included); an lm_head LoRA: see lab.lora
-        with _allow_out_proj(), trainer_accepts_head_lora(model):
+        with allow_out_proj(), trainer_accepts_head_lora(model):
             trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
                                   train_dataset=ds, processing_class=tokenizer, callbacks=callbacks,
                                   rollout_func=rollout)

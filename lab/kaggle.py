@@ -50,8 +50,8 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from lab.config import (LabError, atomic_write_json, atomic_write_text, compose, project_root, resolve_path,
-                        split_at_dashes, temp_file)
+from lab.config import (LabError, atomic_file, atomic_write_json, atomic_write_text, compose, project_root,
+                        resolve_path, split_at_dashes)
 from lab.pipeline import STAGES
 
 SDIST_ONLY = ("antlr4-python3-runtime==4.9.3",)  # dependencies PyPI has no wheel of (omegaconf's): built with pip wheel
@@ -194,10 +194,8 @@ def _source_tarball(dest: Path) -> Path:
                 info.size, info.mtime, info.mode = len(data), 0, 0o644
                 tar.addfile(info, io.BytesIO(data))
     path = dest / SRC_TARBALL
-    fd, tmp = temp_file(path, ".tmp")
-    with os.fdopen(fd, "wb") as f:
-        f.write(buf.getvalue())
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        tmp.write_bytes(buf.getvalue())
     return path
 
 

@@ -1,6 +1,43 @@
-"""A LoRA on `lm_head` that TRL 1.15's trainers really train, with the logits never materialised whole.
+"""LoRA for Nemotron-H: the family table, building and attaching the adapter, the guards that make every family
+really train, the gradient check, saving. `lab.sft`, `lab.sft_unsloth`, `lab.grpo`, `lab.models`, `lab.memory` and
+`lab.submission` all read `TABLE` below; "support a new model" starts here.
 
-TRL 1.15's SFTTrainer and GRPOTrainer compute the per-token log-probabilities through a fused LM head
+What it simplifies:
+1. One table of LoRA families (`TABLE`): the names `sft.lora.targets` uses, what PEFT is given for each, and the
+   module names a packed adapter holds for vLLM (what `lab.submission` checks).
+2. Every configured family must match something in the model (else an error naming the target and listing the
+   families that exist), the rank is at most the competition's `max_lora_rank` (`lab.config.competition`), and
+   after wrapping every
+   configured family must own trainable LoRA parameters (`target_table`, `check_table`).
+3. The gradient check (`GradientCheck`): at the first optimiser step every family must have a non-zero gradient;
+   after training every LoRA tensor must have moved and a sample of frozen base tensors (one per layer-agnostic
+   name) must NOT have moved. It compares a strided sample of each tensor (at most 65,536 values), so it stays
+   cheap on the 30B model.
+4. `out_proj` of the Mamba-2 mixers trains (see below), and an `lm_head` LoRA trains under TRL's fused head.
+5. `save_adapter`: only the LoRA weights, atomically, from the main process.
+
+Module families of Nemotron-H (same names in the tiny model and the real one): attention
+`q_proj/k_proj/v_proj/o_proj`, Mamba `in_proj/out_proj`, shared expert `shared_experts.up_proj/down_proj`, routed
+experts `experts` (fused 3-D parameters `experts.up_proj/down_proj`, targeted with PEFT's `target_parameters`;
+PEFT nests one ParamWrapper in the other and saves them as `experts.base_layer.lora_*` = up_proj and
+`experts.lora_*` = down_proj; `lab.submission` converts them for vLLM), and `lm_head`.
+
+`out_proj`: PEFT 0.21 refuses it for Nemotron-H because, in training mode, `NemotronHMamba2Mixer.forward` first
+calls the module-level function `mamba2_split_conv1d_scan_combined(..., outproj_weight=self.out_proj.weight, ...)`
+and returns its result when it is not None. With `mamba_ssm` installed that is the fused CUDA kernel, which
+multiplies by `out_proj.weight` itself: a LoRA on `out_proj` would get no gradient. Without it (CPU), the decorated
+fallback returns None and the PyTorch path calls `self.out_proj(...)`. The lab offers `out_proj` anyway (teams
+reported it as their largest single gain, and vLLM applies it at scoring): `allow_out_proj` lifts PEFT's refusal
+for `out_proj` only (never `conv1d`), and `guard_fused_mamba_out_proj` replaces that module-level function in
+`transformers.models.nemotron_h.modeling_nemotron_h` by a wrapper that returns None (so the PyTorch path runs, with
+the conv and scan kernels still used) while a mixer whose `out_proj` carries a LoRA is running, and calls the
+original otherwise. The "which mixer is running" signal is a context variable set by forward hooks on each mixer,
+so it survives deepcopy, gradient checkpointing recomputation and device moves. The gradient check proves
+`out_proj` trains. Not covered: the `trust_remote_code` modeling file (refused with a clear error when an
+`out_proj` LoRA meets a mixer class without that module-level function) and hub kernels that replace the mixer's
+whole forward (`use_kernels=True`, not used by the lab).
+
+`lm_head`: TRL 1.15's SFTTrainer and GRPOTrainer compute the per-token log-probabilities through a fused LM head
 (`trl/trainer/utils.py`, `add_fused_lm_head`): the patched forward runs the backbone and hands
 `get_output_embeddings().weight` to `ChunkedLogProbFunction` (`trl/kernels/chunked_logprob.py`), which
 tiles over the vocabulary. A PEFT LoRA on `lm_head` is a wrapper module whose `.weight` is the frozen base
@@ -18,8 +55,8 @@ The LoRA head is itself one linear map over a wider input: `W h + s B A h = [W |
   `[vocab, hidden + r]` copy of the head and its fp32 gradient), and autograd carries the gradient to `A`
   and `B`. Without a LoRA on the head, or for ordinary (non-fused) calls, TRL's forward runs unchanged.
 
-What it simplifies: no second loss implementation (TRL's kernel, masking and loss normalisation are reused),
-no full logits, and generation (`model.generate`, vLLM) is untouched because the module itself is not changed.
+No second loss implementation (TRL's kernel, masking and loss normalisation are reused), no full logits, and
+generation (`model.generate`, vLLM) is untouched because the module itself is not changed.
 Not supported (refused with an error): DoRA or a LoRA bias on `lm_head`, MoE router logits in the fused
 call (Nemotron-H has none), logit soft-capping or scaling (Nemotron-H uses neither), DeepSpeed ZeRO-3 (the
 head's weights are read outside its module). Not verified without a GPU: TRL's Triton kernel on the
@@ -29,15 +66,327 @@ concatenated head (the CPU tests run the same computation through lab.trl_cpu).
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
+import re
+import sys
 import types
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-from lab.config import LabError
+from omegaconf import DictConfig
+
+from lab.config import LabError, competition
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the LoRA family table."""
+
+    name: str                           # what `sft.lora.targets` names; the target table's `family`
+    group: str                          # attention, mamba, moe, mlp, head
+    peft: tuple[tuple[str, str], ...]   # (kind, suffix): "module" matches nn.Linear names ending in suffix, "param"
+    #                                     fused parameters (PEFT target_parameters); empty: the lab does not train it
+    packed: str                         # regex of the module name in a packed adapter (what vLLM 0.33 loads), after
+    #                                     `(model|backbone).layers.N.mixer.`; for the head group, the whole name
+
+
+TABLE = (
+    Family("q_proj", "attention", (("module", "q_proj"),), "q_proj"),
+    Family("k_proj", "attention", (("module", "k_proj"),), "k_proj"),
+    Family("v_proj", "attention", (("module", "v_proj"),), "v_proj"),
+    Family("o_proj", "attention", (("module", "o_proj"),), "o_proj"),
+    Family("in_proj", "mamba", (("module", "in_proj"),), "in_proj"),
+    Family("out_proj", "mamba", (("module", "out_proj"),), "out_proj"),
+    Family("shared_experts.up_proj", "moe", (("module", "shared_experts.up_proj"),), r"shared_experts\.up_proj"),
+    Family("shared_experts.down_proj", "moe", (("module", "shared_experts.down_proj"),),
+           r"shared_experts\.down_proj"),
+    Family("experts", "moe", (("param", "mixer.experts.up_proj"), ("param", "mixer.experts.down_proj")),
+           r"experts\.(?P<expert>\d+)\.(?:up_proj|down_proj)"),  # packed: split per expert (lab.submission)
+    Family("lm_head", "head", (("module", "lm_head"),), "lm_head"),
+    # modules of other Nemotron-H variants that vLLM 0.33 serves a LoRA on; the lab trains neither
+    Family("latent_proj", "moe", (), "fc1_latent_proj|fc2_latent_proj"),
+    Family("mlp", "mlp", (), "up_proj|down_proj"),
+)
+# family name -> [(kind, suffix)]: the families the lab trains
+FAMILIES = {f.name: list(f.peft) for f in TABLE if f.peft}
 
 
 def _base(model):
     return model.get_base_model() if hasattr(model, "get_base_model") else model
 
+
+def available_families(model) -> dict[str, int]:
+    """Family -> number of matching modules/parameters in `model` (families with 0 are absent)."""
+    import torch.nn as nn
+
+    base = _base(model)
+    linear = [n for n, m in base.named_modules() if isinstance(m, nn.Linear)]
+    params = [n for n, _ in base.named_parameters()]
+    counts = {}
+    for fam, rules in FAMILIES.items():
+        c = 0
+        for kind, suffix in rules:
+            names = linear if kind == "module" else params
+            c += sum(1 for n in names if n == suffix or n.endswith("." + suffix))
+        counts[fam] = c
+    return counts
+
+
+def _existing(avail: dict[str, int]) -> str:
+    return ", ".join(f"{f} ({c})" for f, c in sorted(avail.items()) if c)
+
+
+def check_targets(cfg: DictConfig) -> list[str]:
+    """Validate `sft.lora` without a model: rank, dropout with experts. Returns the targets."""
+    lc = cfg.sft.lora
+    r, max_rank = int(lc.r), int(competition().max_lora_rank)
+    if not 1 <= r <= max_rank:
+        raise LabError(f"conf/sft: lora.r={r} is not allowed: Kaggle's vLLM loads LoRA rank <= {max_rank} "
+                       f"(max_lora_rank={max_rank}); use 1..{max_rank}")
+    targets = [str(t) for t in lc.targets]
+    if not targets:
+        raise LabError("conf/sft: lora.targets is empty")
+    if "experts" in targets and float(lc.dropout) > 0:
+        raise LabError(f"conf/sft: lora.dropout={lc.dropout} with the 'experts' family: PEFT's ParamWrapper (fused "
+                       "expert parameters) does not support dropout; set sft.lora.dropout=0")
+    return targets
+
+
+def lora_config(cfg: DictConfig, model):
+    """A PEFT LoraConfig for the configured families; unknown or unmatched families are errors."""
+    from peft import LoraConfig
+
+    lc = cfg.sft.lora
+    targets = check_targets(cfg)
+    avail = available_families(model)
+    model_type = getattr(getattr(_base(model), "config", None), "model_type", "?")
+    modules, params = [], []
+    for fam in targets:
+        if fam not in FAMILIES or avail[fam] == 0:
+            raise LabError(f"conf/sft: LoRA target '{fam}': no such module exists in this model ({model_type}); "
+                           f"the module families that exist are: {_existing(avail)}")
+        for kind, suffix in FAMILIES[fam]:
+            (modules if kind == "module" else params).append(suffix)
+    return LoraConfig(r=int(lc.r), lora_alpha=int(lc.alpha), lora_dropout=float(lc.dropout),
+                      target_modules=modules or None, target_parameters=params or None, bias="none",
+                      task_type="CAUSAL_LM")
+
+
+class allow_out_proj:
+    """Lift PEFT's Mamba refusal for `out_proj` only (see the module docstring); `conv1d` stays refused."""
+
+    def __enter__(self):
+        import peft.tuners.tuners_utils as tu
+
+        self._tu, self._original = tu, tu._check_lora_target_modules_mamba
+        original = self._original
+
+        def check(peft_config, model, target_name):
+            if target_name != "out_proj":
+                original(peft_config, model, target_name)
+
+        tu._check_lora_target_modules_mamba = check
+        return self
+
+    def __exit__(self, *exc):
+        self._tu._check_lora_target_modules_mamba = self._original
+        return False
+
+
+# ---- the fused Mamba kernel guard ------------------------------------------------------------
+
+FUSED_FN = "mamba2_split_conv1d_scan_combined"
+_TORCH_PATH = contextvars.ContextVar("lab_mamba_out_proj_lora", default=False)
+
+
+class _FusedScanGuard:
+    """Stands in for `mamba2_split_conv1d_scan_combined` in the mixer's module.
+
+    Returns None (the mixer's documented "no kernel, use the PyTorch path" answer) while a mixer
+    whose `out_proj` has a LoRA is running; otherwise calls the function it replaced.
+    """
+
+    _lab_guard = True
+
+    def __init__(self, inner):
+        self.inner = inner
+        self.__wrapped__ = inner
+
+    def __call__(self, *args, **kwargs):
+        if _TORCH_PATH.get():
+            return None
+        return self.inner(*args, **kwargs)
+
+
+def _has_lora(module) -> bool:
+    return hasattr(module, "lora_A") and len(getattr(module, "lora_A", {})) > 0
+
+
+def _mixer_pre_hook(module, args):
+    _TORCH_PATH.set(_has_lora(module.out_proj))
+
+
+def _mixer_post_hook(module, args, output):
+    _TORCH_PATH.set(False)
+
+
+def guard_fused_mamba_out_proj(model) -> int:
+    """Make every Mamba-2 mixer whose `out_proj` has a LoRA take the PyTorch path in training.
+
+    Installs `_FusedScanGuard` in the mixer class's module (once) and forward hooks on each mixer
+    (once per mixer). Returns the number of mixers whose out_proj currently has a LoRA.
+    """
+    n = 0
+    for _, mod in _base(model).named_modules():
+        if not (type(mod).__name__.endswith("Mamba2Mixer") and hasattr(mod, "out_proj")):
+            continue
+        has = _has_lora(mod.out_proj)
+        n += has
+        if getattr(mod, "_lab_out_proj_hooks", False):
+            continue
+        module = sys.modules[type(mod).__module__]
+        fn = getattr(module, FUSED_FN, None)
+        if fn is None:
+            if has:
+                raise LabError(f"{type(mod).__module__}.{type(mod).__name__} has no module-level {FUSED_FN}, so "
+                               "lab.lora cannot keep its fused Mamba kernel from bypassing the out_proj LoRA; use "
+                               "transformers' own Nemotron-H (model.trust_remote_code=false) or drop out_proj")
+            continue
+        if not getattr(fn, "_lab_guard", False):
+            setattr(module, FUSED_FN, _FusedScanGuard(fn))
+        mod.register_forward_pre_hook(_mixer_pre_hook)
+        mod.register_forward_hook(_mixer_post_hook, always_call=True)
+        mod._lab_out_proj_hooks = True
+    return n
+
+
+# ---- target table ------------------------------------------------------------------------------
+
+def family_of(param_name: str) -> str | None:
+    """The family a LoRA parameter belongs to, from its name."""
+    if "lora_" not in param_name:
+        return None
+    if ".experts." in param_name and "shared_experts" not in param_name:
+        return "experts"
+    for fam in FAMILIES:
+        if fam != "experts" and f".{fam}." in param_name:
+            return fam
+    return "other"
+
+
+def target_table(model) -> pd.DataFrame:
+    """Family, number of LoRA-wrapped modules/parameters, trainable parameters."""
+    import pandas as pd
+
+    rows: dict[str, dict] = {}
+    for name, p in model.named_parameters():
+        fam = family_of(name)
+        if fam is None or not p.requires_grad:
+            continue
+        r = rows.setdefault(fam, {"family": fam, "tensors": 0, "trainable_params": 0})
+        r["tensors"] += 1
+        r["trainable_params"] += p.numel()
+    df = pd.DataFrame(list(rows.values()), columns=["family", "tensors", "trainable_params"])
+    df["modules"] = df["tensors"] // 2  # one lora_A and one lora_B per wrapped module or parameter
+    return df[["family", "modules", "trainable_params"]].sort_values("family").reset_index(drop=True)
+
+
+def check_table(cfg: DictConfig, table: pd.DataFrame, backend: str = "hf") -> None:
+    """Every configured family must own trainable LoRA parameters after wrapping; else a loud error."""
+    have = dict(zip(table["family"], table["trainable_params"]))
+    missing = [f for f in (str(t) for t in cfg.sft.lora.targets) if not have.get(f)]
+    if missing:
+        raise LabError(f"LoRA families configured but without trainable LoRA parameters after wrapping ({backend}): "
+                       f"{', '.join(missing)}; what did get a LoRA:\n{table.to_string(index=False)}")
+
+
+def attach_lora(cfg: DictConfig, model):
+    """Wrap `model` with the configured LoRA; returns (peft_model, target table)."""
+    from peft import get_peft_model
+
+    config = lora_config(cfg, model)
+    with allow_out_proj():
+        pm = get_peft_model(model, config)
+    guard_fused_mamba_out_proj(pm)
+    table = target_table(pm)
+    check_table(cfg, table)
+    return pm, table
+
+
+# ---- gradient check ---------------------------------------------------------------------------
+
+_SAMPLE = 65536
+
+
+def _sample(t):
+    flat = t.detach().reshape(-1)
+    step = max(1, flat.numel() // _SAMPLE)
+    return flat[::step][:_SAMPLE].float().clone()
+
+
+class GradientCheck:
+    """Per LoRA family: gradient norm at the first optimiser step, and whether every tensor moved;
+    plus a sample of frozen base tensors (one per layer-agnostic name) that must NOT move."""
+
+    def __init__(self, model):
+        self.model = model
+        self.before = {n: _sample(p) for n, p in model.named_parameters() if p.requires_grad}
+        self.frozen: dict[str, object] = {}
+        seen = set()
+        for n, p in model.named_parameters():
+            key = re.sub(r"\.\d+\.", ".N.", n)
+            if p.requires_grad or key in seen or p.numel() == 0:
+                continue
+            seen.add(key)
+            self.frozen[n] = _sample(p)
+        self.grad_norm: dict[str, float] = {}
+
+    def record_grads(self):
+        if self.grad_norm:
+            return
+        for n, p in self.model.named_parameters():
+            if p.requires_grad:
+                fam = family_of(n) or "other"
+                g = 0.0 if p.grad is None else float(p.grad.detach().float().norm())
+                self.grad_norm[fam] = self.grad_norm.get(fam, 0.0) + g
+
+    def report(self) -> pd.DataFrame:
+        import pandas as pd
+
+        moved: dict[str, float] = {}
+        still: dict[str, int] = {}
+        tensors: dict[str, int] = {}
+        for n, p in self.model.named_parameters():
+            if n in self.before:
+                fam = family_of(n) or "other"
+                d = float((_sample(p) - self.before[n]).abs().sum())
+                moved[fam] = moved.get(fam, 0.0) + d
+                tensors[fam] = tensors.get(fam, 0) + 1
+                still[fam] = still.get(fam, 0) + (d == 0.0)
+        fams = sorted(set(moved) | set(self.grad_norm))
+        df = pd.DataFrame({"family": fams, "grad_norm_step1": [self.grad_norm.get(f, 0.0) for f in fams],
+                           "weight_change": [moved.get(f, 0.0) for f in fams],
+                           "tensors": [tensors.get(f, 0) for f in fams],
+                           "tensors_unchanged": [still.get(f, 0) for f in fams]})
+        df["ok"] = (df["grad_norm_step1"] > 0) & (df["weight_change"] > 0) & (df["tensors_unchanged"] == 0)
+        return df
+
+    def frozen_report(self) -> pd.DataFrame:
+        import pandas as pd
+
+        params = dict(self.model.named_parameters())
+        rows = []
+        for n, s in self.frozen.items():
+            change = float((_sample(params[n]) - s).abs().max()) if n in params else float("nan")
+            rows.append({"tensor": n, "max_abs_change": change, "unchanged": change == 0.0})
+        return pd.DataFrame(rows, columns=["tensor", "max_abs_change", "unchanged"])
+
+
+# ---- the lm_head LoRA under TRL's fused head --------------------------------------------------
 
 def head_lora(model):
     """The PEFT LoRA layer on the output head, or None when the head has no LoRA."""
@@ -149,3 +498,33 @@ def install_fused_lora_head(model, temperature: float = 1.0,
         # (vocabulary x hidden) to every checkpoint once lm_head is a target; keep checkpoints LoRA-only.
         model.save_pretrained = functools.partial(model.save_pretrained, save_embedding_layers=False)
     return True
+
+
+# ---- saving --------------------------------------------------------------------------------
+
+def save_adapter(model, adapter_dir: Path) -> Path:
+    """Save only the LoRA weights (never full embedding/lm_head copies), atomically (temp folder + rename).
+
+    Under several processes (`accelerate launch`, torchrun) only the main process writes, after the
+    LoRA weights are gathered when DeepSpeed ZeRO-3 shards them; every process waits for the write.
+    """
+    import torch.distributed as dist
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    from lab.config import atomic_dir
+
+    adapter_dir = Path(adapter_dir)
+    distributed = dist.is_available() and dist.is_initialized()
+    gather = contextlib.nullcontext()
+    if is_deepspeed_zero3_enabled():
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters([p for n, p in model.named_parameters() if "lora_" in n],
+                                                   modifier_rank=None)
+    with gather:
+        if not distributed or dist.get_rank() == 0:
+            with atomic_dir(adapter_dir) as tmp:
+                model.save_pretrained(str(tmp), save_embedding_layers=False)
+    if distributed:
+        dist.barrier()
+    return adapter_dir

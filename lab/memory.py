@@ -2,7 +2,7 @@
 
 `meta_model(config)` builds `NemotronHForCausalLM` on PyTorch's meta device (shapes only: no weights, no memory)
 from a `config.json` mapping or a config object. `lora_figures(cfg, config)` attaches the configured LoRA to it
-with `lab.sft.attach_lora` (so every target family must match, exactly as in training) and returns the
+with `lab.lora.attach_lora` (so every target family must match, exactly as in training) and returns the
 trainable parameters per family, the base parameters and the adapter's size. `sft_step_memory(cfg, config)`
 adds up an estimate of one SFT step's peak memory on one GPU at `sft.max_seq_len` tokens, term by term:
 
@@ -61,11 +61,11 @@ def meta_model(config):
 
 def lora_figures(cfg: DictConfig, config) -> dict:
     """The configured LoRA on the meta model: per-family table, trainable and base parameters, adapter MB."""
-    from lab import sft
+    from lab.lora import attach_lora
 
     model = meta_model(config)
     base_params = sum(p.numel() for p in model.parameters())
-    pm, table = sft.attach_lora(cfg, model)
+    pm, table = attach_lora(cfg, model)
     trainable = int(table["trainable_params"].sum())
     return {"table": table, "model": pm, "base_params": base_params, "trainable_params": trainable,
             "adapter_mb_fp32": trainable * 4 / 1e6, "adapter_mb_bf16": trainable * 2 / 1e6}

@@ -26,7 +26,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from lab.config import temp_file
+from lab.config import atomic_file
 
 # Okabe & Ito (2008), "Color Universal Design": blue, orange, bluish green, reddish purple, sky blue, vermillion,
 # yellow, black
@@ -68,16 +68,9 @@ def save(fig: Figure, path: str | os.PathLike) -> Path:
     from matplotlib.backends.backend_agg import FigureCanvasAgg
 
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     FigureCanvasAgg(fig)
-    fd, tmp = temp_file(path, ".png")
-    os.close(fd)
-    try:
+    with atomic_file(path, ".png") as tmp:
         fig.savefig(tmp, format="png", dpi=DPI)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return path
 
 

@@ -16,7 +16,7 @@ Checked here instead of trusted:
 - Unsloth's default targets are Llama's (`gate_proj`, ...): Nemotron-H has no `gate_proj`, and its routed experts
   are fused 3-D parameters (`mixer.experts.up_proj/down_proj`) reachable only through PEFT's `target_parameters`,
   which `FastModel.get_peft_model` accepts (`unsloth/models/vision.py`). The lab passes its own
-  `target_modules` / `target_parameters` (from `lab.sft.lora_config`), and after wrapping the target table must
+  `target_modules` / `target_parameters` (from `lab.lora.lora_config`), and after wrapping the target table must
   show trainable LoRA parameters for every configured family, else a LabError lists what did get a LoRA.
 - `lm_head`: `FastModel.get_peft_model` moves `lm_head` from `target_modules` to `modules_to_save`
   (`_redirect_embedding_targets` in `unsloth/models/vision.py`): a full trained copy of the head, which vLLM 0.33
@@ -24,7 +24,7 @@ Checked here instead of trusted:
   (lab.lora trains the head's LoRA) or drop `lm_head`.
 - Unsloth may write its own fields into adapter_config.json; `lab.submission.pack` keeps only standard PEFT
   LoraConfig fields.
-- `out_proj` of the Mamba mixers: `lab.sft`'s fused-kernel guard is applied after wrapping, and the gradient check
+- `out_proj` of the Mamba mixers: `lab.lora`'s fused-kernel guard is applied after wrapping, and the gradient check
   shows whether out_proj trained.
 
 Not verified here (no GPU, no Unsloth in the CPU environment): a real Unsloth run. tests/test_sft_unsloth.py drives
@@ -88,21 +88,21 @@ def check_targets(cfg: DictConfig) -> None:
 
 def attach_lora(cfg: DictConfig, model):
     """`FastModel.get_peft_model` with the lab's targets; (peft_model, target table) or a LabError."""
-    from lab import sft
+    from lab import lora
 
     check_targets(cfg)
     fm = fast_model()
-    config = sft.lora_config(cfg, model)  # validates rank, unknown families
+    config = lora.lora_config(cfg, model)  # validates rank, unknown families
     kwargs = {}
     if config.target_parameters:
         kwargs["target_parameters"] = list(config.target_parameters)
-    with sft._allow_out_proj():
+    with lora.allow_out_proj():
         pm = fm.get_peft_model(
             model, r=config.r, target_modules=sorted(config.target_modules or []), lora_alpha=config.lora_alpha,
             lora_dropout=config.lora_dropout, bias="none",
             use_gradient_checkpointing="unsloth" if cfg.sft.get("gradient_checkpointing", True) else False,
             random_state=int(cfg.seed), use_rslora=False, **kwargs)
-    sft.guard_fused_mamba_out_proj(pm)
-    table = sft.target_table(pm)
-    sft.check_table(cfg, table, backend="unsloth")
+    lora.guard_fused_mamba_out_proj(pm)
+    table = lora.target_table(pm)
+    lora.check_table(cfg, table, backend="unsloth")
     return pm, table

@@ -4,8 +4,8 @@
 `adapter_config.json` and `adapter_model.safetensors`: no folders, no nested zip. The config
 keeps only standard PEFT LoraConfig fields (fields another back-end added, e.g. Unsloth's, are
 dropped) and names the base model by a relative path or Hub id, never this machine's absolute
-path. DoRA, rank > 32, `modules_to_save` and LoRA biases are refused; an unreadable adapter is a
-LabError naming the file. The zip is written to a temporary file, checked with `check`, given the
+path. DoRA, a rank above the competition's `max_lora_rank`, `modules_to_save` and LoRA biases are
+refused; an unreadable adapter is a LabError naming the file. The zip is written to a temporary file, checked with `check`, given the
 user's normal file permissions and only then renamed into place.
 
 Routed experts. PEFT's `target_parameters` stores a LoRA on the fused expert parameters of
@@ -53,7 +53,7 @@ lm_head. PEFT saves `base_model.model.lm_head.lora_A.weight` (r, hidden) / `.lor
   fails), dtype size x shape == range length, floating-point dtypes, every value finite and below
   1e4 in magnitude (random bytes read as floats are mostly NaN or huge; overwritten bytes that
   happen to read as small finite numbers cannot be told from weights);
-- the config: the fields vLLM 0.33's PEFTHelper requires or refuses, rank <= 32 per module;
+- the config: the fields vLLM 0.33's PEFTHelper requires or refuses, rank <= `max_lora_rank` per module;
 - the config against the tensors: every LoRA module is named by `target_modules` (routed experts
   also by `target_parameters`), every name there has tensors;
 - the tensors: names vLLM parses, pairs complete, A (r, in) and B (out, r) at each module's rank,
@@ -70,7 +70,7 @@ on this machine): vLLM never reads the field, so refusing would reject every goo
 adapter checked without the 60 GB checkpoint; its tensors are still checked against the
 families and the rank.
 
-Deliberately simple: `pack` reads the whole adapter into memory to convert it (fine for rank <= 32);
+Deliberately simple: `pack` reads the whole adapter into memory to convert it (fine for the ranks Kaggle loads);
 `check` streams the safetensors file from the zip without extracting it.
 
 CLI: `python -m lab.submission pack ADAPTER_DIR OUT.zip [--dtype bfloat16] [--base-model-name HUB_ID]`
@@ -85,16 +85,15 @@ import os
 import re
 import struct
 import sys
-import tempfile
 import zipfile
 import zlib
 from pathlib import Path
 
 import numpy as np
 
-from lab.config import LabError, project_root, resolve_path
+from lab import lora
+from lab.config import LabError, atomic_file, competition, project_root, resolve_path
 
-MAX_RANK = 32
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
 
@@ -111,18 +110,11 @@ LORA_CONFIG_FIELDS = frozenset({
 })
 REQUIRED_FIELDS = ("r", "lora_alpha", "target_modules")  # what vLLM's PEFTHelper requires
 
-# Nemotron-H module families a LoRA tensor may target (after `base_model.model.`; `backbone.` is the
-# original checkpoint's prefix, which vLLM maps to `model.`).
+# Nemotron-H module names a LoRA tensor may target (after `base_model.model.`; `backbone.` is the original
+# checkpoint's prefix, which vLLM maps to `model.`): one pattern per row of lab.lora's family table.
 _LAYER = r"(?:model|backbone)\.layers\.(?P<layer>\d+)\.mixer\."
-_FAMILY_PATTERNS = [
-    ("attention", re.compile(_LAYER + r"(?P<mod>q_proj|k_proj|v_proj|o_proj)$")),
-    ("mamba", re.compile(_LAYER + r"(?P<mod>in_proj|out_proj)$")),
-    ("moe", re.compile(_LAYER + r"(?P<mod>shared_experts\.(?:up_proj|down_proj))$")),
-    ("moe", re.compile(_LAYER + r"experts\.(?P<expert>\d+)\.(?P<mod>up_proj|down_proj)$")),
-    ("moe", re.compile(_LAYER + r"(?P<mod>fc1_latent_proj|fc2_latent_proj)$")),
-    ("mlp", re.compile(_LAYER + r"(?P<mod>up_proj|down_proj)$")),
-    ("head", re.compile(r"(?P<mod>lm_head)$")),
-]
+_FAMILY_PATTERNS = [(f.group, re.compile(("" if f.group == "head" else _LAYER) + f"(?P<mod>{f.packed})$"))
+                    for f in lora.TABLE]
 _FUSED = re.compile(r"^(?P<prefix>.*\.experts)(?P<nest>(?:\.base_layer)*)\.(?P<ab>lora_A|lora_B)\.weight$")
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.(?P<ab>lora_A|lora_B)\.weight$")
 EXPERT_PARAMS = ("up_proj", "down_proj")  # NemotronHExperts' parameters in registration order (= PEFT nesting)
@@ -450,11 +442,12 @@ def _refuse(config: dict, where: str) -> None:
     bad = []
     if config.get("use_dora"):
         bad.append("use_dora is true (vLLM cannot serve DoRA)")
-    if int(config.get("r", 0)) > MAX_RANK:
-        bad.append(f"r={config['r']} > {MAX_RANK}")
+    max_rank = int(competition().max_lora_rank)
+    if int(config.get("r", 0)) > max_rank:
+        bad.append(f"r={config['r']} > {max_rank}")
     for k, v in (config.get("rank_pattern") or {}).items():
-        if int(v) > MAX_RANK:
-            bad.append(f"rank_pattern[{k!r}]={v} > {MAX_RANK}")
+        if int(v) > max_rank:
+            bad.append(f"rank_pattern[{k!r}]={v} > {max_rank}")
     if config.get("modules_to_save"):
         bad.append(f"modules_to_save={config['modules_to_save']} (vLLM loads LoRA weights only)")
     if config.get("lora_bias") or config.get("bias", "none") != "none":
@@ -471,19 +464,13 @@ def _portable_name(name):
     return os.path.relpath(Path(name).expanduser(), project_root())
 
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
-
-
 def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str | None = None,
          base_model: str | os.PathLike | None = None, base_model_name: str | None = None) -> Path:
     """Write `out_zip` (adapter_config.json + adapter_model.safetensors at its root) atomically; returns its path.
 
     `base_model_name` (e.g. the Hub id) replaces the adapter's base_model_name_or_path; without it an absolute
-    local path is made relative to the project root. The zip gets the permissions of any file the user creates
-    (0666 less the umask), not mkstemp's 0600.
+    local path is made relative to the project root. The zip is written by `lab.config.atomic_file`, so it gets the
+    permissions of any file the user creates (0666 less the umask), not mkstemp's 0600.
     """
     import torch
     from safetensors.torch import load_file, save
@@ -534,25 +521,17 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
         dt = getattr(torch, dtype)
         tensors = {k: v.to(dt) for k, v in tensors.items()}
 
-    out_zip.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=out_zip.parent, prefix=f".{out_zip.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        os.chmod(tmp, 0o666 & ~_umask())
+    with atomic_file(out_zip) as tmp:  # replaces out_zip only once the packed zip passes the check
         with zipfile.ZipFile(tmp, "w") as zf:
             # top-level keys sorted; rank_pattern/alpha_pattern keep their order (the first matching key wins)
             zf.writestr(CONFIG_NAME, json.dumps(dict(sorted(config.items())), indent=2) + "\n",
                         compress_type=zipfile.ZIP_DEFLATED)
             zf.writestr(WEIGHTS_NAME, save({k: v.contiguous() for k, v in sorted(tensors.items())},
                                            metadata={"format": "pt"}), compress_type=zipfile.ZIP_STORED)
-        problems = _check(Path(tmp), base_model, label=str(out_zip))
+        problems = _check(tmp, base_model, label=str(out_zip))
         if problems:
             raise LabError(f"{adapter_dir}: cannot be packed into {out_zip}; the packed adapter has these "
                            "problems:\n  - " + "\n  - ".join(problems))
-        os.replace(tmp, out_zip)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
     return out_zip
 
 
@@ -574,8 +553,9 @@ def _check_config(config: dict) -> list[str]:
     except (TypeError, ValueError):
         r = 0
         p.append(f"{CONFIG_NAME}: r={config.get('r')!r} is not an integer")
-    if r > MAX_RANK:
-        p.append(f"LoRA rank r={r} is above {MAX_RANK}, the max_lora_rank Kaggle's vLLM loads")
+    max_rank = int(competition().max_lora_rank)
+    if r > max_rank:
+        p.append(f"LoRA rank r={r} is above {max_rank}, the max_lora_rank Kaggle's vLLM loads")
     elif "r" in config and r < 1:
         p.append(f"LoRA rank r={config.get('r')!r} must be a positive integer")
     # vLLM 0.33 applies both per module (PEFTHelper.get_rank_and_scaling, vllm/lora/peft_helper.py) and refuses
@@ -583,8 +563,8 @@ def _check_config(config: dict) -> list[str]:
     for k, v in (config.get("rank_pattern") or {}).items():
         if not isinstance(v, int) or isinstance(v, bool) or v < 1:
             p.append(f"rank_pattern gives {v!r} to {k!r}, not a positive integer rank")
-        elif v > MAX_RANK:
-            p.append(f"rank_pattern gives rank {v} to {k!r}, above {MAX_RANK}, the max_lora_rank Kaggle's vLLM loads")
+        elif v > max_rank:
+            p.append(f"rank_pattern gives rank {v} to {k!r}, above {max_rank}, the max_lora_rank Kaggle's vLLM loads")
     for k, v in (config.get("alpha_pattern") or {}).items():
         if not isinstance(v, (int, float)) or isinstance(v, bool) or v <= 0:
             p.append(f"alpha_pattern gives {v!r} to {k!r}, not a positive number")

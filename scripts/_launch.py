@@ -23,7 +23,7 @@ def overrides_from(argv: list[str] | None) -> tuple[list[str], bool]:
     """Hydra overrides from the command line; `--no-eval` skips the held-out evaluation."""
     args = list(sys.argv[1:] if argv is None else argv)
     if "-h" in args or "--help" in args:
-        print(f"usage: [accelerate launch --config_file conf/accelerate/ddp.yaml] {sys.argv[0]} [--no-eval] "
+        print(f"usage: [accelerate launch --config_file scripts/accelerate/ddp.yaml] {sys.argv[0]} [--no-eval] "
               "[key=value ...]\n\nHydra overrides compose conf/config.yaml as in the notebooks; outputs go to "
               "<run_dir>/<stage>/ exactly as the notebook's.")
         sys.exit(0)

@@ -1,6 +1,6 @@
-"""02_sft as a script, for `accelerate launch` on several GPUs (DDP, DeepSpeed ZeRO-2/3; conf/accelerate/).
+"""02_sft as a script, for `accelerate launch` on several GPUs (DDP, DeepSpeed ZeRO-2/3; scripts/accelerate/).
 
-    accelerate launch --config_file conf/accelerate/ddp.yaml --num_processes 8 \
+    accelerate launch --config_file scripts/accelerate/ddp.yaml --num_processes 8 \
         scripts/train_sft.py model=nemotron_nano data=competition run_name=sft8
     python scripts/train_sft.py run_name=demo          # one process, same outputs
 

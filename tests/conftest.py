@@ -1,6 +1,9 @@
-"""Shared test setup: offline, quiet, single-threaded torch (the CI machine has 2 cores)."""
+"""Shared test setup: offline, quiet, single-threaded torch (the CI machine has 2 cores); one smoke run of the
+five notebooks that the slow end-to-end tests share."""
 
 import os
+
+import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 os.environ.setdefault("TRANSFORMERS_OFFLINE", "1")
@@ -8,3 +11,13 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+@pytest.fixture(scope="session")
+def smoke_run(tmp_path_factory):
+    """The five notebooks run once through papermill on the smoke budget (lab.pipeline.SMOKE_OVERRIDES); the slow
+    tests that read a finished run share it instead of each running the pipeline again. Returns the run folder."""
+    from lab.pipeline import SMOKE_OVERRIDES, run_notebooks
+
+    run_dir = tmp_path_factory.mktemp("smoke_run")
+    return run_notebooks(SMOKE_OVERRIDES + [f"run_dir={run_dir}"], log_output=False)

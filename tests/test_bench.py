@@ -246,6 +246,7 @@ def _split_expert_names(folder: Path) -> tuple[set, set]:
     return fused, split
 
 
+@pytest.mark.slow
 def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model(monkeypatch, tmp_path):
     """scripts/train_sft.py on the tiny model with the vllm back-end, vLLM replaced by a recorder: when the engine
     starts, the training model is gone (a weak reference to it is dead); the adapter vLLM is given is the folder

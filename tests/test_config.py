@@ -14,6 +14,9 @@ GROUPS = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in (project_roo
 def test_required_groups_exist():
     assert {"model", "data", "sft", "grpo", "infer", "vote"} <= set(GROUPS)
     assert "kaggle" in GROUPS["infer"] and {"tiny", "nemotron_nano"} <= set(GROUPS["model"])
+    # conf/ holds Hydra groups only (the accelerate launch files live in scripts/accelerate/)
+    folders = {p.name for p in (project_root() / "conf").iterdir() if p.is_dir()}
+    assert folders <= set(compose([])) | {"experiment"}, folders  # experiment: an optional group, no default
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
@@ -40,7 +43,8 @@ def test_every_yaml_key_has_a_comment():
 def test_kaggle_scoring_settings_are_the_competitions():
     inf = compose([]).infer
     assert (inf.temperature, inf.top_p, inf.max_tokens, inf.max_model_len) == (0.0, 1.0, 7680, 8192)
-    assert (inf.max_num_seqs, inf.max_lora_rank, inf.gpu_memory_utilization, inf.n) == (64, 32, 0.85, 1)
+    assert (inf.max_num_seqs, inf.max_lora_rank, inf.gpu_memory_utilization) == (64, 32, 0.85)
+    assert "n" not in inf  # one completion per puzzle is what every evaluation does; no key pretends to set it
     real = compose(["model=nemotron_nano"])
     assert real.model.path == "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16" and real.model.trust_remote_code is False
 
@@ -134,3 +138,34 @@ def test_a_run_without_a_name_gets_its_own_time_stamped_folder(monkeypatch):
     monkeypatch.setenv("WORLD_SIZE", "2")  # several processes would each stamp their own folder
     with pytest.raises(LabError, match="run_name"):
         Stage("99_test", ["seed=1"])
+
+
+def test_the_competitions_limits_have_one_home(tmp_path, monkeypatch):
+    """rank limit, completion budget and context length: conf/infer/kaggle.yaml, read through lab.config.competition
+    by the config checks, lab.lora and lab.submission; the real model's context length interpolates it."""
+    import shutil
+
+    from lab import config, lora, submission
+
+    lim, inf = config.competition(), compose([]).infer
+    assert (lim.max_lora_rank, lim.max_tokens, lim.max_model_len) == (32, 7680, 8192)
+    assert (inf.max_lora_rank, inf.max_tokens, inf.max_model_len) == (32, 7680, 8192)
+    assert compose(["model=nemotron_nano"]).model.max_model_len == lim.max_model_len
+    # a copy of conf/ whose kaggle.yaml allows rank 16 at most: every check follows it
+    shutil.copytree(project_root() / "conf", tmp_path / "conf")
+    k = tmp_path / "conf" / "infer" / "kaggle.yaml"
+    k.write_text(k.read_text().replace("max_lora_rank: 32 ", "max_lora_rank: 16 "))
+    monkeypatch.setenv("LAB_ROOT", str(tmp_path))
+    config.competition.cache_clear()
+    try:
+        assert config.competition().max_lora_rank == 16
+        with pytest.raises(LabError, match=r"sft.lora.r=32 must be <= 16"):
+            compose([f"run_dir={tmp_path / 'run'}"])
+        cfg = compose([f"run_dir={tmp_path / 'run'}", "sft.lora.r=16", "infer.max_lora_rank=16"])
+        cfg.sft.lora.r = 17  # past compose's check: lab.lora refuses it on its own
+        with pytest.raises(LabError, match=r"rank <= 16"):
+            lora.check_targets(cfg)
+        assert any("above 16" in p for p in submission._check_config({"r": 17, "lora_alpha": 16,
+                                                                        "target_modules": ["q_proj"]}))
+    finally:
+        config.competition.cache_clear()

@@ -16,7 +16,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lab import config, grpo, models, rewards, sft  # noqa: E402
+from lab import config, grpo, lora, models, rewards  # noqa: E402
 from lab.config import LabError, Stage  # noqa: E402
 from lab.prompts import BOXED_INSTRUCTION, chat_prompt  # noqa: E402
 from lab.puzzles import generate  # noqa: E402
@@ -57,7 +57,7 @@ def start(cfg):
     """Open the stage first (it seeds everything), then a fresh LoRA on the tiny model: the same start every time."""
     stage = Stage("03_grpo", cfg=cfg)
     model, tok = models.load(cfg)
-    pm, _ = sft.attach_lora(cfg, model)
+    pm, _ = lora.attach_lora(cfg, model)
     return stage, pm, tok
 
 
@@ -250,10 +250,11 @@ def test_guard_rails_warn_and_record(root):
 
 # ---- on the tiny model -------------------------------------------------------------------------------------
 
+@pytest.mark.slow
 def test_grpo_trains_the_adapter_and_generation_uses_it(root, puzzles):
     cfg = compose(root, "train", "grpo.max_steps=3", "grpo.save_steps=10", "grpo.beta=0.04")
     stage, pm, tok = start(cfg)
-    start_dir = sft.save_adapter(pm, root / "train_start_adapter")
+    start_dir = lora.save_adapter(pm, root / "train_start_adapter")
     base = pm.get_base_model()
     layer = next(lay for lay in base.model.layers if type(lay.mixer).__name__.endswith("Attention"))
     moe = next(lay for lay in base.model.layers if type(lay.mixer).__name__.endswith("MoE"))
@@ -312,6 +313,7 @@ def test_grpo_trains_the_adapter_and_generation_uses_it(root, puzzles):
     assert generate_hf(reloaded, tok, [text], max_new_tokens=8, progress=False)[0][0].text == g_trained
 
 
+@pytest.mark.slow
 def test_grpo_moves_the_policy_towards_the_reward(root, puzzles):
     """The sign is right end to end (rollouts, advantages, the CPU log-prob kernel, the optimiser): rewarding high
     token ids makes sampled completions use higher token ids."""
@@ -333,6 +335,7 @@ def test_grpo_moves_the_policy_towards_the_reward(root, puzzles):
     assert m["steps"] == 6 and after > before + 40, (before, after)  # ~96 samples: standard error about 5
 
 
+@pytest.mark.slow
 def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch):
     common = ("grpo.max_steps=4", "grpo.save_steps=2", "grpo.curriculum=false")
     cfg_a = compose(root, "straight", *common)
@@ -395,6 +398,7 @@ def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch)
     assert m_d["resumed_from"] is None and m_d["steps"] == 1 and not (ck / "checkpoint-3").exists()
 
 
+@pytest.mark.slow
 def test_refine_trains_on_refinements_of_the_best_draft(root, puzzles, monkeypatch):
     cfg = compose(root, "refine", "grpo.refine=true", "grpo.max_steps=1", "grpo.gradient_check=false")
     stage, pm, tok = start(cfg)
@@ -416,6 +420,7 @@ def test_refine_trains_on_refinements_of_the_best_draft(root, puzzles, monkeypat
     assert math.isfinite(m["reward_per_step"][0]) and m["lora_weight_change"] > 0
 
 
+@pytest.mark.slow
 def test_grpo_trains_an_lm_head_lora(root, puzzles):
     """An adapter with an lm_head LoRA (the competition preset's) trains under GRPOTrainer too (lab.lora), with
     TRL's reference adapter (beta > 0); the frozen head does not move."""

@@ -260,7 +260,7 @@ def test_dependency_dataset(tmp_path):
 def test_accelerate_configs_load():
     from accelerate.commands.config.config_args import load_config_from_file
 
-    conf = project_root() / "conf" / "accelerate"
+    conf = project_root() / "scripts" / "accelerate"
     kinds = {}
     for f in sorted(conf.glob("*.yaml")):
         c = load_config_from_file(str(f))

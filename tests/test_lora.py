@@ -37,7 +37,7 @@ def test_trl_refuses_an_lm_head_lora_without_lab_lora(root, puzzles):
 
     cfg = compose(root, "refused")
     model, tok = models.load(cfg)
-    pm, _ = sft.attach_lora(cfg, model)
+    pm, _ = lora.attach_lora(cfg, model)
     ex, _ = sft.sft_examples(tok, puzzles, 384)
     with pytest.raises(ValueError, match="lm_head"):
         SFTTrainer(model=pm, args=sft.training_args(cfg, root / "refused" / "ck"), processing_class=tok,
@@ -52,7 +52,7 @@ def test_fused_lora_head_equals_the_models_own_logits_and_reaches_the_adapter(ro
     trl_cpu.install()  # CPU: TRL's Triton kernel is absent; lab.trl_cpu puts the same computation in its slot
     cfg = compose(root, "equal")
     model, tok = models.load(cfg)
-    pm, table = sft.attach_lora(cfg, model)
+    pm, table = lora.attach_lora(cfg, model)
     assert "lm_head" in set(table["family"])
     head = lora.head_lora(pm)
     with torch.no_grad():

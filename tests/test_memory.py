@@ -38,6 +38,7 @@ def test_fixture_holds_the_published_values():
     assert {k: real[k] for k in fixture} == fixture
 
 
+@pytest.mark.slow
 def test_every_target_family_matches_with_the_expected_trainable_parameters(values, figures):
     v, r = values, 32
     pattern = v["hybrid_override_pattern"]
@@ -66,6 +67,7 @@ def test_every_target_family_matches_with_the_expected_trainable_parameters(valu
     assert 31.0e9 < figures["base_params"] < 32.0e9
 
 
+@pytest.mark.slow
 def test_memory_estimate_terms_add_up(values, figures):
     cfg = compose(PRESET)
     m = memory.sft_step_memory(cfg, values, figures)

@@ -23,27 +23,28 @@ def test_notebook_is_clean_and_parameterised(path):
 
 
 @pytest.mark.slow
-def test_all_notebooks_run_on_the_smoke_budget(tmp_path):
-    run_dir = run_notebooks(SMOKE_OVERRIDES + [f"run_dir={tmp_path}"], log_output=False)
+def test_all_notebooks_run_on_the_smoke_budget(smoke_run):
+    run_dir = smoke_run  # the shared run of the five notebooks (tests/conftest.py)
     s = summary(run_dir)
     for stage in STAGES:
         assert "missing" not in s["stages"][stage], stage
-        assert (tmp_path / "notebooks" / f"{stage}.ipynb").is_file()
-        assert json.loads((tmp_path / stage / "manifest.json").read_text())["status"] == "finished"
+        assert (run_dir / "notebooks" / f"{stage}.ipynb").is_file()
+        assert json.loads((run_dir / stage / "manifest.json").read_text())["status"] == "finished"
     st = s["stages"]
     assert {"accuracy_before", "accuracy_after", "wall_seconds"} <= set(st["02_sft"])
     assert {"reward_per_step", "accuracy_after", "accuracy_sft_start"} <= set(st["03_grpo"])
     assert {"greedy_accuracy", "maj_at_k"} <= set(st["04_vote"])
     assert {"accuracy_by_category", "taxonomy"} <= set(st["05_errors"])
-    m3, m5 = (json.loads((tmp_path / stage / "metrics.json").read_text()) for stage in ("03_grpo", "05_errors"))
+    m3, m5 = (json.loads((run_dir / stage / "metrics.json").read_text()) for stage in ("03_grpo", "05_errors"))
     # fixed - broken is the net change from the SFT start, counted once (not once per category and again in "all")
     assert m5["fixed_since_sft"] - m5["broken_since_sft"] == round(m5["n"] * (m5["accuracy"] - m3["accuracy_sft_start"]))
-    assert (tmp_path / "summary.md").is_file() and (tmp_path / "02_sft" / "adapter" / "adapter_config.json").is_file()
+    assert (run_dir / "summary.md").is_file() and (run_dir / "02_sft" / "adapter" / "adapter_config.json").is_file()
 
 
 @pytest.mark.slow
-def test_same_seed_gives_identical_metrics(tmp_path):
-    """Two runs with the same seed agree on every metric (timings aside) on CPU."""
+def test_same_seed_gives_identical_metrics(smoke_run, tmp_path):
+    """Two runs with the same seed agree on every metric (timings aside) on CPU: the shared smoke run of all five
+    notebooks, and 02_sft and 03_grpo run again on their own."""
 
     def metrics(run_dir):
         out = {}
@@ -52,9 +53,8 @@ def test_same_seed_gives_identical_metrics(tmp_path):
             out[stage] = {k: v for k, v in m.items() if "seconds" not in k and k not in ("resumed_from",)}
         return out
 
-    a = run_notebooks(SMOKE_OVERRIDES + [f"run_dir={tmp_path}/a"], stages=["02_sft", "03_grpo"], log_output=False)
     b = run_notebooks(SMOKE_OVERRIDES + [f"run_dir={tmp_path}/b"], stages=["02_sft", "03_grpo"], log_output=False)
-    assert metrics(a) == metrics(b)
+    assert metrics(smoke_run) == metrics(b)
 
 
 SMALL_DATA = ["data.n_train=16", "data.n_val=4", "data.explore_max=16"]

@@ -209,3 +209,45 @@ def test_kaggle_paths_are_left_for_kaggle_to_check(tmp_path):
         pytest.skip("on Kaggle the paths are checked")
     compose(["data=competition", "data.path=/kaggle/input/x/train.csv", "model=nemotron_nano",
              "model.path=/kaggle/input/nano/model"])
+
+
+# ---- a stage reads only what a finished stage wrote ------------------------------------------------------------
+
+def _crashed_grpo_rerun(run_dir: Path) -> Path:
+    """03_grpo's folder after a finished run and a crashed rerun: the old adapter is still there, but the rerun
+    removed metrics.json and left manifest.json "running" (lab.config.Stage)."""
+    adapter = run_dir / "03_grpo" / "adapter"
+    adapter.mkdir(parents=True)
+    (adapter / "adapter_config.json").write_text("{}")
+    atomic_write_text(run_dir / "03_grpo" / "manifest.json", '{"stage": "03_grpo", "status": "running"}')
+    return adapter
+
+
+def test_vote_adapter_of_an_unfinished_stage_is_refused(tmp_path):
+    from lab.config import atomic_write_json, stage_input
+
+    cfg = compose([f"run_dir={tmp_path}"])
+    adapter = _crashed_grpo_rerun(tmp_path)
+    with pytest.raises(LabError, match=r"03_grpo' has no finished output"):
+        stage_input(cfg, cfg.vote.adapter)
+    atomic_write_json(tmp_path / "03_grpo" / "metrics.json", {"steps": 1})
+    assert stage_input(cfg, cfg.vote.adapter) == adapter
+    with pytest.raises(LabError, match="expected output of stage '03_grpo' is missing"):
+        stage_input(cfg, tmp_path / "03_grpo" / "no_adapter")
+    elsewhere = tmp_path.parent / "an_adapter_from_elsewhere"  # not in a stage folder of this run: not checked here
+    assert stage_input(cfg, elsewhere) == elsewhere
+
+
+@pytest.mark.slow
+def test_04_vote_refuses_to_vote_after_a_crashed_03_grpo(tmp_path):
+    """The 04_vote notebook itself, through papermill: it stops with the LabError before loading any model."""
+    import papermill as pm
+
+    from lab.config import project_root
+
+    _crashed_grpo_rerun(tmp_path)
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        pm.execute_notebook(str(project_root() / "notebooks" / "04_vote.ipynb"), str(tmp_path / "out.ipynb"),
+                            parameters={"overrides": [f"run_dir={tmp_path}", "data.n_train=16", "data.n_val=4"]},
+                            kernel_name="python3", progress_bar=False, cwd=str(project_root()))
+    assert e.value.ename == "LabError" and "stage '03_grpo' has no finished output" in e.value.evalue

@@ -10,7 +10,7 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
-from lab import config, models, sft  # noqa: E402
+from lab import callbacks, config, lora, models, sft  # noqa: E402
 from lab.config import LabError, Stage  # noqa: E402
 from lab.prompts import chat_prompt, user_message  # noqa: E402
 from lab.puzzles import generate, solve  # noqa: E402
@@ -51,7 +51,7 @@ def load(root, *extra):
 def test_target_table_lists_every_configured_family(root):
     cfg, model, tok = load(root)
     assert sorted(str(t) for t in cfg.sft.lora.targets) == sorted(ALL)
-    pm, table = sft.attach_lora(cfg, model)
+    pm, table = lora.attach_lora(cfg, model)
     rows = table.set_index("family")
     assert sorted(rows.index) == sorted(ALL)
     n_att, n_mamba, n_moe = (len(layers_of(model, k)) for k in ("Attention", "Mamba2Mixer", "MoE"))
@@ -70,7 +70,7 @@ def test_target_table_lists_every_configured_family(root):
 def test_unknown_family_names_the_modules_that_exist(root):
     cfg, model, _ = load(root, "sft.lora.targets=[q_proj,gate_proj]")
     with pytest.raises(LabError) as e:
-        sft.attach_lora(cfg, model)
+        lora.attach_lora(cfg, model)
     msg = str(e.value)
     assert "'gate_proj'" in msg and "no such module exists" in msg
     for fam in ("q_proj", "in_proj", "out_proj", "experts", "shared_experts.up_proj"):
@@ -83,7 +83,7 @@ def test_rank_above_32_is_refused(root):
     cfg, model, _ = load(root)
     cfg.sft.lora.r = 64  # a config built without compose still meets lab.sft's own check
     with pytest.raises(LabError, match=r"lora.r=64 .*rank <= 32"):
-        sft.attach_lora(cfg, model)
+        lora.attach_lora(cfg, model)
 
 
 def test_unsloth_backend_without_unsloth_is_a_clear_error(root, puzzles):
@@ -115,7 +115,7 @@ def test_assistant_turn_renders_byte_for_byte_as_planned(root, puzzles):
     from lab import trl_cpu
 
     trl_cpu.install()
-    pm, _ = sft.attach_lora(cfg, model)
+    pm, _ = lora.attach_lora(cfg, model)
     trainer = sft.build_trainer(cfg, root / "render_ck", pm, tok, examples)
     for row, (_, ex) in zip(trainer.train_dataset, examples.iterrows()):
         p_ids = tok(ex["prompt"], add_special_tokens=False)["input_ids"]
@@ -165,10 +165,10 @@ def test_fused_mamba_kernel_is_bypassed_for_mixers_with_an_out_proj_lora(root, p
         trainer.train()
 
     # without an out_proj LoRA the "kernel" runs for both Mamba layers, in SFTTrainer's training step too
-    monkeypatch.setattr(mh, sft.FUSED_FN, sentinel)
+    monkeypatch.setattr(mh, lora.FUSED_FN, sentinel)
     cfg, model, tok = load(root, "sft.lora.targets=[q_proj,in_proj]")
-    pm, _ = sft.attach_lora(cfg, model)
-    assert isinstance(getattr(mh, sft.FUSED_FN), sft._FusedScanGuard)
+    pm, _ = lora.attach_lora(cfg, model)
+    assert isinstance(getattr(mh, lora.FUSED_FN), lora._FusedScanGuard)
     pm.train()
     pm(input_ids=x, use_cache=False)  # SFTTrainer passes use_cache=False; a cache disables the fused branch
     mamba = layers_of(pm, "Mamba2Mixer")
@@ -179,12 +179,12 @@ def test_fused_mamba_kernel_is_bypassed_for_mixers_with_an_out_proj_lora(root, p
 
     # with an out_proj LoRA it never runs: the PyTorch path calls out_proj (and its LoRA)
     calls.clear()
-    monkeypatch.setattr(mh, sft.FUSED_FN, sentinel)
+    monkeypatch.setattr(mh, lora.FUSED_FN, sentinel)
     cfg, model, tok = load(root, "sft.lora.targets=[q_proj,in_proj,out_proj]")
-    pm, _ = sft.attach_lora(cfg, model)
+    pm, _ = lora.attach_lora(cfg, model)
     mamba = layers_of(pm, "Mamba2Mixer")
-    assert sft.guard_fused_mamba_out_proj(pm) == len(mamba)  # installing again must not double-wrap
-    assert getattr(mh, sft.FUSED_FN).inner is sentinel
+    assert lora.guard_fused_mamba_out_proj(pm) == len(mamba)  # installing again must not double-wrap
+    assert getattr(mh, lora.FUSED_FN).inner is sentinel
     pm.train()
     for i in mamba:  # B=0 at init would hide A's gradient
         torch.nn.init.normal_(pm.base_model.model.model.layers[i].mixer.out_proj.lora_B["default"].weight)
@@ -225,6 +225,7 @@ def _adapter(cfg):
     return load_file(str(config.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors"))
 
 
+@pytest.mark.slow
 def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeypatch):
     common = ("sft.max_steps=6", "sft.save_steps=3", "sft.resume=true")
     # uninterrupted: 6 steps
@@ -262,13 +263,13 @@ def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeyp
 
     # interrupted after the checkpoint at step 3, then rerun with resume=true
     cfg_b = compose(root, "interrupted", *common)
-    original = sft._callbacks
-    monkeypatch.setattr(sft, "_callbacks", lambda *args: original(*args) + [_stop_at(3)])
+    original = callbacks.trainer_callbacks
+    monkeypatch.setattr(callbacks, "trainer_callbacks", lambda *args: original(*args) + [_stop_at(3)])
     m_b1, *_ = sft.train(cfg_b, Stage("02_sft", cfg=cfg_b), puzzles)
     assert m_b1["steps"] == 3
     ck = config.resolve_path(cfg_b.run_dir) / "02_sft" / "checkpoints"
     assert (ck / "checkpoint-3" / "adapter_model.safetensors").is_file()
-    monkeypatch.setattr(sft, "_callbacks", original)
+    monkeypatch.setattr(callbacks, "trainer_callbacks", original)
     m_b2, *_ = sft.train(cfg_b, Stage("02_sft", cfg=cfg_b), puzzles)
     assert m_b2["steps"] == 6 and m_b2["resumed_from"].endswith("checkpoint-3")
     b = _adapter(cfg_b)

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load as st_load, save as st_save  # noqa: E402
 
-from lab import config, models, sft, submission  # noqa: E402
+from lab import config, lora, models, submission  # noqa: E402
 from lab.config import LabError  # noqa: E402
 from lab.submission import CONFIG_NAME, WEIGHTS_NAME, check, pack  # noqa: E402
 
@@ -29,13 +29,13 @@ def tiny(tmp_path_factory):
     root = tmp_path_factory.mktemp("submission")
     cfg = config.compose([f"run_dir={root}", "model.architecture.moe_intermediate_size=48"])
     model, _ = models.load(cfg)
-    pm, _ = sft.attach_lora(cfg, model)
+    pm, _ = lora.attach_lora(cfg, model)
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for n, p in pm.named_parameters():
             if p.requires_grad:
                 p.copy_(torch.randn(p.shape, generator=g) * 0.05)
-    adapter = sft.save_adapter(pm, root / "adapter")
+    adapter = lora.save_adapter(pm, root / "adapter")
     out = pack(adapter, root / "submission.zip")
     return {"root": root, "cfg": cfg, "pm": pm, "adapter": adapter, "zip": out, "base": root / "base_model"}
 

@@ -41,6 +41,7 @@ def failed_sweep(tmp_path_factory):
     return d, r
 
 
+@pytest.mark.slow
 def test_sweep_one_job_fails_the_other_finishes(failed_sweep):
     d, r = failed_sweep
     assert r.returncode == 1, r.stdout[-3000:] + r.stderr[-3000:]  # a failed job makes the command fail
@@ -69,6 +70,7 @@ def test_sweep_one_job_fails_the_other_finishes(failed_sweep):
     assert "failed    sft.lora.dropout=0.1" in r.stdout and "finished  sft.lora.dropout=0" in r.stdout
 
 
+@pytest.mark.slow
 def test_sweep_report_holds_both_jobs(failed_sweep):
     d, r = failed_sweep
     import pandas as pd
@@ -90,6 +92,7 @@ def test_sweep_report_holds_both_jobs(failed_sweep):
     assert "| job | status |" in re.sub(r" +", " ", r.stdout)  # the table is printed
 
 
+@pytest.mark.slow
 def test_sweep_rerun_skips_finished_and_reruns_failed(failed_sweep):
     d, _ = failed_sweep
     ok, bad = d / "sft.lora.dropout=0", d / "sft.lora.dropout=0.1"
@@ -112,6 +115,7 @@ def test_sweep_rerun_skips_finished_and_reruns_failed(failed_sweep):
     assert r.returncode == 2 and "fixed overrides" in r.stderr
 
 
+@pytest.mark.slow
 def test_submitit_local_launcher_runs_a_job(tmp_path):
     d = tmp_path / "sub"
     r = lab_cli("sweep", "--name", "sub", "--dir", str(d), "--smoke", "--stages", "01_explore",

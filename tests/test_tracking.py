@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("tensorboard")
 
-from lab import config, grpo, models, sft  # noqa: E402
+from lab import config, grpo, lora, models, sft  # noqa: E402
 from lab.config import LabError, Stage, tracking_args  # noqa: E402
 from lab.puzzles import generate  # noqa: E402
 
@@ -57,7 +57,7 @@ def test_tensorboard_receives_the_sft_loss_and_the_grpo_reward_curves(tmp_path, 
                           "grpo.gradient_check=false"])
     stage = Stage("03_grpo", cfg=cfg)
     model, tok = models.load(cfg)
-    pm, _ = sft.attach_lora(cfg, model)
+    pm, _ = lora.attach_lora(cfg, model)
     m, _, log = grpo.train(cfg, stage, puzzles, pm, tok)
     got = scalars(tmp_path / "tensorboard" / "03_grpo")
     for name in m["rewards_per_step"]:  # every reward function's mean, as the lab's own train_log.csv has it

@@ -1,0 +1,84 @@
+"""Every `lab` module imports on its own, in any order, in a fresh interpreter (no import cycle at import time), and
+the module-level imports inside `lab/` form no cycle."""
+
+from __future__ import annotations
+
+import ast
+import json
+import random
+import subprocess
+import sys
+
+import pytest
+
+from lab.config import project_root
+
+LAB = project_root() / "lab"
+
+
+def lab_modules() -> list[str]:
+    names = []
+    for p in sorted(LAB.rglob("*.py")):
+        parts = p.relative_to(LAB.parent).with_suffix("").parts
+        if parts[-1] == "__main__":
+            continue
+        names.append(".".join(parts[:-1] if parts[-1] == "__init__" else parts))
+    return names
+
+
+def module_level_imports(name: str, modules: set[str]) -> set[str]:
+    """The `lab` modules `name` imports at module level (not inside functions)."""
+    path = LAB.parent.joinpath(*name.split("."))
+    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    out = set()
+    for node in ast.parse(path.read_text()).body:
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
+                base = ".".join(parts + ([base] if base else []))
+            targets = [base] + [f"{base}.{a.name}" for a in node.names]
+        else:
+            continue
+        out |= {t for t in targets if t in modules and t != name}
+    return out
+
+
+def test_the_module_list_is_complete():
+    names = lab_modules()
+    assert {"lab", "lab.config", "lab.lora", "lab.callbacks", "lab.sft", "lab.puzzles"} <= set(names)
+
+
+@pytest.mark.parametrize("seed", [0, 1])
+def test_every_module_imports_in_random_order_in_a_fresh_interpreter(seed):
+    names = lab_modules()
+    random.Random(seed).shuffle(names)
+    code = ("import importlib, json, sys\n"
+            "for n in json.loads(sys.argv[1]):\n"
+            "    importlib.import_module(n)\n")
+    out = subprocess.run([sys.executable, "-c", code, json.dumps(names)], cwd=project_root(), capture_output=True,
+                         text=True, timeout=300)
+    assert out.returncode == 0, f"order {names}:\n{out.stderr[-3000:]}"
+
+
+def test_module_level_imports_have_no_cycle():
+    modules = set(lab_modules())
+    graph = {n: module_level_imports(n, modules) for n in modules}
+    assert graph["lab.sft"] >= {"lab.lora"} and "lab.sft" not in graph["lab.lora"]
+    state: dict[str, int] = {}
+
+    def visit(n, path):
+        if state.get(n) == 1:
+            raise AssertionError("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
+        if state.get(n) == 2:
+            return
+        state[n] = 1
+        for d in sorted(graph[n]):
+            visit(d, path + [n])
+        state[n] = 2
+
+    for n in sorted(graph):
+        visit(n, [])
