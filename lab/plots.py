@@ -189,7 +189,7 @@ def vote_k(curves: pd.DataFrame, greedy: float | None, title: str = "Accuracy ag
     ax.set_ylabel("accuracy")
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper left")  # the curves rise to the right, where their end values are written
     return fig
 
 
