@@ -14,11 +14,16 @@ export MPLBACKEND := Agg
 
 venv: $(VENV)/.installed
 
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml Makefile
 	test -x $(BIN)/python || $(PY) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade pip
 	$(BIN)/python -m pip install --quiet "$(TORCH_SPEC)"
 	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# kaggle 2.2.5, only so tests/test_kaggle.py can validate a kernel with kaggle's own code: its other
+	# requirements install as usual, the two kaggle packages without their certifi>=2026.10.19 pin, which the
+	# package index this lab is built from does not have yet (pip check reports that pin; nothing else needs it)
+	$(BIN)/python -m pip install --quiet bleach jupytext protobuf python-dateutil python-dotenv python-slugify
+	$(BIN)/python -m pip install --quiet --no-deps kaggle==2.2.5 kagglesdk==0.1.38
 	$(BIN)/python -m ipykernel install --sys-prefix --name python3 >/dev/null
 	touch $@
 
