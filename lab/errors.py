@@ -64,12 +64,13 @@ import pandas as pd
 from lab.config import LabError, atomic_write_csv, atomic_write_json, resolve_path
 from lab.metric import extract_answer, verify
 from lab.puzzles import CATEGORIES
+from lab.puzzles.categories import BY_NAME, TABLE
 
 # --------------------------------------------------------------------------------------------
 # constants
 
 CATEGORY_ORDER = tuple(CATEGORIES)
-NUMERIC_CATEGORIES = ("gravity", "unit_conversion")
+NUMERIC_CATEGORIES = tuple(c.name for c in TABLE if c.answer == "number")
 FAILURE_PRIORITY = ("truncated", "think_unclosed", "no_box", "empty_box", "wrong_format", "near_miss",
                     "right_in_reasoning", "wrong")
 CLASSES = ("correct",) + FAILURE_PRIORITY
@@ -359,14 +360,15 @@ def _as_number(s: str) -> float | None:
 
 def _wrong_format(category: str, gold: str, answer: str) -> bool:
     a, g = answer.strip(), gold.strip()
-    if category == "bit_manipulation":
+    kind = BY_NAME[category].answer if category in BY_NAME else ""
+    if kind == "bits":
         width = len(g) if _BINARY.fullmatch(g) else 8
         return not (_BINARY.fullmatch(a) and len(a) == width)
-    if category == "numeral_system":
+    if kind == "numeral":
         if _as_number(g) is not None and not _ROMAN.fullmatch(g):
             return _as_number(a) is None
         return not _ROMAN.fullmatch(a)
-    if category in NUMERIC_CATEGORIES:
+    if kind == "number":
         return _as_number(a) is None
     return False
 

@@ -32,6 +32,8 @@ from __future__ import annotations
 import re
 from fractions import Fraction
 
+from .categories import BY_NAME
+
 TAG_RE = re.compile(r"^([a-z][a-z0-9]*): (.*)$")
 BOX_RE = re.compile(r"\\boxed\{(.*)\}\s*$", re.S)
 BITS_RE = re.compile(r"^[01]{8}$")
@@ -340,9 +342,15 @@ def _eval_bits(expr: str, x: int) -> int:
     return eval(py, {"__builtins__": {}}, env) & 255  # noqa: S307 - names and operators only, checked above
 
 
+def _module(category: str) -> str:
+    """The solver module that wrote a compact trace of `category` (its line shapes are checked below)."""
+    return BY_NAME[category].module if category in BY_NAME else ""
+
+
 def _check_compact_line(category: str, line: str, prompt: str, state: dict) -> bool:
     """True if the line states a computation that replays, False if it is a claim; Fail if it is wrong."""
-    if category == "bit_manipulation":
+    module = _module(category)
+    if module == "bits":
         if line.startswith("rule: "):
             state["rule"] = line[6:]
             return False
@@ -379,7 +387,7 @@ def _check_compact_line(category: str, line: str, prompt: str, state: dict) -> b
                 raise Fail(f"{name} of x is {_b8(_eval_bits(name, state['x']))}")
             return True
         return False
-    if category in ("gravity", "unit_conversion"):
+    if module in ("gravity", "units"):
         m = re.fullmatch(r"2\*(\S+)/(\S+)\^2 = (\S+)", line) or re.fullmatch(r"(\S+)/(\S+) = (\S+)", line)
         if m:
             a, b, r = m.groups()
@@ -403,7 +411,7 @@ def _check_compact_line(category: str, line: str, prompt: str, state: dict) -> b
             state["last"] = r
             return True
         return False
-    if category == "numeral_system":
+    if module == "numeral":
         m = re.fullmatch(r"(\d+) = ([\d +]+)", line)
         if m:
             if _places(m.group(1)) != " ".join(m.group(2).split(" + ")):
@@ -420,7 +428,7 @@ def _check_compact_line(category: str, line: str, prompt: str, state: dict) -> b
                 raise Fail("wrong join")
             return True
         return False
-    if category == "equation_transformation":
+    if module == "equations":
         m = re.fullmatch(r"\|(\d+)-(\d+)\| = (\d+)", line)
         if m:
             if abs(int(m.group(1)) - int(m.group(2))) != int(m.group(3)):
@@ -445,7 +453,7 @@ def _check_compact_line(category: str, line: str, prompt: str, state: dict) -> b
                 raise Fail("wrong join")
             return True
         return False
-    if category == "text_cipher":
+    if module == "cipher":
         if line.startswith("key: "):
             return False
         m = re.fullmatch(r"(\S+) = (?:(\S+) = )?(\S+)", line)
@@ -473,11 +481,12 @@ def replay_compact(category: str, prompt: str, trace: str) -> tuple[bool, int, s
             return False, i, f"{line!r}: {e}", claims
     last = lines[-1] if lines else ""
     tail = last.rsplit("= ", 1)[-1].strip() if "= " in last else last.split(": ", 1)[-1].strip()
-    if category == "bit_manipulation" and len(state.get("bits", [])) == 8:
+    module = _module(category)
+    if module == "bits" and len(state.get("bits", [])) == 8:
         tail = "".join(state["bits"])
-    if category == "bit_manipulation" and BITS_RE.match(state.get("rule", "")) and last.startswith("x = "):
+    if module == "bits" and BITS_RE.match(state.get("rule", "")) and last.startswith("x = "):
         tail = state["rule"]  # a constant rule: the claimed constant is the answer
-    if category == "text_cipher":
+    if module == "cipher":
         words = [ln.rsplit(" = ", 1)[-1] for ln in lines if " = " in ln and not ln.startswith("key:")]
         tail = box if box.split() == [w for w in words] or _cipher_words_match(box, words) else " ".join(words)
     if tail != box:

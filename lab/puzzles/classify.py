@@ -13,14 +13,9 @@ from __future__ import annotations
 
 import re
 
-KEYS = [  # (substring of the opening sentence, category), checked in order
-    ("bit manipulation rule", "bit_manipulation"),
-    ("gravitational constant", "gravity"),
-    ("unit conversion", "unit_conversion"),
-    ("encryption rules", "text_cipher"),
-    ("numeral system", "numeral_system"),
-    ("transformation rules is applied to equations", "equation_transformation"),
-]
+from .categories import BY_NAME, TABLE
+
+KEYS = [(c.key, c.name) for c in TABLE]  # (substring of the opening sentence, category), checked in order
 
 EQ_LINE_RE = re.compile(r"^\s*(\S.*?) = (.*?)\s*$")
 NUMERIC_LHS_RE = re.compile(r"^\d+\D\d+$")
@@ -65,5 +60,5 @@ def classify(prompt: str) -> tuple[str, str]:
     head = prompt[:300].lower()
     for key, cat in KEYS:
         if key in head:
-            return cat, (equation_subtype(prompt) if cat == "equation_transformation" else "")
+            return cat, (equation_subtype(prompt) if BY_NAME[cat].module == "equations" else "")
     return "unknown", ""

@@ -37,6 +37,7 @@ from __future__ import annotations
 
 from fractions import Fraction
 
+from .categories import BY_NAME
 from .common import Solution, finish
 
 # ---------------------------------------------------------------- bits
@@ -565,17 +566,17 @@ def _cipher(prompt: str, sol: Solution) -> list[str]:
     return lines
 
 
-BUILDERS = {"bit_manipulation": _bits, "gravity": _gravity, "unit_conversion": _units, "numeral_system": _numeral,
-            "text_cipher": _cipher}
+BUILDERS = {"bits": _bits, "gravity": _gravity, "units": _units, "numeral": _numeral, "cipher": _cipher}  # by module
 
 
 def derivation(prompt: str, sol: Solution) -> Solution:
     """The same Solution with its trace written as a derivation (see the module docstring)."""
-    if sol.category == "equation_transformation":
+    module = BY_NAME[sol.category].module if sol.category in BY_NAME else ""
+    if module == "equations":
         build = _symbolic if sol.subtype.startswith("symbolic") else _numeric
     else:
-        build = BUILDERS.get(sol.category)
-    if build is None or (sol.status != "solved" and not sol.method and sol.category == "equation_transformation"):
+        build = BUILDERS.get(module)
+    if build is None or (sol.status != "solved" and not sol.method and module == "equations"):
         return sol
     try:
         lines = build(prompt, sol)

@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import random
 
-from .common import CATEGORIES, make_id
+from .categories import CATEGORIES, BY_NAME
+from .common import make_id
 from .solve import category_module
-
-PREFIX = {"bit_manipulation": "bit", "gravity": "grav", "unit_conversion": "unit", "text_cipher": "ciph",
-          "numeral_system": "num", "equation_transformation": "eq"}
 
 
 def generate(category: str, n: int, seed: int = 0, **difficulty):
@@ -28,6 +26,6 @@ def generate(category: str, n: int, seed: int = 0, **difficulty):
     rows = []
     for i in range(int(n)):
         prompt, answer, subtype = gen(rng, **difficulty)
-        rows.append({"id": make_id(PREFIX[category], seed, i), "prompt": prompt, "answer": str(answer),
+        rows.append({"id": make_id(BY_NAME[category].prefix, seed, i), "prompt": prompt, "answer": str(answer),
                      "category": category, "subtype": subtype})
     return pd.DataFrame(rows, columns=["id", "prompt", "answer", "category", "subtype"], dtype=str)

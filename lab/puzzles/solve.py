@@ -18,21 +18,14 @@ import os
 import time
 from pathlib import Path
 
+from .categories import BY_NAME
 from .classify import classify
 from .common import Solution, undetermined
 
-MODULES = {
-    "bit_manipulation": "bits",
-    "gravity": "gravity",
-    "unit_conversion": "units",
-    "text_cipher": "cipher",
-    "numeral_system": "numeral",
-    "equation_transformation": "equations",
-}
-
 
 def category_module(category: str):
-    return importlib.import_module(f"lab.puzzles.{MODULES[category]}")
+    """The module under lab.puzzles that parses, solves and generates `category` (see categories.TABLE)."""
+    return importlib.import_module(f"lab.puzzles.{BY_NAME[category].module}")
 
 
 STYLES = ("compact", "derivation")
@@ -52,9 +45,10 @@ def solve(prompt: str, vocab=None, priors=None, style: str = "compact") -> Solut
         return undetermined("unknown", "prompt wording not recognised")
     try:
         module = category_module(category)
-        if category == "text_cipher":
+        batch = BY_NAME[category].batch
+        if batch == "vocab":
             sol = module.solve(prompt, vocab)
-        elif category == "equation_transformation":
+        elif batch == "priors":
             sol = module.solve(prompt, priors)
         else:
             sol = module.solve(prompt)
