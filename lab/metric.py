@@ -192,10 +192,7 @@ def _categories(gold: pd.DataFrame, pred: pd.DataFrame) -> pd.Series | None:
             return df["category"]
     for df in (gold, pred):
         if "prompt" in df.columns:
-            try:
-                from lab.puzzles import classify
-            except ImportError:
-                return None
+            from lab.puzzles import classify  # here, not at the top: lab.puzzles.solve imports this module
 
             def cat(prompt):
                 c = classify(prompt)

@@ -26,13 +26,14 @@ def lab_modules() -> list[str]:
     return names
 
 
-def module_level_imports(name: str, modules: set[str]) -> set[str]:
-    """The `lab` modules `name` imports at module level (not inside functions)."""
+def module_level_imports(name: str, modules: set[str], inside_functions: bool = False) -> set[str]:
+    """The `lab` modules `name` imports at module level (also inside functions with `inside_functions`)."""
     path = LAB.parent.joinpath(*name.split("."))
     path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
     out = set()
-    for node in ast.parse(path.read_text()).body:
+    tree = ast.parse(path.read_text())
+    for node in (ast.walk(tree) if inside_functions else tree.body):
         if isinstance(node, ast.Import):
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom):
@@ -82,3 +83,53 @@ def test_module_level_imports_have_no_cycle():
 
     for n in sorted(graph):
         visit(n, [])
+
+
+# The cycles that remain only through imports inside functions, each named by one lazy import that closes it
+# (other lazy imports, e.g. data -> puzzles, close a cycle only through these). Without these edges the whole graph,
+# imports inside functions included, has no cycle; a new cycle fails here: break it by moving the piece both
+# modules need into the lower one.
+KNOWN_LAZY_CYCLES = {
+    ("lab.config", "lab.data"),    # config's compose-time check calls data.find_data_file
+    ("lab.config", "lab.models"),  # config's compose-time check calls models.check_model_path
+    ("lab.metric", "lab.puzzles"),  # `score` classifies prompts when the gold file has no category column
+}
+
+
+def _find_cycle(graph):
+    state: dict[str, int] = {}
+
+    def visit(n, path):
+        if state.get(n) == 1:
+            return path[path.index(n):] + [n]
+        if state.get(n) == 2:
+            return None
+        state[n] = 1
+        for d in sorted(graph[n]):
+            if (c := visit(d, path + [n])):
+                return c
+        state[n] = 2
+        return None
+
+    for n in sorted(graph):
+        if (c := visit(n, [])):
+            return c
+    return None
+
+
+def test_imports_inside_functions_close_only_the_known_cycles():
+    modules = set(lab_modules())
+    top = {n: module_level_imports(n, modules) for n in modules}
+    every = {n: module_level_imports(n, modules, inside_functions=True) for n in modules}
+    for a, b in KNOWN_LAZY_CYCLES:
+        assert b in every[a] and b not in top[a], (a, b)
+        seen, todo = set(), [b]  # does b lead back to a?
+        while todo:
+            n = todo.pop()
+            if n not in seen:
+                seen.add(n)
+                todo.extend(every[n])
+        assert a in seen, f"{a} -> {b} closes no cycle any more: drop it from KNOWN_LAZY_CYCLES"
+    rest = {n: every[n] - {b for a, b in KNOWN_LAZY_CYCLES if a == n} for n in modules}
+    assert _find_cycle(rest) is None, "import cycle through imports inside functions: " + " -> ".join(_find_cycle(rest))
+    assert "lab.metric" in top["lab.puzzles.solve"]  # solve_frame scores with the metric itself, no fallback

@@ -3,7 +3,7 @@
 `solve(prompt)` classifies the prompt, runs that category's solver and turns any exception into an
 `undetermined` Solution with the error as reason. `solve_frame(df)` does it for a DataFrame (with a
 tqdm bar for big frames) and, when the frame has a gold `answer` column, adds `correct` via
-lab.metric.verify (string equality if that module is missing).
+lab.metric.verify (the competition metric; an error there is raised, never replaced).
 `solve_frame` first pools the plaintext words of every cipher example in the frame, so a cipher
 query word that its own examples never spell out can still be read (see `cipher.vocabulary`), and
 learns the equation priors from the frame's own numeric equation prompts (`equations.learn_priors`:
@@ -17,6 +17,8 @@ import importlib
 import os
 import time
 from pathlib import Path
+
+from lab.metric import verify
 
 from .categories import BY_NAME
 from .classify import classify
@@ -85,14 +87,6 @@ def estimate_tokens(text: str) -> int:
     return max(len(text.split()), -(-len(text) * 2 // 7))
 
 
-def _verifier():
-    try:
-        from lab.metric import verify
-        return verify
-    except Exception:  # noqa: BLE001 - metric module may not exist yet
-        return lambda gold, pred: str(gold).strip() == str(pred).strip()
-
-
 def _solve_timed(prompt, vocab=None, priors=None, style="compact"):
     t0 = time.perf_counter()
     s = solve(prompt, vocab, priors, style)
@@ -146,7 +140,6 @@ def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int |
     out = pd.DataFrame(rows, columns=["id", "category", "subtype", "status", "method", "answer", "trace",
                                       "trace_tokens", "reason", "seconds"])
     if "answer" in df.columns:
-        verify = _verifier()
         out["correct"] = [bool(verify(g, p)) for g, p in zip(df["answer"].tolist(), out["answer"].tolist())]
     return out
 
