@@ -30,84 +30,16 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lab.config import LabError, atomic_write_csv, atomic_write_json, project_root, read_json
+from lab.config import (COMPETITION_SLUG, KAGGLE_INPUT, LabError, atomic_write_csv, atomic_write_json,  # noqa: F401
+                        find_data_file, project_root, read_json)  # where the file is lives in lab.config (re-exported)
 
 REQUIRED = ("id", "prompt")
 HASHED = ("id", "prompt", "answer")
-KAGGLE_INPUT = Path("/kaggle/input")
-COMPETITION_SLUG = "nvidia-nemotron-model-reasoning-challenge"
 
 
 def _row(i: int) -> str:
     """0-based data index -> the row a spreadsheet shows (header = row 1)."""
     return f"row {i + 2}"
-
-
-# ---------------------------------------------------------------------------------------------
-# finding the file
-# ---------------------------------------------------------------------------------------------
-
-def _on_kaggle() -> bool:
-    return bool(os.environ.get("KAGGLE_KERNEL_RUN_TYPE")) or KAGGLE_INPUT.is_dir()
-
-
-def _kaggle_candidates(name: str) -> list[Path]:
-    if not KAGGLE_INPUT.is_dir():
-        return []
-    found = sorted(set(KAGGLE_INPUT.glob(f"*/{name}")) | set(KAGGLE_INPUT.glob(f"*/*/{name}")))
-    return [p for p in found if p.is_file()]
-
-
-def find_data_file(path: str | os.PathLike | None = None, name: str = "train.csv") -> Path:
-    """Where a competition file is: `path`, else $LAB_DATA, else <project root>/data/<name>, else Kaggle.
-
-    An explicit relative `path` is tried relative to the working directory, then to the project
-    root (the config's convention). $LAB_DATA may name a folder (holding `name`) or a file (used
-    when its file name is `name`, else its folder is searched). On Kaggle (KAGGLE_KERNEL_RUN_TYPE
-    set or /kaggle/input present) /kaggle/input/*/<name> and /kaggle/input/*/*/<name> are searched;
-    the competition's own folder wins, and several other matches are an error rather than a guess.
-    """
-    if path is not None and str(path) != "":
-        p = Path(os.path.expanduser(str(path)))
-        tried = [p]
-        if not p.is_absolute():
-            try:
-                tried.append(project_root() / p)
-            except LabError:
-                pass
-        for c in tried:
-            if c.is_file():
-                return c.resolve()
-        raise LabError(f"{path}: data file not found (looked at {', '.join(map(str, tried))})")
-
-    looked: list[str] = []
-    env = os.environ.get("LAB_DATA")
-    if env:
-        e = Path(os.path.expanduser(env))
-        if not e.exists():
-            raise LabError(f"{e}: $LAB_DATA points to nothing (unset it or fix the path)")
-        c = e if (e.is_file() and e.name == name) else (e / name if e.is_dir() else e.parent / name)
-        if c.is_file():
-            return c.resolve()
-        looked.append(f"{c} ($LAB_DATA)")
-    try:
-        c = project_root() / "data" / name
-        if c.is_file():
-            return c
-        looked.append(str(c))
-    except LabError as err:
-        looked.append(f"<project root>/data/{name} ({err})")
-    if _on_kaggle():
-        found = _kaggle_candidates(name)
-        own = [p for p in found if COMPETITION_SLUG in str(p)]
-        if len(own) == 1 or (not own and len(found) == 1):
-            return (own or found)[0]
-        if found:
-            raise LabError(f"{KAGGLE_INPUT}: several {name} files ({', '.join(map(str, found))}); "
-                           "pass data.path=... to choose one")
-        looked.append(f"{KAGGLE_INPUT}/*/{name}")
-    raise LabError(f"{name} not found; looked in: {'; '.join(looked)}. Pass a path (data.path=...), "
-                   "set $LAB_DATA, or put the file in data/")
 
 
 # ---------------------------------------------------------------------------------------------

@@ -20,7 +20,6 @@ prompt wording), not on the run's data, so it is identical for every run and see
 from __future__ import annotations
 
 import functools
-import glob
 import hashlib
 import json
 import os
@@ -28,7 +27,7 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from lab.config import LabError, atomic_dir, resolve_path
+from lab.config import LabError, atomic_dir, check_model_path, kaggle_model_dir, resolve_path
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>", "<unk>"]  # ids 0..4: pad, bos, eos, ...
 THINK_TOKENS = ["<think>", "</think>"]  # ordinary added tokens: they stay visible in decoded text
@@ -187,17 +186,6 @@ def build_tiny(cfg: DictConfig, path: Path) -> None:
         (tmp / RECIPE_FILE).write_text(json.dumps(tiny_recipe(cfg), indent=1))
 
 
-def kaggle_model_dir() -> Path | None:
-    """The Nemotron-H checkpoint folder under the Kaggle input mount, when running on Kaggle."""
-    for cfg_file in sorted(glob.glob("/kaggle/input/**/config.json", recursive=True)):
-        try:
-            if json.loads(Path(cfg_file).read_text()).get("model_type") == "nemotron_h":
-                return Path(cfg_file).parent
-        except (OSError, json.JSONDecodeError):
-            continue
-    return None
-
-
 def model_path(cfg: DictConfig) -> str:
     """Where the base model lives: a local folder (built if tiny), the Kaggle mount, or the Hub id."""
     p = str(cfg.model.path)
@@ -215,32 +203,6 @@ def model_path(cfg: DictConfig) -> str:
         return str(k)
     check_model_path(p)
     return p  # a Hub id found in the local Hub cache
-
-
-def check_model_path(p: str, hub_cache: bool = True) -> None:
-    """A LabError unless `p` is a local model folder or a Hub id (`org/name`) whose config.json is in the local
-    Hub cache (nothing is downloaded; `hub_cache=False`, as at compose time, accepts any Hub id). Without this,
-    a path that does not exist reaches `from_pretrained` as a Hub id and fails with huggingface_hub's "Repo id
-    must be in the form ..." message. The cache is read with `huggingface_hub.try_to_load_from_cache`
-    (huggingface_hub/file_download.py: the cached file's path, else None or a "known missing" marker)."""
-    local = resolve_path(p)
-    if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise LabError(f"{local}: model folder has no config.json")
-        return
-    if os.path.isdir("/kaggle/input") and kaggle_model_dir() is not None:
-        return
-    if p.startswith((".", "/", "~")) or p.count("/") != 1:  # a path, not a Hub id
-        raise LabError(f"{local}: model folder not found (model.path={p!r} is neither a folder nor a Hub id "
-                       "'org/name')")
-    if not hub_cache:
-        return
-    from huggingface_hub import try_to_load_from_cache
-
-    if not isinstance(try_to_load_from_cache(p, "config.json"), str):
-        raise LabError(f"model.path={p!r}: not a local folder, and the Hub model is not in the local cache "
-                       "(nothing is downloaded at run time): download it beforehand (README, 'The real model') "
-                       "or pass its folder as model.path")
 
 
 def device(cfg: DictConfig) -> str:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lab import data
+from lab import config, data
 from lab.config import LabError
 from lab.data import add_categories, content_hash, find_data_file, load_puzzles, load_split, save_split, split
 
@@ -124,7 +124,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_ROOT", str(root))
     monkeypatch.delenv("LAB_DATA", raising=False)
     monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
-    monkeypatch.setattr(data, "KAGGLE_INPUT", tmp_path / "kaggle" / "input")
+    monkeypatch.setattr(config, "KAGGLE_INPUT", tmp_path / "kaggle" / "input")  # find_data_file lives in lab.config
     monkeypatch.chdir(tmp_path)
     return root
 
