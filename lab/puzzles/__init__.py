@@ -18,7 +18,8 @@ Also: trace_tokens(trace, tokenizer=None), solve_frame(df, tokenizer=None, style
 (equations by kind, family and mode), and the command line `python -m lab.puzzles solve IN.csv OUT.csv
 [--trace-style derivation] [--tokenizer DIR]` / `python -m lab.puzzles check OUT.csv` /
 `python -m lab.puzzles generate --category C --n N --seed S OUT.csv`.
-Modules: common (Solution, trace ending), classify, solve (dispatch), generate, derive (derivation traces),
+Modules: categories (the one table of categories: a new category is one module plus one row there),
+common (Solution, trace ending), classify, solve (dispatch), generate, derive (derivation traces),
 check (the trace checker), and one per category: bits, gravity, units, cipher, numeral, equations.
 """
 
