@@ -62,7 +62,7 @@ from typing import Any, Iterable
 
 from lab.config import (LabError, atomic_write_csv, atomic_write_json, atomic_write_text, project_root, read_json,
                         resolve_path, run_lock, split_at_dashes)
-from lab.pipeline import SMOKE_OVERRIDES, STAGES
+from lab.pipeline import SMOKE_OVERRIDES, STAGES, execute_stage
 from lab.plots import ordered
 
 log = logging.getLogger(__name__)
@@ -179,24 +179,6 @@ def _error_text(stage: str, notebook: Path, err: BaseException) -> str:
                          f"{str(err).strip()}\n\n{tb}")
 
 
-def execute_stage(stage: str, job_dir: Path, nb_overrides: list[str]) -> Path:
-    """Run notebooks/<stage>.ipynb with papermill into <job_dir>/notebooks/; kernel output in logs/."""
-    import papermill as pm
-
-    src = project_root() / "notebooks" / f"{stage}.ipynb"
-    if not src.is_file():
-        raise LabError(f"{src}: notebook not found (stages are {', '.join(STAGES)})")
-    out = job_dir / "notebooks" / src.name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    (job_dir / "logs").mkdir(exist_ok=True)
-    with open(job_dir / "logs" / f"{stage}.log", "w", encoding="utf-8") as f:
-        pm.execute_notebook(str(src), str(out), parameters={"overrides": list(nb_overrides)}, cwd=str(project_root()),
-                            kernel_name="python3", progress_bar=False, log_output=False, stdout_file=f, stderr_file=f)
-    if not (job_dir / stage / "metrics.json").is_file():
-        raise LabError(f"{out}: the notebook ran to the end but {job_dir / stage / 'metrics.json'} was not written")
-    return out
-
-
 def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str], *, name: str | None = None,
             params: dict | None = None, cfg=None, force: bool = False) -> dict:
     """Execute `stages` for one job into `job_dir` (its run_dir); never raises for a failing notebook.
@@ -246,7 +228,7 @@ def _run_job(job_dir: Path, name: str, overrides: list[str], nb_overrides: list[
                 continue
             t = time.time()
             log.info(f"[{name}] {stage}: running")
-            execute_stage(stage, job_dir, nb_overrides)
+            execute_stage(stage, job_dir, nb_overrides, log_file=job_dir / "logs" / f"{stage}.log")
             log.info(f"[{name}] {stage}: done in {time.time() - t:.0f} s")
             job["stages_run"].append(stage)
         stage = None
