@@ -1,6 +1,8 @@
 """Running the five notebooks headless and summarising a run: `python -m lab demo` / `summary`.
 
-`run_notebooks` executes notebooks/01_explore ... 05_errors through papermill, in order, each
+`execute_stage` is the lab's one stage runner: it executes one stage notebook with papermill (parameters,
+cwd, kernel, log) and checks the stage wrote its metrics.json; the sweep (`lab.sweep`) and the Kaggle
+pipeline kernel run stages through it. `run_notebooks` runs notebooks/01_explore ... 05_errors in order, each
 with the same Hydra overrides (the notebooks' `parameters` cell holds `overrides`), writing the
 executed copies into `<run_dir>/notebooks/`. All five share one run folder: without `run_name`
 or `run_dir` the time-stamped name is resolved once and handed to every stage. `python -m lab demo`
@@ -11,8 +13,11 @@ one headline table (stage, metric, value, Wilson 95% interval, n, puzzles fixed 
 against the previous stage, from the stages' predictions files). Per-step series stay in the
 stages' CSVs and plots.
 
-Deliberately simple: stages run one after another in one process tree; sweeps over many runs
-live in `lab.sweep`.
+What it simplifies:
+1. Stages run one after another in one process tree, under one run lock; sweeps over many runs live in
+   `lab.sweep`.
+2. Each stage checks the stages it reads finished itself (`lab.config.stage_output` / `stage_input`), so the
+   runner only checks that each stage wrote its metrics.json.
 """
 
 from __future__ import annotations

@@ -5,8 +5,8 @@ machinery: its override grammar and BasicSweeper make the grid (`sft.learning_ra
 `range(...)`, ...), and its launcher plugins run the jobs: `basic` (one after another in this
 process), `joblib` (local processes in parallel), `submitit_local` and `submitit_slurm` (submitit;
 SLURM settings are ordinary Hydra overrides such as `hydra.launcher.partition=gpu`). Each job is
-Hydra's task function `_Job`, which executes the chosen notebooks through papermill with the
-job's overrides plus `run_dir=<sweep_dir>/<job_name>`, so every job is a complete run folder:
+Hydra's task function `_Job`, which executes the chosen notebooks with the lab's one stage runner
+(`lab.pipeline.execute_stage`, papermill) with the job's overrides plus `run_dir=<sweep_dir>/<job_name>`, so every job is a complete run folder:
 
     <sweep_dir>/sweep.json                 what was asked (fixed overrides, stages, launcher)
     <sweep_dir>/<job_name>/                the job's run_dir; job_name is Hydra's override_dirname
@@ -38,11 +38,12 @@ min-max over seeds) and, for a seeds-only sweep, a per-seed bar chart with the m
 `<sweep_dir>/plots/` (drawn by `lab.plots`). The tables are pandas' own: `to_markdown` (tabulate) and a
 groupby-agg for mean ± std [min, max] (n) over seeds.
 
-Deliberately simple: jobs never share state (each builds or reads its own base model and split
-under its run_dir), so there is no cross-job caching; a job's name comes from its swept overrides,
-so the fixed overrides of a sweep folder cannot change between reruns (refused: use a new
---name); values holding '/' make nested job folders; the report reads only top-level scalar
-metrics (per-category tables stay in each job's folder).
+What it simplifies:
+1. Jobs never share state (each builds or reads its own base model and split under its run_dir): no
+   cross-job caching.
+2. A job's name comes from its swept overrides, so a sweep folder's fixed overrides cannot change between
+   reruns (refused: use a new --name); values holding '/' make nested job folders.
+3. The report reads only top-level scalar metrics (per-category tables stay in each job's folder).
 """
 
 from __future__ import annotations
