@@ -18,9 +18,9 @@ Modules, by what they do:
   vote        inference-time voting and pass@k / maj@k
   errors      error analysis: per-category accuracy, failure taxonomy
   submission  packing and checking the Kaggle submission.zip
-  sweep       papermill sweeps and reports across runs
+  sweep       sweeps and reports across runs (stages run by pipeline's one stage runner)
   kaggle      building offline Kaggle kernels
-  pipeline    running the five notebooks headless (`python -m lab demo`) and the run summary
+  pipeline    the one stage runner (papermill), the five notebooks headless (`python -m lab demo`), the summary
   plots       every plot of the lab (stages, errors, voting, sweeps) in one style, and the PNG writer
   trl_cpu     what TRL 1.15 needs to train on a CPU (no Triton) and to show progress under papermill
 """

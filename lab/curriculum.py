@@ -1,35 +1,21 @@
 """Prompt selection and curriculum for GRPO: which training prompts to keep, and in what order.
 
-Pure pandas/numpy on tables; no model. The pieces, in the order 03_grpo uses them:
+Pure pandas/numpy on tables; no model. In the order 03_grpo uses them:
+- `estimate_pass_rates(samples)`: per-id share of correct samples (it is `lab.vote.pass_rates`).
+- `select(pass_rates, threshold, drop_unsolved)`: drops prompts solved at or above `threshold` (an all-correct
+  group has zero reward variance, so GRPO learns nothing from it) and, with `drop_unsolved`, prompts no sample
+  solved (all wrong: the same zero variance; DAPO's dynamic-sampling filter, applied once up front). Kept
+  unsolved prompts leave GRPO only the format term's variance; both counts are in `selection_summary`.
+- `order(puzzles, pass_rates, curriculum, shape, seed=...)`: curriculum on, high to low pass rate (`linear`:
+  ties in a seeded order; `stepped`: `buckets` equal contiguous buckets shuffled within); off, a seeded shuffle.
+  TRL's GRPOTrainer shuffles its dataset by default: pass `GRPOConfig(shuffle_dataset=False)` or the order is
+  lost; past the end of the order the trainer starts it again from the easy end.
 
-`estimate_pass_rates(samples)`
-  Per-id share of correct samples, ``DataFrame[id, n, correct, pass_rate]``, from a samples table
-  (k completions per prompt drawn from the SFT model, as `lab.generate.sample_table` writes it).
-  It is `lab.vote.pass_rates`, which does exactly this; nothing is recomputed here.
-`select(pass_rates, threshold, drop_unsolved)`
-  Drops prompts the model already solves (pass rate >= threshold over its k samples: a group that
-  is all correct has zero reward variance, so GRPO learns nothing from it) and, with
-  ``drop_unsolved``, prompts no sample solved (pass rate 0: all wrong, the same zero variance; the
-  filter DAPO's dynamic sampling applies per batch, here applied once up front). Kept unsolved,
-  they may still produce a correct sample during training, but on the tiny demo 51-56 of 64 pool
-  prompts were unsolved when SFT ended below 10%, and GRPO spent its steps on groups whose only
-  reward variance came from the format term. Both counts are in `selection_summary`.
-`order(puzzles, pass_rates, curriculum, shape, seed=...)`
-  The training prompts in the order the trainer should see them. Curriculum on: from high to
-  low pass rate (easy to hard); ``linear`` sorts (ties in a seeded random order, so equal rates
-  do not come out grouped by however the input was sorted); ``stepped`` sorts, cuts the order into
-  ``buckets`` contiguous buckets of (near) equal size, and shuffles within each bucket. Curriculum
-  off: a seeded shuffle. The same seed always gives the same order.
-
-Using the order: TRL's GRPOTrainer shuffles its dataset by default; pass
-``GRPOConfig(shuffle_dataset=False)`` or the order is lost. When training runs for more prompts
-than the dataset holds (max_steps * prompts_per_step > n), the trainer starts the same order again
-from the top, so the curriculum restarts at the easy end each epoch.
-
-Deliberate simplifications: pass rates are measured once, before training, and never refreshed
-as the model improves (no online difficulty re-estimation as in DAPO's dynamic sampling); the
-pass rate is the only difficulty signal (no per-category balancing); stepped buckets are cut by
-rank, so prompts with equal pass rates may straddle a bucket boundary.
+What it simplifies:
+1. Pass rates are measured once, before training, never refreshed as the model improves (no online
+   re-estimation as in DAPO's dynamic sampling).
+2. The pass rate is the only difficulty signal (no per-category balancing).
+3. Stepped buckets are cut by rank, so equal pass rates may straddle a bucket boundary.
 """
 
 from __future__ import annotations

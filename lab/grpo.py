@@ -1,101 +1,25 @@
-r"""GRPO from the SFT adapter, with TRL 1.15's GRPOTrainer: rewards, pass-rate selection, curriculum.
+"""GRPO from the SFT adapter with TRL's GRPOTrainer: `train(cfg, stage, train_puzzles, model, tokenizer)`.
 
-`train(cfg, stage, train_puzzles, model, tokenizer) -> (metrics, model, log_df)` is what the 03_grpo
-notebook calls. In order:
+What the 03_grpo notebook calls: picks a pool of `grpo.n_prompts` puzzles, estimates their pass rates
+with `grpo.pass_rate_k` samples (`pass_rates.csv`), drops those solved at or above `grpo.drop_threshold`
+(and, with `drop_unsolved`, those never solved), orders the rest (`lab.curriculum`), trains on the
+rewards named in `grpo.rewards` (`lab.rewards`) and saves the trained "default" LoRA to
+`grpo.adapter_dir`, with `train_log.csv` and per-step metrics. Each step's share of truncated and
+zero-variance groups is checked against `grpo.*_warn_share` and warned about in `metrics["warnings"]`.
+`grpo.resume` continues from the newest checkpoint only when the run's fingerprint matches;
+`grpo.refine` trains on refinements of the best of a first round of drafts (after iGRPO,
+arXiv:2602.09000); `grpo.rollout_backend` is `hf` (transformers) or `vllm` (TRL's colocate mode, which
+holds a second copy of the base weights: see the README's GRPO section).
 
-1. the pool: `grpo.n_prompts` training puzzles (seeded sample); the completion budget
-   `max_completion_length` is `min(infer.max_tokens, model.max_model_len - longest pool prompt)`
-   (the competition's rule of `lab.generate.completion_budget`, with prompt tokens counted as TRL
-   tokenises them), or `grpo.max_completion_length` when set (checked against the same limit).
-   Never TRL's default of 512;
-2. pass rates: `grpo.pass_rate_k` samples per pool prompt from the model being trained (the
-   transformers back-end on the in-memory model, at `grpo.temperature` and the GRPO budget), saved
-   to `pass_rates.csv`; prompts at or above `grpo.drop_threshold` are dropped, and with
-   `grpo.drop_unsolved` those no sample solved (a group all right or all wrong has no correctness
-   variance); the rest are ordered easy -> hard (`grpo.curriculum`) or
-   shuffled (seeded), see `lab.curriculum`. The chosen order is saved (`prompt_order.csv`, and
-   `checkpoints/lab_run.json` with the run's fingerprint) and REUSED on resume: pass rates are
-   never re-estimated for a resumed run;
-3. the training schedule: the order, repeated until it covers `max_steps * prompts_per_step`
-   rows per process (curriculum: the same order again each pass; no curriculum: pass p >= 1 is
-   reshuffled with seed + p). The lab hands TRL this one long dataset with `shuffle_dataset=False`, so TRL's
-   sampler never reshuffles per epoch: a resumed run skips exactly the rows already trained on;
-4. training with the rewards named in `grpo.rewards` (functions from `lab.rewards.REWARDS`, weights
-   from config; `lab.rewards.build`), TRL logging every step. Guard rails: after every logged step
-   the share of truncated completions (`completions/clipped_ratio`) and of groups with zero reward
-   variance (`frac_reward_zero_std`, on the weighted total) are compared with `grpo.truncation_warn_share` /
-   `grpo.zero_variance_warn_share`, and so is the share of groups whose correctness is the same in
-   every sample (`GroupSpread`, which a varying format reward cannot hide), and a step where every completion was unscorable (reward None,
-   e.g. all truncated under `mask_truncated_completions`) is flagged; each warning is printed and
-   recorded in `metrics["warnings"]`. The gradient check of `lab.lora` (every LoRA family got a
-   gradient and moved, sampled frozen base tensors did not) runs when `grpo.gradient_check`;
-5. the adapter (only the trained "default" LoRA; TRL's frozen "ref" copy, made when beta > 0, is
-   deleted first) is saved to `grpo.adapter_dir`; `train_log.csv` holds every logged step.
-
-Metrics (per logged step, JSON-safe, None where TRL logged nothing): `reward_per_step`,
-`reward_std_per_step`, `rewards_per_step` ({reward name: {mean: [...], std: [...]}}),
-`correctness_per_step` (the `correctness` reward's mean, when configured),
-`completion_length_per_step`, `truncated_share_per_step`, `zero_variance_share_per_step`,
-`grad_norm_per_step`, `kl_per_step` (beta > 0); plus steps, budget, prompt counts, resume facts,
-`lora_weight_change` (summed absolute change over a strided sample of each LoRA tensor),
-`gradient_check_failed`, `warnings`.
-Reading them: with the curriculum on, later steps see harder prompts, so the per-step reward
-falls by construction; it is not a learning curve (held-out accuracy in the notebook is).
-
-Resume (`grpo.resume=true`): the newest checkpoint in `<stage>/checkpoints` at or below `max_steps`
-is resumed (adapter, optimizer, scheduler, RNG and data position, by the Trainer); the run's
-fingerprint (every `grpo` key that changes the trajectory, the seed, model and a content hash of its
-files, budget, the pool's ids and a checksum of the starting adapter) must match the one the checkpoints
-were written with, or it is a `LabError` (set `grpo.resume=false` to start over, or use another run_dir).
-A checkpoint already at `max_steps` is not trained further (transformers would otherwise run one extra step):
-its adapter is loaded and saved. Checkpoints without a fingerprint (older lab versions) are
-discarded with a warning; checkpoints past `max_steps` are deleted. `grpo.resume=false` deletes
-all checkpoints first. `grpo.wall_clock_budget_min` saves a checkpoint and stops cleanly after the
-first optimiser step past the budget.
-
-Iterative refinement (`grpo.refine=true`, after iGRPO, arXiv:2602.09000): every step, for each
-prompt of the batch, stage one samples `num_generations` drafts from the current policy (TRL's own
-generation: same sampling settings and budget) and scores them with the same weighted rewards;
-the highest-reward draft (first on ties; unscorable drafts rank last) is put into the prompt, and
-stage two samples the group from that draft-conditioned prompt; TRL scores and trains on those
-refinements only (the loss sees the draft-conditioned prompt). The refinement prompt is exactly
-``chat_prompt(tokenizer, puzzle + REFINE_SUFFIX.format(draft=DRAFT))`` (so the Kaggle
-boxed-answer line still comes last), where REFINE_SUFFIX is::
-
-    \n\nHere is an earlier attempt at this puzzle:\n<attempt>\n{draft}\n</attempt>\n
-    Check the attempt, correct any mistakes, and solve the puzzle again.
-
-(one Python string, shown on two lines: ``</attempt>\n`` is followed directly by ``Check``), and
-DRAFT is the draft's own sampled tokens (its end-of-turn token removed), spliced in as ids rather
-than re-tokenised text, so its length is known. Drafts and refinements share the context window:
-with refine on, the budget is
-`min(infer.max_tokens, (model.max_model_len - longest refinement prompt without its draft) // 2)`.
-Every step's chosen drafts go to `refinements.csv`. Kaggle scores single-pass answers with no
-draft; whether training on refinements carries over to them is what a run has to show.
-
-Rollouts: `grpo.rollout_backend=hf` (transformers generate inside GRPOTrainer, CPU or GPU) or
-`vllm` (TRL's colocate mode: `use_vllm=True, vllm_mode="colocate"`; vLLM is imported by TRL only
-when the trainer is built, never by `grpo_args`). Memory, colocate mode: the vLLM engine holds a
-SECOND full copy of the base weights (TRL merges the LoRA into it at every weight sync) plus its KV
-cache, in the share `grpo.vllm_gpu_memory_utilization` of the GPU; the trainer's model, LoRA
-optimizer state and activations must fit in the rest; `grpo.vllm_sleep_mode` frees the engine's
-weights and cache during the optimiser step (level 2; weights are re-sent at the next sync).
-- one 80 GB H100: Nemotron-3-Nano-30B-A3B in bf16 is about 60 GB, so two copies cannot fit:
-  use `rollout_backend=hf` for the real model. Colocate fits models whose bf16 weights are
-  below about a quarter of the card (<= 8B on 80 GB) with `vllm_gpu_memory_utilization` 0.3-0.4
-  (weights + KV cache), sleep mode on; the tiny model with anything from 0.1 up.
-- a Kaggle GPU: the standard notebook GPUs (T4 16 GB, two of them, or a P100 16 GB) cannot hold
-  the 30B model in bf16 for training at all, vLLM or not: GRPO on the real model is not a Kaggle
-  notebook job; the tiny demo runs there with `rollout_backend=hf`. On any card, colocate needs
-  (2 x weights + KV cache + activations) below its memory.
-Unsloth rollouts are not offered (Unsloth's fast generation would need its own GRPO patching).
-
-Deliberately simple: one adapter trained in place (TRL's reference is the adapter's starting copy
-when beta > 0); pass rates are measured once, before training, on the start model; under several
-processes (scripts/train_grpo.py) every process selects and records the prompts itself (same seed,
-same result; checked with 2 CPU processes, not on GPUs); `refine` drafts and refinements both cost a full rollout (no matched budget as in
-the paper), it is tested on the transformers back-end only, and its drafts are scored without the
-`trainer_state` keyword (the lab's rewards do not read it).
+What it simplifies:
+1. One adapter trained in place; TRL's reference (beta > 0) is its starting copy, deleted before saving.
+2. Pass rates are measured once, before training, on the start model, and reused on resume.
+3. The prompt order is one long dataset handed to TRL with `shuffle_dataset=False`, so a resumed run
+   skips exactly the rows already trained on.
+4. The completion budget is the competition's (`lab.generate.completion_budget`), never TRL's 512.
+5. `refine` drafts and refinements each cost a full rollout (no matched budget as in the paper); it is
+   tested on the transformers back-end only. Under several processes every process selects the prompts
+   itself (same seed, same result).
 """
 
 from __future__ import annotations

@@ -28,9 +28,12 @@ dataset and the kernel installs from it:
   A stage kernel can continue a run made by another kernel: attach it with `--kernel-sources
   user/slug` and the install cell copies its `outputs/<run_name>/` into `/kaggle/working/outputs/`.
 
-Deliberately simple: one dependency dataset for every kernel; no calls to the Kaggle API (push
-with the `kaggle` command-line tool, kaggle_kernel/README.md); the username comes from
---username or $KAGGLE_USERNAME, never from credential files. The model source is checked with the
+What it simplifies:
+1. One dependency dataset for every kernel.
+2. No calls to the Kaggle API: push with the `kaggle` command-line tool (kaggle_kernel/README.md).
+3. The username comes from --username or $KAGGLE_USERNAME, never from credential files.
+4. Notebooks are only built here (papermill's prepare-only mode bakes the parameters in); the pipeline kernel
+   executes the stages with `lab.pipeline.run_notebooks`, the lab's one stage runner. The model source is checked with the
 rule kaggle 2.2.5 applies on push (`check_model_source`); tests/test_kaggle.py runs kaggle's own push
 validation on a built kernel when the kaggle package is installed.
 """

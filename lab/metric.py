@@ -35,8 +35,9 @@ Consequences of using ``float()`` exactly as the reference does (documented, del
 fall-back once both parsed); ``inf`` equals ``inf``; ``1e5`` equals ``100000``; ``1_000`` parses
 as 1000; ``0x10`` does not parse (string comparison); full-width or other Unicode digits parse.
 
-Deliberate simplifications: no LaTeX normalisation (``\frac{1}{2}`` is not ``0.5``), no unit
-stripping (``3.5 m`` is not ``3.5``); the scorer is only as lenient as the competition's.
+What it simplifies:
+1. No LaTeX normalisation (``\frac{1}{2}`` is not ``0.5``).
+2. No unit stripping (``3.5 m`` is not ``3.5``): the scorer is only as lenient as the competition's.
 Beyond the reference: `verify` raises TypeError for a non-string gold answer instead of failing
 on ``.strip()``, treats a ``None`` prediction as ``NOT_FOUND``; `score` of no rows is 0.0.
 

@@ -13,8 +13,9 @@ weights. Nothing is downloaded.
 implementation (no remote code unless configured), from a local folder, the Kaggle model
 mount (detected), or the Hub id (download beforehand).
 
-Deliberately simple: the tiny tokenizer is trained on a fixed built-in text (the competition's
-prompt wording), not on the run's data, so it is identical for every run and seed.
+What it simplifies:
+1. The tiny tokenizer is trained on a fixed built-in text (the competition's prompt wording), not on the
+   run's data, so it is identical for every run and seed.
 """
 
 from __future__ import annotations

@@ -1,6 +1,8 @@
 """Running the five notebooks headless and summarising a run: `python -m lab demo` / `summary`.
 
-`run_notebooks` executes notebooks/01_explore ... 05_errors through papermill, in order, each
+`execute_stage` is the lab's one stage runner: it executes one stage notebook with papermill (parameters,
+cwd, kernel, log) and checks the stage wrote its metrics.json; the sweep (`lab.sweep`) and the Kaggle
+pipeline kernel run stages through it. `run_notebooks` runs notebooks/01_explore ... 05_errors in order, each
 with the same Hydra overrides (the notebooks' `parameters` cell holds `overrides`), writing the
 executed copies into `<run_dir>/notebooks/`. All five share one run folder: without `run_name`
 or `run_dir` the time-stamped name is resolved once and handed to every stage. `python -m lab demo`
@@ -11,8 +13,11 @@ one headline table (stage, metric, value, Wilson 95% interval, n, puzzles fixed 
 against the previous stage, from the stages' predictions files). Per-step series stay in the
 stages' CSVs and plots.
 
-Deliberately simple: stages run one after another in one process tree; sweeps over many runs
-live in `lab.sweep`.
+What it simplifies:
+1. Stages run one after another in one process tree, under one run lock; sweeps over many runs live in
+   `lab.sweep`.
+2. Each stage checks the stages it reads finished itself (`lab.config.stage_output` / `stage_input`), so the
+   runner only checks that each stage wrote its metrics.json.
 """
 
 from __future__ import annotations
@@ -35,11 +40,37 @@ SMOKE_OVERRIDES = ["data.n_train=16", "data.n_val=4", "data.explore_max=16", "in
                    "grpo.prompts_per_step=2", "grpo.mask_truncated_completions=false", "vote.k=2"]
 
 
-def run_notebooks(overrides: list[str], stages: list[str] = STAGES, out_dir: Path | None = None,
-                  log_output: bool = True) -> Path:
-    """Execute the stage notebooks with papermill; returns the run directory."""
+def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, out_dir: Path | None = None,
+                  log_file: Path | None = None, log_output: bool = True) -> Path:
+    """Run notebooks/<stage>.ipynb with papermill into <out_dir or run_dir/notebooks>/; returns the executed copy.
+
+    The one stage runner: `run_notebooks` (demo, the Kaggle pipeline kernel) and `lab.sweep` call it. The
+    kernel's output goes to `log_file` when given, else to stdout when `log_output`. A notebook that runs to
+    the end without writing <run_dir>/<stage>/metrics.json is an error.
+    """
     import papermill as pm
 
+    src = project_root() / "notebooks" / f"{stage}.ipynb"
+    if not src.is_file():
+        raise LabError(f"{src}: notebook not found (stages are {', '.join(STAGES)})")
+    out = (out_dir or run_dir / "notebooks") / src.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kw = dict(parameters={"overrides": list(overrides)}, cwd=str(project_root()), kernel_name="python3",
+              progress_bar=False)
+    if log_file is None:
+        pm.execute_notebook(str(src), str(out), log_output=log_output, **kw)
+    else:
+        log_file.parent.mkdir(parents=True, exist_ok=True)
+        with open(log_file, "w", encoding="utf-8") as f:
+            pm.execute_notebook(str(src), str(out), log_output=False, stdout_file=f, stderr_file=f, **kw)
+    if not (run_dir / stage / "metrics.json").is_file():
+        raise LabError(f"{out}: the notebook ran to the end but {run_dir / stage / 'metrics.json'} was not written")
+    return out
+
+
+def run_notebooks(overrides: list[str], stages: list[str] = STAGES, out_dir: Path | None = None,
+                  log_output: bool = True) -> Path:
+    """Execute the stage notebooks in order (`execute_stage`) under one run lock; returns the run directory."""
     overrides = list(overrides)
     cfg = compose(overrides)  # validated: a bad value stops here, before any stage folder is touched
     unknown = [s for s in stages if s not in STAGES or not (project_root() / "notebooks" / f"{s}.ipynb").is_file()]
@@ -50,15 +81,11 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, out_dir: Pat
     run_dir = resolve_path(cfg.run_dir)
     with run_lock(run_dir):  # one writer per run folder; the notebooks' kernels inherit the lock
         out_dir = out_dir or run_dir / "notebooks"
-        out_dir.mkdir(parents=True, exist_ok=True)
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
         for name in stages:
-            src = project_root() / "notebooks" / f"{name}.ipynb"
             t0 = time.time()
-            print(f"\n=== {name}: running {src.name} -> {out_dir / src.name}", flush=True)
-            pm.execute_notebook(str(src), str(out_dir / src.name), parameters={"overrides": list(overrides)},
-                                cwd=str(project_root()), log_output=log_output, progress_bar=False,
-                                kernel_name="python3")
+            print(f"\n=== {name}: running {name}.ipynb -> {out_dir / (name + '.ipynb')}", flush=True)
+            execute_stage(name, run_dir, overrides, out_dir=out_dir, log_output=log_output)
             print(f"=== {name}: done in {time.time() - t0:.0f} s", flush=True)
     return run_dir
 

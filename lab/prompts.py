@@ -8,9 +8,13 @@ Nemotron-3-Nano's template then writes an empty system turn first, so the real p
 the tiny tokenizer's template (lab.models.CHAT_TEMPLATE) renders the same bytes (tests/test_prompts.py
 holds both against the real template when ../shared has it).
 Every stage that generates or trains goes through `chat_prompt`, so train and test prompts
-are the same bytes. SFT examples are this prompt text followed by the completion text, never a
-rendered conversation: the real template trims assistant turns and, with `truncate_history_thinking`
-(its default), drops the reasoning of an assistant turn that a user turn follows.
+are the same bytes.
+
+What it simplifies:
+1. One prompt builder for every stage, and no system message (Kaggle sends none).
+2. SFT examples are this prompt text followed by the completion text, never a rendered conversation: the real
+   template trims assistant turns and, with `truncate_history_thinking` (its default), drops the reasoning of an
+   assistant turn that a user turn follows.
 """
 
 from __future__ import annotations

@@ -55,10 +55,11 @@ overlong filtering does; also set ``GRPOConfig(mask_truncated_completions=True)`
 tokens from the loss. With ``"penalise"`` (default) they are scored as Kaggle would score them and
 `length` adds -1.
 
-Deliberate simplifications: rewards are stateless (no schedule over ``trainer_state``); the
-format check is textual, not token-level, and assumes ``</think>`` survives decoding with
-``skip_special_tokens=True`` (true for the lab's tokenizers, where it is an ordinary added token);
-trace agreement is exact line matching, so a numeric line differing in one digit counts as a miss.
+What it simplifies:
+1. Rewards are stateless (no schedule over ``trainer_state``).
+2. The format check is textual, not token-level, and assumes ``</think>`` survives decoding with
+   ``skip_special_tokens=True`` (true for the lab's tokenizers, where it is an ordinary added token).
+3. Trace agreement is exact line matching, so a numeric line differing in one digit counts as a miss.
 """
 
 from __future__ import annotations

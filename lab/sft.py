@@ -20,7 +20,9 @@ TRL 1.15's SFTTrainer refuses an `lm_head` LoRA because its fused head computes 
 `lm_head.weight` directly; `lab.lora` lets the trainer accept it and makes the fused head apply it
 (chunked, the full logits never built), so it trains (tests/test_lora.py).
 
-Deliberately simple: one adapter, one dataset, no packing.
+What it simplifies:
+1. One adapter, one dataset.
+2. No packing.
 """
 
 from __future__ import annotations

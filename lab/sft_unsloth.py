@@ -27,6 +27,10 @@ Checked here instead of trusted:
 - `out_proj` of the Mamba mixers: `lab.lora`'s fused-kernel guard is applied after wrapping, and the gradient check
   shows whether out_proj trained.
 
+What it simplifies:
+1. 16-bit LoRA only (no 4-bit, no 8-bit, no full fine-tuning), through `FastModel` directly.
+2. Only loading and wrapping are Unsloth's; training, checks and saving stay `lab.sft`'s.
+
 Not verified here (no GPU, no Unsloth in the CPU environment): a real Unsloth run. tests/test_sft_unsloth.py drives
 this module with a stand-in `unsloth` module that records what it is given.
 """

@@ -70,8 +70,9 @@ on this machine): vLLM never reads the field, so refusing would reject every goo
 adapter checked without the 60 GB checkpoint; its tensors are still checked against the
 families and the rank.
 
-Deliberately simple: `pack` reads the whole adapter into memory to convert it (fine for the ranks Kaggle loads);
-`check` streams the safetensors file from the zip without extracting it.
+What it simplifies:
+1. `pack` reads the whole adapter into memory to convert it (fine for the ranks Kaggle loads).
+2. `check` streams the safetensors file from the zip without extracting it.
 
 CLI: `python -m lab.submission pack ADAPTER_DIR OUT.zip [--dtype bfloat16] [--base-model-name HUB_ID]`
 and `python -m lab.submission check ZIP [--base-model DIR]` (exit 0 only when valid).

@@ -5,8 +5,8 @@ machinery: its override grammar and BasicSweeper make the grid (`sft.learning_ra
 `range(...)`, ...), and its launcher plugins run the jobs: `basic` (one after another in this
 process), `joblib` (local processes in parallel), `submitit_local` and `submitit_slurm` (submitit;
 SLURM settings are ordinary Hydra overrides such as `hydra.launcher.partition=gpu`). Each job is
-Hydra's task function `_Job`, which executes the chosen notebooks through papermill with the
-job's overrides plus `run_dir=<sweep_dir>/<job_name>`, so every job is a complete run folder:
+Hydra's task function `_Job`, which executes the chosen notebooks with the lab's one stage runner
+(`lab.pipeline.execute_stage`, papermill) with the job's overrides plus `run_dir=<sweep_dir>/<job_name>`, so every job is a complete run folder:
 
     <sweep_dir>/sweep.json                 what was asked (fixed overrides, stages, launcher)
     <sweep_dir>/<job_name>/                the job's run_dir; job_name is Hydra's override_dirname
@@ -38,11 +38,12 @@ min-max over seeds) and, for a seeds-only sweep, a per-seed bar chart with the m
 `<sweep_dir>/plots/` (drawn by `lab.plots`). The tables are pandas' own: `to_markdown` (tabulate) and a
 groupby-agg for mean ± std [min, max] (n) over seeds.
 
-Deliberately simple: jobs never share state (each builds or reads its own base model and split
-under its run_dir), so there is no cross-job caching; a job's name comes from its swept overrides,
-so the fixed overrides of a sweep folder cannot change between reruns (refused: use a new
---name); values holding '/' make nested job folders; the report reads only top-level scalar
-metrics (per-category tables stay in each job's folder).
+What it simplifies:
+1. Jobs never share state (each builds or reads its own base model and split under its run_dir): no
+   cross-job caching.
+2. A job's name comes from its swept overrides, so a sweep folder's fixed overrides cannot change between
+   reruns (refused: use a new --name); values holding '/' make nested job folders.
+3. The report reads only top-level scalar metrics (per-category tables stay in each job's folder).
 """
 
 from __future__ import annotations
@@ -62,7 +63,7 @@ from typing import Any, Iterable
 
 from lab.config import (LabError, atomic_write_csv, atomic_write_json, atomic_write_text, project_root, read_json,
                         resolve_path, run_lock, split_at_dashes)
-from lab.pipeline import SMOKE_OVERRIDES, STAGES
+from lab.pipeline import SMOKE_OVERRIDES, STAGES, execute_stage
 from lab.plots import ordered
 
 log = logging.getLogger(__name__)
@@ -179,24 +180,6 @@ def _error_text(stage: str, notebook: Path, err: BaseException) -> str:
                          f"{str(err).strip()}\n\n{tb}")
 
 
-def execute_stage(stage: str, job_dir: Path, nb_overrides: list[str]) -> Path:
-    """Run notebooks/<stage>.ipynb with papermill into <job_dir>/notebooks/; kernel output in logs/."""
-    import papermill as pm
-
-    src = project_root() / "notebooks" / f"{stage}.ipynb"
-    if not src.is_file():
-        raise LabError(f"{src}: notebook not found (stages are {', '.join(STAGES)})")
-    out = job_dir / "notebooks" / src.name
-    out.parent.mkdir(parents=True, exist_ok=True)
-    (job_dir / "logs").mkdir(exist_ok=True)
-    with open(job_dir / "logs" / f"{stage}.log", "w", encoding="utf-8") as f:
-        pm.execute_notebook(str(src), str(out), parameters={"overrides": list(nb_overrides)}, cwd=str(project_root()),
-                            kernel_name="python3", progress_bar=False, log_output=False, stdout_file=f, stderr_file=f)
-    if not (job_dir / stage / "metrics.json").is_file():
-        raise LabError(f"{out}: the notebook ran to the end but {job_dir / stage / 'metrics.json'} was not written")
-    return out
-
-
 def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str], *, name: str | None = None,
             params: dict | None = None, cfg=None, force: bool = False) -> dict:
     """Execute `stages` for one job into `job_dir` (its run_dir); never raises for a failing notebook.
@@ -246,7 +229,7 @@ def _run_job(job_dir: Path, name: str, overrides: list[str], nb_overrides: list[
                 continue
             t = time.time()
             log.info(f"[{name}] {stage}: running")
-            execute_stage(stage, job_dir, nb_overrides)
+            execute_stage(stage, job_dir, nb_overrides, log_file=job_dir / "logs" / f"{stage}.log")
             log.info(f"[{name}] {stage}: done in {time.time() - t:.0f} s")
             job["stages_run"].append(stage)
         stage = None

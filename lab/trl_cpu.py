@@ -5,9 +5,12 @@ whose inner function, `ChunkedLogProbFunction`, is a Triton kernel. Where Triton
 imported (PyTorch's CPU build), TRL leaves `trl.trainer.utils._ChunkedLogProbFunction = None` and
 every training step fails with `'NoneType' object has no attribute 'apply'`.
 
-`install()` fills that slot, only when it is empty, with the same computation in plain PyTorch:
-it materialises the logits (fine for small vocabularies and short sequences, which is the only
-place it is used) and returns the same five outputs. On a GPU with Triton, nothing changes.
+`install()` fills that slot, only when it is empty, with the same computation in plain PyTorch and
+returns the same five outputs. On a GPU with Triton, nothing changes.
+
+What it simplifies:
+1. It materialises the logits instead of chunking them: fine for small vocabularies and short sequences,
+   which is the only place it is used.
 """
 
 from __future__ import annotations

@@ -44,15 +44,16 @@ Metrics: `pass_at_k` (the unbiased estimator of Chen et al. 2021 in its stable p
 answer for k = 1..K), `per_category` and `summary` of a `replay` table, and `pass_rates` (per-id
 share of correct samples, which the GRPO curriculum reads).
 
-Deliberate simplifications: voting is replayed offline on samples already drawn (early stopping
-"draws" by reading the next rows, so its token saving is what a live sampler would get only if it
-sampled sequentially in windows); the overtaking test counts classes as they stand and ignores
-the (rare) non-transitive case where a later answer would join a different class; confidence is
-one number per trace (no online per-group stopping inside a trace as in DeepConf-online);
-correctness is always recomputed with `verify` (a ``correct`` column in the table is ignored);
-`maj_at_k` and `replay` vote over the first k samples (one draw per id), while `curves` averages
-maj@k over the K cyclic windows of k consecutive samples (so it meets pass@k at k = 1) with the
-classes formed over all K samples in sample order.
+What it simplifies:
+1. Voting is replayed offline on samples already drawn: early stopping "draws" by reading the next rows, so
+   its token saving is what a live sampler would get only if it sampled sequentially in windows.
+2. The overtaking test counts classes as they stand and ignores the (rare) non-transitive case where a later
+   answer would join a different class.
+3. Confidence is one number per trace (no online per-group stopping inside a trace as in DeepConf-online).
+4. Correctness is always recomputed with `verify` (a ``correct`` column in the table is ignored).
+5. `maj_at_k` and `replay` vote over the first k samples (one draw per id), while `curves` averages maj@k
+   over the K cyclic windows of k consecutive samples (so it meets pass@k at k = 1), with the classes formed
+   over all K samples in sample order.
 """
 
 from __future__ import annotations

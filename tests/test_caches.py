@@ -119,7 +119,7 @@ def test_sweep_job_with_a_changed_default_is_not_done(tmp_path, monkeypatch):
     changed = sw.config_key(sw.job_config([*nb, "sft.learning_rate=0.5"]))
     assert not sw.is_done(d, ["01_explore"], ["seed=1"], changed)
     ran = []
-    monkeypatch.setattr(sw, "execute_stage", lambda stage, job_dir, nbo: ran.append(stage) or atomic_write_json(
+    monkeypatch.setattr(sw, "execute_stage", lambda stage, job_dir, nbo, **kw: ran.append(stage) or atomic_write_json(
         job_dir / stage / "metrics.json", {}))
     monkeypatch.setattr(sw, "job_config", lambda nbo: {"changed": True})  # conf/ changed since the job finished
     assert sw.run_job(d, ["seed=1"], ["01_explore"])["status"] == "finished" and ran == ["01_explore"]
