@@ -179,20 +179,81 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
     from hydra.errors import HydraException
     from omegaconf.errors import OmegaConfBaseException
 
+    from lab.schema import register
+
     overrides = list(overrides)
     conf_dir = project_root() / "conf"
+    register()  # conf/config.yaml's first default, `schema`: every group merges onto its dataclass (lab/schema.py)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             cfg = _compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: {e}") from None
+        raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: {schema_problem(e)}") from None
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
-        raise LabError(f"{conf_dir / 'config.yaml'}: cannot resolve config: {e}") from None
+        raise LabError(f"{conf_dir / 'config.yaml'}: cannot resolve config: {schema_problem(e)}") from None
+    if unknown := unknown_keys(cfg):  # `+sft.foo=1` adds a key even to a structured config
+        raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: no such key "
+                       f"{', '.join(unknown)} (lab/schema.py lists every key)")
     validate(cfg, where=f"{conf_dir / 'config.yaml'} with overrides {overrides}")
     return cfg
+
+
+def schema_problem(e: BaseException) -> str:
+    """The message of a failed compose or merge, in the lab's words where the schema refused a value or a key:
+    `sft.learning_rate='abc' must be a number`, `sft.learnin_rate: no such key in SftConfig`. Hydra wraps the
+    OmegaConf error (hydra/_internal/config_loader_impl.py raises ConfigCompositionException from it); OmegaConf's
+    errors carry `full_key`, `value` and the refusing `child_node` (omegaconf/_utils.py, format_and_raise)."""
+    from omegaconf import nodes
+    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+
+    kinds = {nodes.IntegerNode: "a whole number", nodes.FloatNode: "a number", nodes.BooleanNode: "true or false"}
+    cause = e.__cause__ if isinstance(e.__cause__, (ValidationError, ConfigKeyError, ConfigAttributeError)) else e
+    key = getattr(cause, "full_key", None)
+    if isinstance(cause, ValidationError) and key:
+        what = kinds.get(type(getattr(cause, "child_node", None)), "of the type lab/schema.py gives it")
+        return f"{key}={cause.value!r} must be {what}"
+    if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key:
+        return f"{key}: no such key in {cause.object_type_str} (lab/schema.py lists every key)"
+    return " ".join(str(e).split())
+
+
+def unknown_keys(cfg: DictConfig) -> list[str]:
+    """Keys of `cfg` that lab/schema.py's dataclasses do not declare (free-form maps excepted)."""
+    import dataclasses
+
+    from lab.schema import Config
+
+    def walk(node, cls, prefix):
+        fields = {f.name: f for f in dataclasses.fields(cls)}
+        out = []
+        for k in node.keys():
+            f = fields.get(k)
+            if f is None:
+                out.append(f"{prefix}{k}")
+            elif dataclasses.is_dataclass(f.default_factory) and isinstance(node[k], DictConfig):
+                out += walk(node[k], f.default_factory, f"{prefix}{k}.")
+        return out
+
+    return walk(cfg, Config, "")
+
+
+def load_saved(path: str | os.PathLike) -> DictConfig:
+    """A stage's saved `config.yaml` merged onto the schema (lab/schema.py), so it reads back with the types
+    `compose` gave it; a LabError names the file and the key when it no longer fits the schema."""
+    from omegaconf.errors import OmegaConfBaseException
+
+    from lab.schema import Config
+
+    path = Path(path)
+    if not path.is_file():
+        raise LabError(f"{path}: file not found")
+    try:
+        return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
+    except OmegaConfBaseException as e:
+        raise LabError(f"{path}: {schema_problem(e)}") from None
 
 
 @functools.cache
@@ -200,37 +261,39 @@ def competition() -> DictConfig:
     """The competition's fixed limits, read from conf/infer/kaggle.yaml (the scoring settings): `max_lora_rank` (the
     largest LoRA rank Kaggle's vLLM loads), `max_tokens` (the completion budget) and `max_model_len` (vLLM's context
     length). Their one home: the checks below, lab.lora, lab.submission and lab.generate read them here."""
-    return OmegaConf.load(project_root() / "conf" / "infer" / "kaggle.yaml")
+    from lab.schema import InferConfig
+
+    return OmegaConf.merge(OmegaConf.structured(InferConfig),
+                           OmegaConf.load(project_root() / "conf" / "infer" / "kaggle.yaml"))
 
 
-# key -> (kind, lower bound, upper bound, bound kind); kinds: int, num (int or float); bounds are inclusive except
-# where the fourth field says ">" (strictly above the lower bound); a bound given as a name is that key of
+# key -> (lower bound, upper bound, bound kind): the ranges the types in lab/schema.py cannot say. Bounds are inclusive
+# except where the third field says ">" (strictly above the lower bound); a bound given as a name is that key of
 # `competition()`. A key absent from the config is skipped.
 CHECKS = {
-    "seed": ("int", 0, None, ""),
-    "sft.batch_size": ("int", 1, None, ""), "sft.grad_accum": ("int", 1, None, ""),
-    "sft.learning_rate": ("num", 0, None, ">"), "sft.max_seq_len": ("int", 1, None, ""),
-    "sft.lora.r": ("int", 1, "max_lora_rank", ""), "sft.lora.alpha": ("num", 0, None, ">"),
-    "sft.save_steps": ("int", 1, None, ""), "sft.logging_steps": ("int", 1, None, ""),
-    "sft.warmup_ratio": ("num", 0, 1, ""), "sft.weight_decay": ("num", 0, None, ""),
-    "grpo.learning_rate": ("num", 0, None, ">"), "grpo.max_steps": ("int", 1, None, ""),
-    "grpo.num_generations": ("int", 1, None, ""), "grpo.prompts_per_step": ("int", 1, None, ""),
-    "grpo.n_prompts": ("int", 1, None, ""), "grpo.pass_rate_k": ("int", 1, None, ""),
-    "grpo.temperature": ("num", 0, None, ">"), "grpo.top_p": ("num", 0, 1, ">"), "grpo.beta": ("num", 0, None, ""),
-    "grpo.save_steps": ("int", 1, None, ""), "grpo.logging_steps": ("int", 1, None, ""),
-    "infer.max_tokens": ("int", 1, None, ""), "infer.max_model_len": ("int", 1, None, ""),
-    "infer.batch_size": ("int", 1, None, ""), "infer.temperature": ("num", 0, None, ""),
-    "infer.top_p": ("num", 0, 1, ">"), "infer.max_lora_rank": ("int", 1, "max_lora_rank", ""),
-    "model.max_model_len": ("int", 1, None, ""),
-    "vote.k": ("int", 1, None, ""), "vote.temperature": ("num", 0, None, ""), "vote.top_p": ("num", 0, 1, ">"),
-    "data.val_fraction": ("num", 0, 1, ""), "data.explore_max": ("int", 1, None, ""),
+    "seed": (0, None, ""),
+    "sft.batch_size": (1, None, ""), "sft.grad_accum": (1, None, ""),
+    "sft.learning_rate": (0, None, ">"), "sft.max_seq_len": (1, None, ""),
+    "sft.lora.r": (1, "max_lora_rank", ""), "sft.lora.alpha": (0, None, ">"),
+    "sft.save_steps": (1, None, ""), "sft.logging_steps": (1, None, ""),
+    "sft.warmup_ratio": (0, 1, ""), "sft.weight_decay": (0, None, ""),
+    "grpo.learning_rate": (0, None, ">"), "grpo.max_steps": (1, None, ""),
+    "grpo.num_generations": (1, None, ""), "grpo.prompts_per_step": (1, None, ""),
+    "grpo.n_prompts": (1, None, ""), "grpo.pass_rate_k": (1, None, ""),
+    "grpo.temperature": (0, None, ">"), "grpo.top_p": (0, 1, ">"), "grpo.beta": (0, None, ""),
+    "grpo.save_steps": (1, None, ""), "grpo.logging_steps": (1, None, ""),
+    "infer.max_tokens": (1, None, ""), "infer.max_model_len": (1, None, ""),
+    "infer.batch_size": (1, None, ""), "infer.temperature": (0, None, ""),
+    "infer.top_p": (0, 1, ">"), "infer.max_lora_rank": (1, "max_lora_rank", ""),
+    "model.max_model_len": (1, None, ""),
+    "vote.k": (1, None, ""), "vote.temperature": (0, None, ""), "vote.top_p": (0, 1, ">"),
+    "data.val_fraction": (0, 1, ""), "data.explore_max": (1, None, ""),
 }
 
 
-def _problem(value, kind: str, lo, hi, strict: str) -> str | None:
-    if kind == "int" and (isinstance(value, bool) or not isinstance(value, int)):
-        return "must be a whole number"
-    if kind == "num" and (isinstance(value, bool) or not isinstance(value, (int, float)) or value != value):
+def _problem(value, lo, hi, strict: str) -> str | None:
+    # the schema types every value; a NaN (a float all the same) or a hand-built config's odd value still lands here
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
         return "must be a number"
     if lo is not None and (value <= lo if strict == ">" else value < lo):
         return f"must be {'>' if strict == '>' else '>='} {lo}"
@@ -241,7 +304,8 @@ def _problem(value, kind: str, lo, hi, strict: str) -> str | None:
 
 def validate(cfg: DictConfig, where: str = "config") -> None:
     """Refuse a config whose values cannot run, before any stage folder is opened: one LabError listing every
-    problem (key, value, what it must be). Types and ranges come from `CHECKS`; besides those, `sft.max_steps`
+    problem (key, value, what it must be). Types are lab/schema.py's (checked as the config is composed or
+    loaded); ranges come from `CHECKS`; besides those, `sft.max_steps`
     is -1 (then `sft.epochs` > 0) or >= 1; `data.val_fraction` < 1; `sft.n_train`, `data.n_train` and `data.n_val`
     are null or >= 1; and the paths that must exist do: `data.path` (when the data source reads a file and a path
     is given) and `model.path` when the model is not built here and names a local folder
@@ -251,22 +315,22 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
     def get(key):
         return OmegaConf.select(cfg, key, default=_ABSENT)
 
-    for key, (kind, lo, hi, strict) in CHECKS.items():
+    for key, (lo, hi, strict) in CHECKS.items():
         v = get(key)
-        hi = int(competition()[hi]) if isinstance(hi, str) else hi
-        if v is not _ABSENT and (why := _problem(v, kind, lo, hi, strict)):
+        hi = competition()[hi] if isinstance(hi, str) else hi
+        if v is not _ABSENT and (why := _problem(v, lo, hi, strict)):
             problems.append(f"{key}={v!r} {why}")
     v = get("sft.max_steps")
-    if v is not _ABSENT and v != -1 and (why := _problem(v, "int", 1, None, "")):
+    if v is not _ABSENT and v != -1 and (why := _problem(v, 1, None, "")):
         problems.append(f"sft.max_steps={v!r} {why} (or -1: train for sft.epochs)")
     e = get("sft.epochs")
-    if v == -1 and e is not _ABSENT and (why := _problem(e, "num", 0, None, ">")):
+    if v == -1 and e is not _ABSENT and (why := _problem(e, 0, None, ">")):
         problems.append(f"sft.epochs={e!r} {why} (or set sft.max_steps >= 1)")
     if get("data.val_fraction") == 1:
         problems.append("data.val_fraction=1 must be < 1 (nothing left to train on)")
     for key in ("data.n_train", "data.n_val", "sft.n_train"):
         v = get(key)
-        if v not in (_ABSENT, None) and (why := _problem(v, "int", 1, None, "")):
+        if v not in (_ABSENT, None) and (why := _problem(v, 1, None, "")):
             problems.append(f"{key}={v!r} {why} (or null)")
     if not problems:  # paths only once the values are sane; a /kaggle/ path is checked on Kaggle (kernel builds)
         if get("data.source") == "competition" and get("data.path") not in (_ABSENT, None, "") \

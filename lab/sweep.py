@@ -351,7 +351,10 @@ def multirun(overrides: list[str], task, config_dir: Path | None = None):
     from hydra._internal.utils import create_config_search_path
     from hydra.core.global_hydra import GlobalHydra
 
+    from lab.schema import register
+
     version.setbase("1.3")
+    register()  # conf/config.yaml's first default, `schema` (lab/schema.py)
     GlobalHydra.instance().clear()
     try:
         hydra = Hydra.create_main_hydra2(task_name="job", config_search_path=create_config_search_path(

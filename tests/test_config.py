@@ -25,19 +25,40 @@ def test_every_group_option_composes(group, option, tmp_path):
     assert cfg.seed is not None and cfg[group] is not None
 
 
-def test_every_yaml_key_has_a_comment():
-    """TRL-style help text: every key line in conf/ carries a comment (list items and nested maps excepted)."""
+def test_every_yaml_key_has_help_text():
+    """TRL-style help text: every key a file in conf/ sets is a field of lab/schema.py with its help (the text the
+    YAML comments held before the schema); keys inside a free-form map (model.architecture) are the map's."""
+    import dataclasses
+
+    from omegaconf import OmegaConf
+
+    from lab.schema import GROUPS, Config
+
+    def schema_field(key):
+        cls, field = Config, None
+        for part in key.split("."):
+            if cls is None:  # inside a free-form map
+                return field
+            field = {f.name: f for f in dataclasses.fields(cls)}.get(part)
+            if field is None:
+                return None
+            cls = field.default_factory if dataclasses.is_dataclass(field.default_factory) else None
+        return field
+
+    def keys(tree, prefix):
+        for k, v in tree.items():
+            yield f"{prefix}{k}"
+            if isinstance(v, dict):
+                yield from keys(v, f"{prefix}{k}.")
+
     missing = []
     for f in (project_root() / "conf").rglob("*.yaml"):
-        for i, line in enumerate(f.read_text().splitlines(), 1):
-            s = line.strip()
-            if not s or s.startswith("#") or s.startswith("- ") or ":" not in s:
-                continue
-            if s.endswith(":"):  # a mapping header: its children carry the comments
-                continue
-            if "#" not in s:
-                missing.append(f"{f.relative_to(project_root())}:{i}: {s}")
-    assert not missing, "keys without a comment:\n" + "\n".join(missing)
+        tree = OmegaConf.to_container(OmegaConf.load(f))
+        tree.pop("defaults", None)
+        prefix = f"{f.parent.name}." if f.parent.name in GROUPS else ""
+        missing += [f"{f.relative_to(project_root())}: {k}" for k in keys(tree, prefix)
+                    if not (schema_field(k) and schema_field(k).metadata.get("help"))]
+    assert not missing, "keys without help text in lab/schema.py:\n" + "\n".join(missing)
 
 
 def test_kaggle_scoring_settings_are_the_competitions():

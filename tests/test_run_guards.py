@@ -15,10 +15,10 @@ from lab.config import LabError, Stage, atomic_write_text, compose
 BAD = [("sft.grad_accum=0", "sft.grad_accum=0 must be >= 1"), ("sft.batch_size=0", "sft.batch_size=0 must be >= 1"),
        ("sft.learning_rate=abc", "sft.learning_rate='abc' must be a number"),
        ("sft.learning_rate=0", "must be > 0"), ("seed=abc", "seed='abc' must be a whole number"),
-       ("infer.max_tokens=0", "infer.max_tokens=0 must be >= 1"), ("sft.epochs=0", "sft.epochs=0 must be > 0"),
+       ("infer.max_tokens=0", "infer.max_tokens=0 must be >= 1"), ("sft.epochs=0", "sft.epochs=0.0 must be > 0"),
        ("sft.max_steps=-5", "sft.max_steps=-5 must be >= 1"), ("sft.lora.r=64", "sft.lora.r=64 must be <= 32"),
        ("sft.lora.r=0", "sft.lora.r=0 must be >= 1"), ("vote.k=0", "vote.k=0 must be >= 1"),
-       ("grpo.learning_rate=-1", "grpo.learning_rate=-1 must be > 0"),
+       ("grpo.learning_rate=-1", "grpo.learning_rate=-1.0 must be > 0"),
        ("data.path=/no/such/train.csv", "data file not found")]
 
 

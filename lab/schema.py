@@ -1,0 +1,262 @@
+"""The config's schema: one dataclass per config group, each field typed and with its help text.
+
+`conf/` holds the values (each group's YAML files, `conf/config.yaml` the root); this module says what each key is.
+`register()` stores `Config` in Hydra's ConfigStore as `schema`, the first entry of `conf/config.yaml`'s defaults
+list, so every group's YAML is merged onto its dataclass at compose time: a value of the wrong type
+(`seed=1.5`, `sft.learning_rate=abc`) or an unknown key (`sft.learnin_rate=1e-3`) fails there, naming the key.
+`lab.config.compose` and `lab.sweep.multirun` call it; `lab.config.load_saved` merges a saved stage `config.yaml`
+onto `Config` so a config read back has the same types. Help text, in the style of TRL's `GRPOConfig`, is each
+field's `metadata["help"]`: print it with `python -m lab.schema` (every key) or `python -m lab.schema sft` (a group).
+
+Checked against the sources in .venv:
+1. hydra/core/config_store.py: `ConfigStore.instance().store(name=..., node=...)` takes a dataclass; a config
+   stored without a group is found by name in a defaults list (`- schema`), and merging it first (before the
+   groups and `_self_`) types every key the YAML files set afterwards.
+2. omegaconf/omegaconf.py (`OmegaConf.structured`, `merge`, `get_type`) and omegaconf/_utils.py (field types:
+   `Optional[...]`, `List[str]`, `Dict[str, Any]`; `Union` only of primitive types, which this schema does not
+   need), omegaconf/nodes.py (an `int` field refuses 1.5 and "many"; a `float` field takes an int and stores it as
+   a float: `learning_rate: 1` reads back 1.0; strings convert only where they parse). A field's value may be an
+   interpolation (`${model.max_model_len}`, `${run_dir}/base_model`): it is checked against the field's type when
+   resolved (compose resolves it).
+3. A field is `MISSING` (`???`) until a YAML file sets it: the values have one home, conf/.
+
+What it simplifies: the ranges, cross-key rules and paths stay in `lab.config.validate`; `report_to` and the
+back-end names are plain strings checked where they are used.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import sys
+from dataclasses import dataclass, field
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING
+
+
+def _help(text: str, default: Any = MISSING) -> Any:
+    """A field whose value comes from conf/ (`MISSING` until then), with its help text."""
+    return field(default=default, metadata={"help": text})
+
+
+@dataclass
+class DataConfig:
+    """conf/data: where the puzzles come from and how they are split (01_explore, every stage's data)."""
+
+    source: str = _help("synthetic: generate puzzles with lab.puzzles; competition: read the CSV at `path`")
+    path: Optional[str] = _help("competition data: the train.csv to read; null: $LAB_DATA, data/train.csv, or the "
+                                "Kaggle input mount, in that order (unused for synthetic data)")
+    categories: Optional[List[str]] = _help("categories to keep or generate (see lab.puzzles.CATEGORIES); null: "
+                                            "every category")
+    n_train: Optional[int] = _help("synthetic: puzzles per category for training; competition: null keeps all rows "
+                                   "not held out, else the first N")
+    n_val: Optional[int] = _help("synthetic: puzzles per category held out; competition: null uses val_fraction")
+    difficulty: Dict[str, Any] = _help("per-category generator options, e.g. {numeral_system: {max_value: 100}} "
+                                       "(free-form; unused for competition data)")
+    split_dir: str = _help("where train.csv / val.csv and split.json (with content hashes) go")
+    explore_max: int = _help("01_explore runs the solvers on at most this many training puzzles")
+    val_fraction: float = _help("competition data: held-out share, stratified by category")
+    trace_style: str = _help("compact: the rule, then applied; derivation: the search written out, one checked step "
+                             "a line (lab/puzzles/derive.py)")
+    tokenizer_path: Optional[str] = _help("a local tokenizer folder (tokenizer.json, tokenizer_config.json) that "
+                                          "counts trace tokens; null: the model's")
+
+
+@dataclass
+class LoraConfig:
+    """conf/sft lora: the adapter SFT trains and GRPO continues (lab/lora.py)."""
+
+    r: int = _help("LoRA rank; Kaggle's vLLM loads rank <= infer.max_lora_rank (validated)")
+    alpha: int = _help("LoRA scaling numerator (scale = alpha / r)")
+    dropout: float = _help("LoRA dropout (PEFT's ParamWrapper, the routed experts, supports none)")
+    targets: List[str] = _help("module families that get a LoRA (lab/lora.py; lm_head trains through lab.lora)")
+
+
+@dataclass
+class SftConfig:
+    """conf/sft: supervised warm-up (02_sft), a LoRA adapter trained on solver traces with TRL's SFTTrainer."""
+
+    backend: str = _help("hf (transformers + PEFT + TRL) or unsloth (GPU only); follows model.train_backend")
+    lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "the LoRA adapter (r, alpha, dropout, "
+                                                                            "targets)"})
+    epochs: float = _help("passes over the training traces (used when max_steps is -1)")
+    max_steps: int = _help(">0 caps optimiser steps (overrides epochs); -1: train for epochs")
+    learning_rate: float = _help("peak learning rate (cosine schedule, warmup below)")
+    warmup_ratio: float = _help("share of steps spent warming up (passed as a float warmup_steps)")
+    lr_scheduler_type: str = _help("transformers scheduler name")
+    batch_size: int = _help("sequences per device per step")
+    grad_accum: int = _help("gradient accumulation steps (effective batch = batch_size x grad_accum x GPUs)")
+    max_seq_len: int = _help("sequence budget; longer examples are counted and dropped, never cut")
+    gradient_checkpointing: bool = _help("recompute activations in the backward pass (TRL's SFTConfig default; the "
+                                         "real model needs it)")
+    weight_decay: float = _help("AdamW weight decay")
+    logging_steps: int = _help("log the loss every N optimiser steps")
+    save_steps: int = _help("checkpoint every N optimiser steps (for resume)")
+    save_total_limit: int = _help("checkpoints kept (each holds the adapter and its AdamW state)")
+    resume: bool = _help("continue from the newest checkpoint in the stage folder if one exists")
+    wall_clock_budget_min: float = _help(">0: save and stop cleanly when this many minutes have passed; 0: no budget")
+    gradient_check: bool = _help("after the first steps, check every LoRA family got a gradient and moved")
+    n_train: Optional[int] = _help("null: all training traces; else the first N (after shuffling)")
+    adapter_dir: str = _help("where the trained adapter is saved (03_grpo reads it)")
+
+
+@dataclass
+class GrpoConfig:
+    """conf/grpo: reinforcement learning (03_grpo) with TRL's GRPOTrainer, from the SFT adapter (lab/grpo.py)."""
+
+    init_adapter: str = _help("the SFT adapter to start from")
+    adapter_dir: str = _help("where the trained adapter is saved (04_vote reads it)")
+    rollout_backend: str = _help("hf: transformers generate (CPU/GPU); vllm: TRL's colocated vLLM (GPU; it holds a "
+                                 "second copy of the base weights)")
+    num_generations: int = _help("completions per prompt (the group)")
+    prompts_per_step: int = _help("distinct prompts per optimiser step")
+    max_steps: int = _help("optimiser steps")
+    learning_rate: float = _help("learning rate (constant schedule)")
+    beta: float = _help("KL coefficient (0: no reference model, no KL term; >0: TRL keeps a frozen copy of the "
+                        "start adapter)")
+    temperature: float = _help("rollout and pass-rate sampling temperature")
+    top_p: float = _help("rollout nucleus sampling")
+    max_completion_length: Optional[int] = _help("null: from the budget (model.max_model_len - longest prompt, <= "
+                                                 "infer.max_tokens; refine: half); never TRL's 512")
+    mask_truncated_completions: bool = _help("truncated completions get no reward and no loss (TRL's masking; DAPO "
+                                             "overlong filtering)")
+    gradient_checkpointing: bool = _help("recompute activations in the backward pass (needed for the 30B model; off "
+                                         "is faster on the tiny one)")
+    rewards: Dict[str, float] = _help("reward name -> weight; names from lab.rewards.REWARDS (correctness: 1 if the "
+                                      "boxed answer passes the competition metric; format: </think> once, one final "
+                                      "non-empty box, nothing after)")
+    n_prompts: int = _help("training prompts drawn from the train split (the pool)")
+    pass_rate_k: int = _help("samples per pool prompt to estimate its pass rate (never re-estimated on resume)")
+    drop_threshold: float = _help("drop prompts whose pass rate is >= this (already solved)")
+    drop_unsolved: bool = _help("also drop prompts no sample solved (pass rate 0: no correctness signal)")
+    curriculum: bool = _help("order prompts from high to low pass rate (easy -> hard); false: seeded shuffle")
+    curriculum_shape: str = _help("linear: sorted; stepped: buckets shuffled within")
+    refine: bool = _help("true: iterative refinement (iGRPO): train on refinements of the best of num_generations "
+                         "drafts")
+    logging_steps: int = _help("log every N steps")
+    save_steps: int = _help("checkpoint every N steps")
+    resume: bool = _help("continue from the newest checkpoint if one exists (same configuration, else an error)")
+    wall_clock_budget_min: float = _help(">0: save and stop cleanly after this many minutes; 0: no budget")
+    gradient_check: bool = _help("after training, check every LoRA family got a gradient and moved, frozen weights "
+                                 "did not")
+    truncation_warn_share: float = _help("warn when more completions than this share are truncated")
+    zero_variance_warn_share: float = _help("warn when more groups than this share have zero reward variance")
+    vllm_gpu_memory_utilization: float = _help(
+        "vllm rollouts (colocate): GPU share of the engine (a second full copy of the base weights + its KV cache). "
+        "One 80 GB H100 cannot hold the 30B model twice (use rollout_backend=hf); models up to ~8B: 0.3-0.4")
+    vllm_sleep_mode: bool = _help("vllm rollouts: free the engine's weights and cache during the optimiser step")
+
+
+@dataclass
+class ModelConfig:
+    """conf/model: the base model, built here (tiny) or loaded (nemotron_nano)."""
+
+    name: str = _help("label used in reports")
+    path: str = _help("Hub id or local folder; for the tiny model, where it is built and saved (then reused)")
+    build_tiny: bool = _help("true: build the tiny model from `architecture` if `path` is empty; false: load `path`")
+    trust_remote_code: bool = _help("keep off: the transformers implementation of Nemotron-H is used (the repo's "
+                                    "own modeling file is older and ~20x slower to generate)")
+    dtype: str = _help("weights dtype (a torch dtype name: float32, bfloat16)")
+    device: str = _help("auto: cuda if available, else cpu")
+    max_model_len: int = _help("prompt + completion token budget for this model (Kaggle: infer.max_model_len)")
+    generation_backend: str = _help("hf: transformers generate (CPU or GPU); vllm: GPU only")
+    train_backend: str = _help("hf: transformers + PEFT + TRL; unsloth: GPU only")
+    head_init_std: Optional[float] = _help("std of the tiny model's random lm_head (frozen under LoRA); null when "
+                                           "the model is loaded, not built")
+    architecture: Optional[Dict[str, Any]] = _help("NemotronHConfig fields of the tiny model (free-form); null: "
+                                                   "read from the checkpoint's config.json")
+
+
+@dataclass
+class InferConfig:
+    """conf/infer: generation settings of every evaluation; kaggle.yaml is the competition's scoring settings and
+    the one home of its limits (lab.config.competition)."""
+
+    temperature: float = _help("sampling temperature (0: greedy)")
+    top_p: float = _help("nucleus sampling (1: no truncation)")
+    max_tokens: int = _help("completion budget; capped further by model.max_model_len - prompt length")
+    max_model_len: int = _help("vLLM context length at scoring")
+    max_num_seqs: int = _help("vLLM concurrent sequences")
+    max_lora_rank: int = _help("the largest LoRA rank Kaggle's vLLM loads")
+    gpu_memory_utilization: float = _help("vLLM memory share")
+    tensor_parallel_size: int = _help("vLLM tensor parallel size (GPUs)")
+    enable_prefix_caching: bool = _help("vLLM prefix caching")
+    enable_chunked_prefill: bool = _help("vLLM chunked prefill")
+    metric_version: str = _help("final: the published metric; legacy: the earlier one (first `}`, binary as floats)")
+    batch_size: int = _help("hf back-end: prompts per generate() call")
+
+
+@dataclass
+class VoteConfig:
+    """conf/vote: inference-time voting (04_vote): k samples per held-out puzzle, compared with greedy."""
+
+    adapter: str = _help("the adapter whose samples are voted on")
+    k: int = _help("samples per puzzle")
+    temperature: float = _help("sampling temperature (`make bench` scans 0.1 / 0.3 / 0.5, README)")
+    top_p: float = _help("nucleus sampling")
+    logprobs: bool = _help("record token log-probabilities (confidence voting needs them)")
+    methods: List[str] = _help("voting methods replayed on the samples (lab.vote.METHODS)")
+    options: Dict[str, Any] = _help("per-method options passed to lab.vote.replay (free-form), e.g. confidence: "
+                                    "{keep_top: 0.5}; early_stop: {window: 1, agree: null, stop_prob: 0.9}")
+
+
+@dataclass
+class KaggleConfig:
+    """conf/kaggle: kernels built by `python -m lab kaggle build` (lab/kaggle.py); the command-line flags
+    --competition / --model-source / --machine-shape override these."""
+
+    competition: Optional[str] = _help("the competition whose data is attached (/kaggle/input/<slug>); null or '': "
+                                       "none")
+    model_source: Optional[str] = _help("the base model as a Kaggle Models handle owner/model/framework/instance/"
+                                        "version (model_sources of the kernel); null or '': attach no model")
+    machine_shape: Optional[str] = _help("the accelerator of a GPU kernel (kernel-metadata.json machine_shape, as "
+                                         "`kaggle kernels push --accelerator`); null or '': Kaggle's default")
+
+
+@dataclass
+class Config:
+    """The root config (conf/config.yaml) and its groups. `experiment=competition` is a group choice, not a key: its
+    file (`# @package _global_`) sets keys of the root and the groups."""
+
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "conf/data: the puzzles and the split"})
+    sft: SftConfig = field(default_factory=SftConfig, metadata={"help": "conf/sft: supervised warm-up (02_sft)"})
+    grpo: GrpoConfig = field(default_factory=GrpoConfig, metadata={"help": "conf/grpo: GRPO (03_grpo)"})
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "conf/model: the base model"})
+    infer: InferConfig = field(default_factory=InferConfig, metadata={"help": "conf/infer: evaluation settings"})
+    vote: VoteConfig = field(default_factory=VoteConfig, metadata={"help": "conf/vote: voting (04_vote)"})
+    kaggle: KaggleConfig = field(default_factory=KaggleConfig, metadata={"help": "conf/kaggle: Kaggle kernels"})
+    seed: int = _help("seeds Python, NumPy, torch, the data split and all sampling")
+    run_name: str = _help("name of this run, its folder under outputs/: a new time-stamped one unless set "
+                          "(`make demo` sets demo)")
+    run_dir: str = _help("every stage writes into <run_dir>/<stage>/ (relative to the repo root)")
+    report_to: str = _help("live training curves of 02_sft / 03_grpo: none, tensorboard (<run_dir>/tensorboard), "
+                           "wandb or mlflow (TRL's integrations)")
+
+
+GROUPS = {"data": DataConfig, "sft": SftConfig, "grpo": GrpoConfig, "model": ModelConfig, "infer": InferConfig,
+          "vote": VoteConfig, "kaggle": KaggleConfig}
+
+
+def register() -> None:
+    """Store `Config` in Hydra's ConfigStore as `schema` (conf/config.yaml's first default). Calling it again is
+    harmless: the entry is replaced."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+def help_lines(cls: type = Config, prefix: str = "") -> list[str]:
+    """`key (type): help` for every field of `cls`, nested dataclasses expanded (`sft.lora.r`)."""
+    out = []
+    for f in dataclasses.fields(cls):
+        key = f"{prefix}{f.name}"
+        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+            out += help_lines(f.default_factory, f"{key}.")
+        else:
+            out.append(f"{key} ({f.type}): {f.metadata['help']}")
+    return out
+
+
+if __name__ == "__main__":  # python -m lab.schema [GROUP]
+    group = sys.argv[1] if len(sys.argv) > 1 else None
+    print("\n".join(help_lines(GROUPS[group], f"{group}.") if group else help_lines()))
