@@ -39,16 +39,16 @@ ROOMY = ["model.max_model_len=8192", "model.architecture.max_position_embeddings
 
 def job_rows(sweep_dir: Path, probe: str, wall: float) -> list[dict]:
     import pandas as pd
-    from omegaconf import OmegaConf
 
+    from lab.config import load_saved
     from lab.errors import wilson_interval
     from lab.sweep import find_jobs
 
     rows = []
     for job in find_jobs(sweep_dir):
-        cfg = OmegaConf.load(job / "config.yaml")
+        cfg = load_saved(job / "config.yaml")
         pred = job / "02_sft" / "predictions.csv"
-        row = {"probe": probe, "style": str(cfg.data.trace_style), "seed": int(cfg.seed), "n": 0, "correct": 0,
+        row = {"probe": probe, "style": cfg.data.trace_style, "seed": cfg.seed, "n": 0, "correct": 0,
                "accuracy": None, "lo": None, "hi": None, "trace_tokens_p50": None, "sweep_wall_s": round(wall, 1)}
         if pred.is_file():
             p = pd.read_csv(pred, dtype=str, keep_default_na=False)

@@ -109,20 +109,25 @@ def find_adapter(arg: str | None) -> Path | None:
 
 
 def load_config(adapter: Path, overrides: list[str]):
-    """The adapter run's resolved config (`<stage>/config.yaml`) with overrides; else compose(overrides)."""
+    """The adapter run's resolved config (`<stage>/config.yaml`, typed by lab/schema.py) with overrides; else
+    compose(overrides)."""
     from omegaconf import OmegaConf
+    from omegaconf.errors import OmegaConfBaseException
 
-    from lab.config import LabError, compose
+    from lab.config import LabError, compose, load_saved, schema_problem
 
     stage_cfg = adapter.parent / "config.yaml"
     if not stage_cfg.is_file():
         return compose(overrides), "compose(overrides)"
-    cfg = OmegaConf.load(stage_cfg)
+    cfg = load_saved(stage_cfg)
     for o in overrides:
         if "=" not in o:
             raise LabError(f"override {o!r} is not KEY=VALUE")
         key, value = o.split("=", 1)
-        OmegaConf.update(cfg, key.lstrip("+"), OmegaConf.from_dotlist([f"v={value}"]).v, merge=True)
+        try:
+            OmegaConf.update(cfg, key.lstrip("+"), OmegaConf.from_dotlist([f"v={value}"]).v, merge=True)
+        except OmegaConfBaseException as e:
+            raise LabError(f"{stage_cfg}: override {o!r}: {schema_problem(e)}") from None
     return cfg, str(stage_cfg)
 
 
@@ -144,12 +149,12 @@ def cache_key(cfg, adapter: Path, val, k: int) -> dict:
 
     return {
         "adapter": str(adapter), "adapter_sha": folder_hash(adapter),
-        "base_model": str(cfg.model.path), "base_model_sha": folder_hash(Path(models.model_path(cfg))),
+        "base_model": cfg.model.path, "base_model_sha": folder_hash(Path(models.model_path(cfg))),
         "val_ids_sha": hashlib.sha256("\n".join(val["id"].astype(str)).encode()).hexdigest()[:16],
         "val_prompts_sha": hashlib.sha256("\n".join(val["prompt"].astype(str)).encode()).hexdigest()[:16],
-        "k": int(k), "temperature": float(cfg.vote.temperature), "top_p": float(cfg.infer.top_p),
-        "seed": int(cfg.seed), "max_tokens": int(cfg.infer.max_tokens), "max_model_len": int(cfg.model.max_model_len),
-        "metric_version": str(cfg.infer.get("metric_version", "final")), "chunk": CHUNK,
+        "k": int(k), "temperature": cfg.vote.temperature, "top_p": cfg.infer.top_p,
+        "seed": cfg.seed, "max_tokens": cfg.infer.max_tokens, "max_model_len": cfg.model.max_model_len,
+        "metric_version": cfg.infer.get("metric_version", "final"), "chunk": CHUNK,
     }
 
 
@@ -410,12 +415,12 @@ def _run(args, adapter: Path) -> int:
 
     t_start = time.time()
     cfg, cfg_source = load_config(adapter, args.overrides)
-    cfg.infer.top_p = float(cfg.vote.top_p)  # sample_table samples with infer.top_p; the vote settings apply
+    cfg.infer.top_p = cfg.vote.top_p  # sample_table samples with infer.top_p; the vote settings apply
     out = resolve_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    seed_everything(int(cfg.seed))
+    seed_everything(cfg.seed)
     _, val = data.prepare(cfg)
-    version = str(cfg.infer.get("metric_version", "final"))
+    version = cfg.infer.get("metric_version", "final")
     print(f"vote_bench: adapter {adapter} (config: {cfg_source}); {len(val)} held-out puzzles, K={args.k}")
 
     gen = generate.Generator(cfg, adapter=adapter)

@@ -341,7 +341,7 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
                 problems.append(f"data.path: {e}")
         if get("model.build_tiny") is False and not _elsewhere(cfg.model.path):
             try:
-                check_model_path(str(cfg.model.path), hub_cache=False)
+                check_model_path(cfg.model.path, hub_cache=False)
             except LabError as e:
                 problems.append(f"model.path: {e}")
     if problems:
@@ -408,7 +408,7 @@ TRACKERS = ("none", "tensorboard", "wandb", "mlflow")
 
 def tracker(cfg: DictConfig) -> str:
     """`cfg.report_to`, checked: one of TRACKERS, and its package installed (else a LabError naming the key)."""
-    name = str(cfg.get("report_to", "none") or "none").strip().lower()
+    name = (cfg.get("report_to", "none") or "none").strip().lower()
     if name not in TRACKERS:
         raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: report_to={name!r} is not one of "
                        f"{', '.join(TRACKERS)}")
@@ -732,10 +732,10 @@ class Stage:
         self._own_lock = acquire_lock(self.run_dir) if os.environ.get("RANK", "0") == "0" else False
         self.dir.mkdir(parents=True, exist_ok=True)
         (self.dir / "metrics.json").unlink(missing_ok=True)
-        seed_everything(int(self.cfg.seed))
+        seed_everything(self.cfg.seed)
         self._t0 = time.time()
         self.manifest = {
-            "stage": name, "status": "running", "seed": int(self.cfg.seed), "overrides": self.overrides,
+            "stage": name, "status": "running", "seed": self.cfg.seed, "overrides": self.overrides,
             "git_commit": git_commit(), "packages": package_versions(), "hardware": hardware(),
             "start_time": _now(), "end_time": None, "wall_seconds": None,
         }

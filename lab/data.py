@@ -261,7 +261,7 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
 
     d = cfg.data
     folder = resolve_path(d.split_dir)
-    settings = {"seed": int(cfg.seed), **OmegaConf.to_container(d, resolve=True)}
+    settings = {"seed": cfg.seed, **OmegaConf.to_container(d, resolve=True)}
     settings.pop("split_dir", None)
     if (folder / "split.json").is_file():
         made_with = read_json(folder / "split.json").get("settings")
@@ -276,9 +276,9 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
 
         categories = categories or list(CATEGORIES)
         opts = {c: dict(d.difficulty.get(c, {})) for c in categories} if d.difficulty else {c: {} for c in categories}
-        train = pd.concat([generate(c, int(d.n_train), seed=int(cfg.seed), **opts[c]) for c in categories],
+        train = pd.concat([generate(c, d.n_train, seed=cfg.seed, **opts[c]) for c in categories],
                           ignore_index=True)
-        val = pd.concat([generate(c, int(d.n_val), seed=int(cfg.seed) + 7919, **opts[c]) for c in categories],
+        val = pd.concat([generate(c, d.n_val, seed=cfg.seed + 7919, **opts[c]) for c in categories],
                         ignore_index=True)
         val = val[~val["prompt"].isin(set(train["prompt"]))].reset_index(drop=True)
     elif d.source == "competition":
@@ -290,12 +290,12 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
             df = df[df["category"].isin(categories)].reset_index(drop=True)
             if df.empty:
                 raise LabError(f"{path}: no puzzle of the categories {categories} (data.categories)")
-        train, val = split(df, float(d.val_fraction), int(cfg.seed))
+        train, val = split(df, d.val_fraction, cfg.seed)
         if d.n_val:
-            val = val.head(int(d.n_val))
+            val = val.head(d.n_val)
         if d.n_train:
-            train = train.head(int(d.n_train))
-        notes = _split_notes(df, val, float(d.val_fraction), path)
+            train = train.head(d.n_train)
+        notes = _split_notes(df, val, d.val_fraction, path)
         if val.empty:
             raise LabError(f"{path}: no validation rows: {len(df)} puzzle(s), val_fraction={d.val_fraction}; every "
                            "category needs two puzzles or more (one for training, one held out)")
@@ -304,7 +304,7 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
         extra["notes"] = notes
     else:
         raise LabError(f"conf/data: source must be 'synthetic' or 'competition', not {d.source!r}")
-    save_split(train, val, folder, seed=int(cfg.seed), val_fraction=float(d.val_fraction),
+    save_split(train, val, folder, seed=cfg.seed, val_fraction=d.val_fraction,
                settings=json_safe(settings), **extra)
     return _checked(load_split(folder), folder, need_answers)
 
@@ -354,7 +354,7 @@ TRACE_STYLES = ("compact", "derivation")
 def trace_style(cfg) -> str:
     """`data.trace_style`: 'compact' (the rule, then applied) or 'derivation' (the search written out, every line
     checked by `python -m lab.puzzles check`); the SFT and GRPO data builders and `05_errors` read it."""
-    style = str(cfg.data.get("trace_style", None) or "compact")
+    style = cfg.data.get("trace_style", None) or "compact"
     if style not in TRACE_STYLES:
         raise LabError(f"conf/data: trace_style={style!r} must be one of {', '.join(TRACE_STYLES)}")
     return style

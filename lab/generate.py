@@ -151,7 +151,7 @@ def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 
     from vllm import SamplingParams
 
     if max_new_tokens is None:
-        max_new_tokens = int(competition().max_tokens)
+        max_new_tokens = competition().max_tokens
     if temperature <= 0 and n > 1:
         once = generate_vllm(llm, prompts, 1, 0.0, top_p, max_new_tokens, seed, logprobs, lora_request)
         return [comps * n for comps in once]
@@ -182,12 +182,12 @@ def vllm_engine(cfg, model_path: str):
     from vllm import LLM
 
     inf = cfg.infer
-    return LLM(model=model_path, enable_lora=True, max_lora_rank=int(inf.max_lora_rank),
-               max_model_len=min(int(inf.max_model_len), int(cfg.model.max_model_len)),
-               max_num_seqs=int(inf.max_num_seqs), gpu_memory_utilization=float(inf.gpu_memory_utilization),
-               tensor_parallel_size=int(inf.tensor_parallel_size), enable_prefix_caching=bool(inf.enable_prefix_caching),
-               enable_chunked_prefill=bool(inf.enable_chunked_prefill), seed=int(cfg.seed),
-               dtype=str(cfg.model.dtype), trust_remote_code=bool(cfg.model.trust_remote_code))
+    return LLM(model=model_path, enable_lora=True, max_lora_rank=inf.max_lora_rank,
+               max_model_len=min(inf.max_model_len, cfg.model.max_model_len),
+               max_num_seqs=inf.max_num_seqs, gpu_memory_utilization=inf.gpu_memory_utilization,
+               tensor_parallel_size=inf.tensor_parallel_size, enable_prefix_caching=inf.enable_prefix_caching,
+               enable_chunked_prefill=inf.enable_chunked_prefill, seed=cfg.seed,
+               dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
 
 
 _HASHES: dict[tuple, str] = {}
@@ -304,7 +304,7 @@ class Generator:
         from lab.config import resolve_path
 
         self.cfg = cfg
-        self.backend = str(cfg.model.generation_backend)
+        self.backend = cfg.model.generation_backend
         self.adapter = resolve_path(adapter) if adapter else None
         self.in_memory = model is not None and self.backend == "hf"
         self.model = self.llm = self.lora = self._workdir = None
@@ -379,7 +379,7 @@ class Generator:
         budget = completion_budget(self.tokenizer, prompts, inf.max_tokens, self.cfg.model.max_model_len)
         if self.backend == "hf":
             return generate_hf(self.model, self.tokenizer, prompts, n=n, temperature=temperature, top_p=top_p,
-                               max_new_tokens=budget, batch_size=int(inf.batch_size), seed=seed, logprobs=logprobs,
+                               max_new_tokens=budget, batch_size=inf.batch_size, seed=seed, logprobs=logprobs,
                                progress=progress)
         return generate_vllm(self.llm, prompts, n=n, temperature=temperature, top_p=top_p, max_new_tokens=budget,
                              seed=seed, logprobs=logprobs, lora_request=self.lora)
@@ -398,8 +398,8 @@ def sample_key(gen: Generator, n: int, temperature: float | None, logprobs: bool
 
     cfg = gen.cfg
     return {"n": int(n), "temperature": float(cfg.infer.temperature if temperature is None else temperature),
-            "top_p": float(cfg.infer.top_p if top_p is None else top_p), "seed": int(cfg.seed), "logprobs": bool(logprobs), "chunk": int(chunk),
-            "backend": gen.backend, "dtype": str(cfg.model.dtype), "max_model_len": int(cfg.model.max_model_len),
+            "top_p": float(cfg.infer.top_p if top_p is None else top_p), "seed": cfg.seed, "logprobs": bool(logprobs), "chunk": int(chunk),
+            "backend": gen.backend, "dtype": cfg.model.dtype, "max_model_len": cfg.model.max_model_len,
             "infer": OmegaConf.to_container(cfg.infer, resolve=True), **gen.source()}
 
 
@@ -451,7 +451,7 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature:
     """
     from lab.metric import extract_answer, verify
 
-    version = str(gen.cfg.infer.get("metric_version", "final"))
+    version = gen.cfg.infer.get("metric_version", "final")
     done: dict[str, list[dict]] = {}
     if cache is not None:
         cache = Path(cache)
@@ -463,7 +463,7 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature:
     for start in range(0, len(todo), chunk):
         part = todo.iloc[start:start + chunk]
         outs = gen.run(gen.prompts(part["prompt"].tolist()), n=n, temperature=temperature, top_p=top_p,
-                       logprobs=logprobs, seed=int(gen.cfg.seed) + start, progress=False)
+                       logprobs=logprobs, seed=gen.cfg.seed + start, progress=False)
         recs = []
         for (_, row), comps in zip(part.iterrows(), outs):
             gold = str(row["answer"]) if "answer" in row else None

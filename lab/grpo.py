@@ -66,8 +66,8 @@ def _n_tokens(tokenizer, text: str) -> int:
 def completion_budget(cfg: DictConfig, tokenizer, puzzles: Sequence[str]) -> int:
     """The GRPO `max_completion_length` for these raw puzzle texts (see the module docstring)."""
     g = cfg.grpo
-    max_len, max_tokens = int(cfg.model.max_model_len), int(cfg.infer.max_tokens)
-    if bool(g.refine):
+    max_len, max_tokens = cfg.model.max_model_len, cfg.infer.max_tokens
+    if g.refine:
         longest = max(_n_tokens(tokenizer, refine_prompt_text(tokenizer, p, "")) for p in puzzles)
         limit = (max_len - longest) // 2
         what = f"(model.max_model_len - {longest}) // 2 = {limit} (refine: drafts and refinements share the context)"
@@ -80,7 +80,7 @@ def completion_budget(cfg: DictConfig, tokenizer, puzzles: Sequence[str]) -> int
                        f"model.max_model_len={max_len}" + (" (refine=true: the draft needs room too)" if g.refine else ""))
     if g.max_completion_length is None:
         return min(max_tokens, limit)
-    b = int(g.max_completion_length)
+    b = g.max_completion_length
     if not 1 <= b <= limit:
         raise LabError(f"conf/grpo: max_completion_length={b} must be between 1 and {what}")
     return b
@@ -138,7 +138,7 @@ def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, bu
         over["infer"] = {"max_tokens": int(budget)}
     gcfg = OmegaConf.merge(cfg, over)
     gen = Generator(gcfg, model=model, tokenizer=tokenizer)
-    samples = sample_table(gen, puzzles, n=int(cfg.grpo.pass_rate_k), temperature=float(cfg.grpo.temperature),
+    samples = sample_table(gen, puzzles, n=cfg.grpo.pass_rate_k, temperature=cfg.grpo.temperature,
                            progress=True)
     return estimate_pass_rates(samples)
 
@@ -146,7 +146,7 @@ def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, bu
 # ---- GRPOConfig -------------------------------------------------------------------------------
 
 def check_backend(cfg: DictConfig) -> str:
-    backend = str(cfg.grpo.rollout_backend)
+    backend = cfg.grpo.rollout_backend
     if backend not in ROLLOUT_BACKENDS:
         raise LabError(f"conf/grpo: rollout_backend={backend!r} is not one of {', '.join(ROLLOUT_BACKENDS)}")
     return backend
@@ -164,21 +164,21 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
 
     g = cfg.grpo
     kw = dict(
-        output_dir=str(output_dir), max_steps=int(g.max_steps), learning_rate=float(g.learning_rate),
-        per_device_train_batch_size=int(g.prompts_per_step) * int(g.num_generations), gradient_accumulation_steps=1,
-        num_generations=int(g.num_generations), max_completion_length=int(max_completion_length),
-        temperature=float(g.temperature), top_p=float(g.top_p), top_k=0, beta=float(g.beta),
-        reward_weights=[float(w) for w in reward_weights], mask_truncated_completions=bool(g.mask_truncated_completions),
+        output_dir=str(output_dir), max_steps=g.max_steps, learning_rate=g.learning_rate,
+        per_device_train_batch_size=g.prompts_per_step * g.num_generations, gradient_accumulation_steps=1,
+        num_generations=g.num_generations, max_completion_length=int(max_completion_length),
+        temperature=g.temperature, top_p=g.top_p, top_k=0, beta=g.beta,
+        reward_weights=[float(w) for w in reward_weights], mask_truncated_completions=g.mask_truncated_completions,
         shuffle_dataset=False,  # the lab's schedule is the order (see `schedule`)
-        logging_steps=int(g.logging_steps), save_steps=int(g.save_steps), save_total_limit=2, seed=int(cfg.seed),
-        data_seed=int(cfg.seed), **tracking_args(cfg, "03_grpo"), use_cpu=not cuda,
-        bf16=str(cfg.model.dtype) == "bfloat16" and cuda, dataloader_num_workers=0,
-        gradient_checkpointing=bool(g.gradient_checkpointing), lr_scheduler_type="constant", warmup_steps=0,
+        logging_steps=g.logging_steps, save_steps=g.save_steps, save_total_limit=2, seed=cfg.seed,
+        data_seed=cfg.seed, **tracking_args(cfg, "03_grpo"), use_cpu=not cuda,
+        bf16=cfg.model.dtype == "bfloat16" and cuda, dataloader_num_workers=0,
+        gradient_checkpointing=g.gradient_checkpointing, lr_scheduler_type="constant", warmup_steps=0,
         log_completions=False,
     )
     if check_backend(cfg) == "vllm":
-        kw.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=float(g.vllm_gpu_memory_utilization),
-                  vllm_max_model_length=int(cfg.model.max_model_len), vllm_enable_sleep_mode=bool(g.vllm_sleep_mode),
+        kw.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+                  vllm_max_model_length=cfg.model.max_model_len, vllm_enable_sleep_mode=g.vllm_sleep_mode,
                   vllm_tensor_parallel_size=1)
     return kw
 
@@ -223,7 +223,7 @@ def _guard_rails(cfg: DictConfig, spread: GroupSpread | None = None):
     could be scored."""
     from transformers import TrainerCallback
 
-    trunc, zero_var = float(cfg.grpo.truncation_warn_share), float(cfg.grpo.zero_variance_warn_share)
+    trunc, zero_var = cfg.grpo.truncation_warn_share, cfg.grpo.zero_variance_warn_share
 
     class GuardRails(TrainerCallback):
         def __init__(self):
@@ -260,7 +260,7 @@ def _callbacks(cfg: DictConfig, check, spread: GroupSpread | None = None) -> lis
     """[guard rails, lab.callbacks' callback (gradient snapshot, wall-clock budget)]; tests append to this list."""
     from lab.callbacks import trainer_callbacks
 
-    return [_guard_rails(cfg, spread), *trainer_callbacks(check, float(cfg.grpo.wall_clock_budget_min))]
+    return [_guard_rails(cfg, spread), *trainer_callbacks(check, cfg.grpo.wall_clock_budget_min)]
 
 
 # ---- resume ------------------------------------------------------------------------------------
@@ -288,7 +288,7 @@ def fingerprint(cfg: DictConfig, pool_ids: Sequence[str], model, budget: int) ->
     g = OmegaConf.to_container(cfg.grpo, resolve=True)
     for k in RESUME_FREE_KEYS:
         g.pop(k, None)
-    return {"grpo": g, "seed": int(cfg.seed), "model": str(cfg.model.path), "dtype": str(cfg.model.dtype),
+    return {"grpo": g, "seed": cfg.seed, "model": cfg.model.path, "dtype": cfg.model.dtype,
             "model_sha256": model_hash(model_path(cfg)),
             "max_completion_length": int(budget),
             "pool_sha256": hashlib.sha256("\n".join(map(str, pool_ids)).encode()).hexdigest(),
@@ -316,7 +316,7 @@ def resume_point(cfg: DictConfig, out: Path, fp: dict) -> tuple[Path | None, dic
     notes: list[str] = []
     if not out.is_dir():
         return None, None, notes
-    if not bool(cfg.grpo.resume):
+    if not cfg.grpo.resume:
         shutil.rmtree(out)  # a fresh run: stale checkpoints must not be resumed later
         return None, None, notes
     ckpts = sorted((p for p in out.iterdir() if p.is_dir() and _step_of(p) >= 0), key=_step_of)
@@ -334,7 +334,7 @@ def resume_point(cfg: DictConfig, out: Path, fp: dict) -> tuple[Path | None, dic
     if diff:
         raise LabError(f"{out}: checkpoints were written by a different GRPO configuration ({'; '.join(diff)}); "
                        "set grpo.resume=false to start over (deletes them) or use another run_dir")
-    max_steps = int(cfg.grpo.max_steps)
+    max_steps = cfg.grpo.max_steps
     for p in ckpts:
         if _step_of(p) > max_steps:
             notes.append(f"{p.name} is past grpo.max_steps={max_steps}: deleted")
@@ -485,11 +485,11 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     backend = check_backend(cfg)
     _check_rollout_backend(backend)
     trl_cpu.install()
-    max_steps, per_step = int(g.max_steps), int(g.prompts_per_step)
+    max_steps, per_step = g.max_steps, g.prompts_per_step
     if max_steps < 1:
         raise LabError(f"conf/grpo: max_steps={max_steps} must be >= 1")
 
-    pool = train_puzzles.sample(n=min(int(g.n_prompts), len(train_puzzles)), random_state=int(cfg.seed))
+    pool = train_puzzles.sample(n=min(g.n_prompts, len(train_puzzles)), random_state=cfg.seed)
     pool = pool.assign(id=pool["id"].astype(str)).reset_index(drop=True)
     budget = completion_budget(cfg, tokenizer, pool["prompt"].tolist())
     out = stage.path("checkpoints")
@@ -501,15 +501,15 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     if record is None:  # a fresh run: estimate pass rates, select and order the prompts, record them
         rates = pass_rate_table(cfg, model, tokenizer, pool, budget)
         atomic_write_csv(stage.path("pass_rates.csv"), rates)
-        thr, unsolved = float(g.drop_threshold), bool(g.drop_unsolved)
+        thr, unsolved = g.drop_threshold, g.drop_unsolved
         kept, _ = curriculum.select(rates, threshold=thr, drop_unsolved=unsolved)
         if not kept:
             raise LabError(f"{stage.dir}: no training prompt has a pass rate below {thr}"
                            + (" and above 0" if unsolved else "") + f" over {g.pass_rate_k} samples (see "
                            f"{stage.path('pass_rates.csv')}): nothing to learn from. A start that solves nothing "
                            "needs more SFT, not GRPO; or set grpo.drop_unsolved=false.")
-        chosen = curriculum.order(pool[pool["id"].isin(set(kept))], rates, curriculum=bool(g.curriculum),
-                                  shape=str(g.curriculum_shape), seed=int(cfg.seed))
+        chosen = curriculum.order(pool[pool["id"].isin(set(kept))], rates, curriculum=g.curriculum,
+                                  shape=g.curriculum_shape, seed=cfg.seed)
         atomic_write_csv(stage.path("prompt_order.csv"), chosen[["id", "category", "pass_rate", "bucket"]]
                          if "category" in chosen else chosen[["id", "pass_rate", "bucket"]])
         record = {"fingerprint": fp, "order": chosen["id"].tolist(),
@@ -529,14 +529,14 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     names = [f.__name__ for f in funcs]
     if "correctness" in names:
         i = names.index("correctness")
-        funcs[i] = spread = GroupSpread(funcs[i], int(g.num_generations))
+        funcs[i] = spread = GroupSpread(funcs[i], g.num_generations)
     args = grpo_args(cfg, out, budget, weights)
     # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps
-    ids = schedule(order, max_steps * per_step * int(args.world_size), shuffle=not bool(g.curriculum),
-                   seed=int(cfg.seed))
+    ids = schedule(order, max_steps * per_step * int(args.world_size), shuffle=not g.curriculum,
+                   seed=cfg.seed)
     ds = build_dataset(tokenizer, by_id.loc[ids].reset_index(), trace_style(cfg))
 
-    check = GradientCheck(model) if bool(g.gradient_check) else None
+    check = GradientCheck(model) if g.gradient_check else None
     callbacks = _callbacks(cfg, check, spread)
     before = _trainable_sample(model)
     refinements: list[dict] = []
@@ -548,7 +548,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         history, steps = state.get("log_history", []), int(state["global_step"])
     else:
         rollout = None
-        if bool(g.refine):
+        if g.refine:
             rows_by_prompt = {r["prompt"]: r for r in ds}
             rollout = refine_rollout(tokenizer, funcs, weights, rows_by_prompt, refinements)
         # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included); an lm_head LoRA: see lab.lora
@@ -564,7 +564,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         history, steps = trainer.state.log_history, int(trainer.state.global_step)
     if "ref" in getattr(model, "peft_config", {}):
         model.delete_adapter("ref")  # TRL's frozen reference copy: not part of the trained adapter
-    save_adapter(model, resolve_path(str(g.adapter_dir)))
+    save_adapter(model, resolve_path(g.adapter_dir))
 
     log = pd.DataFrame([h for h in history if "completions/mean_length" in h])  # per-step logs
     atomic_write_csv(stage.path("train_log.csv"), log)
@@ -578,10 +578,10 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     metrics = {
         "prompts_pool": len(pool), "prompts_dropped": int(sel.get("dropped", 0)),
         "prompts_unsolved": int(sel.get("unsolved", 0)), "prompts_trained": len(order),
-        "max_completion_length": budget, "rollout_backend": backend, "refine": bool(g.refine),
+        "max_completion_length": budget, "rollout_backend": backend, "refine": g.refine,
         "steps": steps, "max_steps": max_steps, "resumed_from": str(last) if last else None,
         "already_finished": finished, "stopped_by_budget": bool(lab_cb.stopped_by_budget),
-        **step_metrics(log, [f.__name__ for f in funcs], float(g.beta)),
+        **step_metrics(log, [f.__name__ for f in funcs], g.beta),
         # this process's reward calls since this run (re)started: one per step without refine
         "correctness_flat_group_share_per_step": [round(x, 4) for x in spread.shares] if spread else [],
         "lora_weight_change": changed,

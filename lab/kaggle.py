@@ -109,9 +109,9 @@ def kernel_extras(cfg, notebook: str) -> list[str]:
     """The lab's extras a kernel needs, from its composed config: `vllm` when the notebook generates with vLLM
     (evaluation, voting, GRPO rollouts), `unsloth` when it trains with Unsloth; nothing else is installed."""
     gen = {"02_sft", "03_grpo", "04_vote", PIPELINE}
-    vllm = notebook in gen and (str(cfg.model.generation_backend) == "vllm"
-                                or (notebook in ("03_grpo", PIPELINE) and str(cfg.grpo.rollout_backend) == "vllm"))
-    unsloth = notebook in ("02_sft", PIPELINE) and "unsloth" in (str(cfg.sft.backend), str(cfg.model.train_backend))
+    vllm = notebook in gen and (cfg.model.generation_backend == "vllm"
+                                or (notebook in ("03_grpo", PIPELINE) and cfg.grpo.rollout_backend == "vllm"))
+    unsloth = notebook in ("02_sft", PIPELINE) and "unsloth" in (cfg.sft.backend, cfg.model.train_backend)
     return [x for x, need in (("vllm", vllm), ("unsloth", unsloth)) if need]
 
 
@@ -367,7 +367,7 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
     if "run_dir" not in keys:
         overrides.append(f"run_dir={KAGGLE_WORKING}/outputs/{run_name}")
     cfg = compose(overrides)  # fails here, with the key named, rather than on Kaggle
-    run_dir = str(cfg.run_dir)
+    run_dir = cfg.run_dir
     if not run_dir.startswith("/kaggle/"):
         print(f"warning: run_dir={run_dir} is not under {KAGGLE_WORKING}; outputs elsewhere are not kept by Kaggle",
               file=sys.stderr)

@@ -143,14 +143,14 @@ def _existing(avail: dict[str, int]) -> str:
 def check_targets(cfg: DictConfig) -> list[str]:
     """Validate `sft.lora` without a model: rank, dropout with experts. Returns the targets."""
     lc = cfg.sft.lora
-    r, max_rank = int(lc.r), int(competition().max_lora_rank)
+    r, max_rank = lc.r, competition().max_lora_rank
     if not 1 <= r <= max_rank:
         raise LabError(f"conf/sft: lora.r={r} is not allowed: Kaggle's vLLM loads LoRA rank <= {max_rank} "
                        f"(max_lora_rank={max_rank}); use 1..{max_rank}")
     targets = [str(t) for t in lc.targets]
     if not targets:
         raise LabError("conf/sft: lora.targets is empty")
-    if "experts" in targets and float(lc.dropout) > 0:
+    if "experts" in targets and lc.dropout > 0:
         raise LabError(f"conf/sft: lora.dropout={lc.dropout} with the 'experts' family: PEFT's ParamWrapper (fused "
                        "expert parameters) does not support dropout; set sft.lora.dropout=0")
     return targets
@@ -171,7 +171,7 @@ def lora_config(cfg: DictConfig, model):
                            f"the module families that exist are: {_existing(avail)}")
         for kind, suffix in FAMILIES[fam]:
             (modules if kind == "module" else params).append(suffix)
-    return LoraConfig(r=int(lc.r), lora_alpha=int(lc.alpha), lora_dropout=float(lc.dropout),
+    return LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
                       target_modules=modules or None, target_parameters=params or None, bias="none",
                       task_type="CAUSAL_LM")
 

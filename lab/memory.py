@@ -97,11 +97,11 @@ def sft_step_memory(cfg: DictConfig, config, figures: dict | None = None) -> dic
 
     c = nemotron_config(config)
     figures = figures or lora_figures(cfg, config)
-    tokens = int(cfg.sft.max_seq_len) * int(cfg.sft.batch_size)
-    r = int(cfg.sft.lora.r)
+    tokens = cfg.sft.max_seq_len * cfg.sft.batch_size
+    r = cfg.sft.lora.r
     targets = {str(t) for t in cfg.sft.lora.targets}
-    wbytes = torch.empty(0, dtype=getattr(torch, str(cfg.model.dtype))).element_size()
-    checkpointing = bool(cfg.sft.get("gradient_checkpointing", True))
+    wbytes = torch.empty(0, dtype=getattr(torch, cfg.model.dtype)).element_size()
+    checkpointing = cfg.sft.get("gradient_checkpointing", True)
     n_layers = len(c.layers_block_type)
     work = _layer_working_set(c, tokens, r, "experts" in targets)
     layer_inputs = n_layers * tokens * c.hidden_size * 2

@@ -131,7 +131,7 @@ def _tokenizer_sha(vocab_size: int) -> str:
 def tiny_recipe(cfg: DictConfig) -> dict:
     """Everything the tiny model's weights and tokenizer depend on."""
     arch = OmegaConf.to_container(cfg.model.architecture, resolve=True)
-    return {"architecture": arch, "seed": int(cfg.seed), "head_init_std": float(cfg.model.head_init_std),
+    return {"architecture": arch, "seed": cfg.seed, "head_init_std": cfg.model.head_init_std,
             "tokenizer_sha256": _tokenizer_sha(int(arch["vocab_size"]))}
 
 
@@ -169,17 +169,17 @@ def build_tiny(cfg: DictConfig, path: Path) -> None:
     import torch
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
-    tok = build_tiny_tokenizer(int(cfg.model.architecture.vocab_size))
+    tok = build_tiny_tokenizer(cfg.model.architecture.vocab_size)
     arch = OmegaConf.to_container(cfg.model.architecture, resolve=True)
     arch["vocab_size"] = len(tok)
     mcfg = NemotronHConfig(**arch, pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
                            eos_token_id=tok.eos_token_id)
     with torch.random.fork_rng():
-        torch.manual_seed(int(cfg.seed))
+        torch.manual_seed(cfg.seed)
         model = NemotronHForCausalLM(mcfg)
         # The 0.02 init suits a 4096-wide model; at width 64 it caps every logit near +-1, so a frozen
         # head could never be confident (the LoRA cannot reach lm_head: TRL 1.15's SFTTrainer refuses it).
-        torch.nn.init.normal_(model.lm_head.weight, std=float(cfg.model.head_init_std))
+        torch.nn.init.normal_(model.lm_head.weight, std=cfg.model.head_init_std)
     with atomic_dir(path) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
@@ -189,7 +189,7 @@ def build_tiny(cfg: DictConfig, path: Path) -> None:
 
 def model_path(cfg: DictConfig) -> str:
     """Where the base model lives: a local folder (built if tiny), the Kaggle mount, or the Hub id."""
-    p = str(cfg.model.path)
+    p = cfg.model.path
     local = resolve_path(p)
     if cfg.model.build_tiny:
         if not (local / "config.json").is_file():
@@ -209,14 +209,14 @@ def model_path(cfg: DictConfig) -> str:
 def device(cfg: DictConfig) -> str:
     import torch
 
-    d = str(cfg.model.device)
+    d = cfg.model.device
     return ("cuda" if torch.cuda.is_available() else "cpu") if d == "auto" else d
 
 
 def load_tokenizer(cfg: DictConfig):
     from transformers import AutoTokenizer
 
-    tok = AutoTokenizer.from_pretrained(model_path(cfg), trust_remote_code=bool(cfg.model.trust_remote_code))
+    tok = AutoTokenizer.from_pretrained(model_path(cfg), trust_remote_code=cfg.model.trust_remote_code)
     tok.padding_side = "left"
     if tok.pad_token is None:
         tok.pad_token = tok.eos_token
@@ -230,8 +230,8 @@ def load(cfg: DictConfig, adapter: str | os.PathLike | None = None, trainable: b
 
     path = model_path(cfg)
     tok = load_tokenizer(cfg)
-    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, str(cfg.model.dtype)),
-                                                 trust_remote_code=bool(cfg.model.trust_remote_code))
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.model.dtype),
+                                                 trust_remote_code=cfg.model.trust_remote_code)
     model.to(device(cfg))
     if adapter is not None:
         from peft import PeftModel

@@ -250,7 +250,7 @@ def help_lines(cls: type = Config, prefix: str = "") -> list[str]:
     out = []
     for f in dataclasses.fields(cls):
         key = f"{prefix}{f.name}"
-        if dataclasses.is_dataclass(f.default_factory if f.default_factory is not dataclasses.MISSING else None):
+        if dataclasses.is_dataclass(f.default_factory):  # a nested group (sft.lora)
             out += help_lines(f.default_factory, f"{key}.")
         else:
             out.append(f"{key} ({f.type}): {f.metadata['help']}")
@@ -259,4 +259,6 @@ def help_lines(cls: type = Config, prefix: str = "") -> list[str]:
 
 if __name__ == "__main__":  # python -m lab.schema [GROUP]
     group = sys.argv[1] if len(sys.argv) > 1 else None
+    if group is not None and group not in GROUPS:
+        sys.exit(f"usage: python -m lab.schema [{' | '.join(GROUPS)}]")
     print("\n".join(help_lines(GROUPS[group], f"{group}.") if group else help_lines()))

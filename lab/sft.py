@@ -87,15 +87,15 @@ def training_args(cfg: DictConfig, output_dir: Path, **extra):
 
     s = cfg.sft
     return SFTConfig(
-        output_dir=str(output_dir), num_train_epochs=float(s.epochs), max_steps=int(s.max_steps),
-        learning_rate=float(s.learning_rate), warmup_steps=float(s.warmup_ratio),
-        lr_scheduler_type=str(s.lr_scheduler_type), per_device_train_batch_size=int(s.batch_size),
-        gradient_accumulation_steps=int(s.grad_accum), weight_decay=float(s.weight_decay),
-        logging_steps=int(s.logging_steps), save_steps=int(s.save_steps), save_total_limit=int(s.save_total_limit),
-        max_length=int(s.max_seq_len), completion_only_loss=True, packing=False, seed=int(cfg.seed),
-        data_seed=int(cfg.seed), **tracking_args(cfg, "02_sft"), use_cpu=not torch.cuda.is_available(),
-        bf16=str(cfg.model.dtype) == "bfloat16" and torch.cuda.is_available(), dataloader_num_workers=0,
-        disable_tqdm=False, save_only_model=False, gradient_checkpointing=bool(s.gradient_checkpointing), **extra)
+        output_dir=str(output_dir), num_train_epochs=s.epochs, max_steps=s.max_steps,
+        learning_rate=s.learning_rate, warmup_steps=s.warmup_ratio,
+        lr_scheduler_type=s.lr_scheduler_type, per_device_train_batch_size=s.batch_size,
+        gradient_accumulation_steps=s.grad_accum, weight_decay=s.weight_decay,
+        logging_steps=s.logging_steps, save_steps=s.save_steps, save_total_limit=s.save_total_limit,
+        max_length=s.max_seq_len, completion_only_loss=True, packing=False, seed=cfg.seed,
+        data_seed=cfg.seed, **tracking_args(cfg, "02_sft"), use_cpu=not torch.cuda.is_available(),
+        bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(), dataloader_num_workers=0,
+        disable_tqdm=False, save_only_model=False, gradient_checkpointing=s.gradient_checkpointing, **extra)
 
 
 def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, examples: pd.DataFrame, callbacks=()):
@@ -120,7 +120,7 @@ def load_model(cfg: DictConfig):
     imports unsloth before transformers/TRL/PEFT), else `lab.models.load`."""
     from lab import models
 
-    if str(cfg.sft.backend) == "unsloth":
+    if cfg.sft.backend == "unsloth":
         from lab import sft_unsloth
 
         return sft_unsloth.load(cfg)
@@ -138,7 +138,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     from lab import trl_cpu
     from lab.callbacks import trainer_callbacks
 
-    backend = str(cfg.sft.backend)
+    backend = cfg.sft.backend
     if backend not in ("hf", "unsloth"):
         raise LabError(f"conf/sft: backend={backend!r} is not one of hf, unsloth")
     check_targets(cfg)
@@ -151,9 +151,9 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     if model is None:
         model, tokenizer = load_model(cfg)
     trl_cpu.install()
-    examples, counts = sft_examples(tokenizer, train_puzzles, int(cfg.sft.max_seq_len), trace_style(cfg))
+    examples, counts = sft_examples(tokenizer, train_puzzles, cfg.sft.max_seq_len, trace_style(cfg))
     if cfg.sft.n_train:
-        examples = examples.sample(frac=1.0, random_state=int(cfg.seed)).head(int(cfg.sft.n_train))
+        examples = examples.sample(frac=1.0, random_state=cfg.seed).head(cfg.sft.n_train)
     if examples.empty:
         raise LabError(f"{stage.dir}: no SFT examples left ({counts})")
     print(f"SFT examples: {counts}")
@@ -167,13 +167,13 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     out = stage.path("checkpoints")
     if not cfg.sft.resume and out.exists():
         shutil.rmtree(out)  # a fresh run: stale checkpoints must not be resumed later
-    callbacks = trainer_callbacks(check, float(cfg.sft.wall_clock_budget_min))
+    callbacks = trainer_callbacks(check, cfg.sft.wall_clock_budget_min)
     trainer = build_trainer(cfg, out, pm, tokenizer, examples, callbacks)
     last = get_last_checkpoint(str(out)) if cfg.sft.resume and out.is_dir() else None
     if last:
         print(f"resuming from {last}")
     result = trainer.train(resume_from_checkpoint=last)
-    adapter_dir = resolve_path(str(cfg.sft.adapter_dir))
+    adapter_dir = resolve_path(cfg.sft.adapter_dir)
     save_adapter(pm, adapter_dir)
     log = pd.DataFrame([h for h in trainer.state.log_history if "loss" in h])
     atomic_write_csv(stage.path("train_log.csv"), log)

@@ -71,11 +71,11 @@ def load(cfg: DictConfig):
 
     fm = fast_model()
     model, tokenizer = fm.from_pretrained(
-        model_name=models.model_path(cfg), max_seq_length=int(cfg.sft.max_seq_len),
-        dtype=getattr(torch, str(cfg.model.dtype)), load_in_4bit=False, load_in_8bit=False, load_in_16bit=True,
-        full_finetuning=False, trust_remote_code=bool(cfg.model.trust_remote_code),
+        model_name=models.model_path(cfg), max_seq_length=cfg.sft.max_seq_len,
+        dtype=getattr(torch, cfg.model.dtype), load_in_4bit=False, load_in_8bit=False, load_in_16bit=True,
+        full_finetuning=False, trust_remote_code=cfg.model.trust_remote_code,
         use_gradient_checkpointing="unsloth" if cfg.sft.get("gradient_checkpointing", True) else False,
-        random_state=int(cfg.seed))
+        random_state=cfg.seed)
     tokenizer.padding_side = "left"
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
@@ -105,7 +105,7 @@ def attach_lora(cfg: DictConfig, model):
             model, r=config.r, target_modules=sorted(config.target_modules or []), lora_alpha=config.lora_alpha,
             lora_dropout=config.lora_dropout, bias="none",
             use_gradient_checkpointing="unsloth" if cfg.sft.get("gradient_checkpointing", True) else False,
-            random_state=int(cfg.seed), use_rslora=False, **kwargs)
+            random_state=cfg.seed, use_rslora=False, **kwargs)
     lora.guard_fused_mamba_out_proj(pm)
     table = lora.target_table(pm)
     lora.check_table(cfg, table, backend="unsloth")

@@ -443,7 +443,7 @@ def _refuse(config: dict, where: str) -> None:
     bad = []
     if config.get("use_dora"):
         bad.append("use_dora is true (vLLM cannot serve DoRA)")
-    max_rank = int(competition().max_lora_rank)
+    max_rank = competition().max_lora_rank
     if int(config.get("r", 0)) > max_rank:
         bad.append(f"r={config['r']} > {max_rank}")
     for k, v in (config.get("rank_pattern") or {}).items():
@@ -554,7 +554,7 @@ def _check_config(config: dict) -> list[str]:
     except (TypeError, ValueError):
         r = 0
         p.append(f"{CONFIG_NAME}: r={config.get('r')!r} is not an integer")
-    max_rank = int(competition().max_lora_rank)
+    max_rank = competition().max_lora_rank
     if r > max_rank:
         p.append(f"LoRA rank r={r} is above {max_rank}, the max_lora_rank Kaggle's vLLM loads")
     elif "r" in config and r < 1:

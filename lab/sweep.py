@@ -166,8 +166,10 @@ def _stage_kept(job_dir: Path, stage: str, nb_overrides: list[str], config: dict
     if config is not None:
         from omegaconf import OmegaConf
 
+        from lab.config import load_saved
+
         try:
-            if _without_run_name(OmegaConf.to_container(OmegaConf.load(d / "config.yaml"), resolve=True)) != config:
+            if _without_run_name(OmegaConf.to_container(load_saved(d / "config.yaml"), resolve=True)) != config:
                 return False
         except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml: the stage is not kept
             return False

@@ -299,7 +299,9 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
     # a packed zip (what Kaggle scores) is served as it is; the unzipped folder goes away with the generator
     from lab import generate
 
-    cfg = OmegaConf.load(run / "02_sft" / "config.yaml")  # the stage's resolved config
+    from lab.config import load_saved
+
+    cfg = load_saved(run / "02_sft" / "config.yaml")  # the stage's resolved config, typed by lab/schema.py
     with generate.Generator(cfg, adapter=ref) as gen:
         served = Path(gen.lora.kw["lora_path"])
         assert {p.name: p.read_bytes() for p in served.iterdir()} == packed

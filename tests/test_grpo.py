@@ -319,8 +319,9 @@ def test_grpo_moves_the_policy_towards_the_reward(root, puzzles):
     token ids makes sampled completions use higher token ids."""
     from lab.generate import generate_hf
 
-    cfg = compose(root, "direction", "~grpo.rewards", "+grpo.rewards={token_mean:1.0}", "grpo.max_steps=6",
-                  "grpo.save_steps=100", "grpo.learning_rate=5e-3", "grpo.gradient_check=false")
+    cfg = compose(root, "direction", "grpo.max_steps=6", "grpo.save_steps=100", "grpo.learning_rate=5e-3",
+                  "grpo.gradient_check=false")
+    cfg.grpo.rewards = {"token_mean": 1.0}  # the only reward (a schema field cannot be deleted with ~grpo.rewards)
     stage, pm, tok = start(cfg)
     prompts = [chat_prompt(tok, p) for p in puzzles["prompt"]]
 
