@@ -1,8 +1,9 @@
 """Config, seeds, run folders and manifests: the plumbing every stage shares.
 
 `compose(overrides)` builds the Hydra config from `conf/` wherever the caller's working
-directory is (a notebook run by papermill, a test, a Kaggle kernel) and `validate`s it: every
-value's type and range, and the paths it names, are checked before any folder is touched. `Stage`
+directory is (a notebook run by papermill, a test, a Kaggle kernel) onto the schema of lab/schema.py
+(every value's type, unknown keys) and `validate`s it (ranges, cross-key rules, the paths it names), all
+before any folder is touched; `load_saved(path)` reads a saved config back onto the same schema. `Stage`
 is what a notebook opens first: it takes the run folder's lock (`run_lock`: one writer per run
 folder), makes the stage folder, seeds everything, writes the resolved config, and on
 `finish(metrics)` writes `metrics.json` and the manifest atomically.
