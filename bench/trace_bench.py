@@ -1,109 +1,159 @@
 """Learnability probe: the same small model trained on each trace style, held-out accuracy per style and category.
 
-`python bench/trace_bench.py [--categories bits equations] [--seeds 3] [--smoke] [-- HYDRA_OVERRIDES ...]`
+`python bench/trace_bench.py [--categories numerals equations] [--seeds 3] [--smoke] [--force] [-- OVERRIDES ...]`
 
-What it measures
-  For each category where the styles differ most (bits with two-copy rules, `complexity=2`; numeric equations),
-  a sweep (`lab.sweep`, stages 01_explore and 02_sft) over `data.trace_style=compact,derivation` x seeds 1..N:
-  each job generates that category's synthetic puzzles, trains the configured model (the tiny demo's by default)
-  with SFT on the solver's traces in that style, and scores the saved adapter greedily on the held-out puzzles.
-  Per category x style x seed: held-out accuracy with its 95% Wilson interval (`lab.errors.wilson_interval`),
-  the traces' median tokens (`01_explore/trace_tokens.csv`, the model's own tokenizer), and the wall seconds;
-  then per category x style the accuracy pooled over seeds. Output: a printed table and
+What it does
+  For each probe category, each style (`data.trace_style=compact|derivation`) and seeds 1..N, one job under
+  `outputs/bench/trace_bench/<probe>/<style>/seed<k>/`: the category's synthetic puzzles (`lab.data.prepare`), a
+  fresh tiny model built with that seed, one SFT run (`lab.sft.train`, the config's recipe, the 02_sft stage's
+  folder layout and manifest), and the saved adapter scored greedily on the held-out puzzles (`lab.generate`).
+  Per job: held-out accuracy with its 95% Wilson interval (`lab.errors.wilson_interval`), completions that hit
+  the token cap, the training traces' p50 / max completion tokens (the model's own tokenizer), train loss and
+  wall seconds; then per probe x style the accuracy pooled over seeds. Output: a printed table and
   `outputs/bench/trace_bench.json` / `trace_bench.md`, written atomically; every figure comes from the run.
-  Long traces need room: the tiny model is given `model.max_model_len` and its position limit of 8,192 tokens
-  and the whole 7,680-token completion budget (overridable). On a GPU the same command takes `model=nemotron_nano`.
+
+  Probes: `numerals` (Roman numerals: the category the tiny demo model is known to learn; the derivation checks
+  every example before the query), `equations` (numeric equations with a deducible operator: the derivation tries
+  the operator's meanings in order), `bits` / `bits2` (one- and two-copy bit rules: derivations tens of times
+  longer than the compact traces, so meant for a GPU). On a GPU the same command takes `model=nemotron_nano`.
 
 What it simplifies
-  * A study, not a tuned result: one SFT recipe for both styles (the config's), no GRPO, greedy decoding only.
-  * The sweep's own caching applies: a rerun keeps finished jobs (`--force` reruns them).
-  * `--smoke` (the pipeline's smallest budget: 16 training puzzles, 2 optimiser steps, 24 new tokens) checks the
-    plumbing only; its accuracies say nothing about learnability.
+  1. A study, not a tuned result: one SFT recipe for both styles (the config's, one epoch), no GRPO, greedy only.
+  2. No evaluation before training (02_sft's `accuracy_before`): a random tiny model scores 0 and never stops.
+  3. The completion cap (`infer.max_tokens`) is per style: 1.25 x the longest training completion of that style
+     (at least 64), so a model that never stops costs little; completions that hit it are counted (`capped`).
+  4. A finished job is reused when its saved config (read back through the schema) equals this run's
+     (`--force` reruns it).
+  5. `--smoke` (16 puzzles, 2 optimiser steps) checks the plumbing only; its accuracies say nothing.
 """
 
 from __future__ import annotations
 
 import argparse
+import math
 import sys
 import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-CATEGORIES = {  # probe name -> (category, generator knobs for data.difficulty)
-    "bits": ("bit_manipulation", "{complexity: 2}"),
+PROBES = {  # probe name -> (category, generator knobs for data.difficulty)
+    "numerals": ("numeral_system", "{}"),
     "equations": ("equation_transformation", "{symbolic: 0.0, guess: 0.0}"),
+    "bits": ("bit_manipulation", "{complexity: 1}"),
+    "bits2": ("bit_manipulation", "{complexity: 2}"),
 }
-ROOMY = ["model.max_model_len=8192", "model.architecture.max_position_embeddings=8192", "infer.max_tokens=7680"]
+STYLES = ("compact", "derivation")
+ROOMY = ["model.max_model_len=8192", "model.architecture.max_position_embeddings=8192"]
+SMOKE = ["data.n_train=16", "data.n_val=8", "sft.max_steps=2"]
 
 
-def job_rows(sweep_dir: Path, probe: str, wall: float) -> list[dict]:
+def job_overrides(probe: str, style: str, seed: int, root: Path, extra: list[str]) -> list[str]:
+    cat, knobs = PROBES[probe]
+    return [f"data.categories=[{cat}]", f"+data.difficulty.{cat}={knobs}", f"data.trace_style={style}", *ROOMY,
+            f"seed={seed}", f"run_name=trace_bench_{probe}_{style}_seed{seed}",
+            f"run_dir={root / probe / style / f'seed{seed}'}", *extra]
+
+
+def completion_cap(overrides: list[str]) -> tuple[int, list[int]]:
+    """The per-style cap and the training completions' token counts, from the run's own split and tokenizer."""
+    from lab import data, models, sft
+    from lab.config import compose
+
+    cfg = compose(overrides)
+    train, _ = data.prepare(cfg)
+    tok = models.load_tokenizer(cfg)
+    examples, _ = sft.sft_examples(tok, train, cfg.sft.max_seq_len, data.trace_style(cfg))
+    n = [len(tok(c, add_special_tokens=False)["input_ids"]) for c in examples["completion"]]
+    return max(64, math.ceil(1.25 * max(n, default=0))), n
+
+
+def run_job(overrides: list[str], force: bool) -> dict:
+    """One job: train, score the saved adapter, finish the stage; a finished job with the same config is reused."""
+    import numpy as np
+    from omegaconf import OmegaConf
+
+    from lab import data, generate, sft
+    from lab.config import LabError, Stage, compose, load_saved, read_json, resolve_path
+
+    cap, n = completion_cap(overrides)
+    overrides = [*overrides, f"infer.max_tokens={cap}"]
+    cfg = compose(overrides)
+    stage_dir = resolve_path(cfg.run_dir) / "02_sft"
+    if not force and (stage_dir / "metrics.json").is_file():
+        try:
+            if OmegaConf.to_container(load_saved(stage_dir / "config.yaml")) == OmegaConf.to_container(cfg):
+                return read_json(stage_dir / "metrics.json")
+        except LabError:
+            pass  # a saved config that no longer fits the schema: rerun the job
+    stage = Stage("02_sft", overrides)
+    cfg = stage.cfg
+    train, val = data.prepare(cfg)
+    metrics, model, _, _ = sft.train(cfg, stage, train)
+    del model
+    generate.release_memory()
+    with generate.Generator(cfg, adapter=cfg.sft.adapter_dir) as gen:
+        pred = generate.predictions(gen, val, out_csv=stage.path("predictions.csv"))
+    return stage.finish({"n": len(pred), "correct": int(pred["correct"].sum()),
+                         "capped": int((pred["finish_reason"] == "length").sum()), "max_tokens": cap,
+                         "trace_tokens_p50": float(np.median(n)) if n else None, "trace_tokens_max": max(n, default=0),
+                         "train_loss": metrics["train_loss"], "steps": metrics["steps"],
+                         "examples": metrics["examples"]["kept"]})
+
+
+def tables(rows: list[dict]):
+    """(per job, pooled over seeds per probe x style): accuracy with its 95% Wilson interval."""
     import pandas as pd
 
-    from lab.config import load_saved
     from lab.errors import wilson_interval
-    from lab.sweep import find_jobs
 
-    rows = []
-    for job in find_jobs(sweep_dir):
-        cfg = load_saved(job / "config.yaml")
-        pred = job / "02_sft" / "predictions.csv"
-        row = {"probe": probe, "style": cfg.data.trace_style, "seed": cfg.seed, "n": 0, "correct": 0,
-               "accuracy": None, "lo": None, "hi": None, "trace_tokens_p50": None, "sweep_wall_s": round(wall, 1)}
-        if pred.is_file():
-            p = pd.read_csv(pred, dtype=str, keep_default_na=False)
-            k, n = int((p["correct"] == "True").sum()), len(p)
-            lo, hi = wilson_interval(k, n)
-            row.update(n=n, correct=k, accuracy=round(k / n, 4) if n else None, lo=round(lo, 4), hi=round(hi, 4))
-        tok = job / "01_explore" / "trace_tokens.csv"
-        if tok.is_file():
-            t = pd.read_csv(tok)
-            t = t[t["trace_style"] == row["style"]]
-            row["trace_tokens_p50"] = float(t["p50"].iloc[0]) if len(t) else None
-        rows.append(row)
-    return rows
+    def acc(k, n):
+        lo, hi = wilson_interval(k, n)
+        return {"accuracy": k / n if n else None, "lo": lo, "hi": hi}
+
+    table = pd.DataFrame([{**r, **acc(r["correct"], r["n"])} for r in rows])
+    pooled = [{"probe": probe, "style": style, "seeds": len(g), "n": int(g["n"].sum()),
+               **acc(int(g["correct"].sum()), int(g["n"].sum())), "capped": int(g["capped"].sum()),
+               "trace_tokens_p50": g["trace_tokens_p50"].median(), "wall_s": g["wall_s"].sum()}
+              for (probe, style), g in table.groupby(["probe", "style"], sort=False)]
+    return table, pd.DataFrame(pooled)
 
 
 def main(argv: list[str] | None = None) -> int:
-    import pandas as pd
+    from lab.config import atomic_write_json, atomic_write_text, resolve_path, split_at_dashes
+    from lab.sweep import markdown_table
 
-    from lab.config import atomic_write_json, atomic_write_text, resolve_path
-    from lab.errors import wilson_interval
-    from lab.sweep import markdown_table, sweep
-
+    own, extra = split_at_dashes(argv)
     ap = argparse.ArgumentParser(prog="bench/trace_bench.py")
-    ap.add_argument("--categories", nargs="+", default=list(CATEGORIES), choices=list(CATEGORIES))
+    ap.add_argument("--categories", nargs="+", default=["numerals", "equations"], choices=list(PROBES))
     ap.add_argument("--seeds", type=int, default=3)
-    ap.add_argument("--smoke", action="store_true", help="the pipeline's smallest budget: checks the plumbing only")
+    ap.add_argument("--smoke", action="store_true", help="the smallest budget: checks the plumbing only")
     ap.add_argument("--force", action="store_true", help="rerun finished jobs")
     ap.add_argument("--out", default="outputs/bench")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides for every job (e.g. model=nemotron_nano)")
-    args = ap.parse_args(argv)
+    args = ap.parse_args(own)
     out = resolve_path(args.out)
+    root = out / ("trace_bench_smoke" if args.smoke else "trace_bench")
+    extra = [*(SMOKE if args.smoke else []), *extra]
+    t0 = time.perf_counter()
     rows = []
     for probe in args.categories:
-        cat, knobs = CATEGORIES[probe]
-        overrides = [f"data.categories=[{cat}]", f"+data.difficulty.{cat}={knobs}",
-                     "data.trace_style=compact,derivation", *ROOMY, *args.overrides]
-        t0 = time.perf_counter()
-        sweep_dir, _ = sweep(overrides, name=f"trace_bench_{probe}" + ("_smoke" if args.smoke else ""),
-                             stages=["01_explore", "02_sft"], seeds=args.seeds, smoke=args.smoke, force=args.force)
-        rows += job_rows(sweep_dir, probe, time.perf_counter() - t0)
-    table = pd.DataFrame(rows).sort_values(["probe", "style", "seed"])
-    pooled = []
-    for (probe, style), g in table.groupby(["probe", "style"]):
-        k, n = int(g["correct"].sum()), int(g["n"].sum())
-        lo, hi = wilson_interval(k, n)
-        pooled.append({"probe": probe, "style": style, "seeds": len(g), "n": n,
-                       "accuracy": round(k / n, 4) if n else None, "lo": round(lo, 4), "hi": round(hi, 4),
-                       "trace_tokens_p50": g["trace_tokens_p50"].median()})
-    pooled = pd.DataFrame(pooled)
+        for style in STYLES:
+            for seed in range(1, args.seeds + 1):
+                print(f"[trace_bench] {probe} {style} seed {seed}", flush=True)
+                m = run_job(job_overrides(probe, style, seed, root, extra), args.force)
+                rows.append({"probe": probe, "style": style, "seed": seed,
+                             **{k: m[k] for k in ("n", "correct", "capped", "trace_tokens_p50", "trace_tokens_max",
+                                                  "max_tokens", "train_loss", "steps")}, "wall_s": m["wall_seconds"]})
+    table, pooled = tables(rows)
+    wall = time.perf_counter() - t0
     text = ("## Trace learnability probe" + (" (SMOKE budget: plumbing only)" if args.smoke else "") + "\n\n"
-            + markdown_table(table) + "\n\npooled over seeds:\n\n" + markdown_table(pooled) + "\n")
+            + markdown_table(table) + "\n\npooled over seeds:\n\n" + markdown_table(pooled)
+            + f"\n\njob wall seconds in all: {table['wall_s'].sum():.0f}; this invocation: {wall:.0f} s"
+            + f"; extra overrides: {extra}\n")
     print(text)
-    atomic_write_text(out / "trace_bench.md", text)
-    atomic_write_json(out / "trace_bench.json", {"smoke": args.smoke, "jobs": table.to_dict("records"),
-                                                 "pooled": pooled.to_dict("records"), "overrides": args.overrides})
+    atomic_write_text(out / ("trace_bench_smoke.md" if args.smoke else "trace_bench.md"), text)
+    atomic_write_json(out / ("trace_bench_smoke.json" if args.smoke else "trace_bench.json"),
+                      {"smoke": args.smoke, "jobs": table.to_dict("records"), "pooled": pooled.to_dict("records"), "overrides": extra})
     return 0
 
 

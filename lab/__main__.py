@@ -8,7 +8,7 @@ import sys
 COMMANDS = {
     "demo": ("lab.pipeline", "demo_main", "run all five notebooks on the embedded default"),
     "summary": ("lab.pipeline", "summary_main", "collect a run's stage metrics into summary.md/json"),
-    "score": ("lab.metric", "main", "score PREDICTIONS.csv against --gold GOLD.csv"),
+    "score": ("lab.errors", "score_main", "score PREDICTIONS.csv against --gold GOLD.csv"),
     "compare": ("lab.errors", "compare_main", "puzzles fixed and broken between RUN_A and RUN_B"),
     "sweep": ("lab.sweep", "sweep_main", "run notebooks over a grid of overrides (papermill + Hydra)"),
     "report": ("lab.sweep", "report_main", "one table and plots across a sweep's jobs"),

@@ -61,9 +61,9 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from lab.config import LabError, atomic_write_csv, atomic_write_json, resolve_path
-from lab.metric import extract_answer, verify
-from lab.puzzles import CATEGORIES
+from lab.config import LabError, atomic_write_csv, competition, atomic_write_json, resolve_path
+from lab.metric import VERSIONS, extract_answer, judge, read_table, verify
+from lab.puzzles import CATEGORIES, classify
 from lab.puzzles.categories import BY_NAME, TABLE
 
 # --------------------------------------------------------------------------------------------
@@ -77,7 +77,6 @@ CLASSES = ("correct",) + FAILURE_PRIORITY
 STATUSES = ("solved", "ambiguous", "undetermined")
 REQUIRED_COLUMNS = ("id", "category", "gold", "completion")
 OPTIONAL_COLUMNS = ("subtype", "prompt", "answer", "correct", "tokens", "finish_reason")
-DEFAULT_BUDGET = 7680
 NEAR_MISS_REL = 0.05
 
 _BOX = re.compile(r"\\boxed\{")  # exactly what lab.metric looks for
@@ -563,9 +562,11 @@ def departure_summary(table: pd.DataFrame) -> pd.DataFrame:
 # completion lengths against the budget
 
 
-def length_table(pred: pd.DataFrame, budget: int = DEFAULT_BUDGET) -> pd.DataFrame:
+def length_table(pred: pd.DataFrame, budget: int | None = None) -> pd.DataFrame:
     """Completion tokens per category (then 'all') and outcome (correct / wrong):
-    n, mean, median, p90, max, at_budget (finish_reason 'length' or tokens >= budget)."""
+    n, mean, median, p90, max, at_budget (finish_reason 'length' or tokens >= budget; default: the competition's
+    `max_tokens`, `config.competition()`)."""
+    budget = competition().max_tokens if budget is None else budget
     df = normalise_predictions(pred)
     rows = []
     for cat in _ordered_categories(df) + ["all"]:
@@ -693,7 +694,7 @@ def _jsonable(v: Any) -> Any:
     return v
 
 
-def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int = DEFAULT_BUDGET,
+def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None = None,
             solutions: pd.DataFrame | None = None, solver: bool = True, style: str = "compact") -> dict[str, Any]:
     """Write every table (CSV) and plot (PNG) into `out_dir`; return the headline metrics.
 
@@ -708,6 +709,7 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int = DEFAUL
     accuracy, lo, hi}}, taxonomy {category: {class: count}} ('all' included), truncated,
     accuracy_by_status (when the solver ran), files (names written).
     """
+    budget = competition().max_tokens if budget is None else budget
     df = with_failures(pred, budget=budget)
     if df.empty:
         raise LabError(f"analyse: no predictions to analyse (writing to {out_dir})")
@@ -769,3 +771,74 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int = DEFAUL
     metrics["files"] = sorted(files)
     atomic_write_json(out / "errors_metrics.json", metrics)
     return metrics
+
+
+# --------------------------------------------------------------------------------------------
+# command line: python -m lab score PREDICTIONS.csv --gold GOLD.csv
+
+def _categories(gold: pd.DataFrame, pred: pd.DataFrame) -> pd.Series | None:
+    """The rows' categories: a `category` column of either file, else the prompts classified, else None."""
+    for df in (gold, pred):
+        if "category" in df.columns:
+            return df["category"]
+    for df in (gold, pred):
+        if "prompt" in df.columns:
+            return df["prompt"].map(lambda prompt: classify(prompt)[0])
+    return None
+
+
+def score_main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m lab score",
+                                 description="Score predictions with the competition's metric.")
+    ap.add_argument("predictions", help="CSV with id and completion (raw output) or answer (extracted)")
+    ap.add_argument("--gold", required=True, help="CSV with id, answer (optionally prompt or category)")
+    ap.add_argument("--version", default="final", choices=VERSIONS, help="metric version (default: final)")
+    ap.add_argument("--details", default=None, help="write the per-row judgement to this CSV")
+    ap.add_argument("--column", choices=("completion", "answer"), default=None,
+                    help="which predictions column to score when both are present (default: completion)")
+    args = ap.parse_args(argv)
+
+    pred = read_table(args.predictions, ["id"], "predictions")
+    have = [c for c in ("completion", "answer") if c in pred.columns]
+    if not have:
+        raise LabError(f"{args.predictions}: needs a 'completion' (raw output) or 'answer' (extracted) column; "
+                       f"columns are {list(pred.columns)}")
+    if args.column is not None and args.column not in have:
+        raise LabError(f"{args.predictions}: no {args.column!r} column to score; columns are {list(pred.columns)}")
+    out_col = args.column or have[0]
+    if len(have) == 2:
+        print(f"note: {args.predictions} has both 'completion' and 'answer': scoring {out_col!r}"
+              + (" (the answer is extracted from it again)" if out_col == "completion" else " as given")
+              + f"; --column {'answer' if out_col == 'completion' else 'completion'} scores the other")
+    gold = read_table(args.gold, ["id", "answer"], "gold")
+    gold_ids, pred_ids = set(gold["id"]), set(pred["id"])
+    if gold_ids != pred_ids:
+        missing = sorted(gold_ids - pred_ids)
+        extra = sorted(pred_ids - gold_ids)
+        raise LabError(f"{args.predictions}: ids do not match {args.gold}: {len(missing)} gold id(s) without a "
+                       f"prediction {missing[:5]}, {len(extra)} prediction id(s) not in gold {extra[:5]}")
+    pred = pred.set_index("id").loc[gold["id"]].reset_index()
+
+    if out_col == "completion":
+        table = judge(gold["answer"], pred["completion"], args.version)
+    else:
+        table = pd.DataFrame({"gold": gold["answer"], "answer": pred["answer"], "source": "given"})
+        table["correct"] = [verify(g, a, args.version) for g, a in zip(table["gold"], table["answer"])]
+        table = table[["gold", "answer", "correct", "source"]]
+    table.insert(0, "id", gold["id"].values)
+
+    n, k = len(table), int(table["correct"].sum())
+    acc = k / n if n else 0.0
+    print(f"accuracy ({args.version}): {acc:.4f}  ({k}/{n})")
+    cats = _categories(gold, pred)
+    if cats is not None:
+        table["category"] = cats.values
+        per = table.groupby("category", sort=True)["correct"].agg(["mean", "sum", "count"])
+        width = max(8, *(len(str(c)) for c in per.index))
+        print(f"{'category':<{width}}  accuracy  correct/n")
+        for c, r in per.iterrows():
+            print(f"{str(c):<{width}}  {r['mean']:.4f}    {int(r['sum'])}/{int(r['count'])}")
+    if args.details:
+        atomic_write_csv(args.details, table)
+        print(f"per-row judgement written to {args.details}")
+    return 0

@@ -41,12 +41,13 @@ What it simplifies:
 Beyond the reference: `verify` raises TypeError for a non-string gold answer instead of failing
 on ``.strip()``, treats a ``None`` prediction as ``NOT_FOUND``; `score` of no rows is 0.0.
 
-Command line: ``python -m lab score PREDICTIONS.csv --gold GOLD.csv [--version legacy]``.
+Command line: ``python -m lab score PREDICTIONS.csv --gold GOLD.csv [--version legacy]`` (`lab.errors.score_main`:
+it adds the per-category table, which needs `lab.puzzles`, so this module imports nothing of the lab's but
+`lab.config`).
 """
 
 from __future__ import annotations
 
-import argparse
 import math
 import re
 from pathlib import Path
@@ -57,7 +58,7 @@ import pandas as pd
 from lab.config import LabError
 
 NOT_FOUND = "NOT_FOUND"
-_VERSIONS = ("final", "legacy")
+VERSIONS = ("final", "legacy")
 
 _BOXED_START = re.compile(r"\\boxed\{")
 _BOXED_LEGACY = re.compile(r"\\boxed\{([^}]*)\}")
@@ -72,8 +73,8 @@ _BINARY = re.compile(r"[01]+")
 
 
 def _check_version(version: str) -> str:
-    if version not in _VERSIONS:
-        raise ValueError(f"unknown metric version {version!r}; allowed: {', '.join(_VERSIONS)}")
+    if version not in VERSIONS:
+        raise ValueError(f"unknown metric version {version!r}; allowed: {', '.join(VERSIONS)}")
     return version
 
 
@@ -161,7 +162,7 @@ def score(golds: Sequence[str], raw_outputs: Sequence[str | None], version: str 
 
 
 # ----------------------------------------------------------------------------------------------
-# command line: python -m lab score PREDICTIONS.csv --gold GOLD.csv
+# reading a predictions or gold file (python -m lab score, lab.errors.score_main)
 # ----------------------------------------------------------------------------------------------
 
 def read_table(path: str, needed: Iterable[str], what: str) -> pd.DataFrame:
@@ -185,78 +186,3 @@ def read_table(path: str, needed: Iterable[str], what: str) -> pd.DataFrame:
     if len(dup):
         raise LabError(f"{p}: duplicate id(s) {list(dup.unique()[:5])}")
     return df
-
-
-def _categories(gold: pd.DataFrame, pred: pd.DataFrame) -> pd.Series | None:
-    for df in (gold, pred):
-        if "category" in df.columns:
-            return df["category"]
-    for df in (gold, pred):
-        if "prompt" in df.columns:
-            from lab.puzzles import classify  # here, not at the top: lab.puzzles.solve imports this module
-
-            def cat(prompt):
-                c = classify(prompt)
-                return c[0] if isinstance(c, tuple) else c
-
-            return df["prompt"].map(cat)
-    return None
-
-
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lab score",
-                                 description="Score predictions with the competition's metric.")
-    ap.add_argument("predictions", help="CSV with id and completion (raw output) or answer (extracted)")
-    ap.add_argument("--gold", required=True, help="CSV with id, answer (optionally prompt or category)")
-    ap.add_argument("--version", default="final", choices=_VERSIONS, help="metric version (default: final)")
-    ap.add_argument("--details", default=None, help="write the per-row judgement to this CSV")
-    ap.add_argument("--column", choices=("completion", "answer"), default=None,
-                    help="which predictions column to score when both are present (default: completion)")
-    args = ap.parse_args(argv)
-
-    pred = read_table(args.predictions, ["id"], "predictions")
-    have = [c for c in ("completion", "answer") if c in pred.columns]
-    if not have:
-        raise LabError(f"{args.predictions}: needs a 'completion' (raw output) or 'answer' (extracted) column; "
-                       f"columns are {list(pred.columns)}")
-    if args.column is not None and args.column not in have:
-        raise LabError(f"{args.predictions}: no {args.column!r} column to score; columns are {list(pred.columns)}")
-    out_col = args.column or have[0]
-    if len(have) == 2:
-        print(f"note: {args.predictions} has both 'completion' and 'answer': scoring {out_col!r}"
-              + (" (the answer is extracted from it again)" if out_col == "completion" else " as given")
-              + f"; --column {'answer' if out_col == 'completion' else 'completion'} scores the other")
-    gold = read_table(args.gold, ["id", "answer"], "gold")
-    gold_ids, pred_ids = set(gold["id"]), set(pred["id"])
-    if gold_ids != pred_ids:
-        missing = sorted(gold_ids - pred_ids)
-        extra = sorted(pred_ids - gold_ids)
-        raise LabError(f"{args.predictions}: ids do not match {args.gold}: {len(missing)} gold id(s) without a "
-                       f"prediction {missing[:5]}, {len(extra)} prediction id(s) not in gold {extra[:5]}")
-    pred = pred.set_index("id").loc[gold["id"]].reset_index()
-
-    if out_col == "completion":
-        table = judge(gold["answer"], pred["completion"], args.version)
-    else:
-        table = pd.DataFrame({"gold": gold["answer"], "answer": pred["answer"], "source": "given"})
-        table["correct"] = [verify(g, a, args.version) for g, a in zip(table["gold"], table["answer"])]
-        table = table[["gold", "answer", "correct", "source"]]
-    table.insert(0, "id", gold["id"].values)
-
-    n, k = len(table), int(table["correct"].sum())
-    acc = k / n if n else 0.0
-    print(f"accuracy ({args.version}): {acc:.4f}  ({k}/{n})")
-    cats = _categories(gold, pred)
-    if cats is not None:
-        table["category"] = cats.values
-        per = table.groupby("category", sort=True)["correct"].agg(["mean", "sum", "count"])
-        width = max(8, *(len(str(c)) for c in per.index))
-        print(f"{'category':<{width}}  accuracy  correct/n")
-        for c, r in per.iterrows():
-            print(f"{str(c):<{width}}  {r['mean']:.4f}    {int(r['sum'])}/{int(r['count'])}")
-    if args.details:
-        from lab.config import atomic_write_csv
-
-        atomic_write_csv(args.details, table)
-        print(f"per-row judgement written to {args.details}")
-    return 0

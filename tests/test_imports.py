@@ -69,29 +69,7 @@ def test_module_level_imports_have_no_cycle():
     modules = set(lab_modules())
     graph = {n: module_level_imports(n, modules) for n in modules}
     assert graph["lab.sft"] >= {"lab.lora"} and "lab.sft" not in graph["lab.lora"]
-    state: dict[str, int] = {}
-
-    def visit(n, path):
-        if state.get(n) == 1:
-            raise AssertionError("import cycle: " + " -> ".join(path[path.index(n):] + [n]))
-        if state.get(n) == 2:
-            return
-        state[n] = 1
-        for d in sorted(graph[n]):
-            visit(d, path + [n])
-        state[n] = 2
-
-    for n in sorted(graph):
-        visit(n, [])
-
-
-# The cycles that remain only through imports inside functions, each named by one lazy import that closes it
-# (other lazy imports, e.g. data -> puzzles, close a cycle only through these). Without these edges the whole graph,
-# imports inside functions included, has no cycle; a new cycle fails here: break it by moving the piece both
-# modules need into the lower one.
-KNOWN_LAZY_CYCLES = {
-    ("lab.metric", "lab.puzzles"),  # `score` classifies prompts when the gold file has no category column
-}
+    assert _find_cycle(graph) is None, "import cycle: " + " -> ".join(_find_cycle(graph))
 
 
 def _find_cycle(graph):
@@ -115,19 +93,16 @@ def _find_cycle(graph):
     return None
 
 
-def test_imports_inside_functions_close_only_the_known_cycles():
+def test_imports_inside_functions_close_no_cycle_either():
+    """With the imports inside functions counted too, the graph has no cycle: a lazy import is for a heavy or
+    optional package, never a way round a cycle (break one by moving the piece both modules need into the lower)."""
     modules = set(lab_modules())
-    top = {n: module_level_imports(n, modules) for n in modules}
     every = {n: module_level_imports(n, modules, inside_functions=True) for n in modules}
-    for a, b in KNOWN_LAZY_CYCLES:
-        assert b in every[a] and b not in top[a], (a, b)
-        seen, todo = set(), [b]  # does b lead back to a?
-        while todo:
-            n = todo.pop()
-            if n not in seen:
-                seen.add(n)
-                todo.extend(every[n])
-        assert a in seen, f"{a} -> {b} closes no cycle any more: drop it from KNOWN_LAZY_CYCLES"
-    rest = {n: every[n] - {b for a, b in KNOWN_LAZY_CYCLES if a == n} for n in modules}
-    assert _find_cycle(rest) is None, "import cycle through imports inside functions: " + " -> ".join(_find_cycle(rest))
-    assert "lab.metric" in top["lab.puzzles.solve"]  # solve_frame scores with the metric itself, no fallback
+    assert _find_cycle(every) is None, "import cycle through imports inside functions: " + " -> ".join(_find_cycle(every))
+    assert "lab.metric" in every["lab.puzzles.solve"]  # solve_frame scores with the metric itself, no fallback
+    assert not any(n.startswith("lab.puzzles") for n in every["lab.metric"])  # the metric stands alone
+
+
+def test_find_cycle_finds_a_planted_cycle():
+    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
+    assert _find_cycle(graph) == ["a", "b", "c", "a"]

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import sys
-import types
 
 import pandas as pd
 import pytest
 
 from lab import metric
 from lab.config import LabError
+from lab.errors import score_main
 from lab.metric import extract_answer, judge, score, verify
 
 B = "\\boxed"
@@ -174,7 +173,7 @@ def test_cli_with_completions(tmp_path, gold_csv, capsys):
         "completion": ["Final answer: xlii", "<think>ok</think>" + B + "{@&}}", "it is 41.9", B + "{11011}"],
     }))
     details = tmp_path / "details.csv"
-    assert metric.main([pred, "--gold", gold_csv, "--details", str(details)]) == 0
+    assert score_main([pred, "--gold", gold_csv, "--details", str(details)]) == 0
     out = capsys.readouterr().out
     assert "accuracy (final): 0.7500  (3/4)" in out
     assert "bit_manipulation" in out and "0.0000    0/1" in out
@@ -182,14 +181,14 @@ def test_cli_with_completions(tmp_path, gold_csv, capsys):
     assert d["id"].tolist() == ["a1", "b2", "c3", "d4"]
     assert d["source"].tolist() == ["boxed", "number", "boxed", "phrase"]
 
-    assert metric.main([pred, "--gold", gold_csv, "--version", "legacy"]) == 0
+    assert score_main([pred, "--gold", gold_csv, "--version", "legacy"]) == 0
     assert "accuracy (legacy): 0.7500  (3/4)" in capsys.readouterr().out  # binary right, brace wrong
 
 
 def test_cli_with_extracted_answers(tmp_path, gold_csv, capsys):
     pred = _write(tmp_path / "pred.csv", pd.DataFrame({
         "id": ["a1", "b2", "c3", "d4"], "answer": ["00011011", "42.1", "@&}", "XLI"]}))
-    assert metric.main([pred, "--gold", gold_csv]) == 0
+    assert score_main([pred, "--gold", gold_csv]) == 0
     assert "accuracy (final): 0.7500  (3/4)" in capsys.readouterr().out
 
 
@@ -204,12 +203,12 @@ def test_cli_through_dispatcher(tmp_path, gold_csv, capsys):
 
 
 def test_cli_categories_from_classify(tmp_path, capsys, monkeypatch):
-    fake = types.ModuleType("lab.puzzles")
-    fake.classify = lambda prompt: ("alpha" if "A" in prompt else "beta", "x")
-    monkeypatch.setitem(sys.modules, "lab.puzzles", fake)
+    import lab.errors
+
+    monkeypatch.setattr(lab.errors, "classify", lambda prompt: ("alpha" if "A" in prompt else "beta", "x"))
     gold = _write(tmp_path / "gold.csv", pd.DataFrame({"id": ["1", "2"], "prompt": ["A?", "B?"], "answer": ["5", "6"]}))
     pred = _write(tmp_path / "pred.csv", pd.DataFrame({"id": ["1", "2"], "answer": ["5", "7"]}))
-    assert metric.main([pred, "--gold", gold]) == 0
+    assert score_main([pred, "--gold", gold]) == 0
     out = capsys.readouterr().out
     assert "alpha" in out and "1.0000    1/1" in out and "beta" in out and "0.0000    0/1" in out
 
@@ -217,7 +216,7 @@ def test_cli_categories_from_classify(tmp_path, capsys, monkeypatch):
 def test_cli_no_categories(tmp_path, capsys):
     gold = _write(tmp_path / "gold.csv", pd.DataFrame({"id": ["1"], "answer": ["5"]}))
     pred = _write(tmp_path / "pred.csv", pd.DataFrame({"id": ["1"], "answer": ["5"]}))
-    assert metric.main([pred, "--gold", gold]) == 0
+    assert score_main([pred, "--gold", gold]) == 0
     out = capsys.readouterr().out
     assert "1.0000  (1/1)" in out and "category" not in out
 
@@ -236,24 +235,24 @@ def test_cli_errors(tmp_path, pred_df, gold_df, message):
     pred = _write(tmp_path / "pred.csv", pred_df)
     gold = _write(tmp_path / "gold.csv", gold_df)
     with pytest.raises(LabError) as e:
-        metric.main([pred, "--gold", gold])
+        score_main([pred, "--gold", gold])
     assert message in str(e.value)
 
 
 def test_cli_missing_empty_and_non_utf8_files(tmp_path):
     gold = _write(tmp_path / "gold.csv", pd.DataFrame({"id": ["1"], "answer": ["5"]}))
     with pytest.raises(LabError, match="missing.csv: predictions file not found"):
-        metric.main([str(tmp_path / "missing.csv"), "--gold", gold])
+        score_main([str(tmp_path / "missing.csv"), "--gold", gold])
     (tmp_path / "empty.csv").write_text("")
     with pytest.raises(LabError, match="empty.csv: empty file"):
-        metric.main([str(tmp_path / "empty.csv"), "--gold", gold])
+        score_main([str(tmp_path / "empty.csv"), "--gold", gold])
     (tmp_path / "latin.csv").write_bytes("id,answer\n1,caf\xe9\n".encode("latin-1"))
     with pytest.raises(LabError, match="latin.csv: not UTF-8"):
-        metric.main([str(tmp_path / "latin.csv"), "--gold", gold])
+        score_main([str(tmp_path / "latin.csv"), "--gold", gold])
 
 
 def test_cli_keeps_leading_zeros_and_na(tmp_path, capsys):
     gold = _write(tmp_path / "gold.csv", pd.DataFrame({"id": ["007", "NA"], "answer": ["0101", "NA"]}))
     pred = _write(tmp_path / "pred.csv", pd.DataFrame({"id": ["NA", "007"], "answer": ["na", "101"]}))
-    assert metric.main([pred, "--gold", gold]) == 0
+    assert score_main([pred, "--gold", gold]) == 0
     assert "0.5000  (1/2)" in capsys.readouterr().out

@@ -167,26 +167,50 @@ def test_real_tokenizer_counts_within_budget():
     assert bits.median() < 4900
 
 
-def test_trace_bench_reads_each_job(tmp_path):
-    """bench/trace_bench.py's table: per job, held-out accuracy with its Wilson interval and the style's tokens."""
+def _trace_bench():
     import importlib.util
-    import json
-
-    from lab.errors import wilson_interval
 
     spec = importlib.util.spec_from_file_location("trace_bench", Path(__file__).resolve().parents[1] / "bench" /
                                                   "trace_bench.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    job = tmp_path / "data.trace_style=derivation,seed=2"
-    (job / "02_sft").mkdir(parents=True)
-    (job / "01_explore").mkdir()
-    (job / "job.json").write_text(json.dumps({"params": {}}))
-    (job / "config.yaml").write_text("seed: 2\ndata:\n  trace_style: derivation\n")
-    pd.DataFrame({"correct": ["True", "False", "True", "True"]}).to_csv(job / "02_sft" / "predictions.csv", index=False)
-    pd.DataFrame({"category": ["x", "x"], "trace_style": ["compact", "derivation"], "p50": [10, 500]}).to_csv(
-        job / "01_explore" / "trace_tokens.csv", index=False)
-    (row,) = bench.job_rows(tmp_path, "bits", 1.0)
-    got = (row["style"], row["seed"], row["n"], row["correct"], row["trace_tokens_p50"])
-    assert got == ("derivation", 2, 4, 3, 500)
-    assert (row["lo"], row["hi"]) == pytest.approx(wilson_interval(3, 4), abs=1e-4)
+    return bench
+
+
+def test_trace_bench_tables_pool_seeds_with_wilson_intervals():
+    """bench/trace_bench.py's tables: per job and pooled over seeds, accuracy with its Wilson interval."""
+    from lab.errors import wilson_interval
+
+    bench = _trace_bench()
+    common = {"probe": "equations", "capped": 1, "trace_tokens_max": 900, "max_tokens": 1125, "train_loss": 1.0,
+              "steps": 150, "wall_s": 10.0}
+    rows = [{**common, "style": "derivation", "seed": 1, "n": 4, "correct": 3, "trace_tokens_p50": 500},
+            {**common, "style": "derivation", "seed": 2, "n": 4, "correct": 1, "trace_tokens_p50": 700},
+            {**common, "style": "compact", "seed": 1, "n": 4, "correct": 0, "trace_tokens_p50": 80}]
+    table, pooled = bench.tables(rows)
+    assert table["accuracy"].tolist() == [0.75, 0.25, 0.0]
+    assert (table.loc[0, "lo"], table.loc[0, "hi"]) == pytest.approx(wilson_interval(3, 4))
+    d = pooled.set_index("style").loc["derivation"]
+    assert (d["seeds"], d["n"], d["accuracy"], d["capped"], d["trace_tokens_p50"], d["wall_s"]) == (2, 8, 0.5, 2, 600,
+                                                                                                     20.0)
+    assert (d["lo"], d["hi"]) == pytest.approx(wilson_interval(4, 8))
+
+
+@pytest.mark.slow
+def test_trace_bench_smoke_runs_both_styles_and_reuses_finished_jobs(tmp_path):
+    """The plumbing end to end at the smallest budget: one job per style, and a rerun trains nothing again."""
+    import json
+
+    bench = _trace_bench()
+    argv = ["--smoke", "--categories", "numerals", "--seeds", "1", "--out", str(tmp_path)]
+    assert bench.main(argv) == 0
+    first = json.loads((tmp_path / "trace_bench_smoke.json").read_text())
+    assert [(j["style"], j["n"], j["steps"]) for j in first["jobs"]] == [("compact", 8, 2), ("derivation", 8, 2)]
+    compact, derivation = first["jobs"]
+    assert derivation["trace_tokens_p50"] > 3 * compact["trace_tokens_p50"]
+    assert all(j["max_tokens"] >= 1.25 * j["trace_tokens_max"] for j in first["jobs"])
+    manifests = sorted(tmp_path.rglob("02_sft/manifest.json"))
+    stamps = [m.read_text() for m in manifests]
+    assert bench.main(argv) == 0
+    assert [m.read_text() for m in manifests] == stamps  # reused, not rerun
+    assert json.loads((tmp_path / "trace_bench_smoke.json").read_text())["jobs"] == first["jobs"]

@@ -16,10 +16,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lab.config import LabError, atomic_write_csv
+from lab.config import LabError, atomic_write_csv, competition
 
 from .equations import family_table
-from .solve import BUDGET, method_table, token_table
+from .solve import method_table, token_table
 
 
 def _read_csv(path: str):
@@ -55,7 +55,7 @@ def summary(out, has_gold: bool) -> str:
     if has_gold:
         text += f"\noverall accuracy: {out['correct'].mean():.4f} ({int(out['correct'].sum())}/{len(out)})"
     text += "\n(trace_tokens: " + ("tokenizer count)" if _TOK else "ESTIMATE, no tokenizer given)")
-    text += f"\n\ntrace tokens (budget {BUDGET:,}):\n" + token_table(out).to_string(index=False)
+    text += f"\n\ntrace tokens (budget {competition().max_tokens:,}):\n" + token_table(out).to_string(index=False)
     by_method = method_table(out)
     text += "\n\nby method (what answered: bits, the rule level; cipher, the word source; equations, mode and meaning," \
         " the subtraction's marker form included):\n" \
