@@ -63,8 +63,10 @@ def _n_tokens(tokenizer, text: str) -> int:
     return len(tokenizer(text=text)["input_ids"])
 
 
-def completion_budget(cfg: DictConfig, tokenizer, puzzles: Sequence[str]) -> int:
-    """The GRPO `max_completion_length` for these raw puzzle texts (see the module docstring)."""
+def max_completion_length(cfg: DictConfig, tokenizer, puzzles: Sequence[str]) -> int:
+    """GRPOConfig's `max_completion_length` for these raw puzzle texts: the rule of `lab.generate.completion_budget`
+    (min(infer.max_tokens, model.max_model_len - longest prompt)) with prompts counted as TRL counts them, halved
+    with `refine`; or `grpo.max_completion_length` when set, checked against that limit."""
     g = cfg.grpo
     max_len, max_tokens = cfg.model.max_model_len, cfg.infer.max_tokens
     if g.refine:
@@ -491,7 +493,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
 
     pool = train_puzzles.sample(n=min(g.n_prompts, len(train_puzzles)), random_state=cfg.seed)
     pool = pool.assign(id=pool["id"].astype(str)).reset_index(drop=True)
-    budget = completion_budget(cfg, tokenizer, pool["prompt"].tolist())
+    budget = max_completion_length(cfg, tokenizer, pool["prompt"].tolist())
     out = stage.path("checkpoints")
     fp = fingerprint(cfg, pool["id"].tolist(), model, budget)
     last, record, notes = resume_point(cfg, out, fp)

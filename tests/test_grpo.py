@@ -130,18 +130,18 @@ def test_unknown_or_unavailable_rollout_backend_is_a_clear_error(root, puzzles):
             grpo.train(cfg, None, puzzles, None, None)  # fails before touching anything
 
 
-def test_completion_budget_is_the_competitions_never_trls_default(root, puzzles):
+def test_max_completion_length_is_the_competitions_budget_never_trls_default(root, puzzles):
     tok = models.load_tokenizer(compose(root))
     texts = puzzles["prompt"].tolist()
     longest = max(len(tok(chat_prompt(tok, p))["input_ids"]) for p in texts)  # as TRL tokenises
-    assert grpo.completion_budget(compose(root, "b", "infer.max_tokens=7680"), tok, texts) == compose(root, "b").model.max_model_len - longest
-    assert grpo.completion_budget(compose(root, "b", "infer.max_tokens=12"), tok, texts) == 12
-    assert grpo.completion_budget(compose(root, "b", "grpo.max_completion_length=20"), tok, texts) == 20
+    assert grpo.max_completion_length(compose(root, "b", "infer.max_tokens=7680"), tok, texts) == compose(root, "b").model.max_model_len - longest
+    assert grpo.max_completion_length(compose(root, "b", "infer.max_tokens=12"), tok, texts) == 12
+    assert grpo.max_completion_length(compose(root, "b", "grpo.max_completion_length=20"), tok, texts) == 20
     with pytest.raises(LabError, match="max_completion_length=700 must be between 1 and"):
-        grpo.completion_budget(compose(root, "b", "grpo.max_completion_length=700"), tok, texts)
+        grpo.max_completion_length(compose(root, "b", "grpo.max_completion_length=700"), tok, texts)
     # refine: the draft and the refinement share what the refinement prompt leaves
     empty = max(len(tok(grpo.refine_prompt_text(tok, p, ""))["input_ids"]) for p in texts)
-    assert grpo.completion_budget(compose(root, "b", "infer.max_tokens=7680", "grpo.refine=true"), tok, texts) \
+    assert grpo.max_completion_length(compose(root, "b", "infer.max_tokens=7680", "grpo.refine=true"), tok, texts) \
         == (compose(root, "b").model.max_model_len - empty) // 2
 
 
