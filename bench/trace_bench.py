@@ -1,6 +1,7 @@
 """Learnability probe: the same small model trained on each trace style, held-out accuracy per style and category.
 
-`python bench/trace_bench.py [--categories numerals equations] [--seeds 3] [--smoke] [--force] [-- OVERRIDES ...]`
+`python bench/trace_bench.py [--categories numerals equations] [--seeds 3] [--smoke] [--force] [--report]
+[-- OVERRIDES ...]` (`--report`: run nothing, tabulate the finished jobs on disk)
 
 What it does
   For each probe category, each style (`data.trace_style=compact|derivation`) and seeds 1..N, one job under
@@ -120,7 +121,7 @@ def tables(rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lab.config import atomic_write_json, atomic_write_text, resolve_path, split_at_dashes
+    from lab.config import atomic_write_json, atomic_write_text, read_json, resolve_path, split_at_dashes
     from lab.sweep import markdown_table
 
     own, extra = split_at_dashes(argv)
@@ -129,6 +130,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--seeds", type=int, default=3)
     ap.add_argument("--smoke", action="store_true", help="the smallest budget: checks the plumbing only")
     ap.add_argument("--force", action="store_true", help="rerun finished jobs")
+    ap.add_argument("--report", action="store_true", help="run nothing: tabulate the finished jobs found on disk")
     ap.add_argument("--out", default="outputs/bench")
     args = ap.parse_args(own)
     out = resolve_path(args.out)
@@ -140,7 +142,14 @@ def main(argv: list[str] | None = None) -> int:
         for style in STYLES:
             for seed in range(1, args.seeds + 1):
                 print(f"[trace_bench] {probe} {style} seed {seed}", flush=True)
-                m = run_job(job_overrides(probe, style, seed, root, extra), args.force)
+                if args.report:
+                    done = root / probe / style / f"seed{seed}" / "02_sft" / "metrics.json"
+                    if not done.is_file():
+                        print(f"[trace_bench] {done}: not finished, left out of the table")
+                        continue
+                    m = read_json(done)
+                else:
+                    m = run_job(job_overrides(probe, style, seed, root, extra), args.force)
                 rows.append({"probe": probe, "style": style, "seed": seed,
                              **{k: m[k] for k in ("n", "correct", "capped", "trace_tokens_p50", "trace_tokens_max",
                                                   "max_tokens", "train_loss", "steps")}, "wall_s": m["wall_seconds"]})

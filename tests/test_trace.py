@@ -214,3 +214,6 @@ def test_trace_bench_smoke_runs_both_styles_and_reuses_finished_jobs(tmp_path):
     assert bench.main(argv) == 0
     assert [m.read_text() for m in manifests] == stamps  # reused, not rerun
     assert json.loads((tmp_path / "trace_bench_smoke.json").read_text())["jobs"] == first["jobs"]
+    assert bench.main([*argv, "--report", "--seeds", "2"]) == 0  # seed 2 never ran: left out, nothing trained
+    assert json.loads((tmp_path / "trace_bench_smoke.json").read_text())["jobs"] == first["jobs"]
+    assert [m.read_text() for m in manifests] == stamps
