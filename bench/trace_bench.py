@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
                 rows.append({"probe": probe, "style": style, "seed": seed,
                              **{k: m[k] for k in ("n", "correct", "capped", "trace_tokens_p50", "trace_tokens_max",
                                                   "max_tokens", "train_loss", "steps")}, "wall_s": m["wall_seconds"]})
+    if not rows:
+        print(f"no finished jobs under {root}", file=sys.stderr)
+        return 1
     table, pooled = tables(rows)
     wall = time.perf_counter() - t0
     text = ("## Trace learnability probe" + (" (SMOKE budget: plumbing only)" if args.smoke else "") + "\n\n"
