@@ -72,21 +72,17 @@ def completion_cap(overrides: list[str]) -> tuple[int, list[int]]:
 def run_job(overrides: list[str], force: bool) -> dict:
     """One job: train, score the saved adapter, finish the stage; a finished job with the same config is reused."""
     import numpy as np
-    from omegaconf import OmegaConf
 
     from lab import data, generate, sft
-    from lab.config import LabError, Stage, compose, load_saved, read_json, resolve_path
+    from lab.config import Stage, compose, config_data, read_json, resolve_path, saved_config_matches
 
     cap, n = completion_cap(overrides)
     overrides = [*overrides, f"infer.max_tokens={cap}"]
     cfg = compose(overrides)
     stage_dir = resolve_path(cfg.run_dir) / "02_sft"
-    if not force and (stage_dir / "metrics.json").is_file():
-        try:
-            if OmegaConf.to_container(load_saved(stage_dir / "config.yaml")) == OmegaConf.to_container(cfg):
-                return read_json(stage_dir / "metrics.json")
-        except LabError:
-            pass  # a saved config that no longer fits the schema: rerun the job
+    if not force and (stage_dir / "metrics.json").is_file() \
+            and saved_config_matches(stage_dir / "config.yaml", config_data(cfg)):
+        return read_json(stage_dir / "metrics.json")
     stage = Stage("02_sft", overrides)
     cfg = stage.cfg
     train, val = data.prepare(cfg)

@@ -257,6 +257,22 @@ def load_saved(path: str | os.PathLike) -> DictConfig:
         raise LabError(f"{path}: {schema_problem(e)}") from None
 
 
+def config_data(cfg: DictConfig) -> dict:
+    """`cfg` as plain resolved data without `run_name` (a time stamp unless set; a job's folder is fixed by
+    `run_dir`): what a kept result is compared by."""
+    return {k: v for k, v in OmegaConf.to_container(cfg, resolve=True).items() if k != "run_name"}
+
+
+def saved_config_matches(path: str | os.PathLike, config: dict) -> bool:
+    """Whether the stage config saved at `path`, read back through the schema (`load_saved`), is `config`
+    (`config_data` of the new one). False when it is missing, unreadable or no longer fits the schema: the result
+    beside it is then not trusted and is made again."""
+    try:
+        return config_data(load_saved(path)) == config
+    except Exception:  # noqa: BLE001 - not kept is the safe answer; the rerun reports any real problem
+        return False
+
+
 @functools.cache
 def competition() -> DictConfig:
     """The competition's fixed limits, read from conf/infer/kaggle.yaml (the scoring settings): `max_lora_rank` (the

@@ -61,7 +61,7 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from lab.config import LabError, atomic_write_csv, competition, atomic_write_json, resolve_path
+from lab.config import LabError, atomic_write_csv, atomic_write_json, competition, resolve_path
 from lab.metric import VERSIONS, extract_answer, judge, read_table, verify
 from lab.puzzles import CATEGORIES, classify
 from lab.puzzles.categories import BY_NAME, TABLE

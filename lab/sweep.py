@@ -62,7 +62,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lab.config import (LabError, atomic_write_csv, atomic_write_json, atomic_write_text, project_root, read_json,
-                        resolve_path, run_lock, split_at_dashes)
+                        resolve_path, run_lock, saved_config_matches, split_at_dashes)
 from lab.pipeline import SMOKE_OVERRIDES, STAGES, execute_stage
 from lab.plots import ordered
 
@@ -120,15 +120,9 @@ def job_config(nb_overrides: list[str]) -> dict:
     must have been made with to be kept. The overrides alone are not enough: a default changed in conf/ since
     the job ran gives the same overrides another config. `run_name` is left out: the job's folder is fixed by
     `run_dir`, and a run_name left unset is a time stamp that differs at every compose."""
-    from omegaconf import OmegaConf
+    from lab.config import compose, config_data
 
-    from lab.config import compose
-
-    return _without_run_name(OmegaConf.to_container(compose(nb_overrides), resolve=True))
-
-
-def _without_run_name(config: dict) -> dict:
-    return {k: v for k, v in config.items() if k != "run_name"}
+    return config_data(compose(nb_overrides))
 
 
 def config_key(config: dict) -> str:
@@ -163,16 +157,8 @@ def _stage_kept(job_dir: Path, stage: str, nb_overrides: list[str], config: dict
         man = read_json(d / "manifest.json")
     except LabError:
         return False
-    if config is not None:
-        from omegaconf import OmegaConf
-
-        from lab.config import load_saved
-
-        try:
-            if _without_run_name(OmegaConf.to_container(load_saved(d / "config.yaml"), resolve=True)) != config:
-                return False
-        except Exception:  # noqa: BLE001 - a missing or unreadable config.yaml: the stage is not kept
-            return False
+    if config is not None and not saved_config_matches(d / "config.yaml", config):
+        return False
     return man.get("status") == "finished" and man.get("overrides") == nb_overrides
 
 
