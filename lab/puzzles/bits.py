@@ -646,3 +646,54 @@ def generate_one(rng: random.Random, n_examples: int = 8, complexity: int = 2, *
     q = xs.pop()
     ex = [(v, apply_rule(rule, v)) for v in xs]
     return make_prompt(ex, q), b8(apply_rule(rule, q)), ""
+
+
+# ---------------------------------------------------------------- the competition's layout, for the derivation
+
+SHIFT_KINDS = ("rotl", "shl", "shr")  # out bit p = F(rotl(x, a)[p], shl(x, b)[p], shr(x, c)[p])
+
+
+def shift_copy(kind: str, k: int, v: int) -> int:
+    """rotl k (k = 0 is x itself), shl k or shr k of an 8-bit int."""
+    if kind == "rotl":
+        return ((v << k) | (v >> (8 - k))) & 255 if k else v
+    return (v << k) & 255 if kind == "shl" else v >> k
+
+
+def shift_name(kind: str, k: int) -> str:
+    return "x" if kind == "rotl" and k == 0 else f"{kind}{k}"
+
+
+def shift_tables(x: list[int], y: list[int], q: int):
+    """Every layout `out bit p = F(copies at p)` with copies a subset of (rotl a, shl b, shr c), a in 0..7,
+    b and c in 1..7, one copy of each kind at most, whose table F (key: the copies' bits at p, MSB first
+    in kind order) no example contradicts. -> [(copies [(kind, k)], table {key: bit}, prediction,
+    keys the query needs that no example shows)], fewest copies first, then a, b, c ascending; an unshown
+    key reads 0 (the stated default)."""
+    from itertools import product
+
+    def keys(v, cps):
+        bits = [b8(shift_copy(kd, k, v)) for kd, k in cps]
+        return ["".join(s[p] for s in bits) for p in range(8)]
+
+    out = []
+    choices = [[None] + [("rotl", a) for a in range(8)], [None] + [("shl", b) for b in range(1, 8)],
+               [None] + [("shr", c) for c in range(1, 8)]]
+    combos = [tuple(c for c in cs if c) for cs in product(*choices)]
+    combos = sorted({c for c in combos if c}, key=lambda cs: (len(cs), [SHIFT_KINDS.index(k) for k, _ in cs],
+                                                             [k for _, k in cs]))
+    for cps in combos:
+        table, ok = {}, True
+        for xv, yv in zip(x, y):
+            for k, bit in zip(keys(xv, cps), b8(yv)):
+                if table.setdefault(k, bit) != bit:
+                    ok = False
+                    break
+            if not ok:
+                break
+        if not ok:
+            continue
+        qk = keys(q, cps)
+        unseen = sorted({k for k in qk if k not in table})
+        out.append((list(cps), table, "".join(table.get(k, "0") for k in qk), unseen))
+    return out

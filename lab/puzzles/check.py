@@ -176,7 +176,8 @@ OPS = {  # name -> function of the argument strings, giving the RESULT string
     "letter": _letter, "fits": _fits,
     "pick": _pick, "parity": _parity, "flip": _flip,
 }
-STATEFUL = {"decode", "encode", "read"}
+STATEFUL = {"decode", "encode", "read", "table", "default"}
+PAIR_RE = re.compile(r"^[01]{1,4}:[01]$")
 
 
 def _decimals(v: str) -> int:
@@ -276,6 +277,20 @@ class Replay:
                     raise Fail(f"key {k} is shown by no example (or with both bits)")
                 out += hits[0]
             return out
+        if op == "table":  # every `key:bit` pair written so far, one bit per key, keys in order
+            pairs = sorted(v for v in self.values if PAIR_RE.match(v))
+            keys = [p.split(":")[0] for p in pairs]
+            clash = sorted({k for k in keys if keys.count(k) > 1})
+            if args or clash:
+                raise Fail("`table` takes no arguments" if args else f"key {clash[0]} is shown with both bits")
+            return " ".join(pairs)
+        if op == "default":  # the stated default for a key no example shows: it reads 0
+            if len(args) != 1:
+                raise Fail("`default` takes one key")
+            (k,) = args
+            if any(self.available(f"{k}:{b}") for b in "01"):
+                raise Fail(f"key {k} is shown by an example: no default")
+            return f"{k}:0"
         (s,) = args
         if op == "decode":
             missing = [c for c in s if c not in self.symbols]
