@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import re
 from bisect import bisect_right
+from pathlib import Path
 
 from .check import TAG_RE, Fail, Replay, _same_class, replay_compact, split_trace
 
@@ -38,8 +39,9 @@ PAIR = re.compile(r"^[01]{1,4}:[01]$")
 
 
 def _tokenizer(path):
-    if path is None:
-        return None
+    """A fast tokenizer (offsets needed) from a folder path or as given; None (characters) otherwise."""
+    if path is None or not isinstance(path, (str, Path)):
+        return path if getattr(path, "is_fast", False) else None
     from .solve import _TOKENIZERS, trace_tokens
 
     trace_tokens("", path)  # loads it once, in the same cache `solve` uses
@@ -208,7 +210,7 @@ def audit_frame(df, tokenizer=None):
             "dist_max": max(dists) if dists else None, "line_dist_p99": _pct(line_dists, 99), "ref_breaks": broken,
             "recall_share": round(recall_traces / n, 4), "choice_share": round(choice_traces / n, 4),
             "replay_fail": fails,
-            "recalled": ", ".join(f"{k} {v}" for k, v in sorted(what.items(), key=lambda kv: -kv[1])) or "-"})
+            "recalled": ", ".join(f"{k} {v}" for k, v in sorted(what.items(), key=lambda kv: (-kv[1], kv[0]))) or "-"})
         for sh, (rows, count, ds, hidden) in per_shape.items():
             shapes.append({"category": cat, "shape": sh, "traces_share": round(len(rows) / n, 4), "lines": count,
                            "hidden": hidden, "dist_p50": _pct(ds, 50), "dist_p99": _pct(ds, 99),
