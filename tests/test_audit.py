@@ -109,3 +109,25 @@ def test_default_only_for_a_key_no_example_shows():
                              "default 1 = 1:0\nread 1 0 = 00\n</think>\n\\boxed{00}")[0]
     clash = shown + "pairs 0 0 0 0 0 0 0 0 11111111 = 0:1 0:1 0:1 0:1 0:1 0:1 0:1 0:1\ntable = 0:0 0:1\n"
     assert "both bits" in replay_derivation(prompt + " 11111111", clash + "</think>\n\\boxed{x}")[2]
+
+
+def test_layout_breaks_a_tie_between_equally_simple_rules():
+    from lab.puzzles.bits import _pick, parse
+
+    prompt, answer = _layout_puzzle(1, f=lambda r, s, t: r ^ s, shifts=(1, 2, 3))
+    ex, q = parse(prompt)
+    wrong = int(answer, 2) ^ 1
+    found = [((3, 0), ("one", 1), wrong), ((3, 0), ("one", 2), wrong), ((3, 0), ("one", 3), int(answer, 2))]
+    assert _pick(found, q).answer == b8(wrong)  # the most common prediction
+    tied = _pick(found, q, ex)
+    assert tied.answer == answer and tied.status == "ambiguous" and "breaks the tie" in tied.reason
+
+
+def test_layout_generator_is_solved_in_the_layout():
+    from lab.puzzles import generate
+
+    df = generate("bit_manipulation", 12, seed=4, layout=1)
+    sols = [solve(p, style="derivation") for p in df["prompt"]]
+    assert sum(s.answer == a for s, a in zip(sols, df["answer"])) >= 11
+    assert all("note choose" in s.trace and replay_derivation(p, s.trace)[0]
+               for s, p in zip(sols, df["prompt"]) if s.status == "solved")

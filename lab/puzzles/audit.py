@@ -173,8 +173,7 @@ def audit_frame(df, tokenizer=None):
             if style != "derivation":
                 ok, _, _, c = replay_compact(cat, row["prompt"], row["trace"])
                 nl = len(split_trace(row["trace"])[0])
-                lines_total, claims = lines_total + nl, claims + c
-                recall_traces += c > 0
+                lines_total, claims = lines_total + nl, claims + c  # claims: lines the replay takes on trust
                 per_shape.setdefault("compact line", [set(), 0, [], 0])
                 per_shape["compact line"][0].add(row.name)
                 per_shape["compact line"][1] += nl
