@@ -32,10 +32,9 @@ import re
 from bisect import bisect_right
 from pathlib import Path
 
-from .check import TAG_RE, Fail, Replay, _same_class, replay_compact, split_trace
+from .check import PAIR_RE, TAG_RE, Fail, Replay, _same_class, replay_compact, split_trace
 
 SHAPE_DIGITS = re.compile(r"\d+")
-PAIR = re.compile(r"^[01]{1,4}:[01]$")
 
 
 def _tokenizer(path):
@@ -128,7 +127,7 @@ def audit_trace(prompt: str, trace: str, tok=None) -> dict:
             if op == "read":
                 ops += [f"{k}:{b}" for k in args for b in "01" if r.available(f"{k}:{b}")][:len(args)]
             elif op == "table":
-                ops += sorted(v for v in r.values if PAIR.match(v))
+                ops += sorted(v for v in r.values if PAIR_RE.match(v))
         rec = []
         for v in ops:
             if len(v) == 1:

@@ -12,6 +12,9 @@ is one lowercase word and digits (`ex3:`, `q:`) that the checker ignores, and BO
   recall VALUE          a value the trace recalls rather than derives (a bits rule's mask, a cipher word
                         taken from the word list); it becomes available. Counted per category.
   note TEXT             prose; checked for nothing, and nothing in it becomes available.
+Bit tables: `keys` (the copies' bits per position), `pairs` (`key:bit` per position), `table = ...` (every
+pair written so far, one bit per key, else it fails), `default KEY = KEY:0` (only for a key no pair shows) and
+`read KEYS = BITS` (each key's bit from an available pair).
 
 Numbers: `add sub mul div sq mid max min median` compute exactly (fractions) and accept RESULT when it is
 the exact value rounded to RESULT's own number of decimals (`div 14.915 0.93845 = 15.89322819`). After the

@@ -4,14 +4,17 @@
 the two styles differ in the trace only. Every line follows `lab.puzzles.check`'s grammar (an operation
 on values written in the prompt or in earlier lines, a copy, a comparison, a declared recall), so
 `python -m lab.puzzles check` replays it. Per category:
-  bits        screen: the 22 copies of `bits.T_NAMES`, in that order, each computed on the examples in
-              turn and compared with the output and with NOT output until one example rejects it; the
-              first copy no example rejects is the rule. When none survives (a rule of two or more
-              copies, the search is thousands of candidates) the trace says so, names the solver's rule
-              (a note: recall) and verifies it on every example, step by step, before applying it to the
-              query. Tables of three or four copies: per example the keys (the copies' bits per position)
-              and the `key:bit` pairs they show; the query reads its keys from those pairs. Written in
-              binary: hex nibbles would hide the shifts' carries, and 8 bits are 8 tokens.
+  bits        the competition's layout (`_bits_layout`): each output bit is one function F of the bits at
+              its position of up to three copies, rotl a, shl b, shr c. A `note choose` line states the
+              copies (the fewest, then the smallest shifts, among the layouts no example contradicts that
+              give the answer: stated, not searched on the page); per example the copies, their keys and
+              the `key:bit` pairs; `table` collects F (one bit per key, checked); the query's keys are
+              read from it, a key no example shows reading 0 (`default`). F is never named. A puzzle no
+              layout answers keeps the older trace: the 22 copies of `bits.T_NAMES` screened on the
+              examples until one example rejects each; the first survivor is the rule, and when none
+              survives the trace names the solver's rule (a note: recall) and verifies it on every example
+              before applying it (tables of three or four copies: keys, pairs, read). Written in binary:
+              hex would hide the bit positions the shifts and keys work on.
   equations   numeric: the query operator's candidate meanings, modes `plain` then `reversed`, meanings
               in `equations.MEANINGS` order, each computed on that operator's examples in turn until one
               rejects it; the first that no example rejects is kept when it gives the solver's answer (for a
