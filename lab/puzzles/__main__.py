@@ -1,5 +1,6 @@
 """`python -m lab.puzzles solve IN.csv OUT.csv [--trace-style derivation] [--tokenizer DIR]`,
-`python -m lab.puzzles check SOLVED.csv` and `python -m lab.puzzles generate --category C --n N --seed S OUT.csv`.
+`python -m lab.puzzles check SOLVED.csv`, `python -m lab.puzzles audit SOLVED.csv [--tokenizer DIR]` and
+`python -m lab.puzzles generate --category C --n N --seed S OUT.csv`.
 
 solve: reads IN (columns prompt, optional id and gold answer; read as strings), writes OUT with id,
 category, subtype, status, method, answer, trace_tokens, reason, seconds, trace, trace_style, prompt (and
@@ -8,6 +9,9 @@ second, trace tokens p50/p90/p99/max against the 7,680 budget, then the same per
 real file, which rule levels and meanings its puzzles use) and, for equations, per kind, family and mode.
 check: replays every solved row's trace against its prompt (`lab.puzzles.check`), prints the share that
 replays per category and style and the first failing line of each failure; exit 1 unless all replay.
+audit: per category, where every operand of every solved trace comes from (prompt, an earlier line, or
+hidden), how far back in tokens, recall and choice lines, and the share of traces each line shape appears
+in (`lab.puzzles.audit`); exit 1 on a referential break (a value cited before it appears).
 generate: writes a generated frame; difficulty knobs as `--set key=value` (repeatable).
 """
 
@@ -98,6 +102,10 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("check", help="replay every solved trace of a `solve` output")
     c.add_argument("solved")
     c.add_argument("--show", type=int, default=20, help="failures to print")
+    a = sub.add_parser("audit", help="operand provenance, distance and recalls of every solved trace")
+    a.add_argument("solved")
+    a.add_argument("--tokenizer", default=None, help="local tokenizer folder: distances in its tokens")
+    a.add_argument("--show", type=int, default=20, help="referential breaks to print")
     g = sub.add_parser("generate", help="write generated puzzles to a CSV")
     g.add_argument("--category", required=True)
     g.add_argument("--n", type=int, required=True)
@@ -119,6 +127,10 @@ def main(argv: list[str] | None = None) -> int:
             print(f"wrote {args.out}")
         elif args.cmd == "check":
             return check_command(args.solved, args.show)
+        elif args.cmd == "audit":
+            from .audit import audit_command
+
+            return audit_command(args.solved, args.tokenizer, args.show)
         else:
             from .generate import generate
 

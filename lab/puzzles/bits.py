@@ -19,8 +19,9 @@ The rule space searched, cheapest first (cost = (level, number of NOTs)):
            leave open counts only when no other fit needs one
 All rules of a level are checked at once with numpy; the query is carried along as an extra
 column, so every consistent rule's prediction comes for free. If all consistent rules of the
-minimal cost agree on the query the status is `solved`, else `ambiguous` (answer: the most common
-prediction). If no rule up to level 6 fits: level 7, an XOR of any number of copies, maybe NOT
+minimal cost agree on the query the status is `solved`, else `ambiguous` (answer: the one the
+competition's layout with the fewest copies gives, when those layouts agree on one of the tied
+predictions (`shift_tables`), else the most common prediction). If no rule up to level 6 fits: level 7, an XOR of any number of copies, maybe NOT
 (solved over GF(2), every bit of every example one equation; `solved` only if every query bit is
 forced); then level 8, any function of four copies (as level 5, a 16-entry table); then an affine
 rule (each output bit its own XOR of input bits and maybe 1, solved over GF(2); `solved` only if
@@ -530,16 +531,25 @@ METHODS = {0: "constant", 1: "one copy", 2: "two copies", 3: "three copies", 4: 
            5: "table of three", 6: "rule then mask", 7: "xor of copies", 8: "table of four"}
 
 
-def _pick(found, q: int) -> Solution:
-    """The answer of the cheapest consistent rules: `solved` if they all agree, else `ambiguous`."""
+def _pick(found, q: int, ex=None) -> Solution:
+    """The answer of the cheapest consistent rules: `solved` if they all agree, else `ambiguous`, answered by the
+    most common prediction, or, when the examples `ex` are given and the competition's layouts with the fewest
+    copies (`shift_tables`, every query key shown) all give one of the tied predictions, by that one."""
     best = min(c for c, _, _ in found)
     top = [(r, p) for c, r, p in found if c == best]
     votes = Counter(p for _, p in top)
     pred = votes.most_common(1)[0][0]
+    reason = ""
+    if len(votes) > 1 and ex:
+        fits = [f for f in shift_tables([a for a, _ in ex], [b for _, b in ex], q) if not f[3]]
+        fewest = {int(f[2], 2) for f in fits if len(f[0]) == min(len(g[0]) for g in fits)}
+        if len(fewest) == 1 and next(iter(fewest)) in votes:
+            pred = fewest.pop()
+            reason = "; the layout of fewest shifted copies breaks the tie"
     rule = next(r for r, p in top if p == pred)
     ans = b8(pred)
     status = "solved" if len(votes) == 1 else "ambiguous"
-    reason = "" if status == "solved" else f"{len(top)} equally simple rules give {len(votes)} answers"
+    reason = "" if status == "solved" else f"{len(top)} equally simple rules give {len(votes)} answers" + reason
     return Solution(ans, status, finish(rule_trace(rule, q), ans), CATEGORY, "", reason, METHODS[best[0]],
                     {"rule": rule})
 
@@ -554,7 +564,7 @@ def solve(prompt: str) -> Solution:
     y = np.array([b for _, b in ex], dtype=np.uint8)
     found = consistent_rules(x, y, q)
     if found:
-        return _pick(found, q)
+        return _pick(found, q, ex)
     xs_, ys_ = [a for a, _ in ex], [b for _, b in ex]
     lin = xor_of_copies(xs_, ys_, q)
     if lin is not None:
@@ -562,7 +572,7 @@ def solve(prompt: str) -> Solution:
                         {"xor": lin[2]})
     found = table_rules(x, y, q, k=4)
     if found:
-        return _pick(found, q)
+        return _pick(found, q, ex)
     af = affine(xs_, ys_, q)
     if af is not None:
         return Solution(af[0], "solved", finish(af[1], af[0]), CATEGORY, "", "", "affine per bit")
@@ -635,9 +645,16 @@ def make_prompt(examples: list[tuple[int, int]], query: int) -> str:
     return "\n".join(lines) + f"\n\nNow, determine the output for: {b8(query)}"
 
 
-def generate_one(rng: random.Random, n_examples: int = 8, complexity: int = 2, **_):
+def generate_one(rng: random.Random, n_examples: int = 8, complexity: int = 2, layout: int = 0, **_):
     """(prompt, answer, subtype); `complexity` 1-8 is the rule level (see module docstring; at 7,
-    an XOR of 4 or 5 copies, maybe NOT)."""
+    an XOR of 4 or 5 copies, maybe NOT). `layout=1` draws from the competition's layout instead (`random_layout`:
+    one function of up to three shifted copies, `complexity` ignored)."""
+    if int(layout):
+        cps, table = random_layout(rng)
+        f = lambda v: layout_apply(cps, table, v)  # noqa: E731
+        xs = rng.sample(range(256), int(n_examples) + 1)
+        q = xs.pop()
+        return make_prompt([(v, f(v)) for v in xs], q), b8(f(q)), ""
     while True:
         rule = random_rule(rng, int(complexity))
         if canonical(rule):
@@ -646,3 +663,76 @@ def generate_one(rng: random.Random, n_examples: int = 8, complexity: int = 2, *
     q = xs.pop()
     ex = [(v, apply_rule(rule, v)) for v in xs]
     return make_prompt(ex, q), b8(apply_rule(rule, q)), ""
+
+
+# ---------------------------------------------------------------- the competition's layout, for the derivation
+
+SHIFT_KINDS = ("rotl", "shl", "shr")  # out bit p = F(rotl(x, a)[p], shl(x, b)[p], shr(x, c)[p])
+
+
+def shift_copy(kind: str, k: int, v: int) -> int:
+    """rotl k (k = 0 is x itself), shl k or shr k of an 8-bit int."""
+    if kind == "rotl":
+        return ((v << k) | (v >> (8 - k))) & 255 if k else v
+    return (v << k) & 255 if kind == "shl" else v >> k
+
+
+def shift_name(kind: str, k: int) -> str:
+    return "x" if kind == "rotl" and k == 0 else f"{kind}{k}"
+
+
+def shift_tables(x: list[int], y: list[int], q: int):
+    """Every layout `out bit p = F(copies at p)` with copies a subset of (rotl a, shl b, shr c), a in 0..7,
+    b and c in 1..7, one copy of each kind at most, whose table F (key: the copies' bits at p, MSB first
+    in kind order) no example contradicts. -> [(copies [(kind, k)], table {key: bit}, prediction,
+    keys the query needs that no example shows)], fewest copies first, then a, b, c ascending; an unshown
+    key reads 0 (the stated default)."""
+    from itertools import product
+
+    def keys(v, cps):
+        bits = [b8(shift_copy(kd, k, v)) for kd, k in cps]
+        return ["".join(s[p] for s in bits) for p in range(8)]
+
+    out = []
+    choices = [[None] + [("rotl", a) for a in range(8)], [None] + [("shl", b) for b in range(1, 8)],
+               [None] + [("shr", c) for c in range(1, 8)]]
+    combos = [tuple(c for c in cs if c) for cs in product(*choices)]
+    combos = sorted({c for c in combos if c}, key=lambda cs: (len(cs), [SHIFT_KINDS.index(k) for k, _ in cs],
+                                                             [k for _, k in cs]))
+    for cps in combos:
+        table, ok = {}, True
+        for xv, yv in zip(x, y):
+            for k, bit in zip(keys(xv, cps), b8(yv)):
+                if table.setdefault(k, bit) != bit:
+                    ok = False
+                    break
+            if not ok:
+                break
+        if not ok:
+            continue
+        qk = keys(q, cps)
+        unseen = sorted({k for k in qk if k not in table})
+        out.append((list(cps), table, "".join(table.get(k, "0") for k in qk), unseen))
+    return out
+
+
+def layout_apply(cps, table: int, v: int) -> int:
+    """out bit p = bit `key` of `table`, key the copies' bits at p (first copy the key's top bit)."""
+    bits = [b8(shift_copy(kd, k, v)) for kd, k in cps]
+    return int("".join(str(table >> int("".join(s[p] for s in bits), 2) & 1) for p in range(8)), 2)
+
+
+def random_layout(rng: random.Random):
+    """A rule of the competition's layout: 1 to 3 of (rotl a, shl b, shr c), a in 0..7 (0: x), b and c in 1..7,
+    and a table F that depends on every copy and gives neither a constant nor a single copy on all 256 inputs."""
+    while True:
+        kinds = sorted(rng.sample(SHIFT_KINDS, rng.choice((1, 2, 2, 3, 3))), key=SHIFT_KINDS.index)
+        cps = [(kd, rng.randrange(8) if kd == "rotl" else rng.randrange(1, 8)) for kd in kinds]
+        m = len(cps)
+        table = rng.randrange(1, 2 ** 2 ** m - 1)
+        keys = range(2 ** m)
+        if not all(any(table >> k & 1 != table >> (k ^ 1 << j) & 1 for k in keys) for j in range(m)):
+            continue  # F ignores a copy
+        outs = {layout_apply(cps, table, v) for v in range(256)}
+        if len(outs) > 4:
+            return cps, table

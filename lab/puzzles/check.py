@@ -12,6 +12,9 @@ is one lowercase word and digits (`ex3:`, `q:`) that the checker ignores, and BO
   recall VALUE          a value the trace recalls rather than derives (a bits rule's mask, a cipher word
                         taken from the word list); it becomes available. Counted per category.
   note TEXT             prose; checked for nothing, and nothing in it becomes available.
+Bit tables: `keys` (the copies' bits per position), `pairs` (`key:bit` per position), `table = ...` (every
+pair written so far, one bit per key, else it fails), `default KEY = KEY:0` (only for a key no pair shows) and
+`read KEYS = BITS` (each key's bit from an available pair).
 
 Numbers: `add sub mul div sq mid max min median` compute exactly (fractions) and accept RESULT when it is
 the exact value rounded to RESULT's own number of decimals (`div 14.915 0.93845 = 15.89322819`). After the
@@ -176,7 +179,8 @@ OPS = {  # name -> function of the argument strings, giving the RESULT string
     "letter": _letter, "fits": _fits,
     "pick": _pick, "parity": _parity, "flip": _flip,
 }
-STATEFUL = {"decode", "encode", "read"}
+STATEFUL = {"decode", "encode", "read", "table", "default"}
+PAIR_RE = re.compile(r"^[01]{1,4}:[01]$")
 
 
 def _decimals(v: str) -> int:
@@ -276,6 +280,20 @@ class Replay:
                     raise Fail(f"key {k} is shown by no example (or with both bits)")
                 out += hits[0]
             return out
+        if op == "table":  # every `key:bit` pair written so far, one bit per key, keys in order
+            pairs = sorted(v for v in self.values if PAIR_RE.match(v))
+            keys = [p.split(":")[0] for p in pairs]
+            clash = sorted({k for k in keys if keys.count(k) > 1})
+            if args or clash:
+                raise Fail("`table` takes no arguments" if args else f"key {clash[0]} is shown with both bits")
+            return " ".join(pairs)
+        if op == "default":  # the stated default for a key no example shows: it reads 0
+            if len(args) != 1:
+                raise Fail("`default` takes one key")
+            (k,) = args
+            if any(self.available(f"{k}:{b}") for b in "01"):
+                raise Fail(f"key {k} is shown by an example: no default")
+            return f"{k}:0"
         (s,) = args
         if op == "decode":
             missing = [c for c in s if c not in self.symbols]

@@ -4,14 +4,17 @@
 the two styles differ in the trace only. Every line follows `lab.puzzles.check`'s grammar (an operation
 on values written in the prompt or in earlier lines, a copy, a comparison, a declared recall), so
 `python -m lab.puzzles check` replays it. Per category:
-  bits        screen: the 22 copies of `bits.T_NAMES`, in that order, each computed on the examples in
-              turn and compared with the output and with NOT output until one example rejects it; the
-              first copy no example rejects is the rule. When none survives (a rule of two or more
-              copies, the search is thousands of candidates) the trace says so, names the solver's rule
-              (a note: recall) and verifies it on every example, step by step, before applying it to the
-              query. Tables of three or four copies: per example the keys (the copies' bits per position)
-              and the `key:bit` pairs they show; the query reads its keys from those pairs. Written in
-              binary: hex nibbles would hide the shifts' carries, and 8 bits are 8 tokens.
+  bits        the competition's layout (`_bits_layout`): each output bit is one function F of the bits at
+              its position of up to three copies, rotl a, shl b, shr c. A `note choose` line states the
+              copies (the fewest, then the smallest shifts, among the layouts no example contradicts that
+              give the answer: stated, not searched on the page); per example the copies, their keys and
+              the `key:bit` pairs; `table` collects F (one bit per key, checked); the query's keys are
+              read from it, a key no example shows reading 0 (`default`). F is never named. A puzzle no
+              layout answers keeps the older trace: the 22 copies of `bits.T_NAMES` screened on the
+              examples until one example rejects each; the first survivor is the rule, and when none
+              survives the trace names the solver's rule (a note: recall) and verifies it on every example
+              before applying it (tables of three or four copies: keys, pairs, read). Written in binary:
+              hex would hide the bit positions the shifts and keys work on.
   equations   numeric: the query operator's candidate meanings, modes `plain` then `reversed`, meanings
               in `equations.MEANINGS` order, each computed on that operator's examples in turn until one
               rejects it; the first that no example rejects is kept when it gives the solver's answer (for a
@@ -122,6 +125,9 @@ def _bits(prompt: str, sol: Solution) -> list[str]:
     rule = d.get("rule")
     if "xor" in d:
         rule = ("xor", *d["xor"])
+    layout = _bits_layout(ex, q, sol.answer)
+    if layout is not None:
+        return layout
     if rule is None and sol.method in ("affine per bit", "per bit"):
         return _bits_per_bit(sol, ex, q)
     if rule is None:
@@ -173,6 +179,49 @@ def _bits(prompt: str, sol: Solution) -> list[str]:
     v = _bits_value(rule, q, "q", lines)
     if rule[0] == "const":
         lines.append(f"copy {v}")
+    return lines
+
+
+def _bits_layout(ex, q, answer: str) -> list[str] | None:
+    """The competition's layout: each output bit is one function F of the bits at its position of up to
+    three copies (rotl a, shl b, shr c). The copies are chosen (one `note choose` line: the fewest copies,
+    then the smallest shifts, among the layouts no example contradicts that give the answer), then per example
+    the copies, their keys (the copies' bits per position) and the `key:bit` pairs; `table` collects the pairs
+    (one bit per key, checked); the query's keys are read from it. A key no example shows reads 0 (`default`).
+    None when no layout gives the answer (the caller falls back to the rule search)."""
+    from .bits import b8, shift_copy, shift_name, shift_tables
+
+    fits = [f for f in shift_tables([a for a, _ in ex], [b for _, b in ex], q) if f[2] == answer]
+    if not fits:
+        return None
+    cps, _, _, unseen = min(fits, key=lambda f: bool(f[3]))  # sorted already; a fit needing no default first
+    names = [shift_name(kd, k) for kd, k in cps]
+    lines = ["note each output bit is one function F of the bits at its position of rotl a, shl b and shr c "
+             "(some may be absent); read F as a table from the examples; a key no example shows reads 0",
+             f"note choose {' '.join(names)}"]
+
+    def keys(v, tag):
+        vals = []
+        for (kd, k), nm in zip(cps, names):
+            out = b8(shift_copy(kd, k, v))
+            if nm != "x":
+                lines.append(f"{tag}: {nm} {b8(v)} = {out}")
+            vals.append(out)
+        ks = " ".join("".join(s[p] for s in vals) for p in range(8))
+        lines.append(f"{tag}: keys {' '.join(vals)} = {ks}")
+        return ks
+
+    table = {}
+    for n, (xv, yv) in enumerate(ex, 1):
+        ks = keys(xv, f"ex{n}")
+        prs = [f"{k}:{b}" for k, b in zip(ks.split(), b8(yv))]
+        lines.append(f"ex{n}: pairs {ks} {b8(yv)} = " + " ".join(prs))
+        table.update(dict(p.split(":") for p in prs))
+    lines.append("table = " + " ".join(f"{k}:{table[k]}" for k in sorted(table)))
+    ks = keys(q, "q")
+    for k in unseen:
+        lines.append(f"q: default {k} = {k}:0")
+    lines.append(f"q: read {ks} = " + "".join(table.get(k, "0") for k in ks.split()))
     return lines
 
 
