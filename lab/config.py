@@ -301,7 +301,7 @@ CHECKS = {
     "grpo.save_steps": (1, None, ""), "grpo.logging_steps": (1, None, ""),
     "infer.max_tokens": (1, None, ""), "infer.max_model_len": (1, None, ""),
     "infer.batch_size": (1, None, ""), "infer.temperature": (0, None, ""),
-    "infer.top_p": (0, 1, ">"), "infer.max_lora_rank": (1, "max_lora_rank", ""),
+    "infer.top_p": (0, 1, ">"), "infer.max_lora_rank": (1, "max_lora_rank", ""), "infer.tensor_parallel_size": (1, None, ""),
     "model.max_model_len": (1, None, ""),
     "vote.k": (1, None, ""), "vote.temperature": (0, None, ""), "vote.top_p": (0, 1, ">"),
     "data.val_fraction": (0, 1, ""), "data.explore_max": (1, None, ""),

@@ -33,8 +33,15 @@ def overrides_from(argv: list[str] | None) -> tuple[list[str], bool]:
     return [a for a in args if a != "--no-eval"], no_eval
 
 
-def check_world(env=os.environ) -> None:
-    """Refuse `accelerate launch --cpu --num_processes N` (N > 1): it starts ONE process.
+def check_world(env=os.environ, cuda: bool = True) -> None:
+    """Refuse two launches that would silently run something else than asked.
+
+    `accelerate launch --use_fsdp` without a GPU: accelerate 1.15 turns FSDP on only for GPU-like distributed
+    types (accelerate/state.py, AcceleratorState: MULTI_CPU is not among them), so the run is plain DDP, and
+    transformers loads zeros on the ranks > 0 (modeling_utils.py, `is_fsdp_enabled()`), left to DDP's broadcast.
+    FSDP2 itself works on CPU/gloo (torch `fully_shard`, tests/fsdp2_probe.py); accelerate does not apply it there.
+
+    `accelerate launch --cpu --num_processes N` (N > 1): it starts ONE process.
 
     accelerate 1.15 sends `--cpu` to its simple launcher (accelerate/commands/launch.py, `launch_command`),
     which starts several processes only through `mpirun` (`--mpirun_hostfile`); otherwise it starts one
@@ -49,6 +56,9 @@ def check_world(env=os.environ) -> None:
                        "CPU processes only through mpirun). Launch N CPU processes with `accelerate launch --multi_gpu "
                        "--num_processes N ...` on a machine without GPUs (or CUDA_VISIBLE_DEVICES=''), or torchrun; "
                        "see docs/scaling.md")
+    if not cuda and env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        raise LabError("accelerate launch --use_fsdp without a GPU: accelerate 1.15 applies FSDP only on GPUs and would "
+                       "run plain DDP; launch without --use_fsdp on CPU (docs/scaling.md)")
 
 
 def open_stage(name: str, overrides: list[str]):
@@ -61,7 +71,12 @@ def open_stage(name: str, overrides: list[str]):
     from lab import data, models
     from lab.config import Stage
 
-    check_world()
+    check_world(cuda=torch.cuda.is_available())
+    if not torch.cuda.is_available():
+        # accelerate names a CPU rank's device `cpu:0` (state.py, set_device); the Trainer then resumes the optimizer
+        # with torch.load(map_location=cpu:0), which torch refuses ("don't know how to restore data location ...
+        # cpu:0"; transformers trainer.py, _load_optimizer_and_scheduler). Plain `cpu` is the same device.
+        os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
     # On a GPU this sets the process's CUDA device, so lab.models.load's "cuda" is the local GPU. Without one,
     # cpu=True is what makes accelerate join the launched processes in a gloo group (MULTI_CPU); the
     # default would leave each process alone (DistributedType.NO), every one training and writing by itself.
