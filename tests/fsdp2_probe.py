@@ -3,11 +3,12 @@
     torchrun --nproc_per_node 2 tests/fsdp2_probe.py RUN_DIR     (RUN_DIR/base_model built beforehand)
 
 Every rank builds the same LoRA model (the head's lora_B made non-zero), keeps an unsharded copy as the reference,
-then shards the other with `fully_shard` per NemotronH block and at the root. Checked on every rank, printed as
+then shards the other with `fully_shard` per NemotronH block and at the root; each rank runs its own batch, so the
+ranks route tokens to different experts (the case that hangs FSDP1 with per-expert units, pytorch #126616). Checked on every rank, printed as
 one JSON line per rank: (1) `lab.lora.head_as_linear` on the sharded head, outside any forward, where every weight
 is a DTensor shard, equals the reference (TRL's head gathers with `full_tensor()` there too); (2) one fused-head
 forward and backward (TRL's `add_fused_lm_head`, wrapped by `lab.lora.install_fused_lora_head`) of the sharded
-model gives the reference's loss and, gathered, its lm_head LoRA gradients. Not a test module itself.
+model gives the reference's loss and, gathered, the ranks' mean of the reference's lm_head LoRA gradients. Not a test module itself.
 """
 
 from __future__ import annotations
@@ -43,7 +44,8 @@ def main(run_dir: str) -> None:
     add_fused_lm_head(pm.get_base_model(), outputs=("log_probs", "entropy", "is_top1"))
     lora.install_fused_lora_head(pm)
     ref = copy.deepcopy(pm)
-    ids = tok(["12 + 30 = 42", "7 * 6 = 42"], return_tensors="pt", padding=True)
+    texts = [["12 + 30 = 42", "7 * 6 = 42"], ["XIV in roman numerals", "abc -> cba, xyz -> zyx"]][rank % 2]
+    ids = tok(texts, return_tensors="pt", padding=True)  # each rank its own batch: its own experts routed
     batch = {"input_ids": ids["input_ids"], "attention_mask": ids["attention_mask"],
              "labels": ids["input_ids"].masked_fill(ids["attention_mask"] == 0, -100)}
     x = torch.randn(5, cfg.model.architecture.hidden_size)
@@ -67,7 +69,9 @@ def main(run_dir: str) -> None:
     for name in ("lora_A", "lora_B"):
         g = getattr(head, name)["default"].weight.grad
         g = g.full_tensor() if isinstance(g, DTensor) else g
-        grad_diff = max(grad_diff, (g - getattr(lora.head_lora(ref), name)["default"].weight.grad).abs().max().item())
+        want = getattr(lora.head_lora(ref), name)["default"].weight.grad.clone()
+        dist.all_reduce(want)  # FSDP2 averages the ranks' gradients (reduce-scatter): so does the reference
+        grad_diff = max(grad_diff, (g - want / dist.get_world_size()).abs().max().item())
     print(json.dumps({"rank": rank, "sharded": sharded, "head_as_linear_max_abs": linear_diff,
                       "loss": out.loss.item(), "ref_loss": rout.loss.item(), "grad_max_abs": grad_diff}), flush=True)
     dist.destroy_process_group()
