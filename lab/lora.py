@@ -61,8 +61,9 @@ Not supported (refused with an error): DoRA or a LoRA bias on `lm_head`, MoE rou
 call (Nemotron-H has none), logit soft-capping or scaling (Nemotron-H uses neither), DeepSpeed ZeRO-3 (the
 head's weights are read outside its module; TRL gathers them there, which was never run here). Under FSDP2 the
 head reads every weight through `full_weight` (`DTensor.full_tensor()`, as TRL's head); `cast_lm_head_to_fp32`
-runs the head in float32 outside autocast, as TRL's (GRPOTrainer refuses that flag with a PEFT head itself). Not verified without a GPU: TRL's Triton kernel on the
-concatenated head (the CPU tests run the same computation through lab.trl_cpu).
+runs the head in float32 outside autocast, as TRL's (GRPOTrainer refuses that flag with a PEFT head itself).
+Not verified without a GPU: TRL's Triton kernel on the concatenated head (the CPU tests run the same
+computation through lab.trl_cpu).
 """
 
 from __future__ import annotations
@@ -503,8 +504,8 @@ def install_fused_lora_head(model, temperature: float = 1.0,
             labels = shift_labels
         hidden, labels = hidden.to(head.base_layer.weight.device), labels.to(head.base_layer.weight.device)
         mask = labels != -100
-        no_autocast = torch.autocast(hidden.device.type, enabled=False) if cast_lm_head_to_fp32 else contextlib.nullcontext()
-        with no_autocast:
+        no_autocast = torch.autocast(hidden.device.type, enabled=False) if cast_lm_head_to_fp32 else None
+        with no_autocast or contextlib.nullcontext():
             h, w, b = head_as_linear(head, hidden[mask], fp32=cast_lm_head_to_fp32)
             per_token = tu._ChunkedLogProbFunction.apply(h, w, b, labels[mask], temperature,
                                                          tu._CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, outputs)

@@ -57,8 +57,8 @@ def check_world(env=os.environ, cuda: bool = True) -> None:
                        "--num_processes N ...` on a machine without GPUs (or CUDA_VISIBLE_DEVICES=''), or torchrun; "
                        "see docs/scaling.md")
     if not cuda and env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
-        raise LabError("accelerate launch --use_fsdp without a GPU: accelerate 1.15 applies FSDP only on GPUs and would "
-                       "run plain DDP; launch without --use_fsdp on CPU (docs/scaling.md)")
+        raise LabError("accelerate launch --use_fsdp without a GPU: accelerate 1.15 applies FSDP only on GPUs and "
+                       "would run plain DDP; launch without --use_fsdp on CPU (docs/scaling.md)")
 
 
 def open_stage(name: str, overrides: list[str]):

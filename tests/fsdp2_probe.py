@@ -1,14 +1,15 @@
-"""FSDP2 (torch `fully_shard`) on CPU/gloo with the tiny model and the lab's lm_head LoRA, for tests/test_distributed.py.
+"""FSDP2 (torch `fully_shard`) on CPU/gloo, the tiny model, the lab's lm_head LoRA; for tests/test_distributed.py.
 
     torchrun --nproc_per_node 2 tests/fsdp2_probe.py RUN_DIR     (RUN_DIR/base_model built beforehand)
 
 Every rank builds the same LoRA model (the head's lora_B made non-zero), keeps an unsharded copy as the reference,
-then shards the other with `fully_shard` per NemotronH block and at the root; each rank runs its own batch, so the
-ranks route tokens to different experts (the case that hangs FSDP1 with per-expert units, pytorch #126616). Checked on every rank, printed as
-one JSON line per rank: (1) `lab.lora.head_as_linear` on the sharded head, outside any forward, where every weight
-is a DTensor shard, equals the reference (TRL's head gathers with `full_tensor()` there too); (2) one fused-head
-forward and backward (TRL's `add_fused_lm_head`, wrapped by `lab.lora.install_fused_lora_head`) of the sharded
-model gives the reference's loss and, gathered, the ranks' mean of the reference's lm_head LoRA gradients. Not a test module itself.
+then shards the other with `fully_shard` per NemotronH block and at the root; each rank runs its own batch, so
+the ranks route tokens to different experts (the case that hangs FSDP1 with per-expert units, pytorch #126616).
+Checked on every rank, printed as one JSON line per rank: (1) `lab.lora.head_as_linear` on the sharded head,
+outside any forward, where every weight is a DTensor shard, equals the reference (TRL's head gathers with
+`full_tensor()` there too); (2) one fused-head forward and backward (TRL's `add_fused_lm_head`, wrapped by
+`lab.lora.install_fused_lora_head`) of the sharded model gives the reference's loss and, gathered, the ranks'
+mean of the reference's lm_head LoRA gradients. Not a test module itself.
 """
 
 from __future__ import annotations

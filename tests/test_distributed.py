@@ -35,7 +35,7 @@ GRPO = ["--no-eval", "data.n_train=32", "data.n_val=4", "infer.max_tokens=24", "
         "grpo.pass_rate_k=2", "grpo.drop_threshold=1.0", "grpo.drop_unsolved=false", "grpo.num_generations=2",
         "grpo.prompts_per_step=2", "grpo.mask_truncated_completions=false"]
 # DDP on CPU: the two ranks' gradients are averaged by gloo's all-reduce, one process sums two micro-batches by
-# gradient accumulation; the same float operations up to the order of one addition. Measured: 0 (bit-identical).
+# gradient accumulation; the same float operations up to the order of one addition (docs/scaling.md, section 3).
 TOL = 1e-6
 
 
