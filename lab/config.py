@@ -302,6 +302,7 @@ CHECKS = {
     "infer.max_tokens": (1, None, ""), "infer.max_model_len": (1, None, ""),
     "infer.batch_size": (1, None, ""), "infer.temperature": (0, None, ""),
     "infer.top_p": (0, 1, ">"), "infer.max_lora_rank": (1, "max_lora_rank", ""),
+    "infer.tensor_parallel_size": (1, None, ""),
     "model.max_model_len": (1, None, ""),
     "vote.k": (1, None, ""), "vote.temperature": (0, None, ""), "vote.top_p": (0, 1, ">"),
     "data.val_fraction": (0, 1, ""), "data.explore_max": (1, None, ""),
@@ -495,17 +496,27 @@ def temp_file(path: Path, suffix: str) -> tuple[int, str]:
     return fd, tmp
 
 
+def is_main_process() -> bool:
+    """False on the ranks > 0 of a distributed launch (torchrun / accelerate set RANK); True otherwise."""
+    return os.environ.get("RANK", "0") == "0"
+
+
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, suffix: str = ".tmp"):
     """Yield a temporary file's path beside `path` (`temp_file`: the user's normal permissions) to write; when the
     block ends without an error it is renamed to `path` (readers never see half a file), else it is removed. The
-    one atomic file writer: text, JSON, CSV, PNG figures, the Kaggle source tarball and submission.zip use it."""
+    one atomic file writer: text, JSON, CSV, PNG figures, the Kaggle source tarball and submission.zip use it.
+    Under a distributed launch only the main process writes: on the other ranks (RANK > 0) the temporary file
+    is removed instead of renamed, so the ranks of scripts/train_*.py run the same code and one writes."""
     path = Path(path)
     fd, tmp = temp_file(path, suffix)
     os.close(fd)
     try:
         yield Path(tmp)
-        os.replace(tmp, path)
+        if is_main_process():
+            os.replace(tmp, path)
+        else:
+            Path(tmp).unlink()
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise

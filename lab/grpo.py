@@ -477,6 +477,7 @@ def _check_rollout_backend(backend: str) -> None:
 
 def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer):
     """Select prompts by pass rate, run GRPO, save the adapter; returns (metrics, model, step log)."""
+    import torch
     from trl import GRPOTrainer
 
     from lab import curriculum, trl_cpu
@@ -520,6 +521,10 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         atomic_write_json(out / RUN_RECORD, record)
     else:
         print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
+    if torch.distributed.is_available() and torch.distributed.is_initialized():  # scripts/train_grpo.py, N processes:
+        box = [record]  # every rank trains rank 0's prompt order (its own sampled pass rates could differ)
+        torch.distributed.broadcast_object_list(box, src=0)
+        record = box[0]
     order = [str(i) for i in record["order"]]
     by_id = pool.set_index("id")
     missing = [i for i in order if i not in by_id.index]

@@ -59,8 +59,11 @@ No second loss implementation (TRL's kernel, masking and loss normalisation are 
 generation (`model.generate`, vLLM) is untouched because the module itself is not changed.
 Not supported (refused with an error): DoRA or a LoRA bias on `lm_head`, MoE router logits in the fused
 call (Nemotron-H has none), logit soft-capping or scaling (Nemotron-H uses neither), DeepSpeed ZeRO-3 (the
-head's weights are read outside its module). Not verified without a GPU: TRL's Triton kernel on the
-concatenated head (the CPU tests run the same computation through lab.trl_cpu).
+head's weights are read outside its module; TRL gathers them there, which was never run here). Under FSDP2 the
+head reads every weight through `full_weight` (`DTensor.full_tensor()`, as TRL's head); `cast_lm_head_to_fp32`
+runs the head in float32 outside autocast, as TRL's (GRPOTrainer refuses that flag with a PEFT head itself).
+Not verified without a GPU: TRL's Triton kernel on the concatenated head (the CPU tests run the same
+computation through lab.trl_cpu).
 """
 
 from __future__ import annotations
@@ -415,16 +418,28 @@ def trainer_accepts_head_lora(model):
         del base.get_output_embeddings
 
 
-def head_as_linear(head, x):
+def full_weight(t):
+    """`t` whole: an FSDP2-sharded parameter (a `DTensor`) is gathered with `full_tensor()`, as TRL's fused head does
+    (`trl/trainer/utils.py`, `add_fused_lm_head`); the gather is differentiable, so the gradient reaches the shard."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def head_as_linear(head, x, fp32: bool = False):
     """(hidden, weight, bias) of one linear map equal to the LoRA head applied to `x` ([tokens, hidden]).
 
     `W x + sum_a s_a B_a A_a drop_a(x)` = `[W | B_1 | ...] @ [x ; s_1 A_1 drop_1(x) ; ...]`; both parts in the
-    base weight's dtype (what autocast does to PEFT's own LoRA matmuls in bf16 training).
+    base weight's dtype (what autocast does to PEFT's own LoRA matmuls in bf16 training), or float32 with `fp32`
+    (TRL's `cast_lm_head_to_fp32`). Every weight is read through `full_weight`, and `A` is applied as a plain
+    matmul on that full weight (never through the module), so FSDP2-sharded weights give whole ones.
     """
     import torch
 
     base = head.base_layer
-    xs, ws = [x.to(base.weight.dtype)], [base.weight]
+    w0, bias = full_weight(base.weight), None if base.bias is None else full_weight(base.bias)
+    dtype = torch.float32 if fp32 else w0.dtype
+    xs, ws = [x.to(dtype)], [w0.to(dtype)]
     if not (head.disable_adapters or head.merged):
         for name in head.active_adapters:
             if name not in head.lora_A:
@@ -432,21 +447,27 @@ def head_as_linear(head, x):
             if head.use_dora.get(name) or getattr(head, "lora_bias", {}).get(name):
                 raise LabError(f"lm_head LoRA adapter '{name}': DoRA and LoRA bias on lm_head are not supported by "
                                "lab.lora's fused head; use a plain LoRA")
-            a, b = head.lora_A[name], head.lora_B[name]
-            xs.append((head.scaling[name] * a(head.lora_dropout[name](x.to(a.weight.dtype)))).to(base.weight.dtype))
-            ws.append(b.weight.to(base.weight.dtype))
+            a, b = full_weight(head.lora_A[name].weight), full_weight(head.lora_B[name].weight)
+            ax = torch.nn.functional.linear(head.lora_dropout[name](x.to(a.dtype)), a)
+            xs.append((head.scaling[name] * ax).to(dtype))
+            ws.append(b.to(dtype))
+    bias = None if bias is None else bias.to(dtype)
     if len(xs) == 1:
-        return xs[0], ws[0], base.bias
-    return torch.cat(xs, -1), torch.cat(ws, 1), base.bias
+        return xs[0], ws[0], bias
+    return torch.cat(xs, -1), torch.cat(ws, 1), bias
 
 
 def install_fused_lora_head(model, temperature: float = 1.0,
-                            outputs: tuple[str, ...] = ("log_probs", "entropy", "is_top1")) -> bool:
+                            outputs: tuple[str, ...] = ("log_probs", "entropy", "is_top1"),
+                            cast_lm_head_to_fp32: bool = False) -> bool:
     """Wrap the fused forward TRL installed (call after building the trainer); True if the head has a LoRA.
 
-    `temperature` and `outputs` must be the ones the trainer gave `add_fused_lm_head` (SFT: 1.0 and
-    log_probs/entropy/is_top1; GRPO: its sampling temperature and log_probs/entropy).
+    `temperature`, `outputs` and `cast_lm_head_to_fp32` must be the ones the trainer gave `add_fused_lm_head`
+    (SFT: 1.0, log_probs/entropy/is_top1, no cast; GRPO: its sampling temperature, log_probs/entropy and
+    `GRPOConfig.cast_lm_head_to_fp32`, which TRL 1.15's GRPOTrainer itself refuses for a PEFT head in `__init__`).
+    With the cast, the head runs in float32 outside autocast, as TRL's does.
     """
+    import torch
     import trl.trainer.utils as tu
 
     if head_lora(model) is None:
@@ -459,7 +480,8 @@ def install_fused_lora_head(model, temperature: float = 1.0,
 
     if is_deepspeed_zero3_enabled():
         raise LabError("lm_head LoRA under DeepSpeed ZeRO-3: lab.lora reads the head's weights outside its module, "
-                       "where ZeRO-3 leaves them sharded; use accelerate=ddp or deepspeed_zero2, or drop lm_head")
+                       "where ZeRO-3 leaves them sharded, and its gather (TRL's maybe_gather_lm_head_ctx) was never "
+                       "run here (no DeepSpeed, no GPU); use ddp or deepspeed_zero2, or drop lm_head (docs/scaling.md)")
     tc = base.config.get_text_config()
     for key in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling"):
         if getattr(tc, key, None) not in (None, 1.0):
@@ -482,9 +504,11 @@ def install_fused_lora_head(model, temperature: float = 1.0,
             labels = shift_labels
         hidden, labels = hidden.to(head.base_layer.weight.device), labels.to(head.base_layer.weight.device)
         mask = labels != -100
-        h, w, b = head_as_linear(head, hidden[mask])
-        per_token = tu._ChunkedLogProbFunction.apply(h, w, b, labels[mask], temperature,
-                                                     tu._CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, outputs)
+        no_autocast = torch.autocast(hidden.device.type, enabled=False) if cast_lm_head_to_fp32 else None
+        with no_autocast or contextlib.nullcontext():
+            h, w, b = head_as_linear(head, hidden[mask], fp32=cast_lm_head_to_fp32)
+            per_token = tu._ChunkedLogProbFunction.apply(h, w, b, labels[mask], temperature,
+                                                         tu._CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, outputs)
         log_probs, entropy, lssp, mean_logits, is_top1 = (
             None if t is None else t.new_zeros(mask.shape).masked_scatter(mask, t) for t in per_token)
         loss = -log_probs.sum() / (mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch)

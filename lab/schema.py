@@ -179,7 +179,9 @@ class InferConfig:
     max_num_seqs: int = _help("vLLM concurrent sequences")
     max_lora_rank: int = _help("the largest LoRA rank Kaggle's vLLM loads")
     gpu_memory_utilization: float = _help("vLLM memory share")
-    tensor_parallel_size: int = _help("vLLM tensor parallel size (GPUs)")
+    tensor_parallel_size: int = _help("vLLM tensor parallel size: GPUs one evaluation engine spans (the vllm back-end; "
+                                      "e.g. infer.tensor_parallel_size=4 for local evaluation on 4 GPUs). The "
+                                      "scorer's 1 stays in conf/infer/kaggle.yaml, which the submission gate reads")
     enable_prefix_caching: bool = _help("vLLM prefix caching")
     enable_chunked_prefill: bool = _help("vLLM chunked prefill")
     metric_version: str = _help("final: the published metric; legacy: the earlier one (first `}`, binary as floats)")

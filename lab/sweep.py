@@ -380,9 +380,28 @@ def sweep(overrides: list[str], *, name: str = "default", sweep_dir: str | os.Pa
         results = multirun(hydra_overrides(p, sweep_dir, launcher), _Job(stages, force=force))
     except (HydraException, OmegaConfBaseException) as e:
         raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: the sweep could not start: {e}") from None
+    except Exception as e:  # submitit: a job process that died (killed, preempted, out of memory) returned nothing
+        if type(e).__name__ != "UncompletedJobError":
+            raise
+        results = results_on_disk(sweep_dir, str(e).strip().splitlines()[0])
     info.update(finished=_now(), results=results)
     atomic_write_json(sweep_dir / SWEEP_FILE, info)
     return sweep_dir, results
+
+
+def results_on_disk(sweep_dir: Path, why: str) -> list[dict]:
+    """One result per job folder (`job.json`), read from disk: when a submitit job dies, the launcher returns no
+    result for any job. A folder without `done.json` is reported failed; the same command reruns it."""
+    results = []
+    for f in sorted(sweep_dir.rglob(JOB_FILE)):
+        name = f.parent.relative_to(sweep_dir).as_posix()
+        if (f.parent / DONE_FILE).is_file():
+            results.append({"job": name, "status": "finished"})
+        else:
+            results.append({"job": name, "status": "failed", "stage": "died",
+                            "error": f"the job's process ended without a result (killed, preempted or out of memory?): "
+                                     f"{why}"})
+    return results
 
 
 def sweep_main(argv: list[str] | None = None) -> int:

@@ -1,7 +1,9 @@
 """What scripts/train_sft.py and train_grpo.py share under `accelerate launch` (one process per GPU).
 
 - `open_stage`: the main process opens the stage folder and makes the split and the tiny model first
-  (lab.data.prepare / lab.models.model_path write files), the other processes follow;
+  (lab.data.prepare / lab.models.model_path write files), the other processes follow; without a GPU the
+  processes join one gloo group (accelerate's MULTI_CPU), and a launch that asked for several processes but
+  started one is refused (`check_world`);
 - `leave_distributed`: after training (the caller has deleted its training model), the memory is released
   and the process group is torn down so that the main process can evaluate alone (vLLM must not find the
   training model on the GPU, a live process group or the launcher's RANK/WORLD_SIZE);
@@ -31,16 +33,54 @@ def overrides_from(argv: list[str] | None) -> tuple[list[str], bool]:
     return [a for a in args if a != "--no-eval"], no_eval
 
 
+def check_world(env=os.environ, cuda: bool = True) -> None:
+    """Refuse two launches that would silently run something else than asked.
+
+    `accelerate launch --use_fsdp` without a GPU: accelerate 1.15 turns FSDP on only for GPU-like distributed
+    types (accelerate/state.py, AcceleratorState: MULTI_CPU is not among them), so the run is plain DDP, and
+    transformers loads zeros on the ranks > 0 (modeling_utils.py, `is_fsdp_enabled()`), left to DDP's broadcast.
+    FSDP2 itself works on CPU/gloo (torch `fully_shard`, tests/fsdp2_probe.py); accelerate does not apply it there.
+
+    `accelerate launch --cpu --num_processes N` (N > 1): it starts ONE process.
+
+    accelerate 1.15 sends `--cpu` to its simple launcher (accelerate/commands/launch.py, `launch_command`),
+    which starts several processes only through `mpirun` (`--mpirun_hostfile`); otherwise it starts one
+    process and only sets MASTER_ADDR/MASTER_PORT (accelerate/utils/launch.py, `prepare_simple_launcher_cmd_env`).
+    That process would train alone on a per-process batch, silently a different run. `torchrun` and
+    `accelerate launch --multi_gpu` set WORLD_SIZE.
+    """
+    from lab.config import LabError
+
+    if env.get("MASTER_ADDR") and "WORLD_SIZE" not in env and env.get("ACCELERATE_USE_CPU", "").lower() == "true":
+        raise LabError("accelerate launch --cpu --num_processes N started one process (accelerate 1.15 starts several "
+                       "CPU processes only through mpirun). Launch N CPU processes with `accelerate launch --multi_gpu "
+                       "--num_processes N ...` on a machine without GPUs (or CUDA_VISIBLE_DEVICES=''), or torchrun; "
+                       "see docs/scaling.md")
+    if not cuda and env.get("ACCELERATE_USE_FSDP", "").lower() == "true":
+        raise LabError("accelerate launch --use_fsdp without a GPU: accelerate 1.15 applies FSDP only on GPUs and "
+                       "would run plain DDP; launch without --use_fsdp on CPU (docs/scaling.md)")
+
+
 def open_stage(name: str, overrides: list[str]):
     """(PartialState, Stage, cfg): the main process first (split, tiny model), then the others."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    import torch
     from accelerate import PartialState
 
     from lab import data, models
     from lab.config import Stage
 
-    state = PartialState()  # sets this process's CUDA device, so lab.models.load's "cuda" is the local GPU
+    check_world(cuda=torch.cuda.is_available())
+    if not torch.cuda.is_available():
+        # accelerate names a CPU rank's device `cpu:0` (state.py, set_device); the Trainer then resumes the optimizer
+        # with torch.load(map_location=cpu:0), which torch refuses ("don't know how to restore data location ...
+        # cpu:0"; transformers trainer.py, _load_optimizer_and_scheduler). Plain `cpu` is the same device.
+        os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
+    # On a GPU this sets the process's CUDA device, so lab.models.load's "cuda" is the local GPU. Without one,
+    # cpu=True is what makes accelerate join the launched processes in a gloo group (MULTI_CPU); the
+    # default would leave each process alone (DistributedType.NO), every one training and writing by itself.
+    state = PartialState(cpu=not torch.cuda.is_available())
     with state.main_process_first():
         stage = Stage(name, overrides)
         data.prepare(stage.cfg)

@@ -1,4 +1,4 @@
-"""03_grpo as a script, for `accelerate launch` on several GPUs (DDP, DeepSpeed ZeRO-2/3; scripts/accelerate/).
+"""03_grpo as a script, for `accelerate launch` on several GPUs (docs/scaling.md).
 
     accelerate launch --config_file scripts/accelerate/ddp.yaml --num_processes 8 \
         scripts/train_grpo.py model=nemotron_nano data=competition run_name=sft8

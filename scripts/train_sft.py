@@ -1,4 +1,4 @@
-"""02_sft as a script, for `accelerate launch` on several GPUs (DDP, DeepSpeed ZeRO-2/3; scripts/accelerate/).
+"""02_sft as a script, for `accelerate launch` on several GPUs (docs/scaling.md).
 
     accelerate launch --config_file scripts/accelerate/ddp.yaml --num_processes 8 \
         scripts/train_sft.py model=nemotron_nano data=competition run_name=sft8

@@ -115,19 +115,6 @@ def test_sweep_rerun_skips_finished_and_reruns_failed(failed_sweep):
     assert r.returncode == 2 and "fixed overrides" in r.stderr
 
 
-@pytest.mark.slow
-def test_submitit_local_launcher_runs_a_job(tmp_path):
-    d = tmp_path / "sub"
-    r = lab_cli("sweep", "--name", "sub", "--dir", str(d), "--smoke", "--stages", "01_explore",
-                "--launcher", "submitit_local", "--no-report")
-    assert r.returncode == 0, r.stdout[-3000:] + r.stderr[-3000:]
-    job_dir = d / "default"  # nothing swept: one job
-    assert (job_dir / "done.json").is_file() and (job_dir / "01_explore" / "metrics.json").is_file()
-    assert any((d / ".submitit").rglob("*_result.pkl"))  # it really went through submitit
-    job = json.loads((job_dir / "job.json").read_text())
-    assert job["status"] == "finished" and job["pid"] != os.getpid()
-
-
 # ---------------------------------------------------------------------------------------------
 # planning the sweep (no jobs run)
 # ---------------------------------------------------------------------------------------------
