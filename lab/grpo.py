@@ -130,8 +130,8 @@ def schedule(order: Sequence[str], n_rows: int, shuffle: bool, seed: int) -> lis
 
 
 def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, budget: int | None = None) -> pd.DataFrame:
-    """k samples per training prompt from the in-memory model (transformers back-end, `grpo.temperature`,
-    the GRPO budget) -> [id, n, correct, pass_rate]."""
+    """k samples per training prompt from the in-memory model (transformers back-end, `grpo.temperature` and
+    `grpo.top_p` as the rollouts sample, the GRPO budget) -> [id, n, correct, pass_rate]."""
     from lab.curriculum import estimate_pass_rates
     from lab.generate import Generator, sample_table
 
@@ -141,7 +141,7 @@ def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, bu
     gcfg = OmegaConf.merge(cfg, over)
     gen = Generator(gcfg, model=model, tokenizer=tokenizer)
     samples = sample_table(gen, puzzles, n=cfg.grpo.pass_rate_k, temperature=cfg.grpo.temperature,
-                           progress=True)
+                           top_p=cfg.grpo.top_p, progress=True)
     return estimate_pass_rates(samples)
 
 
@@ -152,6 +152,27 @@ def check_backend(cfg: DictConfig) -> str:
     if backend not in ROLLOUT_BACKENDS:
         raise LabError(f"conf/grpo: rollout_backend={backend!r} is not one of {', '.join(ROLLOUT_BACKENDS)}")
     return backend
+
+
+def micro_batch(cfg: DictConfig) -> tuple[int, int]:
+    """(completions per training micro-step, micro-steps per optimiser step) for one process.
+
+    One optimiser step covers `prompts_per_step x num_generations` completions per process (the whole group of
+    every prompt); `grpo.per_device_train_batch_size` of them go through one forward/backward (null: all at once).
+    TRL 1.15 (`GRPOConfig.__post_init__`, trl/trainer/grpo_config.py) derives `generation_batch_size =
+    per_device_train_batch_size x processes x steps_per_generation`; with `steps_per_generation =
+    gradient_accumulation_steps` = the second value here, one generation round is one optimiser step, the
+    advantages are normalised over whole groups (`_generate_and_score_completions` sees the full generation batch),
+    and the default `dapo` loss divides by the generation batch's token count rescaled to one accumulation window
+    (`_compute_loss`, trl/trainer/grpo_trainer.py), so the summed micro-steps give the loss of the one big step."""
+    g = cfg.grpo
+    group = g.prompts_per_step * g.num_generations
+    m = group if g.per_device_train_batch_size is None else int(g.per_device_train_batch_size)
+    if not 1 <= m <= group or group % m:
+        raise LabError(f"conf/grpo: per_device_train_batch_size={m} must divide prompts_per_step x num_generations "
+                       f"= {g.prompts_per_step} x {g.num_generations} = {group} (the completions of one optimiser "
+                       "step), or be null (all of them in one micro-step)")
+    return m, group // m
 
 
 def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
@@ -165,9 +186,10 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
     from lab.config import tracking_args
 
     g = cfg.grpo
+    micro, accum = micro_batch(cfg)
     kw = dict(
         output_dir=str(output_dir), max_steps=g.max_steps, learning_rate=g.learning_rate,
-        per_device_train_batch_size=g.prompts_per_step * g.num_generations, gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=accum, steps_per_generation=accum,
         num_generations=g.num_generations, max_completion_length=int(max_completion_length),
         temperature=g.temperature, top_p=g.top_p, top_k=0, beta=g.beta,
         reward_weights=[float(w) for w in reward_weights], mask_truncated_completions=g.mask_truncated_completions,
@@ -187,14 +209,18 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
 
 def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
               cuda: bool | None = None):
-    """GRPOConfig from `conf/grpo` (constructing it never imports vLLM)."""
+    """GRPOConfig from `conf/grpo` (constructing it never imports vLLM); TRL's own checks run here (`train` builds
+    it before any sampling), and what they refuse is a LabError."""
     from trl import GRPOConfig
 
     kw = grpo_kwargs(cfg, output_dir, max_completion_length, reward_weights, cuda)
     unknown = sorted(set(kw) - {f.name for f in dataclasses.fields(GRPOConfig)})
     if unknown:
         raise LabError(f"the installed TRL's GRPOConfig has no field(s) {unknown}; lab.grpo targets trl==1.15")
-    return GRPOConfig(**kw)
+    try:
+        return GRPOConfig(**kw)
+    except ValueError as e:
+        raise LabError(f"conf/grpo: TRL's GRPOConfig refuses these settings: {e}") from None
 
 
 # ---- callbacks ----------------------------------------------------------------------------------
@@ -495,6 +521,14 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     pool = pool.assign(id=pool["id"].astype(str)).reset_index(drop=True)
     budget = max_completion_length(cfg, tokenizer, pool["prompt"].tolist())
     out = stage.path("checkpoints")
+    funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
+                           truncation="mask" if g.mask_truncated_completions else "penalise")
+    spread = None
+    names = [f.__name__ for f in funcs]
+    if "correctness" in names:
+        i = names.index("correctness")
+        funcs[i] = spread = GroupSpread(funcs[i], g.num_generations)
+    args = grpo_args(cfg, out, budget, weights)  # TRL's own checks, before the costly pass-rate sampling
     fp = fingerprint(cfg, pool["id"].tolist(), model, budget)
     last, record, notes = resume_point(cfg, out, fp)
     for n in notes:
@@ -525,14 +559,6 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     missing = [i for i in order if i not in by_id.index]
     if missing:
         raise LabError(f"{out / RUN_RECORD}: prompt ids {missing[:5]} are not in this run's pool")
-    funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
-                           truncation="mask" if g.mask_truncated_completions else "penalise")
-    spread = None
-    names = [f.__name__ for f in funcs]
-    if "correctness" in names:
-        i = names.index("correctness")
-        funcs[i] = spread = GroupSpread(funcs[i], g.num_generations)
-    args = grpo_args(cfg, out, budget, weights)
     # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps
     ids = schedule(order, max_steps * per_step * int(args.world_size), shuffle=not g.curriculum,
                    seed=cfg.seed)

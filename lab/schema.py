@@ -110,6 +110,10 @@ class GrpoConfig:
                                  "second copy of the base weights)")
     num_generations: int = _help("completions per prompt (the group)")
     prompts_per_step: int = _help("distinct prompts per optimiser step")
+    per_device_train_batch_size: Optional[int] = _help(
+        "completions per training micro-step (one forward/backward); must divide prompts_per_step x num_generations, "
+        "and gradient accumulation makes up the rest so one optimiser step still covers every group "
+        "(lab.grpo.micro_batch); null: all of a step's completions in one micro-step")
     max_steps: int = _help("optimiser steps")
     learning_rate: float = _help("learning rate (constant schedule)")
     beta: float = _help("KL coefficient (0: no reference model, no KL term; >0: TRL keeps a frozen copy of the "
