@@ -224,15 +224,24 @@ def load_tokenizer(cfg: DictConfig):
 
 
 def load(cfg: DictConfig, adapter: str | os.PathLike | None = None, trainable: bool = False):
-    """(model, tokenizer) on the configured device; `adapter` attaches a saved LoRA adapter."""
+    """(model, tokenizer) on the configured device; `adapter` attaches a saved LoRA adapter.
+
+    The weights load straight onto the device: transformers 5.17's `from_pretrained(device_map=...)`
+    (modeling_utils.py, integrations/accelerate.py `check_and_set_device_map`) turns a device name into
+    `{"": device}` ("cuda" into this process's `cuda:LOCAL_RANK`), builds the model on the meta device and
+    writes each tensor to that device as it is read, so the 59 GiB of the real model never sit in host RAM
+    first (as they did with `from_pretrained(...)` then `.to(device)`). With one device no accelerate hooks
+    are added (`accelerate_dispatch` runs only for several devices or disk offload). Under DeepSpeed ZeRO-3
+    transformers refuses a device_map, so none is passed there."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.integrations import is_deepspeed_zero3_enabled
 
     path = model_path(cfg)
     tok = load_tokenizer(cfg)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.model.dtype),
+                                                 device_map=None if is_deepspeed_zero3_enabled() else device(cfg),
                                                  trust_remote_code=cfg.model.trust_remote_code)
-    model.to(device(cfg))
     if adapter is not None:
         from peft import PeftModel
 
