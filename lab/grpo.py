@@ -9,7 +9,9 @@ zero-variance groups is checked against `grpo.*_warn_share` and warned about in 
 `grpo.resume` continues from the newest checkpoint only when the run's fingerprint matches;
 `grpo.refine` trains on refinements of the best of a first round of drafts (after iGRPO,
 arXiv:2602.09000); `grpo.rollout_backend` is `hf` (transformers) or `vllm` (TRL's colocate mode, which
-holds a second copy of the base weights: see the README's GRPO section).
+holds a second copy of the base weights: see the README's GRPO section; refused for Nemotron-H, `check_backend`).
+One optimiser step covers `prompts_per_step x num_generations` completions per process, `per_device_train_batch_size`
+of them per forward/backward (`micro_batch`); GRPOConfig is built, and TRL's checks run, before pass-rate sampling.
 
 What it simplifies:
 1. One adapter trained in place; TRL's reference (beta > 0) is its starting copy, deleted before saving.
@@ -28,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import warnings
@@ -147,10 +150,51 @@ def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, bu
 
 # ---- GRPOConfig -------------------------------------------------------------------------------
 
+def base_model_type(cfg: DictConfig) -> str | None:
+    """The base model's `model_type` without loading it: nemotron_h for the tiny model (`lab.models.build_tiny`
+    builds a NemotronHForCausalLM), else its config.json (local folder, Kaggle mount or Hub cache); None if unknown."""
+    if cfg.model.build_tiny:
+        return "nemotron_h"
+    from lab.models import model_path
+
+    try:
+        path = model_path(cfg)
+    except LabError:
+        return None
+    if os.path.isdir(path):
+        found = os.path.join(path, "config.json")
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(path, "config.json")
+    try:
+        return json.loads(Path(found).read_text()).get("model_type") if isinstance(found, str) else None
+    except (OSError, ValueError):
+        return None
+
+
 def check_backend(cfg: DictConfig) -> str:
+    """`grpo.rollout_backend`, refused where it cannot be exact.
+
+    vllm (TRL's colocate mode) is refused for Nemotron-H, every model this lab builds or loads (also when the model
+    type cannot be read): TRL 1.15 feeds the engine merged weights at every sync (`_iter_named_params`,
+    trl/generation/vllm_generation.py: `model.merge_adapter()`, stream every base weight, `model.unmerge_adapter()`),
+    and PEFT 0.21 merges with `weight += delta` and unmerges with `weight -= delta` in the weights' own dtype
+    (`Linear.merge` / `ParamWrapper.merge` and `unmerge`, peft/tuners/lora/layer.py). In bf16, (W + d) - d is not W:
+    every sync leaves rounding drift in the frozen base weights the trainer goes on using, and it accumulates over
+    the run (for the tiny fp32 model the drift is smaller, never zero). Handing vLLM the packed adapter through a
+    `LoRARequest` each step (no merge) would need TRL's generation replaced, as TRL 1.15 has no hook for a LoRA
+    request, so it is not offered. On one GPU use rollout_backend=hf: transformers generates from the in-memory PEFT
+    model with the adapter unmerged, exactly the weights being trained."""
     backend = cfg.grpo.rollout_backend
     if backend not in ROLLOUT_BACKENDS:
         raise LabError(f"conf/grpo: rollout_backend={backend!r} is not one of {', '.join(ROLLOUT_BACKENDS)}")
+    if backend == "vllm" and base_model_type(cfg) in ("nemotron_h", None):
+        raise LabError("conf/grpo: rollout_backend=vllm is refused for Nemotron-H: TRL 1.15 feeds its colocated vLLM "
+                       "merged weights at every sync, and PEFT merges and unmerges the LoRA with += / -= in bf16, so "
+                       "each sync leaves rounding drift in the base weights the trainer keeps using (lab.grpo."
+                       "check_backend). Use grpo.rollout_backend=hf: transformers generates from the in-memory adapter, "
+                       "unmerged and exact, on one GPU")
     return backend
 
 

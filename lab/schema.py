@@ -106,8 +106,9 @@ class GrpoConfig:
 
     init_adapter: str = _help("the SFT adapter to start from")
     adapter_dir: str = _help("where the trained adapter is saved (04_vote reads it)")
-    rollout_backend: str = _help("hf: transformers generate (CPU/GPU); vllm: TRL's colocated vLLM (GPU; it holds a "
-                                 "second copy of the base weights)")
+    rollout_backend: str = _help("hf: transformers generate from the in-memory adapter (CPU/GPU); vllm: TRL's colocated "
+                                 "vLLM (GPU; a second copy of the base weights, fed merged weights: refused for "
+                                 "Nemotron-H, lab.grpo.check_backend)")
     num_generations: int = _help("completions per prompt (the group)")
     prompts_per_step: int = _help("distinct prompts per optimiser step")
     per_device_train_batch_size: Optional[int] = _help(
