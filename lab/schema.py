@@ -216,6 +216,9 @@ class KaggleConfig:
                                         "version (model_sources of the kernel); null or '': attach no model")
     machine_shape: Optional[str] = _help("the accelerator of a GPU kernel (kernel-metadata.json machine_shape, as "
                                          "`kaggle kernels push --accelerator`); null or '': Kaggle's default")
+    python_version: str = _help("the Python (major.minor) of Kaggle's image: the dependency wheels are fetched for it "
+                                "(`kaggle dataset --fetch-wheels`), scripts/build_mamba_wheels.sh builds for it, and a "
+                                "built kernel's install cell stops when the image runs another")
 
 
 @dataclass
