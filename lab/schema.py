@@ -184,6 +184,11 @@ class InferConfig:
     max_num_seqs: int = _help("vLLM concurrent sequences")
     max_lora_rank: int = _help("the largest LoRA rank Kaggle's vLLM loads")
     gpu_memory_utilization: float = _help("vLLM memory share")
+    local_gpu_memory_utilization: Optional[float] = _help(
+        "vLLM memory share of the lab's own evaluation engines (lab.generate.vllm_engine), not a scoring setting; "
+        "null: gpu_memory_utilization. On a card where the scorer's share leaves no room for the Mamba state and KV "
+        "cache after the weights (an 80 GB H100: README, 'Local evaluation on a smaller card') set e.g. 0.95; the "
+        "submission's checks keep using gpu_memory_utilization")
     tensor_parallel_size: int = _help("vLLM tensor parallel size (GPUs)")
     enable_prefix_caching: bool = _help("vLLM prefix caching")
     enable_chunked_prefill: bool = _help("vLLM chunked prefill")
