@@ -11,7 +11,9 @@ weights. Nothing is downloaded.
 
 `model=nemotron_nano` loads the real checkpoint through transformers' own Nemotron-H
 implementation (no remote code unless configured), from a local folder, the Kaggle model
-mount (detected), or the Hub id (download beforehand).
+mount (detected), or the Hub id (download beforehand), straight onto its device (`device_map`).
+`check_mamba_kernels(cfg)` refuses real-model training without the fused Mamba kernels
+(`mamba_ssm`, `causal_conv1d`; built by scripts/build_mamba_wheels.sh).
 
 What it simplifies:
 1. The tiny tokenizer is trained on a fixed built-in text (the competition's prompt wording), not on the
