@@ -27,6 +27,8 @@ dataset and the kernel installs from it:
   (lab.pipeline.run_notebooks) from the unpacked notebooks/.
   A stage kernel can continue a run made by another kernel: attach it with `--kernel-sources
   user/slug` and the install cell copies its `outputs/<run_name>/` into `/kaggle/working/outputs/`.
+  The install cell first checks the image's Python against `kaggle.python_version` (the wheel set's), and
+  installs the fused Mamba kernels' wheels (scripts/build_mamba_wheels.sh) when the dataset holds them.
 
 What it simplifies:
 1. One dependency dataset for every kernel.
