@@ -71,20 +71,41 @@ for f in "$WORK"/sdist/causal_conv1d-1.7.0.tar.gz "$WORK"/sdist/mamba_ssm-2.3.2.
 import re, sys
 from pathlib import Path
 src, archs = Path(sys.argv[1]), set(sys.argv[2:])
-pair = re.compile(r'(?m)^[ \t]*cc_flag\.append\("-gencode"\)\n[ \t]*cc_flag\.append\("arch=compute_(\d+),code=sm_\1"\)\n')
+pair = re.compile(r'(?m)^([ \t]*)cc_flag\.append\("-gencode"\)\n[ \t]*cc_flag\.append\("arch=compute_(\d+),code=sm_\2"\)\n')
 for setup in sorted(src.glob("*/setup.py")):
     text = setup.read_text()
-    found = set(pair.findall(text))
+    found = {arch for _, arch in pair.findall(text)}
     if not archs <= found:
         sys.exit(f"{setup}: its -gencode list {sorted(found)} lacks {sorted(archs - found)}: the source changed, check it")
-    text = pair.sub(lambda m: m.group(0) if m.group(1) in archs else "", text)
+    # a dropped pair becomes `pass`, so an `if` whose only flags were dropped stays valid Python
+    text = pair.sub(lambda m: m.group(0) if m.group(2) in archs else f"{m.group(1)}pass  # sm_{m.group(2)} not built\n", text)
+    compile(text, str(setup), "exec")
     setup.write_text(text)
     print(f"== {setup.parent.name}: -gencode kept for sm_{', sm_'.join(sorted(archs))} (of {len(found)})")
 EOF
 export TORCH_CUDA_ARCH_LIST=$(for a in $ARCHS; do printf '%s.%s;' "${a:0:${#a}-1}" "${a: -1}"; done | sed 's/;$//')
 export CAUSAL_CONV1D_FORCE_BUILD=TRUE MAMBA_FORCE_BUILD=TRUE
 echo "== TORCH_CUDA_ARCH_LIST=$TORCH_CUDA_ARCH_LIST"
-"$VPY" -c "from torch.utils.cpp_extension import CUDA_HOME; import subprocess; print('== cpp_extension CUDA_HOME =', CUDA_HOME); subprocess.run([CUDA_HOME + '/bin/nvcc', '--version'], check=True, stdout=subprocess.DEVNULL)"
+# each setup.py's own view, without compiling: it probes nvcc and lists its extensions' -gencode flags (setup() stubbed)
+for d in "$WORK"/src/causal_conv1d-1.7.0 "$WORK"/src/mamba_ssm-2.3.2.post1; do
+  (cd "$d" && "$VPY" - $ARCHS <<'EOF'
+import os, runpy, sys
+import setuptools
+from torch.utils.cpp_extension import CUDA_HOME
+
+want, seen = {f"arch=compute_{a},code=sm_{a}" for a in sys.argv[1:]}, {}
+setuptools.setup = lambda **kw: seen.update(kw)
+sys.argv = ["setup.py", "bdist_wheel"]
+runpy.run_path("setup.py", run_name="__main__")
+for ext in seen.get("ext_modules") or []:
+    archs = {a for a in ext.extra_compile_args["nvcc"] if a.startswith("arch=")}
+    assert archs == want, f"{ext.name}: -gencode {sorted(archs)}, expected {sorted(want)}"
+    print(f"== {os.path.basename(os.getcwd())}: extension {ext.name}, {len(ext.sources)} sources, nvcc at {CUDA_HOME}, {sorted(archs)}")
+if not seen.get("ext_modules"):
+    sys.exit(f"{os.getcwd()}/setup.py declares no CUDA extension: *_SKIP_CUDA_BUILD set, or the source changed")
+EOF
+  )
+done
 # the one dependency of theirs the lab's wheel set lacks (mamba_ssm's Triton scan imports einops; lab.kaggle
 # MAMBA_EXTRA_DEP installs it with the two wheels, --no-deps: tilelang / quack-kernels are optional imports)
 "$VPY" -m pip download -q --no-deps --only-binary=:all: -d "$OUT" "einops==0.8.2"
