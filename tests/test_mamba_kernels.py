@@ -50,3 +50,19 @@ def test_importable_kernels_pass_and_a_missing_function_is_named(monkeypatch):
     _fake(monkeypatch, "causal_conv1d", causal_conv1d_fn=f)
     with pytest.raises(LabError, match="causal_conv1d: causal_conv1d lacks causal_conv1d_update"):
         models.check_mamba_kernels(cfg)
+
+
+def test_build_script_agrees_with_the_lab_on_versions_and_is_valid_bash():
+    import re
+    import subprocess
+
+    from lab import kaggle
+    from lab.config import project_root
+
+    script = project_root() / "scripts" / "build_mamba_wheels.sh"
+    assert subprocess.run(["bash", "-n", str(script)]).returncode == 0
+    text = script.read_text()
+    for pin in re.findall(r"(?:causal-conv1d|mamba-ssm)==[\w.]+", models.MAMBA_WHEELS_HELP):
+        assert f'"{pin}"' in text, pin
+    assert f'"{kaggle.MAMBA_EXTRA_DEP}"' in text
+    assert all(g.split("-")[0] in text for g in kaggle.MAMBA_WHEEL_GLOBS)  # the wheel names the install cell looks for
