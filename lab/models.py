@@ -241,12 +241,13 @@ def missing_mamba_kernels() -> dict[str, str]:
 def check_mamba_kernels(cfg: DictConfig) -> None:
     """Refuse to train the real model on the PyTorch reference Mamba scan (a LabError naming how to get the kernels).
 
-    Without `mamba_ssm`, transformers' Nemotron-H runs its PyTorch reference `mamba2_chunk_scan`, whose backward
-    holds fp32 temporaries of shape (batch, chunks, chunk, chunk, heads, head_dim): issue 26's fake-tensor trace of
-    the real config puts one step past every single GPU at 8,192 tokens. transformers' other route, Hub kernels (`kernels-community/mamba-ssm` via the `kernels`
-    package), applies only to `from_pretrained(..., use_kernels=True)` with the Hub reachable at load time; the lab loads
-    without it (and Kaggle kernels run offline), so the two packages are the route. The tiny model (built here, CPU)
-    trains on the PyTorch path and is not checked."""
+    Without `mamba_ssm`, transformers' Nemotron-H runs its PyTorch reference `mamba2_chunk_scan`; issue 26's
+    fake-tensor trace of the real config found two 32 GiB fp32 temporaries live together in a Mamba layer's backward,
+    one step past every single GPU at 8,192 tokens. transformers' other route, Hub kernels (`kernels-community/
+    mamba-ssm` through the `kernels` package, integrations/hub_kernels.py), applies only to `from_pretrained(...,
+    use_kernels=True)` with the Hub reachable at load time; the lab loads without it (and Kaggle kernels run
+    offline), so the two packages are the route. The tiny model (built here, CPU) trains on the PyTorch path and is
+    not checked."""
     if cfg.model.build_tiny:
         return
     missing = missing_mamba_kernels()
