@@ -172,19 +172,30 @@ def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 
     return results
 
 
+def engine_memory_utilization(cfg) -> float:
+    """The vLLM memory share of a local evaluation engine: `infer.local_gpu_memory_utilization` when set (a card
+    where the scorer's share leaves no room for the cache), else the scorer's `infer.gpu_memory_utilization`."""
+    local = cfg.infer.get("local_gpu_memory_utilization")
+    value = cfg.infer.gpu_memory_utilization if local is None else local
+    if not 0 < value <= 1:
+        raise LabError(f"conf/infer: local_gpu_memory_utilization={value} must be in (0, 1] (a share of the GPU)")
+    return float(value)
+
+
 def vllm_engine(cfg, model_path: str):
     """A vLLM `LLM` with LoRA enabled and the competition's engine settings (conf/infer/kaggle.yaml).
 
     Keyword names checked against vLLM 0.33.0's `LLM.__init__` and `EngineArgs` (see tests/test_bench.py).
     The context length is the smaller of infer.max_model_len and model.max_model_len: completion
     budgets are computed against the model's, and a model (the tiny one) may allow less than Kaggle's.
+    The memory share is `engine_memory_utilization`: the scorer's unless infer.local_gpu_memory_utilization is set.
     """
     from vllm import LLM
 
     inf = cfg.infer
     return LLM(model=model_path, enable_lora=True, max_lora_rank=inf.max_lora_rank,
                max_model_len=min(inf.max_model_len, cfg.model.max_model_len),
-               max_num_seqs=inf.max_num_seqs, gpu_memory_utilization=inf.gpu_memory_utilization,
+               max_num_seqs=inf.max_num_seqs, gpu_memory_utilization=engine_memory_utilization(cfg),
                tensor_parallel_size=inf.tensor_parallel_size, enable_prefix_caching=inf.enable_prefix_caching,
                enable_chunked_prefill=inf.enable_chunked_prefill, seed=cfg.seed,
                dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)

@@ -9,7 +9,9 @@ zero-variance groups is checked against `grpo.*_warn_share` and warned about in 
 `grpo.resume` continues from the newest checkpoint only when the run's fingerprint matches;
 `grpo.refine` trains on refinements of the best of a first round of drafts (after iGRPO,
 arXiv:2602.09000); `grpo.rollout_backend` is `hf` (transformers) or `vllm` (TRL's colocate mode, which
-holds a second copy of the base weights: see the README's GRPO section).
+holds a second copy of the base weights: see the README's GRPO section; refused for Nemotron-H, `check_backend`).
+One optimiser step covers `prompts_per_step x num_generations` completions per process, `per_device_train_batch_size`
+of them per forward/backward (`micro_batch`); GRPOConfig is built, and TRL's checks run, before pass-rate sampling.
 
 What it simplifies:
 1. One adapter trained in place; TRL's reference (beta > 0) is its starting copy, deleted before saving.
@@ -28,6 +30,7 @@ import dataclasses
 import hashlib
 import json
 import math
+import os
 import re
 import shutil
 import warnings
@@ -130,8 +133,8 @@ def schedule(order: Sequence[str], n_rows: int, shuffle: bool, seed: int) -> lis
 
 
 def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, budget: int | None = None) -> pd.DataFrame:
-    """k samples per training prompt from the in-memory model (transformers back-end, `grpo.temperature`,
-    the GRPO budget) -> [id, n, correct, pass_rate]."""
+    """k samples per training prompt from the in-memory model (transformers back-end, `grpo.temperature` and
+    `grpo.top_p` as the rollouts sample, the GRPO budget) -> [id, n, correct, pass_rate]."""
     from lab.curriculum import estimate_pass_rates
     from lab.generate import Generator, sample_table
 
@@ -141,17 +144,79 @@ def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, bu
     gcfg = OmegaConf.merge(cfg, over)
     gen = Generator(gcfg, model=model, tokenizer=tokenizer)
     samples = sample_table(gen, puzzles, n=cfg.grpo.pass_rate_k, temperature=cfg.grpo.temperature,
-                           progress=True)
+                           top_p=cfg.grpo.top_p, progress=True)
     return estimate_pass_rates(samples)
 
 
 # ---- GRPOConfig -------------------------------------------------------------------------------
 
+def base_model_type(cfg: DictConfig) -> str | None:
+    """The base model's `model_type` without loading it: nemotron_h for the tiny model (`lab.models.build_tiny`
+    builds a NemotronHForCausalLM), else its config.json (local folder, Kaggle mount or Hub cache); None if unknown."""
+    if cfg.model.build_tiny:
+        return "nemotron_h"
+    from lab.models import model_path
+
+    try:
+        path = model_path(cfg)
+    except LabError:
+        return None
+    if os.path.isdir(path):
+        found = os.path.join(path, "config.json")
+    else:
+        from huggingface_hub import try_to_load_from_cache
+
+        found = try_to_load_from_cache(path, "config.json")
+    try:
+        return json.loads(Path(found).read_text()).get("model_type") if isinstance(found, str) else None
+    except (OSError, ValueError):
+        return None
+
+
 def check_backend(cfg: DictConfig) -> str:
+    """`grpo.rollout_backend`, refused where it cannot be exact.
+
+    vllm (TRL's colocate mode) is refused for Nemotron-H, every model this lab builds or loads (also when the model
+    type cannot be read): TRL 1.15 feeds the engine merged weights at every sync (`_iter_named_params`,
+    trl/generation/vllm_generation.py: `model.merge_adapter()`, stream every base weight, `model.unmerge_adapter()`),
+    and PEFT 0.21 merges with `weight += delta` and unmerges with `weight -= delta` in the weights' own dtype
+    (`Linear.merge` / `ParamWrapper.merge` and `unmerge`, peft/tuners/lora/layer.py). In bf16, (W + d) - d is not W:
+    every sync leaves rounding drift in the frozen base weights the trainer goes on using, and it accumulates over
+    the run (for the tiny fp32 model the drift is smaller, never zero). Handing vLLM the packed adapter through a
+    `LoRARequest` each step (no merge) would need TRL's generation replaced, as TRL 1.15 has no hook for a LoRA
+    request, so it is not offered. On one GPU use rollout_backend=hf: transformers generates from the in-memory PEFT
+    model with the adapter unmerged, exactly the weights being trained."""
     backend = cfg.grpo.rollout_backend
     if backend not in ROLLOUT_BACKENDS:
         raise LabError(f"conf/grpo: rollout_backend={backend!r} is not one of {', '.join(ROLLOUT_BACKENDS)}")
+    if backend == "vllm" and base_model_type(cfg) in ("nemotron_h", None):
+        raise LabError("conf/grpo: rollout_backend=vllm is refused for Nemotron-H: TRL 1.15 feeds its colocated vLLM "
+                       "merged weights at every sync, and PEFT merges and unmerges the LoRA with += / -= in bf16, so "
+                       "each sync leaves rounding drift in the base weights the trainer keeps using (lab.grpo."
+                       "check_backend). Use grpo.rollout_backend=hf: transformers generates from the in-memory adapter, "
+                       "unmerged and exact, on one GPU")
     return backend
+
+
+def micro_batch(cfg: DictConfig) -> tuple[int, int]:
+    """(completions per training micro-step, micro-steps per optimiser step) for one process.
+
+    One optimiser step covers `prompts_per_step x num_generations` completions per process (the whole group of
+    every prompt); `grpo.per_device_train_batch_size` of them go through one forward/backward (null: all at once).
+    TRL 1.15 (`GRPOConfig.__post_init__`, trl/trainer/grpo_config.py) derives `generation_batch_size =
+    per_device_train_batch_size x processes x steps_per_generation`; with `steps_per_generation =
+    gradient_accumulation_steps` = the second value here, one generation round is one optimiser step, the
+    advantages are normalised over whole groups (`_generate_and_score_completions` sees the full generation batch),
+    and the default `dapo` loss divides by the generation batch's token count rescaled to one accumulation window
+    (`_compute_loss`, trl/trainer/grpo_trainer.py), so the summed micro-steps give the loss of the one big step."""
+    g = cfg.grpo
+    group = g.prompts_per_step * g.num_generations
+    m = group if g.per_device_train_batch_size is None else int(g.per_device_train_batch_size)
+    if not 1 <= m <= group or group % m:
+        raise LabError(f"conf/grpo: per_device_train_batch_size={m} must divide prompts_per_step x num_generations "
+                       f"= {g.prompts_per_step} x {g.num_generations} = {group} (the completions of one optimiser "
+                       "step), or be null (all of them in one micro-step)")
+    return m, group // m
 
 
 def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
@@ -165,9 +230,10 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
     from lab.config import tracking_args
 
     g = cfg.grpo
+    micro, accum = micro_batch(cfg)
     kw = dict(
         output_dir=str(output_dir), max_steps=g.max_steps, learning_rate=g.learning_rate,
-        per_device_train_batch_size=g.prompts_per_step * g.num_generations, gradient_accumulation_steps=1,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=accum, steps_per_generation=accum,
         num_generations=g.num_generations, max_completion_length=int(max_completion_length),
         temperature=g.temperature, top_p=g.top_p, top_k=0, beta=g.beta,
         reward_weights=[float(w) for w in reward_weights], mask_truncated_completions=g.mask_truncated_completions,
@@ -187,14 +253,18 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
 
 def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
               cuda: bool | None = None):
-    """GRPOConfig from `conf/grpo` (constructing it never imports vLLM)."""
+    """GRPOConfig from `conf/grpo` (constructing it never imports vLLM); TRL's own checks run here (`train` builds
+    it before any sampling), and what they refuse is a LabError."""
     from trl import GRPOConfig
 
     kw = grpo_kwargs(cfg, output_dir, max_completion_length, reward_weights, cuda)
     unknown = sorted(set(kw) - {f.name for f in dataclasses.fields(GRPOConfig)})
     if unknown:
         raise LabError(f"the installed TRL's GRPOConfig has no field(s) {unknown}; lab.grpo targets trl==1.15")
-    return GRPOConfig(**kw)
+    try:
+        return GRPOConfig(**kw)
+    except ValueError as e:
+        raise LabError(f"conf/grpo: TRL's GRPOConfig refuses these settings: {e}") from None
 
 
 # ---- callbacks ----------------------------------------------------------------------------------
@@ -496,6 +566,14 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     pool = pool.assign(id=pool["id"].astype(str)).reset_index(drop=True)
     budget = max_completion_length(cfg, tokenizer, pool["prompt"].tolist())
     out = stage.path("checkpoints")
+    funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
+                           truncation="mask" if g.mask_truncated_completions else "penalise")
+    spread = None
+    names = [f.__name__ for f in funcs]
+    if "correctness" in names:
+        i = names.index("correctness")
+        funcs[i] = spread = GroupSpread(funcs[i], g.num_generations)
+    args = grpo_args(cfg, out, budget, weights)  # TRL's own checks, before the costly pass-rate sampling
     fp = fingerprint(cfg, pool["id"].tolist(), model, budget)
     last, record, notes = resume_point(cfg, out, fp)
     for n in notes:
@@ -530,14 +608,6 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     missing = [i for i in order if i not in by_id.index]
     if missing:
         raise LabError(f"{out / RUN_RECORD}: prompt ids {missing[:5]} are not in this run's pool")
-    funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
-                           truncation="mask" if g.mask_truncated_completions else "penalise")
-    spread = None
-    names = [f.__name__ for f in funcs]
-    if "correctness" in names:
-        i = names.index("correctness")
-        funcs[i] = spread = GroupSpread(funcs[i], g.num_generations)
-    args = grpo_args(cfg, out, budget, weights)
     # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps
     ids = schedule(order, max_steps * per_step * int(args.world_size), shuffle=not g.curriculum,
                    seed=cfg.seed)

@@ -27,6 +27,8 @@ dataset and the kernel installs from it:
   (lab.pipeline.run_notebooks) from the unpacked notebooks/.
   A stage kernel can continue a run made by another kernel: attach it with `--kernel-sources
   user/slug` and the install cell copies its `outputs/<run_name>/` into `/kaggle/working/outputs/`.
+  The install cell first checks the image's Python against `kaggle.python_version` (the wheel set's), and
+  installs the fused Mamba kernels' wheels (scripts/build_mamba_wheels.sh) when the dataset holds them.
 
 What it simplifies:
 1. One dependency dataset for every kernel.
@@ -70,6 +72,10 @@ KAGGLE_WORKING = "/kaggle/working"
 LAB_ROOT_ON_KAGGLE = "/tmp/lab_root"
 PIPELINE = "pipeline"
 INSTALL_TAG = "lab-offline-install"
+# the fused Mamba kernels' wheels (scripts/build_mamba_wheels.sh writes them into the dataset folder) and the one
+# dependency of theirs the lab's set lacks (mamba_ssm's Triton scan imports einops); lab.models.check_mamba_kernels
+MAMBA_WHEEL_GLOBS = ("causal_conv1d-*.whl", "mamba_ssm-*.whl")
+MAMBA_EXTRA_DEP = "einops==0.8.2"
 
 
 def slugify(title: str) -> str:
@@ -227,12 +233,18 @@ def build_dataset(username: str | None = None, out: str | os.PathLike | None = N
     return out
 
 
-def wheel_commands(folder: str | os.PathLike, python_version: str = "3.11") -> list[list[str]]:
+def kaggle_python() -> str:
+    """`kaggle.python_version` of the default config: the Python of Kaggle's image (conf/kaggle/default.yaml)."""
+    return str(compose([]).kaggle.python_version)
+
+
+def wheel_commands(folder: str | os.PathLike, python_version: str | None = None) -> list[list[str]]:
     """The pip calls that fill the dataset folder with wheels for Kaggle (run on a machine WITH internet):
     first `pip wheel` builds the dependencies PyPI has only as source (`SDIST_ONLY`: antlr4-python3-runtime 4.9.3,
     which omegaconf pins, is pure Python), then `pip download` fetches every other pinned dependency as a binary
     wheel for Kaggle's Python and platform, finding the built ones in the same folder."""
     folder = str(folder)
+    python_version = python_version or kaggle_python()
     pip = [sys.executable, "-m", "pip"]
     return [[*pip, "wheel", "--no-deps", "--wheel-dir", folder, *SDIST_ONLY],
             [*pip, "download", "--requirement", str(Path(folder) / "requirements.txt"), "--dest", folder,
@@ -240,7 +252,7 @@ def wheel_commands(folder: str | os.PathLike, python_version: str = "3.11") -> l
              *[f"--platform={p}" for p in PIP_PLATFORMS]]]
 
 
-def fetch_wheels(folder: str | os.PathLike, python_version: str = "3.11") -> Path:
+def fetch_wheels(folder: str | os.PathLike, python_version: str | None = None) -> Path:
     """Run `wheel_commands` (needs internet; tests never call it)."""
     folder = resolve_path(folder)
     if not (folder / "requirements.txt").is_file():
@@ -256,14 +268,25 @@ def fetch_wheels(folder: str | os.PathLike, python_version: str = "3.11") -> Pat
 # the kernel
 # ---------------------------------------------------------------------------------------------
 
-def install_cell_source(dataset_slug: str, run_dir: str, package: str = DIST_NAME) -> str:
-    """The first cell of a built kernel: offline install from the attached dataset, LAB_ROOT, earlier outputs."""
+def install_cell_source(dataset_slug: str, run_dir: str, package: str = DIST_NAME,
+                        python_version: str | None = None) -> str:
+    """The first cell of a built kernel: the image's Python checked against `python_version` (the wheel set's,
+    `kaggle.python_version`; None: not checked), offline install from the attached dataset (and the fused Mamba
+    kernels' wheels when the dataset holds them, `MAMBA_WHEEL_GLOBS`), LAB_ROOT, earlier outputs."""
+    check = "" if python_version is None else f'''
+_py = "%d.%d" % sys.version_info[:2]
+if _py != "{python_version}":
+    raise RuntimeError("this image runs Python " + _py + ", but the kernel and its wheel dataset were built for "
+                       "{python_version} (kaggle.python_version): rebuild the dataset with `python -m lab kaggle dataset "
+                       "--fetch-wheels --python-version " + _py + "` (and scripts/build_mamba_wheels.sh with "
+                       "PYTHON_VERSION=" + _py + "), then the kernel with kaggle.python_version=" + _py)
+'''
     return f'''# Offline setup, inserted by `python -m lab kaggle build`: this kernel has no internet access.
-# Installs the lab and its pinned dependencies from the attached dataset ({dataset_slug}), unpacks the
-# lab's conf/ and notebooks/ to {LAB_ROOT_ON_KAGGLE} (LAB_ROOT) and, when another kernel's output with this
-# run is attached, copies it to RUN_DIR so this stage continues that run.
+# Installs the lab and its pinned dependencies from the attached dataset ({dataset_slug}) and, when it holds them,
+# the fused Mamba kernels' wheels; unpacks the lab's conf/ and notebooks/ to {LAB_ROOT_ON_KAGGLE} (LAB_ROOT) and,
+# when another kernel's output with this run is attached, copies it to RUN_DIR so this stage continues that run.
 import glob, importlib, os, shutil, subprocess, sys, tarfile
-
+{check}
 LAB_DATASET = "{dataset_slug}"
 RUN_DIR = "{run_dir}"
 _wheels = (sorted(glob.glob("{KAGGLE_INPUT}/" + LAB_DATASET + "/{WHEEL_GLOB}"))
@@ -274,6 +297,10 @@ if not _wheels:
 LAB_DEPS = os.path.dirname(_wheels[-1])
 subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", LAB_DEPS,
                 "{package}"], check=True)
+_mamba = [w for g in {list(MAMBA_WHEEL_GLOBS)!r} for w in sorted(glob.glob(os.path.join(LAB_DEPS, g)))[-1:]]
+if _mamba:  # scripts/build_mamba_wheels.sh: no deps resolved (tilelang, quack-kernels are optional), einops is imported
+    subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", LAB_DEPS, "--no-deps",
+                    *_mamba, "{MAMBA_EXTRA_DEP}"], check=True)
 importlib.invalidate_caches()
 
 LAB_ROOT = "{LAB_ROOT_ON_KAGGLE}"
@@ -387,7 +414,8 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
     else:
         extras = ["gpu"] if gpu_extra else []
     package = DIST_NAME + (f"[{','.join(extras)}]" if extras else "")
-    install = nbformat.v4.new_code_cell(install_cell_source(dataset.split("/", 1)[1], run_dir, package),
+    install = nbformat.v4.new_code_cell(install_cell_source(dataset.split("/", 1)[1], run_dir, package,
+                                                            str(cfg.kaggle.python_version)),
                                         metadata={"tags": [INSTALL_TAG]})
     nb.cells.insert(0, install)
     nbformat.validate(nb)
@@ -447,7 +475,8 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--fetch-wheels", action="store_true",
                    help="then fill the folder with the dependency wheels (needs internet): pip wheel for "
                         f"{', '.join(SDIST_ONLY)}, pip download --only-binary=:all: for the rest")
-    d.add_argument("--python-version", default="3.11", help="Kaggle's Python for --fetch-wheels (default: %(default)s)")
+    d.add_argument("--python-version", default=None,
+                   help="Kaggle's Python for --fetch-wheels (default: kaggle.python_version in conf/kaggle/default.yaml)")
     args = ap.parse_args(argv)
     if args.cmd == "build":
         out = build_kernel(args.notebook, [*args.overrides, *extra], username=args.username, title=args.title,

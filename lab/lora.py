@@ -160,7 +160,12 @@ def check_targets(cfg: DictConfig) -> list[str]:
 
 
 def lora_config(cfg: DictConfig, model):
-    """A PEFT LoraConfig for the configured families; unknown or unmatched families are errors."""
+    """A PEFT LoraConfig for exactly the configured families; unknown or unmatched families are errors.
+
+    `target_modules` is always a list, empty when only fused parameters (the routed experts) are targeted: PEFT 0.21
+    (`LoraModel._prepare_adapter_config`, peft/tuners/lora/model.py) replaces `target_modules=None` by its default
+    targets for the model type (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`, peft/utils/constants.py:
+    q/k/v/o_proj for nemotron_h), which would add the attention families without a word."""
     from peft import LoraConfig
 
     lc = cfg.sft.lora
@@ -175,7 +180,7 @@ def lora_config(cfg: DictConfig, model):
         for kind, suffix in FAMILIES[fam]:
             (modules if kind == "module" else params).append(suffix)
     return LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
-                      target_modules=modules or None, target_parameters=params or None, bias="none",
+                      target_modules=modules, target_parameters=params or None, bias="none",
                       task_type="CAUSAL_LM")
 
 
@@ -299,12 +304,17 @@ def target_table(model) -> pd.DataFrame:
 
 
 def check_table(cfg: DictConfig, table: pd.DataFrame, backend: str = "hf") -> None:
-    """Every configured family must own trainable LoRA parameters after wrapping; else a loud error."""
+    """Exactly the configured families own trainable LoRA parameters after wrapping: a configured family without
+    them, or one that got them without being asked for (e.g. a library's default targets), is a loud error."""
     have = dict(zip(table["family"], table["trainable_params"]))
-    missing = [f for f in (str(t) for t in cfg.sft.lora.targets) if not have.get(f)]
-    if missing:
-        raise LabError(f"LoRA families configured but without trainable LoRA parameters after wrapping ({backend}): "
-                       f"{', '.join(missing)}; what did get a LoRA:\n{table.to_string(index=False)}")
+    targets = [str(t) for t in cfg.sft.lora.targets]
+    missing = [f for f in targets if not have.get(f)]
+    extra = sorted(f for f, n in have.items() if n and f not in targets)
+    problems = ([f"configured but without trainable LoRA parameters: {', '.join(missing)}"] if missing else []) + \
+        ([f"trainable LoRA parameters on families not in sft.lora.targets: {', '.join(extra)}"] if extra else [])
+    if problems:
+        raise LabError(f"LoRA families after wrapping ({backend}) differ from sft.lora.targets={targets}: "
+                       f"{'; '.join(problems)}; what did get a LoRA:\n{table.to_string(index=False)}")
 
 
 def attach_lora(cfg: DictConfig, model):

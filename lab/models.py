@@ -11,7 +11,9 @@ weights. Nothing is downloaded.
 
 `model=nemotron_nano` loads the real checkpoint through transformers' own Nemotron-H
 implementation (no remote code unless configured), from a local folder, the Kaggle model
-mount (detected), or the Hub id (download beforehand).
+mount (detected), or the Hub id (download beforehand), straight onto its device (`device_map`).
+`check_mamba_kernels(cfg)` refuses real-model training without the fused Mamba kernels
+(`mamba_ssm`, `causal_conv1d`; built by scripts/build_mamba_wheels.sh).
 
 What it simplifies:
 1. The tiny tokenizer is trained on a fixed built-in text (the competition's prompt wording), not on the
@@ -206,6 +208,57 @@ def model_path(cfg: DictConfig) -> str:
     return p  # a Hub id found in the local Hub cache
 
 
+# The fused Mamba-2 kernels transformers 5.17's Nemotron-H calls when their packages import
+# (models/nemotron_h/modeling_nemotron_h.py: `use_kernel_func_from_hub_with_fallback(name, package)`, resolved at import
+# time in integrations/hub_kernels.py through `_KERNELS_INTERNAL_PATH_MAPPINGS`): package -> (module, functions).
+MAMBA_KERNELS = {
+    "mamba_ssm": ("mamba_ssm.ops.triton.ssd_combined", ("mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined")),
+    "causal_conv1d": ("causal_conv1d", ("causal_conv1d_fn", "causal_conv1d_update")),
+}
+MAMBA_WHEELS_HELP = ("build the two wheels once with scripts/build_mamba_wheels.sh (causal-conv1d 1.7.0, mamba-ssm "
+                     "2.3.2.post1 against torch 2.14's CUDA build, for sm_90 and sm_120; `pip install --no-build-isolation "
+                     "causal-conv1d==1.7.0 mamba-ssm==2.3.2.post1` does the same in place, needs nvcc) and install them; "
+                     "on Kaggle put them in the wheel dataset, the kernel's install cell installs them")
+
+
+def missing_mamba_kernels() -> dict[str, str]:
+    """package -> why its fused kernels cannot be used (import error or missing function); empty when all import."""
+    import importlib
+
+    out = {}
+    for package, (module, names) in MAMBA_KERNELS.items():
+        try:
+            mod = importlib.import_module(module)
+        except Exception as e:  # ImportError, or an extension built against another torch/CUDA (OSError, ...)
+            out[package] = f"{type(e).__name__}: {e}"
+            continue
+        absent = [n for n in names if not callable(getattr(mod, n, None))]
+        if absent:
+            out[package] = f"{module} lacks {', '.join(absent)}"
+    return out
+
+
+def check_mamba_kernels(cfg: DictConfig) -> None:
+    """Refuse to train the real model on the PyTorch reference Mamba scan (a LabError naming how to get the kernels).
+
+    Without `mamba_ssm`, transformers' Nemotron-H runs its PyTorch reference `mamba2_chunk_scan`; issue 26's
+    fake-tensor trace of the real config found two 32 GiB fp32 temporaries live together in a Mamba layer's backward,
+    one step past every single GPU at 8,192 tokens. transformers' other route, Hub kernels (`kernels-community/
+    mamba-ssm` through the `kernels` package, integrations/hub_kernels.py), applies only to `from_pretrained(...,
+    use_kernels=True)` with the Hub reachable at load time; the lab loads without it (and Kaggle kernels run
+    offline), so the two packages are the route. The tiny model (built here, CPU) trains on the PyTorch path and is
+    not checked."""
+    if cfg.model.build_tiny:
+        return
+    missing = missing_mamba_kernels()
+    if missing:
+        why = "; ".join(f"{p}: {w}" for p, w in missing.items())
+        raise LabError(f"model={cfg.model.name}: training the real model needs the fused Mamba kernels "
+                       f"(mamba_ssm and causal_conv1d), and they do not import here ({why}). Without them every "
+                       "Mamba layer runs transformers' PyTorch reference scan, whose backward does not fit the GPU. To "
+                       "get them: " + MAMBA_WHEELS_HELP)
+
+
 def device(cfg: DictConfig) -> str:
     import torch
 
@@ -224,15 +277,24 @@ def load_tokenizer(cfg: DictConfig):
 
 
 def load(cfg: DictConfig, adapter: str | os.PathLike | None = None, trainable: bool = False):
-    """(model, tokenizer) on the configured device; `adapter` attaches a saved LoRA adapter."""
+    """(model, tokenizer) on the configured device; `adapter` attaches a saved LoRA adapter.
+
+    The weights load straight onto the device: transformers 5.17's `from_pretrained(device_map=...)`
+    (modeling_utils.py, integrations/accelerate.py `check_and_set_device_map`) turns a device name into
+    `{"": device}` ("cuda" into this process's `cuda:LOCAL_RANK`), builds the model on the meta device and
+    writes each tensor to that device as it is read, so the 59 GiB of the real model never sit in host RAM
+    first (as they did with `from_pretrained(...)` then `.to(device)`). With one device no accelerate hooks
+    are added (`accelerate_dispatch` runs only for several devices or disk offload). Under DeepSpeed ZeRO-3
+    transformers refuses a device_map, so none is passed there."""
     import torch
     from transformers import AutoModelForCausalLM
+    from transformers.integrations import is_deepspeed_zero3_enabled
 
     path = model_path(cfg)
     tok = load_tokenizer(cfg)
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.model.dtype),
+                                                 device_map=None if is_deepspeed_zero3_enabled() else device(cfg),
                                                  trust_remote_code=cfg.model.trust_remote_code)
-    model.to(device(cfg))
     if adapter is not None:
         from peft import PeftModel
 

@@ -106,10 +106,15 @@ class GrpoConfig:
 
     init_adapter: str = _help("the SFT adapter to start from")
     adapter_dir: str = _help("where the trained adapter is saved (04_vote reads it)")
-    rollout_backend: str = _help("hf: transformers generate (CPU/GPU); vllm: TRL's colocated vLLM (GPU; it holds a "
-                                 "second copy of the base weights)")
+    rollout_backend: str = _help("hf: transformers generate from the in-memory adapter (CPU/GPU); vllm: TRL's colocated "
+                                 "vLLM (GPU; a second copy of the base weights, fed merged weights: refused for "
+                                 "Nemotron-H, lab.grpo.check_backend)")
     num_generations: int = _help("completions per prompt (the group)")
     prompts_per_step: int = _help("distinct prompts per optimiser step")
+    per_device_train_batch_size: Optional[int] = _help(
+        "completions per training micro-step (one forward/backward); must divide prompts_per_step x num_generations, "
+        "and gradient accumulation makes up the rest so one optimiser step still covers every group "
+        "(lab.grpo.micro_batch); null: all of a step's completions in one micro-step")
     max_steps: int = _help("optimiser steps")
     learning_rate: float = _help("learning rate (constant schedule)")
     beta: float = _help("KL coefficient (0: no reference model, no KL term; >0: TRL keeps a frozen copy of the "
@@ -179,6 +184,11 @@ class InferConfig:
     max_num_seqs: int = _help("vLLM concurrent sequences")
     max_lora_rank: int = _help("the largest LoRA rank Kaggle's vLLM loads")
     gpu_memory_utilization: float = _help("vLLM memory share")
+    local_gpu_memory_utilization: Optional[float] = _help(
+        "vLLM memory share of the lab's own evaluation engines (lab.generate.vllm_engine), not a scoring setting; "
+        "null: gpu_memory_utilization. On a card where the scorer's share leaves no room for the Mamba state and KV "
+        "cache after the weights (an 80 GB H100: README, 'Local evaluation on a smaller card') set e.g. 0.95; the "
+        "submission's checks keep using gpu_memory_utilization")
     tensor_parallel_size: int = _help("vLLM tensor parallel size: GPUs one evaluation engine spans (the vllm back-end; "
                                       "e.g. infer.tensor_parallel_size=4 for local evaluation on 4 GPUs). The "
                                       "scorer's 1 stays in conf/infer/kaggle.yaml, which the submission gate reads")
@@ -213,6 +223,9 @@ class KaggleConfig:
                                         "version (model_sources of the kernel); null or '': attach no model")
     machine_shape: Optional[str] = _help("the accelerator of a GPU kernel (kernel-metadata.json machine_shape, as "
                                          "`kaggle kernels push --accelerator`); null or '': Kaggle's default")
+    python_version: str = _help("the Python (major.minor) of Kaggle's image: the dependency wheels are fetched for it "
+                                "(`kaggle dataset --fetch-wheels`), scripts/build_mamba_wheels.sh builds for it, and a "
+                                "built kernel's install cell stops when the image runs another")
 
 
 @dataclass

@@ -97,6 +97,11 @@ from lab.config import LabError, atomic_file, competition, project_root, resolve
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
+# The dtype of a submission's LoRA tensors (02_sft, 03_grpo, `python -m lab.submission pack`): half the bytes of the
+# fp32 adapter PEFT saves, and what vLLM 0.33 computes in anyway: `LoRAModel.from_lora_tensors`
+# (vllm/lora/lora_model.py) casts every lora_a / lora_b with `tensor.to(device, dtype=lora_dtype)`, and `lora_dtype`
+# "auto" is the model's dtype (`LoRAConfig`, vllm/config/lora.py): bf16 for Nemotron-3-Nano; nothing checks the file's.
+SUBMISSION_DTYPE = "bfloat16"
 
 # The fields of peft.LoraConfig (PEFT 0.21.2, including PeftConfig's), fixed here so packing does not
 # depend on the installed PEFT. Anything else in adapter_config.json came from another back-end.
@@ -835,7 +840,9 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("pack", help="ADAPTER_DIR -> OUT.zip (adapter_config.json + adapter_model.safetensors)")
     p.add_argument("adapter_dir")
     p.add_argument("out_zip")
-    p.add_argument("--dtype", default=None, help="cast the LoRA tensors, e.g. bfloat16")
+    p.add_argument("--dtype", default=SUBMISSION_DTYPE,
+                   help="cast the LoRA tensors to this torch dtype (default %(default)s, what vLLM computes in); "
+                        "'keep': as the adapter saved them")
     p.add_argument("--base-model", default=None, help="folder with the base model's config.json")
     p.add_argument("--base-model-name", default=None,
                    help="base_model_name_or_path to write, e.g. the Hub id (default: the adapter's, made relative)")
@@ -845,7 +852,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "pack":
-            out = pack(args.adapter_dir, args.out_zip, dtype=args.dtype, base_model=args.base_model,
+            out = pack(args.adapter_dir, args.out_zip, dtype=None if args.dtype == "keep" else args.dtype,
+                       base_model=args.base_model,
                        base_model_name=args.base_model_name)
             print(f"wrote {out}")
             return 0

@@ -31,6 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     train, val = data.prepare(cfg)
     sft_dir = stage_output(cfg, "02_sft")
     sft_metrics = read_json(sft_dir / "metrics.json")
+    grpo.check_backend(cfg)  # a refused rollout back-end fails before the model loads
     model, tokenizer = models.load(cfg, adapter=cfg.grpo.init_adapter, trainable=True)
     metrics, model, log = grpo.train(cfg, stage, train, model, tokenizer)
     del model  # the training model leaves the GPU before an evaluation engine starts (lab.generate)

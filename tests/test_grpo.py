@@ -95,10 +95,15 @@ def _stop_at(step):
 # ---- no model: config, budget, schedule, refinement prompts, guard rails ----------------------------------
 
 @pytest.mark.parametrize("backend", ["hf", "vllm"])
-def test_grpo_args_builds_a_valid_config_for_the_pinned_trl(root, backend):
+def test_grpo_args_builds_a_valid_config_for_the_pinned_trl(root, backend, tmp_path):
     from trl import GRPOConfig, GRPOTrainer
 
-    cfg = compose(root, "args", f"grpo.rollout_backend={backend}", "grpo.beta=0.04")
+    other = []
+    if backend == "vllm":  # refused for Nemotron-H (lab.grpo.check_backend): a model folder of another type
+        (tmp_path / "llama").mkdir()
+        (tmp_path / "llama" / "config.json").write_text('{"model_type": "llama"}')
+        other = ["model.build_tiny=false", f"model.path={tmp_path / 'llama'}"]
+    cfg = compose(root, "args", f"grpo.rollout_backend={backend}", "grpo.beta=0.04", *other)
     kw = grpo.grpo_kwargs(cfg, root / "args_out", 37, [1.0, 0.2, 1.0], cuda=False)
     fields = {f.name for f in dataclasses.fields(GRPOConfig)}
     assert set(kw) <= fields, sorted(set(kw) - fields)
@@ -124,10 +129,17 @@ def test_grpo_args_builds_a_valid_config_for_the_pinned_trl(root, backend):
 def test_unknown_or_unavailable_rollout_backend_is_a_clear_error(root, puzzles):
     with pytest.raises(LabError, match="rollout_backend='unsloth' is not one of hf, vllm"):
         grpo.grpo_args(compose(root, "args", "grpo.rollout_backend=unsloth"), root, 8, [1.0])
-    if not torch.cuda.is_available():
-        cfg = compose(root, "args", "grpo.rollout_backend=vllm")
+    cfg = compose(root, "args", "grpo.rollout_backend=vllm")  # the tiny model is a Nemotron-H
+    with pytest.raises(LabError, match="rollout_backend=vllm is refused for Nemotron-H.*rollout_backend=hf"):
+        grpo.train(cfg, None, puzzles, None, None)  # fails before touching anything
+    with pytest.raises(LabError, match="refused for Nemotron-H"):
+        grpo.grpo_args(cfg, root, 8, [1.0])
+    if not torch.cuda.is_available():  # a model of another type passes that check and meets the GPU one
+        (root / "llama").mkdir(exist_ok=True)
+        (root / "llama" / "config.json").write_text('{"model_type": "llama"}')
+        cfg = compose(root, "args", "grpo.rollout_backend=vllm", "model.build_tiny=false", f"model.path={root / 'llama'}")
         with pytest.raises(LabError, match="needs a CUDA GPU"):
-            grpo.train(cfg, None, puzzles, None, None)  # fails before touching anything
+            grpo.train(cfg, None, puzzles, None, None)
 
 
 def test_max_completion_length_is_the_competitions_budget_never_trls_default(root, puzzles):

@@ -1,0 +1,51 @@
+"""submission.zip is bf16 (issue 26, item 6): the stage notebooks and the CLI pack the LoRA tensors in
+`lab.submission.SUBMISSION_DTYPE`, half the bytes of PEFT's fp32 adapter; `pack`'s own default keeps the saved dtype."""
+
+from __future__ import annotations
+
+import json
+import os
+import zipfile
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+
+from lab import config, lora, models, submission  # noqa: E402
+from lab.config import project_root  # noqa: E402
+
+
+def _dtypes(zip_path) -> set:
+    from safetensors.torch import load
+
+    with zipfile.ZipFile(zip_path) as z:
+        return {t.dtype for t in load(z.read(submission.WEIGHTS_NAME)).values()}
+
+
+def _weights_size(zip_path) -> int:
+    with zipfile.ZipFile(zip_path) as z:
+        return z.getinfo(submission.WEIGHTS_NAME).file_size
+
+
+def test_cli_packs_bf16_by_default_and_keep_keeps_fp32(tmp_path):
+    cfg = config.compose([f"run_dir={tmp_path}", "sft.lora.targets=[q_proj,experts]"])
+    model, _ = models.load(cfg)
+    pm, _ = lora.attach_lora(cfg, model)
+    adapter = lora.save_adapter(pm, tmp_path / "adapter")
+    assert submission.SUBMISSION_DTYPE == "bfloat16"
+    assert submission.main(["pack", str(adapter), str(tmp_path / "bf16.zip")]) == 0
+    assert submission.main(["pack", str(adapter), str(tmp_path / "fp32.zip"), "--dtype", "keep"]) == 0
+    assert _dtypes(tmp_path / "bf16.zip") == {torch.bfloat16} and _dtypes(tmp_path / "fp32.zip") == {torch.float32}
+    assert submission.check(tmp_path / "bf16.zip") == []
+    assert _weights_size(tmp_path / "bf16.zip") < 0.51 * _weights_size(tmp_path / "fp32.zip")
+    assert _dtypes(submission.pack(adapter, tmp_path / "api.zip")) == {torch.float32}  # pack() alone: as saved
+
+
+@pytest.mark.parametrize("notebook, adapter_key", [("02_sft", "sft"), ("03_grpo", "grpo")])
+def test_stage_notebooks_pack_the_submission_in_the_submission_dtype(notebook, adapter_key):
+    cells = json.loads((project_root() / "notebooks" / f"{notebook}.ipynb").read_text())["cells"]
+    code = "\n".join("".join(c["source"]) for c in cells if c["cell_type"] == "code")
+    calls = [line for line in code.splitlines() if "submission.pack(" in line]
+    assert calls == [f'zip_path = submission.pack(cfg.{adapter_key}.adapter_dir, stage.path("submission.zip"), '
+                     "dtype=submission.SUBMISSION_DTYPE)"]
