@@ -385,6 +385,16 @@ class Generator:
                              seed=seed, logprobs=logprobs, lora_request=self.lora)
 
 
+SKIPPED = "prompt_too_long"  # finish_reason of a puzzle whose prompt cannot fit: not generated, scored wrong
+
+
+def too_long(gen: Generator, prompts: Sequence[str]) -> set[int]:
+    """Positions of the rendered `prompts` that leave no completion token under model.max_model_len (where
+    `completion_budget` would refuse the whole batch)."""
+    limit = int(gen.cfg.model.max_model_len)
+    return {i for i, p in enumerate(prompts) if len(gen.tokenizer(p, add_special_tokens=False)["input_ids"]) >= limit}
+
+
 SAMPLE_COLUMNS = ["id", "category", "subtype", "gold", "sample", "completion", "answer", "correct", "tokens",
                   "finish_reason", "mean_logprob"]
 
@@ -462,8 +472,12 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature:
                disable=not progress, mininterval=2)
     for start in range(0, len(todo), chunk):
         part = todo.iloc[start:start + chunk]
-        outs = gen.run(gen.prompts(part["prompt"].tolist()), n=n, temperature=temperature, top_p=top_p,
-                       logprobs=logprobs, seed=gen.cfg.seed + start, progress=False)
+        prompts = gen.prompts(part["prompt"].tolist())
+        skip = too_long(gen, prompts)  # per-puzzle: one prompt that cannot fit never stops the others
+        fit = iter(gen.run([p for i, p in enumerate(prompts) if i not in skip], n=n, temperature=temperature,
+                           top_p=top_p, logprobs=logprobs, seed=gen.cfg.seed + start, progress=False)
+                   if len(skip) < len(prompts) else [])
+        outs = [[Completion("", 0, SKIPPED)] * int(n) if i in skip else next(fit) for i in range(len(prompts))]
         recs = []
         for (_, row), comps in zip(part.iterrows(), outs):
             gold = str(row["answer"]) if "answer" in row else None
@@ -483,7 +497,14 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature:
         bar.set_postfix(tok_per_s=f"{new_tokens / max(time.time() - t0, 1e-9):.0f}")
     bar.close()
     rows = [r for pid in puzzles["id"].astype(str) for r in done.get(pid, [])]
-    return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
+    table = pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
+    skipped = list(dict.fromkeys(table.loc[table["finish_reason"] == SKIPPED, "id"]))
+    table.attrs["skipped"] = skipped
+    if skipped:
+        print(f"note: {len(skipped)} of {puzzles['id'].nunique()} puzzle(s) skipped, their prompt leaves no room "
+              f"under model.max_model_len={gen.cfg.model.max_model_len} tokens: {', '.join(skipped[:20])}"
+              f"{' ...' if len(skipped) > 20 else ''} (scored wrong, finish_reason '{SKIPPED}')", flush=True)
+    return table
 
 
 PREDICTION_COLUMNS = ["id", "category", "subtype", "prompt", "gold", "completion", "answer", "correct", "tokens",
