@@ -57,7 +57,8 @@ class TrainProgress(TrainerCallback):
         self.info: dict[str, str] = {}
 
     def on_train_begin(self, args, state, control, **kw):
-        name = type(args).__name__.removesuffix("Config") or "train"
+        cls = type(args).__name__  # SFTConfig, GRPOConfig; plain TrainingArguments: "train"
+        name = cls.removesuffix("Config") if cls.endswith("Config") and cls != "Config" else "train"
         self.bar = Progress(f"{name} step", state.max_steps, initial=state.global_step,
                             enabled=state.is_world_process_zero, every_s=self.every_s)
 
@@ -65,9 +66,13 @@ class TrainProgress(TrainerCallback):
         for k in self.KEYS:
             if logs and isinstance(logs.get(k), (int, float)):
                 self.info[k] = f"{logs[k]:.4g}"
+        if self.bar is not None and state.global_step > self.bar.initial:
+            self.bar.set(state.global_step, **self.info)
 
     def on_step_end(self, args, state, control, **kw):
-        if self.bar is not None:
+        # a step that logs is printed by on_log, which comes after (transformers' DefaultFlowCallback, first in the
+        # list, has set should_log by now), so the line carries this step's loss or reward
+        if self.bar is not None and not control.should_log:
             self.bar.set(state.global_step, **self.info)
 
     def on_train_end(self, args, state, control, **kw):

@@ -55,8 +55,8 @@ class Progress:
         self.n = int(n)
         self.info.update({k: str(v) for k, v in info.items()})
         now = time.time()
-        if self.last_print is None or now - self.last_print >= self.every_s \
-                or (self.n >= self.total and self.printed_n != self.n):
+        if self.printed_n != self.n and (self.last_print is None or now - self.last_print >= self.every_s
+                                         or self.n >= self.total):
             self._print(now)
 
     def line(self, now: float | None = None) -> str:

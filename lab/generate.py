@@ -12,7 +12,9 @@ key is started afresh with a note naming what changed, and a puzzle counts as do
 n of its samples were written.
 
 The completion budget is the competition's: `min(infer.max_tokens, model.max_model_len - prompt
-tokens)`. vLLM is imported only when the `vllm` back-end is chosen.
+tokens)`. A puzzle whose prompt leaves no room at all is skipped by `sample_table`, not fatal to the others: its
+rows have finish_reason 'prompt_too_long' (`SKIPPED`), no completion, and count as wrong; a note names its id.
+vLLM is imported only when the `vllm` back-end is chosen.
 
 The vllm back-end scores an adapter only in its packed form: vLLM 0.33 refuses the raw PEFT folder of
 a Nemotron-H adapter (its routed-expert LoRA is stored fused, and `LoRAModelManager._validate_moe_lora_format`

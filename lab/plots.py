@@ -8,7 +8,10 @@ The style, once for all: the Okabe-Ito palette (told apart with any colour visio
 whole-number ticks for steps and k, readable legend names (`label` turns TRL's log keys such as
 `rewards/correctness/mean` into `correctness`), accuracy bars with their Wilson 95% interval and their
 value written on them (a bar of 0 still shows as a line and a "0.00"), and the greedy score as a
-dashed reference line on the voting curves.
+dashed reference line on the voting curves. Every estimate carries its interval: Wilson 95% for accuracies
+(bars, the voting curves and markers, given the puzzle count `n`), a 95% normal interval for GRPO's per-step reward
+means (given the completions per step). Legends sit where they cover no data; whole-number counts get
+whole-number bins; a share is drawn on 0..1.
 
 What it simplifies: one PNG writer, one figure factory and one palette instead of one per module; no
 pyplot state (figures are plain `Figure` objects, saved with the Agg canvas, safe in any backend).
