@@ -774,11 +774,9 @@ class Stage:
         if cfg is not None:
             validate(cfg, where=f"stage {name}")
         tracker(self.cfg)  # a typo in report_to fails here, not after the stage's first hour
-        from lab import console, preflight
+        from lab.console import quiet_known_warnings
 
-        console.quiet_known_warnings()  # expected library messages become one note each (lab.console)
-        if cfg is None:  # a notebook opening its stage: GPU extra, CUDA, model folder for the real model (lab.preflight)
-            preflight.check(name, self.cfg)
+        quiet_known_warnings()  # expected library messages become one note each (lab.console)
         self.run_dir = resolve_path(self.cfg.run_dir)
         self.dir = self.run_dir / name
         # before anything in the folder is touched; under `accelerate launch` (torchrun sets RANK) the main

@@ -102,7 +102,7 @@ def _integer_x(ax, values) -> None:
 def _wilson(acc, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Wilson 95% bounds (lo, hi) of accuracies `acc` over `n` puzzles, each taken as round(acc * n) of n (an
     average over sample windows, maj@k and pass@k, is treated so too: the headline table's convention)."""
-    from lab.errors import wilson_interval
+    from lab.stats import wilson_interval
 
     pairs = [wilson_interval(int(round(float(a) * n)), int(n)) if n and a == a else (math.nan, math.nan)
              for a in np.atleast_1d(acc)]

@@ -1,8 +1,11 @@
 """Before a real-model stage spends anything: is this machine able to run it? One list of what is missing.
 
 A stage that trains or scores the real model (02_sft, 03_grpo, 04_vote with `model.build_tiny=false`, e.g.
-`model=nemotron_nano` or `experiment=competition`) runs `check(stage, cfg)` when it opens (`lab.config.Stage`,
-before its folder is touched). Every check in `checks(stage)` runs, each a plain function of the config that raises
+`model=nemotron_nano` or `experiment=competition`) runs `check(stage, overrides)` in its notebook's first cell,
+just before it opens its `Stage`, so nothing is touched and no model loaded on a machine that cannot run it
+(headless, in Jupyter and in a Kaggle kernel alike). It is called there, not from `lab.config.Stage`, because the
+checks use modules that import lab.config themselves (lab.kaggle here; lab.models and lab.memory for the two to
+come), and the lab's modules form no import cycle (tests/test_imports.py). Every check in `checks(stage)` runs, each a plain function of the config that raises
 a `LabError` saying what is missing and how to get it; the failures are gathered into ONE LabError listing all of
 them, so a user on the wrong machine learns everything at once, not one missing piece per two-minute attempt.
 
@@ -26,7 +29,7 @@ import importlib.util
 
 from omegaconf import DictConfig
 
-from lab.config import LabError, check_model_path
+from lab.config import LabError, check_model_path, compose, parse_overrides
 
 REAL_MODEL_STAGES = ("02_sft", "03_grpo", "04_vote")
 
@@ -81,8 +84,10 @@ def problems(stage: str, cfg: DictConfig) -> list[str]:
     return out
 
 
-def check(stage: str, cfg: DictConfig) -> None:
-    """Nothing for a stage that does not use the real model; else a LabError listing everything missing."""
+def check(stage: str, overrides) -> None:
+    """Nothing for a stage that does not use the real model; else a LabError listing everything missing.
+    `overrides`: the notebook's `overrides` parameter (composed here, as `Stage` will) or a composed config."""
+    cfg = overrides if isinstance(overrides, DictConfig) else compose(parse_overrides(overrides))
     if not applies(stage, cfg):
         return
     found = problems(stage, cfg)

@@ -7,7 +7,7 @@ import importlib.util
 import pytest
 
 from lab import preflight
-from lab.config import LabError, Stage, compose
+from lab.config import LabError, compose
 
 
 def _real(tmp_path, *extra):
@@ -22,7 +22,7 @@ def test_wrong_machine_gets_one_list_of_everything_missing(tmp_path):
     over = _real(tmp_path, "model.path=models/nemotron-3-nano")  # not a folder here: taken for a Hub id so far
     compose(over)  # compose alone accepts it (a Hub id may be fetched beforehand)
     with pytest.raises(LabError) as e:
-        Stage("02_sft", over)
+        preflight.check("02_sft", over)  # as the notebook's first cell calls it, before it opens its Stage
     msg = str(e.value)
     assert msg.startswith("02_sft with model=nemotron_nano cannot run on this machine; missing:")
     assert "vllm not installed" in msg and "pip install -e '.[gpu]'" in msg
@@ -30,6 +30,17 @@ def test_wrong_machine_gets_one_list_of_everything_missing(tmp_path):
     assert "model.path" in msg and "nemotron-3-nano" in msg
     assert msg.count("\n  - ") == 3
     assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("stage", preflight.REAL_MODEL_STAGES)
+def test_every_real_model_notebook_checks_before_it_opens_its_stage(stage):
+    import json
+
+    from lab.config import project_root
+
+    nb = json.loads((project_root() / "notebooks" / f"{stage}.ipynb").read_text())
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert code.index(f'preflight.check("{stage}", overrides)') < code.index(f'Stage("{stage}", overrides)')
 
 
 def test_unsloth_is_asked_for_only_where_the_stage_uses_it(tmp_path):
