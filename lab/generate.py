@@ -57,6 +57,7 @@ from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
+
 from lab.config import LabError, competition, resolve_path
 from lab.console import Progress  # plain lines: they show in papermill logs as well as in Jupyter
 from lab.prompts import chat_prompt
