@@ -147,6 +147,9 @@ def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = 
         _integer_x(ax, df[x])
     if not ax.lines:
         ax.text(0.5, 0.5, "nothing logged", ha="center", va="center", transform=ax.transAxes)
+    values = pd.concat([pd.to_numeric(df[y], errors="coerce") for y in ys if y in df] or [pd.Series(dtype=float)])
+    if values.notna().any() and values.max() - values.min() < 1e-12:
+        _value_axis(ax, values.dropna())  # a flat line reads as its value, not as noise blown up to +-0.04
     ax.set_xlabel("optimiser step" if x == "step" else label(x))
     ax.set_ylabel(ylabel)
     ax.set_title(title + (f"\nbands: 95% interval of each mean over {n} values (normal approximation)" if banded else ""),

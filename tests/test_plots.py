@@ -114,3 +114,9 @@ def test_a_flat_sweep_accuracy_shows_its_value_on_0_to_1():
                        "accuracy": [0.0, 0.0, 0.0, 0.0]})
     lo, hi = plots.sweep_against(df, "accuracy", "sft.learning_rate", []).axes[0].get_ylim()
     assert lo <= 0 and hi >= 1
+
+
+def test_a_flat_reward_curve_is_not_blown_up_to_noise():
+    log = pd.DataFrame({"step": [1, 2], "reward": [0.0, 0.0], "reward_std": [0.0, 0.0]})
+    lo, hi = plots.line(log, "step", ["reward"], "GRPO rewards", "reward", n=4).axes[0].get_ylim()
+    assert hi - lo >= 1
