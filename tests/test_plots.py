@@ -1,6 +1,8 @@
 """Every figure of the demo renders from small literal data, and none is empty (issue 28, item 10); the ones the
 issue named carry intervals, show their whole legend and labels, draw the completion budget, and show the data."""
 
+import functools
+
 import numpy as np
 import pandas as pd
 import pytest
@@ -26,6 +28,7 @@ GRPO_LOG = pd.DataFrame({"step": [1, 2, 3], "reward": [0.2, 0.35, 0.3], "reward_
                          "rewards/correctness/mean": [0.1, 0.3, 0.25], "rewards/correctness/std": [0.3, 0.4, 0.4]})
 
 
+@functools.cache
 def _demo_figures():
     df = with_failures(PRED)
     solved = pd.DataFrame({"trace_tokens": [40, 41, 41, 44, 52, 60, 61, 61], "category": ["a"] * 4 + ["b"] * 4})
