@@ -16,13 +16,15 @@ Modules, by what they do:
   curriculum  pass-rate selection and easy-to-hard ordering of GRPO prompts
   grpo        reinforcement learning (TRL GRPOTrainer)
   vote        inference-time voting and pass@k / maj@k
-  errors      error analysis: per-category accuracy, failure taxonomy
+  errors      error analysis: per-category accuracy, failure taxonomy; stats: the Wilson interval
   submission  packing and checking the Kaggle submission.zip
   sweep       sweeps and reports across runs (stages run by pipeline's one stage runner)
   kaggle      building offline Kaggle kernels
   pipeline    the one stage runner (papermill), the five notebooks headless (`python -m lab demo`), the summary
   plots       every plot of the lab (stages, errors, voting, sweeps) in one style, and the PNG writer
   trl_cpu     what TRL 1.15 needs to train on a CPU (no Triton) and to show progress under papermill
+  console     progress lines (training steps, generation) and known library warnings said once
+  preflight   before a real-model stage: GPU packages, CUDA, model folder, as one list of what is missing
 """
 
 __version__ = "0.1.0"

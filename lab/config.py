@@ -190,7 +190,8 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
             cfg = _compose(config_name="config", overrides=overrides)
     except (HydraException, OmegaConfBaseException) as e:
-        raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: {schema_problem(e)}") from None
+        why = _non_ascii_problem(overrides) or schema_problem(e)
+        raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: {why}") from None
     try:
         OmegaConf.resolve(cfg)
     except OmegaConfBaseException as e:
@@ -346,6 +347,8 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
         problems.append(f"sft.epochs={e!r} {why} (or set sft.max_steps >= 1)")
     if get("data.val_fraction") == 1:
         problems.append("data.val_fraction=1 must be < 1 (nothing left to train on)")
+    if (why := run_name_problem(get("run_name"))) is not None:
+        problems.append(why)
     for key in ("data.n_train", "data.n_val", "sft.n_train"):
         v = get(key)
         if v not in (_ABSENT, None) and (why := _problem(v, 1, None, "")):
@@ -367,6 +370,35 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
 
 
 _ABSENT = object()
+
+
+def run_name_problem(name) -> str | None:
+    """Why `run_name` cannot name a run folder, or None: it must be a relative path that stays strictly inside
+    outputs/ (`run_dir` defaults to outputs/<run_name>), so `../x`, `/tmp/x`, `a/../..`, `.` and an empty or blank
+    name are refused. Any other text, non-ASCII included, is a folder name (a non-ASCII value must be quoted
+    on the command line: `compose` says how)."""
+    if name is _ABSENT:
+        return None
+    text = "" if name is None else str(name)
+    if not text.strip():
+        return (f"run_name={text!r} is empty: the stage folders would land in outputs/ itself; "
+                "give the run a name, e.g. run_name=my_run")
+    norm = os.path.normpath(os.path.join("outputs", text))
+    if os.path.isabs(text) or norm == "outputs" or not norm.startswith("outputs" + os.sep):
+        return (f"run_name={text!r} leaves outputs/ (the run would write to {resolve_path(norm)}): a run name is a "
+                "folder inside outputs/, e.g. run_name=my_run; to write elsewhere set run_dir=PATH")
+    return None
+
+
+def _non_ascii_problem(overrides: list[str]) -> str | None:
+    """A plain message for Hydra's lexer error on an unquoted non-ASCII value (Hydra's override grammar,
+    hydra/grammar/OverrideLexer.g4, reads only ASCII in unquoted values), or None."""
+    bad = [o for o in overrides if not o.isascii() and "=" in o and o.split("=", 1)[1][:1] not in ("'", '"')]
+    if not bad:
+        return None
+    key, value = bad[0].split("=", 1)
+    return (f"{bad[0]!r}: Hydra reads only ASCII letters in an unquoted value; quote it: {key}='{value}' "
+            f"(in a shell: \"{key}='{value}'\")")
 
 
 def _elsewhere(path) -> bool:
@@ -753,6 +785,9 @@ class Stage:
         if cfg is not None:
             validate(cfg, where=f"stage {name}")
         tracker(self.cfg)  # a typo in report_to fails here, not after the stage's first hour
+        from lab.console import quiet_known_warnings
+
+        quiet_known_warnings()  # expected library messages become one note each (lab.console)
         self.run_dir = resolve_path(self.cfg.run_dir)
         self.dir = self.run_dir / name
         # before anything in the folder is touched; under `accelerate launch` (torchrun sets RANK) the main

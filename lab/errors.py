@@ -62,6 +62,7 @@ import numpy as np
 import pandas as pd
 
 from lab.config import LabError, atomic_write_csv, atomic_write_json, competition, resolve_path
+from lab.stats import wilson_interval  # also lab.errors.wilson_interval, as before
 from lab.metric import VERSIONS, extract_answer, judge, read_table, verify
 from lab.puzzles import CATEGORIES, classify
 from lab.puzzles.categories import BY_NAME, TABLE
@@ -177,20 +178,6 @@ def _ordered_categories(df: pd.DataFrame) -> list[str]:
 
 # --------------------------------------------------------------------------------------------
 # accuracy with Wilson intervals
-
-
-def wilson_interval(k: int, n: int, confidence: float = 0.95) -> tuple[float, float]:
-    """Wilson score interval for k successes in n trials (no continuity correction); (0, 1) for n=0.
-
-    scipy's `binomtest(k, n).proportion_ci(method="wilson")` (scipy/stats/_binomtest.py)."""
-    from scipy.stats import binomtest
-
-    if n <= 0:
-        return 0.0, 1.0
-    if not 0 <= k <= n:
-        raise ValueError(f"wilson_interval: need 0 <= k <= n, got k={k}, n={n}")
-    ci = binomtest(int(k), int(n)).proportion_ci(confidence_level=confidence, method="wilson")
-    return float(ci.low), float(ci.high)
 
 
 def accuracy_table(pred: pd.DataFrame, by: Iterable[str] = ("category",), total: bool = True,

@@ -12,7 +12,9 @@ key is started afresh with a note naming what changed, and a puzzle counts as do
 n of its samples were written.
 
 The completion budget is the competition's: `min(infer.max_tokens, model.max_model_len - prompt
-tokens)`. vLLM is imported only when the `vllm` back-end is chosen.
+tokens)`. A puzzle whose prompt leaves no room at all is skipped by `sample_table`, not fatal to the others: its
+rows have finish_reason 'prompt_too_long' (`SKIPPED`), no completion, and count as wrong; a note names its id.
+vLLM is imported only when the `vllm` back-end is chosen.
 
 The vllm back-end scores an adapter only in its packed form: vLLM 0.33 refuses the raw PEFT folder of
 a Nemotron-H adapter (its routed-expert LoRA is stored fused, and `LoRAModelManager._validate_moe_lora_format`
@@ -55,9 +57,9 @@ from pathlib import Path
 from typing import Sequence
 
 import pandas as pd
-from tqdm import tqdm  # text bars: they show in papermill logs as well as in Jupyter
 
 from lab.config import LabError, competition, resolve_path
+from lab.console import Progress  # plain lines: they show in papermill logs as well as in Jupyter
 from lab.prompts import chat_prompt
 
 VLLM_MAX_RESIDENT_GB = 2.0  # CUDA memory this process may still hold when a vLLM engine starts (a model left behind)
@@ -75,19 +77,28 @@ class Completion:
         return float(sum(self.logprobs) / len(self.logprobs)) if self.logprobs else math.nan
 
 
+def completion_budgets(tokenizer, prompts: Sequence[str], max_tokens: int, max_model_len: int) -> list[int]:
+    """Per rendered prompt, the completion tokens it leaves: min(max_tokens, max_model_len - its tokens); 0 or less
+    when it cannot fit."""
+    return [min(int(max_tokens), int(max_model_len) - len(tokenizer(p, add_special_tokens=False)["input_ids"]))
+            for p in prompts]
+
+
 def completion_budget(tokenizer, prompts: Sequence[str], max_tokens: int, max_model_len: int) -> int:
     """The competition's budget: max_tokens, but never past max_model_len for the longest prompt."""
-    longest = max(len(tokenizer(p, add_special_tokens=False)["input_ids"]) for p in prompts)
-    budget = min(int(max_tokens), int(max_model_len) - longest)
+    budget = min(completion_budgets(tokenizer, prompts, max_tokens, max_model_len))
     if budget <= 0:
-        raise ValueError(f"prompt of {longest} tokens leaves no room under max_model_len={max_model_len}")
+        raise ValueError(f"prompt of {int(max_model_len) - budget} tokens leaves no room under "
+                         f"max_model_len={max_model_len}")
     return budget
 
 
 def generate_hf(model, tokenizer, prompts: Sequence[str], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
                 max_new_tokens: int = 256, batch_size: int = 32, seed: int = 0, logprobs: bool = False,
-                progress: bool = True) -> list[list[Completion]]:
-    """Batched `model.generate` with KV cache; greedy when temperature == 0 (then n copies of one completion)."""
+                progress: bool | Progress = True) -> list[list[Completion]]:
+    """Batched `model.generate` with KV cache; greedy when temperature == 0 (then n copies of one completion).
+    `progress`: a `lab.console.Progress` to count the prompts of every batch on (`sample_table`'s), else whether to
+    print this call's own progress lines."""
     import torch
 
     if temperature <= 0 and n > 1:
@@ -101,7 +112,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], n: int = 1, temperatur
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths batch together
     per_batch = max(1, batch_size // n) if n > 1 else batch_size
     results: dict[int, list[Completion]] = {}
-    bar = tqdm(total=len(prompts), desc="generate", unit="prompt", disable=not progress, mininterval=2)
+    own = not isinstance(progress, Progress)
+    bar = Progress("generate", len(prompts), "prompts", enabled=bool(progress)) if own else progress
     for b, start in enumerate(range(0, len(order), per_batch)):
         idx = order[start:start + per_batch]
         enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False).to(dev)
@@ -127,7 +139,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], n: int = 1, temperatur
             c = Completion(text=text, tokens=length + int(stop), finish_reason="stop" if stop else "length", logprobs=lp)
             results.setdefault(idx[row // n], []).append(c)
         bar.update(len(idx))
-    bar.close()
+    if own:
+        bar.close()
     model.train(was_training)
     return [results[i] for i in range(len(prompts))]
 
@@ -380,7 +393,7 @@ class Generator:
         return [chat_prompt(self.tokenizer, p) for p in puzzles]
 
     def run(self, prompts: Sequence[str], n: int = 1, temperature: float | None = None, top_p: float | None = None,
-            seed: int | None = None, logprobs: bool = False, progress: bool = True) -> list[list[Completion]]:
+            seed: int | None = None, logprobs: bool = False, progress: bool | Progress = True) -> list[list[Completion]]:
         if self.model is None and self.llm is None:
             raise LabError("Generator: closed; make a new one")
         inf = self.cfg.infer
@@ -394,6 +407,16 @@ class Generator:
                                progress=progress)
         return generate_vllm(self.llm, prompts, n=n, temperature=temperature, top_p=top_p, max_new_tokens=budget,
                              seed=seed, logprobs=logprobs, lora_request=self.lora)
+
+
+SKIPPED = "prompt_too_long"  # finish_reason of a puzzle whose prompt cannot fit: not generated, scored wrong
+
+
+def too_long(gen: Generator, prompts: Sequence[str]) -> set[int]:
+    """Positions of the rendered `prompts` that leave no completion token under model.max_model_len (where
+    `completion_budget` would refuse the whole batch)."""
+    budgets = completion_budgets(gen.tokenizer, prompts, gen.cfg.infer.max_tokens, gen.cfg.model.max_model_len)
+    return {i for i, b in enumerate(budgets) if b <= 0}
 
 
 SAMPLE_COLUMNS = ["id", "category", "subtype", "gold", "sample", "completion", "answer", "correct", "tokens",
@@ -469,12 +492,15 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature:
         done = _read_cache(cache, sample_key(gen, n, temperature, logprobs, chunk, top_p), int(n))
     todo = puzzles[~puzzles["id"].astype(str).isin(done)]
     t0, new_tokens = time.time(), 0
-    bar = tqdm(total=len(puzzles), initial=len(puzzles) - len(todo), desc="puzzles", unit="puzzle",
-               disable=not progress, mininterval=2)
+    bar = Progress("generate", len(puzzles), "puzzles", initial=len(puzzles) - len(todo), enabled=progress)
     for start in range(0, len(todo), chunk):
         part = todo.iloc[start:start + chunk]
-        outs = gen.run(gen.prompts(part["prompt"].tolist()), n=n, temperature=temperature, top_p=top_p,
-                       logprobs=logprobs, seed=gen.cfg.seed + start, progress=False)
+        prompts = gen.prompts(part["prompt"].tolist())
+        skip = too_long(gen, prompts)  # per-puzzle: one prompt that cannot fit never stops the others
+        fit = iter(gen.run([p for i, p in enumerate(prompts) if i not in skip], n=n, temperature=temperature,
+                           top_p=top_p, logprobs=logprobs, seed=gen.cfg.seed + start, progress=bar)
+                   if len(skip) < len(prompts) else [])
+        outs = [[Completion("", 0, SKIPPED)] * int(n) if i in skip else next(fit) for i in range(len(prompts))]
         recs = []
         for (_, row), comps in zip(part.iterrows(), outs):
             gold = str(row["answer"]) if "answer" in row else None
@@ -490,11 +516,18 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature:
         if cache is not None:
             with open(cache, "a", encoding="utf-8") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in recs))
-        bar.update(len(part))
-        bar.set_postfix(tok_per_s=f"{new_tokens / max(time.time() - t0, 1e-9):.0f}")
+        bar.set(len(puzzles) - len(todo) + start + len(part),  # the hf back-end counted its batches already
+                **{"tok/s": f"{new_tokens / max(time.time() - t0, 1e-9):.0f}"})
     bar.close()
     rows = [r for pid in puzzles["id"].astype(str) for r in done.get(pid, [])]
-    return pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
+    table = pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
+    skipped = list(dict.fromkeys(table.loc[table["finish_reason"] == SKIPPED, "id"]))
+    table.attrs["skipped"] = skipped
+    if skipped:
+        print(f"note: {len(skipped)} of {puzzles['id'].nunique()} puzzle(s) skipped, their prompt leaves no room "
+              f"under model.max_model_len={gen.cfg.model.max_model_len} tokens: {', '.join(skipped[:20])}"
+              f"{' ...' if len(skipped) > 20 else ''} (scored wrong, finish_reason '{SKIPPED}')", flush=True)
+    return table
 
 
 PREDICTION_COLUMNS = ["id", "category", "subtype", "prompt", "gold", "completion", "answer", "correct", "tokens",

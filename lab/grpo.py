@@ -633,6 +633,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
             trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
                                   train_dataset=ds, processing_class=tokenizer, callbacks=callbacks,
                                   rollout_func=rollout)
+        trl_cpu.use_text_progress(trainer)  # step lines from lab.callbacks.TrainProgress, not an HTML widget
         # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
         install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
         if last:

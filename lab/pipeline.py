@@ -40,13 +40,20 @@ SMOKE_OVERRIDES = ["data.n_train=16", "data.n_val=4", "data.explore_max=16", "in
                    "grpo.prompts_per_step=2", "grpo.mask_truncated_completions=false", "vote.k=2"]
 
 
+# The notebook kernel's own log: only errors. Its one warning, "Kernel is running over TCP without encryption"
+# (ipykernel/kernelapp.py), concerns the localhost sockets papermill opens to it; nbclient hands these arguments
+# to the kernel's command line (nbclient/client.py, `extra_arguments`).
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
+
+
 def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, out_dir: Path | None = None,
                   log_file: Path | None = None, log_output: bool = True) -> Path:
     """Run notebooks/<stage>.ipynb with papermill into <out_dir or run_dir/notebooks>/; returns the executed copy.
 
     The one stage runner: `run_notebooks` (demo, the Kaggle pipeline kernel) and `lab.sweep` call it. The
     kernel's output goes to `log_file` when given, else to stdout when `log_output`. A notebook that runs to
-    the end without writing <run_dir>/<stage>/metrics.json is an error.
+    the end without writing <run_dir>/<stage>/metrics.json is an error. A `LabError` raised inside the stage comes
+    back as one LabError (its message and the executed notebook's path); any other error as papermill raises it.
     """
     import papermill as pm
 
@@ -56,13 +63,21 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, out_dir: P
     out = (out_dir or run_dir / "notebooks") / src.name
     out.parent.mkdir(parents=True, exist_ok=True)
     kw = dict(parameters={"overrides": list(overrides)}, cwd=str(project_root()), kernel_name="python3",
-              progress_bar=False)
-    if log_file is None:
-        pm.execute_notebook(str(src), str(out), log_output=log_output, **kw)
-    else:
-        log_file.parent.mkdir(parents=True, exist_ok=True)
-        with open(log_file, "w", encoding="utf-8") as f:
-            pm.execute_notebook(str(src), str(out), log_output=False, stdout_file=f, stderr_file=f, **kw)
+              progress_bar=False, extra_arguments=KERNEL_ARGS)
+    try:
+        if log_file is None:
+            pm.execute_notebook(str(src), str(out), log_output=log_output, **kw)
+        else:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_file, "w", encoding="utf-8") as f:
+                pm.execute_notebook(str(src), str(out), log_output=False, stdout_file=f, stderr_file=f, **kw)
+    except pm.PapermillExecutionError as e:
+        if e.ename != "LabError":  # a bug: papermill's traceback is what helps
+            raise
+        # the lab's own refusal: its message, once, and where the whole output is (not a 60-line traceback)
+        where = f"; log: {log_file}" if log_file is not None else ""
+        raise LabError(f"stage {stage} stopped: {e.evalue}\n(the executed notebook, with all the stage printed: "
+                       f"{out}{where})") from None
     if not (run_dir / stage / "metrics.json").is_file():
         raise LabError(f"{out}: the notebook ran to the end but {run_dir / stage / 'metrics.json'} was not written")
     return out

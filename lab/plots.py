@@ -8,7 +8,10 @@ The style, once for all: the Okabe-Ito palette (told apart with any colour visio
 whole-number ticks for steps and k, readable legend names (`label` turns TRL's log keys such as
 `rewards/correctness/mean` into `correctness`), accuracy bars with their Wilson 95% interval and their
 value written on them (a bar of 0 still shows as a line and a "0.00"), and the greedy score as a
-dashed reference line on the voting curves.
+dashed reference line on the voting curves. Every estimate carries its interval: Wilson 95% for accuracies
+(bars, the voting curves and markers, given the puzzle count `n`), a 95% normal interval for GRPO's per-step reward
+means (given the completions per step). Legends sit where they cover no data; whole-number counts get
+whole-number bins; a share is drawn on 0..1.
 
 What it simplifies: one PNG writer, one figure factory and one palette instead of one per module; no
 pyplot state (figures are plain `Figure` objects, saved with the Agg canvas, safe in any backend).
@@ -96,22 +99,61 @@ def _integer_x(ax, values) -> None:
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
 
 
+def _wilson(acc, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Wilson 95% bounds (lo, hi) of accuracies `acc` over `n` puzzles, each taken as round(acc * n) of n (an
+    average over sample windows, maj@k and pass@k, is treated so too: the headline table's convention)."""
+    from lab.stats import wilson_interval
+
+    pairs = [wilson_interval(int(round(float(a) * n)), int(n)) if n and a == a else (math.nan, math.nan)
+             for a in np.atleast_1d(acc)]
+    return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
+
+
+def _integer_bins(values: pd.Series, max_bins: int = 30):
+    """Bin edges at half-integers, each bin a whole number of units wide (no comb of empty bins between integer
+    counts); None when the values are not all whole numbers."""
+    v = pd.to_numeric(values, errors="coerce").dropna()
+    if not len(v) or not np.allclose(v, np.round(v)):
+        return None
+    lo, hi = int(v.min()), int(v.max())
+    width = max(1, math.ceil((hi - lo + 1) / max_bins))
+    return np.arange(lo, hi + width + 1, width) - 0.5
+
+
 # ---- stage plots -------------------------------------------------------------------------------------
 
-def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = "") -> Figure:
-    """One line per column of `ys` (those present) against `x`; steps and k on whole-number ticks."""
+def _std_column(y: str) -> str:
+    """The log column holding the spread of `y`: `reward` -> `reward_std`, `rewards/f/mean` -> `rewards/f/std`."""
+    return y[:-len("/mean")] + "/std" if y.endswith("/mean") else f"{y}_std"
+
+
+def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = "", n: int | None = None) -> Figure:
+    """One line per column of `ys` (those present) against `x`; steps and k on whole-number ticks. With `n` (the
+    values each point averages, e.g. GRPO's completions per step) and a std column beside a line (`_std_column`),
+    a band shows the 95% normal interval of that mean, mean +- 1.96 std / sqrt(n)."""
     fig = figure()
     ax = axes(fig)
+    banded = False
     for y in ys:
         if y in df:
-            ax.plot(df[x], pd.to_numeric(df[y], errors="coerce"), marker="o", markersize=3, label=label(y))
+            mean = pd.to_numeric(df[y], errors="coerce")
+            drawn = ax.plot(df[x], mean, marker="o", markersize=3, label=label(y))
+            sd = _std_column(y)
+            if n and sd in df:
+                half = 1.96 * pd.to_numeric(df[sd], errors="coerce") / math.sqrt(n)
+                ax.fill_between(df[x], mean - half, mean + half, color=drawn[0].get_color(), alpha=0.2, linewidth=0)
+                banded = True
     if x in ("step", "k") and x in df:
         _integer_x(ax, df[x])
     if not ax.lines:
         ax.text(0.5, 0.5, "nothing logged", ha="center", va="center", transform=ax.transAxes)
+    values = pd.concat([pd.to_numeric(df[y], errors="coerce") for y in ys if y in df] or [pd.Series(dtype=float)])
+    if values.notna().any() and values.max() - values.min() < 1e-12:
+        _value_axis(ax, values.dropna())  # a flat line reads as its value, not as noise blown up to +-0.04
     ax.set_xlabel("optimiser step" if x == "step" else label(x))
     ax.set_ylabel(ylabel)
-    ax.set_title(title)
+    ax.set_title(title + (f"\nbands: 95% interval of each mean over {n} values (normal approximation)" if banded else ""),
+                 fontsize=10 if banded else None)
     if ax.get_legend_handles_labels()[1]:
         ax.legend(fontsize=8)
     return fig
@@ -160,10 +202,13 @@ def histogram(df: pd.DataFrame, column: str, by: str, title: str, xlabel: str) -
     fig = figure()
     ax = axes(fig)
     values = pd.to_numeric(df[column], errors="coerce").dropna()
-    bins = np.histogram_bin_edges(values, bins=30) if len(values) else 10
+    bins = _integer_bins(values)
+    if bins is None:
+        bins = np.histogram_bin_edges(values, bins=30) if len(values) else 10
     for i, (key, g) in enumerate(df.groupby(by)):
         ax.hist(pd.to_numeric(g[column], errors="coerce").dropna(), bins=bins, histtype="step", linewidth=1.6,
                 color=PALETTE[i % len(PALETTE)], label=f"{key} ({len(g)})")
+    ax.yaxis.set_major_locator(MaxNLocator(integer=True))
     ax.set_xlabel(xlabel)
     ax.set_ylabel("puzzles")
     ax.set_title(title)
@@ -173,20 +218,31 @@ def histogram(df: pd.DataFrame, column: str, by: str, title: str, xlabel: str) -
 
 # ---- voting ------------------------------------------------------------------------------------------
 
-def vote_k(curves: pd.DataFrame, greedy: float | None, title: str = "Accuracy against samples per puzzle") -> Figure:
+def vote_k(curves: pd.DataFrame, greedy: float | None, title: str = "Accuracy against samples per puzzle",
+           n: int | None = None) -> Figure:
     """pass@k and maj@k against k (from `lab.vote.curves`, which estimates both on the same samples, so they
-    meet at k = 1), with the greedy score as a dashed line; the last point's value written beside it."""
+    meet at k = 1), with the greedy score as a dashed line; the last point's value written beside it. With `n`
+    (puzzles), each curve and the greedy line carry a Wilson 95% band (`_wilson`)."""
     fig = figure()
     ax = axes(fig)
     for i, col in enumerate(("pass_at_k", "maj_at_k")):
         ax.plot(curves["k"], curves[col], marker="o", markersize=3, color=PALETTE[i], label=label(col))
+        if n:
+            lo, hi = _wilson(curves[col], n)
+            ax.fill_between(curves["k"], lo, hi, color=PALETTE[i], alpha=0.15, linewidth=0)
         ax.annotate(f"{curves[col].iloc[-1]:.2f}", (curves["k"].iloc[-1], curves[col].iloc[-1]),
-                    textcoords="offset points", xytext=(4, 0), va="center", fontsize=8, color=PALETTE[i])
+                    textcoords="offset points", xytext=(4, 0), va="center", fontsize=8, color=PALETTE[i],
+                    annotation_clip=False)
     if greedy is not None:
         ax.axhline(greedy, color="black", linestyle="--", linewidth=1, label=f"greedy (Kaggle's setting) {greedy:.2f}")
+        if n:
+            lo, hi = _wilson([greedy], n)
+            ax.axhspan(lo[0], hi[0], color="black", alpha=0.07, linewidth=0)
     _integer_x(ax, curves["k"])
+    k0, k1 = float(curves["k"].min()), float(curves["k"].max())
+    ax.set_xlim(k0 - 0.3 if k0 == k1 else k0 - 0.03 * (k1 - k0), k1 + max(0.4, 0.12 * (k1 - k0)))  # room for the end labels
     ax.set_xlabel("k (samples per puzzle)")
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel("accuracy" + (f" (bands: Wilson 95%, n={n})" if n else ""))
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
     ax.legend(fontsize=8, loc="upper left")  # the curves rise to the right, where their end values are written
@@ -194,23 +250,32 @@ def vote_k(curves: pd.DataFrame, greedy: float | None, title: str = "Accuracy ag
 
 
 def vote_tokens(curves: pd.DataFrame, methods: pd.DataFrame,
-                title: str = "Accuracy against tokens spent per puzzle") -> Figure:
+                title: str = "Accuracy against tokens spent per puzzle", n: int | None = None) -> Figure:
     """maj@k as a line against tokens per puzzle, and each voting method (`method, accuracy, tokens_per_puzzle`;
-    a method named 'greedy ...' is drawn in black) as one marker in its own colour and shape."""
-    fig = figure()
+    a method named 'greedy ...' is drawn in black) as one marker in its own colour and shape. With `n` (puzzles):
+    a Wilson 95% band on the line and a Wilson 95% bar on every marker. The legend sits below the axes, so it
+    covers no marker."""
+    fig = figure(6.4, 4.6)
     ax = axes(fig)
     ax.plot(curves["tokens_per_puzzle"], curves["maj_at_k"], color=GREY, marker=".", label="maj@k, k = 1, 2, ...")
+    if n:
+        lo, hi = _wilson(curves["maj_at_k"], n)
+        ax.fill_between(curves["tokens_per_puzzle"], lo, hi, color=GREY, alpha=0.2, linewidth=0)
     markers = "sD^vP*X"
     for i, m in enumerate(methods.itertuples(index=False)):
         greedy = str(m.method).startswith("greedy")
+        colour = "black" if greedy else PALETTE[(i - 1) % len(PALETTE)]
+        if n:
+            lo, hi = _wilson([m.accuracy], n)
+            ax.errorbar([m.tokens_per_puzzle], [m.accuracy], yerr=[[m.accuracy - lo[0]], [hi[0] - m.accuracy]],
+                        fmt="none", ecolor=colour, elinewidth=1, capsize=3, zorder=2)
         ax.scatter(m.tokens_per_puzzle, m.accuracy, s=60, zorder=3, marker="o" if greedy else markers[i % len(markers)],
-                   color="black" if greedy else PALETTE[(i - 1) % len(PALETTE)],
-                   label=f"{m.method}: {m.accuracy:.2f}")
+                   color=colour, label=f"{m.method}: {m.accuracy:.2f}")
     ax.set_xlabel("tokens per puzzle")
-    ax.set_ylabel("accuracy")
+    ax.set_ylabel("accuracy" + (f" (Wilson 95%, n={n})" if n else ""))
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="lower right")
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.18), ncol=2, frameon=False)
     return fig
 
 
@@ -247,7 +312,9 @@ def taxonomy(tax: pd.DataFrame) -> Figure:
 
 
 def lengths(df: pd.DataFrame, budget: int, categories: list[str]) -> Figure:
-    """Completion tokens per category, correct (filled) against wrong (outlined), a dashed line at the budget.
+    """Completion tokens per category, correct (filled) against wrong (outlined), a dashed line at the completion
+    budget (the tokens a completion may use: min(max_tokens, context length - prompt tokens), which the caller
+    computes, e.g. with `lab.generate.completion_budgets`; not the context length). Integer-aware bins.
 
     `df` is a normalised predictions table (`correct` bool, `tokens` Int64)."""
     cats = categories or ["(none)"]
@@ -255,7 +322,9 @@ def lengths(df: pd.DataFrame, budget: int, categories: list[str]) -> Figure:
     nrows = math.ceil(len(cats) / ncols)
     fig = figure(4.2 * ncols, 3.0 * nrows)
     tmax = df["tokens"].dropna().max() if df["tokens"].notna().any() else 0
-    bins = np.linspace(0, max(float(budget), float(tmax)) * 1.02, 31)
+    top = int(max(float(budget), float(tmax)))
+    width = max(1, math.ceil((top + 1) / 30))
+    bins = np.arange(0, top + 2 * width, width) - 0.5  # whole tokens per bin: no comb
     for i, cat in enumerate(cats):
         ax = axes(fig, nrows, ncols, i + 1)
         g = df[df["category"] == cat]
@@ -266,7 +335,7 @@ def lengths(df: pd.DataFrame, budget: int, categories: list[str]) -> Figure:
             ax.hist(wrong, bins=bins, histtype="step", linewidth=1.8, color=PALETTE[1], label=f"wrong ({len(wrong)})")
         if not g["tokens"].notna().any():
             ax.text(0.5, 0.5, "no token counts", ha="center", va="center", transform=ax.transAxes)
-        ax.axvline(budget, color="black", linestyle="--", linewidth=1, label=f"budget {budget}")
+        ax.axvline(budget, color="black", linestyle="--", linewidth=1, label=f"completion budget {budget}")
         ax.yaxis.set_major_locator(MaxNLocator(integer=True))
         ax.set_title(cat, fontsize=10)
         ax.set_xlabel("completion tokens")
@@ -284,6 +353,19 @@ def ordered(values) -> list:
         return sorted(vals, key=float)
     except (TypeError, ValueError):
         return sorted(vals, key=str)
+
+
+def _value_axis(ax, values: pd.Series) -> None:
+    """A y range that shows the data: a share (every value in [0, 1]) on 0..1, so a flat line reads as its value,
+    not as noise blown up to +-0.04; any other flat series gets a margin of its own size."""
+    if not len(values):
+        return
+    lo, hi = float(values.min()), float(values.max())
+    if 0 <= lo and hi <= 1:
+        ax.set_ylim(-0.02, 1.05)
+    elif hi - lo < 1e-12:
+        pad = max(abs(lo) * 0.1, 1.0)
+        ax.set_ylim(lo - pad, hi + pad)
 
 
 def sweep_against(df: pd.DataFrame, metric: str, param: str, others: list[str]) -> Figure:
@@ -313,6 +395,7 @@ def sweep_against(df: pd.DataFrame, metric: str, param: str, others: list[str]) 
         if pos:
             ax.errorbar(pos, mean, yerr=[lo, hi], marker="o", capsize=4, label=name, color=colour)
     ax.set_xticks(range(len(xs)), xs, rotation=20 if max(map(len, xs)) > 6 else 0, fontsize=8)
+    _value_axis(ax, pd.to_numeric(df[metric], errors="coerce").dropna())
     ax.set_xlabel(param)
     ax.set_ylabel(metric)
     n_seeds = df["seed"].nunique() if "seed" in df else 1

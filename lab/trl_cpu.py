@@ -52,15 +52,14 @@ def install() -> bool:
 
 
 def use_text_progress(trainer) -> None:
-    """Swap transformers' HTML notebook progress bar for the text one.
+    """Take transformers' progress bar off the trainer: the lab's `TrainProgress` (lab.callbacks) prints plain lines.
 
-    Inside a Jupyter kernel the Trainer draws an HTML widget, which a headless papermill run
-    shows as `<IPython.core.display.HTML object>` and never updates; the text bar shows in
-    both places, so long training runs stay visible in `make demo` and sweeps.
+    Inside a Jupyter kernel the Trainer draws an HTML widget, which a headless papermill run shows as
+    `<IPython.core.display.HTML object>` and never updates; its text bar (tqdm, redrawn with '\\r') shows only its
+    first frame in papermill's log. A line every few seconds shows in both places (lab.console).
     """
     from transformers.trainer_callback import ProgressCallback
     from transformers.utils.notebook import NotebookProgressCallback
 
-    if any(isinstance(cb, NotebookProgressCallback) for cb in trainer.callback_handler.callbacks):
-        trainer.remove_callback(NotebookProgressCallback)
-        trainer.add_callback(ProgressCallback)
+    for bar in (NotebookProgressCallback, ProgressCallback):
+        trainer.remove_callback(bar)

@@ -1,0 +1,98 @@
+"""What a person sees while a stage runs (issue 28, item 9): plain step lines from SFT and GRPO's trainer instead of
+a bar that never moves under papermill, expected library warnings said once, a stage's LabError as one message."""
+
+import logging
+
+import pytest
+
+from lab import console
+
+
+def _tiny_trainer(tmp_path, steps=4):
+    import torch
+    from transformers import Trainer, TrainingArguments
+
+    from lab.callbacks import trainer_callbacks
+    from lab.trl_cpu import use_text_progress
+
+    class Line(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.w = torch.nn.Parameter(torch.ones(1))
+
+        def forward(self, x, labels=None):
+            return {"loss": ((self.w * x - labels) ** 2).mean()}
+
+    data = [{"x": torch.tensor([1.0]), "labels": torch.tensor([2.0])}] * 8
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=2, logging_steps=2,
+                             report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=False)
+    trainer = Trainer(model=Line(), args=args, train_dataset=data, callbacks=trainer_callbacks(None, 0))
+    use_text_progress(trainer)
+    return trainer
+
+
+def test_training_prints_plain_step_lines_with_loss_and_eta_not_a_bar(tmp_path, capsys, monkeypatch):
+    from transformers.trainer_callback import ProgressCallback
+    from transformers.utils.notebook import NotebookProgressCallback
+
+    trainer = _tiny_trainer(tmp_path)
+    names = [type(cb) for cb in trainer.callback_handler.callbacks]
+    assert ProgressCallback not in names and NotebookProgressCallback not in names
+    monkeypatch.setattr(console, "EVERY_S", 0.0)
+    for cb in trainer.callback_handler.callbacks:
+        if hasattr(cb, "every_s"):
+            cb.every_s = 0.0  # a line per step, as a long run prints one every EVERY_S seconds
+    trainer.train()
+    out, err = capsys.readouterr()
+    lines = [ln for ln in out.splitlines() if ln.startswith("train step")]
+    assert [ln.split(" | ")[0] for ln in lines] == [f"train step {i}/4 ({i * 25}%)" for i in (1, 2, 3, 4)]
+    assert "| loss " in lines[1] and "ETA 0:00:" in lines[1] and "elapsed" in lines[-1]
+    assert "\r" not in out + err and "it/s]" not in err  # no redrawn bar
+
+
+def test_known_warnings_become_one_note_each(caplog):
+    console.quiet_known_warnings()
+    console.quiet_known_warnings()  # twice: still one filter per logger
+    kernels = logging.getLogger("transformers.integrations.hub_kernels")
+    trl = logging.getLogger("trl.trainer.grpo_trainer")
+    assert sum(isinstance(f, console._SayOnce) for f in kernels.filters) == 1
+    for f in kernels.filters + trl.filters:  # a fresh process: nothing said yet
+        f.said = False
+    with caplog.at_level(logging.WARNING):
+        for fn in ("causal_conv1d_fn", "mamba_chunk_scan_combined", "selective_state_update"):
+            kernels.warning(f"`{fn}` is falling back to its reference PyTorch implementation because ...")
+        for _ in range(5):
+            trl.warning("All reward functions returned None for the following kwargs:\n{'prompt': '...'}")
+        trl.warning("something else")
+    msgs = [r.getMessage() for r in caplog.records]
+    assert len(msgs) == 3 and msgs[0].startswith("note: the Mamba-2 layers") and "mask_truncated" in msgs[1]
+    assert msgs[2] == "something else"
+
+
+def test_progress_lines_count_every_batch_and_end_once(capsys):
+    p = console.Progress("generate", 5, "puzzles", every_s=0.0)
+    for _ in range(5):
+        p.update(1)
+    p.set(5, **{"tok/s": "12"})
+    p.close()
+    out = capsys.readouterr().out.splitlines()
+    assert [ln.split(" | ")[0] for ln in out] == [f"generate {i}/5 puzzles ({i * 20}%)" for i in range(1, 6)]
+
+
+@pytest.mark.slow
+def test_a_labs_error_inside_a_stage_is_one_message(tmp_path):
+    """02_sft of the real model on this CPU machine: the preflight refuses in the notebook's first cell, and the
+    runner says so in one LabError naming the executed notebook, not with papermill's traceback."""
+    import torch
+
+    from lab.config import LabError
+    from lab.pipeline import execute_stage
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    with pytest.raises(LabError) as e:
+        execute_stage("02_sft", tmp_path, ["model=nemotron_nano", f"run_dir={tmp_path}"], log_output=False)
+    msg = str(e.value)
+    assert msg.startswith("stage 02_sft stopped: 02_sft with model=nemotron_nano cannot run on this machine")
+    assert "no CUDA device" in msg and str(tmp_path / "notebooks" / "02_sft.ipynb") in msg
+    assert "Traceback" not in msg and "----" not in msg

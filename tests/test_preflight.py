@@ -1,0 +1,72 @@
+"""The real-model preflight (issue 28, item 6): a real-model stage on a machine without the GPU extra, a CUDA
+device or the model folder refuses when it opens, with one list of everything missing, before its folder is
+touched. This machine has no CUDA and no vllm: exactly the wrong machine."""
+
+import importlib.util
+
+import pytest
+
+from lab import preflight
+from lab.config import LabError, compose
+
+
+def _real(tmp_path, *extra):
+    return ["model=nemotron_nano", f"run_dir={tmp_path / 'run'}", *extra]
+
+
+def test_wrong_machine_gets_one_list_of_everything_missing(tmp_path):
+    import torch
+
+    if torch.cuda.is_available() or importlib.util.find_spec("vllm") is not None:
+        pytest.skip("this machine has a GPU or the GPU extra")
+    over = _real(tmp_path, "model.path=models/nemotron-3-nano")  # not a folder here: taken for a Hub id so far
+    compose(over)  # compose alone accepts it (a Hub id may be fetched beforehand)
+    with pytest.raises(LabError) as e:
+        preflight.check("02_sft", over)  # as the notebook's first cell calls it, before it opens its Stage
+    msg = str(e.value)
+    assert msg.startswith("02_sft with model=nemotron_nano cannot run on this machine; missing:")
+    assert "vllm not installed" in msg and "pip install -e '.[gpu]'" in msg
+    assert "no CUDA device" in msg
+    assert "model.path" in msg and "nemotron-3-nano" in msg
+    assert msg.count("\n  - ") == 3
+    assert not (tmp_path / "run").exists()  # refused before anything was written
+
+
+@pytest.mark.parametrize("stage", preflight.REAL_MODEL_STAGES)
+def test_every_real_model_notebook_checks_before_it_opens_its_stage(stage):
+    import json
+
+    from lab.config import project_root
+
+    nb = json.loads((project_root() / "notebooks" / f"{stage}.ipynb").read_text())
+    code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
+    assert code.index(f'preflight.check("{stage}", overrides)') < code.index(f'Stage("{stage}", overrides)')
+
+
+def test_unsloth_is_asked_for_only_where_the_stage_uses_it(tmp_path):
+    (tmp_path / "m").mkdir()
+    (tmp_path / "m" / "config.json").write_text("{}")
+    cfg = compose(_real(tmp_path, f"model.path={tmp_path / 'm'}", "sft.backend=unsloth",
+                        "model.generation_backend=hf"))
+    sft = " ".join(preflight.problems("02_sft", cfg))
+    vote = " ".join(preflight.problems("04_vote", cfg))
+    assert ("unsloth not installed" in sft) == (importlib.util.find_spec("unsloth") is None)
+    assert "unsloth" not in vote and "vllm" not in vote and "model.path" not in vote
+
+
+def test_the_tiny_model_and_other_stages_skip_it(tmp_path):
+    assert not preflight.applies("02_sft", compose([f"run_dir={tmp_path}"]))
+    cfg = compose(_real(tmp_path))
+    assert preflight.applies("03_grpo", cfg) and not preflight.applies("05_errors", cfg)
+    assert not preflight.applies("01_explore", cfg)
+
+
+def test_one_more_check_is_one_more_function_of_the_config(tmp_path, monkeypatch):
+    """How the Mamba-kernel and memory checks join: a function of the config that raises LabError, one line."""
+    def check_fits(cfg):
+        raise LabError(f"the model does not fit ({cfg.model.name})")
+
+    real = preflight.checks
+    monkeypatch.setattr(preflight, "checks", lambda stage: [*real(stage), check_fits])
+    found = preflight.problems("03_grpo", compose(_real(tmp_path)))
+    assert found[-1] == "the model does not fit (nemotron_nano)" and len(found) >= 2  # the others still listed
