@@ -16,8 +16,10 @@ The checks:
 - `check_cuda`: torch sees a CUDA device;
 - `check_model_folder`: `model.path` is a local model folder, the Kaggle mount, or a Hub id already in the local Hub
   cache (`lab.config.check_model_path` with the cache; nothing is downloaded at run time, so a path such as
-  `models/nemotron-3-nano` that does not exist is an error here, not a Hub id to fetch later).
-More checks (the Mamba kernels, the memory estimate) are added to `checks` as one line each.
+  `models/nemotron-3-nano` that does not exist is an error here, not a Hub id to fetch later);
+- `lab.models.check_mamba_kernels` (02_sft, 03_grpo): the fused Mamba kernels import (training on transformers'
+  PyTorch reference scan does not fit any GPU);
+- `lab.grpo.check_backend` (03_grpo): the rollout back-end is one that stays exact for Nemotron-H.
 
 What it simplifies: the checks look at this machine once, when the stage opens; nothing is loaded to test them.
 """
@@ -61,10 +63,14 @@ def check_model_folder(cfg: DictConfig) -> None:
 
 def checks(stage: str) -> list:
     """The checks `stage` runs, each a function of the config that raises a LabError."""
+    from lab import grpo, models
+
     return [
         functools.partial(check_gpu_extra, stage=stage),
         check_cuda,
         check_model_folder,
+        *([models.check_mamba_kernels] if stage in ("02_sft", "03_grpo") else []),
+        *([grpo.check_backend] if stage == "03_grpo" else []),
     ]
 
 

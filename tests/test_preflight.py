@@ -28,7 +28,8 @@ def test_wrong_machine_gets_one_list_of_everything_missing(tmp_path):
     assert "vllm not installed" in msg and "pip install -e '.[gpu]'" in msg
     assert "no CUDA device" in msg
     assert "model.path" in msg and "nemotron-3-nano" in msg
-    assert msg.count("\n  - ") == 3
+    assert "fused Mamba kernels" in msg  # lab.models.check_mamba_kernels: training needs mamba_ssm + causal_conv1d
+    assert msg.count("\n  - ") == 4
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
@@ -70,3 +71,17 @@ def test_one_more_check_is_one_more_function_of_the_config(tmp_path, monkeypatch
     monkeypatch.setattr(preflight, "checks", lambda stage: [*real(stage), check_fits])
     found = preflight.problems("03_grpo", compose(_real(tmp_path)))
     assert found[-1] == "the model does not fit (nemotron_nano)" and len(found) >= 2  # the others still listed
+
+
+def test_the_mamba_kernels_are_asked_for_where_the_stage_trains(tmp_path):
+    if importlib.util.find_spec("mamba_ssm") is not None:
+        pytest.skip("this machine has mamba_ssm")
+    cfg = compose(_real(tmp_path))
+    for stage in ("02_sft", "03_grpo"):
+        assert any("fused Mamba kernels" in p for p in preflight.problems(stage, cfg)), stage
+    assert not any("Mamba" in p for p in preflight.problems("04_vote", cfg))  # vLLM brings its own kernels
+
+
+def test_grpo_refuses_vllm_rollouts_for_nemotron_h_before_the_stage(tmp_path):
+    cfg = compose(_real(tmp_path, "grpo.rollout_backend=vllm"))
+    assert any("rollout_backend=vllm is refused" in p for p in preflight.problems("03_grpo", cfg))
