@@ -148,8 +148,11 @@ def test_max_completion_length_is_the_competitions_budget_never_trls_default(roo
 def test_resume_point_takes_the_newest_checkpoint_within_max_steps(root, tmp_path):
     """transformers' get_last_checkpoint picks the checkpoint once those past max_steps are deleted."""
     out = tmp_path / "checkpoints"
+    from lab.checkpoints import mark_complete
+
     for step in (2, 10, 4, 6):
         (out / f"checkpoint-{step}").mkdir(parents=True)
+        mark_complete(out / f"checkpoint-{step}")  # a checkpoint counts only when complete (lab.checkpoints)
     (out / "checkpoint-x").mkdir()
     fp = {"grpo": {"lr": 1}, "seed": 1}
     config.atomic_write_json(out / grpo.RUN_RECORD, {"fingerprint": fp, "order": ["a"]})
@@ -157,7 +160,7 @@ def test_resume_point_takes_the_newest_checkpoint_within_max_steps(root, tmp_pat
     last, record, notes = grpo.resume_point(cfg, out, fp)
     assert last == out / "checkpoint-4" and record["order"] == ["a"]
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-x"]
-    assert [n.split(" ")[0] for n in notes] == ["checkpoint-6", "checkpoint-10"]
+    assert [n.split(" ")[0] for n in notes] == ["checkpoint-6", "checkpoint-10", "resuming"]
 
 
 def test_schedule_repeats_the_order_and_reshuffles_only_without_curriculum():
@@ -348,12 +351,12 @@ def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch)
     # 1. stopped by the wall-clock budget after step 1: a checkpoint is saved, the adapter too
     cfg_b1 = compose(root, "interrupted", *common, "grpo.wall_clock_budget_min=1e-6")
     m1, *_ = run(cfg_b1, puzzles)
-    ck = config.resolve_path(cfg_b.run_dir) / "03_grpo" / "checkpoints"
+    ck = config.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo"
     assert m1["stopped_by_budget"] and m1["steps"] == 1 < m1["max_steps"] == 4
     for f in ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"):
         assert (ck / "checkpoint-1" / f).is_file(), f
     assert (config.resolve_path(cfg_b.grpo.adapter_dir) / "adapter_model.safetensors").is_file()
-    order = pd.read_csv(config.resolve_path(cfg_b.run_dir) / "03_grpo" / "prompt_order.csv", dtype={"id": str})
+    order = pd.read_csv(config.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo" / "prompt_order.csv", dtype={"id": str})
 
     # 2. resumed (pass rates are NOT estimated again), stopped after step 3; 3. resumed to the end
     def no_pass_rates(*a, **k):
@@ -374,7 +377,7 @@ def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch)
     # the same samples at every step: the rewards of the stitched log equal the uninterrupted run's
     assert m3["logged_steps"] == [1, 2, 3, 4]
     assert m3["reward_per_step"] == pytest.approx(m_a["reward_per_step"], abs=1e-4)
-    assert pd.read_csv(config.resolve_path(cfg_b.run_dir) / "03_grpo" / "prompt_order.csv",
+    assert pd.read_csv(config.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo" / "prompt_order.csv",
                        dtype={"id": str})["id"].tolist() == order["id"].tolist()
     # the adapter after step 3 differs from the final one: the resumed run really trained
     from safetensors.torch import load_file

@@ -1,0 +1,130 @@
+"""Stage lineage: what each stage consumed and produced, as content hashes, and whether a finished stage is current.
+
+A stage (`lab.config.Stage`) records in its `manifest.json`:
+- `inputs`: the content hash of everything it read from the run: the split folder (`lab.data.prepare`), and every
+  path it took from an earlier stage through `lab.config.stage_output` / `stage_input` (an upstream adapter, an
+  upstream predictions file, or a whole upstream stage folder), keyed by the path relative to the run folder;
+- `outputs`: the content hash of every file it wrote into its own folder (manifest.json aside).
+
+`problems(run_dir, stage)` compares both with what is on disk now: an output that differs is a hand-edit (or a
+damaged file); an input that differs means an upstream stage was rerun (or edited) after this one read it; an
+upstream stage with problems makes every stage that read it stale too. `lab.config.stage_output` / `stage_input`
+refuse to read a stage with problems, and `lab.pipeline.summary` marks it.
+
+What it simplifies:
+1. Hashes are `lab.generate.content_hash` (the one file hasher: memoised per process by path, size and modification
+   time; a file over 1 GiB contributes its size and its first and last 64 MiB).
+2. A stage finished by an older lab version (no `outputs` in its manifest) has unknown lineage: nothing is said.
+3. Files added to a finished stage folder are not flagged, only files changed or removed.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+_OPEN: list = []  # the stage this process has open (lab.config.Stage), to which `consumed` records its inputs
+
+
+def content_hash(path: Path) -> str:
+    from lab.generate import content_hash as _hash
+
+    return _hash(path)
+
+
+def key(run_dir: Path, path: Path) -> str:
+    """How a path is named in a manifest: relative to the run folder when inside it, else absolute."""
+    try:
+        return Path(path).resolve().relative_to(Path(run_dir).resolve()).as_posix()
+    except ValueError:
+        return str(Path(path).resolve())
+
+
+def stage_of(k: str) -> str | None:
+    """The stage folder a manifest key lies in (`02_sft/adapter` -> `02_sft`), or None."""
+    first = k.split("/", 1)[0]
+    return first if re.fullmatch(r"\d\d_\w+", first) else None
+
+
+def opened(stage) -> None:
+    _OPEN[:] = [stage]
+
+
+def closed(stage) -> None:
+    if _OPEN and _OPEN[0] is stage:
+        _OPEN.clear()
+
+
+def consumed(path) -> None:
+    """Record `path`'s content hash as an input of the open stage (none open: nothing to do)."""
+    if not _OPEN:
+        return
+    stage = _OPEN[0]
+    p = Path(path).resolve()
+    for own in (stage.dir, stage.final):
+        if p == own.resolve() or own.resolve() in p.parents:
+            return
+    if p.exists():
+        stage.manifest.setdefault("inputs", {})[key(stage.run_dir, p)] = content_hash(p)
+
+
+def outputs(folder: Path) -> dict[str, str]:
+    """{relative path: content hash} of every file in a stage folder except manifest.json and hidden files."""
+    folder = Path(folder)
+    return {p.relative_to(folder).as_posix(): content_hash(p) for p in sorted(folder.rglob("*"))
+            if p.is_file() and p.name != "manifest.json"
+            and not any(part.startswith(".") for part in p.relative_to(folder).parts)}
+
+
+def _manifest(d: Path) -> dict | None:
+    try:
+        m = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
+        return m if isinstance(m, dict) else None
+    except (OSError, ValueError):
+        return None
+
+
+def problems(run_dir: Path, name: str, memo: dict | None = None) -> list[str]:
+    """Why the finished stage `name` of `run_dir` is no longer what its manifest recorded (empty: it is current)."""
+    memo = {} if memo is None else memo
+    if name in memo:
+        return memo[name]
+    memo[name] = []  # a cycle (never written by the lab) ends here
+    run_dir = Path(run_dir)
+    man = _manifest(run_dir / name)
+    if man is None or "outputs" not in man:
+        return []
+    out = []
+    recorded, now = man["outputs"], outputs(run_dir / name)
+    edited = [k for k in sorted(recorded) if now.get(k) != recorded[k]]
+    if edited:
+        out.append(f"{name}: {', '.join(edited[:5])}{' ...' if len(edited) > 5 else ''} changed or removed after "
+                   f"the stage finished ({man.get('end_time')}): hand-edited or damaged; rerun {name}")
+    stale_up: set[str] = set()
+    for k, h in sorted(man.get("inputs", {}).items()):
+        p = Path(k) if Path(k).is_absolute() else run_dir / k
+        up = stage_of(k) if not Path(k).is_absolute() else None
+        current = content_hash(p) if p.exists() else None
+        if current != h:
+            if current is None:
+                why = "is gone"
+            elif up and (m := _manifest(run_dir / up)):
+                why = f"changed: {up} was rerun or edited (it finished at {m.get('end_time')})"
+            else:
+                why = "changed"
+            out.append(f"{name} read {k} (sha256 {h[:12]}), which {why} since; rerun {name}")
+        elif up and up != name and up not in stale_up and problems(run_dir, up, memo):
+            stale_up.add(up)
+            out.append(f"{name} read {k} from {up}, which is itself stale or edited ({problems(run_dir, up, memo)[0]})")
+    memo[name] = out
+    return out
+
+
+def check(run_dir: Path, name: str) -> None:
+    """A LabError when the finished stage `name` has lineage problems (`problems`)."""
+    from lab.config import LabError
+
+    found = problems(run_dir, name)
+    if found:
+        raise LabError(f"{Path(run_dir) / name}: stage '{name}' is not current: {'; '.join(found)}")
