@@ -150,10 +150,10 @@ def resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, m
     changed = diff(record.get("fingerprint", {}), fp)
     if changed:
         if asked:
-            raise LabError(f"{out}: checkpoints were written by a different {what} configuration "
+            raise LabError(f"{out}: checkpoints were written by a different {what.upper()} configuration "
                            f"({'; '.join(changed)}); set {what}.resume=false to start over (deletes them), leave "
                            f"{what}.resume unset to start afresh with a note, or use another run_dir")
-        notes.append(f"{out}: checkpoints were written by a different {what} configuration ({'; '.join(changed)}): "
+        notes.append(f"{out}: checkpoints were written by a different {what.upper()} configuration ({'; '.join(changed)}): "
                      "discarded, training starts afresh")
         shutil.rmtree(out)
         return None, None, notes

@@ -53,16 +53,16 @@ def compose(root, name="run", *extra):
     return config.compose([f"run_dir={root / name}", f"model.path={root / 'base_model'}", *BASE, *extra])
 
 
-def start(cfg):
+def start(cfg, overrides=()):
     """Open the stage first (it seeds everything), then a fresh LoRA on the tiny model: the same start every time."""
-    stage = Stage("03_grpo", cfg=cfg)
+    stage = Stage("03_grpo", overrides, cfg=cfg)
     model, tok = models.load(cfg)
     pm, _ = lora.attach_lora(cfg, model)
     return stage, pm, tok
 
 
-def run(cfg, puzzles):
-    stage, pm, tok = start(cfg)
+def run(cfg, puzzles, overrides=()):
+    stage, pm, tok = start(cfg, overrides)
     return grpo.train(cfg, stage, puzzles, pm, tok)
 
 
@@ -391,11 +391,12 @@ def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch)
     b4 = adapter(cfg_b)
     assert all(torch.equal(b4[k], b[k]) for k in b)
 
-    # 5. a changed configuration does not resume silently; resume=false starts over
+    # 5. a changed configuration does not resume silently: asked to resume (grpo.resume=true passed) it refuses
+    # (unasked it starts afresh with a note: tests/test_rerun.py); resume=false starts over
     cfg_c = compose(root, "interrupted", *common, "grpo.learning_rate=1e-3")
     lr_was = cfg_b.grpo.learning_rate
     with pytest.raises(LabError, match=rf"different GRPO configuration \(grpo.learning_rate: {lr_was} -> 0.001\)"):
-        run(cfg_c, puzzles)
+        run(cfg_c, puzzles, ["grpo.resume=true"])
     monkeypatch.undo()
     cfg_d = compose(root, "interrupted", *common, "grpo.max_steps=1", "grpo.resume=false", "grpo.gradient_check=false")
     m_d, *_ = run(cfg_d, puzzles)
