@@ -206,6 +206,8 @@ def disk_full_guard(folder: Path, need_bytes):
         yield
     except (OSError, RuntimeError) as e:
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        if isinstance(e, OSError) and e.filename:
+            folder = Path(e.filename).parent  # the folder the failed write was for
         free = None
         probe = Path(folder)
         while not probe.exists() and probe != probe.parent:

@@ -814,6 +814,8 @@ class Stage:
                     if p == old or old in p.parents:
                         moved[f"{prefix}{k}"] = v
                         OmegaConf.update(self.cfg, f"{prefix}{k}", str(new / p.relative_to(old)), merge=False)
+                    elif p == new or new in p.parents:  # left so by an earlier stage on this cfg that did not finish
+                        moved[f"{prefix}{k}"] = str(old / p.relative_to(new))
 
         walk(OmegaConf.to_container(self.cfg, resolve=True), "")
         return moved
@@ -889,6 +891,9 @@ def stage_input(cfg: DictConfig, path: str | os.PathLike) -> Path:
     try:
         rel = p.relative_to(resolve_path(cfg.run_dir))
     except ValueError:
+        from lab import lineage
+
+        lineage.consumed(p)  # its content hash, an input of the open stage
         return p
     if rel.parts and re.fullmatch(r"\d\d_\w+", rel.parts[0]):
         return stage_output(cfg, rel.parts[0], *rel.parts[1:])

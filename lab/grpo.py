@@ -28,7 +28,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import re
 import shutil
 import warnings
 from pathlib import Path

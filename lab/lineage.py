@@ -101,22 +101,25 @@ def problems(run_dir: Path, name: str, memo: dict | None = None) -> list[str]:
     if edited:
         out.append(f"{name}: {', '.join(edited[:5])}{' ...' if len(edited) > 5 else ''} changed or removed after "
                    f"the stage finished ({man.get('end_time')}): hand-edited or damaged; rerun {name}")
-    stale_up: set[str] = set()
-    for k, h in sorted(man.get("inputs", {}).items()):
+    changed: dict[str, list[str]] = {}  # upstream stage (or the input itself) -> what changed there
+    read_from: set[str] = set()
+    for k, h in sorted(man.get("inputs", {}).items(), key=lambda kv: (stage_of(kv[0]) == kv[0], kv[0])):
         p = Path(k) if Path(k).is_absolute() else run_dir / k
-        up = stage_of(k) if not Path(k).is_absolute() else None
-        current = content_hash(p) if p.exists() else None
-        if current != h:
-            if current is None:
-                why = "is gone"
-            elif up and (m := _manifest(run_dir / up)):
-                why = f"changed: {up} was rerun or edited (it finished at {m.get('end_time')})"
-            else:
-                why = "changed"
-            out.append(f"{name} read {k} (sha256 {h[:12]}), which {why} since; rerun {name}")
-        elif up and up != name and up not in stale_up and problems(run_dir, up, memo):
-            stale_up.add(up)
-            out.append(f"{name} read {k} from {up}, which is itself stale or edited ({problems(run_dir, up, memo)[0]})")
+        up = None if Path(k).is_absolute() else stage_of(k)
+        what = f"all of {k}" if up == k else k
+        if not p.exists():
+            changed.setdefault(up or k, []).append(f"{what} (now missing)")
+        elif content_hash(p) != h:
+            changed.setdefault(up or k, []).append(what)
+        elif up and up != name:
+            read_from.add(up)
+    for src, what in changed.items():
+        m = _manifest(run_dir / src) if stage_of(src) == src else None
+        why = f": {src} was rerun or edited after it (finished at {m.get('end_time')})" if m else ""
+        out.append(f"{name} read {', '.join(what)}, which changed since{why}; rerun {name}")
+    for up in sorted(read_from - set(changed)):
+        if problems(run_dir, up, memo):
+            out.append(f"{name} read {up}, which is not current itself; rerun {up}, then {name}")
     memo[name] = out
     return out
 

@@ -65,6 +65,9 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, out_dir: P
             pm.execute_notebook(str(src), str(out), log_output=False, stdout_file=f, stderr_file=f, **kw)
     if not (run_dir / stage / "metrics.json").is_file():
         raise LabError(f"{out}: the notebook ran to the end but {run_dir / stage / 'metrics.json'} was not written")
+    if (run_dir / f".{stage}.partial").exists():  # lab.config.Stage: the fresh folder is swapped in by finish
+        raise LabError(f"{out}: the notebook ran to the end without finishing its stage (stage.finish): "
+                       f"{run_dir / stage} still holds the previous result")
     return out
 
 
