@@ -355,7 +355,7 @@ def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch)
     assert m1["stopped_by_budget"] and m1["steps"] == 1 < m1["max_steps"] == 4
     for f in ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"):
         assert (ck / "checkpoint-1" / f).is_file(), f
-    assert (config.resolve_path(cfg_b.grpo.adapter_dir) / "adapter_model.safetensors").is_file()
+    assert (config.resolve_path(cfg_b1.grpo.adapter_dir) / "adapter_model.safetensors").is_file()
     order = pd.read_csv(config.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo" / "prompt_order.csv", dtype={"id": str})
 
     # 2. resumed (pass rates are NOT estimated again), stopped after step 3; 3. resumed to the end
