@@ -878,7 +878,8 @@ def stage_output(cfg: DictConfig, stage: str, *parts: str) -> Path:
         raise LabError(f"{p}: expected output of stage '{stage}' is missing")
     from lab import lineage
 
-    lineage.check(d.parent, stage)  # still what its manifest recorded, and so are the stages it read
+    if found := lineage.problems(d.parent, stage):  # still what its manifest recorded, and so are the stages it read
+        raise LabError(f"{d}: stage '{stage}' is not current: {'; '.join(found)}")
     lineage.consumed(p)  # an input of the stage open in this process, if any
     return p
 

@@ -9,17 +9,19 @@ A stage (`lab.config.Stage`) records in its `manifest.json`:
 `problems(run_dir, stage)` compares both with what is on disk now: an output that differs is a hand-edit (or a
 damaged file); an input that differs means an upstream stage was rerun (or edited) after this one read it; an
 upstream stage with problems makes every stage that read it stale too. `lab.config.stage_output` / `stage_input`
-refuse to read a stage with problems, and `lab.pipeline.summary` marks it.
+refuse to read a stage with problems (a LabError), and `lab.pipeline.summary` marks it.
 
 What it simplifies:
-1. Hashes are `lab.generate.content_hash` (the one file hasher: memoised per process by path, size and modification
-   time; a file over 1 GiB contributes its size and its first and last 64 MiB).
+1. Hashes are `content_hash` (the lab's one file hasher, also `lab.generate`'s cache keys: memoised per process by
+   path, size and modification time; a file over 1 GiB contributes its size and its first and last 64 MiB). This
+   module imports nothing from the lab, so `lab.config` (Stage, stage_output) can use it without an import cycle.
 2. A stage finished by an older lab version (no `outputs` in its manifest) has unknown lineage: nothing is said.
 3. Files added to a finished stage folder are not flagged, only files changed or removed.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 from pathlib import Path
@@ -27,10 +29,35 @@ from pathlib import Path
 _OPEN: list = []  # the stage this process has open (lab.config.Stage), to which `consumed` records its inputs
 
 
-def content_hash(path: Path) -> str:
-    from lab.generate import content_hash as _hash
+_HASHES: dict[tuple, str] = {}
+_WHOLE = 1 << 30  # files up to 1 GiB are hashed whole
+_PART = 64 << 20  # of larger ones, the first and last 64 MiB
 
-    return _hash(path)
+
+def content_hash(path: str | Path) -> str:
+    """sha256 over a file, or over a folder's files (relative names, sizes and bytes, in sorted order; hidden
+    files and folders skipped); files over 1 GiB contribute their first and last 64 MiB (lab/generate.py's docstring).
+    Memoised per process by path, size and modification time."""
+    path = Path(path)
+    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not any(
+        part.startswith(".") for part in p.relative_to(path).parts))
+    h = hashlib.sha256()
+    for f in files:
+        st = f.stat()
+        memo = (str(f.resolve()), st.st_size, st.st_mtime_ns)
+        if memo not in _HASHES:
+            fh = hashlib.sha256()
+            with open(f, "rb") as fd:
+                if st.st_size <= _WHOLE:
+                    for block in iter(lambda: fd.read(1 << 20), b""):
+                        fh.update(block)
+                else:
+                    fh.update(fd.read(_PART))
+                    fd.seek(st.st_size - _PART)
+                    fh.update(fd.read(_PART))
+            _HASHES[memo] = fh.hexdigest()
+        h.update(f"{f.relative_to(path) if f != path else f.name}\0{st.st_size}\0{_HASHES[memo]}\n".encode())
+    return h.hexdigest()
 
 
 def key(run_dir: Path, path: Path) -> str:
@@ -122,12 +149,3 @@ def problems(run_dir: Path, name: str, memo: dict | None = None) -> list[str]:
             out.append(f"{name} read {up}, which is not current itself; rerun {up}, then {name}")
     memo[name] = out
     return out
-
-
-def check(run_dir: Path, name: str) -> None:
-    """A LabError when the finished stage `name` has lineage problems (`problems`)."""
-    from lab.config import LabError
-
-    found = problems(run_dir, name)
-    if found:
-        raise LabError(f"{Path(run_dir) / name}: stage '{name}' is not current: {'; '.join(found)}")
