@@ -19,6 +19,8 @@ What it simplifies:
    optimiser state, and what a crash or a full disk leaves is a missing or short file.
 2. The space a checkpoint needs is the size of the newest complete one, else 12 bytes per trainable parameter
    (fp32 weights and AdamW's two moments).
+3. Under several processes every process makes the same resume decision and deletes the same folders (deletions
+   tolerate one another); only the main process writes the completeness marker.
 """
 
 from __future__ import annotations
@@ -134,17 +136,17 @@ def resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, m
     if not out.is_dir():
         return None, None, notes
     if not resume:
-        shutil.rmtree(out)  # a fresh run: stale checkpoints must not be resumed later
+        shutil.rmtree(out, ignore_errors=True)  # a fresh run: stale checkpoints must not be resumed later
         return None, None, notes
     ckpts = sorted((p for p in out.iterdir() if p.is_dir() and step_of(p) >= 0), key=step_of)
     if not ckpts:
-        shutil.rmtree(out)
+        shutil.rmtree(out, ignore_errors=True)
         return None, None, notes
     record_path = out / RUN_RECORD
     if not record_path.is_file():
         notes.append(f"{out}: checkpoints without {RUN_RECORD} (an older lab version, or another tool) cannot be "
                      "matched to this configuration: discarded, training starts afresh")
-        shutil.rmtree(out)
+        shutil.rmtree(out, ignore_errors=True)
         return None, None, notes
     record = read_json(record_path)
     changed = diff(record.get("fingerprint", {}), fp)
@@ -155,7 +157,7 @@ def resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, m
                            f"{what}.resume unset to start afresh with a note, or use another run_dir")
         notes.append(f"{out}: checkpoints were written by a different {what.upper()} configuration ({'; '.join(changed)}): "
                      "discarded, training starts afresh")
-        shutil.rmtree(out)
+        shutil.rmtree(out, ignore_errors=True)
         return None, None, notes
     for p in ckpts:
         why = incomplete(p)
@@ -165,11 +167,11 @@ def resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, m
             notes.append(f"{p.name} is past {what}.max_steps={max_steps}: deleted")
         else:
             continue
-        shutil.rmtree(p)
+        shutil.rmtree(p, ignore_errors=True)
     left = [p for p in ckpts if p.is_dir()]
     if not left:
         notes.append(f"{out}: no complete checkpoint left: training starts afresh")
-        shutil.rmtree(out)
+        shutil.rmtree(out, ignore_errors=True)
         return None, None, notes
     last = left[-1]
     notes.append(f"resuming from {last} (the newest complete checkpoint)")

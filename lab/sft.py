@@ -15,7 +15,8 @@ tests/test_sft.py on the tiny model):
   uninterrupted run; with `sft.resume=false` old checkpoints are deleted first, so a later
   resume cannot pick up a stale run. Checkpoints live in `<run_dir>/checkpoints/02_sft` and carry the
   fingerprint of what shapes training (`fingerprint`, through `lab.checkpoints`, as GRPO's do): a rerun with
-  other settings starts afresh naming what changed, or refuses when `sft.resume=true` was passed explicitly. `sft.wall_clock_budget_min` saves a checkpoint and stops
+  other settings starts afresh naming what changed, or refuses when `sft.resume=true` was passed explicitly.
+  `sft.wall_clock_budget_min` saves a checkpoint and stops
   cleanly once the budget is spent (checked after every optimiser step, `lab.callbacks`).
 
 TRL 1.15's SFTTrainer refuses an `lm_head` LoRA because its fused head computes log-probabilities from
