@@ -767,15 +767,47 @@ def run_lock(run_dir: str | os.PathLike):
             release_lock(run_dir)
 
 
+def library_problems(cfg: DictConfig) -> list[str]:
+    """Values only a library can judge, checked with the library's own list before a stage touches anything:
+    `sft.lr_scheduler_type` against transformers' `SchedulerType` (transformers/trainer_utils.py, the enum
+    `TrainingArguments` converts the name with) and `model.dtype` against torch's dtypes. Not part of `validate`:
+    importing transformers' trainer utilities costs seconds, which every compose would pay."""
+    problems = []
+    sched = OmegaConf.select(cfg, "sft.lr_scheduler_type", default=None)
+    if sched is not None:
+        from transformers.trainer_utils import SchedulerType
+
+        names = [e.value for e in SchedulerType]
+        if sched not in names:
+            problems.append(f"sft.lr_scheduler_type={sched!r} is not one of transformers' schedulers ({', '.join(names)})")
+    dtype = OmegaConf.select(cfg, "model.dtype", default=None)
+    if dtype not in (None, "auto"):
+        import torch
+
+        if not isinstance(getattr(torch, str(dtype), None), torch.dtype):
+            problems.append(f"model.dtype={dtype!r} is not a torch dtype (e.g. bfloat16, float32)")
+    return problems
+
+
 class Stage:
     """One notebook's output folder: `<run_dir>/<name>/` with config.yaml, manifest.json, metrics.json.
 
-    Opening a stage seeds everything and records the resolved config; `finish` writes the
-    metrics and the completed manifest. A stage that dies leaves `manifest.json` with
-    `"status": "running"` and no `metrics.json`, so nothing downstream mistakes it for done.
+    Opening a stage seeds everything and records the resolved config; `finish` writes the metrics and the
+    completed manifest. A stage works in a fresh folder, `<run_dir>/.<name>.partial/` (`dir`), and `finish`
+    swaps it in for `<run_dir>/<name>/` (`final`) only once it is complete, so a stage that dies at any point
+    leaves the previous finished result byte for byte as it was (and a first run leaves no stage folder at all).
+    While the stage runs, every path of its config that points into `final` (`sft.adapter_dir` in 02_sft, say)
+    points into `dir` instead; `finish` points them back; config.yaml always records the final paths.
+    Training checkpoints live outside the folder, in `checkpoint_dir` (`<run_dir>/checkpoints/<name>`), so a
+    rerun still finds them. The manifest records the content hashes of what the stage read from earlier stages
+    and of what it wrote (`lab.lineage`).
     """
 
     def __init__(self, name: str, overrides: str | Iterable[str] = (), cfg: DictConfig | None = None):
+        import shutil
+
+        from lab import lineage
+
         self.name = name
         self.overrides = parse_overrides(overrides)
         if cfg is None and not names_run(self.overrides) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -785,42 +817,103 @@ class Stage:
         if cfg is not None:
             validate(cfg, where=f"stage {name}")
         tracker(self.cfg)  # a typo in report_to fails here, not after the stage's first hour
+        if problems := library_problems(self.cfg):
+            raise LabError(f"stage {name}: " + "; ".join(problems) + " (nothing was run or changed)")
         from lab.console import quiet_known_warnings
 
         quiet_known_warnings()  # expected library messages become one note each (lab.console)
         self.run_dir = resolve_path(self.cfg.run_dir)
-        self.dir = self.run_dir / name
+        self.final = self.run_dir / name
+        self.dir = self.run_dir / f".{name}.partial"
+        self.checkpoint_dir = self.run_dir / "checkpoints" / name
         # before anything in the folder is touched; under `accelerate launch` (torchrun sets RANK) the main
         # process's lock covers the other ranks, which open the same stage after it (scripts/_launch.py)
-        self._own_lock = acquire_lock(self.run_dir) if os.environ.get("RANK", "0") == "0" else False
+        main = os.environ.get("RANK", "0") == "0"
+        self._own_lock = acquire_lock(self.run_dir) if main else False
+        if main:
+            self._recover_swap()
+            if self.dir.exists():
+                shutil.rmtree(self.dir)  # what a stage that died left: never resumed (checkpoints live elsewhere)
         self.dir.mkdir(parents=True, exist_ok=True)
-        (self.dir / "metrics.json").unlink(missing_ok=True)
         seed_everything(self.cfg.seed)
         self._t0 = time.time()
         self.manifest = {
             "stage": name, "status": "running", "seed": self.cfg.seed, "overrides": self.overrides,
             "git_commit": git_commit(), "packages": package_versions(), "hardware": hardware(),
-            "start_time": _now(), "end_time": None, "wall_seconds": None,
+            "start_time": _now(), "end_time": None, "wall_seconds": None, "inputs": {},
         }
         atomic_write_text(self.dir / "config.yaml", OmegaConf.to_yaml(self.cfg))
         atomic_write_json(self.dir / "manifest.json", self.manifest)
+        self._moved = self._point_into(self.final, self.dir)
+        lineage.opened(self)
+
+    def _point_into(self, old: Path, new: Path) -> dict[str, str]:
+        """Point every string of `cfg` that is a path inside `old` into `new` instead; {key: previous value}."""
+        moved = {}
+
+        def walk(node, prefix):
+            for k, v in node.items() if isinstance(node, dict) else ():
+                if isinstance(v, dict):
+                    walk(v, f"{prefix}{k}.")
+                elif isinstance(v, str) and v:
+                    p = resolve_path(v)
+                    if p == old or old in p.parents:
+                        moved[f"{prefix}{k}"] = v
+                        OmegaConf.update(self.cfg, f"{prefix}{k}", str(new / p.relative_to(old)), merge=False)
+                    elif p == new or new in p.parents:  # left so by an earlier stage on this cfg that did not finish
+                        moved[f"{prefix}{k}"] = str(old / p.relative_to(new))
+
+        walk(OmegaConf.to_container(self.cfg, resolve=True), "")
+        return moved
+
+    def _recover_swap(self) -> None:
+        """Finish undoing what a `finish` killed between its two renames left: the previous result is put back."""
+        import shutil
+
+        old = self.run_dir / f".{self.name}.old"
+        if old.exists() and not self.final.exists():
+            os.replace(old, self.final)
+            print(f"note: {self.final}: restored the previous result from {old.name} (a swap was interrupted)")
+        elif old.exists():
+            shutil.rmtree(old)
 
     def path(self, *parts: str) -> Path:
         return self.dir.joinpath(*parts)
 
     def finish(self, metrics: dict[str, Any]) -> dict[str, Any]:
+        """Write metrics.json and the finished manifest (with its output hashes) into the stage's fresh folder, then
+        swap that folder in for the previous result (rename the old one aside, rename the new one in, delete the
+        old one)."""
+        import shutil
+
+        from lab import lineage
+
         wall = round(time.time() - self._t0, 2)
         metrics = {**metrics, "wall_seconds": wall}
         atomic_write_json(self.dir / "metrics.json", metrics)
-        self.manifest.update(status="finished", end_time=_now(), wall_seconds=wall)
+        self.manifest.update(status="finished", end_time=_now(), wall_seconds=wall, outputs=lineage.outputs(self.dir))
         atomic_write_json(self.dir / "manifest.json", self.manifest)
+        if self.dir != self.final:
+            old = self.run_dir / f".{self.name}.old"
+            if self.final.exists():
+                if old.exists():
+                    shutil.rmtree(old)
+                os.replace(self.final, old)
+            os.replace(self.dir, self.final)
+            shutil.rmtree(old, ignore_errors=True)
+            self.dir = self.final
+            for k, v in self._moved.items():
+                OmegaConf.update(self.cfg, k, v, merge=False)
+        lineage.closed(self)
         if self._own_lock:
             release_lock(self.run_dir)
         return metrics
 
 
 def stage_output(cfg: DictConfig, stage: str, *parts: str) -> Path:
-    """Path to an earlier stage's output; a clear error if that stage has not finished."""
+    """Path to an earlier stage's output; a clear error if that stage has not finished, or is not current
+    (`lab.lineage.check`: an output edited since, or an input of it changed by a later rerun upstream). The path is
+    recorded as an input of the stage open in this process (`lab.lineage.consumed`)."""
     d = resolve_path(cfg.run_dir) / stage
     if not (d / "metrics.json").is_file():
         raise LabError(f"{d}: stage '{stage}' has no finished output (no metrics.json); run notebooks/{stage}.ipynb "
@@ -829,6 +922,11 @@ def stage_output(cfg: DictConfig, stage: str, *parts: str) -> Path:
     p = d.joinpath(*parts)
     if parts and not p.exists():
         raise LabError(f"{p}: expected output of stage '{stage}' is missing")
+    from lab import lineage
+
+    if found := lineage.problems(d.parent, stage):  # still what its manifest recorded, and so are the stages it read
+        raise LabError(f"{d}: stage '{stage}' is not current: {'; '.join(found)}")
+    lineage.consumed(p)  # an input of the stage open in this process, if any
     return p
 
 
@@ -840,6 +938,9 @@ def stage_input(cfg: DictConfig, path: str | os.PathLike) -> Path:
     try:
         rel = p.relative_to(resolve_path(cfg.run_dir))
     except ValueError:
+        from lab import lineage
+
+        lineage.consumed(p)  # its content hash, an input of the open stage
         return p
     if rel.parts and re.fullmatch(r"\d\d_\w+", rel.parts[0]):
         return stage_output(cfg, rel.parts[0], *rel.parts[1:])

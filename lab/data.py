@@ -317,8 +317,11 @@ def _need_answers(df: pd.DataFrame, path) -> None:
 
 
 def _checked(parts: tuple[pd.DataFrame, pd.DataFrame], folder: Path, need_answers: bool):
+    from lab.lineage import consumed
+
     if need_answers:
         _need_answers(parts[0], folder / "train.csv")
+    consumed(folder)  # the split's content hash: an input of the open stage (lab.lineage)
     return parts
 
 

@@ -60,6 +60,7 @@ import pandas as pd
 
 from lab.config import LabError, competition, resolve_path
 from lab.console import Progress  # plain lines: they show in papermill logs as well as in Jupyter
+from lab.lineage import content_hash  # noqa: F401 - the lab's one file hasher (also the stage lineage's)
 from lab.prompts import chat_prompt
 
 VLLM_MAX_RESIDENT_GB = 2.0  # CUDA memory this process may still hold when a vLLM engine starts (a model left behind)
@@ -212,37 +213,6 @@ def vllm_engine(cfg, model_path: str):
                tensor_parallel_size=inf.tensor_parallel_size, enable_prefix_caching=inf.enable_prefix_caching,
                enable_chunked_prefill=inf.enable_chunked_prefill, seed=cfg.seed,
                dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
-
-
-_HASHES: dict[tuple, str] = {}
-_WHOLE = 1 << 30  # files up to 1 GiB are hashed whole
-_PART = 64 << 20  # of larger ones, the first and last 64 MiB
-
-
-def content_hash(path: str | Path) -> str:
-    """sha256 over a file, or over a folder's files (relative names, sizes and bytes, in sorted order; hidden
-    files and folders skipped); files over 1 GiB contribute their first and last 64 MiB (module docstring).
-    Memoised per process by path, size and modification time."""
-    path = Path(path)
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not any(
-        part.startswith(".") for part in p.relative_to(path).parts))
-    h = hashlib.sha256()
-    for f in files:
-        st = f.stat()
-        memo = (str(f.resolve()), st.st_size, st.st_mtime_ns)
-        if memo not in _HASHES:
-            fh = hashlib.sha256()
-            with open(f, "rb") as fd:
-                if st.st_size <= _WHOLE:
-                    for block in iter(lambda: fd.read(1 << 20), b""):
-                        fh.update(block)
-                else:
-                    fh.update(fd.read(_PART))
-                    fd.seek(st.st_size - _PART)
-                    fh.update(fd.read(_PART))
-            _HASHES[memo] = fh.hexdigest()
-        h.update(f"{f.relative_to(path) if f != path else f.name}\0{st.st_size}\0{_HASHES[memo]}\n".encode())
-    return h.hexdigest()
 
 
 def lora_checksum(model) -> str:

@@ -31,7 +31,6 @@ import hashlib
 import json
 import math
 import os
-import re
 import shutil
 import warnings
 from pathlib import Path
@@ -41,7 +40,8 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
-from lab.config import LabError, atomic_write_csv, atomic_write_json, read_json, resolve_path
+from lab.checkpoints import RUN_RECORD  # the checkpoint folder's run record (lab.checkpoints)
+from lab.config import LabError, atomic_write_csv, read_json, resolve_path
 from lab.data import trace_style
 from lab.prompts import chat_prompt
 
@@ -51,8 +51,6 @@ ROLLOUT_BACKENDS = ("hf", "vllm")
 RESUME_FREE_KEYS = ("max_steps", "save_steps", "logging_steps", "resume", "wall_clock_budget_min",
                     "truncation_warn_share", "zero_variance_warn_share", "gradient_check", "adapter_dir",
                     "vllm_gpu_memory_utilization", "vllm_sleep_mode")
-
-RUN_RECORD = "lab_run.json"
 
 REFINE_SUFFIX = ("\n\nHere is an earlier attempt at this puzzle:\n<attempt>\n{draft}\n</attempt>\n"
                  "Check the attempt, correct any mistakes, and solve the puzzle again.")
@@ -351,70 +349,26 @@ def adapter_checksum(model) -> str:
 
 
 def fingerprint(cfg: DictConfig, pool_ids: Sequence[str], model, budget: int) -> dict:
-    """What must not change between a run and its resumption (see the module docstring); the pass rates and
-    prompt order of a run record are reused only under the same fingerprint, which holds the content hash of
-    the base model (`lab.generate.model_hash`) beside the start adapter's checksum."""
-    from lab.generate import model_hash
-    from lab.models import model_path
+    """What must not change between a run and its resumption (`lab.checkpoints.fingerprint`: every trajectory-changing
+    grpo key, seed, model and its content hash); the pass rates and prompt order of a run record are reused only
+    under the same fingerprint, which adds the budget, the pool and the start adapter's checksum."""
+    from lab import checkpoints
 
-    g = OmegaConf.to_container(cfg.grpo, resolve=True)
-    for k in RESUME_FREE_KEYS:
-        g.pop(k, None)
-    return {"grpo": g, "seed": cfg.seed, "model": cfg.model.path, "dtype": cfg.model.dtype,
-            "model_sha256": model_hash(model_path(cfg)),
-            "max_completion_length": int(budget),
-            "pool_sha256": hashlib.sha256("\n".join(map(str, pool_ids)).encode()).hexdigest(),
-            "start_adapter": adapter_checksum(model)}
+    return checkpoints.fingerprint(
+        cfg, "grpo", RESUME_FREE_KEYS, max_completion_length=int(budget),
+        pool_sha256=hashlib.sha256("\n".join(map(str, pool_ids)).encode()).hexdigest(),
+        start_adapter=adapter_checksum(model))
 
 
-def _diff(old: Any, new: Any, prefix: str = "") -> list[str]:
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new), key=str):
-            out += _diff(old.get(k, "<absent>"), new.get(k, "<absent>"), f"{prefix}{k}.")
-        return out
-    return [] if json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True) \
-        else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+def resume_point(cfg: DictConfig, out: Path, fp: dict, asked: bool = True
+                 ) -> tuple[Path | None, dict | None, list[str]]:
+    """(checkpoint to resume or None, the run record to reuse or None, notes): `lab.checkpoints.resume_point` with
+    `grpo.resume` and `grpo.max_steps`; `asked=False` (resume not asked for explicitly) starts afresh with a note
+    where the fingerprint changed, instead of refusing."""
+    from lab import checkpoints
 
-
-def _step_of(path: Path) -> int:
-    m = re.fullmatch(r"checkpoint-(\d+)", path.name)
-    return int(m.group(1)) if m else -1
-
-
-def resume_point(cfg: DictConfig, out: Path, fp: dict) -> tuple[Path | None, dict | None, list[str]]:
-    """(checkpoint to resume or None, the run record to reuse or None, notes). Deletes what must not be resumed;
-    raises LabError when checkpoints exist for a different configuration."""
-    notes: list[str] = []
-    if not out.is_dir():
-        return None, None, notes
-    if not cfg.grpo.resume:
-        shutil.rmtree(out)  # a fresh run: stale checkpoints must not be resumed later
-        return None, None, notes
-    ckpts = sorted((p for p in out.iterdir() if p.is_dir() and _step_of(p) >= 0), key=_step_of)
-    record_path = out / RUN_RECORD
-    if not ckpts:
-        shutil.rmtree(out)
-        return None, None, notes
-    if not record_path.is_file():
-        notes.append(f"{out}: checkpoints without {RUN_RECORD} (an older lab version, or another tool) cannot be "
-                     "matched to this configuration: discarded, training starts afresh")
-        shutil.rmtree(out)
-        return None, None, notes
-    record = read_json(record_path)
-    diff = _diff(record.get("fingerprint", {}), fp)
-    if diff:
-        raise LabError(f"{out}: checkpoints were written by a different GRPO configuration ({'; '.join(diff)}); "
-                       "set grpo.resume=false to start over (deletes them) or use another run_dir")
-    max_steps = cfg.grpo.max_steps
-    for p in ckpts:
-        if _step_of(p) > max_steps:
-            notes.append(f"{p.name} is past grpo.max_steps={max_steps}: deleted")
-            shutil.rmtree(p)
-    from transformers.trainer_utils import get_last_checkpoint
-
-    last = get_last_checkpoint(str(out))  # the newest checkpoint-N left, as transformers finds it
-    return (Path(last) if last else None), record, notes
+    return checkpoints.resume_point(out, fp, resume=cfg.grpo.resume, asked=asked, what="grpo",
+                                    max_steps=cfg.grpo.max_steps)
 
 
 # ---- iterative refinement (iGRPO) ---------------------------------------------------------------
@@ -550,7 +504,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     import torch
     from trl import GRPOTrainer
 
-    from lab import curriculum, trl_cpu
+    from lab import checkpoints, curriculum, trl_cpu
     from lab.lora import GradientCheck, allow_out_proj, install_fused_lora_head, save_adapter, trainer_accepts_head_lora
     from lab.rewards import build
 
@@ -565,7 +519,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     pool = train_puzzles.sample(n=min(g.n_prompts, len(train_puzzles)), random_state=cfg.seed)
     pool = pool.assign(id=pool["id"].astype(str)).reset_index(drop=True)
     budget = max_completion_length(cfg, tokenizer, pool["prompt"].tolist())
-    out = stage.path("checkpoints")
+    out = stage.checkpoint_dir  # outside the stage folder: a rerun's fresh folder (lab.config.Stage) still finds them
     funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
                            truncation="mask" if g.mask_truncated_completions else "penalise")
     spread = None
@@ -575,9 +529,10 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         funcs[i] = spread = GroupSpread(funcs[i], g.num_generations)
     args = grpo_args(cfg, out, budget, weights)  # TRL's own checks, before the costly pass-rate sampling
     fp = fingerprint(cfg, pool["id"].tolist(), model, budget)
-    last, record, notes = resume_point(cfg, out, fp)
+    last, record, notes = resume_point(cfg, out, fp, asked=checkpoints.asked_to_resume(stage.overrides, "grpo.resume"))
     for n in notes:
-        print(f"WARNING: {n}")
+        print(f"WARNING: {n}" if not n.startswith("resuming from") else n)
+    notes = [n for n in notes if not n.startswith("resuming from")]
 
     if record is None:  # a fresh run: estimate pass rates, select and order the prompts, record them
         rates = pass_rate_table(cfg, model, tokenizer, pool, budget)
@@ -595,10 +550,14 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
                          if "category" in chosen else chosen[["id", "pass_rate", "bucket"]])
         record = {"fingerprint": fp, "order": chosen["id"].tolist(),
                   "selection": curriculum.selection_summary(rates, threshold=thr, drop_unsolved=unsolved)}
-        out.mkdir(parents=True, exist_ok=True)
-        atomic_write_json(out / RUN_RECORD, record)
+        checkpoints.write_record(out, record)
+        for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh
+            shutil.copyfile(stage.path(name), out / name)     # stage folder gets them back from there
     else:
         print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
+        for name in ("pass_rates.csv", "prompt_order.csv"):
+            if (out / name).is_file():
+                shutil.copyfile(out / name, stage.path(name))
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # scripts/train_grpo.py, N processes:
         box = [record]  # every rank trains rank 0's prompt order (its own sampled pass rates could differ)
         torch.distributed.broadcast_object_list(box, src=0)
@@ -617,7 +576,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     callbacks = _callbacks(cfg, check, spread)
     before = _trainable_sample(model)
     refinements: list[dict] = []
-    finished = last is not None and _step_of(last) >= max_steps
+    finished = last is not None and checkpoints.step_of(last) >= max_steps
     if finished:  # nothing left to train: transformers would run one more step; take the checkpoint as it is
         print(f"{last} is already at grpo.max_steps={max_steps}: loading its adapter, no further training")
         model.load_adapter(str(last), adapter_name="default", is_trainable=True)
@@ -631,18 +590,18 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included); an lm_head LoRA: see lab.lora
         with allow_out_proj(), trainer_accepts_head_lora(model):
             trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
-                                  train_dataset=ds, processing_class=tokenizer, callbacks=callbacks,
-                                  rollout_func=rollout)
+                                  train_dataset=ds, processing_class=tokenizer,
+                                  callbacks=[*callbacks, checkpoints.marker_callback()], rollout_func=rollout)
         trl_cpu.use_text_progress(trainer)  # step lines from lab.callbacks.TrainProgress, not an HTML widget
         # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
         install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
-        if last:
-            print(f"resuming from {last}")
-        trainer.train(resume_from_checkpoint=str(last) if last else None)
+        with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_bytes(out, model)):
+            trainer.train(resume_from_checkpoint=str(last) if last else None)
         history, steps = trainer.state.log_history, int(trainer.state.global_step)
     if "ref" in getattr(model, "peft_config", {}):
         model.delete_adapter("ref")  # TRL's frozen reference copy: not part of the trained adapter
-    save_adapter(model, resolve_path(g.adapter_dir))
+    with checkpoints.disk_full_guard(resolve_path(g.adapter_dir), lambda: checkpoints.checkpoint_bytes(out, model)):
+        save_adapter(model, resolve_path(g.adapter_dir))
 
     log = pd.DataFrame([h for h in history if "completions/mean_length" in h])  # per-step logs
     atomic_write_csv(stage.path("train_log.csv"), log)

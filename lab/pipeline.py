@@ -80,6 +80,9 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, out_dir: P
                        f"{out}{where})") from None
     if not (run_dir / stage / "metrics.json").is_file():
         raise LabError(f"{out}: the notebook ran to the end but {run_dir / stage / 'metrics.json'} was not written")
+    if (run_dir / f".{stage}.partial").exists():  # lab.config.Stage: the fresh folder is swapped in by finish
+        raise LabError(f"{out}: the notebook ran to the end without finishing its stage (stage.finish): "
+                       f"{run_dir / stage} still holds the previous result")
     return out
 
 
@@ -200,7 +203,22 @@ def headline_table(run_dir: Path, stages: dict | None = None) -> list[dict]:
             rows[-1]["fixed / broken"] = f"{m['fixed_since_sft']} / {m['broken_since_sft']} since SFT"
         if "truncated" in m:
             rows.append(_row("05_errors", "truncated completions", m["truncated"], m.get("n")))
+    stale = lineage_problems(run_dir)
+    for r in rows:  # a stage that is not current: marked, and no fixed / broken against a stage it did not read
+        if stale.get(r["stage"]):
+            r["stage"] += " (not current)"
+            r["fixed / broken"] = ""
     return rows
+
+
+def lineage_problems(run_dir: Path) -> dict[str, list[str]]:
+    """{stage: why it is not current} for the run's finished stages (`lab.lineage.problems`; empty lists omitted)."""
+    from lab import lineage
+
+    memo: dict = {}
+    found = {name: lineage.problems(Path(run_dir), name, memo) for name in STAGES
+             if (Path(run_dir) / name / "metrics.json").is_file()}
+    return {k: v for k, v in found.items() if v}
 
 
 def summary(run_dir: Path) -> dict:
@@ -213,6 +231,7 @@ def summary(run_dir: Path) -> dict:
             "total_wall_seconds": round(sum(s.get("wall_seconds", 0) for s in stages.values()), 1)}
     rows = headline_table(run_dir, stages)
     summ["headline"] = rows
+    summ["not_current"] = lineage_problems(run_dir)
     atomic_write_json(run_dir / "summary.json", summ)
     text = [{**r, "value": f"{r['value']:.3f}" if isinstance(r["value"], float) else ("" if r["value"] is None else str(r["value"])),
              "n": "" if r["n"] is None else str(int(r["n"]))} for r in rows]  # before pandas turns ints into floats
@@ -224,6 +243,10 @@ def summary(run_dir: Path) -> dict:
              f"Wall time: {summ['total_wall_seconds']:.0f} s ({walls})." if walls else "Wall time: no stage finished."]
     if missing:
         lines.append(f"Stages without a finished output: {', '.join(missing)}.")
+    if summ["not_current"]:
+        lines += ["", "**Not current** (an input changed after the stage read it, or an output was edited after it "
+                  "finished; rerun the stage):", ""]
+        lines += [f"- {p}" for found in summ["not_current"].values() for p in found]
     lines += ["", "Every metric of every stage: `summary.json`; per-step series: each stage's `train_log.csv` and plots.", ""]
     atomic_write_text(run_dir / "summary.md", "\n".join(lines))
     return summ

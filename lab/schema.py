@@ -93,7 +93,9 @@ class SftConfig:
     logging_steps: int = _help("log the loss every N optimiser steps")
     save_steps: int = _help("checkpoint every N optimiser steps (for resume)")
     save_total_limit: int = _help("checkpoints kept (each holds the adapter and its AdamW state)")
-    resume: bool = _help("continue from the newest checkpoint in the stage folder if one exists")
+    resume: bool = _help("continue from the newest complete checkpoint (<run_dir>/checkpoints/02_sft) written with the "
+                         "same training settings; other settings start afresh, or are an error when "
+                         "sft.resume=true is passed explicitly; false deletes the checkpoints")
     wall_clock_budget_min: float = _help(">0: save and stop cleanly when this many minutes have passed; 0: no budget")
     gradient_check: bool = _help("after the first steps, check every LoRA family got a gradient and moved")
     n_train: Optional[int] = _help("null: all training traces; else the first N (after shuffling)")
@@ -140,7 +142,9 @@ class GrpoConfig:
                          "drafts")
     logging_steps: int = _help("log every N steps")
     save_steps: int = _help("checkpoint every N steps")
-    resume: bool = _help("continue from the newest checkpoint if one exists (same configuration, else an error)")
+    resume: bool = _help("continue from the newest complete checkpoint (<run_dir>/checkpoints/03_grpo) written with "
+                         "the same configuration; another configuration starts afresh, or is an error when "
+                         "grpo.resume=true is passed explicitly; false deletes the checkpoints")
     wall_clock_budget_min: float = _help(">0: save and stop cleanly after this many minutes; 0: no budget")
     gradient_check: bool = _help("after training, check every LoRA family got a gradient and moved, frozen weights "
                                  "did not")

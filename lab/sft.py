@@ -10,10 +10,13 @@ tests/test_sft.py on the tiny model):
   message (ends with `<think>\\n`), completion = solver trace + eos; the loss mask starts where
   the tokenised prompt ends (TRL tokenises prompt and prompt+completion separately);
 - examples longer than the sequence budget are counted and dropped, never cut;
-- resume: with `sft.resume=true` a run continues from its newest checkpoint (optimizer,
+- resume: with `sft.resume=true` a run continues from its newest complete checkpoint (optimizer,
   scheduler, RNG and data position restored by the Trainer) and reaches the same adapter as an
   uninterrupted run; with `sft.resume=false` old checkpoints are deleted first, so a later
-  resume cannot pick up a stale run. `sft.wall_clock_budget_min` saves a checkpoint and stops
+  resume cannot pick up a stale run. Checkpoints live in `<run_dir>/checkpoints/02_sft` and carry the
+  fingerprint of what shapes training (`fingerprint`, through `lab.checkpoints`, as GRPO's do): a rerun with
+  other settings starts afresh naming what changed, or refuses when `sft.resume=true` was passed explicitly.
+  `sft.wall_clock_budget_min` saves a checkpoint and stops
   cleanly once the budget is spent (checked after every optimiser step, `lab.callbacks`).
 
 TRL 1.15's SFTTrainer refuses an `lm_head` LoRA because its fused head computes log-probabilities from
@@ -27,7 +30,7 @@ What it simplifies:
 
 from __future__ import annotations
 
-import shutil
+import hashlib
 from pathlib import Path
 
 import pandas as pd
@@ -74,6 +77,28 @@ def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int,
                      "completion": completion, "tokens": n_tok})
         counts["kept"] += 1
     return pd.DataFrame(rows, columns=["id", "category", "prompt", "completion", "tokens"]), counts
+
+
+# ---- resume ------------------------------------------------------------------------------------------
+
+# sft keys that do not change the training trajectory: a resumed run may change them (max_steps and epochs do: the
+# learning-rate schedule is laid out over them)
+RESUME_FREE_KEYS = ("save_steps", "logging_steps", "save_total_limit", "resume", "wall_clock_budget_min",
+                    "gradient_check", "adapter_dir")
+
+
+def fingerprint(cfg: DictConfig, examples: pd.DataFrame) -> dict:
+    """What must not change between an SFT run and its resumption (`lab.checkpoints.fingerprint`: every
+    trajectory-changing sft key, seed, model and its content hash) plus a sha256 of the training examples
+    (prompt and completion, in training order)."""
+    from lab import checkpoints
+
+    h = hashlib.sha256()
+    for prompt, completion in examples[["prompt", "completion"]].itertuples(index=False, name=None):
+        for text in (prompt, completion):
+            b = str(text).encode("utf-8")
+            h.update(len(b).to_bytes(8, "big") + b)
+    return checkpoints.fingerprint(cfg, "sft", RESUME_FREE_KEYS, examples_sha256=h.hexdigest())
 
 
 # ---- trainer ------------------------------------------------------------------------------------
@@ -133,9 +158,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     Returns (metrics, peft_model, tokenizer, log_df): metrics has the example counts, loss, steps,
     the target table, the gradient check and whether the wall-clock budget stopped the run.
     """
-    from transformers.trainer_utils import get_last_checkpoint
-
-    from lab import trl_cpu
+    from lab import checkpoints, trl_cpu
     from lab.callbacks import trainer_callbacks
 
     backend = cfg.sft.backend
@@ -164,21 +187,26 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     atomic_write_csv(stage.path("lora_targets.csv"), table)
 
     check = GradientCheck(pm) if cfg.sft.gradient_check else None
-    out = stage.path("checkpoints")
-    if not cfg.sft.resume and out.exists():
-        shutil.rmtree(out)  # a fresh run: stale checkpoints must not be resumed later
+    out = stage.checkpoint_dir  # outside the stage folder: a rerun's fresh folder (lab.config.Stage) still finds them
+    fp = fingerprint(cfg, examples)
+    last, _, notes = checkpoints.resume_point(out, fp, resume=cfg.sft.resume, what="sft",
+                                              asked=checkpoints.asked_to_resume(stage.overrides, "sft.resume"))
+    for n in notes:
+        print(n if n.startswith("resuming from") else f"WARNING: {n}")
+    if last is None:
+        checkpoints.write_record(out, {"fingerprint": fp})
     callbacks = trainer_callbacks(check, cfg.sft.wall_clock_budget_min)
-    trainer = build_trainer(cfg, out, pm, tokenizer, examples, callbacks)
-    last = get_last_checkpoint(str(out)) if cfg.sft.resume and out.is_dir() else None
-    if last:
-        print(f"resuming from {last}")
-    result = trainer.train(resume_from_checkpoint=last)
+    trainer = build_trainer(cfg, out, pm, tokenizer, examples, [*callbacks, checkpoints.marker_callback()])
+    need = lambda: checkpoints.checkpoint_bytes(out, pm)  # noqa: E731 - asked only when the disk is full
+    with checkpoints.disk_full_guard(out, need):
+        result = trainer.train(resume_from_checkpoint=str(last) if last else None)
     adapter_dir = resolve_path(cfg.sft.adapter_dir)
-    save_adapter(pm, adapter_dir)
+    with checkpoints.disk_full_guard(adapter_dir, need):
+        save_adapter(pm, adapter_dir)
     log = pd.DataFrame([h for h in trainer.state.log_history if "loss" in h])
     atomic_write_csv(stage.path("train_log.csv"), log)
     metrics = {"examples": counts, "train_loss": float(result.training_loss), "steps": int(trainer.state.global_step),
-               "max_steps": int(trainer.state.max_steps), "resumed_from": last,
+               "max_steps": int(trainer.state.max_steps), "resumed_from": str(last) if last else None,
                "stopped_by_budget": bool(callbacks[0].stopped_by_budget), "backend": backend,
                "trainable_params": int(table["trainable_params"].sum()),
                "lora_targets": dict(zip(table["family"], table["modules"].astype(int)))}

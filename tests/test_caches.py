@@ -139,6 +139,9 @@ def test_grpo_run_record_is_keyed_by_the_base_models_content(run, tmp_path):
     fp = grpo.fingerprint(cfg, ["a"], model, 8)
     out = tmp_path / "checkpoints"
     (out / "checkpoint-1").mkdir(parents=True)
+    from lab.checkpoints import mark_complete
+
+    mark_complete(out / "checkpoint-1")  # a checkpoint counts only when complete (lab.checkpoints)
     atomic_write_json(out / grpo.RUN_RECORD, {"fingerprint": fp, "order": ["a"]})
     assert grpo.resume_point(cfg, out, grpo.fingerprint(cfg, ["a"], model, 8))[1] is not None
     (base / "generation_config.json").write_text((base / "generation_config.json").read_text() + "\n")

@@ -140,7 +140,7 @@ def test_overrides_parameter_accepts_papermills_string_and_lists():
 
 def test_stage_reads_the_overrides_string(tmp_path):
     st = Stage("99_test", f'["run_dir={tmp_path}", "seed=7"]')
-    assert st.cfg.seed == 7 and st.dir == tmp_path / "99_test" and st.overrides == [f"run_dir={tmp_path}", "seed=7"]
+    assert st.cfg.seed == 7 and st.final == tmp_path / "99_test" and st.overrides == [f"run_dir={tmp_path}", "seed=7"]
 
 
 def test_a_run_without_a_name_gets_its_own_time_stamped_folder(monkeypatch):

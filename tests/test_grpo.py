@@ -53,16 +53,16 @@ def compose(root, name="run", *extra):
     return config.compose([f"run_dir={root / name}", f"model.path={root / 'base_model'}", *BASE, *extra])
 
 
-def start(cfg):
+def start(cfg, overrides=()):
     """Open the stage first (it seeds everything), then a fresh LoRA on the tiny model: the same start every time."""
-    stage = Stage("03_grpo", cfg=cfg)
+    stage = Stage("03_grpo", overrides, cfg=cfg)
     model, tok = models.load(cfg)
     pm, _ = lora.attach_lora(cfg, model)
     return stage, pm, tok
 
 
-def run(cfg, puzzles):
-    stage, pm, tok = start(cfg)
+def run(cfg, puzzles, overrides=()):
+    stage, pm, tok = start(cfg, overrides)
     return grpo.train(cfg, stage, puzzles, pm, tok)
 
 
@@ -160,8 +160,11 @@ def test_max_completion_length_is_the_competitions_budget_never_trls_default(roo
 def test_resume_point_takes_the_newest_checkpoint_within_max_steps(root, tmp_path):
     """transformers' get_last_checkpoint picks the checkpoint once those past max_steps are deleted."""
     out = tmp_path / "checkpoints"
+    from lab.checkpoints import mark_complete
+
     for step in (2, 10, 4, 6):
         (out / f"checkpoint-{step}").mkdir(parents=True)
+        mark_complete(out / f"checkpoint-{step}")  # a checkpoint counts only when complete (lab.checkpoints)
     (out / "checkpoint-x").mkdir()
     fp = {"grpo": {"lr": 1}, "seed": 1}
     config.atomic_write_json(out / grpo.RUN_RECORD, {"fingerprint": fp, "order": ["a"]})
@@ -169,7 +172,7 @@ def test_resume_point_takes_the_newest_checkpoint_within_max_steps(root, tmp_pat
     last, record, notes = grpo.resume_point(cfg, out, fp)
     assert last == out / "checkpoint-4" and record["order"] == ["a"]
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["checkpoint-2", "checkpoint-4", "checkpoint-x"]
-    assert [n.split(" ")[0] for n in notes] == ["checkpoint-6", "checkpoint-10"]
+    assert [n.split(" ")[0] for n in notes] == ["checkpoint-6", "checkpoint-10", "resuming"]
 
 
 def test_schedule_repeats_the_order_and_reshuffles_only_without_curriculum():
@@ -360,12 +363,12 @@ def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch)
     # 1. stopped by the wall-clock budget after step 1: a checkpoint is saved, the adapter too
     cfg_b1 = compose(root, "interrupted", *common, "grpo.wall_clock_budget_min=1e-6")
     m1, *_ = run(cfg_b1, puzzles)
-    ck = config.resolve_path(cfg_b.run_dir) / "03_grpo" / "checkpoints"
+    ck = config.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo"
     assert m1["stopped_by_budget"] and m1["steps"] == 1 < m1["max_steps"] == 4
     for f in ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"):
         assert (ck / "checkpoint-1" / f).is_file(), f
-    assert (config.resolve_path(cfg_b.grpo.adapter_dir) / "adapter_model.safetensors").is_file()
-    order = pd.read_csv(config.resolve_path(cfg_b.run_dir) / "03_grpo" / "prompt_order.csv", dtype={"id": str})
+    assert (config.resolve_path(cfg_b1.grpo.adapter_dir) / "adapter_model.safetensors").is_file()
+    order = pd.read_csv(config.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo" / "prompt_order.csv", dtype={"id": str})
 
     # 2. resumed (pass rates are NOT estimated again), stopped after step 3; 3. resumed to the end
     def no_pass_rates(*a, **k):
@@ -386,7 +389,7 @@ def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch)
     # the same samples at every step: the rewards of the stitched log equal the uninterrupted run's
     assert m3["logged_steps"] == [1, 2, 3, 4]
     assert m3["reward_per_step"] == pytest.approx(m_a["reward_per_step"], abs=1e-4)
-    assert pd.read_csv(config.resolve_path(cfg_b.run_dir) / "03_grpo" / "prompt_order.csv",
+    assert pd.read_csv(config.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo" / "prompt_order.csv",
                        dtype={"id": str})["id"].tolist() == order["id"].tolist()
     # the adapter after step 3 differs from the final one: the resumed run really trained
     from safetensors.torch import load_file
@@ -400,11 +403,12 @@ def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch)
     b4 = adapter(cfg_b)
     assert all(torch.equal(b4[k], b[k]) for k in b)
 
-    # 5. a changed configuration does not resume silently; resume=false starts over
+    # 5. a changed configuration does not resume silently: asked to resume (grpo.resume=true passed) it refuses
+    # (unasked it starts afresh with a note: tests/test_rerun.py); resume=false starts over
     cfg_c = compose(root, "interrupted", *common, "grpo.learning_rate=1e-3")
     lr_was = cfg_b.grpo.learning_rate
     with pytest.raises(LabError, match=rf"different GRPO configuration \(grpo.learning_rate: {lr_was} -> 0.001\)"):
-        run(cfg_c, puzzles)
+        run(cfg_c, puzzles, ["grpo.resume=true"])
     monkeypatch.undo()
     cfg_d = compose(root, "interrupted", *common, "grpo.max_steps=1", "grpo.resume=false", "grpo.gradient_check=false")
     m_d, *_ = run(cfg_d, puzzles)

@@ -110,7 +110,7 @@ def test_sft_trains_the_lm_head_lora_and_leaves_frozen_weights(root, puzzles):
     saved = load_file(str(config.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors"))
     assert {"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight"} <= set(saved)
     assert "base_model.model.lm_head.weight" not in saved  # never a full copy of the head
-    ck = load_file(str(config.resolve_path(cfg.run_dir) / "02_sft" / "checkpoints" / "checkpoint-3"
+    ck = load_file(str(config.resolve_path(cfg.run_dir) / "checkpoints" / "02_sft" / "checkpoint-3"
                        / "adapter_model.safetensors"))
     assert set(ck) == set(saved)  # the Trainer's checkpoints neither
     # the submission zip carries the head's LoRA and passes the lab's own check

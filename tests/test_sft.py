@@ -238,16 +238,17 @@ def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeyp
               "experts.up_proj": L[moe].mixer.experts.up_proj, "conv1d": L[mamba].mixer.conv1d.weight,
               "router": L[moe].mixer.gate.weight}
     frozen_before = {k: v.detach().clone() for k, v in frozen.items()}
-    m_a, pm, _, log = sft.train(cfg_a, Stage("02_sft", cfg=cfg_a), puzzles, model, tok)
+    st_a = Stage("02_sft", cfg=cfg_a)
+    m_a, pm, _, log = sft.train(cfg_a, st_a, puzzles, model, tok)
     assert m_a["steps"] == 6 and not m_a["stopped_by_budget"] and len(log) == 6
 
     # the gradient check passed for every family, every LoRA tensor moved, sampled frozen tensors did not
     assert m_a["gradient_check_failed"] == []
     import pandas as pd
 
-    rep = pd.read_csv(config.resolve_path(cfg_a.run_dir) / "02_sft" / "gradient_check.csv")
+    rep = pd.read_csv(st_a.path("gradient_check.csv"))
     assert sorted(rep["family"]) == sorted(ALL) and rep["ok"].all() and (rep["tensors_unchanged"] == 0).all()
-    fz = pd.read_csv(config.resolve_path(cfg_a.run_dir) / "02_sft" / "frozen_check.csv")
+    fz = pd.read_csv(st_a.path("frozen_check.csv"))
     assert fz["unchanged"].all() and len(fz) >= 15
     assert any("embeddings" in t for t in fz["tensor"]) and any("experts.base_layer.base_layer.up_proj" in t
                                                                 for t in fz["tensor"])
@@ -267,7 +268,7 @@ def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeyp
     monkeypatch.setattr(callbacks, "trainer_callbacks", lambda *args: original(*args) + [_stop_at(3)])
     m_b1, *_ = sft.train(cfg_b, Stage("02_sft", cfg=cfg_b), puzzles)
     assert m_b1["steps"] == 3
-    ck = config.resolve_path(cfg_b.run_dir) / "02_sft" / "checkpoints"
+    ck = config.resolve_path(cfg_b.run_dir) / "checkpoints" / "02_sft"
     assert (ck / "checkpoint-3" / "adapter_model.safetensors").is_file()
     monkeypatch.setattr(callbacks, "trainer_callbacks", original)
     m_b2, *_ = sft.train(cfg_b, Stage("02_sft", cfg=cfg_b), puzzles)
@@ -293,7 +294,7 @@ def test_wall_clock_budget_saves_and_stops_cleanly(root, puzzles):
                   "sft.gradient_check=false")
     m, *_ = sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles)
     assert m["stopped_by_budget"] and m["steps"] == 1 < m["max_steps"] == 5
-    ck = config.resolve_path(cfg.run_dir) / "02_sft" / "checkpoints" / "checkpoint-1"
+    ck = config.resolve_path(cfg.run_dir) / "checkpoints" / "02_sft" / "checkpoint-1"
     for f in ("adapter_model.safetensors", "optimizer.pt", "trainer_state.json"):
         assert (ck / f).is_file(), f
     assert (config.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors").is_file()

@@ -1,0 +1,229 @@
+"""Resumable training checkpoints, shared by SFT (`lab.sft`) and GRPO (`lab.grpo`): what a run may resume.
+
+- **Keyed by what produced them.** A run's checkpoint folder holds `lab_run.json` with the run's `fingerprint`
+  (`fingerprint`: the stage's config group without the keys that do not change the trajectory, the seed, the model
+  and a content hash of its files, and what the stage adds: GRPO its budget, pool and start adapter, SFT a hash of
+  its training examples). A rerun whose fingerprint differs starts afresh with a note naming every changed key; when
+  the user asked to resume (`sft.resume=true` / `grpo.resume=true` among the overrides) it is a LabError instead.
+- **A checkpoint counts only when complete.** The Trainer writes `checkpoint-N/` file by file; `CompleteMarker`
+  (a TrainerCallback: transformers calls `on_save` after `Trainer._save_checkpoint` returned, trainer.py
+  `_maybe_log_save_evaluate`) then writes `lab_complete.json` into it, atomically, listing every file and its size.
+  `resume_point` takes the newest checkpoint whose marker is there and whose files are all there at those sizes,
+  says so, and deletes the incomplete ones (a crash or a full disk mid-save), so the Trainer never trips over them.
+- **A full disk is a message.** `disk_full_guard` turns `OSError` ENOSPC / EDQUOT (and torch's `RuntimeError` from
+  its zip writer, when the disk has less free space than one checkpoint) into a LabError naming the folder, the
+  space one checkpoint needs and the space left.
+
+What it simplifies:
+1. Completeness is names and sizes, not a hash of every byte: a checkpoint of the real model holds gigabytes of
+   optimiser state, and what a crash or a full disk leaves is a missing or short file.
+2. The space a checkpoint needs is the size of the newest complete one, else 12 bytes per trainable parameter
+   (fp32 weights and AdamW's two moments).
+3. Under several processes every process makes the same resume decision and deletes the same folders (deletions
+   tolerate one another); only the main process writes the completeness marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import json
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterable
+
+from omegaconf import DictConfig, OmegaConf
+
+from lab.config import LabError, atomic_write_json, read_json
+
+RUN_RECORD = "lab_run.json"
+COMPLETE = "lab_complete.json"
+
+
+def fingerprint(cfg: DictConfig, group: str, free_keys: Iterable[str], **extra: Any) -> dict:
+    """What must not change between a run and its resumption: `cfg[group]` without `free_keys`, the seed, the model
+    path, dtype and content hash (`lab.generate.model_hash`), and `extra` (what the stage adds)."""
+    from lab.generate import model_hash
+    from lab.models import model_path
+
+    g = OmegaConf.to_container(cfg[group], resolve=True)
+    for k in free_keys:
+        g.pop(k, None)
+    return {group: g, "seed": cfg.seed, "model": cfg.model.path, "dtype": cfg.model.dtype,
+            "model_sha256": model_hash(model_path(cfg)), **extra}
+
+
+def diff(old: Any, new: Any, prefix: str = "") -> list[str]:
+    """`key: old -> new` for every leaf that differs between two fingerprints."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        out = []
+        for k in sorted(set(old) | set(new), key=str):
+            out += diff(old.get(k, "<absent>"), new.get(k, "<absent>"), f"{prefix}{k}.")
+        return out
+    return [] if json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True) \
+        else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+
+
+def asked_to_resume(overrides: Iterable[str], key: str) -> bool:
+    """True when the overrides set `key` (e.g. `sft.resume=true`) explicitly to true."""
+    for o in overrides:
+        k, _, v = o.lstrip("+").partition("=")
+        if k.strip() == key and v.strip().lower() in ("true", "1", "yes", "on"):
+            return True
+    return False
+
+
+def step_of(path: Path) -> int:
+    m = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    return int(m.group(1)) if m else -1
+
+
+# ---- completeness ----------------------------------------------------------------------------------
+
+def mark_complete(ckpt: str | os.PathLike) -> Path:
+    """Write `lab_complete.json` into a fully written checkpoint folder: every file's relative name and size."""
+    ckpt = Path(ckpt)
+    files = {str(p.relative_to(ckpt)): p.stat().st_size for p in sorted(ckpt.rglob("*"))
+             if p.is_file() and p.name != COMPLETE and not p.name.startswith(".")}
+    return atomic_write_json(ckpt / COMPLETE, {"files": files})
+
+
+def incomplete(ckpt: Path) -> str | None:
+    """Why `ckpt` is not a complete checkpoint, or None when it is."""
+    marker = ckpt / COMPLETE
+    if not marker.is_file():
+        return f"no {COMPLETE} (its save did not finish)"
+    try:
+        files = read_json(marker)["files"]
+    except (LabError, KeyError, TypeError):
+        return f"{COMPLETE} unreadable"
+    for name, size in files.items():
+        p = ckpt / name
+        if not p.is_file():
+            return f"{name} missing"
+        if p.stat().st_size != size:
+            return f"{name} is {p.stat().st_size} bytes, was written as {size}"
+    return None
+
+
+def marker_callback():
+    """A TrainerCallback that marks each checkpoint complete once the Trainer has written all of it."""
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    class CompleteMarker(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            ckpt = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            if state.is_world_process_zero and ckpt.is_dir():
+                mark_complete(ckpt)
+
+    return CompleteMarker()
+
+
+# ---- the resume decision ---------------------------------------------------------------------------
+
+def resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, max_steps: int | None = None
+                 ) -> tuple[Path | None, dict | None, list[str]]:
+    """(checkpoint to resume or None, the run record to reuse or None, notes) for the checkpoint folder `out`.
+
+    `resume=False`, no checkpoint, or none with a run record: the folder is deleted (a fresh run). A record whose
+    fingerprint differs from `fp`: a LabError naming the changes when `asked` (the user asked to resume), else the
+    folder is deleted with a note naming them. Incomplete checkpoints and those past `max_steps` are deleted with a
+    note; the newest complete one left is resumed, with a note saying so. `what` names the config group."""
+    notes: list[str] = []
+    if not out.is_dir():
+        return None, None, notes
+    if not resume:
+        shutil.rmtree(out, ignore_errors=True)  # a fresh run: stale checkpoints must not be resumed later
+        return None, None, notes
+    ckpts = sorted((p for p in out.iterdir() if p.is_dir() and step_of(p) >= 0), key=step_of)
+    if not ckpts:
+        shutil.rmtree(out, ignore_errors=True)
+        return None, None, notes
+    record_path = out / RUN_RECORD
+    if not record_path.is_file():
+        notes.append(f"{out}: checkpoints without {RUN_RECORD} (an older lab version, or another tool) cannot be "
+                     "matched to this configuration: discarded, training starts afresh")
+        shutil.rmtree(out, ignore_errors=True)
+        return None, None, notes
+    record = read_json(record_path)
+    changed = diff(record.get("fingerprint", {}), fp)
+    if changed:
+        if asked:
+            raise LabError(f"{out}: checkpoints were written by a different {what.upper()} configuration "
+                           f"({'; '.join(changed)}); set {what}.resume=false to start over (deletes them), leave "
+                           f"{what}.resume unset to start afresh with a note, or use another run_dir")
+        notes.append(f"{out}: checkpoints were written by a different {what.upper()} configuration ({'; '.join(changed)}): "
+                     "discarded, training starts afresh")
+        shutil.rmtree(out, ignore_errors=True)
+        return None, None, notes
+    for p in ckpts:
+        why = incomplete(p)
+        if why is not None:
+            notes.append(f"{p.name} is incomplete ({why}): deleted")
+        elif max_steps is not None and step_of(p) > max_steps:
+            notes.append(f"{p.name} is past {what}.max_steps={max_steps}: deleted")
+        else:
+            continue
+        shutil.rmtree(p, ignore_errors=True)
+    left = [p for p in ckpts if p.is_dir()]
+    if not left:
+        notes.append(f"{out}: no complete checkpoint left: training starts afresh")
+        shutil.rmtree(out, ignore_errors=True)
+        return None, None, notes
+    last = left[-1]
+    notes.append(f"resuming from {last} (the newest complete checkpoint)")
+    return last, record, notes
+
+
+def write_record(out: Path, record: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / RUN_RECORD, record)
+
+
+# ---- a full disk -------------------------------------------------------------------------------------
+
+def checkpoint_bytes(out: Path, model=None) -> int:
+    """The size of the newest complete checkpoint in `out`, else 12 bytes per trainable parameter of `model`."""
+    if out.is_dir():
+        for p in sorted((p for p in out.iterdir() if p.is_dir() and step_of(p) >= 0), key=step_of, reverse=True):
+            if incomplete(p) is None:
+                return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    if model is not None:
+        return 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return 0
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.1f} MB"
+
+
+@contextlib.contextmanager
+def disk_full_guard(folder: Path, need_bytes):
+    """Turn a full disk while training or saving into `folder` into a LabError naming the folder and the space one
+    checkpoint needs (`need_bytes`: a number or a function giving it, asked only when the disk is full)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as e:
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        if isinstance(e, OSError) and e.filename:
+            folder = Path(e.filename).parent  # the folder the failed write was for
+        free = None
+        probe = Path(folder)
+        while not probe.exists() and probe != probe.parent:
+            probe = probe.parent
+        try:
+            free = shutil.disk_usage(probe).free
+        except OSError:
+            pass
+        need = need_bytes() if callable(need_bytes) else int(need_bytes)
+        if not full and isinstance(e, RuntimeError) and free is not None and free < need:
+            full = True  # torch.save's zip writer reports a failed write as a RuntimeError without errno
+        if not full:
+            raise
+        left = f"{_mb(free)} free there" if free is not None else "free space unknown"
+        raise LabError(f"{folder}: the disk is full ({e.strerror if isinstance(e, OSError) else e}); one checkpoint "
+                       f"needs about {_mb(need)} ({left}). Free space or point run_dir elsewhere; the incomplete "
+                       "checkpoint is skipped and a rerun resumes from the newest complete one") from None
