@@ -69,20 +69,21 @@ def uncode(c: str) -> tuple[str, str]:
 @lru_cache(maxsize=None)
 def catalog() -> dict:
     """signature -> [(mode, meaning, operand digits, result digits)], over every reading of the rule
-    space and every operand pair 00..99, for an operator other than `-` (pattern `o`) and for `-`."""
+    space and every operand pair 00..99, for an operator other than `-` (pattern `o`) and for `-`
+    (the same entries less the markers at the end, which a `-` never writes)."""
     table: dict = {}
-    for sym in ("o", "-"):
-        for mode in MODES:
-            for meaning in meanings_for(mode, sym):
-                for i in range(100):
-                    for j in range(100):
-                        x, y = f"{i:02d}", f"{j:02d}"
-                        r = compute(meaning, x, y, mode, sym)
-                        if r is None:
-                            continue
-                        # the signature of the digits: operand / result symbols are the digits themselves
-                        sig = _digit_signature(x, sym, y, r)
-                        table.setdefault(sig, []).append((mode, meaning, x + y, r))
+    for mode in MODES:
+        for meaning in meanings_for(mode, "o"):
+            for i in range(100):
+                for j in range(100):
+                    x, y = f"{i:02d}", f"{j:02d}"
+                    r = compute(meaning, x, y, mode, "o")
+                    if r is not None:
+                        table.setdefault(_digit_signature(x, "o", y, r), []).append((mode, meaning, x + y, r))
+    for sig, entries in list(table.items()):
+        minus = [(m, mn, xy, r.replace("o", "-")) for m, mn, xy, r in entries if not mn.endswith(" end")]
+        if minus:
+            table[sig.replace("o", "-")] = minus
     return table
 
 
@@ -168,7 +169,7 @@ class Search:
                 continue
             if meaning not in meanings_for(mode, sym):
                 continue
-            written = res.replace("o", sym).replace("-", sym) if sym != "-" else res
+            written = res.replace("o", sym) if sym != "-" else res
             if self.fits(x + y + r, xy + written, sym):
                 out.append(f"{code(mode, meaning)}:{xy}:{res}")
         return out
@@ -177,7 +178,7 @@ class Search:
         """Applies a listed candidate (a `try`)."""
         c, xy, res = cand.rsplit(":", 2)
         mode, meaning = uncode(c)
-        written = res.replace("o", sym).replace("-", sym) if sym != "-" else res
+        written = res.replace("o", sym) if sym != "-" else res
         self.push()
         self.mode = mode
         self.ops[sym] = meaning
