@@ -60,6 +60,13 @@ class DataConfig:
                              "a line (lab/puzzles/derive.py)")
     tokenizer_path: Optional[str] = _help("a local tokenizer folder (tokenizer.json, tokenizer_config.json) that "
                                           "counts trace tokens; null: the model's")
+    weights: Dict[str, float] = _help("per-category oversampling of the SFT examples, e.g. {bit_manipulation: 2} "
+                                      "(whole part copies, fraction a seeded sample; 0 drops; unnamed: 1); above 3 "
+                                      "is warned about (lab.data.oversample)")
+    synthetic_train: bool = _help("competition data: train on generated puzzles only (n_train per category, "
+                                  "difficulty) and hold the whole real file for validation")
+    trace_styles: Dict[str, str] = _help("per-category trace style for SFT, e.g. {bit_manipulation: compact}; "
+                                         "categories not named use trace_style")
 
 
 @dataclass

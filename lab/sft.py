@@ -34,7 +34,7 @@ import pandas as pd
 from omegaconf import DictConfig
 
 from lab.config import LabError, atomic_write_csv, resolve_path
-from lab.data import trace_style
+from lab.data import category_weights, oversample, trace_styles
 from lab.lora import (GradientCheck, attach_lora, check_targets, install_fused_lora_head, save_adapter,
                       trainer_accepts_head_lora)
 from lab.prompts import chat_prompt
@@ -42,22 +42,24 @@ from lab.prompts import chat_prompt
 # ---- data -------------------------------------------------------------------------------------
 
 def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int,
-                 style: str = "compact") -> tuple[pd.DataFrame, dict]:
+                 style: str | dict = "compact") -> tuple[pd.DataFrame, dict]:
     """Prompt/completion pairs from solver traces whose answer the competition metric accepts.
 
     prompt = the exact Kaggle prompt rendered by the chat template (ends with `<think>\\n`);
     completion = the solver trace in `style` (`data.trace_style`; reasoning, `</think>`, `\\boxed{answer}`) + end-of-turn token.
+    `style` may be {category: style} (`data.trace_styles`; a category it does not name: compact).
     Returns the examples and counts of what was kept, not solved, wrong, or too long. Cipher
     puzzles share the vocabulary of all the frame's cipher examples, as in `solve_frame`.
     """
     from lab.metric import verify
-    from lab.puzzles import solve
+    from lab.puzzles import classify, solve
     from lab.puzzles.cipher import vocabulary
 
     vocab = vocabulary(puzzles["prompt"])
     rows, counts = [], {"puzzles": len(puzzles), "kept": 0, "unsolved": 0, "solver_wrong": 0, "overlong": 0}
     for _, row in puzzles.iterrows():
-        sol = solve(row["prompt"], vocab, style=style)
+        cat = row.get("category", "") or classify(row["prompt"])[0]
+        sol = solve(row["prompt"], vocab, style=style if isinstance(style, str) else style.get(cat, "compact"))
         if sol.status != "solved":
             counts["unsolved"] += 1
             continue
@@ -70,7 +72,7 @@ def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int,
         if n_tok > max_seq_len:
             counts["overlong"] += 1
             continue
-        rows.append({"id": row["id"], "category": row.get("category", ""), "prompt": prompt,
+        rows.append({"id": row["id"], "category": cat, "prompt": prompt,
                      "completion": completion, "tokens": n_tok})
         counts["kept"] += 1
     return pd.DataFrame(rows, columns=["id", "category", "prompt", "completion", "tokens"]), counts
@@ -151,7 +153,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     if model is None:
         model, tokenizer = load_model(cfg)
     trl_cpu.install()
-    examples, counts = sft_examples(tokenizer, train_puzzles, cfg.sft.max_seq_len, trace_style(cfg))
+    examples, counts = sft_examples(tokenizer, train_puzzles, cfg.sft.max_seq_len, trace_styles(cfg))
+    examples = oversample(examples, category_weights(cfg), cfg.seed)  # data.weights (1 each: unchanged)
     if cfg.sft.n_train:
         examples = examples.sample(frac=1.0, random_state=cfg.seed).head(cfg.sft.n_train)
     if examples.empty:
