@@ -105,6 +105,10 @@ class SftConfig:
     gradient_check: bool = _help("after the first steps, check every LoRA family got a gradient and moved")
     n_train: Optional[int] = _help("null: all training traces; else the first N (after shuffling)")
     adapter_dir: str = _help("where the trained adapter is saved (03_grpo reads it)")
+    stages: List[str] = _help("SFT stages in order: [traces] (the solver traces), or [drills, traces]: first recall "
+                              "drills of the symbolic signature catalog (lab.puzzles.eqsearch.drills), then the traces, "
+                              "continuing the drills' adapter (saved beside adapter_dir as drills_adapter)")
+    drill_n: int = _help("drills stage: catalog drill examples (signatures with at most eqsearch.MAX_CANDS candidates)")
 
 
 @dataclass

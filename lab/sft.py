@@ -21,7 +21,7 @@ TRL 1.15's SFTTrainer refuses an `lm_head` LoRA because its fused head computes 
 (chunked, the full logits never built), so it trains (tests/test_lora.py).
 
 What it simplifies:
-1. One adapter, one dataset.
+1. One adapter; one dataset per stage (`sft.stages`: the drills stage, when on, trains the same LoRA first).
 2. No packing.
 """
 
@@ -76,6 +76,52 @@ def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int,
                      "completion": completion, "tokens": n_tok})
         counts["kept"] += 1
     return pd.DataFrame(rows, columns=["id", "category", "prompt", "completion", "tokens"]), counts
+
+
+SFT_STAGES = ("drills", "traces")
+
+
+def sft_stages(cfg) -> list[str]:
+    """`sft.stages`: [traces] or [drills, traces] (drills first, the traces continue its adapter)."""
+    stages = [str(s) for s in (cfg.sft.get("stages", None) or ["traces"])]
+    if stages not in (["traces"], ["drills", "traces"]):
+        raise LabError(f"conf/sft: stages={stages} must be [traces] or [drills, traces]")
+    return stages
+
+
+def drill_examples(tokenizer, n: int, seed: int, max_seq_len: int) -> pd.DataFrame:
+    """The drills stage's examples: `eqsearch.drills` as chat prompt / completion pairs (overlong ones dropped)."""
+    from lab.puzzles.eqsearch import drills
+
+    rows = []
+    for i, (q, a) in enumerate(drills(n, seed)):
+        prompt = chat_prompt(tokenizer, q)
+        completion = a + tokenizer.eos_token
+        n_tok = len(tokenizer(prompt + completion, add_special_tokens=False)["input_ids"])
+        if n_tok <= max_seq_len:
+            rows.append({"id": f"drill-{seed}-{i:05d}", "category": "drill", "prompt": prompt,
+                         "completion": completion, "tokens": n_tok})
+    return pd.DataFrame(rows, columns=["id", "category", "prompt", "completion", "tokens"])
+
+
+def _train_drills(cfg, stage, pm, tokenizer) -> dict:
+    """The drills stage on the same LoRA model (the traces stage then continues from it); saves drills_adapter."""
+    from transformers.trainer_utils import get_last_checkpoint
+
+    from lab.callbacks import trainer_callbacks
+
+    examples = drill_examples(tokenizer, cfg.sft.drill_n, cfg.seed, cfg.sft.max_seq_len)
+    if examples.empty:
+        raise LabError(f"{stage.dir}: no drill examples (sft.drill_n={cfg.sft.drill_n}, max_seq_len)")
+    out = stage.path("checkpoints_drills")
+    if not cfg.sft.resume and out.exists():
+        shutil.rmtree(out)
+    trainer = build_trainer(cfg, out, pm, tokenizer, examples, trainer_callbacks(None, cfg.sft.wall_clock_budget_min))
+    last = get_last_checkpoint(str(out)) if cfg.sft.resume and out.is_dir() else None
+    result = trainer.train(resume_from_checkpoint=last)
+    save_adapter(pm, resolve_path(cfg.sft.adapter_dir).parent / "drills_adapter")
+    return {"examples": len(examples), "train_loss": float(result.training_loss),
+            "steps": int(trainer.state.global_step)}
 
 
 # ---- trainer ------------------------------------------------------------------------------------
@@ -144,6 +190,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     if backend not in ("hf", "unsloth"):
         raise LabError(f"conf/sft: backend={backend!r} is not one of hf, unsloth")
     check_targets(cfg)
+    sft_stages(cfg)  # before loading the model
     attach = attach_lora
     if backend == "unsloth":
         from lab import sft_unsloth
@@ -166,6 +213,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     print("LoRA targets:\n" + table.to_string(index=False))
     atomic_write_csv(stage.path("lora_targets.csv"), table)
 
+    drills = _train_drills(cfg, stage, pm, tokenizer) if "drills" in sft_stages(cfg) else None
     check = GradientCheck(pm) if cfg.sft.gradient_check else None
     out = stage.path("checkpoints")
     if not cfg.sft.resume and out.exists():
@@ -185,6 +233,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
                "stopped_by_budget": bool(callbacks[0].stopped_by_budget), "backend": backend,
                "trainable_params": int(table["trainable_params"].sum()),
                "lora_targets": dict(zip(table["family"], table["modules"].astype(int)))}
+    if drills is not None:
+        metrics["drills"] = drills
     if check is not None:
         rep, frozen = check.report(), check.frozen_report()
         atomic_write_csv(stage.path("gradient_check.csv"), rep)

@@ -94,3 +94,12 @@ def test_synthetic_train_holds_the_whole_real_file_for_validation(tmp_path):
     with pytest.raises(LabError, match="n_train"):
         prepare(compose([f"run_dir={tmp_path / 'run2'}", "data=competition", f"data.path={path}",
                          "data.synthetic_train=true"]))
+
+
+def test_sft_stages_are_checked(tmp_path):
+    from lab.sft import sft_stages
+
+    assert sft_stages(compose([f"run_dir={tmp_path}"])) == ["traces"]
+    assert sft_stages(compose([f"run_dir={tmp_path}", "sft.stages=[drills,traces]"])) == ["drills", "traces"]
+    with pytest.raises(LabError, match="stages"):
+        sft_stages(compose([f"run_dir={tmp_path}", "sft.stages=[traces,drills]"]))

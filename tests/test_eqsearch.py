@@ -100,3 +100,22 @@ def test_rest_binds_the_last_digit_only_when_nine_are_bound():
     r2.symbols.update({"A": "1"})
     with pytest.raises(Exception):
         r2.step("rest J = 9")
+
+
+def test_drills_recall_the_catalog_lines_a_trace_writes():
+    d = Q.drills(5, seed=0)
+    assert len(d) == 5 and d == Q.drills(5, seed=0) and d != Q.drills(5, seed=1)
+    for q, a in d:
+        sig = q.rsplit(" ", 1)[-1]
+        readings_line, cands_line = a.split("\n")
+        assert readings_line == f"readings {sig} = {' '.join(Q.readings(sig))}"
+        assert cands_line == f"cands {sig} = " + " ".join(Q.Search().candidates(*_example_of(sig)))
+        assert len(Q.catalog()[sig]) <= Q.MAX_CANDS
+
+
+def _example_of(sig):
+    """An example with signature `sig` written in symbols (letters stand for themselves, operator `*` or `-`)."""
+    lhs, r = sig.split("=")
+    op = lhs[2]
+    sym = "-" if op == "-" else "*"
+    return lhs[:2], sym, lhs[3:], r.replace(op, sym)

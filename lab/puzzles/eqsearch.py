@@ -295,3 +295,19 @@ def search_lines(exs, query, max_cands: int | None = None, max_chars: int | None
     emit(f"note every complete branch gives {ans}")
     emit(f"copy {ans}")
     return lines
+
+
+def drills(n: int, seed: int) -> list[tuple[str, str]]:
+    """(question, answer) recall drills of the catalog for a first SFT stage (`sft.stages: [drills, traces]`): n
+    signatures drawn (seeded, without replacement) from those with at most `MAX_CANDS` candidates; the answer is the
+    two lines a trace writes from the catalog, `readings SIG = ...` and `cands SIG = ...` (nothing bound)."""
+    import random
+
+    small = sorted(s for s, v in catalog().items() if len(v) <= MAX_CANDS)
+    rng = random.Random(f"drills-{seed}")
+    out = []
+    for sig in rng.sample(small, min(int(n), len(small))):
+        cands = " ".join(f"{code(m, mn)}:{xy}:{r}" for m, mn, xy, r in catalog()[sig])
+        out.append((f"Signature catalog: the readings and candidates of {sig}",
+                    f"readings {sig} = {' '.join(readings(sig))}\ncands {sig} = {cands}"))
+    return out
