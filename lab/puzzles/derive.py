@@ -385,7 +385,7 @@ def _symbolic(prompt: str, sol: Solution) -> list[str]:
     exs = [(p[0], p[1], p[2], rhs.strip()) for lhs, rhs in examples if (p := split_lhs(lhs))]
     q = split_lhs(query)
     try:
-        lines = search_lines(exs, q) if q and exs else None
+        lines = search_lines(exs, q, _eq_value) if q and exs else None
     except Unfit as e:
         lines, why = None, str(e)
     else:

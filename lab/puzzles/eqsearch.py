@@ -185,10 +185,10 @@ class Search:
         self.bind(x + y + r, xy + written, sym)
 
 
-def search_lines(exs, query, max_cands: int | None = None, max_chars: int | None = None) -> list[str]:
-    """The written search for a symbolic puzzle: exs [(x, op, y, rhs)], query (x, op, y). Raises Unfit."""
-    from .derive import _eq_value
-
+def search_lines(exs, query, value, max_cands: int | None = None, max_chars: int | None = None) -> list[str]:
+    """The written search for a symbolic puzzle: exs [(x, op, y, rhs)], query (x, op, y); `value(meaning, x, y, mode,
+    sym, tag, lines)` appends a meaning's arithmetic lines and returns the written result (`derive._eq_value`, passed
+    in so the two modules do not import each other). Raises Unfit."""
     lines: list[str] = ["note each example's signature and its catalog readings; then search from the fewest candidates"]
     size = [len(lines[0])]
 
@@ -212,7 +212,7 @@ def search_lines(exs, query, max_cands: int | None = None, max_chars: int | None
         emit(f"{tag}: decode {x} = {dx}")
         emit(f"{tag}: decode {y} = {dy}")
         sub: list[str] = []
-        v = _eq_value(st.ops[sym], dx, dy, st.mode, sym, tag, sub)
+        v = value(st.ops[sym], dx, dy, st.mode, sym, tag, sub)
         for s in sub:
             emit(s)
         if v is None:
@@ -236,7 +236,7 @@ def search_lines(exs, query, max_cands: int | None = None, max_chars: int | None
         emit(f"q: decode {qx} = {dx}")
         emit(f"q: decode {qy} = {dy}")
         sub: list[str] = []
-        v = _eq_value(st.ops[qsym], dx, dy, st.mode, qsym, "q", sub)
+        v = value(st.ops[qsym], dx, dy, st.mode, qsym, "q", sub)
         for s in sub:
             emit(s)
         d2s = {d: c for c, d in st.s2d.items()}
