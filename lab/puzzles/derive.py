@@ -384,6 +384,8 @@ def _symbolic(prompt: str, sol: Solution) -> list[str]:
     examples, query = equation_parts(prompt)
     exs = [(p[0], p[1], p[2], rhs.strip()) for lhs, rhs in examples if (p := split_lhs(lhs))]
     q = split_lhs(query)
+    if sol.status != "solved":  # several readings fit: no search can end in one answer
+        return [f"note fallback: the puzzle is {sol.status}"] + _symbolic_recall(prompt, sol)
     try:
         lines = search_lines(exs, q, _eq_value) if q and exs else None
     except Unfit as e:

@@ -23,7 +23,7 @@ whose operands are decoded (branch on meanings); else the one with the fewest ca
 (branch on them). Every complete branch computes the query. When every branch gives one answer it is
 copied; a puzzle whose search gives none or several answers, leaves a query symbol or result digit
 unbound, needs an anchor of more than `MAX_CANDS` candidates, or would exceed `MAX_CHARS`, gets the
-stated fallback trace instead (`derive._symbolic`).
+stated fallback trace instead (`derive._symbolic`), as does a puzzle the solver does not mark `solved`.
 
 `Search` holds the state both the writer and the checker (`check.py`) use, so they agree by construction
 on what a `cands` line lists; the checker recomputes every line.
