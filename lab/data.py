@@ -290,12 +290,17 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
             df = df[df["category"].isin(categories)].reset_index(drop=True)
             if df.empty:
                 raise LabError(f"{path}: no puzzle of the categories {categories} (data.categories)")
-        train, val = split(df, d.val_fraction, cfg.seed)
-        if d.n_val:
-            val = val.head(d.n_val)
-        if d.n_train:
-            train = train.head(d.n_train)
-        notes = _split_notes(df, val, d.val_fraction, path)
+        if d.get("synthetic_train", False):  # generated puzzles train; the whole real file validates
+            train, val = synthetic_train_split(cfg, df, categories)
+            notes = [f"{path}: synthetic_train: {len(train)} generated training puzzles; all {len(val)} real rows "
+                     "held for validation"]
+        else:
+            train, val = split(df, d.val_fraction, cfg.seed)
+            if d.n_val:
+                val = val.head(d.n_val)
+            if d.n_train:
+                train = train.head(d.n_train)
+            notes = _split_notes(df, val, d.val_fraction, path)
         if val.empty:
             raise LabError(f"{path}: no validation rows: {len(df)} puzzle(s), val_fraction={d.val_fraction}; every "
                            "category needs two puzzles or more (one for training, one held out)")
@@ -375,3 +380,84 @@ def count_tokenizer(cfg, default=None):
     if not (p / "tokenizer.json").is_file() or not (p / "tokenizer_config.json").is_file():
         raise LabError(f"conf/data: tokenizer_path={path}: no tokenizer.json and tokenizer_config.json in {p}")
     return str(p)
+
+
+# ---- data mix (conf/data: weights, synthetic_train, trace_styles) ------------------------------
+
+OVERSAMPLE_WARN = 3.0  # the top teams saw a category oversampled beyond about 3x overwrite the others
+
+
+def category_weights(cfg) -> dict[str, float]:
+    """`data.weights`: {category: weight} for the SFT examples (1 = as many as the data gives); a weight that is not a
+    number >= 0, or a category that does not exist, is a LabError; a weight above 3 is warned about (printed)."""
+    from lab.puzzles import CATEGORIES
+
+    raw = cfg.data.get("weights", None) or {}
+    out = {}
+    for cat, w in dict(raw).items():
+        if cat not in CATEGORIES:
+            raise LabError(f"conf/data: weights has {cat!r}, not a category (one of {', '.join(CATEGORIES)})")
+        try:
+            w = float(w)
+        except (TypeError, ValueError):
+            raise LabError(f"conf/data: weights.{cat}={w!r} is not a number") from None
+        if not w >= 0:
+            raise LabError(f"conf/data: weights.{cat}={w} must be >= 0")
+        if w > OVERSAMPLE_WARN:
+            print(f"WARNING: conf/data: weights.{cat}={w:g} oversamples {cat} beyond {OVERSAMPLE_WARN:g}x; "
+                  "a category oversampled that far can overwrite the others", flush=True)
+        out[cat] = w
+    return out
+
+
+def oversample(examples: pd.DataFrame, weights: dict[str, float], seed: int) -> pd.DataFrame:
+    """The examples with each category's rows repeated `weight` times: the whole part as copies, the fractional part
+    as a seeded sample of that share of the rows (weight 0 drops the category; categories not named keep weight 1).
+    Rows keep their category order, copies follow their originals' block; nothing else changes."""
+    if not weights:
+        return examples
+    if "category" not in examples.columns:
+        raise LabError("data.weights: the examples have no 'category' column to weigh by")
+    rng = np.random.default_rng(int(seed))
+    parts = []
+    for cat, g in examples.groupby("category", sort=False):
+        w = float(weights.get(str(cat), 1.0))
+        whole, frac = int(w), w - int(w)
+        parts += [g] * whole
+        k = int(np.floor(len(g) * frac + 0.5))
+        if k:
+            parts.append(g.iloc[np.sort(rng.choice(len(g), size=k, replace=False))])
+    return pd.concat(parts, ignore_index=True) if parts else examples.iloc[:0]
+
+
+def trace_styles(cfg) -> dict[str, str]:
+    """{category: style} for every category: `data.trace_styles.<category>` where set, else `data.trace_style`.
+    An unknown category or style is a LabError."""
+    from lab.puzzles import CATEGORIES
+
+    default = trace_style(cfg)
+    per = dict(cfg.data.get("trace_styles", None) or {})
+    for cat, st in per.items():
+        if cat not in CATEGORIES:
+            raise LabError(f"conf/data: trace_styles has {cat!r}, not a category (one of {', '.join(CATEGORIES)})")
+        if st not in TRACE_STYLES:
+            raise LabError(f"conf/data: trace_styles.{cat}={st!r} must be one of {', '.join(TRACE_STYLES)}")
+    return {c: per.get(c, default) for c in CATEGORIES}
+
+
+def synthetic_train_split(cfg, real: pd.DataFrame, categories: list[str] | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`data.synthetic_train`: (train, val) with train = generated puzzles only (`n_train` per category, `difficulty`,
+    seeded by `seed`) and val = the whole real file (its first `n_val` rows when set): no real puzzle is trained on.
+    Generated puzzles whose prompt occurs in the real file are dropped."""
+    from lab.puzzles import CATEGORIES, generate
+
+    d = cfg.data
+    if not d.n_train:
+        raise LabError("conf/data: synthetic_train needs n_train (generated puzzles per category)")
+    cats = categories or list(CATEGORIES)
+    opts = dict(d.difficulty) if d.difficulty else {}
+    train = pd.concat([generate(c, d.n_train, seed=cfg.seed, **dict(opts.get(c, {}))) for c in cats],
+                      ignore_index=True)
+    train = train[~train["prompt"].isin(set(real["prompt"]))].reset_index(drop=True)
+    val = real.head(d.n_val).reset_index(drop=True) if d.n_val else real.reset_index(drop=True)
+    return train, val

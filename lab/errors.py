@@ -13,7 +13,11 @@ What it produces:
   classify_failure(row)         exactly one class per row, first match in FAILURE_PRIORITY
   taxonomy(pred), examples(...) counts per category and class; sample rows of one class
   first_departure(c, trace)     first (1-based) reasoning step where the model leaves the
-                                solver's trace; departure_table(pred) per row
+                                solver's trace; departure_table(pred) per row, with the kind of line
+                                there (line_kind: a derivation step's operation, a compact line's label)
+  imitation_table(pred, dep)    per category: perfect-trace rate, median departure line and its most
+                                common kind, solver accuracy minus model accuracy (the solver's miss or
+                                the imitation's)
   length_table                  completion tokens, correct vs wrong, against the budget
   compare(pred_a, pred_b)       puzzles fixed and broken between two runs (`python -m lab compare`)
   analyse(pred, out_dir, budget) every table as CSV and plot as PNG (drawn by `lab.plots`), headline
@@ -523,11 +527,64 @@ def departure_table(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
                      "correct": bool(r["correct"]), "trace_steps": len(trace), "model_steps": len(model),
                      "departure": d if d is not None else pd.NA,
                      "model_step": model[d - 1] if d else "",
-                     "trace_step": trace[d - 1] if d and d <= len(trace) else ""})
+                     "trace_step": trace[d - 1] if d and d <= len(trace) else "",
+                     "kind": line_kind(trace[d - 1] if d and d <= len(trace) else model[d - 1] if d else "")})
     out = pd.DataFrame(rows, columns=["id", "category", "subtype", "status", "correct", "trace_steps",
-                                      "model_steps", "departure", "model_step", "trace_step"])
+                                      "model_steps", "departure", "model_step", "trace_step", "kind"])
     out["departure"] = out["departure"].astype("Int64")
     return out
+
+
+TAG_RE = re.compile(r"^(?:ex|q)\d*: (.*)$")
+
+
+def line_kind(line: str) -> str:
+    """What kind of trace line this is: a derivation step's operation (`cands`, `try`, `add`, `rev`, `eq`, `copy`,
+    `note`, ... after its `ex3:`/`q:` tag), a compact line's label (`mode`, `rule`, `written`), `</think>` or `box`;
+    else the line's shape with numbers written N (`|N-N| = N`), at most 24 characters. '' for no line."""
+    s = " ".join(str(line).split())
+    if not s:
+        return ""
+    m = TAG_RE.match(s)
+    s = m.group(1) if m else s
+    if s == "</think>":
+        return s
+    if s.startswith("\\boxed"):
+        return "box"
+    head = s.split()[0]
+    if re.fullmatch(r"[A-Za-z][A-Za-z0-9_]*:?", head):
+        return head.rstrip(":")
+    return re.sub(r"\d+", "N", s)[:24]
+
+
+def imitation_table(pred: pd.DataFrame, departures: pd.DataFrame) -> pd.DataFrame:
+    """Per category (then 'all'), whether a miss is the solver's or the imitation's: n, model accuracy, solver
+    accuracy (the solver's answer against the gold), their gap (solver minus model), then over the rows with a
+    solver trace (`departures`, from `departure_table`): the perfect-trace rate (the completion is the trace, line
+    for line to its end), the median line where a completion first leaves it, and the most common kind of trace
+    line there (`line_kind`) with its count. `pred` needs `solver_answer` (`with_solver`)."""
+    df = normalise_predictions(pred)
+    if "solver_answer" not in pred.columns:
+        raise LabError("imitation_table: no 'solver_answer' column (add it with errors.with_solver)")
+    df["solver_correct"] = [bool(verify(g, _text(a))) if _text(a) else False
+                            for g, a in zip(df["gold"], pred["solver_answer"])]
+    rows = []
+    for cat in _ordered_categories(df) + ["all"]:
+        g = df if cat == "all" else df[df["category"] == cat]
+        d = departures if cat == "all" else departures[departures["category"] == cat]
+        perfect = d[d["departure"].isna() & (d["model_steps"] == d["trace_steps"])]
+        left = d[d["departure"].notna()]
+        kinds = left["kind"].value_counts() if "kind" in left and len(left) else pd.Series(dtype=int)
+        model, solver = float(g["correct"].mean()) if len(g) else float("nan"), \
+            float(g["solver_correct"].mean()) if len(g) else float("nan")
+        rows.append({"category": cat, "n": int(len(g)), "model_accuracy": round(model, 4),
+                     "solver_accuracy": round(solver, 4), "solver_minus_model": round(solver - model, 4),
+                     "with_trace": int(len(d)),
+                     "perfect_trace_rate": round(len(perfect) / len(d), 4) if len(d) else float("nan"),
+                     "median_departure": float(left["departure"].astype(float).median()) if len(left) else float("nan"),
+                     "departure_kind": str(kinds.index[0]) if len(kinds) else "",
+                     "departure_kind_n": int(kinds.iloc[0]) if len(kinds) else 0})
+    return pd.DataFrame(rows)
 
 
 def departure_summary(table: pd.DataFrame) -> pd.DataFrame:
@@ -727,6 +784,8 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None =
         dep = departure_table(df)
         write("departures.csv", dep)
         write("departure_summary.csv", departure_summary(dep))
+        imitation = imitation_table(df, dep)
+        write("imitation.csv", imitation)
         dep_map = dict(zip(dep["id"], dep["departure"]))
         df["departure"] = pd.array([dep_map.get(i, pd.NA) for i in df["id"]], dtype="Int64")
     cols = [c for c in ("id", "category", "subtype", "gold", "answer", "correct", "failure", "tokens",
@@ -751,6 +810,9 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None =
         "truncated": int(tax[tax["category"] == "all"]["truncated"].iloc[0]),
         "budget": int(budget),
     }
+    if use_solver:
+        metrics["imitation"] = {r["category"]: {k: _jsonable(r[k]) for k in r if k != "category"}
+                                for r in imitation.to_dict("records")}
     if status_acc is not None:
         metrics["accuracy_by_status"] = {r["status"]: {k: _jsonable(r[k]) for k in ("n", "correct", "accuracy")}
                                          for r in status_acc.to_dict("records") if r["status"] != "all"}

@@ -60,6 +60,13 @@ class DataConfig:
                              "a line (lab/puzzles/derive.py)")
     tokenizer_path: Optional[str] = _help("a local tokenizer folder (tokenizer.json, tokenizer_config.json) that "
                                           "counts trace tokens; null: the model's")
+    weights: Dict[str, float] = _help("per-category oversampling of the SFT examples, e.g. {bit_manipulation: 2} "
+                                      "(whole part copies, fraction a seeded sample; 0 drops; unnamed: 1); above 3 "
+                                      "is warned about (lab.data.oversample)")
+    synthetic_train: bool = _help("competition data: train on generated puzzles only (n_train per category, "
+                                  "difficulty) and hold the whole real file for validation")
+    trace_styles: Dict[str, str] = _help("per-category trace style for SFT, e.g. {bit_manipulation: compact}; "
+                                         "categories not named use trace_style")
 
 
 @dataclass
@@ -100,6 +107,10 @@ class SftConfig:
     gradient_check: bool = _help("after the first steps, check every LoRA family got a gradient and moved")
     n_train: Optional[int] = _help("null: all training traces; else the first N (after shuffling)")
     adapter_dir: str = _help("where the trained adapter is saved (03_grpo reads it)")
+    stages: List[str] = _help("SFT stages in order: [traces] (the solver traces), or [drills, traces]: first recall "
+                              "drills of the symbolic signature catalog (lab.puzzles.eqsearch.drills), then the traces, "
+                              "continuing the drills' adapter (saved beside adapter_dir as drills_adapter)")
+    drill_n: int = _help("drills stage: catalog drill examples (signatures with at most eqsearch.MAX_CANDS candidates)")
 
 
 @dataclass

@@ -24,20 +24,21 @@ TRL 1.15's SFTTrainer refuses an `lm_head` LoRA because its fused head computes 
 (chunked, the full logits never built), so it trains (tests/test_lora.py).
 
 What it simplifies:
-1. One adapter, one dataset.
+1. One adapter; one dataset per stage (`sft.stages`: the drills stage, when on, trains the same LoRA first).
 2. No packing.
 """
 
 from __future__ import annotations
 
 import hashlib
+import shutil
 from pathlib import Path
 
 import pandas as pd
 from omegaconf import DictConfig
 
 from lab.config import LabError, atomic_write_csv, resolve_path
-from lab.data import trace_style
+from lab.data import category_weights, oversample, trace_styles
 from lab.lora import (GradientCheck, attach_lora, check_targets, install_fused_lora_head, save_adapter,
                       trainer_accepts_head_lora)
 from lab.prompts import chat_prompt
@@ -45,22 +46,24 @@ from lab.prompts import chat_prompt
 # ---- data -------------------------------------------------------------------------------------
 
 def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int,
-                 style: str = "compact") -> tuple[pd.DataFrame, dict]:
+                 style: str | dict = "compact") -> tuple[pd.DataFrame, dict]:
     """Prompt/completion pairs from solver traces whose answer the competition metric accepts.
 
     prompt = the exact Kaggle prompt rendered by the chat template (ends with `<think>\\n`);
     completion = the solver trace in `style` (`data.trace_style`; reasoning, `</think>`, `\\boxed{answer}`) + end-of-turn token.
+    `style` may be {category: style} (`data.trace_styles`; a category it does not name: compact).
     Returns the examples and counts of what was kept, not solved, wrong, or too long. Cipher
     puzzles share the vocabulary of all the frame's cipher examples, as in `solve_frame`.
     """
     from lab.metric import verify
-    from lab.puzzles import solve
+    from lab.puzzles import classify, solve
     from lab.puzzles.cipher import vocabulary
 
     vocab = vocabulary(puzzles["prompt"])
     rows, counts = [], {"puzzles": len(puzzles), "kept": 0, "unsolved": 0, "solver_wrong": 0, "overlong": 0}
     for _, row in puzzles.iterrows():
-        sol = solve(row["prompt"], vocab, style=style)
+        cat = row.get("category", "") or classify(row["prompt"])[0]
+        sol = solve(row["prompt"], vocab, style=style if isinstance(style, str) else style.get(cat, "compact"))
         if sol.status != "solved":
             counts["unsolved"] += 1
             continue
@@ -73,7 +76,7 @@ def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int,
         if n_tok > max_seq_len:
             counts["overlong"] += 1
             continue
-        rows.append({"id": row["id"], "category": row.get("category", ""), "prompt": prompt,
+        rows.append({"id": row["id"], "category": cat, "prompt": prompt,
                      "completion": completion, "tokens": n_tok})
         counts["kept"] += 1
     return pd.DataFrame(rows, columns=["id", "category", "prompt", "completion", "tokens"]), counts
@@ -99,6 +102,51 @@ def fingerprint(cfg: DictConfig, examples: pd.DataFrame) -> dict:
             b = str(text).encode("utf-8")
             h.update(len(b).to_bytes(8, "big") + b)
     return checkpoints.fingerprint(cfg, "sft", RESUME_FREE_KEYS, examples_sha256=h.hexdigest())
+
+
+SFT_STAGES = ("drills", "traces")
+
+
+def sft_stages(cfg) -> list[str]:
+    """`sft.stages`: [traces] or [drills, traces] (drills first, the traces continue its adapter)."""
+    stages = [str(s) for s in (cfg.sft.get("stages", None) or ["traces"])]
+    if stages not in (["traces"], ["drills", "traces"]):
+        raise LabError(f"conf/sft: stages={stages} must be [traces] or [drills, traces]")
+    return stages
+
+
+def drill_examples(tokenizer, n: int, seed: int, max_seq_len: int) -> pd.DataFrame:
+    """The drills stage's examples: `eqsearch.drills` as chat prompt / completion pairs (overlong ones dropped)."""
+    from lab.puzzles.eqsearch import drills
+
+    rows = []
+    for i, (q, a) in enumerate(drills(n, seed)):
+        prompt = chat_prompt(tokenizer, q)
+        completion = a + tokenizer.eos_token
+        n_tok = len(tokenizer(prompt + completion, add_special_tokens=False)["input_ids"])
+        if n_tok <= max_seq_len:
+            rows.append({"id": f"drill-{seed}-{i:05d}", "category": "drill", "prompt": prompt,
+                         "completion": completion, "tokens": n_tok})
+    return pd.DataFrame(rows, columns=["id", "category", "prompt", "completion", "tokens"])
+
+
+def _train_drills(cfg, stage, pm, tokenizer) -> dict:
+    """The drills stage on the same LoRA model (the traces stage then continues from it); saves drills_adapter."""
+    from lab.callbacks import trainer_callbacks
+
+    examples = drill_examples(tokenizer, cfg.sft.drill_n, cfg.seed, cfg.sft.max_seq_len)
+    if examples.empty:
+        raise LabError(f"{stage.dir}: no drill examples (sft.drill_n={cfg.sft.drill_n}, max_seq_len)")
+    # beside the stage's checkpoints, outside its folder (its outputs are hashed for lineage); the drills stage is
+    # short and always trained afresh: only the traces stage resumes, from checkpoints keyed by lab.checkpoints
+    out = stage.checkpoint_dir.with_name(stage.checkpoint_dir.name + "_drills")
+    if out.exists():
+        shutil.rmtree(out)
+    trainer = build_trainer(cfg, out, pm, tokenizer, examples, trainer_callbacks(None, cfg.sft.wall_clock_budget_min))
+    result = trainer.train()
+    save_adapter(pm, resolve_path(cfg.sft.adapter_dir).parent / "drills_adapter")
+    return {"examples": len(examples), "train_loss": float(result.training_loss),
+            "steps": int(trainer.state.global_step)}
 
 
 # ---- trainer ------------------------------------------------------------------------------------
@@ -165,6 +213,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     if backend not in ("hf", "unsloth"):
         raise LabError(f"conf/sft: backend={backend!r} is not one of hf, unsloth")
     check_targets(cfg)
+    sft_stages(cfg)  # before loading the model
     attach = attach_lora
     if backend == "unsloth":
         from lab import sft_unsloth
@@ -174,7 +223,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     if model is None:
         model, tokenizer = load_model(cfg)
     trl_cpu.install()
-    examples, counts = sft_examples(tokenizer, train_puzzles, cfg.sft.max_seq_len, trace_style(cfg))
+    examples, counts = sft_examples(tokenizer, train_puzzles, cfg.sft.max_seq_len, trace_styles(cfg))
+    examples = oversample(examples, category_weights(cfg), cfg.seed)  # data.weights (1 each: unchanged)
     if cfg.sft.n_train:
         examples = examples.sample(frac=1.0, random_state=cfg.seed).head(cfg.sft.n_train)
     if examples.empty:
@@ -186,6 +236,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     print("LoRA targets:\n" + table.to_string(index=False))
     atomic_write_csv(stage.path("lora_targets.csv"), table)
 
+    drills = _train_drills(cfg, stage, pm, tokenizer) if "drills" in sft_stages(cfg) else None
     check = GradientCheck(pm) if cfg.sft.gradient_check else None
     out = stage.checkpoint_dir  # outside the stage folder: a rerun's fresh folder (lab.config.Stage) still finds them
     fp = fingerprint(cfg, examples)
@@ -210,6 +261,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
                "stopped_by_budget": bool(callbacks[0].stopped_by_budget), "backend": backend,
                "trainable_params": int(table["trainable_params"].sum()),
                "lora_targets": dict(zip(table["family"], table["modules"].astype(int)))}
+    if drills is not None:
+        metrics["drills"] = drills
     if check is not None:
         rep, frozen = check.report(), check.frozen_report()
         atomic_write_csv(stage.path("gradient_check.csv"), rep)

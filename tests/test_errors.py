@@ -353,3 +353,49 @@ def test_solver_cache_keyed_by_trace_style(fake_solver):
     errors.solve_prompts(["solved one"], style="derivation")
     errors.solve_prompts(["solved one"], style="derivation")
     assert len(fake_solver) == 2
+
+
+def test_line_kind():
+    from lab.errors import line_kind
+
+    assert line_kind("ex3: cands !*[{ '\"[ = none") == "cands"
+    assert line_kind("q: add 12 34 = 46") == "add"
+    assert line_kind("back") == "back"
+    assert line_kind("note keep plain a+b") == "note"
+    assert line_kind("mode: reversed") == "mode"
+    assert line_kind("|37-12| = 25") == "|N-N| = N"
+    assert line_kind("</think>") == "</think>"
+    assert line_kind("\\boxed{5}") == "box"
+    assert line_kind("  ") == ""
+
+
+def test_imitation_table_on_literal_completions():
+    from lab.errors import imitation_table, with_solver
+
+    trace = done("ex1: add 1 2 = 3\nex1: eq 3 3 = yes\nq: add 2 2 = 4", "4")
+    pred = pd.DataFrame([
+        row("p1", "equation_transformation", "4", trace),  # the trace, line for line: perfect
+        row("p2", "equation_transformation", "4", done("ex1: add 1 2 = 3\nex1: eq 3 3 = yes\nq: mul 2 2 = 4", "4")),
+        row("p3", "equation_transformation", "4", done("ex1: add 1 2 = 4", "5")),  # leaves at line 1, an add
+        row("g1", "gravity", "9.80", done("q: mul 2 4.9 = 9.8", "9.80")),
+        row("g2", "gravity", "1.00", done("q: mul 2 4.9 = 9.8", "9.80")),  # the solver is wrong here too
+    ])
+    sol = pd.DataFrame({"id": ["p1", "p2", "p3", "g1", "g2"], "status": ["solved"] * 5,
+                        "solver_answer": ["4", "4", "4", "9.80", "9.80"],
+                        "solver_trace": [trace, trace, trace, done("q: mul 2 4.9 = 9.8", "9.80"),
+                                         done("q: mul 2 4.9 = 9.8", "9.80")]})
+    df = with_solver(pred, solutions=sol)
+    dep = departure_table(df)
+    assert dict(zip(dep["id"], dep["kind"])) == {"p1": "", "p2": "add", "p3": "add", "g1": "", "g2": ""}  # the trace's line there
+    t = imitation_table(df, dep).set_index("category")
+    eq = t.loc["equation_transformation"]
+    assert (eq["n"], eq["model_accuracy"], eq["solver_accuracy"]) == (3, round(2 / 3, 4), 1.0)
+    assert eq["solver_minus_model"] == round(1 - 2 / 3, 4)
+    assert eq["perfect_trace_rate"] == round(1 / 3, 4)
+    assert (eq["median_departure"], eq["departure_kind"], eq["departure_kind_n"]) == (2.0, "add", 2)
+    g = t.loc["gravity"]
+    assert (g["model_accuracy"], g["solver_accuracy"], g["solver_minus_model"], g["perfect_trace_rate"]) == \
+        (0.5, 0.5, 0.0, 1.0)
+    assert t.loc["all", "n"] == 5 and t.loc["all", "perfect_trace_rate"] == 0.6
+    with pytest.raises(LabError, match="solver_answer"):
+        imitation_table(pred, dep)

@@ -299,3 +299,21 @@ def test_wall_clock_budget_saves_and_stops_cleanly(root, puzzles):
         assert (ck / f).is_file(), f
     assert (config.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors").is_file()
     shutil.rmtree(config.resolve_path(cfg.run_dir))
+
+
+@pytest.mark.slow
+def test_drills_stage_trains_first_and_the_traces_continue_its_adapter(root, puzzles):
+    from safetensors.torch import load_file
+
+    cfg = compose(root, "drills", "sft.stages=[drills,traces]", "sft.drill_n=8", "sft.max_steps=2",
+                  "sft.save_steps=100", "sft.gradient_check=false", "sft.resume=false")
+    m, *_ = sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles)
+    assert 0 < m["drills"]["examples"] <= 8 and m["drills"]["steps"] == 2 and m["steps"] == 2
+    final_dir = config.resolve_path(cfg.sft.adapter_dir)
+    drills = load_file(str(final_dir.parent / "drills_adapter" / "adapter_model.safetensors"))
+    final = load_file(str(final_dir / "adapter_model.safetensors"))
+    assert drills.keys() == final.keys()
+    b = [k for k in drills if "lora_B" in k]
+    assert any(drills[k].abs().sum() > 0 for k in b)  # the drills moved the adapter off its zero init
+    assert any(not torch.equal(drills[k], final[k]) for k in drills)  # and the traces went on from there
+    shutil.rmtree(config.resolve_path(cfg.run_dir))

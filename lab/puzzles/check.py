@@ -181,6 +181,9 @@ OPS = {  # name -> function of the argument strings, giving the RESULT string
 }
 STATEFUL = {"decode", "encode", "read", "table", "default"}
 PAIR_RE = re.compile(r"^[01]{1,4}:[01]$")
+EQ_OPS = {"sig", "readings", "cands", "fit", "rest"}  # symbolic equations' written search (`eqsearch`)
+EQ_BRANCH = {"try", "assume", "back"}
+STATEFUL |= EQ_OPS
 
 
 def _decimals(v: str) -> int:
@@ -245,6 +248,9 @@ class Replay:
             self.recalls += 1
             self.values.add(d)
             return None
+        if head in EQ_BRANCH:
+            self.eq_branch(head, rest.split())
+            return None
         if " = " not in body:
             raise Fail("not `OP ARG ... = RESULT`, `copy`, `let`, `recall` or `note`")
         lhs, result = body.rsplit(" = ", 1)
@@ -271,7 +277,80 @@ class Replay:
         self.add(result)
         return result
 
+    def search(self):
+        """The symbolic search's state (`eqsearch.Search`), sharing this replay's symbol map."""
+        from .eqsearch import Search
+
+        if getattr(self, "_search", None) is None:
+            self._search = Search(self.symbols)
+        return self._search
+
+    def eq_op(self, op, args):
+        """`sig LHS RHS`, `readings SIG`, `cands LHS RHS` (recomputed from the catalog and the state),
+        `fit RHS DIGITS` (yes binds the result's new symbols)."""
+        from .eqsearch import readings, signature
+
+        st = self.search()
+        if op == "readings":
+            (sig,) = args
+            return " ".join(readings(sig)) or "none"
+        if op == "rest":
+            (c,) = args
+            free = [d for d in "0123456789" if d not in st.s2d.values()]
+            if c in st.s2d or len(free) != 1 or not self.available(c):
+                raise Fail(f"{c!r} is bound, or more than one digit is left")
+            st.s2d[c] = free[0]
+            return free[0]
+        if op == "fit":
+            r, v = args
+            if not st.mode or not st.ops:
+                raise Fail("fit before any branch")
+            sym = next((s for s in st.ops if s in r or s in v), "")
+            ok = st.fits(r, v, sym)
+            if ok:
+                st.bind(r, v, sym)
+            return "yes" if ok else "no"
+        lhs, r = args
+        if len(lhs) != 5:
+            raise Fail(f"{lhs!r} is not two symbols, an operator, two symbols")
+        x, sym, y = lhs[:2], lhs[2], lhs[3:]
+        if op == "sig":
+            return signature(x, sym, y, r)
+        st.points[len(st.stack)] = (x, sym, y, r)
+        return " ".join(st.candidates(x, sym, y, r)) or "none"
+
+    def eq_branch(self, head, args):
+        """`try CANDIDATE` (a candidate of the last `cands` line at this depth, that still agrees), `assume OP MEANING`
+        (a meaning the catalog lists for a decoded example; the mode is the branch's), `back`."""
+        from .eqsearch import MEANINGS as _M
+
+        st = self.search()
+        if head == "back":
+            if args or not st.stack:
+                raise Fail("back closes no open branch")
+            st.back()
+            return
+        if head == "try":
+            if len(args) != 1 or len(st.stack) not in st.points:
+                raise Fail("a try line is `try CANDIDATE`, after a `cands` line at its depth")
+            self.need(args)
+            (cand,) = args
+            x, sym, y, r = st.points[len(st.stack)]
+            if cand not in st.candidates(x, sym, y, r):
+                raise Fail(f"{cand} is not a candidate of {x}{sym}{y} = {r} under the bindings")
+            st.take(x, sym, y, r, cand)
+            return
+        if len(args) != 2 or len(args[0]) != 1:
+            raise Fail("an assume line is `assume OP MEANING`")
+        sym, meaning = args[0], args[1].replace("_", " ")
+        if meaning not in _M or st.mode is None or not st.family_free(sym, meaning) or sym in st.ops:
+            raise Fail(f"{sym} cannot take {meaning} here")
+        st.push()
+        st.ops[sym] = meaning
+
     def stateful(self, op, args):
+        if op in EQ_OPS:
+            return self.eq_op(op, args)
         if op == "read":  # each key's bit from an available `key:bit` pair
             out = ""
             for k in args:

@@ -424,6 +424,31 @@ def _numeric(prompt: str, sol: Solution) -> list[str]:
 
 
 def _symbolic(prompt: str, sol: Solution) -> list[str]:
+    """The written signature search (`eqsearch.search_lines`); where it cannot give the solver's answer
+    within its bounds, the stated fallback: the solver's digit map recalled and verified (`_symbolic_recall`)."""
+    from .classify import equation_parts
+    from .eqsearch import Unfit, search_lines
+    from .equations import split_lhs
+
+    examples, query = equation_parts(prompt)
+    exs = [(p[0], p[1], p[2], rhs.strip()) for lhs, rhs in examples if (p := split_lhs(lhs))]
+    q = split_lhs(query)
+    if sol.status != "solved":  # several readings fit: no search can end in one answer
+        return [f"note fallback: the puzzle is {sol.status}"] + _symbolic_recall(prompt, sol)
+    try:
+        lines = search_lines(exs, q, _eq_value) if q and exs else None
+    except Unfit as e:
+        lines, why = None, str(e)
+    else:
+        why = "no parseable example"
+    if lines and lines[-1] == f"copy {sol.answer}":
+        return lines
+    if lines:
+        why = "the search's answer is not the solver's"
+    return [f"note fallback: {why}"] + _symbolic_recall(prompt, sol)
+
+
+def _symbolic_recall(prompt: str, sol: Solution) -> list[str]:
     from .classify import equation_parts
     from .equations import split_lhs
 

@@ -1,0 +1,105 @@
+"""The data-mix knobs of conf/data (lab.data): per-category oversampling weights, per-category trace styles and
+synthetic-only training with the real file held for validation. Literal frames; no model."""
+
+import pandas as pd
+import pytest
+
+from lab.config import LabError, compose
+from lab.data import category_weights, oversample, prepare, trace_styles
+
+
+def frame():
+    rows = [("b1", "bit_manipulation"), ("b2", "bit_manipulation"), ("g1", "gravity"), ("g2", "gravity"),
+            ("g3", "gravity"), ("g4", "gravity"), ("c1", "text_cipher"), ("n1", "numeral_system")]
+    return pd.DataFrame({"id": [r[0] for r in rows], "category": [r[1] for r in rows],
+                         "prompt": ["p"] * len(rows), "completion": ["c"] * len(rows)})
+
+
+def test_oversample_copies_whole_parts_samples_fractions_and_drops_zero():
+    df = frame()
+    out = oversample(df, {"bit_manipulation": 2, "gravity": 0.5, "text_cipher": 0}, seed=1)
+    n = out["category"].value_counts().to_dict()
+    assert n == {"bit_manipulation": 4, "gravity": 2, "numeral_system": 1}
+    assert list(out.loc[out["category"] == "bit_manipulation", "id"]) == ["b1", "b2", "b1", "b2"]
+    assert set(out.loc[out["category"] == "gravity", "id"]) <= {"g1", "g2", "g3", "g4"}
+    again = oversample(df, {"bit_manipulation": 2, "gravity": 0.5, "text_cipher": 0}, seed=1)
+    assert out.equals(again)
+    assert oversample(df, {}, seed=1) is df
+    with pytest.raises(LabError, match="category"):
+        oversample(df.drop(columns="category"), {"gravity": 2}, seed=1)
+
+
+def test_weights_are_a_sweepable_override_checked_and_warned(tmp_path, capsys):
+    base = [f"run_dir={tmp_path}"]
+    assert category_weights(compose(base)) == {}
+    assert category_weights(compose(base + ["+data.weights.gravity=2"])) == {"gravity": 2.0}
+    assert "WARNING" not in capsys.readouterr().out
+    assert category_weights(compose(base + ["+data.weights.bit_manipulation=4"])) == {"bit_manipulation": 4.0}
+    assert "beyond 3x" in capsys.readouterr().out
+    with pytest.raises(LabError, match="not a category"):
+        category_weights(compose(base + ["+data.weights.bits=2"]))
+    with pytest.raises(LabError, match=">= 0"):
+        category_weights(compose(base + ["+data.weights.gravity=-1"]))
+    with pytest.raises(Exception):  # the schema types the weights: a word is refused when the config is composed
+        compose(base + ["+data.weights.gravity=lots"])
+
+
+def test_trace_styles_per_category(tmp_path):
+    base = [f"run_dir={tmp_path}", "data.trace_style=derivation"]
+    styles = trace_styles(compose(base + ["+data.trace_styles.bit_manipulation=compact"]))
+    assert styles["bit_manipulation"] == "compact" and styles["gravity"] == "derivation"
+    assert set(trace_styles(compose(base)).values()) == {"derivation"}
+    with pytest.raises(LabError, match="trace_styles.gravity"):
+        trace_styles(compose(base + ["+data.trace_styles.gravity=verbose"]))
+
+
+def test_sft_examples_use_each_categorys_style(monkeypatch):
+    from lab import sft
+    from lab.puzzles.common import Solution
+
+    seen = []
+
+    def fake_solve(prompt, vocab=None, style="compact"):
+        seen.append((prompt, style))
+        return Solution("1", "solved", "t\n</think>\n\\boxed{1}", "x", "")
+
+    class Tok:
+        eos_token = "<eos>"
+
+        def __call__(self, text, add_special_tokens=False):
+            return {"input_ids": text.split()}
+
+    monkeypatch.setattr("lab.puzzles.solve", fake_solve)
+    monkeypatch.setattr(sft, "chat_prompt", lambda tok, p: p)
+    puzzles = pd.DataFrame({"id": ["a", "b"], "prompt": ["pa", "pb"], "answer": ["1", "1"],
+                            "category": ["bit_manipulation", "gravity"]})
+    ex, counts = sft.sft_examples(Tok(), puzzles, 100, {"bit_manipulation": "compact", "gravity": "derivation"})
+    assert seen == [("pa", "compact"), ("pb", "derivation")]
+    assert counts["kept"] == 2 and list(ex["category"]) == ["bit_manipulation", "gravity"]
+
+
+def test_synthetic_train_holds_the_whole_real_file_for_validation(tmp_path):
+    from lab.puzzles import generate
+
+    real = pd.concat([generate("gravity", 5, seed=99), generate("numeral_system", 5, seed=99)], ignore_index=True)
+    real["id"] = [f"real{i}" for i in range(len(real))]
+    path = tmp_path / "train.csv"
+    real[["id", "prompt", "answer"]].to_csv(path, index=False)
+    base = [f"run_dir={tmp_path / 'run'}", "data=competition", f"data.path={path}",
+            "data.categories=[gravity,numeral_system]"]
+    train, val = prepare(compose(base + ["data.synthetic_train=true", "data.n_train=3"]))
+    assert sorted(val["id"]) == sorted(real["id"])
+    assert len(train) == 6 and not set(train["id"]) & set(real["id"])
+    assert not set(train["prompt"]) & set(real["prompt"])
+    with pytest.raises(LabError, match="n_train"):
+        prepare(compose([f"run_dir={tmp_path / 'run2'}", "data=competition", f"data.path={path}",
+                         "data.synthetic_train=true"]))
+
+
+def test_sft_stages_are_checked(tmp_path):
+    from lab.sft import sft_stages
+
+    assert sft_stages(compose([f"run_dir={tmp_path}"])) == ["traces"]
+    assert sft_stages(compose([f"run_dir={tmp_path}", "sft.stages=[drills,traces]"])) == ["drills", "traces"]
+    with pytest.raises(LabError, match="stages"):
+        sft_stages(compose([f"run_dir={tmp_path}", "sft.stages=[traces,drills]"]))
