@@ -151,6 +151,7 @@ class _LiveBytesMixin:
         self.phase = "setup"
         self.where = ""
         self.ops: dict[str, int] = defaultdict(int)
+        self.phase_peak: dict[str, int] = {}
         self._refs: dict[int, Any] = {}
 
     def track(self, t, label: str) -> None:
@@ -167,6 +168,7 @@ class _LiveBytesMixin:
         self._refs[key] = weakref.ref(st, functools.partial(self._free, key, n, label))
         self.live += n
         self.by_label[label] += n
+        self.phase_peak[self.phase] = max(self.phase_peak.get(self.phase, 0), self.live)
         if self.live > self.peak:
             self.peak = self.live
             self.at_peak = dict(self.by_label)
@@ -416,6 +418,7 @@ class Trace:
     seconds: float
     trainable_params: int
     base_params: int
+    phase_peaks: dict = field(default_factory=dict)
     ops: dict = field(default_factory=dict)
 
     @property
@@ -427,17 +430,18 @@ class Trace:
         return self.rows * self.seq_len
 
 
-def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None) -> tuple[int, int, bool]:
+def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int | None = None
+               ) -> tuple[int, int, bool]:
     """(rows, tokens per row, gradient checkpointing) of one training micro-step of `stage`.
 
     SFT: `sft.batch_size` rows of `sft.max_seq_len` (or `tokens`); GRPO: `grpo.per_device_train_batch_size`
     completions (when that key exists, else `grpo.prompts_per_step x grpo.num_generations`, what lab.grpo passes
-    today) of `model.max_model_len` (or `tokens`)."""
+    today) of `model.max_model_len` (or `tokens`). `rows` overrides the rows."""
     if stage == "sft":
-        return int(cfg.sft.batch_size), int(tokens or cfg.sft.max_seq_len), bool(cfg.sft.gradient_checkpointing)
+        return int(rows or cfg.sft.batch_size), int(tokens or cfg.sft.max_seq_len), bool(cfg.sft.gradient_checkpointing)
     if stage == "grpo":
         g = cfg.grpo
-        rows = OmegaConf.select(cfg, "grpo.per_device_train_batch_size", default=None)
+        rows = rows or OmegaConf.select(cfg, "grpo.per_device_train_batch_size", default=None)
         rows = int(rows) if rows is not None else int(g.prompts_per_step * g.num_generations)
         return rows, int(tokens or cfg.model.max_model_len), bool(g.gradient_checkpointing)
     raise LabError(f"lab.memory: stage {stage!r} is not sft or grpo")
@@ -448,7 +452,7 @@ def _optim_name(cfg: DictConfig) -> str:
 
 
 def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba: str = "kernel",
-          head: str = "chunked", fake: bool = True, config=None) -> Trace:
+          head: str = "chunked", fake: bool = True, config=None, rows: int | None = None) -> Trace:
     """Run one training micro-step of `stage` and count its live storage bytes (module docstring).
 
     `mamba`: kernel (the `mamba_ssm`/`causal_conv1d` stand-ins) or torch (transformers' PyTorch path); `head`:
@@ -460,7 +464,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
     from lab.lora import attach_lora
 
     t0 = time.perf_counter()
-    rows, seq_len, checkpointing = step_shape(cfg, stage, tokens)
+    rows, seq_len, checkpointing = step_shape(cfg, stage, tokens, rows)
     values = dict(config or model_config_values(cfg))
     values["use_mamba_kernels"] = False  # the module-level functions are what the trace swaps (_mamba_kernels)
     dtype = getattr(torch, cfg.model.dtype)
@@ -512,7 +516,8 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
     return Trace(stage=stage, rows=rows, seq_len=seq_len, peak_bytes=counter.peak, top=top,
                  mamba_path=", ".join(k for k in _PATHS if "head" not in k) or "none",
                  experts_path=_experts_path(ops), optim=_optim_name(cfg), seconds=time.perf_counter() - t0,
-                 trainable_params=int(table["trainable_params"].sum()), base_params=base_params, ops=ops)
+                 trainable_params=int(table["trainable_params"].sum()), base_params=base_params,
+                 phase_peaks={k: v for k, v in counter.phase_peak.items() if k != "setup"}, ops=ops)
 
 
 def _experts_path(ops: dict) -> str:
@@ -563,6 +568,7 @@ def report(t: Trace, card_gib: float | None, use: float, n_top: int = 10) -> str
              f"({t.rows} x {t.seq_len:,} tokens, optimizer {t.optim}; fake tensors, {t.seconds:.0f} s)",
              f"  Mamba path: {t.mamba_path}", f"  experts path: {t.experts_path}",
              f"  parameters: base {t.base_params:,}, trainable (LoRA) {t.trainable_params:,}",
+             "  peak by phase: " + ", ".join(f"{k} {v / GIB:.1f} GiB" for k, v in t.phase_peaks.items()),
              "  live at the peak, by phase/layer kind/op:"]
     for k, v in t.top[:n_top]:
         lines.append(f"    {v / GIB:8.2f} GiB  {k}")
@@ -579,6 +585,7 @@ def as_json(t: Trace, card_gib: float | None, use: float) -> dict:
             "mamba_path": t.mamba_path, "experts_path": t.experts_path, "tokens": t.tokens, "rows": t.rows,
             "seq_len": t.seq_len, "stage": t.stage, "optim": t.optim, "seconds": round(t.seconds, 1),
             "trainable_params": t.trainable_params,
+            "phase_peaks_gib": {k: round(v / GIB, 3) for k, v in t.phase_peaks.items()},
             "top": [{"what": k, "gib": round(v / GIB, 3)} for k, v in t.top[:20]]}
 
 
@@ -615,13 +622,15 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=nemotron_nano experiment=competition")
     ap.add_argument("--stage", choices=("sft", "grpo"), default="sft")
     ap.add_argument("--tokens", type=int, default=None, help="tokens per row (default: the config's)")
+    ap.add_argument("--rows", type=int, default=None, help="rows per micro-step (default: sft.batch_size; GRPO: "
+                    "grpo.per_device_train_batch_size, else prompts_per_step x num_generations)")
     ap.add_argument("--mamba", choices=("kernel", "torch"), default="kernel",
                     help="kernel: mamba_ssm + causal_conv1d (what real training requires); torch: transformers' "
                          "PyTorch scan (what runs when they are absent)")
     ap.add_argument("--json", default=None, help="write the result as JSON here")
     a = ap.parse_args(argv)
     cfg = compose(a.overrides)
-    t = trace(cfg, a.stage, a.tokens, mamba=a.mamba)
+    t = trace(cfg, a.stage, a.tokens, mamba=a.mamba, rows=a.rows)
     card, use = gpu_gib(cfg), max_use(cfg)
     print(report(t, card, use))
     if a.json:
