@@ -597,6 +597,8 @@ def check_fits(cfg: DictConfig, stage: str = "sft") -> Trace | None:
     if cfg.model.build_tiny:
         return None
     card, use = gpu_gib(cfg), max_use(cfg)
+    if not 0 < use <= 1:
+        raise LabError(f"conf/gpu: max_use={use} must be in (0, 1]")
     t = trace(cfg, stage, mamba="kernel" if kernels_available() else "torch")
     print(report(t, card, use))
     if card is None:
@@ -628,7 +630,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="kernel: mamba_ssm + causal_conv1d (what real training requires); torch: transformers' "
                          "PyTorch scan (what runs when they are absent)")
     ap.add_argument("--json", default=None, help="write the result as JSON here")
-    a = ap.parse_args(argv)
+    a = ap.parse_intermixed_args(argv)
     cfg = compose(a.overrides)
     t = trace(cfg, a.stage, a.tokens, mamba=a.mamba, rows=a.rows)
     card, use = gpu_gib(cfg), max_use(cfg)
