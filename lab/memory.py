@@ -33,9 +33,12 @@ Which Mamba path ran (the stand-ins above, or transformers' PyTorch reference `m
 path ran (transformers' `grouped_mm` or its eager loop, and PEFT's fold of the expert LoRA into the weight stack,
 `_LoraFactorsProxy` -> `baddbmm`) are read from the ops the step ran.
 
-Pitfall handled: under fake tensors transformers cannot see that an all-ones `attention_mask` needs no mask and builds
-an explicit [T x T] causal mask (and SDPA then takes a path that materialises the scores); the trace passes
-`attention_mask=None`, which is what the real unpadded run amounts to (the mask is skipped, SDPA runs causal).
+Pitfall handled: under fake tensors transformers cannot look at the data, so it builds an explicit [T x T] causal mask
+that the real run skips. With `attention_mask=None` its mask code still checks `position_ids` for packed sequences
+(`find_packed_sequence_indices`, transformers/masking_utils.py), answers "maybe packed" for a fake tensor, and so
+never lets SDPA run with `is_causal`; a real unpacked row gets None there and no mask. The trace feeds single
+unpadded rows, passes `attention_mask=None` and gives `find_packed_sequence_indices` the real run's answer (None)
+(tests/test_memory.py: with it the fake and real peaks agree; without it the fake run holds a [T x T] mask more).
 
 What it simplifies:
 1. Only tensors are counted: no CUDA context, cuBLAS workspaces, allocator rounding or fragmentation; the refusal
@@ -283,6 +286,20 @@ def _fake_conv1d(hidden_states, weight, bias=None, activation=None, **kwargs):
 
 
 @contextlib.contextmanager
+def _unpacked_rows():
+    """transformers' packed-sequence detection answers None, as it does for the real run's unpacked rows (the
+    [T x T] mask pitfall, module docstring)."""
+    import transformers.masking_utils as mu
+
+    saved = mu.find_packed_sequence_indices
+    mu.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        mu.find_packed_sequence_indices = saved
+
+
+@contextlib.contextmanager
 def _mamba_kernels(path: str):
     """`kernel`: the module-level scan and conv of transformers' Nemotron-H become the stand-ins above; `torch`:
     transformers' own functions run (the PyTorch reference scan when `mamba_ssm` is absent), counted."""
@@ -452,12 +469,15 @@ def _optim_name(cfg: DictConfig) -> str:
 
 
 def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba: str = "kernel",
-          head: str = "chunked", fake: bool = True, config=None, rows: int | None = None) -> Trace:
+          head: str = "chunked", fake: bool = True, config=None, rows: int | None = None,
+          ones_mask: bool = False, unpacked: bool = True) -> Trace:
     """Run one training micro-step of `stage` and count its live storage bytes (module docstring).
 
     `mamba`: kernel (the `mamba_ssm`/`causal_conv1d` stand-ins) or torch (transformers' PyTorch path); `head`:
     chunked (TRL's Triton head stand-in) or torch (`lab.trl_cpu`); `fake=False` runs the same step on real tensors
-    (the test that the fake count is right); `config`: NemotronHConfig values (default: `model_config_values`)."""
+    (the test that the fake count is right); `config`: NemotronHConfig values (default: `model_config_values`);
+    `ones_mask`: pass an all-ones `attention_mask` instead of None; `unpacked=False` leaves transformers' packed-row
+    detection alone (both for the [T x T] pitfall test, module docstring)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -484,7 +504,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
     autocast = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else contextlib.nullcontext()
     fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
     try:
-        with fake_mode, _mamba_kernels(mamba):
+        with fake_mode, _mamba_kernels(mamba), (_unpacked_rows() if unpacked else contextlib.nullcontext()):
             pm.to_empty(device="cpu")
             if not fake:
                 with torch.no_grad():
@@ -499,7 +519,9 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
                 counter.phase = "forward"
                 ids = torch.zeros(rows, seq_len, dtype=torch.long)
                 with autocast:
-                    hidden = pm.base_model.model.model(input_ids=ids, use_cache=False).last_hidden_state
+                    mask = torch.ones(rows, seq_len, dtype=torch.long) if ones_mask else None
+                    hidden = pm.base_model.model.model(input_ids=ids, attention_mask=mask,
+                                                       use_cache=False).last_hidden_state
                     loss = _head_loss(pm, hidden, temperature, outputs, head)
                 del hidden
                 counter.phase, counter.where = "backward", ""
@@ -607,8 +629,12 @@ def check_fits(cfg: DictConfig, stage: str = "sft") -> Trace | None:
     if t.peak_gib > use * card:
         msg = (f"{stage}: one training micro-step peaks at {t.peak_gib:.1f} GiB by the trace (lab.memory), more than "
                f"gpu.max_use={use} of gpu.memory_gib={card:.1f} (gpu={OmegaConf.select(cfg, 'gpu.name')}); Mamba "
-               f"path: {t.mamba_path}. Pick the preset for your card (gpu=h100_80gb, rtx_pro_6000, h200), lower "
-               f"the token count, or set gpu.check=false to start anyway")
+               f"path: {t.mamba_path}. "
+               + ("The fused Mamba kernels (mamba_ssm, causal_conv1d) do not import here, so transformers' PyTorch "
+                  "scan would run: install them (README, real model quick start). " if "stand-in" not in t.mamba_path
+                  else "")
+               + "Pick the preset for your card (gpu=h100_80gb, rtx_pro_6000, h200), lower the token count, or set "
+               "gpu.check=false to start anyway")
         if OmegaConf.select(cfg, "gpu.check", default=True):
             raise LabError(msg)
         print("WARNING: " + msg)

@@ -139,6 +139,15 @@ def test_traced_peak_equals_the_peak_of_the_same_step_on_real_tensors(mamba, hea
     assert fake.phase_peaks.keys() == {"forward", "backward", "optimizer"}
 
 
+def test_the_causal_mask_pitfall_is_handled():
+    """Under fake tensors transformers cannot see that a row is not packed, so it builds a [T x T] mask the real run
+    skips; with the trace's answer (`_unpacked_rows`) fake and real agree, without it the fake step holds the mask."""
+    cfg, T = compose(["model.dtype=bfloat16"]), 512
+    real = memory.trace(cfg, "sft", tokens=T, rows=1, fake=False, unpacked=False).peak_bytes
+    assert memory.trace(cfg, "sft", tokens=T, rows=1, fake=True).peak_bytes == real
+    assert memory.trace(cfg, "sft", tokens=T, rows=1, fake=True, unpacked=False).peak_bytes >= real + T * T
+
+
 def test_the_pytorch_scan_costs_more_than_the_kernel_and_8bit_adamw_less_than_fp32():
     cfg = compose(TINY_ALL)
     kernel = memory.trace(cfg, "sft", tokens=128, rows=1)
