@@ -399,24 +399,25 @@ def _head_loss(pm, hidden, temperature: float, outputs: tuple[str, ...], head: s
 
 # ---- the optimizer -------------------------------------------------------------------------------------------------
 
-def _optimizer_step(params, name: str, lr: float, weight_decay: float) -> None:
-    """One step of the named optimizer (transformers' `optim` names) on `params` (their `.grad` set)."""
+def _optimizer_step(params, name: str, lr: float, weight_decay: float):
+    """One step of the named optimizer (transformers' `optim` names) on `params` (their `.grad` set); returns what
+    holds its state."""
     import torch
 
     if name in ("adamw_torch_fused", "adamw_torch"):
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=name == "adamw_torch_fused")
         opt.step()
-        return
+        return opt
     if name == "adamw_bnb_8bit":  # Optimizer2State.init_state (module docstring); the update itself is in place
+        state = []
         for p in params:
             if p.numel() < 4096:
-                _ = [torch.zeros_like(p, dtype=torch.float32) for _ in range(2)]
+                state += [torch.zeros_like(p, dtype=torch.float32) for _ in range(2)]
             else:
                 blocks = -(-p.numel() // 256)
-                _ = [torch.zeros_like(p, dtype=torch.uint8) for _ in range(2)]
-                _ += [torch.zeros(blocks, dtype=torch.float32, device=p.device) for _ in range(2)]
-            p._lab_state = _  # held like the optimizer's state
-        return
+                state += [torch.zeros_like(p, dtype=torch.uint8) for _ in range(2)]
+                state += [torch.zeros(blocks, dtype=torch.float32, device=p.device) for _ in range(2)]
+        return state
     raise LabError(f"optimizer {name!r}: lab.memory traces adamw_torch_fused, adamw_torch or adamw_bnb_8bit")
 
 
@@ -494,7 +495,6 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
     if checkpointing:
         pm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     pm.train()
-    trainable = [p for p in pm.parameters() if p.requires_grad]
     temperature = float(cfg.grpo.temperature) if stage == "grpo" else 1.0
     outputs = ("log_probs", "entropy") if stage == "grpo" else ("log_probs", "entropy", "is_top1")
     _PATHS.clear()
@@ -528,8 +528,9 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
                 loss.backward()
                 del loss
                 counter.phase, counter.where = "optimizer", ""
-                _optimizer_step(trainable, _optim_name(cfg), float(cfg.sft.learning_rate),
-                                float(cfg.sft.weight_decay))
+                state = _optimizer_step(trainable, _optim_name(cfg), float(cfg.sft.learning_rate),
+                                        float(cfg.sft.weight_decay))
+                del state
     finally:
         for h in where:
             h.remove()
