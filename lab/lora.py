@@ -181,7 +181,9 @@ def expert_patterns(cfg: DictConfig) -> tuple[dict, dict]:
     """PEFT rank_pattern/alpha_pattern for `gpu.experts_rank` (routed experts at a lower rank, same alpha/r scale);
     empty when unset. PEFT matches the keys against `...mixer.experts.up_proj` (`get_pattern_key`,
     peft/utils/other.py), which `shared_experts.up_proj` does not match; `lab.submission.pack` rewrites them for
-    vLLM's per-expert names."""
+    vLLM's per-expert names. PEFT 0.21 warns that these keys "did not match any targeted module and were ignored"
+    (`tuners_utils.py` checks module names, not targeted parameters); they are applied: rank and scale are checked
+    on the wrapped model in tests/test_memory.py."""
     from omegaconf import OmegaConf
 
     er = OmegaConf.select(cfg, "gpu.experts_rank", default=None)

@@ -210,3 +210,8 @@ def test_experts_rank_halves_the_expert_parameters_only(values, figures):
     assert b.loc["experts", "trainable_params"] * 2 == a.loc["experts", "trainable_params"]
     others = [f for f in a.index if f != "experts"]
     assert (a.loc[others, "trainable_params"] == b.loc[others, "trainable_params"]).all()
+    from peft.tuners.lora.layer import ParamWrapper
+
+    wrappers = [m for m in low["model"].modules() if isinstance(m, ParamWrapper)]
+    assert len(wrappers) == 2 * values["hybrid_override_pattern"].count("E")
+    assert all(m.r["default"] == 16 and m.scaling["default"] == 1.0 for m in wrappers)  # alpha/r kept
