@@ -11,7 +11,7 @@ Modules, by what they do:
   sft         the supervised warm-up (TRL SFTTrainer + PEFT LoRA); sft_unsloth: the GPU back-end
   lora        the LoRA family table, attaching the adapter, the out_proj and lm_head guards, the gradient check,
               saving; callbacks: the trainer callbacks SFT and GRPO share
-  memory      the real model's shapes under the LoRA (meta device) and an SFT step's memory estimate
+  memory      one training step traced on fake tensors: peak GPU memory, does it fit the gpu= card
   rewards     GRPO reward functions, a name-to-function registry
   curriculum  pass-rate selection and easy-to-hard ordering of GRPO prompts
   grpo        reinforcement learning (TRL GRPOTrainer)

@@ -14,6 +14,7 @@ COMMANDS = {
     "report": ("lab.sweep", "report_main", "one table and plots across a sweep's jobs"),
     "kaggle": ("lab.kaggle", "main", "build an offline Kaggle kernel or its dependency dataset"),
     "submission": ("lab.submission", "main", "pack ADAPTER_DIR OUT.zip / check ZIP: the Kaggle submission"),
+    "memory": ("lab.memory", "main", "trace one training step on fake tensors: peak GPU memory, does it fit"),
 }
 
 

@@ -226,6 +226,7 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
 
         cuda = torch.cuda.is_available()
     from lab.config import tracking_args
+    from lab.sft import optim_args
 
     g = cfg.grpo
     micro, accum = micro_batch(cfg)
@@ -240,7 +241,7 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
         data_seed=cfg.seed, **tracking_args(cfg, "03_grpo"), use_cpu=not cuda,
         bf16=cfg.model.dtype == "bfloat16" and cuda, dataloader_num_workers=0,
         gradient_checkpointing=g.gradient_checkpointing, lr_scheduler_type="constant", warmup_steps=0,
-        log_completions=False,
+        log_completions=False, **optim_args(cfg),
     )
     if check_backend(cfg) == "vllm":
         kw.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,

@@ -113,12 +113,16 @@ def check_model_source(handle: str) -> str:
 
 def kernel_extras(cfg, notebook: str) -> list[str]:
     """The lab's extras a kernel needs, from its composed config: `vllm` when the notebook generates with vLLM
-    (evaluation, voting, GRPO rollouts), `unsloth` when it trains with Unsloth; nothing else is installed."""
+    (evaluation, voting, GRPO rollouts), `unsloth` when it trains with Unsloth, `bnb` when it trains with 8-bit AdamW
+    (`gpu.optim`); nothing else is installed."""
     gen = {"02_sft", "03_grpo", "04_vote", PIPELINE}
     vllm = notebook in gen and (cfg.model.generation_backend == "vllm"
                                 or (notebook in ("03_grpo", PIPELINE) and cfg.grpo.rollout_backend == "vllm"))
     unsloth = notebook in ("02_sft", PIPELINE) and "unsloth" in (cfg.sft.backend, cfg.model.train_backend)
-    return [x for x, need in (("vllm", vllm), ("unsloth", unsloth)) if need]
+    from omegaconf import OmegaConf
+
+    bnb = notebook in ("02_sft", "03_grpo", PIPELINE) and OmegaConf.select(cfg, "gpu.optim") == "adamw_bnb_8bit"
+    return [x for x, need in (("vllm", vllm), ("unsloth", unsloth), ("bnb", bnb)) if need]
 
 
 # ---------------------------------------------------------------------------------------------

@@ -179,9 +179,30 @@ def lora_config(cfg: DictConfig, model):
                            f"the module families that exist are: {_existing(avail)}")
         for kind, suffix in FAMILIES[fam]:
             (modules if kind == "module" else params).append(suffix)
+    rank_pattern, alpha_pattern = expert_patterns(cfg)
     return LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
                       target_modules=modules, target_parameters=params or None, bias="none",
-                      task_type="CAUSAL_LM")
+                      task_type="CAUSAL_LM", rank_pattern=rank_pattern, alpha_pattern=alpha_pattern)
+
+
+def expert_patterns(cfg: DictConfig) -> tuple[dict, dict]:
+    """PEFT rank_pattern/alpha_pattern for `gpu.experts_rank` (routed experts at a lower rank, same alpha/r scale);
+    empty when unset. PEFT matches the keys against `...mixer.experts.up_proj` (`get_pattern_key`,
+    peft/utils/other.py), which `shared_experts.up_proj` does not match; `lab.submission.pack` rewrites them for
+    vLLM's per-expert names. PEFT 0.21 warns that these keys "did not match any targeted module and were ignored"
+    (`tuners_utils.py` checks module names, not targeted parameters); they are applied: rank and scale are checked
+    on the wrapped model in tests/test_memory.py."""
+    from omegaconf import OmegaConf
+
+    er = OmegaConf.select(cfg, "gpu.experts_rank", default=None)
+    lc = cfg.sft.lora
+    if er is None or int(er) == lc.r or "experts" not in [str(t) for t in lc.targets]:
+        return {}, {}
+    er = int(er)
+    if not 1 <= er <= lc.r:
+        raise LabError(f"conf/gpu: experts_rank={er} must be between 1 and sft.lora.r={lc.r}")
+    keys = [r"experts\.up_proj", r"experts\.down_proj"]
+    return {k: er for k in keys}, {k: lc.alpha * er / lc.r for k in keys}
 
 
 class allow_out_proj:

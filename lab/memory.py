@@ -1,40 +1,82 @@
-"""The real model's shapes under the configured LoRA, and an estimate of one SFT step's GPU memory, without weights.
+"""One training step of the composed config traced on PyTorch fake tensors: its peak memory, measured, not estimated.
 
-`meta_model(config)` builds `NemotronHForCausalLM` on PyTorch's meta device (shapes only: no weights, no memory)
-from a `config.json` mapping or a config object. `lora_figures(cfg, config)` attaches the configured LoRA to it
-with `lab.lora.attach_lora` (so every target family must match, exactly as in training) and returns the
-trainable parameters per family, the base parameters and the adapter's size. `sft_step_memory(cfg, config)`
-adds up an estimate of one SFT step's peak memory on one GPU at `sft.max_seq_len` tokens, term by term:
+`trace(cfg, stage)` runs one real training step (forward, backward, optimizer step) of `NemotronHForCausalLM` with the
+configured LoRA attached by `lab.lora.attach_lora`, gradient checkpointing as configured (non-reentrant, as TRL sets
+it) and the configured optimizer, on tensors that have shapes and dtypes but no data
+(`torch._subclasses.fake_tensor.FakeTensorMode`), on the CPU device. `LiveBytes`, a `TorchDispatchMode`, counts the
+bytes of every live tensor storage (created by an op, freed when its last tensor dies) and keeps the peak and what was
+live at it, grouped by phase, layer kind and the op that made it. The shapes come from the real `config.json`
+(`model.architecture` for the tiny model). `python -m lab memory [OVERRIDES...]` prints it; `check_fits(cfg)` is the
+same trace before training, refusing to start when the peak exceeds `gpu.max_use` of `gpu.memory_gib`.
 
-- weights: every base parameter in `model.dtype`;
-- LoRA training state: each trainable parameter in fp32 (PEFT keeps adapters in fp32 beside bf16 weights),
-  its fp32 gradient and AdamW's two fp32 moments: 16 bytes per parameter;
-- activations with gradient checkpointing: each decoder layer's input kept (tokens x hidden, bf16), plus the
-  working set of the largest layer while it is recomputed and back-propagated: its main intermediates and their
-  gradients. For an MoE layer this includes the routed experts' merged weights: PEFT's `ParamWrapper` folds
-  `W + s*B*A` for the whole expert stack into one tensor on every forward (`_LoraFactorsProxy`,
-  `peft/tuners/lora/layer.py`), and backward needs its gradient of the same size;
-- the output head: with an lm_head LoRA, lab.lora's `[vocab, hidden + r]` head copy and TRL's fp32 weight
-  gradient for it (`trl/kernels/chunked_logprob.py`), plus one logits tile (4,096 tokens x 32,768 vocabulary,
-  fp32, the kernel's tiles);
-- a fixed allowance for the CUDA context and allocator fragmentation (`CONTEXT_GIB`, an assumption).
+Kernels with no CPU path are replaced, for the trace only, by stand-ins that allocate and save for backward what the
+real kernel allocates and saves, read from their sources (downloaded with `pip download --no-deps`):
+- `mamba_ssm`'s chunk scan (`mamba_ssm-2.3.2.post1.tar.gz`, `mamba_ssm/ops/triton/ssd_combined.py`,
+  `MambaChunkScanCombinedFn` and `_mamba_chunk_scan_combined_fwd/_bwd`): forward keeps `dA_cumsum` and the
+  discretised `dt` (fp32, batch x heads x chunks x chunk), the chunk states (fp32, batch x chunks x heads x headdim x
+  state), the passed states, the final state (fp32), `CB` (fp32, batch x chunks x groups x chunk x chunk) until it
+  returns, and saves `out, x, dt, dA_cumsum, A, B, C, D, dt_bias`; backward allocates `dB, dC, ddt`, recomputes
+  `dA_cumsum, dt, CB, states`, builds `dstates` and the gradients `dx, dCB, ddA` (kept until it returns: an upper
+  bound on the kernel's transient peak);
+- `causal_conv1d`'s `causal_conv1d_fn` (`causal_conv1d-1.7.0.tar.gz`, `causal_conv1d/causal_conv1d_interface.py`,
+  `CausalConv1dFn`): output like `x`, saves `x, weight, bias`; backward allocates `dx`, an fp32 `dweight` and
+  `dbias`;
+- TRL's Triton `ChunkedLogProbFunction` (`trl/kernels/chunked_logprob.py`, TRL 1.15): seven fp32 `[tokens]`
+  statistics and one `[min(tokens, 4096), 32768]` tile buffer in the compute dtype; saves `hidden, weight, bias,
+  targets, log_z, entropy`; backward allocates fp32 `grad_hidden`, fp32 `grad_weight` (when the head's weight needs
+  a gradient: the lab's `lm_head` LoRA, `lab.lora.head_as_linear`), a tile buffer, and returns them cast back.
+  `head="torch"` uses `lab.trl_cpu`'s real PyTorch head instead (what a CPU step runs; the tiny-model test).
+- `bitsandbytes`' 8-bit AdamW (`bitsandbytes-0.50.2` wheel, `bitsandbytes/optim/optimizer.py`,
+  `Optimizer2State.init_state`): uint8 `state1/state2` and fp32 `absmax1/absmax2` per 256 values for tensors of at
+  least 4,096 values (`min_8bit_size`), fp32 states otherwise; its update is in place.
+Which Mamba path ran (the stand-ins above, or transformers' PyTorch reference `mamba2_chunk_scan`) and which experts
+path ran (transformers' `grouped_mm` or its eager loop, and PEFT's fold of the expert LoRA into the weight stack,
+`_LoraFactorsProxy` -> `baddbmm`) are read from the ops the step ran.
 
-It is an estimate from shapes, not a measurement; `report` says so. What it simplifies: the figures for the
-30B model (README, "Real model: shapes and memory") come from the same code path as training, on any machine.
+Pitfall handled: under fake tensors transformers cannot look at the data, so it builds an explicit [T x T] causal mask
+that the real run skips. With `attention_mask=None` its mask code still checks `position_ids` for packed sequences
+(`find_packed_sequence_indices`, transformers/masking_utils.py), answers "maybe packed" for a fake tensor, and so
+never lets SDPA run with `is_causal`; a real unpacked row gets None there and no mask. The trace feeds single
+unpadded rows, passes `attention_mask=None` and gives `find_packed_sequence_indices` the real run's answer (None)
+(tests/test_memory.py: with it the fake and real peaks agree; without it the fake run holds a [T x T] mask more).
+
+What it simplifies:
+1. Only tensors are counted: no CUDA context, cuBLAS workspaces, allocator rounding or fragmentation; the refusal
+   margin (`gpu.max_use`, 0.95 of the card) stands for them.
+2. The fused head receives every position of every row as labelled (an upper bound: SFT masks the prompt, GRPO
+   scores only completions); TRL's boolean `hidden[mask]` is traced as the same-sized gather (fake tensors cannot
+   run data-dependent shapes). GRPO rows are traced at `model.max_model_len` tokens (prompt + completion bound),
+   unpadded.
+3. The fused `mamba_split_conv1d_scan_combined` (used only when `out_proj` has no LoRA) is traced as its two parts,
+   the conv and the chunk scan stand-ins.
+4. One step: the optimizer's states are created in it, as in the first real step (later steps hold the same).
 """
 
 from __future__ import annotations
 
+import argparse
+import contextlib
+import functools
+import importlib.util
 import json
+import math
+import time
+import weakref
+from collections import defaultdict
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Mapping
 
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
+
+from lab.config import LabError
 
 GIB = 1024 ** 3
-CONTEXT_GIB = 2.0           # CUDA context, cuBLAS workspaces, allocator fragmentation: an allowance, not measured
-LOGIT_TILE = (4096, 32768)  # TRL's ChunkedLogProbFunction tile: TOKEN_CHUNK_SIZE x chunk_size (fp32)
+REAL_CONFIG = Path(__file__).resolve().parents[1].parent / "shared" / "tokenizer" / "nemotron-3-nano" / "config.json"
+FIXTURE_CONFIG = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "nemotron_3_nano_config_values.json"
 
+
+# ---- the model's shapes --------------------------------------------------------------------------------------------
 
 def nemotron_config(config: Mapping[str, Any] | Any):
     """A NemotronHConfig from a config.json mapping (extra keys such as model_type and torch_dtype ignored)."""
@@ -50,13 +92,26 @@ def load_config_values(path: str | Path) -> dict:
     return json.loads(Path(path).read_text())
 
 
-def meta_model(config):
+def model_config_values(cfg: DictConfig) -> dict:
+    """The NemotronHConfig fields of the configured model: `model.architecture` (tiny), else the checkpoint's
+    config.json (the model folder, else ../shared's copy of the real one, else the test fixture of its values)."""
+    if cfg.model.architecture is not None:
+        return OmegaConf.to_container(cfg.model.architecture, resolve=True)
+    candidates = [Path(str(cfg.model.path)) / "config.json", REAL_CONFIG, FIXTURE_CONFIG]
+    for p in candidates:
+        if p.is_file():
+            return load_config_values(p)
+    raise LabError(f"model.path={cfg.model.path}: no config.json found (looked at {', '.join(map(str, candidates))})")
+
+
+def meta_model(config, dtype=None):
     """NemotronHForCausalLM with the given config on the meta device: every shape, no storage."""
     import torch
     from transformers import NemotronHForCausalLM
 
     with torch.device("meta"):
-        return NemotronHForCausalLM(nemotron_config(config))
+        model = NemotronHForCausalLM(nemotron_config(config))
+    return model.to(dtype) if dtype is not None else model
 
 
 def lora_figures(cfg: DictConfig, config) -> dict:
@@ -71,77 +126,542 @@ def lora_figures(cfg: DictConfig, config) -> dict:
             "adapter_mb_fp32": trainable * 4 / 1e6, "adapter_mb_bf16": trainable * 2 / 1e6}
 
 
-def _layer_working_set(c, tokens: int, r: int, lora_experts: bool) -> dict[str, int]:
-    """Bytes of the main intermediates of one layer of each kind (forward, bf16) while it is recomputed, times 2
-    for their gradients; the routed experts' merged weights and their gradients on top for an MoE layer."""
-    b = 2
-    d = c.hidden_size
-    inner = c.mamba_num_heads * c.mamba_head_dim
-    groups_state = 2 * c.n_groups * c.ssm_state_size
-    mamba = tokens * ((2 * inner + groups_state + c.mamba_num_heads)  # in_proj output
-                      + (inner + groups_state)                        # conv output
-                      + 2 * inner) * b                                # scan output, gated norm output
-    mamba += (tokens // c.chunk_size + 1) * c.mamba_num_heads * c.mamba_head_dim * c.ssm_state_size * 4  # chunk states, fp32
-    attn = tokens * (2 * c.num_attention_heads * c.head_dim + 2 * c.num_key_value_heads * c.head_dim) * b
-    k, inter, shared = c.num_experts_per_tok, c.moe_intermediate_size, c.moe_shared_expert_intermediate_size
-    moe = tokens * (k * (2 * d + 2 * inter) + 2 * shared) * b + tokens * c.n_routed_experts * 4  # + router fp32
-    out = {"mamba": 2 * mamba, "attention": 2 * attn, "moe": 2 * moe}
-    if lora_experts:
-        out["moe"] += 2 * (2 * c.n_routed_experts * inter * d * b)  # merged up/down stacks + their gradients
-    return out
+# ---- counting live storage bytes -----------------------------------------------------------------------------------
+
+class LiveBytes:
+    """A TorchDispatchMode (built lazily: torch is imported on use) that counts the bytes of live tensor storages.
+
+    Every tensor an op returns is looked up by its storage; a storage seen for the first time adds its bytes under a
+    label (`phase/where/op`), and a weak reference subtracts them when the storage is freed. `peak` is the largest
+    total; `at_peak` maps each label to its bytes live at that moment.
+    """
+
+    def __new__(cls, *a, **k):
+        from torch.utils._python_dispatch import TorchDispatchMode
+
+        if not hasattr(cls, "_impl"):
+            cls._impl = type("LiveBytesMode", (_LiveBytesMixin, TorchDispatchMode), {})
+        return cls._impl(*a, **k)
 
 
-def sft_step_memory(cfg: DictConfig, config, figures: dict | None = None) -> dict:
-    """Estimated peak GPU memory (GiB) of one SFT step at `sft.max_seq_len` tokens, batch `sft.batch_size`."""
+class _LiveBytesMixin:
+    def __init__(self):
+        super().__init__()
+        self.live = 0
+        self.peak = 0
+        self.by_label: dict[str, int] = defaultdict(int)
+        self.at_peak: dict[str, int] = {}
+        self.phase = "setup"
+        self.where = ""
+        self.ops: dict[str, int] = defaultdict(int)
+        self.phase_peak: dict[str, int] = {}
+        self._refs: dict[int, Any] = {}
+
+    def track(self, t, label: str) -> None:
+        import torch
+
+        if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
+            return
+        st = t.untyped_storage()
+        key = id(st)
+        ref = self._refs.get(key)
+        if ref is not None and ref() is st:
+            return
+        n = st.nbytes()
+        self._refs[key] = weakref.ref(st, functools.partial(self._free, key, n, label))
+        self.live += n
+        self.by_label[label] += n
+        self.phase_peak[self.phase] = max(self.phase_peak.get(self.phase, 0), self.live)
+        if self.live > self.peak:
+            self.peak = self.live
+            self.at_peak = dict(self.by_label)
+
+    def _free(self, key, n, label, _ref):
+        self.live -= n
+        self.by_label[label] -= n
+        if self._refs.get(key) is _ref:
+            del self._refs[key]
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        from torch.utils._pytree import tree_leaves
+
+        out = func(*args, **(kwargs or {}))
+        name = func.overloadpacket.__name__
+        self.ops[name] += 1
+        label = "/".join(x for x in (self.phase, self.where, name) if x)
+        for t in tree_leaves(out):
+            self.track(t, label)
+        return out
+
+
+# ---- stand-ins for kernels with no CPU path ------------------------------------------------------------------------
+
+_PATHS: dict[str, int] = defaultdict(int)  # which implementation each call took (read after the step)
+
+
+def _chunk_scan_function():
     import torch
 
-    c = nemotron_config(config)
-    figures = figures or lora_figures(cfg, config)
-    tokens = cfg.sft.max_seq_len * cfg.sft.batch_size
-    r = cfg.sft.lora.r
-    targets = {str(t) for t in cfg.sft.lora.targets}
-    wbytes = torch.empty(0, dtype=getattr(torch, cfg.model.dtype)).element_size()
-    checkpointing = cfg.sft.get("gradient_checkpointing", True)
-    n_layers = len(c.layers_block_type)
-    work = _layer_working_set(c, tokens, r, "experts" in targets)
-    layer_inputs = n_layers * tokens * c.hidden_size * 2
+    class MambaChunkScanStandIn(torch.autograd.Function):
+        """Allocates and saves what `mamba_ssm`'s `MambaChunkScanCombinedFn` does (module docstring); no math."""
+
+        @staticmethod
+        def forward(ctx, x, dt, A, B, C, D, dt_bias, chunk_size):
+            b, seqlen, h, p = x.shape
+            g, n = B.shape[2], B.shape[3]
+            c = math.ceil(seqlen / chunk_size)
+            f32 = dict(device=x.device, dtype=torch.float32)
+            dA_cumsum = torch.empty(b, h, c, chunk_size, **f32)
+            dt_out = torch.empty(b, h, c, chunk_size, **f32)
+            states = torch.empty(b, c, h, p, n, **f32)
+            passed = torch.empty(b, c, h, p * n, device=x.device, dtype=C.dtype)
+            final = torch.empty(b, h, p * n, **f32)
+            cb = torch.empty(b, c, g, chunk_size, chunk_size, **f32)
+            out = torch.empty_like(x)
+            del dt_out, states, passed, final, cb
+            ctx.save_for_backward(out, x, dt, dA_cumsum, A, B, C, D, dt_bias)
+            ctx.chunk_size = chunk_size
+            return out
+
+        @staticmethod
+        def backward(ctx, dout):
+            out, x, dt, dA_cumsum, A, B, C, D, dt_bias = ctx.saved_tensors
+            b, seqlen, h, p = x.shape
+            g, n = B.shape[2], B.shape[3]
+            cs = ctx.chunk_size
+            c = math.ceil(seqlen / cs)
+            f32 = dict(device=x.device, dtype=torch.float32)
+            dB, dC, ddt = torch.empty_like(B), torch.empty_like(C), torch.empty_like(dt)
+            keep = [dt.clone(), torch.empty(b, h, c, cs, **f32), torch.empty(b, h, c, cs, **f32),
+                    torch.empty(b, c, g, cs, cs, **f32), torch.empty(b, c, h, p, n, **f32),
+                    torch.empty(b, c, h, p, n, **f32), torch.empty(b, c, h, p, n, device=x.device, dtype=x.dtype),
+                    torch.empty(b, c, g, cs, cs, **f32), torch.empty(b, h, c, cs, **f32)]
+            dx = torch.empty_like(x)
+            dA = torch.empty_like(A, dtype=torch.float32)
+            dD = None if D is None else torch.empty_like(D, dtype=torch.float32)
+            ddt_bias = None if dt_bias is None else torch.empty_like(dt_bias, dtype=torch.float32)
+            del keep
+            return dx, ddt, dA, dB, dC, dD, ddt_bias, None
+
+    return MambaChunkScanStandIn
+
+
+def _conv1d_function():
+    import torch
+
+    class CausalConv1dStandIn(torch.autograd.Function):
+        """Allocates and saves what `causal_conv1d`'s `CausalConv1dFn` does (module docstring); no math."""
+
+        @staticmethod
+        def forward(ctx, x, weight, bias):
+            if x.stride(2) != 1 and x.stride(1) != 1:
+                x = x.contiguous()
+            ctx.save_for_backward(x, weight, bias)
+            return torch.empty_like(x)
+
+        @staticmethod
+        def backward(ctx, dout):
+            x, weight, bias = ctx.saved_tensors
+            dx = torch.empty_like(x)
+            dweight = torch.empty_like(weight, dtype=torch.float32).to(weight.dtype)
+            dbias = None if bias is None else torch.empty_like(bias, dtype=torch.float32).to(bias.dtype)
+            return dx, dweight, dbias
+
+    return CausalConv1dStandIn
+
+
+def _fake_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
+                     return_final_states=False, **kwargs):
+    """transformers' `mamba2_chunk_scan` signature, routed to the `mamba_ssm` stand-in (training: no cache)."""
+    if initial_states is not None or return_final_states:
+        raise LabError("lab.memory traces training steps only (no Mamba cache)")
+    _PATHS["mamba_ssm chunk scan (stand-in)"] += 1
+    return _chunk_scan_function().apply(hidden_states, dt, A, B, C, D, dt_bias, chunk_size)
+
+
+def _fake_conv1d(hidden_states, weight, bias=None, activation=None, **kwargs):
+    """transformers' `causal_conv1d_fn` signature, routed to the `causal_conv1d` stand-in."""
+    _PATHS["causal_conv1d (stand-in)"] += 1
+    return _conv1d_function().apply(hidden_states, weight, bias)
+
+
+@contextlib.contextmanager
+def _unpacked_rows():
+    """transformers' packed-sequence detection answers None, as it does for the real run's unpacked rows (the
+    [T x T] mask pitfall, module docstring)."""
+    import transformers.masking_utils as mu
+
+    saved = mu.find_packed_sequence_indices
+    mu.find_packed_sequence_indices = lambda position_ids: None
+    try:
+        yield
+    finally:
+        mu.find_packed_sequence_indices = saved
+
+
+@contextlib.contextmanager
+def _mamba_kernels(path: str):
+    """`kernel`: the module-level scan and conv of transformers' Nemotron-H become the stand-ins above; `torch`:
+    transformers' own functions run (the PyTorch reference scan when `mamba_ssm` is absent), counted."""
+    import transformers.models.nemotron_h.modeling_nemotron_h as mh
+
+    saved = {k: getattr(mh, k) for k in ("mamba2_chunk_scan", "causal_conv1d_fn")}
+    if path == "kernel":
+        mh.mamba2_chunk_scan, mh.causal_conv1d_fn = _fake_chunk_scan, _fake_conv1d
+    elif path == "torch":
+        def counted(fn, what):
+            @functools.wraps(fn)
+            def run(*a, **k):
+                _PATHS[what] += 1
+                return fn(*a, **k)
+            return run
+        mh.mamba2_chunk_scan = counted(saved["mamba2_chunk_scan"], "transformers PyTorch chunk scan")
+        mh.causal_conv1d_fn = counted(saved["causal_conv1d_fn"], "transformers causal_conv1d_fn")
+    else:
+        raise LabError(f"mamba path {path!r}: use kernel or torch")
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            setattr(mh, k, v)
+
+
+def _chunked_logprob_function():
+    import torch
+
+    class ChunkedLogProbStandIn(torch.autograd.Function):
+        """Allocates and saves what TRL's Triton `ChunkedLogProbFunction` does (module docstring); no math."""
+
+        @staticmethod
+        def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, outputs):
+            n, vocab = hidden.shape[0], weight.shape[0]
+            f32 = dict(device=hidden.device, dtype=torch.float32)
+            stats = [torch.empty(n, **f32) for _ in range(7)]  # running_max ... target_logit
+            tile = torch.empty(min(n, 4096), chunk_size, device=hidden.device, dtype=hidden.dtype)
+            for t0 in range(0, n, 4096):
+                for v0 in range(0, vocab, chunk_size):
+                    h, w = hidden[t0:t0 + 4096], weight[v0:v0 + chunk_size]
+                    torch.mm(h, w.t(), out=tile[:h.shape[0], :w.shape[0]])
+            del tile
+            log_z = stats[0] + torch.log(stats[1])
+            logprobs = stats[6] - log_z
+            entropy = log_z - stats[2] / stats[1] if "entropy" in outputs else None
+            is_top1 = (stats[6] >= stats[0]) if "is_top1" in outputs else None
+            ctx.save_for_backward(hidden, weight, bias, targets, log_z, log_z if entropy is None else entropy)
+            ctx.chunk_size = chunk_size
+            ctx.mark_non_differentiable(*(x for x in (is_top1,) if x is not None))
+            return logprobs, entropy, None, None, is_top1
+
+        @staticmethod
+        def backward(ctx, grad_logprobs, grad_entropy, *_):
+            hidden, weight, bias, targets, log_z, entropy = ctx.saved_tensors
+            need_h, need_w, need_b = ctx.needs_input_grad[:3]
+            n = hidden.shape[0]
+            gh = torch.zeros(hidden.shape, device=hidden.device, dtype=torch.float32) if need_h else None
+            gw = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if need_w else None
+            gb = torch.zeros(bias.shape, device=bias.device, dtype=torch.float32) if need_b else None
+            tile = torch.empty(min(n, 4096), ctx.chunk_size, device=hidden.device, dtype=hidden.dtype)
+            del tile
+            return (None if gh is None else gh.to(hidden.dtype), None if gw is None else gw.to(weight.dtype),
+                    None if gb is None else gb.to(bias.dtype), None, None, None, None)
+
+    return ChunkedLogProbStandIn
+
+
+def _head_loss(pm, hidden, temperature: float, outputs: tuple[str, ...], head: str):
+    """The loss of TRL 1.15's fused head (`add_fused_lm_head`, `trl/trainer/utils.py`), with lab.lora's LoRA head
+    (`lab.lora.head_as_linear`) when the head carries one: every position labelled (module docstring, 2)."""
+    import torch
+
+    from lab.lora import _base, head_as_linear, head_lora
+    from lab.trl_cpu import TorchLogProbFunction
+
+    hidden = hidden[:, :-1]
+    rows, n_tok = hidden.shape[0], hidden.shape[1]
+    flat = hidden.reshape(rows * n_tok, hidden.shape[-1])
+    picked = flat.index_select(0, torch.arange(rows * n_tok, device=flat.device))  # = hidden[mask], all labelled
+    targets = torch.zeros(rows * n_tok, dtype=torch.long, device=flat.device)
+    lora = head_lora(pm)
+    if lora is not None:
+        h, w, b = head_as_linear(lora, picked)
+    else:
+        lm = _base(pm).get_output_embeddings()
+        h, w, b = picked, lm.weight, lm.bias
+    if head == "torch":
+        per_token = TorchLogProbFunction.apply(h, w, b, targets, temperature, 32768, None, 1.0, outputs)
+    else:
+        _PATHS["TRL chunked head (stand-in)"] += 1
+        per_token = _chunked_logprob_function().apply(h, w, b, targets, temperature, 32768, outputs)
+    mask = torch.ones(rows, n_tok, dtype=torch.bool, device=flat.device)
+    log_probs = per_token[0].new_zeros(mask.shape).masked_scatter(mask, per_token[0])
+    return -log_probs.sum() / mask.sum().clamp(min=1)
+
+
+# ---- the optimizer -------------------------------------------------------------------------------------------------
+
+def _optimizer_step(params, name: str, lr: float, weight_decay: float):
+    """One step of the named optimizer (transformers' `optim` names) on `params` (their `.grad` set); returns what
+    holds its state."""
+    import torch
+
+    if name in ("adamw_torch_fused", "adamw_torch"):
+        opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=name == "adamw_torch_fused")
+        opt.step()
+        return opt
+    if name == "adamw_bnb_8bit":  # Optimizer2State.init_state (module docstring); the update itself is in place
+        state = []
+        for p in params:
+            if p.numel() < 4096:
+                state += [torch.zeros_like(p, dtype=torch.float32) for _ in range(2)]
+            else:
+                blocks = -(-p.numel() // 256)
+                state += [torch.zeros_like(p, dtype=torch.uint8) for _ in range(2)]
+                state += [torch.zeros(blocks, dtype=torch.float32, device=p.device) for _ in range(2)]
+        return state
+    raise LabError(f"optimizer {name!r}: lab.memory traces adamw_torch_fused, adamw_torch or adamw_bnb_8bit")
+
+
+# ---- the trace -----------------------------------------------------------------------------------------------------
+
+@dataclass
+class Trace:
+    stage: str
+    rows: int
+    seq_len: int
+    peak_bytes: int
+    top: list[tuple[str, int]]
+    mamba_path: str
+    experts_path: str
+    optim: str
+    seconds: float
+    trainable_params: int
+    base_params: int
+    phase_peaks: dict = field(default_factory=dict)
+    ops: dict = field(default_factory=dict)
+
+    @property
+    def peak_gib(self) -> float:
+        return self.peak_bytes / GIB
+
+    @property
+    def tokens(self) -> int:
+        return self.rows * self.seq_len
+
+
+def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int | None = None
+               ) -> tuple[int, int, bool]:
+    """(rows, tokens per row, gradient checkpointing) of one training micro-step of `stage`.
+
+    SFT: `sft.batch_size` rows of `sft.max_seq_len` (or `tokens`); GRPO: the completions of one micro-step as
+    `lab.grpo.micro_batch` computes them for the trainer (`grpo.per_device_train_batch_size`, null: the whole
+    step's `prompts_per_step x num_generations`) of `model.max_model_len` (or `tokens`). `rows` overrides the rows."""
+    if stage == "sft":
+        return int(rows or cfg.sft.batch_size), int(tokens or cfg.sft.max_seq_len), bool(cfg.sft.gradient_checkpointing)
+    if stage == "grpo":
+        from lab.grpo import micro_batch
+
+        g = cfg.grpo
+        return int(rows or micro_batch(cfg)[0]), int(tokens or cfg.model.max_model_len), bool(g.gradient_checkpointing)
+    raise LabError(f"lab.memory: stage {stage!r} is not sft or grpo")
+
+
+def _optim_name(cfg: DictConfig) -> str:
+    return str(OmegaConf.select(cfg, "gpu.optim", default=None) or "adamw_torch_fused")
+
+
+def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba: str = "kernel",
+          head: str = "chunked", fake: bool = True, config=None, rows: int | None = None,
+          ones_mask: bool = False, unpacked: bool = True) -> Trace:
+    """Run one training micro-step of `stage` and count its live storage bytes (module docstring).
+
+    `mamba`: kernel (the `mamba_ssm`/`causal_conv1d` stand-ins) or torch (transformers' PyTorch path); `head`:
+    chunked (TRL's Triton head stand-in) or torch (`lab.trl_cpu`); `fake=False` runs the same step on real tensors
+    (the test that the fake count is right); `config`: NemotronHConfig values (default: `model_config_values`);
+    `ones_mask`: pass an all-ones `attention_mask` instead of None; `unpacked=False` leaves transformers' packed-row
+    detection alone (both for the [T x T] pitfall test, module docstring)."""
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from lab.lora import attach_lora
+
+    t0 = time.perf_counter()
+    rows, seq_len, checkpointing = step_shape(cfg, stage, tokens, rows)
+    values = dict(config or model_config_values(cfg))
+    values["use_mamba_kernels"] = False  # the module-level functions are what the trace swaps (_mamba_kernels)
+    dtype = getattr(torch, cfg.model.dtype)
+    model = meta_model(values, dtype)
+    base_params = sum(p.numel() for p in model.parameters())
+    pm, table = attach_lora(cfg, model)
     if checkpointing:
-        activations = layer_inputs + max(work.values())
-    else:  # every layer keeps its working set (without the transient merged expert weights' gradients)
-        kinds = {"mamba": "mamba", "linear_attention": "mamba", "attention": "attention",
-                 "full_attention": "attention", "moe": "moe"}
-        activations = layer_inputs + sum(work[kinds.get(t, "moe")] // 2 for t in c.layers_block_type)
-    head = LOGIT_TILE[0] * LOGIT_TILE[1] * 4 + tokens * (c.hidden_size + r) * 2 * 2
-    if "lm_head" in targets:
-        head += c.vocab_size * (c.hidden_size + r) * (2 + 4 + 2)  # head copy (bf16), fp32 gradient, its bf16 cast
-    terms = {"weights": figures["base_params"] * wbytes,
-             "lora_params_grads_adamw": figures["trainable_params"] * 16,
-             "activations": activations, "output_head": head, "cuda_context_allowance": int(CONTEXT_GIB * GIB)}
-    gib = {k: v / GIB for k, v in terms.items()}
-    gib["total"] = sum(gib.values())
-    gib["largest_layer_working_set"] = {k: v / GIB for k, v in work.items()}
-    gib["tokens"] = tokens
-    gib["gradient_checkpointing"] = checkpointing
-    return gib
+        pm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    pm.train()
+    temperature = float(cfg.grpo.temperature) if stage == "grpo" else 1.0
+    outputs = ("log_probs", "entropy") if stage == "grpo" else ("log_probs", "entropy", "is_top1")
+    _PATHS.clear()
+    counter = LiveBytes()
+    where = _where_hooks(pm, counter)
+    # bf16 weights: the Trainer's mixed precision (bf16=True on a GPU) runs the forward under autocast
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else contextlib.nullcontext()
+    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
+    try:
+        with fake_mode, _mamba_kernels(mamba), (_unpacked_rows() if unpacked else contextlib.nullcontext()):
+            pm.to_empty(device="cpu")
+            if not fake:
+                with torch.no_grad():
+                    for p in pm.parameters():
+                        p.normal_(0, 0.02)
+            trainable = [p for p in pm.parameters() if p.requires_grad]
+            with counter:
+                for n, p in pm.named_parameters():
+                    counter.track(p, "weights/" + ("lora" if p.requires_grad else "base"))
+                for b in pm.buffers():
+                    counter.track(b, "weights/buffers")
+                counter.phase = "forward"
+                ids = torch.zeros(rows, seq_len, dtype=torch.long)
+                with autocast:
+                    mask = torch.ones(rows, seq_len, dtype=torch.long) if ones_mask else None
+                    hidden = pm.base_model.model.model(input_ids=ids, attention_mask=mask,
+                                                       use_cache=False).last_hidden_state
+                    loss = _head_loss(pm, hidden, temperature, outputs, head)
+                del hidden
+                counter.phase, counter.where = "backward", ""
+                loss.backward()
+                del loss
+                counter.phase, counter.where = "optimizer", ""
+                state = _optimizer_step(trainable, _optim_name(cfg), float(cfg.sft.learning_rate),
+                                        float(cfg.sft.weight_decay))
+                del state
+    finally:
+        for h in where:
+            h.remove()
+    ops = dict(counter.ops)
+    top = sorted(((k, v) for k, v in counter.at_peak.items() if v > 0), key=lambda kv: -kv[1])
+    return Trace(stage=stage, rows=rows, seq_len=seq_len, peak_bytes=counter.peak, top=top,
+                 mamba_path=", ".join(k for k in _PATHS if "head" not in k) or "none",
+                 experts_path=_experts_path(ops), optim=_optim_name(cfg), seconds=time.perf_counter() - t0,
+                 trainable_params=int(table["trainable_params"].sum()), base_params=base_params,
+                 phase_peaks={k: v for k, v in counter.phase_peak.items() if k != "setup"}, ops=ops)
 
 
-def report(cfg: DictConfig, config, gpu_gib: float | None = None) -> str:
-    """The LoRA table, parameter counts, adapter size and the memory estimate as text (02_sft prints it), against
-    `gpu_gib` (default: this machine's first GPU, else 80)."""
+def _experts_path(ops: dict) -> str:
+    how = "grouped_mm" if ops.get("_grouped_mm") or ops.get("grouped_mm") else "eager loop" if ops.get("index_add_") \
+        else "none"
+    if ops.get("baddbmm"):
+        how += ", LoRA folded into the expert stack (PEFT _LoraFactorsProxy: baddbmm)"
+    return how
+
+
+def _where_hooks(pm, counter) -> list:
+    """Forward hooks that label what each decoder block allocates with its kind (mamba, attention, moe)."""
+    handles = []
+    for m in pm.modules():
+        kind = getattr(m, "block_type", None)
+        if kind is None:
+            continue
+        handles.append(m.register_forward_pre_hook(lambda mod, a, k=kind: setattr(counter, "where", k)))
+        handles.append(m.register_forward_hook(lambda mod, a, o: setattr(counter, "where", ""), always_call=True))
+    return handles
+
+
+# ---- the gpu check, the report, the command ------------------------------------------------------------------------
+
+def gpu_gib(cfg: DictConfig) -> float | None:
+    """The card's memory: `gpu.memory_gib`, else this machine's first CUDA device, else None."""
+    g = OmegaConf.select(cfg, "gpu.memory_gib", default=None)
+    if g is not None:
+        return float(g)
     import torch
 
-    if gpu_gib is None:
-        gpu_gib = torch.cuda.get_device_properties(0).total_memory / GIB if torch.cuda.is_available() else 80.0
-    fig = lora_figures(cfg, config)
-    mem = sft_step_memory(cfg, config, fig)
-    lines = ["LoRA on the model's shapes (meta device, no weights):", fig["table"].to_string(index=False),
-             f"base parameters {fig['base_params']:,}; trainable {fig['trainable_params']:,} "
-             f"({100 * fig['trainable_params'] / fig['base_params']:.2f}%); adapter {fig['adapter_mb_fp32']:,.1f} MB "
-             f"in fp32 as saved, {fig['adapter_mb_bf16']:,.1f} MB in bf16",
-             f"Estimated peak GPU memory of one SFT step, {mem['tokens']:,} tokens, gradient checkpointing "
-             f"{'on' if mem['gradient_checkpointing'] else 'off'} (an estimate from shapes, not a measurement):"]
-    for k in ("weights", "lora_params_grads_adamw", "activations", "output_head", "cuda_context_allowance"):
-        lines.append(f"  {k:<26} {mem[k]:7.2f} GiB")
-    verdict = "fits" if mem["total"] <= gpu_gib else "WARNING: does NOT fit"
-    lines.append(f"  {'total':<26} {mem['total']:7.2f} GiB: {verdict} one {gpu_gib:.0f} GiB GPU")
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory / GIB
+    return None
+
+
+def max_use(cfg: DictConfig) -> float:
+    return float(OmegaConf.select(cfg, "gpu.max_use", default=0.95))
+
+
+def kernels_available() -> bool:
+    """True when the fused Mamba scan and conv packages can be imported (the path real training needs)."""
+    return all(importlib.util.find_spec(m) is not None for m in ("mamba_ssm", "causal_conv1d"))
+
+
+def report(t: Trace, card_gib: float | None, use: float, n_top: int = 10) -> str:
+    lines = [f"Traced peak of one {t.stage.upper()} training micro-step: {t.peak_gib:.1f} GiB "
+             f"({t.rows} x {t.seq_len:,} tokens, optimizer {t.optim}; fake tensors, {t.seconds:.0f} s)",
+             f"  Mamba path: {t.mamba_path}", f"  experts path: {t.experts_path}",
+             f"  parameters: base {t.base_params:,}, trainable (LoRA) {t.trainable_params:,}",
+             "  peak by phase: " + ", ".join(f"{k} {v / GIB:.1f} GiB" for k, v in t.phase_peaks.items()),
+             "  live at the peak, by phase/layer kind/op:"]
+    for k, v in t.top[:n_top]:
+        lines.append(f"    {v / GIB:8.2f} GiB  {k}")
+    if card_gib is not None:
+        verdict = "fits" if t.peak_gib <= use * card_gib else "does NOT fit"
+        lines.append(f"  {verdict}: {t.peak_gib:.1f} GiB against {use:.0%} of {card_gib:.1f} GiB = "
+                     f"{use * card_gib:.1f} GiB")
     return "\n".join(lines)
+
+
+def as_json(t: Trace, card_gib: float | None, use: float) -> dict:
+    return {"peak_gib": round(t.peak_gib, 3), "gpu_gib": card_gib,
+            "fits": None if card_gib is None else bool(t.peak_gib <= use * card_gib),
+            "mamba_path": t.mamba_path, "experts_path": t.experts_path, "tokens": t.tokens, "rows": t.rows,
+            "seq_len": t.seq_len, "stage": t.stage, "optim": t.optim, "seconds": round(t.seconds, 1),
+            "trainable_params": t.trainable_params,
+            "phase_peaks_gib": {k: round(v / GIB, 3) for k, v in t.phase_peaks.items()},
+            "top": [{"what": k, "gib": round(v / GIB, 3)} for k, v in t.top[:20]]}
+
+
+def check_fits(cfg: DictConfig, stage: str = "sft") -> Trace | None:
+    """Before loading the real model: trace one `stage` micro-step, print it, and raise `LabError` when the peak
+    exceeds `gpu.max_use` of the card's memory (`gpu.check=false` prints and goes on). Does nothing for the tiny
+    model (`model.build_tiny`: the CPU demo never pays for a trace). The Mamba path is the one this machine will
+    take: the kernels when `mamba_ssm` and `causal_conv1d` import, else transformers' PyTorch scan."""
+    if cfg.model.build_tiny:
+        return None
+    card, use = gpu_gib(cfg), max_use(cfg)
+    if not 0 < use <= 1:
+        raise LabError(f"conf/gpu: max_use={use} must be in (0, 1]")
+    t = trace(cfg, stage, mamba="kernel" if kernels_available() else "torch")
+    print(report(t, card, use))
+    if card is None:
+        print("  (no gpu.memory_gib and no CUDA device: nothing to check against)")
+        return t
+    if t.peak_gib > use * card:
+        msg = (f"{stage}: one training micro-step peaks at {t.peak_gib:.1f} GiB by the trace (lab.memory), more than "
+               f"gpu.max_use={use} of gpu.memory_gib={card:.1f} (gpu={OmegaConf.select(cfg, 'gpu.name')}); Mamba "
+               f"path: {t.mamba_path}. "
+               + ("The fused Mamba kernels (mamba_ssm, causal_conv1d) do not import here, so transformers' PyTorch "
+                  "scan would run: install them (README, real model quick start). " if "stand-in" not in t.mamba_path
+                  else "")
+               + "Pick the preset for your card (gpu=h100_80gb, rtx_pro_6000, h200), lower the token count, or set "
+               "gpu.check=false to start anyway")
+        if OmegaConf.select(cfg, "gpu.check", default=True):
+            raise LabError(msg)
+        print("WARNING: " + msg)
+    return t
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lab memory [OVERRIDES...] [--stage sft|grpo] [--tokens N] [--mamba kernel|torch] [--json PATH]`"""
+    from lab.config import atomic_write_text, compose
+
+    ap = argparse.ArgumentParser(prog="python -m lab memory", description="trace one training micro-step of the "
+                                 "composed config on fake tensors and print its peak memory")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=nemotron_nano experiment=competition")
+    ap.add_argument("--stage", choices=("sft", "grpo"), default="sft")
+    ap.add_argument("--tokens", type=int, default=None, help="tokens per row (default: the config's)")
+    ap.add_argument("--rows", type=int, default=None, help="rows per micro-step (default: sft.batch_size; GRPO: "
+                    "grpo.per_device_train_batch_size, else prompts_per_step x num_generations)")
+    ap.add_argument("--mamba", choices=("kernel", "torch"), default="kernel",
+                    help="kernel: mamba_ssm + causal_conv1d (what real training requires); torch: transformers' "
+                         "PyTorch scan (what runs when they are absent)")
+    ap.add_argument("--json", default=None, help="write the result as JSON here")
+    a = ap.parse_intermixed_args(argv)
+    cfg = compose(a.overrides)
+    t = trace(cfg, a.stage, a.tokens, mamba=a.mamba, rows=a.rows)
+    card, use = gpu_gib(cfg), max_use(cfg)
+    print(report(t, card, use))
+    if a.json:
+        atomic_write_text(Path(a.json), json.dumps(as_json(t, card, use), indent=1))
+    return 0 if card is None or t.peak_gib <= use * card else 1

@@ -19,7 +19,9 @@ The checks:
   `models/nemotron-3-nano` that does not exist is an error here, not a Hub id to fetch later);
 - `lab.models.check_mamba_kernels` (02_sft, 03_grpo): the fused Mamba kernels import (training on transformers'
   PyTorch reference scan does not fit any GPU);
-- `lab.grpo.check_backend` (03_grpo): the rollout back-end is one that stays exact for Nemotron-H.
+- `lab.grpo.check_backend` (03_grpo): the rollout back-end is one that stays exact for Nemotron-H;
+- `lab.memory.check_fits` (02_sft, 03_grpo): one training micro-step traced on fake tensors fits `gpu=` (it prints
+  the trace; `gpu.check=false` lets a user go on).
 
 What it simplifies: the checks look at this machine once, when the stage opens; nothing is loaded to test them.
 """
@@ -63,7 +65,7 @@ def check_model_folder(cfg: DictConfig) -> None:
 
 def checks(stage: str) -> list:
     """The checks `stage` runs, each a function of the config that raises a LabError."""
-    from lab import grpo, models
+    from lab import grpo, memory, models
 
     return [
         functools.partial(check_gpu_extra, stage=stage),
@@ -71,6 +73,8 @@ def checks(stage: str) -> list:
         check_model_folder,
         *([models.check_mamba_kernels] if stage in ("02_sft", "03_grpo") else []),
         *([grpo.check_backend] if stage == "03_grpo" else []),
+        *([functools.partial(memory.check_fits, stage={"02_sft": "sft", "03_grpo": "grpo"}[stage])]
+          if stage in ("02_sft", "03_grpo") else []),
     ]
 
 

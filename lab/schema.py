@@ -244,6 +244,23 @@ class KaggleConfig:
 
 
 @dataclass
+class GpuConfig:
+    """conf/gpu: the card training runs on, and the levers that make one training step fit it (lab.memory traces
+    the step; README, "Real model: shapes and memory")."""
+
+    name: str = _help("label of the card (none: no card configured; the CPU demo)")
+    memory_gib: Optional[float] = _help("the card's memory in GiB (torch.cuda.get_device_properties().total_memory "
+                                        "/ 2**30); null: this machine's first CUDA device, if any")
+    max_use: float = _help("02_sft/03_grpo refuse to start when the traced peak of one training micro-step exceeds "
+                           "this share of memory_gib (the rest: CUDA context, allocator, fragmentation)")
+    check: bool = _help("true: refuse to start when the trace does not fit; false: print the trace and go on anyway")
+    optim: Optional[str] = _help("transformers optimizer name for SFT and GRPO (adamw_torch_fused, adamw_bnb_8bit: "
+                                 "8-bit AdamW states, needs bitsandbytes); null: transformers' default")
+    experts_rank: Optional[int] = _help("LoRA rank of the routed experts (PEFT rank_pattern, alpha scaled to keep "
+                                        "alpha/r; lab.submission.pack keeps it for vLLM); null: sft.lora.r")
+
+
+@dataclass
 class Config:
     """The root config (conf/config.yaml) and its groups. `experiment=competition` is a group choice, not a key: its
     file (`# @package _global_`) sets keys of the root and the groups."""
@@ -255,6 +272,8 @@ class Config:
     infer: InferConfig = field(default_factory=InferConfig, metadata={"help": "conf/infer: evaluation settings"})
     vote: VoteConfig = field(default_factory=VoteConfig, metadata={"help": "conf/vote: voting (04_vote)"})
     kaggle: KaggleConfig = field(default_factory=KaggleConfig, metadata={"help": "conf/kaggle: Kaggle kernels"})
+    gpu: GpuConfig = field(default_factory=GpuConfig, metadata={"help": "conf/gpu: the training card and its "
+                                                                        "memory levers"})
     seed: int = _help("seeds Python, NumPy, torch, the data split and all sampling")
     run_name: str = _help("name of this run, its folder under outputs/: a new time-stamped one unless set "
                           "(`make demo` sets demo)")
@@ -264,7 +283,7 @@ class Config:
 
 
 GROUPS = {"data": DataConfig, "sft": SftConfig, "grpo": GrpoConfig, "model": ModelConfig, "infer": InferConfig,
-          "vote": VoteConfig, "kaggle": KaggleConfig}
+          "vote": VoteConfig, "kaggle": KaggleConfig, "gpu": GpuConfig}
 
 
 def register() -> None:

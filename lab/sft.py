@@ -168,7 +168,16 @@ def training_args(cfg: DictConfig, output_dir: Path, **extra):
         max_length=s.max_seq_len, completion_only_loss=True, packing=False, seed=cfg.seed,
         data_seed=cfg.seed, **tracking_args(cfg, "02_sft"), use_cpu=not torch.cuda.is_available(),
         bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(), dataloader_num_workers=0,
-        disable_tqdm=False, save_only_model=False, gradient_checkpointing=s.gradient_checkpointing, **extra)
+        disable_tqdm=False, save_only_model=False, gradient_checkpointing=s.gradient_checkpointing,
+        **optim_args(cfg), **extra)
+
+
+def optim_args(cfg: DictConfig) -> dict:
+    """`optim` for SFTConfig/GRPOConfig from `gpu.optim` (conf/gpu/); nothing when unset (transformers' default)."""
+    from omegaconf import OmegaConf
+
+    name = OmegaConf.select(cfg, "gpu.optim", default=None)
+    return {} if name is None else {"optim": str(name)}
 
 
 def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, examples: pd.DataFrame, callbacks=()):

@@ -62,16 +62,18 @@ def check_world(env=os.environ, cuda: bool = True) -> None:
 
 
 def open_stage(name: str, overrides: list[str]):
-    """(PartialState, Stage, cfg): the main process first (split, tiny model), then the others."""
+    """(PartialState, Stage, cfg): the real-model preflight (lab.preflight), then the main process first (split, tiny
+    model), then the others."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     import torch
     from accelerate import PartialState
 
-    from lab import data, models
+    from lab import data, models, preflight
     from lab.config import Stage
 
     check_world(cuda=torch.cuda.is_available())
+    preflight.check(name, overrides)  # the real model: the notebooks' one list of what is missing, before anything
     if not torch.cuda.is_available():
         # accelerate names a CPU rank's device `cpu:0` (state.py, set_device); the Trainer then resumes the optimizer
         # with torch.load(map_location=cpu:0), which torch refuses ("don't know how to restore data location ...

@@ -287,13 +287,14 @@ def test_launch_scripts_answer_help(script):
     ("03_grpo", ["grpo.rollout_backend=vllm"], ["vllm"]),
     ("02_sft", ["model=nemotron_nano", "sft.backend=unsloth"], ["vllm", "unsloth"]),
     ("pipeline", ["model=nemotron_nano"], ["vllm"]),
+    ("02_sft", ["model=nemotron_nano", "gpu=h100_80gb"], ["vllm", "bnb"]),
 ])
 def test_install_cell_installs_only_what_the_kernel_needs(notebook, overrides, extras):
     from lab.config import compose
 
     assert kaggle.kernel_extras(compose(overrides), notebook) == extras
     proj = kaggle._pyproject()["project"]["optional-dependencies"]
-    assert all(x in proj for x in extras) and set(proj["gpu"]) == set(proj["vllm"]) | set(proj["unsloth"])
+    assert all(x in proj for x in extras) and set(proj["gpu"]) == set(proj["vllm"]) | set(proj["unsloth"]) | set(proj["bnb"])
 
 
 def test_wheel_set_builds_sdist_only_dependencies_first(tmp_path, monkeypatch):

@@ -10,6 +10,20 @@ from lab import preflight
 from lab.config import LabError, compose
 
 
+@pytest.fixture(autouse=True)
+def _no_trace(monkeypatch, request):
+    """Test-only stand-in for lab.memory.check_fits (a 30-60 s fake-tensor trace of the real model, tested in
+    tests/test_memory.py): it records that the preflight asked for the trace, and says it does not fit."""
+    if "real_trace" in request.keywords:
+        return
+    from lab import memory
+
+    def check_fits(cfg, stage="sft"):
+        raise LabError(f"{stage}: traced memory does not fit (stand-in)")
+
+    monkeypatch.setattr(memory, "check_fits", check_fits)
+
+
 def _real(tmp_path, *extra):
     return ["model=nemotron_nano", f"run_dir={tmp_path / 'run'}", *extra]
 
@@ -29,7 +43,8 @@ def test_wrong_machine_gets_one_list_of_everything_missing(tmp_path):
     assert "no CUDA device" in msg
     assert "model.path" in msg and "nemotron-3-nano" in msg
     assert "fused Mamba kernels" in msg  # lab.models.check_mamba_kernels: training needs mamba_ssm + causal_conv1d
-    assert msg.count("\n  - ") == 4
+    assert "sft: traced memory does not fit" in msg  # lab.memory.check_fits, asked for the SFT step
+    assert msg.count("\n  - ") == 5
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
 
@@ -85,3 +100,14 @@ def test_the_mamba_kernels_are_asked_for_where_the_stage_trains(tmp_path):
 def test_grpo_refuses_vllm_rollouts_for_nemotron_h_before_the_stage(tmp_path):
     cfg = compose(_real(tmp_path, "grpo.rollout_backend=vllm"))
     assert any("rollout_backend=vllm is refused" in p for p in preflight.problems("03_grpo", cfg))
+
+
+@pytest.mark.slow
+@pytest.mark.real_trace
+def test_the_real_trace_refuses_the_pytorch_scan_on_the_competition_card(tmp_path):
+    """The real lab.memory trace inside the preflight: without mamba_ssm the SFT step takes transformers' PyTorch
+    scan, which does not fit gpu=rtx_pro_6000 (the competition preset's card)."""
+    if importlib.util.find_spec("mamba_ssm") is not None:
+        pytest.skip("this machine has mamba_ssm")
+    found = preflight.problems("02_sft", compose(_real(tmp_path, "experiment=competition")))
+    assert any("one training micro-step peaks at" in p and "PyTorch" in p for p in found), found
