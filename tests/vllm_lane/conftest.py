@@ -51,7 +51,7 @@ def pytest_terminal_summary(terminalreporter):
         tr.write_line(f"{PARITY_ROWS[0]['prompts']} prompts (two per puzzle category), "
                       "greedy ids over the first 48 generated tokens")
         tr.write_line("| adapter | vLLM ids = HF + PEFT ids | near-tie (HF top-2 logit gap) | mismatched | "
-                      "output changed vs base (HF) | max abs log-prob difference, tokens both chose |")
+                      "output changed vs base (HF) | max abs log-prob difference while the context is the same |")
         tr.write_line("|---|---|---|---|---|---|")
         for r in PARITY_ROWS:
             ties = ", ".join(f"{g:.1e}" for g in r["tie_gaps"]) if r["tie_gaps"] else ""

@@ -30,7 +30,7 @@ def test_gate_refuses_an_adapter_that_changes_nothing(lane, capsys):
     zip_path = submission.pack(folder, lane["root"] / "gate_zero.zip")
     r = gate.gate(zip_path, lane["base"], n=6)
     assert r["verdict"] == "REFUSED" and r["completions_changed"] == 0
-    assert all(v <= gate.REACH for v in r["max_logprob_change"].values())
+    assert not any(r["reaches_output"].values())
     assert submission.main(["gate", str(zip_path), "--model", lane["base"], "--n", "6"]) == 1
 
 

@@ -114,8 +114,10 @@ def record(lane, name, model, hf, vl, base):
     """Compare HF's and vLLM's completions (lab.generate.Completion) and add the adapter's row to the table."""
     hf_ids, vl_ids = [c.token_ids for c in hf], [c.token_ids for c in vl]
     res = compare(lane, model, hf_ids, vl_ids)
-    agree = [abs(x - y) for h, v in zip(hf, vl)
-             for (x, y, a, b) in zip(h.logprobs, v.logprobs, h.token_ids, v.token_ids) if a == b]
+    agree = []  # log-prob differences while the context is the same (up to the first differing token)
+    for h, v, ids_h, ids_v in zip(hf, vl, hf_ids, vl_ids):
+        same = next((i for i, (a, b) in enumerate(zip(ids_h, ids_v)) if a != b), min(len(ids_h), len(ids_v)))
+        agree += [abs(x - y) for x, y in zip(h.logprobs[:same], v.logprobs[:same])]
     row = {"adapter": name, "prompts": len(res), "matched": sum(r == "match" for r, _ in res),
            "tie_gaps": [g for r, g in res if r == "tie"], "mismatched": sum(r == "mismatch" for r, _ in res),
            "changed": "-" if base is None else sum(h != b.token_ids for h, b in zip(hf_ids, base)),
