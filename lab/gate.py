@@ -48,18 +48,14 @@ REACH_PROMPTS = 16
 
 def _family(name: str) -> str | None:
     """The lab.lora family of a packed tensor name, or None."""
-    from lab import submission
+    from lab import lora, submission
 
     m = submission._LORA_KEY.match(name)
     if m is None:
         return None
     module = re.sub(r"^backbone\.", "model.", submission._strip(m["module"]))
-    from lab import lora
-
-    for fam, (_, pat) in zip(lora.TABLE, submission._FAMILY_PATTERNS):
-        if pat.search(module) if fam.group != "head" else re.fullmatch(fam.packed, module):
-            return fam.name
-    return None
+    return next((fam.name for fam, (_, pat) in zip(lora.TABLE, submission._FAMILY_PATTERNS) if pat.search(module)),
+                None)
 
 
 def family_copies(adapter_dir: Path, workdir: Path) -> dict[str, Path]:
