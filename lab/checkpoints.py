@@ -36,7 +36,7 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-from lab.config import LabError, atomic_write_json, read_json
+from lab.config import LabError, atomic_write_json, is_main_process, read_json
 
 RUN_RECORD = "lab_run.json"
 COMPLETE = "lab_complete.json"
@@ -126,7 +126,30 @@ def marker_callback():
 
 def resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, max_steps: int | None = None
                  ) -> tuple[Path | None, dict | None, list[str]]:
-    """(checkpoint to resume or None, the run record to reuse or None, notes) for the checkpoint folder `out`.
+    """(checkpoint to resume or None, the run record to reuse or None, notes) for the checkpoint folder `out`
+    (`_resume_point`). Under a distributed launch only the main process decides, and deletes; the other ranks
+    receive its answer, so no rank deletes what another has just written (the run record of a fresh run)."""
+    import torch.distributed as dist
+
+    kw = dict(resume=resume, asked=asked, what=what, max_steps=max_steps)
+    if not (dist.is_available() and dist.is_initialized()):
+        return _resume_point(out, fp, **kw)
+    box = [None]
+    if is_main_process():
+        try:
+            box = [(_resume_point(out, fp, **kw), None)]
+        except LabError as e:  # every rank raises it, none waits for a broadcast that never comes
+            box = [(None, str(e))]
+    dist.broadcast_object_list(box, src=0)
+    answer, error = box[0]
+    if error is not None:
+        raise LabError(error)
+    return answer
+
+
+def _resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, max_steps: int | None = None
+                  ) -> tuple[Path | None, dict | None, list[str]]:
+    """The decision of `resume_point`, made in this process.
 
     `resume=False`, no checkpoint, or none with a run record: the folder is deleted (a fresh run). A record whose
     fingerprint differs from `fp`: a LabError naming the changes when `asked` (the user asked to resume), else the

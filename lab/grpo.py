@@ -41,7 +41,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from lab.checkpoints import RUN_RECORD  # the checkpoint folder's run record (lab.checkpoints)
-from lab.config import LabError, atomic_write_csv, read_json, resolve_path
+from lab.config import LabError, atomic_write_csv, is_main_process, read_json, resolve_path
 from lab.data import trace_style
 from lab.prompts import chat_prompt
 
@@ -553,11 +553,12 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
                   "selection": curriculum.selection_summary(rates, threshold=thr, drop_unsolved=unsolved)}
         checkpoints.write_record(out, record)
         for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh
-            shutil.copyfile(stage.path(name), out / name)     # stage folder gets them back from there
+            if is_main_process():                              # stage folder gets them back from there (only the
+                shutil.copyfile(stage.path(name), out / name)  # main process writes: lab.config.atomic_file)
     else:
         print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
         for name in ("pass_rates.csv", "prompt_order.csv"):
-            if (out / name).is_file():
+            if (out / name).is_file() and is_main_process():
                 shutil.copyfile(out / name, stage.path(name))
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # scripts/train_grpo.py, N processes:
         box = [record]  # every rank trains rank 0's prompt order (its own sampled pass rates could differ)

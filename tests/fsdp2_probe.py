@@ -73,8 +73,10 @@ def main(run_dir: str) -> None:
         want = getattr(lora.head_lora(ref), name)["default"].weight.grad.clone()
         dist.all_reduce(want)  # FSDP2 averages the ranks' gradients (reduce-scatter): so does the reference
         grad_diff = max(grad_diff, (g - want / dist.get_world_size()).abs().max().item())
-    print(json.dumps({"rank": rank, "sharded": sharded, "head_as_linear_max_abs": linear_diff,
-                      "loss": out.loss.item(), "ref_loss": rout.loss.item(), "grad_max_abs": grad_diff}), flush=True)
+    # one file per rank: two ranks printing to one pipe can interleave their lines
+    with open(os.path.join(run_dir, f"fsdp2_rank{rank}.json"), "w") as f:
+        json.dump({"rank": rank, "sharded": sharded, "head_as_linear_max_abs": linear_diff,
+                   "loss": out.loss.item(), "ref_loss": rout.loss.item(), "grad_max_abs": grad_diff}, f)
     dist.destroy_process_group()
 
 

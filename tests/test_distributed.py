@@ -139,8 +139,11 @@ def test_two_processes_train_what_one_process_trains(sft_runs):
         assert sorted(b0 + b1) == sorted(one["batches"][2 * step] + one["batches"][2 * step + 1])
     run_dir = str(root / "two")
     assert not [p for p in r1["replaced"] if p.startswith(run_dir)], "rank 1 wrote outputs"
-    written = {Path(p).relative_to(run_dir).as_posix() for p in r0["replaced"] if p.startswith(run_dir)}
+    # a stage writes into its working folder `.02_sft.partial`, swapped in for `02_sft` when it finishes (lab.config.Stage)
+    written = {Path(p).relative_to(run_dir).as_posix().replace(".02_sft.partial/", "02_sft/")
+               for p in r0["replaced"] if p.startswith(run_dir)}
     assert {"02_sft/adapter", "02_sft/metrics.json", "02_sft/train_log.csv", "02_sft/manifest.json"} <= written
+    assert all((root / "two" / f).exists() for f in ("02_sft/adapter", "02_sft/metrics.json"))
 
 
 @pytest.mark.slow
@@ -150,7 +153,7 @@ def test_a_run_whose_rank_1_is_killed_resumes_to_the_same_adapter(sft_runs, tmp_
     args = [f"run_dir={run_dir}", "sft.batch_size=2", *SFT]
     dead = run("train_sft.py", args, tmp_path / "probe_dead", PROBE_KILL_RANK="1", PROBE_KILL_STEP="3")
     assert dead.returncode != 0
-    assert (run_dir / "02_sft" / "checkpoints" / "checkpoint-2").is_dir()
+    assert (run_dir / "checkpoints" / "02_sft" / "checkpoint-2").is_dir()  # outside the stage folder (lab.checkpoints)
     assert not (run_dir / "02_sft" / "metrics.json").exists()  # the stage did not finish
     again = run("train_sft.py", args, tmp_path / "probe_again")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -176,7 +179,8 @@ def test_grpo_under_two_processes(sft_runs):
         assert len(b0) == len(b1) == 4  # 2 prompts x 2 generations per rank and step
         assert not set(b0) & set(b1)
     assert not [p for p in r1["replaced"] if p.startswith(str(run_dir))]
-    assert str(run_dir / "03_grpo" / "adapter") in r0["replaced"]
+    assert str(run_dir / ".03_grpo.partial" / "adapter") in r0["replaced"]  # the working folder, swapped in at finish
+    assert (run_dir / "03_grpo" / "adapter").is_dir()
 
 
 @pytest.mark.slow
@@ -189,7 +193,7 @@ def test_fsdp2_on_cpu_shards_the_model_and_the_lora_head_matches(tmp_path):
                           str(_port()), str(ROOT / "tests" / "fsdp2_probe.py"), str(tmp_path)],
                          cwd=ROOT, env=_env(tmp_path / "probe"), capture_output=True, text=True, timeout=600)
     assert out.returncode == 0, out.stdout[-3000:] + out.stderr[-3000:]
-    ranks = [json.loads(line) for line in out.stdout.splitlines() if line.startswith('{"rank"')]
+    ranks = [json.loads(p.read_text()) for p in sorted(tmp_path.glob("fsdp2_rank*.json"))]
     assert sorted(r["rank"] for r in ranks) == [0, 1]
     for r in ranks:
         assert r["sharded"]
