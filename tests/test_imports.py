@@ -53,6 +53,7 @@ def test_the_module_list_is_complete():
     assert {"lab", "lab.config", "lab.lora", "lab.callbacks", "lab.sft", "lab.puzzles"} <= set(names)
 
 
+@pytest.mark.slow  # several seconds: subprocesses or a full trace (the fast lane stays short)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_module_imports_in_random_order_in_a_fresh_interpreter(seed):
     names = lab_modules()

@@ -148,6 +148,7 @@ def test_the_causal_mask_pitfall_is_handled():
     assert memory.trace(cfg, "sft", tokens=T, rows=1, fake=True, unpacked=False).peak_bytes >= real + T * T
 
 
+@pytest.mark.slow  # several seconds: subprocesses or a full trace (the fast lane stays short)
 def test_the_pytorch_scan_costs_more_than_the_kernel_and_8bit_adamw_less_than_fp32():
     cfg = compose(TINY_ALL)
     kernel = memory.trace(cfg, "sft", tokens=128, rows=1)

@@ -89,6 +89,7 @@ STAGE_IN_CHILD = ("import sys; from lab.config import Stage, LabError\n"
                   "except LabError as e:\n    print(e); sys.exit(3)\n")
 
 
+@pytest.mark.slow  # several seconds: subprocesses or a full trace (the fast lane stays short)
 def test_a_second_run_into_the_same_folder_refuses(tmp_path):
     first = Stage("01_explore", [f"run_dir={tmp_path}"])
     env = {k: v for k, v in os.environ.items() if k != config.LOCK_ENV}
@@ -119,6 +120,7 @@ def test_a_stale_lock_from_a_dead_process_is_taken_over_with_a_note(tmp_path, ca
         Stage("01_explore", [f"run_dir={tmp_path}"])
 
 
+@pytest.mark.slow  # several seconds: subprocesses or a full trace (the fast lane stays short)
 def test_a_driver_lends_its_lock_to_the_stages_it_runs(tmp_path):
     with config.run_lock(tmp_path):
         env = dict(os.environ)  # what papermill's kernels inherit
@@ -190,6 +192,7 @@ def test_a_model_path_that_does_not_exist_is_a_clear_error(tmp_path):
         models.load_tokenizer(cfg)
 
 
+@pytest.mark.slow  # several seconds: subprocesses or a full trace (the fast lane stays short)
 def test_other_ranks_of_a_distributed_launch_follow_the_main_process(tmp_path):
     """scripts/_launch.py: the main process opens the stage (and holds the lock), then ranks 1.. open it too."""
     main = Stage("02_sft", [f"run_dir={tmp_path}"])

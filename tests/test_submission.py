@@ -247,6 +247,7 @@ def test_check_reports_adapter_names_in_keys_and_non_lora_tensors(tiny, tmp_path
 
 # ---- CLI ----------------------------------------------------------------------------------------------
 
+@pytest.mark.slow  # several seconds: subprocesses or a full trace (the fast lane stays short)
 def test_cli_pack_and_check(tiny, tmp_path, capsys):
     out = tmp_path / "cli.zip"
     assert submission.main(["pack", str(tiny["adapter"]), str(out)]) == 0
