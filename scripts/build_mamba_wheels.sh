@@ -17,7 +17,8 @@
 #   WORK            scratch folder (venv, sources) [/tmp/lab_mamba_build]
 #   MAX_JOBS        parallel compile jobs (torch.utils.cpp_extension / ninja) [nproc]
 #
-# Why the setup.py files are patched: both hard-code their -gencode list (sm_75 ... sm_121 for CUDA 13) and ignore
+# Why the setup.py files are patched: both pin -std=c++17, which torch 2.14's headers refuse (C++20 or later), and
+# both hard-code their -gencode list (sm_75 ... sm_121 for CUDA 13) and ignore
 # TORCH_CUDA_ARCH_LIST, so the script keeps only ARCHS there; TORCH_CUDA_ARCH_LIST sets the flags torch's
 # cpp_extension adds itself. *_FORCE_BUILD=TRUE stops setup.py from looking for a prebuilt wheel on GitHub.
 set -euo pipefail
@@ -79,6 +80,9 @@ for setup in sorted(src.glob("*/setup.py")):
         sys.exit(f"{setup}: its -gencode list {sorted(found)} lacks {sorted(archs - found)}: the source changed, check it")
     # a dropped pair becomes `pass`, so an `if` whose only flags were dropped stays valid Python
     text = pair.sub(lambda m: m.group(0) if m.group(2) in archs else f"{m.group(1)}pass  # sm_{m.group(2)} not built\n", text)
+    # torch 2.14's headers refuse C++17 ("#error C++20 or later compatible compiler is required to use ATen",
+    # ATen/ATen.h): mamba_ssm's selective_scan failed so on this script's first full run; both setup.py pin c++17
+    text = text.replace('"-std=c++17"', '"-std=c++20"')
     compile(text, str(setup), "exec")
     setup.write_text(text)
     print(f"== {setup.parent.name}: -gencode kept for sm_{', sm_'.join(sorted(archs))} (of {len(found)})")
