@@ -59,30 +59,29 @@ def expert_matmul_standin(self, output, hidden_states, w1, w2, topk_weights, top
     x = hidden_states
     n = x.shape[0]
     ctx = self._lora_context
-    slots = None
+    slots = a1 = b1 = a2 = b2 = None
     if ctx is not None:
         slots = ctx.punica_wrapper.token_lora_indices
         if slots.shape[0] != n:
             raise RuntimeError(f"expert-matmul stand-in: {n} tokens but {slots.shape[0]} LoRA slot indices")
         (a1,), (b1,) = ctx.w13_lora_a_stacked, ctx.w13_lora_b_stacked  # (loras, E, r, in), (loras, E, out, r)
         (a2,), (b2,) = ctx.w2_lora_a_stacked, ctx.w2_lora_b_stacked
+
+    def add_lora(y, inp, tok, a, b, e):  # each token's own adapter slot (-1: none) adds its B @ A of expert e
+        if slots is not None:
+            for s in torch.unique(slots[tok]).tolist():
+                if s >= 0:
+                    m = slots[tok] == s
+                    y[m] += (inp[m] @ a[s, e].T) @ b[s, e].T
+        return y
+
     out = torch.zeros_like(output)
     for e in torch.unique(topk_ids).tolist():
         tok, k = (topk_ids == e).nonzero(as_tuple=True)
         xe = x[tok]
-        h = xe @ w1[e].T
-        if slots is not None:
-            for s in torch.unique(slots[tok]).tolist():
-                if s >= 0:
-                    m = slots[tok] == s
-                    h[m] += (xe[m] @ a1[s, e].T) @ b1[s, e].T
+        h = add_lora(xe @ w1[e].T, xe, tok, a1, b1, e)
         act = torch.relu(h).square()
-        y = act @ w2[e].T
-        if slots is not None:
-            for s in torch.unique(slots[tok]).tolist():
-                if s >= 0:
-                    m = slots[tok] == s
-                    y[m] += (act[m] @ a2[s, e].T) @ b2[s, e].T
+        y = add_lora(act @ w2[e].T, act, tok, a2, b2, e)
         if not apply_router_weight_on_input:
             y = y * topk_weights[tok, k].unsqueeze(-1).to(y.dtype)
         out.index_add_(0, tok, y)

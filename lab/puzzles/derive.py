@@ -38,6 +38,7 @@ with the rounding the checker accepts, so the checker needs no knowledge of the 
 
 from __future__ import annotations
 
+import functools
 from fractions import Fraction
 
 from .categories import BY_NAME
@@ -182,6 +183,22 @@ def _bits(prompt: str, sol: Solution) -> list[str]:
     return lines
 
 
+def _key_lines(lines: list[str], names: list[str], copies: list, v: int, tag: str) -> str:
+    """Append each copy of `v` (`copies[i](v)`, named `names[i]`; `x` itself is not written) and the keys line (the
+    copies' bits at each position); returns the keys. Shared by the layout and the table-of-copies traces."""
+    from .bits import b8
+
+    vals = []
+    for nm, copy in zip(names, copies):
+        out = b8(copy(v))
+        if nm != "x":
+            lines.append(f"{tag}: {nm} {b8(v)} = {out}")
+        vals.append(out)
+    ks = " ".join("".join(s[p] for s in vals) for p in range(8))
+    lines.append(f"{tag}: keys {' '.join(vals)} = {ks}")
+    return ks
+
+
 def _bits_layout(ex, q, answer: str) -> list[str] | None:
     """The competition's layout: each output bit is one function F of the bits at its position of up to
     three copies (rotl a, shl b, shr c). The copies are chosen (one `note choose` line: the fewest copies,
@@ -201,15 +218,7 @@ def _bits_layout(ex, q, answer: str) -> list[str] | None:
              f"note choose {' '.join(names)}"]
 
     def keys(v, tag):
-        vals = []
-        for (kd, k), nm in zip(cps, names):
-            out = b8(shift_copy(kd, k, v))
-            if nm != "x":
-                lines.append(f"{tag}: {nm} {b8(v)} = {out}")
-            vals.append(out)
-        ks = " ".join("".join(s[p] for s in vals) for p in range(8))
-        lines.append(f"{tag}: keys {' '.join(vals)} = {ks}")
-        return ks
+        return _key_lines(lines, names, [functools.partial(shift_copy, kd, k) for kd, k in cps], v, tag)
 
     table = {}
     for n, (xv, yv) in enumerate(ex, 1):
@@ -292,15 +301,7 @@ def _bits_table(rule, ex, q) -> list[str]:
              "at its position; read the table from the examples"]
 
     def keys(xv, tag):
-        vals = []
-        for nm in names:
-            v = b8(apply_t(nm, xv))
-            if nm != "x":
-                lines.append(f"{tag}: {nm} {b8(xv)} = {v}")
-            vals.append(v)
-        ks = " ".join("".join(v[p] for v in vals) for p in range(8))
-        lines.append(f"{tag}: keys {' '.join(vals)} = {ks}")
-        return ks
+        return _key_lines(lines, names, [functools.partial(apply_t, nm) for nm in names], xv, tag)
 
     for n, (xv, yv) in enumerate(ex, 1):
         ks = keys(xv, f"ex{n}")
