@@ -31,7 +31,8 @@ import time
 
 import pandas as pd
 
-from lab.config import atomic_write_json, project_root
+from lab.io import atomic_write_json
+from lab.paths import project_root
 from lab.puzzles import CATEGORIES, generate, solve, solve_frame
 
 N = 9500

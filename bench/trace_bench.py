@@ -8,7 +8,7 @@ What it does
   `outputs/bench/trace_bench/<probe>/<style>/seed<k>/`: the category's synthetic puzzles (`lab.data.prepare`), a
   fresh tiny model built with that seed, one SFT run (`lab.sft.train`, the config's recipe, the 02_sft stage's
   folder layout and manifest), and the saved adapter scored greedily on the held-out puzzles (`lab.generate`).
-  Per job: held-out accuracy with its 95% Wilson interval (`lab.errors.wilson_interval`), completions that hit
+  Per job: held-out accuracy with its 95% Wilson interval (`lab.analysis.wilson_interval`), completions that hit
   the token cap, the training traces' p50 / max completion tokens (the model's own tokenizer), train loss and
   wall seconds; then per probe x style the accuracy pooled over seeds. Output: a printed table and
   `outputs/bench/trace_bench.json` / `trace_bench.md`, written atomically; every figure comes from the run.
@@ -74,7 +74,10 @@ def run_job(overrides: list[str], force: bool) -> dict:
     import numpy as np
 
     from lab import data, generate, sft
-    from lab.config import Stage, compose, config_data, read_json, resolve_path, saved_config_matches
+    from lab.config import compose, config_data, saved_config_matches
+    from lab.io import read_json
+    from lab.paths import resolve_path
+    from lab.run import Stage
 
     cap, n = completion_cap(overrides)
     overrides = [*overrides, f"infer.max_tokens={cap}"]
@@ -102,7 +105,7 @@ def tables(rows: list[dict]):
     """(per job, pooled over seeds per probe x style): accuracy with its 95% Wilson interval."""
     import pandas as pd
 
-    from lab.errors import wilson_interval
+    from lab.analysis import wilson_interval
 
     def acc(k, n):
         lo, hi = wilson_interval(k, n)
@@ -117,7 +120,9 @@ def tables(rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lab.config import atomic_write_json, atomic_write_text, read_json, resolve_path, split_at_dashes
+    from lab.config import split_at_dashes
+    from lab.io import atomic_write_json, atomic_write_text, read_json
+    from lab.paths import resolve_path
     from lab.sweep import markdown_table
 
     own, extra = split_at_dashes(argv)

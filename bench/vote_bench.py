@@ -97,7 +97,7 @@ def parse_args(argv=None):
 # ----------------------------------------------------------------------------------------------
 
 def find_adapter(arg: str | None) -> Path | None:
-    from lab.config import resolve_path
+    from lab.paths import resolve_path
 
     if arg:
         return resolve_path(arg)
@@ -114,7 +114,8 @@ def load_config(adapter: Path, overrides: list[str]):
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
-    from lab.config import LabError, compose, load_saved, schema_problem
+    from lab import LabError
+    from lab.config import compose, load_saved, schema_problem
 
     stage_cfg = adapter.parent / "config.yaml"
     if not stage_cfg.is_file():
@@ -164,7 +165,7 @@ def cache_key(cfg, adapter: Path, val, k: int) -> dict:
 
 def sample(gen, val, k: int, out: Path, key: dict) -> tuple[object, dict]:
     """The K-sample table at key["temperature"], drawn once and cached; returns (table, info about this call)."""
-    from lab.config import atomic_write_csv, atomic_write_json, read_json
+    from lab.io import atomic_write_csv, atomic_write_json, read_json
     from lab.generate import sample_table
 
     out.mkdir(parents=True, exist_ok=True)
@@ -196,7 +197,7 @@ def sample(gen, val, k: int, out: Path, key: dict) -> tuple[object, dict]:
 
 def greedy_reference(gen, val, out: Path, key: dict):
     """Greedy decoding (the competition's setting), cached like the samples."""
-    from lab.config import atomic_write_json, read_json
+    from lab.io import atomic_write_json, read_json
     from lab.generate import predictions
 
     cache, meta = out / "greedy.jsonl", out / "greedy.meta.json"
@@ -390,7 +391,7 @@ def markdown(report: dict) -> str:
 
 def main(argv=None) -> int:
     args = parse_args(argv)
-    from lab.config import LabError
+    from lab import LabError
 
     adapter = find_adapter(args.adapter)
     if adapter is None or not (adapter / "adapter_config.json").is_file():
@@ -410,8 +411,9 @@ def _run(args, adapter: Path) -> int:
     from omegaconf import OmegaConf
 
     from lab import data, generate, vote
-    from lab.config import atomic_write_json, atomic_write_text, git_commit, hardware, package_versions, resolve_path, \
-        seed_everything
+    from lab.io import atomic_write_json, atomic_write_text
+    from lab.paths import resolve_path
+    from lab.run import git_commit, hardware, package_versions, seed_everything
 
     t_start = time.time()
     cfg, cfg_source = load_config(adapter, args.overrides)

@@ -28,3 +28,8 @@ Modules, by what they do:
 """
 
 __version__ = "0.1.0"
+
+
+class LabError(Exception):
+    """An error whose message names the file and the problem; shown to users as is."""
+

@@ -8,8 +8,8 @@ import sys
 COMMANDS = {
     "demo": ("lab.pipeline", "demo_main", "run all five notebooks on the embedded default"),
     "summary": ("lab.pipeline", "summary_main", "collect a run's stage metrics into summary.md/json"),
-    "score": ("lab.errors", "score_main", "score PREDICTIONS.csv against --gold GOLD.csv"),
-    "compare": ("lab.errors", "compare_main", "puzzles fixed and broken between RUN_A and RUN_B"),
+    "score": ("lab.analysis", "score_main", "score PREDICTIONS.csv against --gold GOLD.csv"),
+    "compare": ("lab.analysis", "compare_main", "puzzles fixed and broken between RUN_A and RUN_B"),
     "sweep": ("lab.sweep", "sweep_main", "run notebooks over a grid of overrides (papermill + Hydra)"),
     "report": ("lab.sweep", "report_main", "one table and plots across a sweep's jobs"),
     "kaggle": ("lab.kaggle", "main", "build an offline Kaggle kernel or its dependency dataset"),
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<8} {help_}")
         return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
     module, func, _ = COMMANDS[argv[0]]
-    from lab.config import LabError
+    from lab import LabError
 
     try:
         return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)

@@ -36,7 +36,8 @@ from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-from lab.config import LabError, atomic_write_json, is_main_process, read_json
+from lab import LabError
+from lab.io import atomic_write_json, is_main_process, read_json
 
 RUN_RECORD = "lab_run.json"
 COMPLETE = "lab_complete.json"

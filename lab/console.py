@@ -8,7 +8,7 @@ bar shows as `<IPython.core.display.HTML object>`; a line shows the same in a te
 SFT and GRPO print their steps with it (`lab.callbacks.TrainProgress`), generation counts puzzles with it
 (`lab.generate`).
 
-`quiet_known_warnings()` (run when a stage opens, `lab.config.Stage`) turns library messages that are expected in
+`quiet_known_warnings()` (run when a stage opens, `lab.run.Stage`) turns library messages that are expected in
 this lab into one explanatory note each, shown once per process:
 - transformers' "`...` is falling back to its reference PyTorch implementation" (one line per Mamba-2 kernel at
   every model load; transformers/integrations/hub_kernels.py) where causal_conv1d / mamba_ssm are not installed;

@@ -23,7 +23,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
-from lab.config import LabError
+from lab import LabError
 from lab.vote import pass_rates as _vote_pass_rates
 
 __all__ = ["SHAPES", "estimate_pass_rates", "select", "selection_summary", "order"]

@@ -30,8 +30,9 @@ from typing import Any
 import numpy as np
 import pandas as pd
 
-from lab.config import (COMPETITION_SLUG, KAGGLE_INPUT, LabError, atomic_write_csv, atomic_write_json,  # noqa: F401
-                        find_data_file, project_root, read_json)  # where the file is lives in lab.config (re-exported)
+from lab import LabError
+from lab.io import atomic_write_csv, atomic_write_json, read_json
+from lab.paths import find_data_file
 
 REQUIRED = ("id", "prompt")
 HASHED = ("id", "prompt", "answer")
@@ -257,7 +258,7 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     """
     from omegaconf import OmegaConf
 
-    from lab.config import resolve_path
+    from lab.paths import resolve_path
 
     d = cfg.data
     folder = resolve_path(d.split_dir)
@@ -374,7 +375,7 @@ def count_tokenizer(cfg, default=None):
     path = cfg.data.get("tokenizer_path", None)
     if not path:
         return default
-    from lab.config import resolve_path
+    from lab.paths import resolve_path
 
     p = resolve_path(str(path))
     if not (p / "tokenizer.json").is_file() or not (p / "tokenizer_config.json").is_file():

@@ -38,7 +38,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from lab.config import LabError
+from lab import LabError
 
 FIRST_TOKENS = 8   # generated tokens whose log-probabilities the family check compares
 TOP = 5            # log-probabilities of the TOP most likely tokens at each of them
@@ -252,7 +252,7 @@ def main(args) -> int:
     """The `gate` subcommand of `python -m lab.submission` (args: zip, model, n, data, json)."""
     r = gate(args.zip, args.model, n=args.n, data=args.data)
     if args.json:
-        from lab.config import atomic_write_text
+        from lab.io import atomic_write_text
 
         atomic_write_text(args.json, json.dumps(r, indent=1))
     return 0 if r["verdict"] == "PASS" else 1

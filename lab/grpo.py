@@ -41,7 +41,9 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from lab.checkpoints import RUN_RECORD  # the checkpoint folder's run record (lab.checkpoints)
-from lab.config import LabError, atomic_write_csv, is_main_process, read_json, resolve_path
+from lab import LabError
+from lab.io import atomic_write_csv, is_main_process, read_json
+from lab.paths import resolve_path
 from lab.data import trace_style
 from lab.prompts import chat_prompt
 
@@ -225,7 +227,7 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
         import torch
 
         cuda = torch.cuda.is_available()
-    from lab.config import tracking_args
+    from lab.run import tracking_args
     from lab.sft import optim_args
 
     g = cfg.grpo
@@ -520,7 +522,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     pool = train_puzzles.sample(n=min(g.n_prompts, len(train_puzzles)), random_state=cfg.seed)
     pool = pool.assign(id=pool["id"].astype(str)).reset_index(drop=True)
     budget = max_completion_length(cfg, tokenizer, pool["prompt"].tolist())
-    out = stage.checkpoint_dir  # outside the stage folder: a rerun's fresh folder (lab.config.Stage) still finds them
+    out = stage.checkpoint_dir  # outside the stage folder: a rerun's fresh folder (lab.run.Stage) still finds them
     funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
                            truncation="mask" if g.mask_truncated_completions else "penalise")
     spread = None
@@ -554,7 +556,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         checkpoints.write_record(out, record)
         for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh
             if is_main_process():                              # stage folder gets them back from there (only the
-                shutil.copyfile(stage.path(name), out / name)  # main process writes: lab.config.atomic_file)
+                shutil.copyfile(stage.path(name), out / name)  # main process writes: lab.io.atomic_file)
     else:
         print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
         for name in ("pass_rates.csv", "prompt_order.csv"):

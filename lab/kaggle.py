@@ -55,8 +55,10 @@ import tarfile
 import tempfile
 from pathlib import Path
 
-from lab.config import (LabError, atomic_file, atomic_write_json, atomic_write_text, compose, project_root,
-                        resolve_path, split_at_dashes)
+from lab import LabError
+from lab.config import compose, split_at_dashes
+from lab.io import atomic_file, atomic_write_json, atomic_write_text
+from lab.paths import project_root, resolve_path
 from lab.pipeline import STAGES
 
 SDIST_ONLY = ("antlr4-python3-runtime==4.9.3",)  # dependencies PyPI has no wheel of (omegaconf's): built with pip wheel

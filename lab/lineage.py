@@ -1,14 +1,14 @@
 """Stage lineage: what each stage consumed and produced, as content hashes, and whether a finished stage is current.
 
-A stage (`lab.config.Stage`) records in its `manifest.json`:
+A stage (`lab.run.Stage`) records in its `manifest.json`:
 - `inputs`: the content hash of everything it read from the run: the split folder (`lab.data.prepare`), and every
-  path it took from an earlier stage through `lab.config.stage_output` / `stage_input` (an upstream adapter, an
+  path it took from an earlier stage through `lab.run.stage_output` / `stage_input` (an upstream adapter, an
   upstream predictions file, or a whole upstream stage folder), keyed by the path relative to the run folder;
 - `outputs`: the content hash of every file it wrote into its own folder (manifest.json aside).
 
 `problems(run_dir, stage)` compares both with what is on disk now: an output that differs is a hand-edit (or a
 damaged file); an input that differs means an upstream stage was rerun (or edited) after this one read it; an
-upstream stage with problems makes every stage that read it stale too. `lab.config.stage_output` / `stage_input`
+upstream stage with problems makes every stage that read it stale too. `lab.run.stage_output` / `stage_input`
 refuse to read a stage with problems (a LabError), and `lab.pipeline.summary` marks it.
 
 What it simplifies:
@@ -26,7 +26,7 @@ import json
 import re
 from pathlib import Path
 
-_OPEN: list = []  # the stage this process has open (lab.config.Stage), to which `consumed` records its inputs
+_OPEN: list = []  # the stage this process has open (lab.run.Stage), to which `consumed` records its inputs
 
 
 _HASHES: dict[tuple, str] = {}

@@ -80,7 +80,8 @@ from typing import TYPE_CHECKING
 
 from omegaconf import DictConfig
 
-from lab.config import LabError, competition
+from lab import LabError
+from lab.config import competition
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -566,7 +567,7 @@ def save_adapter(model, adapter_dir: Path) -> Path:
     import torch.distributed as dist
     from transformers.integrations import is_deepspeed_zero3_enabled
 
-    from lab.config import atomic_dir
+    from lab.io import atomic_dir
 
     adapter_dir = Path(adapter_dir)
     distributed = dist.is_available() and dist.is_initialized()

@@ -69,7 +69,7 @@ from typing import Any, Mapping
 
 from omegaconf import DictConfig, OmegaConf
 
-from lab.config import LabError
+from lab import LabError
 
 GIB = 1024 ** 3
 REAL_CONFIG = Path(__file__).resolve().parents[1].parent / "shared" / "tokenizer" / "nemotron-3-nano" / "config.json"
@@ -644,7 +644,8 @@ def check_fits(cfg: DictConfig, stage: str = "sft") -> Trace | None:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m lab memory [OVERRIDES...] [--stage sft|grpo] [--tokens N] [--mamba kernel|torch] [--json PATH]`"""
-    from lab.config import atomic_write_text, compose
+    from lab.config import compose
+    from lab.io import atomic_write_text
 
     ap = argparse.ArgumentParser(prog="python -m lab memory", description="trace one training micro-step of the "
                                  "composed config on fake tensors and print its peak memory")

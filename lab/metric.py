@@ -41,7 +41,7 @@ What it simplifies:
 Beyond the reference: `verify` raises TypeError for a non-string gold answer instead of failing
 on ``.strip()``, treats a ``None`` prediction as ``NOT_FOUND``; `score` of no rows is 0.0.
 
-Command line: ``python -m lab score PREDICTIONS.csv --gold GOLD.csv [--version legacy]`` (`lab.errors.score_main`:
+Command line: ``python -m lab score PREDICTIONS.csv --gold GOLD.csv [--version legacy]`` (`lab.analysis.score_main`:
 it adds the per-category table, which needs `lab.puzzles`, so this module imports nothing of the lab's but
 `lab.config`).
 """
@@ -55,7 +55,7 @@ from typing import Iterable, Sequence
 
 import pandas as pd
 
-from lab.config import LabError
+from lab import LabError
 
 NOT_FOUND = "NOT_FOUND"
 VERSIONS = ("final", "legacy")
@@ -162,7 +162,7 @@ def score(golds: Sequence[str], raw_outputs: Sequence[str | None], version: str 
 
 
 # ----------------------------------------------------------------------------------------------
-# reading a predictions or gold file (python -m lab score, lab.errors.score_main)
+# reading a predictions or gold file (python -m lab score, lab.analysis.score_main)
 # ----------------------------------------------------------------------------------------------
 
 def read_table(path: str, needed: Iterable[str], what: str) -> pd.DataFrame:

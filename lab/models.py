@@ -30,7 +30,9 @@ from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
-from lab.config import LabError, atomic_dir, check_model_path, kaggle_model_dir, resolve_path
+from lab import LabError
+from lab.io import atomic_dir
+from lab.paths import check_model_path, kaggle_model_dir, resolve_path
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>", "<unk>"]  # ids 0..4: pad, bos, eos, ...
 THINK_TOKENS = ["<think>", "</think>"]  # ordinary added tokens: they stay visible in decoded text

@@ -16,7 +16,7 @@ stages' CSVs and plots.
 What it simplifies:
 1. Stages run one after another in one process tree, under one run lock; sweeps over many runs live in
    `lab.sweep`.
-2. Each stage checks the stages it reads finished itself (`lab.config.stage_output` / `stage_input`), so the
+2. Each stage checks the stages it reads finished itself (`lab.run.stage_output` / `stage_input`), so the
    runner only checks that each stage wrote its metrics.json.
 """
 
@@ -28,8 +28,11 @@ import sys
 import time
 from pathlib import Path
 
-from lab.config import (LabError, atomic_write_json, atomic_write_text, compose, names_run, project_root, read_json,
-                        resolve_path, run_lock)
+from lab import LabError
+from lab.config import compose, names_run
+from lab.io import atomic_write_json, atomic_write_text, read_json
+from lab.paths import project_root, resolve_path
+from lab.run import run_lock
 
 STAGES = ["01_explore", "02_sft", "03_grpo", "04_vote", "05_errors"]
 
@@ -80,7 +83,7 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, out_dir: P
                        f"{out}{where})") from None
     if not (run_dir / stage / "metrics.json").is_file():
         raise LabError(f"{out}: the notebook ran to the end but {run_dir / stage / 'metrics.json'} was not written")
-    if (run_dir / f".{stage}.partial").exists():  # lab.config.Stage: the fresh folder is swapped in by finish
+    if (run_dir / f".{stage}.partial").exists():  # lab.run.Stage: the fresh folder is swapped in by finish
         raise LabError(f"{out}: the notebook ran to the end without finishing its stage (stage.finish): "
                        f"{run_dir / stage} still holds the previous result")
     return out
@@ -134,7 +137,7 @@ def headline(run_dir: Path) -> dict:
 
 
 def _predictions(path: Path):
-    from lab.errors import load_predictions
+    from lab.analysis import load_predictions
 
     try:
         return load_predictions(path) if path.is_file() else None
@@ -144,7 +147,7 @@ def _predictions(path: Path):
 
 def _row(stage: str, metric: str, value, n=None, pred=None, before=None) -> dict:
     """One headline row; with predictions: the Wilson interval of their accuracy and fixed/broken against `before`."""
-    from lab.errors import compare, wilson_interval
+    from lab.analysis import compare, wilson_interval
 
     row = {"stage": stage, "metric": metric, "value": value, "ci95": "", "n": n, "fixed / broken": ""}
     if isinstance(value, float) and n:

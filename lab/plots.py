@@ -1,6 +1,6 @@
 """Every plot of the lab, in one style: small functions that take a table and return a matplotlib Figure.
 
-Stage notebooks, the error analysis (`lab.errors.analyse`), the voting notebook and the sweep report
+Stage notebooks, the error analysis (`lab.analysis.analyse`), the voting notebook and the sweep report
 (`lab.sweep.report`) all draw here; `save` writes a PNG atomically and `show` also puts the figure
 into the notebook's output.
 
@@ -29,7 +29,7 @@ import pandas as pd
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
-from lab.config import atomic_file
+from lab.io import atomic_file
 
 # Okabe & Ito (2008), "Color Universal Design": blue, orange, bluish green, reddish purple, sky blue, vermillion,
 # yellow, black
@@ -162,7 +162,7 @@ def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = 
 def accuracy_bars(tables: Mapping[str, pd.DataFrame], title: str, by: str = "category") -> Figure:
     """Grouped bars of accuracy per group, one series per table, each with its Wilson 95% interval and value.
 
-    Each table is `lab.errors.accuracy_table` output (`by, n, correct, accuracy, lo, hi`, a last row `all`);
+    Each table is `lab.analysis.accuracy_table` output (`by, n, correct, accuracy, lo, hi`, a last row `all`);
     groups are those of the first table, in its order. The tick label carries n.
     """
     names = list(tables)
@@ -281,7 +281,7 @@ def vote_tokens(curves: pd.DataFrame, methods: pd.DataFrame,
 
 # ---- error analysis ----------------------------------------------------------------------------------
 
-# one colour per outcome class (lab.errors.CLASSES): right in green, plain wrong in vermillion, the rest apart
+# one colour per outcome class (lab.analysis.CLASSES): right in green, plain wrong in vermillion, the rest apart
 CLASS_COLOURS = {"correct": "#009E73", "truncated": "#56B4E9", "think_unclosed": "#CC79A7", "no_box": GREY,
                  "empty_box": "#F0E442", "wrong_format": "#E69F00", "near_miss": "#0072B2",
                  "right_in_reasoning": "#332288", "wrong": "#D55E00"}

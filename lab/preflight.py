@@ -3,7 +3,7 @@
 A stage that trains or scores the real model (02_sft, 03_grpo, 04_vote with `model.build_tiny=false`, e.g.
 `model=nemotron_nano` or `experiment=competition`) runs `check(stage, overrides)` in its notebook's first cell,
 just before it opens its `Stage`, so nothing is touched and no model loaded on a machine that cannot run it
-(headless, in Jupyter and in a Kaggle kernel alike). It is called there, not from `lab.config.Stage`, because the
+(headless, in Jupyter and in a Kaggle kernel alike). It is called there, not from `lab.run.Stage`, because the
 checks use modules that import lab.config themselves (lab.kaggle here; lab.models and lab.memory for the two to
 come), and the lab's modules form no import cycle (tests/test_imports.py). Every check in `checks(stage)` runs, each a plain function of the config that raises
 a `LabError` saying what is missing and how to get it; the failures are gathered into ONE LabError listing all of
@@ -15,7 +15,7 @@ The checks:
   where 02_sft trains with it (the same rule as the Kaggle kernel's installs, `lab.kaggle.kernel_extras`);
 - `check_cuda`: torch sees a CUDA device;
 - `check_model_folder`: `model.path` is a local model folder, the Kaggle mount, or a Hub id already in the local Hub
-  cache (`lab.config.check_model_path` with the cache; nothing is downloaded at run time, so a path such as
+  cache (`lab.paths.check_model_path` with the cache; nothing is downloaded at run time, so a path such as
   `models/nemotron-3-nano` that does not exist is an error here, not a Hub id to fetch later);
 - `lab.models.check_mamba_kernels` (02_sft, 03_grpo): the fused Mamba kernels import (training on transformers'
   PyTorch reference scan does not fit any GPU);
@@ -33,7 +33,9 @@ import importlib.util
 
 from omegaconf import DictConfig
 
-from lab.config import LabError, check_model_path, compose, parse_overrides
+from lab import LabError
+from lab.config import compose, parse_overrides
+from lab.paths import check_model_path
 
 REAL_MODEL_STAGES = ("02_sft", "03_grpo", "04_vote")
 

@@ -68,7 +68,7 @@ import math
 import re
 from typing import Any, Callable, Mapping, Sequence
 
-from lab.config import LabError
+from lab import LabError
 from lab.metric import extract_answer, verify
 
 __all__ = ["REWARDS", "OPTIONS", "TRUNCATION", "Reward", "build", "correctness_reward", "format_reward",

@@ -37,7 +37,9 @@ from pathlib import Path
 import pandas as pd
 from omegaconf import DictConfig
 
-from lab.config import LabError, atomic_write_csv, resolve_path
+from lab import LabError
+from lab.io import atomic_write_csv
+from lab.paths import resolve_path
 from lab.data import category_weights, oversample, trace_styles
 from lab.lora import (GradientCheck, attach_lora, check_targets, install_fused_lora_head, save_adapter,
                       trainer_accepts_head_lora)
@@ -156,7 +158,7 @@ def training_args(cfg: DictConfig, output_dir: Path, **extra):
     import torch
     from trl import SFTConfig
 
-    from lab.config import tracking_args
+    from lab.run import tracking_args
 
     s = cfg.sft
     return SFTConfig(
@@ -247,7 +249,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
 
     drills = _train_drills(cfg, stage, pm, tokenizer) if "drills" in sft_stages(cfg) else None
     check = GradientCheck(pm) if cfg.sft.gradient_check else None
-    out = stage.checkpoint_dir  # outside the stage folder: a rerun's fresh folder (lab.config.Stage) still finds them
+    out = stage.checkpoint_dir  # outside the stage folder: a rerun's fresh folder (lab.run.Stage) still finds them
     fp = fingerprint(cfg, examples)
     last, _, notes = checkpoints.resume_point(out, fp, resume=cfg.sft.resume, what="sft",
                                               asked=checkpoints.asked_to_resume(stage.overrides, "sft.resume"))

@@ -41,7 +41,7 @@ import sys
 
 from omegaconf import DictConfig
 
-from lab.config import LabError
+from lab import LabError
 
 
 def fast_model():

@@ -1,6 +1,6 @@
 """The interval the lab puts on a share: the Wilson score interval, in one place.
 
-`lab.errors` (accuracy tables, re-exported there as `lab.errors.wilson_interval`), `lab.pipeline` (the headline
+`lab.analysis` (accuracy tables, re-exported there as `lab.analysis.wilson_interval`), `lab.pipeline` (the headline
 table) and `lab.plots` (the voting figures) use it; it lives below all three so none imports another for it.
 What it simplifies: no continuity correction; n = 0 gives the whole range (0, 1).
 """

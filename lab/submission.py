@@ -94,7 +94,10 @@ from pathlib import Path
 import numpy as np
 
 from lab import lora
-from lab.config import LabError, atomic_file, competition, project_root, resolve_path
+from lab import LabError
+from lab.config import competition
+from lab.io import atomic_file
+from lab.paths import project_root, resolve_path
 
 CONFIG_NAME = "adapter_config.json"
 WEIGHTS_NAME = "adapter_model.safetensors"
@@ -465,7 +468,7 @@ def _refuse(config: dict, where: str) -> None:
 
 def _portable_name(name):
     """base_model_name_or_path without this machine's absolute path: relative to the project root (how the lab's
-    configs name paths, `lab.config.resolve_path`); a Hub id or a relative name is kept."""
+    configs name paths, `lab.paths.resolve_path`); a Hub id or a relative name is kept."""
     if not isinstance(name, str) or not Path(name).expanduser().is_absolute():
         return name
     return os.path.relpath(Path(name).expanduser(), project_root())
@@ -476,7 +479,7 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
     """Write `out_zip` (adapter_config.json + adapter_model.safetensors at its root) atomically; returns its path.
 
     `base_model_name` (e.g. the Hub id) replaces the adapter's base_model_name_or_path; without it an absolute
-    local path is made relative to the project root. The zip is written by `lab.config.atomic_file`, so it gets the
+    local path is made relative to the project root. The zip is written by `lab.io.atomic_file`, so it gets the
     permissions of any file the user creates (0666 less the umask), not mkstemp's 0600.
     """
     import torch

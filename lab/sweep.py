@@ -15,7 +15,7 @@ Hydra's task function `_Job`, which executes the chosen notebooks with the lab's
         config.yaml                        the job's resolved config
         notebooks/<stage>.ipynb            executed notebooks (kept, partly executed, on failure)
         logs/<stage>.log                   the kernels' stdout/stderr
-        <stage>/metrics.json ...           what each notebook writes (lab.config.Stage)
+        <stage>/metrics.json ...           what each notebook writes (lab.run.Stage)
         summary.md, summary.json           lab.pipeline.summary of the job
         error.txt                          only for a failed job: stage, error, traceback
         done.json                          written atomically LAST: the job finished
@@ -27,7 +27,7 @@ job), and each of those stages has its `metrics.json` (which `Stage.finish` writ
 Running the same sweep again skips finished jobs and reruns failed or unfinished ones; inside a
 rerun, the leading stages that already finished with identical overrides and an identical resolved
 config are kept, and everything from the first unfinished stage on is executed again. A job holds
-its folder's lock (`lab.config.run_lock`) while it runs. A failing job writes `error.txt` and
+its folder's lock (`lab.run.run_lock`) while it runs. A failing job writes `error.txt` and
 returns; the other jobs go on. `--seeds N` is shorthand for `seed=1,2,...,N` (seeds 1..N, not the
 config's seed plus offsets, so job names read `seed=1`, `seed=2`, ...).
 
@@ -61,8 +61,11 @@ import traceback
 from pathlib import Path
 from typing import Any, Iterable
 
-from lab.config import (LabError, atomic_write_csv, atomic_write_json, atomic_write_text, project_root, read_json,
-                        resolve_path, run_lock, saved_config_matches, split_at_dashes)
+from lab import LabError
+from lab.config import saved_config_matches, split_at_dashes
+from lab.io import atomic_write_csv, atomic_write_json, atomic_write_text, read_json
+from lab.paths import project_root, resolve_path
+from lab.run import run_lock
 from lab.pipeline import SMOKE_OVERRIDES, STAGES, execute_stage
 from lab.plots import ordered
 

@@ -64,7 +64,7 @@ from typing import Callable, Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-from lab.config import LabError
+from lab import LabError
 from lab.metric import NOT_FOUND, verify
 
 __all__ = [

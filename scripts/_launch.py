@@ -49,7 +49,7 @@ def check_world(env=os.environ, cuda: bool = True) -> None:
     That process would train alone on a per-process batch, silently a different run. `torchrun` and
     `accelerate launch --multi_gpu` set WORLD_SIZE.
     """
-    from lab.config import LabError
+    from lab import LabError
 
     if env.get("MASTER_ADDR") and "WORLD_SIZE" not in env and env.get("ACCELERATE_USE_CPU", "").lower() == "true":
         raise LabError("accelerate launch --cpu --num_processes N started one process (accelerate 1.15 starts several "
@@ -70,7 +70,7 @@ def open_stage(name: str, overrides: list[str]):
     from accelerate import PartialState
 
     from lab import data, models, preflight
-    from lab.config import Stage
+    from lab.run import Stage
 
     check_world(cuda=torch.cuda.is_available())
     preflight.check(name, overrides)  # the real model: the notebooks' one list of what is missing, before anything

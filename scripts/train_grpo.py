@@ -26,7 +26,8 @@ def main(argv: list[str] | None = None) -> int:
     import pandas as pd
 
     from lab import data, generate, grpo, models
-    from lab.config import read_json, stage_output
+    from lab.io import read_json
+    from lab.run import stage_output
 
     train, val = data.prepare(cfg)
     sft_dir = stage_output(cfg, "02_sft")

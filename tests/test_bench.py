@@ -163,7 +163,8 @@ def test_generate_vllm_refuses_unfinished_requests(monkeypatch):
 
 def test_generator_vllm_branch(monkeypatch, tmp_path):
     from lab import generate, models
-    from lab.config import LabError, compose
+    from lab import LabError
+    from lab.config import compose
 
     seen = _fake_vllm(monkeypatch, [])
     monkeypatch.setattr(models, "load_tokenizer", lambda cfg: "TOK")
@@ -194,7 +195,8 @@ def test_generator_vllm_branch(monkeypatch, tmp_path):
 def test_vllm_never_scores_an_in_memory_model(monkeypatch):
     """vLLM loads the base model itself: a model passed in would be silently replaced, so it is refused."""
     from lab import generate
-    from lab.config import LabError, compose
+    from lab import LabError
+    from lab.config import compose
 
     seen = _fake_vllm(monkeypatch, [])
     with pytest.raises(LabError, match="in-memory model"):
@@ -208,7 +210,8 @@ def test_vllm_refuses_to_start_while_a_model_holds_the_gpu(monkeypatch):
     import torch
 
     from lab import generate
-    from lab.config import LabError, compose
+    from lab import LabError
+    from lab.config import compose
 
     seen = _fake_vllm(monkeypatch, [])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

@@ -9,7 +9,8 @@ import pytest
 
 from lab import generate as G
 from lab import models
-from lab.config import atomic_write_json, compose
+from lab.config import compose
+from lab.io import atomic_write_json
 
 PUZZLE = ("In Alice's Wonderland, numbers are secretly converted into a different numeral system. Some examples are "
           "given below:\n11 -> XI\n15 -> XV\nNow, write the number 38 in the Wonderland numeral system.")
@@ -128,7 +129,7 @@ def test_sweep_job_with_a_changed_default_is_not_done(tmp_path, monkeypatch):
 def test_grpo_run_record_is_keyed_by_the_base_models_content(run, tmp_path):
     """GRPO's pass rates and prompt order (its run record) are reused only from the same base model files."""
     from lab import grpo
-    from lab.config import LabError
+    from lab import LabError
 
     root, model, _ = run
     base = tmp_path / "base_model"
@@ -151,7 +152,7 @@ def test_grpo_run_record_is_keyed_by_the_base_models_content(run, tmp_path):
 
 def test_sweep_keeps_a_finished_stage_only_under_the_same_resolved_config(tmp_path):
     from lab import sweep as sw
-    from lab.config import Stage
+    from lab.run import Stage
 
     nb = ["seed=1", "sft.learning_rate=3e-3", f"run_dir={sw.quote(tmp_path)}"]
     Stage("01_explore", nb).finish({})

@@ -5,7 +5,10 @@ from pathlib import Path
 
 import pytest
 
-from lab.config import LabError, Stage, compose, project_root, stage_output
+from lab import LabError
+from lab.config import compose
+from lab.paths import project_root
+from lab.run import Stage, stage_output
 
 GROUPS = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in (project_root() / "conf").iterdir()
           if p.is_dir() and p.name in {"model", "data", "sft", "grpo", "infer", "vote"}}

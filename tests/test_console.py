@@ -85,7 +85,7 @@ def test_a_labs_error_inside_a_stage_is_one_message(tmp_path):
     runner says so in one LabError naming the executed notebook, not with papermill's traceback."""
     import torch
 
-    from lab.config import LabError
+    from lab import LabError
     from lab.pipeline import execute_stage
 
     if torch.cuda.is_available():

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lab.config import LabError
+from lab import LabError
 from lab.curriculum import SHAPES, estimate_pass_rates, order, select, selection_summary
 from lab.vote import pass_rates as vote_pass_rates
 

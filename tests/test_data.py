@@ -11,8 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lab import config, data
-from lab.config import LabError
+from lab import data
+from lab import paths
+from lab import LabError
 from lab.data import add_categories, content_hash, find_data_file, load_puzzles, load_split, save_split, split
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tricky.csv"
@@ -124,7 +125,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_ROOT", str(root))
     monkeypatch.delenv("LAB_DATA", raising=False)
     monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
-    monkeypatch.setattr(config, "KAGGLE_INPUT", tmp_path / "kaggle" / "input")  # find_data_file lives in lab.config
+    monkeypatch.setattr(paths, "KAGGLE_INPUT", tmp_path / "kaggle" / "input")  # find_data_file lives in lab.paths
     monkeypatch.chdir(tmp_path)
     return root
 
@@ -173,8 +174,8 @@ def test_find_on_kaggle(isolated, tmp_path, monkeypatch):
     _csv(kin / "another", "id,prompt\n1,a\n", "train.csv")
     with pytest.raises(LabError, match="several train.csv files"):
         find_data_file(None)
-    (kin / "competitions" / data.COMPETITION_SLUG).mkdir(parents=True)
-    own = _csv(kin / "competitions" / data.COMPETITION_SLUG, "id,prompt\n1,a\n", "train.csv")
+    (kin / "competitions" / paths.COMPETITION_SLUG).mkdir(parents=True)
+    own = _csv(kin / "competitions" / paths.COMPETITION_SLUG, "id,prompt\n1,a\n", "train.csv")
     assert find_data_file(None) == own
 
 

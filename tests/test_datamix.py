@@ -4,7 +4,8 @@ synthetic-only training with the real file held for validation. Literal frames; 
 import pandas as pd
 import pytest
 
-from lab.config import LabError, compose
+from lab import LabError
+from lab.config import compose
 from lab.data import category_weights, oversample, prepare, trace_styles
 
 

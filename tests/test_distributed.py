@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from lab.config import LabError
+from lab import LabError
 
 torch = pytest.importorskip("torch")
 
@@ -139,7 +139,7 @@ def test_two_processes_train_what_one_process_trains(sft_runs):
         assert sorted(b0 + b1) == sorted(one["batches"][2 * step] + one["batches"][2 * step + 1])
     run_dir = str(root / "two")
     assert not [p for p in r1["replaced"] if p.startswith(run_dir)], "rank 1 wrote outputs"
-    # a stage writes into its working folder `.02_sft.partial`, swapped in for `02_sft` when it finishes (lab.config.Stage)
+    # a stage writes into its working folder `.02_sft.partial`, swapped in for `02_sft` when it finishes (lab.run.Stage)
     written = {Path(p).relative_to(run_dir).as_posix().replace(".02_sft.partial/", "02_sft/")
                for p in r0["replaced"] if p.startswith(run_dir)}
     assert {"02_sft/adapter", "02_sft/metrics.json", "02_sft/train_log.csv", "02_sft/manifest.json"} <= written

@@ -7,7 +7,8 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from lab.config import compose, project_root
+from lab.config import compose
+from lab.paths import project_root
 
 PRESET = ["model=nemotron_nano", "experiment=competition", "data=competition"]
 TARGETS = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "out_proj", "shared_experts.up_proj",

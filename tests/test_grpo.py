@@ -17,7 +17,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from lab import config, grpo, lora, models, rewards  # noqa: E402
-from lab.config import LabError, Stage  # noqa: E402
+from lab import io as lab_io
+from lab import paths
+from lab import LabError
+from lab.run import Stage  # noqa: E402
 from lab.prompts import BOXED_INSTRUCTION, chat_prompt  # noqa: E402
 from lab.puzzles import generate  # noqa: E402
 
@@ -69,7 +72,7 @@ def run(cfg, puzzles, overrides=()):
 def adapter(cfg):
     from safetensors.torch import load_file
 
-    return load_file(str(config.resolve_path(cfg.grpo.adapter_dir) / "adapter_model.safetensors"))
+    return load_file(str(paths.resolve_path(cfg.grpo.adapter_dir) / "adapter_model.safetensors"))
 
 
 def logits(model, tok, text):
@@ -167,7 +170,7 @@ def test_resume_point_takes_the_newest_checkpoint_within_max_steps(root, tmp_pat
         mark_complete(out / f"checkpoint-{step}")  # a checkpoint counts only when complete (lab.checkpoints)
     (out / "checkpoint-x").mkdir()
     fp = {"grpo": {"lr": 1}, "seed": 1}
-    config.atomic_write_json(out / grpo.RUN_RECORD, {"fingerprint": fp, "order": ["a"]})
+    lab_io.atomic_write_json(out / grpo.RUN_RECORD, {"fingerprint": fp, "order": ["a"]})
     cfg = compose(root, "resume_point", "grpo.resume=true", "grpo.max_steps=5")
     last, record, notes = grpo.resume_point(cfg, out, fp)
     assert last == out / "checkpoint-4" and record["order"] == ["a"]
@@ -312,7 +315,7 @@ def test_grpo_trains_the_adapter_and_generation_uses_it(root, puzzles):
         assert torch.equal(v.detach(), frozen_before[k]), k
     # TRL's frozen "ref" copy (beta > 0) is gone: only the trained adapter is returned and saved
     assert set(model.peft_config) == {"default"}
-    out = config.resolve_path(cfg.grpo.adapter_dir)
+    out = paths.resolve_path(cfg.grpo.adapter_dir)
     assert (out / "adapter_model.safetensors").is_file() and not (out / "ref").exists()
 
     # generation after training uses the trained adapter; reloading the saved adapter reproduces it
@@ -363,12 +366,12 @@ def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch)
     # 1. stopped by the wall-clock budget after step 1: a checkpoint is saved, the adapter too
     cfg_b1 = compose(root, "interrupted", *common, "grpo.wall_clock_budget_min=1e-6")
     m1, *_ = run(cfg_b1, puzzles)
-    ck = config.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo"
+    ck = paths.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo"
     assert m1["stopped_by_budget"] and m1["steps"] == 1 < m1["max_steps"] == 4
     for f in ("adapter_model.safetensors", "optimizer.pt", "scheduler.pt", "rng_state.pth", "trainer_state.json"):
         assert (ck / "checkpoint-1" / f).is_file(), f
-    assert (config.resolve_path(cfg_b1.grpo.adapter_dir) / "adapter_model.safetensors").is_file()
-    order = pd.read_csv(config.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo" / "prompt_order.csv", dtype={"id": str})
+    assert (paths.resolve_path(cfg_b1.grpo.adapter_dir) / "adapter_model.safetensors").is_file()
+    order = pd.read_csv(paths.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo" / "prompt_order.csv", dtype={"id": str})
 
     # 2. resumed (pass rates are NOT estimated again), stopped after step 3; 3. resumed to the end
     def no_pass_rates(*a, **k):
@@ -389,7 +392,7 @@ def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch)
     # the same samples at every step: the rewards of the stitched log equal the uninterrupted run's
     assert m3["logged_steps"] == [1, 2, 3, 4]
     assert m3["reward_per_step"] == pytest.approx(m_a["reward_per_step"], abs=1e-4)
-    assert pd.read_csv(config.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo" / "prompt_order.csv",
+    assert pd.read_csv(paths.resolve_path(cfg_b.run_dir) / "checkpoints" / "03_grpo" / "prompt_order.csv",
                        dtype={"id": str})["id"].tolist() == order["id"].tolist()
     # the adapter after step 3 differs from the final one: the resumed run really trained
     from safetensors.torch import load_file

@@ -10,7 +10,9 @@ from omegaconf import OmegaConf
 torch = pytest.importorskip("torch")
 
 from lab import config, grpo, lora, models  # noqa: E402
-from lab.config import LabError, Stage  # noqa: E402
+from lab import paths
+from lab import LabError
+from lab.run import Stage  # noqa: E402
 from lab.puzzles import generate  # noqa: E402
 
 
@@ -130,7 +132,7 @@ def test_micro_batched_step_equals_the_one_big_step(root, monkeypatch):
         pm, _ = lora.attach_lora(cfg, model)
         metrics, _, _ = grpo.train(cfg, stage, puzzles, pm, tok)
         assert metrics["steps"] == 1 and metrics["lora_weight_change"] > 0
-        out[micro] = (metrics, load_file(str(config.resolve_path(cfg.grpo.adapter_dir) / "adapter_model.safetensors")))
+        out[micro] = (metrics, load_file(str(paths.resolve_path(cfg.grpo.adapter_dir) / "adapter_model.safetensors")))
     (m_a, a), (m_b, b) = out["null"], out["2"]
     assert m_a["reward_per_step"] == m_b["reward_per_step"]  # the same completions were scored
     # the accumulated gradient: Adam's first update hardly depends on the gradient's scale, its norm does

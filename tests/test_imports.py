@@ -11,7 +11,7 @@ import sys
 
 import pytest
 
-from lab.config import project_root
+from lab.paths import project_root
 
 LAB = project_root() / "lab"
 

@@ -4,7 +4,8 @@ non-UTF-8 puzzle files, missing or duplicate ids, prediction files with both `an
 import pandas as pd
 import pytest
 
-from lab.config import LabError, compose
+from lab import LabError
+from lab.config import compose
 from lab.data import prepare
 from lab.puzzles import CATEGORIES, generate
 
@@ -76,12 +77,12 @@ def test_solve_says_when_it_numbers_rows_without_an_id_column(tmp_path, capsys):
 
 
 def test_solve_into_an_unwritable_folder_is_a_clear_error(tmp_path, capsys, monkeypatch):
-    from lab import config
+    from lab import io as lab_io
 
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(config.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(lab_io.tempfile, "mkstemp", refuse)
     rc, out = _solve(tmp_path, b"id,prompt\n1,x\n", capsys)
     assert rc == 2 and "out.csv: cannot write here (Permission denied)" in out.err
 
@@ -89,7 +90,7 @@ def test_solve_into_an_unwritable_folder_is_a_clear_error(tmp_path, capsys, monk
 # ---- python -m lab score -----------------------------------------------------------------------
 
 def test_score_says_which_column_it_scores_when_both_are_present(tmp_path, capsys):
-    from lab.errors import score_main as main
+    from lab.analysis import score_main as main
 
     gold = tmp_path / "gold.csv"
     pred = tmp_path / "pred.csv"

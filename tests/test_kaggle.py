@@ -23,7 +23,8 @@ from pathlib import Path
 import pytest
 
 from lab import kaggle
-from lab.config import LabError, project_root
+from lab import LabError
+from lab.paths import project_root
 
 OVERRIDES = ["model=nemotron_nano", "data=competition", "sft.learning_rate=1e-4"]
 

@@ -11,7 +11,7 @@ import types
 import pytest
 
 from lab import config, generate
-from lab.config import LabError
+from lab import LabError
 
 
 def _engine_kwargs(monkeypatch, cfg) -> dict:

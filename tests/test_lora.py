@@ -10,7 +10,8 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
 from lab import config, lora, models, sft  # noqa: E402
-from lab.config import Stage  # noqa: E402
+from lab import paths
+from lab.run import Stage  # noqa: E402
 from lab.puzzles import generate  # noqa: E402
 
 
@@ -107,10 +108,10 @@ def test_sft_trains_the_lm_head_lora_and_leaves_frozen_weights(root, puzzles):
         assert torch.equal(frozen[k].detach(), before), k
     from safetensors.torch import load_file
 
-    saved = load_file(str(config.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors"))
+    saved = load_file(str(paths.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors"))
     assert {"base_model.model.lm_head.lora_A.weight", "base_model.model.lm_head.lora_B.weight"} <= set(saved)
     assert "base_model.model.lm_head.weight" not in saved  # never a full copy of the head
-    ck = load_file(str(config.resolve_path(cfg.run_dir) / "checkpoints" / "02_sft" / "checkpoint-3"
+    ck = load_file(str(paths.resolve_path(cfg.run_dir) / "checkpoints" / "02_sft" / "checkpoint-3"
                        / "adapter_model.safetensors"))
     assert set(ck) == set(saved)  # the Trainer's checkpoints neither
     # the submission zip carries the head's LoRA and passes the lab's own check

@@ -12,7 +12,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
 from lab import config, lora, models  # noqa: E402
-from lab.config import LabError  # noqa: E402
+from lab import LabError  # noqa: E402
 
 
 @pytest.fixture(scope="module")

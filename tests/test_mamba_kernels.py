@@ -11,7 +11,7 @@ import types
 import pytest
 
 from lab import config, models
-from lab.config import LabError
+from lab import LabError
 
 
 def test_the_tiny_model_is_not_checked():
@@ -57,7 +57,7 @@ def test_build_script_agrees_with_the_lab_on_versions_and_is_valid_bash():
     import subprocess
 
     from lab import kaggle
-    from lab.config import project_root
+    from lab.paths import project_root
 
     script = project_root() / "scripts" / "build_mamba_wheels.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0

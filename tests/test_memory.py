@@ -16,7 +16,9 @@ from omegaconf import OmegaConf
 torch = pytest.importorskip("torch")
 
 from lab import memory  # noqa: E402
-from lab.config import LabError, compose, project_root  # noqa: E402
+from lab import LabError
+from lab.config import compose  # noqa: E402
+from lab.paths import project_root  # noqa: E402
 
 FIXTURE = project_root() / "tests" / "fixtures" / "nemotron_3_nano_config_values.json"
 REAL = project_root().parent / "shared" / "tokenizer" / "nemotron-3-nano" / "config.json"

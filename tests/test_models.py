@@ -6,7 +6,8 @@ import pytest
 
 from lab import generate as G
 from lab import models
-from lab.config import LabError, compose
+from lab import LabError
+from lab.config import compose
 from lab.prompts import BOXED_INSTRUCTION, chat_prompt, user_message
 
 PUZZLE = ("In Alice's Wonderland, numbers are secretly converted into a different numeral system. Some examples are "

@@ -5,7 +5,7 @@ import json
 import nbformat
 import pytest
 
-from lab.config import project_root
+from lab.paths import project_root
 from lab.pipeline import SMOKE_OVERRIDES, STAGES, run_notebooks, summary
 
 NOTEBOOKS = [project_root() / "notebooks" / f"{s}.ipynb" for s in STAGES]

@@ -10,7 +10,7 @@ from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 
 from lab import plots
-from lab.errors import accuracy_table, length_table, taxonomy, with_failures
+from lab.analysis import accuracy_table, length_table, taxonomy, with_failures
 
 PRED = pd.DataFrame({
     "id": [str(i) for i in range(8)], "category": ["bit_manipulation"] * 4 + ["gravity"] * 4, "subtype": "",

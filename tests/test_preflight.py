@@ -7,7 +7,8 @@ import importlib.util
 import pytest
 
 from lab import preflight
-from lab.config import LabError, compose
+from lab import LabError
+from lab.config import compose
 
 
 @pytest.fixture(autouse=True)
@@ -52,7 +53,7 @@ def test_wrong_machine_gets_one_list_of_everything_missing(tmp_path):
 def test_every_real_model_notebook_checks_before_it_opens_its_stage(stage):
     import json
 
-    from lab.config import project_root
+    from lab.paths import project_root
 
     nb = json.loads((project_root() / "notebooks" / f"{stage}.ipynb").read_text())
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")

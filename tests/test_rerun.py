@@ -11,8 +11,15 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from lab import checkpoints, config, data, lineage  # noqa: E402
-from lab.config import LabError, Stage, atomic_write_csv, compose, stage_input, stage_output  # noqa: E402
+from lab import checkpoints, data, lineage  # noqa: E402
+from lab import io as lab_io
+from lab import paths
+from lab import run
+from lab import LabError
+from lab.config import compose  # noqa: E402
+from lab.run import stage_output  # noqa: E402
+from lab.io import atomic_write_csv
+from lab.run import Stage, stage_input
 from lab.pipeline import headline_table, summary  # noqa: E402
 
 
@@ -25,7 +32,7 @@ def preds(correct: list[bool]) -> pd.DataFrame:
 def sft_stage(cfg, adapter: bytes, correct: list[bool]) -> None:
     """A finished 02_sft made by hand: an adapter file, predictions before and after, metrics."""
     st = Stage("02_sft", cfg=cfg)
-    ad = config.resolve_path(st.cfg.sft.adapter_dir)  # points into the stage's fresh folder while it runs
+    ad = paths.resolve_path(st.cfg.sft.adapter_dir)  # points into the stage's fresh folder while it runs
     ad.mkdir(parents=True)
     (ad / "adapter_model.safetensors").write_bytes(adapter)
     atomic_write_csv(st.path("predictions_before.csv"), preds([False] * len(correct)))
@@ -38,7 +45,7 @@ def grpo_stage(cfg, adapter: bytes, correct: list[bool]) -> None:
     st = Stage("03_grpo", cfg=cfg)
     stage_output(cfg, "02_sft")
     stage_input(cfg, cfg.grpo.init_adapter)
-    ad = config.resolve_path(st.cfg.grpo.adapter_dir)
+    ad = paths.resolve_path(st.cfg.grpo.adapter_dir)
     ad.mkdir(parents=True)
     (ad / "adapter_model.safetensors").write_bytes(adapter)
     atomic_write_csv(st.path("predictions.csv"), preds(correct))
@@ -55,7 +62,7 @@ def test_a_stage_read_from_an_upstream_that_was_rerun_is_refused_and_marked(tmp_
     cfg = compose([f"run_dir={tmp_path}"])
     sft_stage(cfg, b"sft adapter 1", [True] * 4 + [False] * 6)
     grpo_stage(cfg, b"grpo adapter 1", [True] * 5 + [False] * 5)
-    m = config.read_json(tmp_path / "03_grpo" / "manifest.json")
+    m = lab_io.read_json(tmp_path / "03_grpo" / "manifest.json")
     assert set(m["inputs"]) >= {"02_sft", "02_sft/adapter"} and "predictions.csv" in m["outputs"]
     assert stage_input(cfg, cfg.vote.adapter).is_dir()  # 04_vote may read 03_grpo: it is current
 
@@ -80,7 +87,7 @@ def test_a_changed_split_makes_the_stages_that_read_it_stale(tmp_path):
     st = Stage("02_sft", cfg=cfg)
     data.prepare(st.cfg)
     st.finish({"accuracy_after": 0.5})
-    assert "data" in config.read_json(tmp_path / "02_sft" / "manifest.json")["inputs"]
+    assert "data" in lab_io.read_json(tmp_path / "02_sft" / "manifest.json")["inputs"]
     with open(tmp_path / "data" / "val.csv", "a", encoding="utf-8") as f:
         f.write("extra,row\n")
     with pytest.raises(LabError, match="02_sft read data"):
@@ -94,8 +101,8 @@ def test_a_hand_edited_metrics_file_is_detected(tmp_path):
     sft_stage(cfg, b"sft adapter", [True] * 4 + [False] * 6)
     grpo_stage(cfg, b"grpo adapter", [True] * 5 + [False] * 5)
     path = tmp_path / "02_sft" / "metrics.json"
-    m = config.read_json(path)
-    config.atomic_write_json(path, {**m, "accuracy_after": 0.99})
+    m = lab_io.read_json(path)
+    lab_io.atomic_write_json(path, {**m, "accuracy_after": 0.99})
     rows = {r["metric"]: r for r in headline_table(tmp_path)}
     assert rows["accuracy after SFT"]["stage"] == "02_sft (not current)"
     assert rows["accuracy after SFT"]["fixed / broken"] == ""  # not shown beside the edited number
@@ -129,7 +136,7 @@ def test_a_rerun_that_fails_inside_the_stage_leaves_the_finished_stage_byte_iden
     st3 = Stage("04_vote", cfg=cfg)
     assert not st3.path("predictions.csv").exists() and files(tmp_path / "04_vote") == before
     st3.finish({"greedy_accuracy": 0.0})
-    assert config.read_json(tmp_path / "04_vote" / "metrics.json")["greedy_accuracy"] == 0.0
+    assert lab_io.read_json(tmp_path / "04_vote" / "metrics.json")["greedy_accuracy"] == 0.0
     assert not any(p.name.startswith(".04_vote") for p in tmp_path.iterdir())
 
 
@@ -139,7 +146,7 @@ def test_an_interrupted_swap_puts_the_previous_result_back(tmp_path):
     (old / "metrics.json").write_text('{"greedy_accuracy": 0.5}')
     st = Stage("04_vote", cfg=compose([f"run_dir={tmp_path}"]))
     assert (tmp_path / "04_vote" / "metrics.json").is_file() and not old.exists()
-    config.release_lock(st.run_dir)
+    run.release_lock(st.run_dir)
 
 
 def test_a_scheduler_transformers_does_not_know_is_refused_before_anything_is_touched(tmp_path):
@@ -164,7 +171,7 @@ def test_resume_takes_the_newest_complete_checkpoint_and_says_so(tmp_path):
     with open(out / "checkpoint-2" / "adapter_model.safetensors", "r+b") as f:
         f.truncate(40)  # damaged: a full disk cut the file short
     fp = {"grpo": {"learning_rate": 1e-4}, "seed": 1}
-    config.atomic_write_json(out / checkpoints.RUN_RECORD, {"fingerprint": fp, "order": ["a"]})
+    lab_io.atomic_write_json(out / checkpoints.RUN_RECORD, {"fingerprint": fp, "order": ["a"]})
     cfg = compose([f"run_dir={tmp_path}", "grpo.resume=true", "grpo.max_steps=5"])
     last, record, notes = grpo.resume_point(cfg, out, fp)
     assert last == out / "checkpoint-1" and record["order"] == ["a"]

@@ -7,7 +7,7 @@ import pickle
 
 import pytest
 
-from lab.config import LabError
+from lab import LabError
 from lab.rewards import (OPTIONS, REWARDS, Reward, agreement, build, correctness_reward, format_reward,
                          format_score, is_truncated, length_reward, trace_agreement_reward)
 

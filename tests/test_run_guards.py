@@ -9,8 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from lab import config
-from lab.config import LabError, Stage, atomic_write_text, compose
+from lab import io as lab_io
+from lab import run
+from lab import LabError
+from lab.config import compose
+from lab.io import atomic_write_text
+from lab.run import Stage
 
 BAD = [("sft.grad_accum=0", "sft.grad_accum=0 must be >= 1"), ("sft.batch_size=0", "sft.batch_size=0 must be >= 1"),
        ("sft.learning_rate=abc", "sft.learning_rate='abc' must be a number"),
@@ -84,7 +88,7 @@ def test_unknown_stage_is_refused_before_any_stage_runs(tmp_path):
 
 # ---- one writer per run folder -----------------------------------------------------------------
 
-STAGE_IN_CHILD = ("import sys; from lab.config import Stage, LabError\n"
+STAGE_IN_CHILD = ("import sys; from lab import LabError; from lab.run import Stage\n"
                   "try:\n    Stage('01_explore', [f'run_dir={sys.argv[1]}'])\n"
                   "except LabError as e:\n    print(e); sys.exit(3)\n")
 
@@ -92,7 +96,7 @@ STAGE_IN_CHILD = ("import sys; from lab.config import Stage, LabError\n"
 @pytest.mark.slow  # several seconds: subprocesses or a full trace (the fast lane stays short)
 def test_a_second_run_into_the_same_folder_refuses(tmp_path):
     first = Stage("01_explore", [f"run_dir={tmp_path}"])
-    env = {k: v for k, v in os.environ.items() if k != config.LOCK_ENV}
+    env = {k: v for k, v in os.environ.items() if k != run.LOCK_ENV}
     out = subprocess.run([sys.executable, "-c", STAGE_IN_CHILD, str(tmp_path)], capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 3 and f"process {os.getpid()}" in out.stdout and ".lock" in out.stdout
@@ -122,13 +126,13 @@ def test_a_stale_lock_from_a_dead_process_is_taken_over_with_a_note(tmp_path, ca
 
 @pytest.mark.slow  # several seconds: subprocesses or a full trace (the fast lane stays short)
 def test_a_driver_lends_its_lock_to_the_stages_it_runs(tmp_path):
-    with config.run_lock(tmp_path):
+    with run.run_lock(tmp_path):
         env = dict(os.environ)  # what papermill's kernels inherit
         out = subprocess.run([sys.executable, "-c", STAGE_IN_CHILD, str(tmp_path)], capture_output=True, text=True,
                              env=env, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
         assert (tmp_path / ".lock").exists()  # still the driver's
-    assert not (tmp_path / ".lock").exists() and config.LOCK_ENV not in os.environ
+    assert not (tmp_path / ".lock").exists() and run.LOCK_ENV not in os.environ
 
 
 # ---- files and folders -------------------------------------------------------------------------
@@ -139,7 +143,7 @@ def test_files_get_the_users_normal_permissions(tmp_path):
     old = os.umask(0o022)
     try:
         p = atomic_write_text(tmp_path / "a.txt", "x")
-        with config.atomic_dir(tmp_path / "adapter") as d:
+        with lab_io.atomic_dir(tmp_path / "adapter") as d:
             (d / "w").write_text("x")
         png = plots.save(plots.figure(), tmp_path / "f.png")
     finally:
@@ -164,7 +168,7 @@ def test_an_unwritable_output_folder_is_a_clear_error(tmp_path, monkeypatch):
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
 
-    monkeypatch.setattr(config.tempfile, "mkstemp", refuse)
+    monkeypatch.setattr(lab_io.tempfile, "mkstemp", refuse)
     with pytest.raises(LabError, match=r"out\.csv: cannot write here \(Permission denied\)"):
         atomic_write_text(tmp_path / "ro" / "out.csv", "x")
 
@@ -196,7 +200,7 @@ def test_a_model_path_that_does_not_exist_is_a_clear_error(tmp_path):
 def test_other_ranks_of_a_distributed_launch_follow_the_main_process(tmp_path):
     """scripts/_launch.py: the main process opens the stage (and holds the lock), then ranks 1.. open it too."""
     main = Stage("02_sft", [f"run_dir={tmp_path}"])
-    env = {k: v for k, v in os.environ.items() if k != config.LOCK_ENV}
+    env = {k: v for k, v in os.environ.items() if k != run.LOCK_ENV}
     out = subprocess.run([sys.executable, "-c", STAGE_IN_CHILD, str(tmp_path)], capture_output=True, text=True,
                          env={**env, "RANK": "1"}, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
@@ -218,7 +222,7 @@ def test_kaggle_paths_are_left_for_kaggle_to_check(tmp_path):
 
 def _crashed_grpo_rerun(run_dir: Path) -> Path:
     """03_grpo's folder after a finished run and a crashed rerun: the old adapter is still there, but the rerun
-    removed metrics.json and left manifest.json "running" (lab.config.Stage)."""
+    removed metrics.json and left manifest.json "running" (lab.run.Stage)."""
     adapter = run_dir / "03_grpo" / "adapter"
     adapter.mkdir(parents=True)
     (adapter / "adapter_config.json").write_text("{}")
@@ -227,7 +231,8 @@ def _crashed_grpo_rerun(run_dir: Path) -> Path:
 
 
 def test_vote_adapter_of_an_unfinished_stage_is_refused(tmp_path):
-    from lab.config import atomic_write_json, stage_input
+    from lab.io import atomic_write_json
+    from lab.run import stage_input
 
     cfg = compose([f"run_dir={tmp_path}"])
     adapter = _crashed_grpo_rerun(tmp_path)
@@ -246,7 +251,7 @@ def test_04_vote_refuses_to_vote_after_a_crashed_03_grpo(tmp_path):
     """The 04_vote notebook itself, through papermill: it stops with the LabError before loading any model."""
     import papermill as pm
 
-    from lab.config import project_root
+    from lab.paths import project_root
 
     _crashed_grpo_rerun(tmp_path)
     with pytest.raises(pm.PapermillExecutionError) as e:

@@ -3,7 +3,9 @@ anything is written; a non-ASCII name works when quoted and is otherwise refused
 
 import pytest
 
-from lab.config import LabError, compose, resolve_path
+from lab import LabError
+from lab.config import compose
+from lab.paths import resolve_path
 
 
 @pytest.mark.parametrize("name", ["../escape", "", ".", "a/../..", "/tmp/escape"])

@@ -7,7 +7,9 @@ import typing
 import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
-from lab.config import LabError, compose, load_saved, project_root
+from lab import LabError
+from lab.config import compose, load_saved
+from lab.paths import project_root
 from lab.schema import GROUPS, Config, help_lines
 
 OPTIONS = [[f"{g}={f.stem}"] for g in GROUPS for f in sorted((project_root() / "conf" / g).glob("*.yaml"))]

@@ -11,7 +11,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
 from lab import callbacks, config, lora, models, sft  # noqa: E402
-from lab.config import LabError, Stage  # noqa: E402
+from lab import paths
+from lab import LabError
+from lab.run import Stage  # noqa: E402
 from lab.prompts import chat_prompt, user_message  # noqa: E402
 from lab.puzzles import generate, solve  # noqa: E402
 
@@ -222,7 +224,7 @@ def _stop_at(step):
 def _adapter(cfg):
     from safetensors.torch import load_file
 
-    return load_file(str(config.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors"))
+    return load_file(str(paths.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors"))
 
 
 @pytest.mark.slow
@@ -268,7 +270,7 @@ def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeyp
     monkeypatch.setattr(callbacks, "trainer_callbacks", lambda *args: original(*args) + [_stop_at(3)])
     m_b1, *_ = sft.train(cfg_b, Stage("02_sft", cfg=cfg_b), puzzles)
     assert m_b1["steps"] == 3
-    ck = config.resolve_path(cfg_b.run_dir) / "checkpoints" / "02_sft"
+    ck = paths.resolve_path(cfg_b.run_dir) / "checkpoints" / "02_sft"
     assert (ck / "checkpoint-3" / "adapter_model.safetensors").is_file()
     monkeypatch.setattr(callbacks, "trainer_callbacks", original)
     m_b2, *_ = sft.train(cfg_b, Stage("02_sft", cfg=cfg_b), puzzles)
@@ -294,11 +296,11 @@ def test_wall_clock_budget_saves_and_stops_cleanly(root, puzzles):
                   "sft.gradient_check=false")
     m, *_ = sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles)
     assert m["stopped_by_budget"] and m["steps"] == 1 < m["max_steps"] == 5
-    ck = config.resolve_path(cfg.run_dir) / "checkpoints" / "02_sft" / "checkpoint-1"
+    ck = paths.resolve_path(cfg.run_dir) / "checkpoints" / "02_sft" / "checkpoint-1"
     for f in ("adapter_model.safetensors", "optimizer.pt", "trainer_state.json"):
         assert (ck / f).is_file(), f
-    assert (config.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors").is_file()
-    shutil.rmtree(config.resolve_path(cfg.run_dir))
+    assert (paths.resolve_path(cfg.sft.adapter_dir) / "adapter_model.safetensors").is_file()
+    shutil.rmtree(paths.resolve_path(cfg.run_dir))
 
 
 @pytest.mark.slow
@@ -309,11 +311,11 @@ def test_drills_stage_trains_first_and_the_traces_continue_its_adapter(root, puz
                   "sft.save_steps=100", "sft.gradient_check=false", "sft.resume=false")
     m, *_ = sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles)
     assert 0 < m["drills"]["examples"] <= 8 and m["drills"]["steps"] == 2 and m["steps"] == 2
-    final_dir = config.resolve_path(cfg.sft.adapter_dir)
+    final_dir = paths.resolve_path(cfg.sft.adapter_dir)
     drills = load_file(str(final_dir.parent / "drills_adapter" / "adapter_model.safetensors"))
     final = load_file(str(final_dir / "adapter_model.safetensors"))
     assert drills.keys() == final.keys()
     b = [k for k in drills if "lora_B" in k]
     assert any(drills[k].abs().sum() > 0 for k in b)  # the drills moved the adapter off its zero init
     assert any(not torch.equal(drills[k], final[k]) for k in drills)  # and the traces went on from there
-    shutil.rmtree(config.resolve_path(cfg.run_dir))
+    shutil.rmtree(paths.resolve_path(cfg.run_dir))

@@ -8,7 +8,8 @@ import types
 import pytest
 
 from lab import config, sft, sft_unsloth
-from lab.config import LabError, Stage
+from lab import LabError
+from lab.run import Stage
 
 
 class Called(Exception):

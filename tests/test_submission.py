@@ -17,7 +17,8 @@ torch = pytest.importorskip("torch")
 from safetensors.torch import load as st_load, save as st_save  # noqa: E402
 
 from lab import config, lora, models, submission  # noqa: E402
-from lab.config import LabError  # noqa: E402
+from lab import paths
+from lab import LabError  # noqa: E402
 from lab.submission import CONFIG_NAME, WEIGHTS_NAME, check, pack  # noqa: E402
 
 
@@ -468,7 +469,7 @@ def test_lm_head_lora_is_packed_in_vllm_names_and_accepted(tiny, tmp_path):
 def test_pack_writes_a_relative_or_given_base_model_name(tiny, tmp_path):
     name = json.loads(_files(tiny["zip"])[CONFIG_NAME])["base_model_name_or_path"]
     assert not os.path.isabs(name)
-    assert config.resolve_path(name).resolve() == tiny["base"].resolve()
+    assert paths.resolve_path(name).resolve() == tiny["base"].resolve()
     out = pack(tiny["adapter"], tmp_path / "hub.zip", base_model_name="nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16")
     assert json.loads(_files(out)[CONFIG_NAME])["base_model_name_or_path"] == \
         "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16"
@@ -517,7 +518,7 @@ def test_check_refuses_zip_bombs_and_zip_slip_paths(tiny, tmp_path):
     assert "../adapter_config.json" in hit
 
 
-REAL = config.project_root().parent / "shared" / "tokenizer" / "nemotron-3-nano"  # never committed, never downloaded
+REAL = paths.project_root().parent / "shared" / "tokenizer" / "nemotron-3-nano"  # never committed, never downloaded
 
 
 @pytest.mark.skipif(not (REAL / "config.json").is_file(), reason="../shared/tokenizer/nemotron-3-nano absent")

@@ -13,7 +13,7 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
 from lab import config, lora, models, submission  # noqa: E402
-from lab.config import project_root  # noqa: E402
+from lab.paths import project_root  # noqa: E402
 
 
 def _dtypes(zip_path) -> set:

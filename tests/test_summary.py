@@ -9,8 +9,8 @@ import pandas as pd
 import pytest
 
 from lab import plots
-from lab.config import atomic_write_csv, atomic_write_json
-from lab.errors import accuracy_table, wilson_interval
+from lab.io import atomic_write_csv, atomic_write_json
+from lab.analysis import accuracy_table, wilson_interval
 from lab.pipeline import headline_table, summary
 
 

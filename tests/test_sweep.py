@@ -17,7 +17,9 @@ from pathlib import Path
 import pytest
 
 from lab import sweep as sw
-from lab.config import LabError, atomic_write_json, atomic_write_text, project_root
+from lab import LabError
+from lab.io import atomic_write_json, atomic_write_text
+from lab.paths import project_root
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg", "HYDRA_FULL_ERROR": "1"}

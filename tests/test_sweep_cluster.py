@@ -19,7 +19,7 @@ import pandas as pd
 import pytest
 
 from lab import sweep as sw
-from lab.config import project_root
+from lab.paths import project_root
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(project_root())}
 # the README's example (README.md, "Sweeps on a SLURM cluster"), launcher keys only

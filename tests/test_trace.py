@@ -7,7 +7,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lab.config import LabError, compose
+from lab import LabError
+from lab.config import compose
 from lab.puzzles import CATEGORIES, generate, solve, solve_frame, token_table
 from lab.puzzles.__main__ import main
 from lab.puzzles.check import check_frame, replay, replay_derivation, split_trace
@@ -179,7 +180,7 @@ def _trace_bench():
 
 def test_trace_bench_tables_pool_seeds_with_wilson_intervals():
     """bench/trace_bench.py's tables: per job and pooled over seeds, accuracy with its Wilson interval."""
-    from lab.errors import wilson_interval
+    from lab.analysis import wilson_interval
 
     bench = _trace_bench()
     common = {"probe": "equations", "capped": 1, "trace_tokens_max": 900, "max_tokens": 1125, "train_loss": 1.0,

@@ -14,7 +14,9 @@ torch = pytest.importorskip("torch")
 pytest.importorskip("tensorboard")
 
 from lab import config, grpo, lora, models, sft  # noqa: E402
-from lab.config import LabError, Stage, tracking_args  # noqa: E402
+from lab import LabError
+from lab.run import tracking_args  # noqa: E402
+from lab.run import Stage
 from lab.puzzles import generate  # noqa: E402
 
 

@@ -9,7 +9,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lab.config import LabError
+from lab import LabError
 from lab.metric import NOT_FOUND, verify
 from lab.vote import (METHODS, assign_classes, confidence_vote, curves, early_stop_vote, leader_probability, maj_at_k,
                       majority_vote, pass_at_k, pass_rates, per_category, per_category_curves, replay, summary, weighted_vote)

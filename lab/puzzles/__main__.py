@@ -20,7 +20,9 @@ from __future__ import annotations
 import argparse
 import sys
 
-from lab.config import LabError, atomic_write_csv, competition
+from lab import LabError
+from lab.config import competition
+from lab.io import atomic_write_csv
 
 from .equations import family_table
 from .solve import method_table, token_table

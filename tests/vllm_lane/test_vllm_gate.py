@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 from test_vllm_parity import FAMILIES, SCALE, make_adapter
 
-from lab.config import LabError
+from lab import LabError
 
 
 def test_gate_passes_an_adapter_whose_every_family_reaches_the_output(lane, capsys):

@@ -14,7 +14,7 @@ from lane_report import REFUSAL_ROWS
 from safetensors.torch import load as st_load, save as st_save
 from test_vllm_parity import FAMILIES, SCALE, make_adapter
 
-from lab.config import LabError
+from lab import LabError
 
 
 @pytest.fixture(scope="module")

@@ -65,8 +65,11 @@ from typing import Any, Iterable, Mapping
 import numpy as np
 import pandas as pd
 
-from lab.config import LabError, atomic_write_csv, atomic_write_json, competition, resolve_path
-from lab.stats import wilson_interval  # also lab.errors.wilson_interval, as before
+from lab import LabError
+from lab.config import competition
+from lab.io import atomic_write_csv, atomic_write_json
+from lab.paths import resolve_path
+from lab.stats import wilson_interval  # also lab.analysis.wilson_interval, as before
 from lab.metric import VERSIONS, extract_answer, judge, read_table, verify
 from lab.puzzles import CATEGORIES, classify
 from lab.puzzles.categories import BY_NAME, TABLE

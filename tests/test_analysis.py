@@ -1,4 +1,4 @@
-"""Error analysis (lab.errors): taxonomy classes and their priority, Wilson intervals, departures
+"""Error analysis (lab.analysis): taxonomy classes and their priority, Wilson intervals, departures
 from solver traces, length tables, comparing runs, the compare CLI and analyse's files.
 
 All predictions are hand-made; the solver is replaced by hand-made solutions or a monkeypatched
@@ -14,9 +14,10 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from lab import errors
-from lab.config import LabError, atomic_write_csv
-from lab.errors import (CLASSES, FAILURE_PRIORITY, accuracy_table, analyse, classify_failure, compare, compare_main,
+from lab import analysis as errors
+from lab import LabError
+from lab.io import atomic_write_csv
+from lab.analysis import (CLASSES, FAILURE_PRIORITY, accuracy_table, analyse, classify_failure, compare, compare_main,
                         departure_table, examples, find_predictions, first_departure, length_table,
                         load_predictions, taxonomy, wilson_interval)
 
@@ -356,7 +357,7 @@ def test_solver_cache_keyed_by_trace_style(fake_solver):
 
 
 def test_line_kind():
-    from lab.errors import line_kind
+    from lab.analysis import line_kind
 
     assert line_kind("ex3: cands !*[{ '\"[ = none") == "cands"
     assert line_kind("q: add 12 34 = 46") == "add"
@@ -370,7 +371,7 @@ def test_line_kind():
 
 
 def test_imitation_table_on_literal_completions():
-    from lab.errors import imitation_table, with_solver
+    from lab.analysis import imitation_table, with_solver
 
     trace = done("ex1: add 1 2 = 3\nex1: eq 3 3 = yes\nq: add 2 2 = 4", "4")
     pred = pd.DataFrame([

@@ -1,0 +1,127 @@
+"""Atomic writes: every file or folder a later stage or a rerun trusts is written to a temporary name beside it and
+renamed into place, so a reader never sees half of one; under a distributed launch only the main process writes.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import tempfile
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from lab import LabError
+
+def _umask() -> int:
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
+def temp_file(path: Path, suffix: str) -> tuple[int, str]:
+    """(fd, name) of a new temporary file beside `path` (its folder made if missing) with the permissions a plain
+    `open` would give (mkstemp's are 0600, unreadable to a shared team folder); a folder that cannot be written to
+    is a LabError naming it. `atomic_file` (every atomic file write of the lab) and the run lock use it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
+    except OSError as e:
+        raise LabError(f"{path}: cannot write here ({e.strerror or e})") from None
+    os.chmod(tmp, 0o666 & ~_umask())
+    return fd, tmp
+
+
+def is_main_process() -> bool:
+    """False on the ranks > 0 of a distributed launch (torchrun / accelerate set RANK); True otherwise."""
+    return os.environ.get("RANK", "0") == "0"
+
+
+@contextlib.contextmanager
+def atomic_file(path: str | os.PathLike, suffix: str = ".tmp"):
+    """Yield a temporary file's path beside `path` (`temp_file`: the user's normal permissions) to write; when the
+    block ends without an error it is renamed to `path` (readers never see half a file), else it is removed. The
+    one atomic file writer: text, JSON, CSV, PNG figures, the Kaggle source tarball and submission.zip use it.
+    Under a distributed launch only the main process writes: on the other ranks (RANK > 0) the temporary file
+    is removed instead of renamed, so the ranks of scripts/train_*.py run the same code and one writes."""
+    path = Path(path)
+    fd, tmp = temp_file(path, suffix)
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        if is_main_process():
+            os.replace(tmp, path)
+        else:
+            Path(tmp).unlink()
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
+    """Write via a temporary file in the same folder and rename: readers never see half a file."""
+    path = Path(path)
+    with atomic_file(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+        f.flush()
+        os.fsync(f.fileno())
+    return path
+
+
+@contextlib.contextmanager
+def atomic_dir(path: str | os.PathLike):
+    """Yield a temporary folder beside `path`; on success it replaces `path` whole, on error it is removed.
+
+    Model and adapter folders are written this way, so a killed run never leaves a half-saved one.
+    """
+    import shutil
+
+    path = Path(path)
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
+    except OSError as e:
+        raise LabError(f"{path}: cannot write here ({e.strerror or e})") from None
+    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700: give the folder the user's normal permissions
+    try:
+        yield tmp
+        if path.exists():
+            shutil.rmtree(path)
+        os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
+    return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
+
+
+def atomic_write_csv(path: str | os.PathLike, df) -> Path:
+    """CSV without the index; every field quoted when any text holds a lone '\\r' (pandas leaves those unquoted)."""
+    import csv
+
+    has_cr = any(df[c].astype(str).str.contains("\r", regex=False).any() for c in df.columns)
+    return atomic_write_text(path, df.to_csv(index=False, quoting=csv.QUOTE_ALL if has_cr else csv.QUOTE_MINIMAL))
+
+
+def _json_default(o):
+    if isinstance(o, (np.integer,)):
+        return int(o)
+    if isinstance(o, (np.floating,)):
+        return float(o)
+    if isinstance(o, Path):
+        return str(o)
+    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
+
+
+def read_json(path: str | os.PathLike) -> Any:
+    path = Path(path)
+    if not path.is_file():
+        raise LabError(f"{path}: file not found")
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except json.JSONDecodeError as e:
+        raise LabError(f"{path}: not valid JSON ({e})") from None
