@@ -10,7 +10,6 @@ Deliberately simple: no database; a run is a folder of files.
 
 from __future__ import annotations
 
-import atexit
 import contextlib
 import datetime as _dt
 import json
@@ -27,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.config import compose, library_problems, names_run, parse_overrides, validate
-from lab.io import atomic_write_json, atomic_write_text, temp_file
+from lab.io import atomic_write_json, atomic_write_text
 from lab.paths import project_root, resolve_path
 
 PACKAGES = ("lab", "torch", "transformers", "trl", "peft", "datasets", "accelerate", "hydra-core",
@@ -133,64 +132,48 @@ def _now() -> str:
 
 LOCK_FILE = ".lock"
 LOCK_ENV = "LAB_RUN_LOCK"  # a driver's lock token, inherited by the notebook kernels it starts
-_HELD: dict[Path, str] = {}  # lock file -> token, for the locks this process took
+_HELD: dict[Path, tuple] = {}  # lock file -> (its FileLock, token) while this process holds it (a FileLock that is
+#                                  garbage-collected lets go of its lock)
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # exists, owned by someone else
-        return True
-    return True
+def _lock(run_dir: str | os.PathLike):
+    """The run folder's OS lock (`filelock.FileLock`: an flock on `<run_dir>/.lock`, released by the OS when its
+    process dies, so a killed run never leaves a stale lock). One instance per file in a process (`is_singleton`),
+    so a process that opens several stages of one run nests its holds."""
+    from filelock import FileLock
+
+    lock = Path(run_dir).resolve() / LOCK_FILE
+    lock.parent.mkdir(parents=True, exist_ok=True)
+    return FileLock(lock, is_singleton=True, thread_local=False)
 
 
 def acquire_lock(run_dir: str | os.PathLike) -> bool:
-    """Take `<run_dir>/.lock` (JSON: pid, host, token, since) so a second run into the same folder refuses.
-
-    Returns True when this call took it (the caller releases it), False when it is already this process's or
-    its driver's (the token in $LAB_RUN_LOCK: `python -m lab demo` and sweep jobs hold the lock while papermill
-    runs each stage's notebook in a kernel of its own). A lock whose holder is a dead process on this host is
-    taken over with a printed note; a live holder, or one on another host (whose process cannot be checked),
-    is a LabError naming it. The lock is created with a hard link of a complete file, so a reader never sees
-    half of one. Deliberately simple: two processes taking over the same stale lock at the same instant can race.
-    """
+    """Take the run folder's lock, so a second run into the same folder refuses: True when this call took it (the
+    caller releases it), False when it is held by this process's driver (the token in $LAB_RUN_LOCK: `python -m lab
+    demo` and sweep jobs hold the lock while papermill runs each stage's notebook in a kernel of its own). A holder
+    elsewhere is a LabError naming its process, host and start, which the holder writes into the lock file."""
     import socket
-    import sys
-    import uuid
 
-    lock = Path(run_dir).resolve() / LOCK_FILE
-    host = socket.gethostname()
-    for _ in range(3):
-        if lock in _HELD and _read_lock(lock).get("token") == _HELD[lock]:
-            return True
-        token = uuid.uuid4().hex
-        fd, tmp = temp_file(lock, ".tmp")
-        with os.fdopen(fd, "w", encoding="utf-8") as f:
-            f.write(json.dumps({"pid": os.getpid(), "host": host, "token": token, "since": _now()}))
-        try:
-            os.link(tmp, lock)
-            _HELD[lock] = token
-            return True
-        except FileExistsError:
-            pass
-        finally:
-            Path(tmp).unlink(missing_ok=True)
+    from filelock import Timeout
+
+    fl = _lock(run_dir)
+    lock = Path(fl.lock_file)
+    try:
+        fl.acquire(blocking=False)
+    except Timeout:
         holder = _read_lock(lock)
         if holder.get("token") and holder.get("token") == os.environ.get(LOCK_ENV):
             return False
-        pid, where = holder.get("pid"), holder.get("host")
-        if where == host and isinstance(pid, int) and not _alive(pid):
-            print(f"note: {lock}: taking over a stale lock of process {pid} on {host} (no longer running)",
-                  file=sys.stderr, flush=True)
-            if _read_lock(lock).get("token") == holder.get("token"):  # not already taken over by another run
-                lock.unlink(missing_ok=True)
-            continue
-        raise LabError(f"{lock}: run folder in use by process {pid} on {where} since {holder.get('since')}; "
-                       "one run writes into one folder at a time: wait for it, use another run_name, or delete "
-                       "the lock file if that process is gone")
-    raise LabError(f"{lock}: could not take the run folder's lock")
+        raise LabError(f"{lock}: run folder in use by process {holder.get('pid')} on {holder.get('host')} since "
+                       f"{holder.get('since')}; one run writes into one folder at a time: wait for it or use another "
+                       "run_name") from None
+    if fl.lock_counter == 1:  # first hold in this process: say who holds it
+        import uuid
+
+        _HELD[lock] = (fl, uuid.uuid4().hex)
+        lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": _HELD[lock][1],
+                                    "since": _now()}), encoding="utf-8")
+    return True
 
 
 def _read_lock(lock: Path) -> dict:
@@ -202,29 +185,21 @@ def _read_lock(lock: Path) -> dict:
 
 
 def release_lock(run_dir: str | os.PathLike) -> None:
-    """Remove `<run_dir>/.lock` if this process took it."""
-    lock = Path(run_dir).resolve() / LOCK_FILE
-    token = _HELD.pop(lock, None)
-    if token is not None and _read_lock(lock).get("token") == token:
-        lock.unlink(missing_ok=True)
-
-
-def _release_all() -> None:
-    for lock in list(_HELD):
-        release_lock(lock.parent)
-
-
-atexit.register(_release_all)
+    """Let go of one hold of the run folder's lock taken by `acquire_lock` in this process."""
+    fl = _lock(run_dir)
+    if fl.is_locked:
+        fl.release()
+        if not fl.is_locked:
+            _HELD.pop(Path(fl.lock_file), None)
 
 
 @contextlib.contextmanager
 def run_lock(run_dir: str | os.PathLike):
     """Hold the run folder's lock for a driver; the notebooks it runs inherit it through $LAB_RUN_LOCK."""
     took = acquire_lock(run_dir)
-    lock = Path(run_dir).resolve() / LOCK_FILE
     before = os.environ.get(LOCK_ENV)
     if took:
-        os.environ[LOCK_ENV] = _HELD[lock]
+        os.environ[LOCK_ENV] = _HELD[Path(_lock(run_dir).lock_file)][1]
     try:
         yield
     finally:

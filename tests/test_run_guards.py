@@ -100,15 +100,15 @@ def test_a_second_run_into_the_same_folder_refuses(tmp_path):
     out = subprocess.run([sys.executable, "-c", STAGE_IN_CHILD, str(tmp_path)], capture_output=True, text=True,
                          env=env, timeout=300)
     assert out.returncode == 3 and f"process {os.getpid()}" in out.stdout and ".lock" in out.stdout
-    first.finish({})
-    assert not (tmp_path / ".lock").exists()  # released: the next run may start
-    out = subprocess.run([sys.executable, "-c", STAGE_IN_CHILD, str(tmp_path)], capture_output=True, text=True,
-                         env=env, timeout=300)
-    assert out.returncode == 0, out.stdout + out.stderr
-    assert not (tmp_path / ".lock").exists()  # a process that exits without finishing still lets go
+    first.finish({})  # released: the next run may start
+    for _ in range(2):  # the second time after a process that exited without finishing its stage: the OS let go
+        out = subprocess.run([sys.executable, "-c", STAGE_IN_CHILD, str(tmp_path)], capture_output=True, text=True,
+                             env=env, timeout=300)
+        assert out.returncode == 0, out.stdout + out.stderr
 
 
-def test_a_stale_lock_from_a_dead_process_is_taken_over_with_a_note(tmp_path, capsys):
+def test_a_lock_file_left_by_a_dead_process_does_not_block(tmp_path):
+    """The lock is the OS's (filelock's flock), so it died with its process: the file it left is only text."""
     import json
     import socket
 
@@ -116,12 +116,8 @@ def test_a_stale_lock_from_a_dead_process_is_taken_over_with_a_note(tmp_path, ca
     dead.wait()
     (tmp_path / ".lock").write_text(json.dumps({"pid": dead.pid, "host": socket.gethostname(), "token": "x"}))
     st = Stage("01_explore", [f"run_dir={tmp_path}"])
-    assert "stale lock" in capsys.readouterr().err
     assert json.loads((tmp_path / ".lock").read_text())["pid"] == os.getpid()
     st.finish({})
-    (tmp_path / ".lock").write_text(json.dumps({"pid": 1, "host": "another-host", "token": "y"}))
-    with pytest.raises(LabError, match="another-host"):
-        Stage("01_explore", [f"run_dir={tmp_path}"])
 
 
 @pytest.mark.slow  # several seconds: subprocesses or a full trace (the fast lane stays short)
@@ -131,8 +127,12 @@ def test_a_driver_lends_its_lock_to_the_stages_it_runs(tmp_path):
         out = subprocess.run([sys.executable, "-c", STAGE_IN_CHILD, str(tmp_path)], capture_output=True, text=True,
                              env=env, timeout=300)
         assert out.returncode == 0, out.stdout + out.stderr
-        assert (tmp_path / ".lock").exists()  # still the driver's
-    assert not (tmp_path / ".lock").exists() and run.LOCK_ENV not in os.environ
+        assert run.LOCK_ENV in os.environ  # still the driver's
+        env.pop(run.LOCK_ENV)  # a process that is not the driver's child still refuses
+        out = subprocess.run([sys.executable, "-c", STAGE_IN_CHILD, str(tmp_path)], capture_output=True, text=True,
+                             env=env, timeout=300)
+        assert out.returncode == 3, out.stdout + out.stderr
+    assert run.LOCK_ENV not in os.environ
 
 
 # ---- files and folders -------------------------------------------------------------------------
@@ -204,7 +204,6 @@ def test_other_ranks_of_a_distributed_launch_follow_the_main_process(tmp_path):
     out = subprocess.run([sys.executable, "-c", STAGE_IN_CHILD, str(tmp_path)], capture_output=True, text=True,
                          env={**env, "RANK": "1"}, timeout=300)
     assert out.returncode == 0, out.stdout + out.stderr
-    assert (tmp_path / ".lock").exists()
     main.finish({})
 
 
