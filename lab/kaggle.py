@@ -32,7 +32,7 @@ dataset and the kernel installs from it:
 
 What it simplifies:
 1. One dependency dataset for every kernel.
-2. No calls to the Kaggle API: push with the `kaggle` command-line tool (kaggle_kernel/README.md).
+2. No calls to the Kaggle API: push with the `kaggle` command-line tool (docs/scaling.md, section 6).
 3. The username comes from --username or $KAGGLE_USERNAME, never from credential files.
 4. Notebooks are only built here (papermill's prepare-only mode bakes the parameters in); the pipeline kernel
    executes the stages with `lab.pipeline.run_notebooks`, the lab's one stage runner. The model source is checked with the
@@ -503,7 +503,7 @@ def main(argv: list[str] | None = None) -> int:
             fetch_wheels(out, args.python_version)
         meta = json.loads((out / "dataset-metadata.json").read_text())
         todo = "" if args.fetch_wheels else ("fill it with wheels on a machine with internet (`python -m lab kaggle "
-                                              "dataset --fetch-wheels`, see kaggle_kernel/README.md), then: ")
+                                              "dataset --fetch-wheels`, see docs/scaling.md, section 6), then: ")
         print(f"wrote {out} (id {meta['id']}): " + ", ".join(sorted(p.name for p in out.iterdir()))[:2000] +
               f"\nnext: {todo}kaggle datasets create -p {out}")
     return 0

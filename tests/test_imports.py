@@ -1,9 +1,13 @@
-"""Every `lab` module imports on its own, in any order, in a fresh interpreter (no import cycle at import time), and
-the module-level imports inside `lab/` form no cycle."""
+"""lab/'s import structure. The rules are import-linter's contracts in pyproject.toml (`[tool.importlinter]`: the
+layers, no import cycle, imports inside functions counted): `lint-imports` keeps them, and a planted upward import,
+cycle or unlisted module breaks them (so the contracts are not vacuous). Every module also imports on its own, in
+any order, in a fresh interpreter (nothing GPU-only or cyclic at import time).
+
+import-linter comes with the dev extra (`pip install -e '.[dev]'`); without it the contract tests skip."""
 
 from __future__ import annotations
 
-import ast
+import copy
 import json
 import random
 import subprocess
@@ -14,6 +18,7 @@ import pytest
 from lab.paths import project_root
 
 LAB = project_root() / "lab"
+PYPROJECT = project_root() / "pyproject.toml"
 
 
 def lab_modules() -> list[str]:
@@ -26,37 +31,73 @@ def lab_modules() -> list[str]:
     return names
 
 
-def module_level_imports(name: str, modules: set[str], inside_functions: bool = False) -> set[str]:
-    """The `lab` modules `name` imports at module level (also inside functions with `inside_functions`)."""
-    path = LAB.parent.joinpath(*name.split("."))
-    path = path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
-    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
-    out = set()
-    tree = ast.parse(path.read_text())
-    for node in (ast.walk(tree) if inside_functions else tree.body):
-        if isinstance(node, ast.Import):
-            targets = [a.name for a in node.names]
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")[: len(package.split(".")) - node.level + 1]
-                base = ".".join(parts + ([base] if base else []))
-            targets = [base] + [f"{base}.{a.name}" for a in node.names]
-        else:
-            continue
-        out |= {t for t in targets if t in modules and t != name}
-    return out
+def test_lint_imports_keeps_the_contracts(capsys, monkeypatch):
+    pytest.importorskip("importlinter")
+    from importlinter.cli import lint_imports
+
+    monkeypatch.setattr(sys, "path", list(sys.path))  # lint_imports puts the working directory first
+    code = lint_imports(config_filename=str(PYPROJECT), no_cache=True, no_logo=True)
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "2 kept, 0 broken" in out, out
 
 
-def test_the_module_list_is_complete():
-    names = lab_modules()
-    assert {"lab", "lab.config", "lab.lora", "lab.callbacks", "lab.sft", "lab.puzzles"} <= set(names)
+def _check(graph) -> dict[str, bool]:
+    """contract id -> kept, for pyproject.toml's contracts on `graph` (what lint-imports does, on a graph we edit)."""
+    from importlinter.api import read_configuration
+    from importlinter.contracts.acyclic_siblings import AcyclicSiblingsContract
+    from importlinter.contracts.layers import LayersContract
+
+    conf = read_configuration(str(PYPROJECT))
+    kinds = {"layers": LayersContract, "acyclic_siblings": AcyclicSiblingsContract}
+    kept = {}
+    for options in conf["contracts_options"]:
+        contract = kinds[options["type"]](options["name"], conf["session_options"], options)
+        contract.validate()
+        kept[options["id"]] = contract.check(copy.deepcopy(graph), verbose=False).kept
+    return kept
+
+
+@pytest.fixture(scope="module")
+def graph():
+    pytest.importorskip("importlinter")
+    import grimp
+
+    return grimp.build_graph("lab", cache_dir=None)
+
+
+def test_the_package_itself_imports_nothing_of_the_lab(graph):
+    """`lab/__init__.py` (LabError) sits under every layer: it imports no lab module."""
+    assert graph.find_modules_directly_imported_by("lab") == set()
+
+
+def test_the_contracts_hold_and_fail_on_a_planted_violation(graph):
+    assert _check(graph) == {"layers": True, "acyclic": True}
+
+    upward = copy.deepcopy(graph)  # plumbing importing the voting code: no cycle, only the layers catch it
+    upward.add_import(importer="lab.paths", imported="lab.vote", line_number=1, line_contents="from lab import vote")
+    assert _check(upward) == {"layers": False, "acyclic": True}
+
+    cycle = copy.deepcopy(graph)  # the metric must stand alone: the puzzles import it, so this closes a cycle too
+    cycle.add_import(importer="lab.metric", imported="lab.puzzles.solve", line_number=1,
+                     line_contents="from lab.puzzles import solve")
+    assert _check(cycle) == {"layers": False, "acyclic": False}
+
+    same_layer = copy.deepcopy(graph)  # a cycle inside one layer: the layers allow it, the acyclic contract does not
+    same_layer.add_import(importer="lab.lora", imported="lab.generate", line_number=1,
+                          line_contents="from lab import generate")
+    assert _check(same_layer) == {"layers": True, "acyclic": False}
+
+    unlisted = copy.deepcopy(graph)  # a new module must be put in a layer (exhaustive)
+    unlisted.add_module("lab.newthing")
+    assert _check(unlisted)["layers"] is False
 
 
 @pytest.mark.slow  # several seconds: subprocesses or a full trace (the fast lane stays short)
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_module_imports_in_random_order_in_a_fresh_interpreter(seed):
     names = lab_modules()
+    assert {"lab", "lab.config", "lab.lora", "lab.sft", "lab.puzzles", "lab.puzzles.solve"} <= set(names)
     random.Random(seed).shuffle(names)
     code = ("import importlib, json, sys\n"
             "for n in json.loads(sys.argv[1]):\n"
@@ -64,46 +105,3 @@ def test_every_module_imports_in_random_order_in_a_fresh_interpreter(seed):
     out = subprocess.run([sys.executable, "-c", code, json.dumps(names)], cwd=project_root(), capture_output=True,
                          text=True, timeout=300)
     assert out.returncode == 0, f"order {names}:\n{out.stderr[-3000:]}"
-
-
-def test_module_level_imports_have_no_cycle():
-    modules = set(lab_modules())
-    graph = {n: module_level_imports(n, modules) for n in modules}
-    assert graph["lab.sft"] >= {"lab.lora"} and "lab.sft" not in graph["lab.lora"]
-    assert _find_cycle(graph) is None, "import cycle: " + " -> ".join(_find_cycle(graph))
-
-
-def _find_cycle(graph):
-    state: dict[str, int] = {}
-
-    def visit(n, path):
-        if state.get(n) == 1:
-            return path[path.index(n):] + [n]
-        if state.get(n) == 2:
-            return None
-        state[n] = 1
-        for d in sorted(graph[n]):
-            if (c := visit(d, path + [n])):
-                return c
-        state[n] = 2
-        return None
-
-    for n in sorted(graph):
-        if (c := visit(n, [])):
-            return c
-    return None
-
-
-def test_imports_inside_functions_close_no_cycle_either():
-    """With the imports inside functions counted too, the graph has no cycle: a lazy import is for a heavy or
-    optional package, never a way round a cycle (break one by moving the piece both modules need into the lower)."""
-    modules = set(lab_modules())
-    every = {n: module_level_imports(n, modules, inside_functions=True) for n in modules}
-    assert _find_cycle(every) is None, "import cycle through imports inside functions: " + " -> ".join(_find_cycle(every))
-    assert "lab.metric" in every["lab.puzzles.solve"]  # solve_frame scores with the metric itself, no fallback
-    assert not any(n.startswith("lab.puzzles") for n in every["lab.metric"])  # the metric stands alone
-
-
-def test_find_cycle_finds_a_planted_cycle():
-    graph = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": set()}
-    assert _find_cycle(graph) == ["a", "b", "c", "a"]
