@@ -75,7 +75,13 @@ def _records(path: Path, text: str) -> tuple[list[str], list[list[str]]]:
     return header, records[1:]
 
 
-def _read_puzzles(path: str | os.PathLike, allow_empty: bool = False) -> pd.DataFrame:
+def load_puzzles(path: str | os.PathLike, allow_empty: bool = False) -> pd.DataFrame:
+    """Columns `id, prompt[, answer]` plus any extra ones, every value the file's exact string.
+
+    Errors (LabError) name the file, the row (spreadsheet numbering: header = row 1) and the
+    problem: missing file, empty file, not UTF-8, malformed CSV, missing or duplicate column,
+    no rows (unless `allow_empty`), a row with the wrong number of fields, an empty id/prompt/answer, a duplicate id.
+    """
     p = Path(path)
     if not p.is_file():
         raise LabError(f"{p}: file not found" if not p.exists() else f"{p}: not a file")
@@ -110,16 +116,6 @@ def _read_puzzles(path: str | os.PathLike, allow_empty: bool = False) -> pd.Data
         seen[ident] = i
     return pd.DataFrame(rows, columns=header, dtype=str) if rows else pd.DataFrame(
         {c: pd.Series([], dtype=str) for c in header})
-
-
-def load_puzzles(path: str | os.PathLike) -> pd.DataFrame:
-    """Columns `id, prompt[, answer]` plus any extra ones, every value the file's exact string.
-
-    Errors (LabError) name the file, the row (spreadsheet numbering: header = row 1) and the
-    problem: missing file, empty file, not UTF-8, malformed CSV, missing or duplicate column,
-    a row with the wrong number of fields, an empty id/prompt/answer, a duplicate id.
-    """
-    return _read_puzzles(path)
 
 
 def add_categories(df: pd.DataFrame) -> pd.DataFrame:
@@ -232,7 +228,7 @@ def load_split(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
     info = read_json(folder / "split.json")
     out = []
     for part in ("train", "val"):
-        df = _read_puzzles(folder / f"{part}.csv", allow_empty=True)
+        df = load_puzzles(folder / f"{part}.csv", allow_empty=True)
         want, got = info.get(f"{part}_hash"), content_hash(df)
         if want != got:
             raise LabError(f"{folder / f'{part}.csv'}: content hash {got[:12]}... differs from split.json's "
@@ -273,15 +269,8 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     extra: dict[str, Any] = {}
     categories = list(d.categories) if d.categories else None
     if d.source == "synthetic":
-        from lab.puzzles import CATEGORIES, generate
-
-        categories = categories or list(CATEGORIES)
-        opts = {c: dict(d.difficulty.get(c, {})) for c in categories} if d.difficulty else {c: {} for c in categories}
-        train = pd.concat([generate(c, d.n_train, seed=cfg.seed, **opts[c]) for c in categories],
-                          ignore_index=True)
-        val = pd.concat([generate(c, d.n_val, seed=cfg.seed + 7919, **opts[c]) for c in categories],
-                        ignore_index=True)
-        val = val[~val["prompt"].isin(set(train["prompt"]))].reset_index(drop=True)
+        train = _generated(cfg, categories, d.n_train, cfg.seed)
+        val = _generated(cfg, categories, d.n_val, cfg.seed + 7919, exclude=train["prompt"])
     elif d.source == "competition":
         path = find_data_file(d.path)
         df = add_categories(load_puzzles(path))
@@ -450,15 +439,20 @@ def synthetic_train_split(cfg, real: pd.DataFrame, categories: list[str] | None)
     """`data.synthetic_train`: (train, val) with train = generated puzzles only (`n_train` per category, `difficulty`,
     seeded by `seed`) and val = the whole real file (its first `n_val` rows when set): no real puzzle is trained on.
     Generated puzzles whose prompt occurs in the real file are dropped."""
-    from lab.puzzles import CATEGORIES, generate
-
     d = cfg.data
     if not d.n_train:
         raise LabError("conf/data: synthetic_train needs n_train (generated puzzles per category)")
-    cats = categories or list(CATEGORIES)
-    opts = dict(d.difficulty) if d.difficulty else {}
-    train = pd.concat([generate(c, d.n_train, seed=cfg.seed, **dict(opts.get(c, {}))) for c in cats],
-                      ignore_index=True)
-    train = train[~train["prompt"].isin(set(real["prompt"]))].reset_index(drop=True)
+    train = _generated(cfg, categories, d.n_train, cfg.seed, exclude=real["prompt"])
     val = real.head(d.n_val).reset_index(drop=True) if d.n_val else real.reset_index(drop=True)
     return train, val
+
+
+def _generated(cfg, categories: list[str] | None, n: int, seed: int, exclude=()) -> pd.DataFrame:
+    """`n` puzzles of each category (all when None) from `lab.puzzles.generate` with `data.difficulty`, seeded by
+    `seed`; those whose prompt is in `exclude` dropped."""
+    from lab.puzzles import CATEGORIES, generate
+
+    difficulty = cfg.data.difficulty or {}
+    df = pd.concat([generate(c, n, seed=seed, **dict(difficulty.get(c, {}))) for c in categories or CATEGORIES],
+                   ignore_index=True)
+    return df[~df["prompt"].isin(set(exclude))].reset_index(drop=True)

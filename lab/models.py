@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.io import atomic_dir
+from lab.lineage import diff
 from lab.paths import check_model_path, kaggle_model_dir, resolve_path
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>", "<unk>"]  # ids 0..4: pad, bos, eos, ...
@@ -139,13 +140,6 @@ def tiny_recipe(cfg: DictConfig) -> dict:
             "tokenizer_sha256": _tokenizer_sha(int(arch["vocab_size"]))}
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def check_tiny_recipe(cfg: DictConfig, path: Path) -> None:
     """Refuse a built tiny model whose recipe differs from the config (a silently stale base model would make
     every later number wrong)."""
@@ -160,9 +154,7 @@ def check_tiny_recipe(cfg: DictConfig, path: Path) -> None:
     if have is None:
         why = f"{f} is missing or unreadable (built by an older version of the lab)"
     else:
-        h, w = _flat(have), _flat(want)
-        why = "; ".join(f"{k}: built {h.get(k)!r}, config {w.get(k)!r}" for k in sorted(set(h) | set(w))
-                        if h.get(k) != w.get(k))
+        why = "; ".join(diff(have, want)) + ": built -> config"
     raise LabError(f"{path}: this tiny base model was built from a different recipe ({why}). Delete the folder "
                    "(and the run's stage folders, whose adapters were trained on it) or use another run_name.")
 
@@ -200,14 +192,10 @@ def model_path(cfg: DictConfig) -> str:
             build_tiny(cfg, local)
         check_tiny_recipe(cfg, local)
         return str(local)
+    check_model_path(p)  # a LabError unless a local folder with config.json, the Kaggle mount or a cached Hub id
     if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise LabError(f"{local}: model folder has no config.json")
         return str(local)
-    if os.path.isdir("/kaggle/input") and (k := kaggle_model_dir()) is not None:
-        return str(k)
-    check_model_path(p)
-    return p  # a Hub id found in the local Hub cache
+    return str(kaggle_model_dir() or p)  # else a Hub id found in the local Hub cache
 
 
 # The fused Mamba-2 kernels transformers 5.17's Nemotron-H calls when their packages import
