@@ -18,7 +18,7 @@ installs from:
 
 What it simplifies:
 1. One dependency dataset for every kernel.
-2. No calls to the Kaggle API: push with the `kaggle` command-line tool (kaggle_kernel/README.md); the model source
+2. No calls to the Kaggle API: push with the `kaggle` command-line tool (docs/scaling.md, section 6); the model source
    is checked with the rule kaggle 2.2.5 applies on push (`check_model_source`), and tests/test_kaggle.py runs
    kaggle's own push validation on a built kernel where the package is installed.
 3. The username comes from --username or $KAGGLE_USERNAME, never from credential files.
@@ -481,7 +481,7 @@ def main(argv: list[str] | None = None) -> int:
             fetch_wheels(out, args.python_version)
         meta = json.loads((out / "dataset-metadata.json").read_text())
         todo = "" if args.fetch_wheels else ("fill it with wheels on a machine with internet (`python -m lab kaggle "
-                                              "dataset --fetch-wheels`, see kaggle_kernel/README.md), then: ")
+                                              "dataset --fetch-wheels`, see docs/scaling.md, section 6), then: ")
         print(f"wrote {out} (id {meta['id']}): " + ", ".join(sorted(p.name for p in out.iterdir()))[:2000] +
               f"\nnext: {todo}kaggle datasets create -p {out}")
     return 0

@@ -231,9 +231,9 @@ def missing_mamba_kernels() -> dict[str, str]:
 def check_mamba_kernels(cfg: DictConfig) -> None:
     """Refuse to train the real model on the PyTorch reference Mamba scan (a LabError naming how to get the kernels).
 
-    Without `mamba_ssm`, transformers' Nemotron-H runs its PyTorch reference `mamba2_chunk_scan`; issue 26's
-    fake-tensor trace of the real config found two 32 GiB fp32 temporaries live together in a Mamba layer's backward,
-    one step past every single GPU at 8,192 tokens. transformers' other route, Hub kernels (`kernels-community/
+    Without `mamba_ssm`, transformers' Nemotron-H runs its PyTorch reference `mamba2_chunk_scan`, whose backward holds
+    large fp32 temporaries a Mamba layer at a time (`python -m lab memory --mamba torch` traces it; README, "Real model:
+    shapes and memory"). transformers' other route, Hub kernels (`kernels-community/
     mamba-ssm` through the `kernels` package, integrations/hub_kernels.py), applies only to `from_pretrained(...,
     use_kernels=True)` with the Hub reachable at load time; the lab loads without it (and Kaggle kernels run
     offline), so the two packages are the route. The tiny model (built here, CPU) trains on the PyTorch path and is
@@ -272,7 +272,7 @@ def load(cfg: DictConfig, adapter: str | os.PathLike | None = None, trainable: b
     The weights load straight onto the device: transformers 5.17's `from_pretrained(device_map=...)`
     (modeling_utils.py, integrations/accelerate.py `check_and_set_device_map`) turns a device name into
     `{"": device}` ("cuda" into this process's `cuda:LOCAL_RANK`), builds the model on the meta device and
-    writes each tensor to that device as it is read, so the 59 GiB of the real model never sit in host RAM
+    writes each tensor to that device as it is read, so the real model's weights never sit in host RAM
     first (as they did with `from_pretrained(...)` then `.to(device)`). With one device no accelerate hooks
     are added (`accelerate_dispatch` runs only for several devices or disk offload). Under DeepSpeed ZeRO-3
     transformers refuses a device_map, so none is passed there."""
