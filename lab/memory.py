@@ -453,14 +453,13 @@ def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int
 
 def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba: str = "kernel",
           head: str = "chunked", fake: bool = True, config=None, rows: int | None = None,
-          ones_mask: bool = False, unpacked: bool = True) -> Trace:
+          unpacked: bool = True) -> Trace:
     """Run one training micro-step of `stage` and count its live storage bytes (module docstring).
 
     `mamba`: kernel (the `mamba_ssm`/`causal_conv1d` stand-ins) or torch (transformers' PyTorch path); `head`:
     chunked (TRL's Triton head stand-in) or torch (`lab.trl_cpu`); `fake=False` runs the same step on real tensors
     (the test that the fake count is right); `config`: NemotronHConfig values (default: `model_config_values`);
-    `ones_mask`: pass an all-ones `attention_mask` instead of None; `unpacked=False` leaves transformers' packed-row
-    detection alone (both for the [T x T] pitfall test, module docstring)."""
+    `unpacked=False` leaves transformers' packed-row detection alone (the [T x T] pitfall test, module docstring)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
@@ -502,8 +501,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
                 counter.phase = "forward"
                 ids = torch.zeros(rows, seq_len, dtype=torch.long)
                 with autocast:
-                    mask = torch.ones(rows, seq_len, dtype=torch.long) if ones_mask else None
-                    hidden = pm.base_model.model.model(input_ids=ids, attention_mask=mask,
+                    hidden = pm.base_model.model.model(input_ids=ids, attention_mask=None,
                                                        use_cache=False).last_hidden_state
                     loss = _head_loss(pm, hidden, temperature, outputs, head)
                 del hidden
