@@ -1,7 +1,6 @@
-"""Loading, validating and splitting the competition's puzzle files.
+"""Loading, validating and splitting the competition's puzzle files; the data mix SFT trains on.
 
-`find_data_file` says where a file is (explicit path, $LAB_DATA, `data/` in the checkout, the
-Kaggle input mount), `load_puzzles` reads it with every value kept byte for byte as a string
+`lab.paths.find_data_file` says where a file is, `load_puzzles` reads it with every value kept byte for byte as a string
 (`01010001` keeps its zeros, `NA` stays `NA`, nothing is stripped) and stops with a `LabError`
 that names the file, the row and the problem. `split` makes a seeded held-out set stratified
 by category, and `save_split` / `load_split` write and re-read it with content hashes, so a
@@ -171,8 +170,9 @@ def split(df: pd.DataFrame, val_fraction: float, seed: int) -> tuple[pd.DataFram
     return train, val
 
 
-def content_hash(df: pd.DataFrame) -> str:
-    """sha256 over the id, prompt and answer columns (those present), row by row, in order.
+def rows_hash(df: pd.DataFrame) -> str:
+    """sha256 over the id, prompt and answer columns (those present), row by row, in order (a table's rows, where
+    `lab.lineage.content_hash` hashes files).
 
     Each value is fed as its UTF-8 bytes preceded by their length (8 bytes, big-endian), after
     the names of the columns hashed, so no two different tables can collide by shifting text.
@@ -212,7 +212,7 @@ def save_split(train: pd.DataFrame, val: pd.DataFrame, folder: str | os.PathLike
         "seed": seed if seed is not None else recorded.get("seed"),
         "val_fraction": val_fraction if val_fraction is not None else recorded.get("val_fraction"),
         "n_train": len(train), "n_val": len(val),
-        "train_hash": content_hash(train), "val_hash": content_hash(val),
+        "train_hash": rows_hash(train), "val_hash": rows_hash(val),
         "per_category": _per_category(train, val),
         **extra,
     }
@@ -229,7 +229,7 @@ def load_split(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
     out = []
     for part in ("train", "val"):
         df = load_puzzles(folder / f"{part}.csv", allow_empty=True)
-        want, got = info.get(f"{part}_hash"), content_hash(df)
+        want, got = info.get(f"{part}_hash"), rows_hash(df)
         if want != got:
             raise LabError(f"{folder / f'{part}.csv'}: content hash {got[:12]}... differs from split.json's "
                            f"{str(want)[:12]}...; the file changed after the split was saved")

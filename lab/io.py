@@ -1,5 +1,8 @@
 """Atomic writes: every file or folder a later stage or a rerun trusts is written to a temporary name beside it and
 renamed into place, so a reader never sees half of one; under a distributed launch only the main process writes.
+
+What it simplifies: the temporary name lives beside the target (a rename is atomic within one file system only);
+the file is fsynced, its folder is not.
 """
 
 from __future__ import annotations
