@@ -378,19 +378,15 @@ OVERSAMPLE_WARN = 3.0  # the top teams saw a category oversampled beyond about 3
 
 
 def category_weights(cfg) -> dict[str, float]:
-    """`data.weights`: {category: weight} for the SFT examples (1 = as many as the data gives); a weight that is not a
-    number >= 0, or a category that does not exist, is a LabError; a weight above 3 is warned about (printed)."""
+    """`data.weights`: {category: weight} for the SFT examples (1 = as many as the data gives; the schema types each
+    as a float); a weight below 0, or a category that does not exist, is a LabError; a weight above 3 is warned
+    about (printed)."""
     from lab.puzzles import CATEGORIES
 
-    raw = cfg.data.get("weights", None) or {}
     out = {}
-    for cat, w in dict(raw).items():
+    for cat, w in dict(cfg.data.weights or {}).items():
         if cat not in CATEGORIES:
             raise LabError(f"conf/data: weights has {cat!r}, not a category (one of {', '.join(CATEGORIES)})")
-        try:
-            w = float(w)
-        except (TypeError, ValueError):
-            raise LabError(f"conf/data: weights.{cat}={w!r} is not a number") from None
         if not w >= 0:
             raise LabError(f"conf/data: weights.{cat}={w} must be >= 0")
         if w > OVERSAMPLE_WARN:
