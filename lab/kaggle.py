@@ -104,9 +104,7 @@ def kernel_extras(cfg, notebook: str) -> list[str]:
     vllm = notebook in gen and (cfg.model.generation_backend == "vllm"
                                 or (notebook in ("03_grpo", PIPELINE) and cfg.grpo.rollout_backend == "vllm"))
     unsloth = notebook in ("02_sft", PIPELINE) and "unsloth" in (cfg.sft.backend, cfg.model.train_backend)
-    from omegaconf import OmegaConf
-
-    bnb = notebook in ("02_sft", "03_grpo", PIPELINE) and OmegaConf.select(cfg, "gpu.optim") == "adamw_bnb_8bit"
+    bnb = notebook in ("02_sft", "03_grpo", PIPELINE) and cfg.gpu.optim == "adamw_bnb_8bit"
     return [x for x, need in (("vllm", vllm), ("unsloth", unsloth), ("bnb", bnb)) if need]
 
 
@@ -354,7 +352,7 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
 
     `competition`, `model_source` and `machine_shape` default to `conf/kaggle` of the composed config ('' for
     none); `machine_shape` is written only for a GPU kernel. The install cell installs the lab with the extras
-    the kernel needs (`kernel_extras`: vllm and/or unsloth, from the config) unless `gpu_extra` is False (none)
+    the kernel needs (`kernel_extras`: vllm, unsloth, bnb, from the config) unless `gpu_extra` is False (none)
     or True (the whole [gpu] extra); the dataset must hold their wheels.
     """
     import nbformat

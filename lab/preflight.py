@@ -31,16 +31,17 @@ from lab.config import compose, parse_overrides
 from lab.paths import check_model_path
 
 REAL_MODEL_STAGES = ("02_sft", "03_grpo", "04_vote")
+EXTRA_MODULES = {"vllm": "vllm", "unsloth": "unsloth", "bnb": "bitsandbytes"}  # pyproject extra -> what it installs
 
 
 def check_gpu_extra(cfg: DictConfig, stage: str) -> None:
     from lab.kaggle import kernel_extras
 
-    missing = [x for x in kernel_extras(cfg, stage) if importlib.util.find_spec(x) is None]
+    missing = [x for x in kernel_extras(cfg, stage) if importlib.util.find_spec(EXTRA_MODULES[x]) is None]
     if missing:
         why = {"vllm": f"model.generation_backend={cfg.model.generation_backend}"
                        + (f", grpo.rollout_backend={cfg.grpo.rollout_backend}" if stage == "03_grpo" else ""),
-               "unsloth": f"sft.backend={cfg.sft.backend}"}
+               "unsloth": f"sft.backend={cfg.sft.backend}", "bnb": f"gpu.optim={cfg.gpu.optim}"}
         raise LabError(f"{', '.join(missing)} not installed ({'; '.join(why[x] for x in missing)}): install the GPU "
                        "extra, pip install -e '.[gpu]' (README, 'The real model')")
 
