@@ -65,7 +65,7 @@ MAMBA_EXTRA_DEP = "einops==0.8.2"
 
 def slugify(title: str) -> str:
     """Kaggle's slug of a title: lowercase, every run of non-alphanumerics becomes one '-', no '-' at the ends."""
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", title.lower())).strip("-")
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
 
 
 def _username(username: str | None) -> str:
