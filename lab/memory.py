@@ -556,6 +556,11 @@ def gpu_gib(cfg: DictConfig) -> float | None:
     return None
 
 
+def max_use(cfg: DictConfig) -> float:
+    """`gpu.max_use`: the share of the card's memory one training micro-step may take."""
+    return float(cfg.gpu.max_use)
+
+
 def report(t: Trace, card_gib: float | None, use: float, n_top: int = 10) -> str:
     lines = [f"Traced peak of one {t.stage.upper()} training micro-step: {t.peak_gib:.1f} GiB "
              f"({t.rows} x {t.seq_len:,} tokens, optimizer {t.optim}; fake tensors, {t.seconds:.0f} s)",
@@ -592,7 +597,7 @@ def check_fits(cfg: DictConfig, stage: str = "sft") -> Trace | None:
 
     if cfg.model.build_tiny:
         return None
-    card, use = gpu_gib(cfg), cfg.gpu.max_use
+    card, use = gpu_gib(cfg), max_use(cfg)
     if not 0 < use <= 1:
         raise LabError(f"conf/gpu: max_use={use} must be in (0, 1]")
     t = trace(cfg, stage, mamba="torch" if missing_mamba_kernels() else "kernel")
@@ -634,7 +639,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_intermixed_args(argv)
     cfg = compose(a.overrides)
     t = trace(cfg, a.stage, a.tokens, mamba=a.mamba, rows=a.rows)
-    card, use = gpu_gib(cfg), cfg.gpu.max_use
+    card, use = gpu_gib(cfg), max_use(cfg)
     print(report(t, card, use))
     if a.json:
         atomic_write_text(Path(a.json), json.dumps(as_json(t, card, use), indent=1))
