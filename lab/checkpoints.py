@@ -1,13 +1,15 @@
 """Resumable training checkpoints, shared by SFT (`lab.sft`) and GRPO (`lab.grpo`): what a run may resume.
 
 - **Keyed by what produced them.** A run's checkpoint folder holds `lab_run.json` with the run's `fingerprint`
-  (`fingerprint`: the stage's config group without the keys that do not change the trajectory, the seed, the model
-  and a content hash of its files, and what the stage adds: GRPO its budget, pool and start adapter, SFT a hash of
-  its training examples). A rerun whose fingerprint differs starts afresh with a note naming every changed key; when
-  the user asked to resume (`sft.resume=true` / `grpo.resume=true` among the overrides) it is a LabError instead.
+  (the stage's config group without the keys that do not change the trajectory, the seed, the model and its
+  `lab.lineage.content_hash`, and what the stage adds: GRPO its budget, pool and start adapter, SFT a hash of its
+  training examples). A rerun whose fingerprint differs starts afresh with a note naming every changed key
+  (`lab.lineage.diff`); when the user asked to resume (`sft.resume=true` / `grpo.resume=true` among the overrides)
+  it is a LabError instead.
 - **A checkpoint counts only when complete.** The Trainer writes `checkpoint-N/` file by file; `CompleteMarker`
   (a TrainerCallback: transformers calls `on_save` after `Trainer._save_checkpoint` returned, trainer.py
-  `_maybe_log_save_evaluate`) then writes `lab_complete.json` into it, atomically, listing every file and its size.
+  `_maybe_log_save_evaluate`) then writes `lab_complete.json` into it, atomically, listing every file
+  (`lab.lineage.files`) and its size.
   `resume_point` takes the newest checkpoint whose marker is there and whose files are all there at those sizes,
   says so, and deletes the incomplete ones (a crash or a full disk mid-save), so the Trainer never trips over them.
 - **A full disk is a message.** `disk_full_guard` turns `OSError` ENOSPC / EDQUOT (and torch's `RuntimeError` from
@@ -27,7 +29,6 @@ from __future__ import annotations
 
 import contextlib
 import errno
-import json
 import os
 import re
 import shutil
@@ -38,6 +39,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.io import atomic_write_json, is_main_process, read_json
+from lab.lineage import diff, files
 
 RUN_RECORD = "lab_run.json"
 COMPLETE = "lab_complete.json"
@@ -56,17 +58,6 @@ def fingerprint(cfg: DictConfig, group: str, free_keys: Iterable[str], **extra: 
             "model_sha256": model_hash(model_path(cfg)), **extra}
 
 
-def diff(old: Any, new: Any, prefix: str = "") -> list[str]:
-    """`key: old -> new` for every leaf that differs between two fingerprints."""
-    if isinstance(old, dict) and isinstance(new, dict):
-        out = []
-        for k in sorted(set(old) | set(new), key=str):
-            out += diff(old.get(k, "<absent>"), new.get(k, "<absent>"), f"{prefix}{k}.")
-        return out
-    return [] if json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True) \
-        else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
-
-
 def asked_to_resume(overrides: Iterable[str], key: str) -> bool:
     """True when the overrides set `key` (e.g. `sft.resume=true`) explicitly to true."""
     for o in overrides:
@@ -81,14 +72,17 @@ def step_of(path: Path) -> int:
     return int(m.group(1)) if m else -1
 
 
+def _checkpoints(out: Path) -> list[Path]:
+    """The `checkpoint-N` folders in `out`, oldest first."""
+    return sorted((p for p in out.iterdir() if p.is_dir() and step_of(p) >= 0), key=step_of) if out.is_dir() else []
+
+
 # ---- completeness ----------------------------------------------------------------------------------
 
 def mark_complete(ckpt: str | os.PathLike) -> Path:
     """Write `lab_complete.json` into a fully written checkpoint folder: every file's relative name and size."""
-    ckpt = Path(ckpt)
-    files = {str(p.relative_to(ckpt)): p.stat().st_size for p in sorted(ckpt.rglob("*"))
-             if p.is_file() and p.name != COMPLETE and not p.name.startswith(".")}
-    return atomic_write_json(ckpt / COMPLETE, {"files": files})
+    sizes = {k: p.stat().st_size for k, p in files(ckpt, skip=(COMPLETE,)).items()}
+    return atomic_write_json(Path(ckpt) / COMPLETE, {"files": sizes})
 
 
 def incomplete(ckpt: Path) -> str | None:
@@ -162,7 +156,7 @@ def _resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, 
     if not resume:
         shutil.rmtree(out, ignore_errors=True)  # a fresh run: stale checkpoints must not be resumed later
         return None, None, notes
-    ckpts = sorted((p for p in out.iterdir() if p.is_dir() and step_of(p) >= 0), key=step_of)
+    ckpts = _checkpoints(out)
     if not ckpts:
         shutil.rmtree(out, ignore_errors=True)
         return None, None, notes
@@ -211,10 +205,9 @@ def write_record(out: Path, record: dict) -> None:
 
 def checkpoint_bytes(out: Path, model=None) -> int:
     """The size of the newest complete checkpoint in `out`, else 12 bytes per trainable parameter of `model`."""
-    if out.is_dir():
-        for p in sorted((p for p in out.iterdir() if p.is_dir() and step_of(p) >= 0), key=step_of, reverse=True):
-            if incomplete(p) is None:
-                return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    for p in reversed(_checkpoints(out)):
+        if incomplete(p) is None:
+            return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
     if model is not None:
         return 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)
     return 0

@@ -1,7 +1,6 @@
-"""Loading, validating and splitting the competition's puzzle files.
+"""Loading, validating and splitting the competition's puzzle files; the data mix SFT trains on.
 
-`find_data_file` says where a file is (explicit path, $LAB_DATA, `data/` in the checkout, the
-Kaggle input mount), `load_puzzles` reads it with every value kept byte for byte as a string
+`lab.paths.find_data_file` says where a file is, `load_puzzles` reads it with every value kept byte for byte as a string
 (`01010001` keeps its zeros, `NA` stays `NA`, nothing is stripped) and stops with a `LabError`
 that names the file, the row and the problem. `split` makes a seeded held-out set stratified
 by category, and `save_split` / `load_split` write and re-read it with content hashes, so a
@@ -75,7 +74,13 @@ def _records(path: Path, text: str) -> tuple[list[str], list[list[str]]]:
     return header, records[1:]
 
 
-def _read_puzzles(path: str | os.PathLike, allow_empty: bool = False) -> pd.DataFrame:
+def load_puzzles(path: str | os.PathLike, allow_empty: bool = False) -> pd.DataFrame:
+    """Columns `id, prompt[, answer]` plus any extra ones, every value the file's exact string.
+
+    Errors (LabError) name the file, the row (spreadsheet numbering: header = row 1) and the
+    problem: missing file, empty file, not UTF-8, malformed CSV, missing or duplicate column,
+    no rows (unless `allow_empty`), a row with the wrong number of fields, an empty id/prompt/answer, a duplicate id.
+    """
     p = Path(path)
     if not p.is_file():
         raise LabError(f"{p}: file not found" if not p.exists() else f"{p}: not a file")
@@ -110,16 +115,6 @@ def _read_puzzles(path: str | os.PathLike, allow_empty: bool = False) -> pd.Data
         seen[ident] = i
     return pd.DataFrame(rows, columns=header, dtype=str) if rows else pd.DataFrame(
         {c: pd.Series([], dtype=str) for c in header})
-
-
-def load_puzzles(path: str | os.PathLike) -> pd.DataFrame:
-    """Columns `id, prompt[, answer]` plus any extra ones, every value the file's exact string.
-
-    Errors (LabError) name the file, the row (spreadsheet numbering: header = row 1) and the
-    problem: missing file, empty file, not UTF-8, malformed CSV, missing or duplicate column,
-    a row with the wrong number of fields, an empty id/prompt/answer, a duplicate id.
-    """
-    return _read_puzzles(path)
 
 
 def add_categories(df: pd.DataFrame) -> pd.DataFrame:
@@ -175,8 +170,9 @@ def split(df: pd.DataFrame, val_fraction: float, seed: int) -> tuple[pd.DataFram
     return train, val
 
 
-def content_hash(df: pd.DataFrame) -> str:
-    """sha256 over the id, prompt and answer columns (those present), row by row, in order.
+def rows_hash(df: pd.DataFrame) -> str:
+    """sha256 over the id, prompt and answer columns (those present), row by row, in order (a table's rows, where
+    `lab.lineage.content_hash` hashes files).
 
     Each value is fed as its UTF-8 bytes preceded by their length (8 bytes, big-endian), after
     the names of the columns hashed, so no two different tables can collide by shifting text.
@@ -216,7 +212,7 @@ def save_split(train: pd.DataFrame, val: pd.DataFrame, folder: str | os.PathLike
         "seed": seed if seed is not None else recorded.get("seed"),
         "val_fraction": val_fraction if val_fraction is not None else recorded.get("val_fraction"),
         "n_train": len(train), "n_val": len(val),
-        "train_hash": content_hash(train), "val_hash": content_hash(val),
+        "train_hash": rows_hash(train), "val_hash": rows_hash(val),
         "per_category": _per_category(train, val),
         **extra,
     }
@@ -232,8 +228,8 @@ def load_split(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
     info = read_json(folder / "split.json")
     out = []
     for part in ("train", "val"):
-        df = _read_puzzles(folder / f"{part}.csv", allow_empty=True)
-        want, got = info.get(f"{part}_hash"), content_hash(df)
+        df = load_puzzles(folder / f"{part}.csv", allow_empty=True)
+        want, got = info.get(f"{part}_hash"), rows_hash(df)
         if want != got:
             raise LabError(f"{folder / f'{part}.csv'}: content hash {got[:12]}... differs from split.json's "
                            f"{str(want)[:12]}...; the file changed after the split was saved")
@@ -273,15 +269,8 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     extra: dict[str, Any] = {}
     categories = list(d.categories) if d.categories else None
     if d.source == "synthetic":
-        from lab.puzzles import CATEGORIES, generate
-
-        categories = categories or list(CATEGORIES)
-        opts = {c: dict(d.difficulty.get(c, {})) for c in categories} if d.difficulty else {c: {} for c in categories}
-        train = pd.concat([generate(c, d.n_train, seed=cfg.seed, **opts[c]) for c in categories],
-                          ignore_index=True)
-        val = pd.concat([generate(c, d.n_val, seed=cfg.seed + 7919, **opts[c]) for c in categories],
-                        ignore_index=True)
-        val = val[~val["prompt"].isin(set(train["prompt"]))].reset_index(drop=True)
+        train = _generated(cfg, categories, d.n_train, cfg.seed)
+        val = _generated(cfg, categories, d.n_val, cfg.seed + 7919, exclude=train["prompt"])
     elif d.source == "competition":
         path = find_data_file(d.path)
         df = add_categories(load_puzzles(path))
@@ -389,19 +378,15 @@ OVERSAMPLE_WARN = 3.0  # the top teams saw a category oversampled beyond about 3
 
 
 def category_weights(cfg) -> dict[str, float]:
-    """`data.weights`: {category: weight} for the SFT examples (1 = as many as the data gives); a weight that is not a
-    number >= 0, or a category that does not exist, is a LabError; a weight above 3 is warned about (printed)."""
+    """`data.weights`: {category: weight} for the SFT examples (1 = as many as the data gives; the schema types each
+    as a float); a weight below 0, or a category that does not exist, is a LabError; a weight above 3 is warned
+    about (printed)."""
     from lab.puzzles import CATEGORIES
 
-    raw = cfg.data.get("weights", None) or {}
     out = {}
-    for cat, w in dict(raw).items():
+    for cat, w in dict(cfg.data.weights or {}).items():
         if cat not in CATEGORIES:
             raise LabError(f"conf/data: weights has {cat!r}, not a category (one of {', '.join(CATEGORIES)})")
-        try:
-            w = float(w)
-        except (TypeError, ValueError):
-            raise LabError(f"conf/data: weights.{cat}={w!r} is not a number") from None
         if not w >= 0:
             raise LabError(f"conf/data: weights.{cat}={w} must be >= 0")
         if w > OVERSAMPLE_WARN:
@@ -450,15 +435,20 @@ def synthetic_train_split(cfg, real: pd.DataFrame, categories: list[str] | None)
     """`data.synthetic_train`: (train, val) with train = generated puzzles only (`n_train` per category, `difficulty`,
     seeded by `seed`) and val = the whole real file (its first `n_val` rows when set): no real puzzle is trained on.
     Generated puzzles whose prompt occurs in the real file are dropped."""
-    from lab.puzzles import CATEGORIES, generate
-
     d = cfg.data
     if not d.n_train:
         raise LabError("conf/data: synthetic_train needs n_train (generated puzzles per category)")
-    cats = categories or list(CATEGORIES)
-    opts = dict(d.difficulty) if d.difficulty else {}
-    train = pd.concat([generate(c, d.n_train, seed=cfg.seed, **dict(opts.get(c, {}))) for c in cats],
-                      ignore_index=True)
-    train = train[~train["prompt"].isin(set(real["prompt"]))].reset_index(drop=True)
+    train = _generated(cfg, categories, d.n_train, cfg.seed, exclude=real["prompt"])
     val = real.head(d.n_val).reset_index(drop=True) if d.n_val else real.reset_index(drop=True)
     return train, val
+
+
+def _generated(cfg, categories: list[str] | None, n: int, seed: int, exclude=()) -> pd.DataFrame:
+    """`n` puzzles of each category (all when None) from `lab.puzzles.generate` with `data.difficulty`, seeded by
+    `seed`; those whose prompt is in `exclude` dropped."""
+    from lab.puzzles import CATEGORIES, generate
+
+    difficulty = cfg.data.difficulty or {}
+    df = pd.concat([generate(c, n, seed=seed, **dict(difficulty.get(c, {}))) for c in categories or CATEGORIES],
+                   ignore_index=True)
+    return df[~df["prompt"].isin(set(exclude))].reset_index(drop=True)

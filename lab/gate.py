@@ -2,12 +2,11 @@
 
 `python -m lab.submission gate ZIP --model PATH [--n N] [--data CSV]` (README, "Before you submit"):
 1. `lab.submission.check` on the zip against the base model at PATH; any problem stops here.
-2. One vLLM engine on PATH with the scorer's settings (`lab.generate.vllm_engine`: conf/infer/kaggle.yaml's
-   max_lora_rank 32, max_model_len 8192 (capped by the model's own), max_num_seqs 64, gpu_memory_utilization
-   0.85 on a GPU) and the zip served exactly as `lab.generate` serves it (`served_adapter`, `LoRARequest`).
+2. One vLLM engine on PATH with the scorer's settings (`lab.generate.vllm_engine`, conf/infer/kaggle.yaml) and the
+   zip served exactly as `lab.generate` serves it (`served_adapter`, `LoRARequest`).
 3. Greedy (temperature 0, top_p 1) completions for N puzzles without and with the adapter: accuracy under the
    competition metric (`lab.metric`), the share cut off at the completion budget, the puzzles that changed.
-4. For each LoRA family in the zip (the rows of `lab.lora.TABLE`), a copy of the adapter holding only that
+4. For each LoRA family in the zip (`lab.lora.family_of`), a copy of the adapter holding only that
    family's tensors is served on the same engine; over the first FIRST_TOKENS greedy tokens of the first
    REACH_PROMPTS puzzles, the log-probabilities of the TOP most likely tokens are compared with the base model's
    while the context is the same: the family "reaches the output" when one moves by more than REACH or a token
@@ -33,7 +32,6 @@ from __future__ import annotations
 
 import json
 import math
-import re
 import tempfile
 import time
 from pathlib import Path
@@ -46,30 +44,18 @@ REACH = 1e-3       # a family reaches the output when some log-probability moves
 REACH_PROMPTS = 16
 
 
-def _family(name: str) -> str | None:
-    """The lab.lora family of a packed tensor name, or None."""
-    from lab import lora, submission
-
-    m = submission._LORA_KEY.match(name)
-    if m is None:
-        return None
-    module = re.sub(r"^backbone\.", "model.", submission._strip(m["module"]))
-    return next((fam.name for fam, (_, pat) in zip(lora.TABLE, submission._FAMILY_PATTERNS) if pat.search(module)),
-                None)
-
-
 def family_copies(adapter_dir: Path, workdir: Path) -> dict[str, Path]:
     """family -> a folder holding adapter_config.json and only that family's tensors of `adapter_dir`."""
     from safetensors.torch import load_file, save_file
 
+    from lab.lora import family_of
     from lab.submission import CONFIG_NAME, WEIGHTS_NAME
 
-    tensors = load_file(str(adapter_dir / WEIGHTS_NAME))
     by_family: dict[str, dict] = {}
-    for name, t in tensors.items():
-        fam = _family(name)
+    for name, t in load_file(str(adapter_dir / WEIGHTS_NAME)).items():
+        fam = family_of(name)
         if fam is None:
-            raise LabError(f"{adapter_dir / WEIGHTS_NAME}: tensor {name} belongs to no LoRA family of lab.lora.TABLE")
+            raise LabError(f"{adapter_dir / WEIGHTS_NAME}: tensor {name} is not a LoRA tensor")
         by_family.setdefault(fam, {})[name] = t
     out = {}
     for fam, part in sorted(by_family.items()):

@@ -1,5 +1,8 @@
 """Atomic writes: every file or folder a later stage or a rerun trusts is written to a temporary name beside it and
 renamed into place, so a reader never sees half of one; under a distributed launch only the main process writes.
+
+What it simplifies: the temporary name lives beside the target (a rename is atomic within one file system only);
+the file is fsynced, its folder is not.
 """
 
 from __future__ import annotations
@@ -15,23 +18,25 @@ import numpy as np
 
 from lab import LabError
 
-def _umask() -> int:
-    mask = os.umask(0o022)
-    os.umask(mask)
-    return mask
+
+def _beside(path: Path, make, mode: int, **kw):
+    """`make` (tempfile.mkstemp or mkdtemp) beside `path`, its folder made if missing, then given the permissions a
+    plain `open` / `mkdir` would give (`mode` less the umask: tempfile's 0600/0700 are unreadable to a shared team
+    folder); a folder that cannot be written to is a LabError naming it."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        made = make(dir=path.parent, prefix=f".{path.name}.", **kw)
+    except OSError as e:
+        raise LabError(f"{path}: cannot write here ({e.strerror or e})") from None
+    umask = os.umask(0o022)
+    os.umask(umask)
+    os.chmod(made[1] if isinstance(made, tuple) else made, mode & ~umask)
+    return made
 
 
 def temp_file(path: Path, suffix: str) -> tuple[int, str]:
-    """(fd, name) of a new temporary file beside `path` (its folder made if missing) with the permissions a plain
-    `open` would give (mkstemp's are 0600, unreadable to a shared team folder); a folder that cannot be written to
-    is a LabError naming it. `atomic_file` (every atomic file write of the lab) and the run lock use it."""
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=suffix)
-    except OSError as e:
-        raise LabError(f"{path}: cannot write here ({e.strerror or e})") from None
-    os.chmod(tmp, 0o666 & ~_umask())
-    return fd, tmp
+    """(fd, name) of a new temporary file beside `path` (`_beside`): `atomic_file` and the run lock use it."""
+    return _beside(path, tempfile.mkstemp, 0o666, suffix=suffix)
 
 
 def is_main_process() -> bool:
@@ -79,12 +84,7 @@ def atomic_dir(path: str | os.PathLike):
     import shutil
 
     path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}."))
-    except OSError as e:
-        raise LabError(f"{path}: cannot write here ({e.strerror or e})") from None
-    os.chmod(tmp, 0o777 & ~_umask())  # mkdtemp makes 0700: give the folder the user's normal permissions
+    tmp = Path(_beside(path, tempfile.mkdtemp, 0o777))
     try:
         yield tmp
         if path.exists():
@@ -108,10 +108,8 @@ def atomic_write_csv(path: str | os.PathLike, df) -> Path:
 
 
 def _json_default(o):
-    if isinstance(o, (np.integer,)):
-        return int(o)
-    if isinstance(o, (np.floating,)):
-        return float(o)
+    if isinstance(o, (np.integer, np.floating)):
+        return o.item()
     if isinstance(o, Path):
         return str(o)
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")

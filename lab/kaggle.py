@@ -1,43 +1,27 @@
-"""Offline Kaggle kernels: `python -m lab kaggle build` and `python -m lab kaggle dataset`.
+"""Offline Kaggle kernels: `python -m lab kaggle dataset` and `python -m lab kaggle build`.
 
-Kaggle runs competition kernels without internet, so the lab reaches a kernel as a Kaggle
-dataset and the kernel installs from it:
-
-- `python -m lab kaggle dataset` writes `kaggle_kernel/build/dataset/`: `dataset-metadata.json`
-  (id, title, licenses), the lab's wheel (`pip wheel --no-deps --no-build-isolation --no-index`
-  on a copy of pyproject.toml + lab/, so nothing is fetched and the checkout gets no build/
-  folder), `lab_src.tar.gz` (the repo's conf/, notebooks/ and scripts/: the notebooks compose
-  the config from `$LAB_ROOT/conf`), and `requirements.txt` with the pinned dependencies (the
-  versions installed here; torch as the pyproject's range unless the GPU extra pins it). This
-  downloads nothing; `--fetch-wheels` then fills the folder with wheels on a machine with internet
-  (`wheel_commands`: `pip wheel` for the source-only antlr4-python3-runtime 4.9.3 first, then a
-  binary-only `pip download` that finds it in the same folder).
-- `python -m lab kaggle build --notebook 02_sft --overrides model=nemotron_nano data=competition`
-  writes `kaggle_kernel/build/02_sft/`: `kernel-metadata.json` (id `<username>/<slug>` where the slug
-  is Kaggle's slug of the title; competition, model and dataset sources; internet off, private,
-  GPU on, `machine_shape`; the sources and the machine from `conf/kaggle`) and the notebook with its
-  parameters baked in by papermill's prepare-only mode (the `injected-parameters` cell) plus a first
-  cell that installs the lab offline (`pip install --no-index --find-links <dataset folder>
-  nemotron-reasoning-lab[vllm]`, with only the extras the composed config needs: `kernel_extras`), unpacks
-  lab_src.tar.gz to /tmp/lab_root and sets $LAB_ROOT. The overrides are composed here first, so a
-  typo fails now and not an hour into a Kaggle session. `run_dir` is baked in as
-  `/kaggle/working/outputs/<run_name>` (Kaggle's writable, saved folder) unless you set it; the
-  competition data and the model mount are found at run time by lab.data / lab.models.
-  `--notebook pipeline` makes one kernel that runs all stages through papermill
-  (lab.pipeline.run_notebooks) from the unpacked notebooks/.
-  A stage kernel can continue a run made by another kernel: attach it with `--kernel-sources
-  user/slug` and the install cell copies its `outputs/<run_name>/` into `/kaggle/working/outputs/`.
-  The install cell first checks the image's Python against `kaggle.python_version` (the wheel set's), and
-  installs the fused Mamba kernels' wheels (scripts/build_mamba_wheels.sh) when the dataset holds them.
+Kaggle runs competition kernels without internet, so the lab reaches a kernel as a Kaggle dataset the kernel
+installs from:
+- `dataset` (`build_dataset`) writes `kaggle_kernel/build/dataset/`: dataset-metadata.json, the lab's wheel (built
+  offline from a copy of pyproject.toml + lab/), `lab_src.tar.gz` (conf/, notebooks/, scripts/: the notebooks compose
+  from `$LAB_ROOT/conf`) and requirements.txt pinned to the versions installed here (torch as the pyproject's range:
+  Kaggle's image brings a CUDA torch). It downloads nothing; `--fetch-wheels` (`wheel_commands`) then fills the
+  folder with wheels for Kaggle's Python on a machine with internet.
+- `build --notebook 02_sft --overrides ...` (`build_kernel`) writes `kaggle_kernel/build/02_sft/`: kernel-metadata.json
+  (internet off, private, GPU and `machine_shape`, sources from `conf/kaggle`) and the notebook with its parameters
+  baked in by papermill's prepare-only mode, behind a first cell (`install_cell_source`) that checks the image's
+  Python, installs the lab offline with only the extras the config needs (`kernel_extras`) and the fused Mamba
+  kernels' wheels when the dataset holds them, unpacks the sources and continues a run attached with
+  `--kernel-sources`. The overrides are composed here, so a typo fails now and not an hour into a Kaggle session;
+  `run_dir` defaults to `/kaggle/working/outputs/<run_name>`. `--notebook pipeline` is one kernel that runs every
+  stage through `lab.pipeline.run_notebooks`.
 
 What it simplifies:
 1. One dependency dataset for every kernel.
-2. No calls to the Kaggle API: push with the `kaggle` command-line tool (docs/scaling.md, section 6).
+2. No calls to the Kaggle API: push with the `kaggle` command-line tool (docs/scaling.md, section 6); the model source
+   is checked with the rule kaggle 2.2.5 applies on push (`check_model_source`), and tests/test_kaggle.py runs
+   kaggle's own push validation on a built kernel where the package is installed.
 3. The username comes from --username or $KAGGLE_USERNAME, never from credential files.
-4. Notebooks are only built here (papermill's prepare-only mode bakes the parameters in); the pipeline kernel
-   executes the stages with `lab.pipeline.run_notebooks`, the lab's one stage runner. The model source is checked with the
-rule kaggle 2.2.5 applies on push (`check_model_source`); tests/test_kaggle.py runs kaggle's own push
-validation on a built kernel when the kaggle package is installed.
 """
 
 from __future__ import annotations
@@ -58,7 +42,7 @@ from pathlib import Path
 from lab import LabError
 from lab.config import compose, split_at_dashes
 from lab.io import atomic_file, atomic_write_json, atomic_write_text
-from lab.paths import project_root, resolve_path
+from lab.paths import KAGGLE_INPUT, project_root, resolve_path
 from lab.pipeline import STAGES
 
 SDIST_ONLY = ("antlr4-python3-runtime==4.9.3",)  # dependencies PyPI has no wheel of (omegaconf's): built with pip wheel
@@ -69,7 +53,6 @@ DATASET_TITLE = "Nemotron reasoning lab deps"
 BUILD_DIR = "kaggle_kernel/build"
 SRC_TARBALL = "lab_src.tar.gz"
 SRC_FOLDERS = ("conf", "notebooks", "scripts")
-KAGGLE_INPUT = "/kaggle/input"
 KAGGLE_WORKING = "/kaggle/working"
 LAB_ROOT_ON_KAGGLE = "/tmp/lab_root"
 PIPELINE = "pipeline"
@@ -82,7 +65,7 @@ MAMBA_EXTRA_DEP = "einops==0.8.2"
 
 def slugify(title: str) -> str:
     """Kaggle's slug of a title: lowercase, every run of non-alphanumerics becomes one '-', no '-' at the ends."""
-    return re.sub(r"-+", "-", re.sub(r"[^a-z0-9]+", "-", title.lower())).strip("-")
+    return re.sub(r"[^a-z0-9]+", "-", title.lower()).strip("-")
 
 
 def _username(username: str | None) -> str:
@@ -121,9 +104,7 @@ def kernel_extras(cfg, notebook: str) -> list[str]:
     vllm = notebook in gen and (cfg.model.generation_backend == "vllm"
                                 or (notebook in ("03_grpo", PIPELINE) and cfg.grpo.rollout_backend == "vllm"))
     unsloth = notebook in ("02_sft", PIPELINE) and "unsloth" in (cfg.sft.backend, cfg.model.train_backend)
-    from omegaconf import OmegaConf
-
-    bnb = notebook in ("02_sft", "03_grpo", PIPELINE) and OmegaConf.select(cfg, "gpu.optim") == "adamw_bnb_8bit"
+    bnb = notebook in ("02_sft", "03_grpo", PIPELINE) and cfg.gpu.optim == "adamw_bnb_8bit"
     return [x for x, need in (("vllm", vllm), ("unsloth", unsloth), ("bnb", bnb)) if need]
 
 
@@ -239,18 +220,13 @@ def build_dataset(username: str | None = None, out: str | os.PathLike | None = N
     return out
 
 
-def kaggle_python() -> str:
-    """`kaggle.python_version` of the default config: the Python of Kaggle's image (conf/kaggle/default.yaml)."""
-    return str(compose([]).kaggle.python_version)
-
-
 def wheel_commands(folder: str | os.PathLike, python_version: str | None = None) -> list[list[str]]:
     """The pip calls that fill the dataset folder with wheels for Kaggle (run on a machine WITH internet):
     first `pip wheel` builds the dependencies PyPI has only as source (`SDIST_ONLY`: antlr4-python3-runtime 4.9.3,
     which omegaconf pins, is pure Python), then `pip download` fetches every other pinned dependency as a binary
     wheel for Kaggle's Python and platform, finding the built ones in the same folder."""
     folder = str(folder)
-    python_version = python_version or kaggle_python()
+    python_version = python_version or str(compose([]).kaggle.python_version)  # conf/kaggle: Kaggle's image
     pip = [sys.executable, "-m", "pip"]
     return [[*pip, "wheel", "--no-deps", "--wheel-dir", folder, *SDIST_ONLY],
             [*pip, "download", "--requirement", str(Path(folder) / "requirements.txt"), "--dest", folder,
@@ -376,7 +352,7 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
 
     `competition`, `model_source` and `machine_shape` default to `conf/kaggle` of the composed config ('' for
     none); `machine_shape` is written only for a GPU kernel. The install cell installs the lab with the extras
-    the kernel needs (`kernel_extras`: vllm and/or unsloth, from the config) unless `gpu_extra` is False (none)
+    the kernel needs (`kernel_extras`: vllm, unsloth, bnb, from the config) unless `gpu_extra` is False (none)
     or True (the whole [gpu] extra); the dataset must hold their wheels.
     """
     import nbformat

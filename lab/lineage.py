@@ -11,10 +11,14 @@ damaged file); an input that differs means an upstream stage was rerun (or edite
 upstream stage with problems makes every stage that read it stale too. `lab.run.stage_output` / `stage_input`
 refuse to read a stage with problems (a LabError), and `lab.pipeline.summary` marks it.
 
+It is also the lab's one home for "what a rerun may trust": `files` (the files of a folder that count),
+`content_hash` (the one file hasher: lineage, `lab.generate`'s cache keys, `lab.checkpoints`' model fingerprint) and
+`diff` (what changed between a recorded key and the current one: resumed checkpoints, the tiny model's recipe).
+
 What it simplifies:
-1. Hashes are `content_hash` (the lab's one file hasher, also `lab.generate`'s cache keys: memoised per process by
-   path, size and modification time; a file over 1 GiB contributes its size and its first and last 64 MiB). This
-   module imports nothing from the lab, so `lab.config` (Stage, stage_output) can use it without an import cycle.
+1. `content_hash` is memoised per process by path, size and modification time; a file over 1 GiB contributes its
+   size and its first and last 64 MiB. This module imports nothing from the lab, so `lab.run` (Stage,
+   stage_output) can use it without an import cycle.
 2. A stage finished by an older lab version (no `outputs` in its manifest) has unknown lineage: nothing is said.
 3. Files added to a finished stage folder are not flagged, only files changed or removed.
 """
@@ -34,15 +38,30 @@ _WHOLE = 1 << 30  # files up to 1 GiB are hashed whole
 _PART = 64 << 20  # of larger ones, the first and last 64 MiB
 
 
+def files(folder: str | Path, skip: tuple[str, ...] = ()) -> dict[str, Path]:
+    """{relative posix name: path} of every file under `folder`, in sorted order; hidden files and folders, and
+    files named in `skip`, left out."""
+    folder = Path(folder)
+    found = ((p.relative_to(folder), p) for p in sorted(folder.rglob("*")) if p.is_file() and p.name not in skip)
+    return {rel.as_posix(): p for rel, p in found if not any(part.startswith(".") for part in rel.parts)}
+
+
+def diff(old, new, prefix: str = "") -> list[str]:
+    """`key: old -> new` for every leaf that differs between two nested dicts (a key absent on one side: <absent>)."""
+    if isinstance(old, dict) and isinstance(new, dict):
+        return [line for k in sorted(set(old) | set(new), key=str)
+                for line in diff(old.get(k, "<absent>"), new.get(k, "<absent>"), f"{prefix}{k}.")]
+    return [] if json.dumps(old, sort_keys=True) == json.dumps(new, sort_keys=True) \
+        else [f"{prefix[:-1]}: {old!r} -> {new!r}"]
+
+
 def content_hash(path: str | Path) -> str:
-    """sha256 over a file, or over a folder's files (relative names, sizes and bytes, in sorted order; hidden
-    files and folders skipped); files over 1 GiB contribute their first and last 64 MiB (lab/generate.py's docstring).
-    Memoised per process by path, size and modification time."""
+    """sha256 over a file, or over a folder's `files` (relative names, sizes and each file's sha256, in sorted
+    order); files over 1 GiB contribute their first and last 64 MiB. Memoised per process by path, size and
+    modification time."""
     path = Path(path)
-    files = [path] if path.is_file() else sorted(p for p in path.rglob("*") if p.is_file() and not any(
-        part.startswith(".") for part in p.relative_to(path).parts))
     h = hashlib.sha256()
-    for f in files:
+    for f in ([path] if path.is_file() else files(path).values()):
         st = f.stat()
         memo = (str(f.resolve()), st.st_size, st.st_mtime_ns)
         if memo not in _HASHES:
@@ -98,10 +117,7 @@ def consumed(path) -> None:
 
 def outputs(folder: Path) -> dict[str, str]:
     """{relative path: content hash} of every file in a stage folder except manifest.json and hidden files."""
-    folder = Path(folder)
-    return {p.relative_to(folder).as_posix(): content_hash(p) for p in sorted(folder.rglob("*"))
-            if p.is_file() and p.name != "manifest.json"
-            and not any(part.startswith(".") for part in p.relative_to(folder).parts)}
+    return {k: content_hash(p) for k, p in files(folder, skip=("manifest.json",)).items()}
 
 
 def _manifest(d: Path) -> dict | None:

@@ -57,7 +57,6 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
-import importlib.util
 import json
 import math
 import time
@@ -78,20 +77,6 @@ FIXTURE_CONFIG = Path(__file__).resolve().parents[1] / "tests" / "fixtures" / "n
 
 # ---- the model's shapes --------------------------------------------------------------------------------------------
 
-def nemotron_config(config: Mapping[str, Any] | Any):
-    """A NemotronHConfig from a config.json mapping (extra keys such as model_type and torch_dtype ignored)."""
-    from transformers import NemotronHConfig
-
-    if not isinstance(config, Mapping):
-        return config
-    d = {k: v for k, v in config.items() if k not in ("model_type", "torch_dtype", "architectures", "auto_map")}
-    return NemotronHConfig(**d)
-
-
-def load_config_values(path: str | Path) -> dict:
-    return json.loads(Path(path).read_text())
-
-
 def model_config_values(cfg: DictConfig) -> dict:
     """The NemotronHConfig fields of the configured model: `model.architecture` (tiny), else the checkpoint's
     config.json (the model folder, else ../shared's copy of the real one, else the test fixture of its values)."""
@@ -100,30 +85,32 @@ def model_config_values(cfg: DictConfig) -> dict:
     candidates = [Path(str(cfg.model.path)) / "config.json", REAL_CONFIG, FIXTURE_CONFIG]
     for p in candidates:
         if p.is_file():
-            return load_config_values(p)
+            return json.loads(p.read_text())
     raise LabError(f"model.path={cfg.model.path}: no config.json found (looked at {', '.join(map(str, candidates))})")
 
 
-def meta_model(config, dtype=None):
-    """NemotronHForCausalLM with the given config on the meta device: every shape, no storage."""
+def meta_model(values: Mapping[str, Any], dtype=None):
+    """NemotronHForCausalLM on the meta device (every shape, no storage) from config.json values (keys that are not
+    NemotronHConfig fields, such as model_type and torch_dtype, ignored)."""
     import torch
-    from transformers import NemotronHForCausalLM
+    from transformers import NemotronHConfig, NemotronHForCausalLM
 
+    skip = ("model_type", "torch_dtype", "architectures", "auto_map")
     with torch.device("meta"):
-        model = NemotronHForCausalLM(nemotron_config(config))
+        model = NemotronHForCausalLM(NemotronHConfig(**{k: v for k, v in values.items() if k not in skip}))
     return model.to(dtype) if dtype is not None else model
 
 
-def lora_figures(cfg: DictConfig, config) -> dict:
-    """The configured LoRA on the meta model: per-family table, trainable and base parameters, adapter MB."""
+def lora_figures(cfg: DictConfig, values: Mapping[str, Any]) -> dict:
+    """The configured LoRA on the meta model: per-family table (`lab.lora.attach_lora`), trainable and base
+    parameters."""
     from lab.lora import attach_lora
 
-    model = meta_model(config)
+    model = meta_model(values)
     base_params = sum(p.numel() for p in model.parameters())
     pm, table = attach_lora(cfg, model)
-    trainable = int(table["trainable_params"].sum())
-    return {"table": table, "model": pm, "base_params": base_params, "trainable_params": trainable,
-            "adapter_mb_fp32": trainable * 4 / 1e6, "adapter_mb_bf16": trainable * 2 / 1e6}
+    return {"table": table, "model": pm, "base_params": base_params,
+            "trainable_params": int(table["trainable_params"].sum())}
 
 
 # ---- counting live storage bytes -----------------------------------------------------------------------------------
@@ -437,7 +424,6 @@ class Trace:
     trainable_params: int
     base_params: int
     phase_peaks: dict = field(default_factory=dict)
-    ops: dict = field(default_factory=dict)
 
     @property
     def peak_gib(self) -> float:
@@ -465,26 +451,22 @@ def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int
     raise LabError(f"lab.memory: stage {stage!r} is not sft or grpo")
 
 
-def _optim_name(cfg: DictConfig) -> str:
-    return str(OmegaConf.select(cfg, "gpu.optim", default=None) or "adamw_torch_fused")
-
-
 def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba: str = "kernel",
           head: str = "chunked", fake: bool = True, config=None, rows: int | None = None,
-          ones_mask: bool = False, unpacked: bool = True) -> Trace:
+          unpacked: bool = True) -> Trace:
     """Run one training micro-step of `stage` and count its live storage bytes (module docstring).
 
     `mamba`: kernel (the `mamba_ssm`/`causal_conv1d` stand-ins) or torch (transformers' PyTorch path); `head`:
     chunked (TRL's Triton head stand-in) or torch (`lab.trl_cpu`); `fake=False` runs the same step on real tensors
     (the test that the fake count is right); `config`: NemotronHConfig values (default: `model_config_values`);
-    `ones_mask`: pass an all-ones `attention_mask` instead of None; `unpacked=False` leaves transformers' packed-row
-    detection alone (both for the [T x T] pitfall test, module docstring)."""
+    `unpacked=False` leaves transformers' packed-row detection alone (the [T x T] pitfall test, module docstring)."""
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     from lab.lora import attach_lora
 
     t0 = time.perf_counter()
+    optim = cfg.gpu.optim or "adamw_torch_fused"  # transformers' default
     rows, seq_len, checkpointing = step_shape(cfg, stage, tokens, rows)
     values = dict(config or model_config_values(cfg))
     values["use_mamba_kernels"] = False  # the module-level functions are what the trace swaps (_mamba_kernels)
@@ -519,8 +501,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
                 counter.phase = "forward"
                 ids = torch.zeros(rows, seq_len, dtype=torch.long)
                 with autocast:
-                    mask = torch.ones(rows, seq_len, dtype=torch.long) if ones_mask else None
-                    hidden = pm.base_model.model.model(input_ids=ids, attention_mask=mask,
+                    hidden = pm.base_model.model.model(input_ids=ids, attention_mask=None,
                                                        use_cache=False).last_hidden_state
                     loss = _head_loss(pm, hidden, temperature, outputs, head)
                 del hidden
@@ -528,8 +509,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
                 loss.backward()
                 del loss
                 counter.phase, counter.where = "optimizer", ""
-                state = _optimizer_step(trainable, _optim_name(cfg), float(cfg.sft.learning_rate),
-                                        float(cfg.sft.weight_decay))
+                state = _optimizer_step(trainable, optim, float(cfg.sft.learning_rate), float(cfg.sft.weight_decay))
                 del state
     finally:
         for h in where:
@@ -538,9 +518,9 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
     top = sorted(((k, v) for k, v in counter.at_peak.items() if v > 0), key=lambda kv: -kv[1])
     return Trace(stage=stage, rows=rows, seq_len=seq_len, peak_bytes=counter.peak, top=top,
                  mamba_path=", ".join(k for k in _PATHS if "head" not in k) or "none",
-                 experts_path=_experts_path(ops), optim=_optim_name(cfg), seconds=time.perf_counter() - t0,
+                 experts_path=_experts_path(ops), optim=optim, seconds=time.perf_counter() - t0,
                  trainable_params=int(table["trainable_params"].sum()), base_params=base_params,
-                 phase_peaks={k: v for k, v in counter.phase_peak.items() if k != "setup"}, ops=ops)
+                 phase_peaks={k: v for k, v in counter.phase_peak.items() if k != "setup"})
 
 
 def _experts_path(ops: dict) -> str:
@@ -567,9 +547,8 @@ def _where_hooks(pm, counter) -> list:
 
 def gpu_gib(cfg: DictConfig) -> float | None:
     """The card's memory: `gpu.memory_gib`, else this machine's first CUDA device, else None."""
-    g = OmegaConf.select(cfg, "gpu.memory_gib", default=None)
-    if g is not None:
-        return float(g)
+    if cfg.gpu.memory_gib is not None:
+        return float(cfg.gpu.memory_gib)
     import torch
 
     if torch.cuda.is_available():
@@ -578,12 +557,8 @@ def gpu_gib(cfg: DictConfig) -> float | None:
 
 
 def max_use(cfg: DictConfig) -> float:
-    return float(OmegaConf.select(cfg, "gpu.max_use", default=0.95))
-
-
-def kernels_available() -> bool:
-    """True when the fused Mamba scan and conv packages can be imported (the path real training needs)."""
-    return all(importlib.util.find_spec(m) is not None for m in ("mamba_ssm", "causal_conv1d"))
+    """`gpu.max_use`: the share of the card's memory one training micro-step may take."""
+    return float(cfg.gpu.max_use)
 
 
 def report(t: Trace, card_gib: float | None, use: float, n_top: int = 10) -> str:
@@ -616,27 +591,30 @@ def check_fits(cfg: DictConfig, stage: str = "sft") -> Trace | None:
     """Before loading the real model: trace one `stage` micro-step, print it, and raise `LabError` when the peak
     exceeds `gpu.max_use` of the card's memory (`gpu.check=false` prints and goes on). Does nothing for the tiny
     model (`model.build_tiny`: the CPU demo never pays for a trace). The Mamba path is the one this machine will
-    take: the kernels when `mamba_ssm` and `causal_conv1d` import, else transformers' PyTorch scan."""
+    take: the kernels when `mamba_ssm` and `causal_conv1d` import (`lab.models.missing_mamba_kernels`), else
+    transformers' PyTorch scan."""
+    from lab.models import missing_mamba_kernels
+
     if cfg.model.build_tiny:
         return None
     card, use = gpu_gib(cfg), max_use(cfg)
     if not 0 < use <= 1:
         raise LabError(f"conf/gpu: max_use={use} must be in (0, 1]")
-    t = trace(cfg, stage, mamba="kernel" if kernels_available() else "torch")
+    t = trace(cfg, stage, mamba="torch" if missing_mamba_kernels() else "kernel")
     print(report(t, card, use))
     if card is None:
         print("  (no gpu.memory_gib and no CUDA device: nothing to check against)")
         return t
     if t.peak_gib > use * card:
         msg = (f"{stage}: one training micro-step peaks at {t.peak_gib:.1f} GiB by the trace (lab.memory), more than "
-               f"gpu.max_use={use} of gpu.memory_gib={card:.1f} (gpu={OmegaConf.select(cfg, 'gpu.name')}); Mamba "
+               f"gpu.max_use={use} of gpu.memory_gib={card:.1f} (gpu={cfg.gpu.name}); Mamba "
                f"path: {t.mamba_path}. "
                + ("The fused Mamba kernels (mamba_ssm, causal_conv1d) do not import here, so transformers' PyTorch "
                   "scan would run: install them (README, real model quick start). " if "stand-in" not in t.mamba_path
                   else "")
                + "Pick the preset for your card (gpu=h100_80gb, rtx_pro_6000, h200), lower the token count, or set "
                "gpu.check=false to start anyway")
-        if OmegaConf.select(cfg, "gpu.check", default=True):
+        if cfg.gpu.check:
             raise LabError(msg)
         print("WARNING: " + msg)
     return t

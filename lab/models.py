@@ -32,6 +32,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.io import atomic_dir
+from lab.lineage import diff
 from lab.paths import check_model_path, kaggle_model_dir, resolve_path
 
 SPECIAL_TOKENS = ["<pad>", "<s>", "<|im_end|>", "<|im_start|>", "<unk>"]  # ids 0..4: pad, bos, eos, ...
@@ -139,13 +140,6 @@ def tiny_recipe(cfg: DictConfig) -> dict:
             "tokenizer_sha256": _tokenizer_sha(int(arch["vocab_size"]))}
 
 
-def _flat(d: dict, prefix: str = "") -> dict:
-    out = {}
-    for k, v in d.items():
-        out.update(_flat(v, f"{prefix}{k}.") if isinstance(v, dict) else {f"{prefix}{k}": v})
-    return out
-
-
 def check_tiny_recipe(cfg: DictConfig, path: Path) -> None:
     """Refuse a built tiny model whose recipe differs from the config (a silently stale base model would make
     every later number wrong)."""
@@ -160,9 +154,7 @@ def check_tiny_recipe(cfg: DictConfig, path: Path) -> None:
     if have is None:
         why = f"{f} is missing or unreadable (built by an older version of the lab)"
     else:
-        h, w = _flat(have), _flat(want)
-        why = "; ".join(f"{k}: built {h.get(k)!r}, config {w.get(k)!r}" for k in sorted(set(h) | set(w))
-                        if h.get(k) != w.get(k))
+        why = "; ".join(diff(have, want)) + ": built -> config"
     raise LabError(f"{path}: this tiny base model was built from a different recipe ({why}). Delete the folder "
                    "(and the run's stage folders, whose adapters were trained on it) or use another run_name.")
 
@@ -200,14 +192,10 @@ def model_path(cfg: DictConfig) -> str:
             build_tiny(cfg, local)
         check_tiny_recipe(cfg, local)
         return str(local)
+    check_model_path(p)  # a LabError unless a local folder with config.json, the Kaggle mount or a cached Hub id
     if local.is_dir():
-        if not (local / "config.json").is_file():
-            raise LabError(f"{local}: model folder has no config.json")
         return str(local)
-    if os.path.isdir("/kaggle/input") and (k := kaggle_model_dir()) is not None:
-        return str(k)
-    check_model_path(p)
-    return p  # a Hub id found in the local Hub cache
+    return str(kaggle_model_dir() or p)  # else a Hub id found in the local Hub cache
 
 
 # The fused Mamba-2 kernels transformers 5.17's Nemotron-H calls when their packages import
@@ -243,9 +231,9 @@ def missing_mamba_kernels() -> dict[str, str]:
 def check_mamba_kernels(cfg: DictConfig) -> None:
     """Refuse to train the real model on the PyTorch reference Mamba scan (a LabError naming how to get the kernels).
 
-    Without `mamba_ssm`, transformers' Nemotron-H runs its PyTorch reference `mamba2_chunk_scan`; issue 26's
-    fake-tensor trace of the real config found two 32 GiB fp32 temporaries live together in a Mamba layer's backward,
-    one step past every single GPU at 8,192 tokens. transformers' other route, Hub kernels (`kernels-community/
+    Without `mamba_ssm`, transformers' Nemotron-H runs its PyTorch reference `mamba2_chunk_scan`, whose backward holds
+    large fp32 temporaries a Mamba layer at a time (`python -m lab memory --mamba torch` traces it; README, "Real model:
+    shapes and memory"). transformers' other route, Hub kernels (`kernels-community/
     mamba-ssm` through the `kernels` package, integrations/hub_kernels.py), applies only to `from_pretrained(...,
     use_kernels=True)` with the Hub reachable at load time; the lab loads without it (and Kaggle kernels run
     offline), so the two packages are the route. The tiny model (built here, CPU) trains on the PyTorch path and is
@@ -284,7 +272,7 @@ def load(cfg: DictConfig, adapter: str | os.PathLike | None = None, trainable: b
     The weights load straight onto the device: transformers 5.17's `from_pretrained(device_map=...)`
     (modeling_utils.py, integrations/accelerate.py `check_and_set_device_map`) turns a device name into
     `{"": device}` ("cuda" into this process's `cuda:LOCAL_RANK`), builds the model on the meta device and
-    writes each tensor to that device as it is read, so the 59 GiB of the real model never sit in host RAM
+    writes each tensor to that device as it is read, so the real model's weights never sit in host RAM
     first (as they did with `from_pretrained(...)` then `.to(device)`). With one device no accelerate hooks
     are added (`accelerate_dispatch` runs only for several devices or disk offload). Under DeepSpeed ZeRO-3
     transformers refuses a device_map, so none is passed there."""

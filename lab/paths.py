@@ -6,12 +6,12 @@ What it simplifies: nothing is downloaded; a Hub id counts only when its config.
 
 from __future__ import annotations
 
-import glob
 import json
 import os
 from pathlib import Path
 
 from lab import LabError
+
 
 def project_root() -> Path:
     """The folder holding `conf/config.yaml`: $LAB_ROOT, else the checkout this package lives in."""
@@ -35,17 +35,6 @@ def resolve_path(p: str | os.PathLike) -> Path:
 # compose-time check in `validate` needs no import of lab.data or lab.models (they re-export these names).
 KAGGLE_INPUT = Path("/kaggle/input")
 COMPETITION_SLUG = "nvidia-nemotron-model-reasoning-challenge"
-
-
-def _on_kaggle() -> bool:
-    return bool(os.environ.get("KAGGLE_KERNEL_RUN_TYPE")) or KAGGLE_INPUT.is_dir()
-
-
-def _kaggle_candidates(name: str) -> list[Path]:
-    if not KAGGLE_INPUT.is_dir():
-        return []
-    found = sorted(set(KAGGLE_INPUT.glob(f"*/{name}")) | set(KAGGLE_INPUT.glob(f"*/*/{name}")))
-    return [p for p in found if p.is_file()]
 
 
 def find_data_file(path: str | os.PathLike | None = None, name: str = "train.csv") -> Path:
@@ -87,8 +76,8 @@ def find_data_file(path: str | os.PathLike | None = None, name: str = "train.csv
         looked.append(str(c))
     except LabError as err:
         looked.append(f"<project root>/data/{name} ({err})")
-    if _on_kaggle():
-        found = _kaggle_candidates(name)
+    if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") or KAGGLE_INPUT.is_dir():
+        found = sorted(p for p in {*KAGGLE_INPUT.glob(f"*/{name}"), *KAGGLE_INPUT.glob(f"*/*/{name}")} if p.is_file())
         own = [p for p in found if COMPETITION_SLUG in str(p)]
         if len(own) == 1 or (not own and len(found) == 1):
             return (own or found)[0]
@@ -102,10 +91,10 @@ def find_data_file(path: str | os.PathLike | None = None, name: str = "train.csv
 
 def kaggle_model_dir() -> Path | None:
     """The Nemotron-H checkpoint folder under the Kaggle input mount, when running on Kaggle."""
-    for cfg_file in sorted(glob.glob("/kaggle/input/**/config.json", recursive=True)):
+    for cfg_file in sorted(KAGGLE_INPUT.glob("**/config.json")):
         try:
-            if json.loads(Path(cfg_file).read_text()).get("model_type") == "nemotron_h":
-                return Path(cfg_file).parent
+            if json.loads(cfg_file.read_text()).get("model_type") == "nemotron_h":
+                return cfg_file.parent
         except (OSError, json.JSONDecodeError):
             continue
     return None
@@ -122,7 +111,7 @@ def check_model_path(p: str, hub_cache: bool = True) -> None:
         if not (local / "config.json").is_file():
             raise LabError(f"{local}: model folder has no config.json")
         return
-    if os.path.isdir("/kaggle/input") and kaggle_model_dir() is not None:
+    if kaggle_model_dir() is not None:
         return
     if p.startswith((".", "/", "~")) or p.count("/") != 1:  # a path, not a Hub id
         raise LabError(f"{local}: model folder not found (model.path={p!r} is neither a folder nor a Hub id "

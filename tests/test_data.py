@@ -14,7 +14,7 @@ import pytest
 from lab import data
 from lab import paths
 from lab import LabError
-from lab.data import add_categories, content_hash, find_data_file, load_puzzles, load_split, save_split, split
+from lab.data import add_categories, find_data_file, load_puzzles, load_split, rows_hash, save_split, split
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tricky.csv"
 
@@ -232,20 +232,20 @@ def test_split_without_category_and_edge_fractions():
             split(df, bad, seed=1)
 
 
-def test_content_hash_stable_and_sensitive():
+def test_rows_hash_stable_and_sensitive():
     df = pd.DataFrame({"id": ["1", "2"], "prompt": ["p", "q"], "answer": ["01", "x"]}, dtype=str)
-    h = content_hash(df)
+    h = rows_hash(df)
     manual = hashlib.sha256(b"id\x1fprompt\x1fanswer\n")
     for v in ["1", "p", "01", "2", "q", "x"]:
         manual.update(len(v).to_bytes(8, "big") + v.encode())
     assert h == manual.hexdigest()
     assert h == "d5638c71c40687dbb656136f07bb17a5a8bd3f56672875abc7b91a5e331326f5"  # pinned: must never drift
-    assert content_hash(df.assign(category="c")) == h  # only id/prompt/answer count
-    assert content_hash(df.assign(answer=["1", "x"])) != h  # a leading zero matters
-    assert content_hash(df.iloc[::-1]) != h  # order matters
+    assert rows_hash(df.assign(category="c")) == h  # only id/prompt/answer count
+    assert rows_hash(df.assign(answer=["1", "x"])) != h  # a leading zero matters
+    assert rows_hash(df.iloc[::-1]) != h  # order matters
     a = pd.DataFrame({"id": ["ab"], "prompt": ["c"]})
     b = pd.DataFrame({"id": ["a"], "prompt": ["bc"]})
-    assert content_hash(a) != content_hash(b)
+    assert rows_hash(a) != rows_hash(b)
 
 
 def test_save_load_round_trip(tmp_path):

@@ -27,7 +27,7 @@ PRESET = ["model=nemotron_nano", "experiment=competition", "data=competition"]
 
 @pytest.fixture(scope="module")
 def values():
-    return memory.load_config_values(FIXTURE)
+    return json.loads(FIXTURE.read_text())
 
 
 @pytest.fixture(scope="module")
@@ -67,7 +67,6 @@ def test_every_target_family_matches_with_the_expected_trainable_parameters(valu
     got = {f: (int(t.loc[f, "modules"]), int(t.loc[f, "trainable_params"])) for f in t.index}
     assert got == expect
     assert figures["trainable_params"] == sum(p for _, p in expect.values())
-    assert figures["adapter_mb_fp32"] == pytest.approx(figures["trainable_params"] * 4 / 1e6)
     # the base model: 31.6 B parameters (the "30B-A3B"), counted from the meta model's shapes
     assert 31.0e9 < figures["base_params"] < 32.0e9
 

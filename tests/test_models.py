@@ -58,9 +58,9 @@ def test_tiny_build_is_deterministic(tmp_path):
 
 def test_a_stale_tiny_model_is_refused_naming_what_changed(tmp_path):
     models.load(compose([f"run_dir={tmp_path}"]))
-    with pytest.raises(LabError, match=r"architecture.num_attention_heads: built 16, config 8"):
+    with pytest.raises(LabError, match=r"architecture.num_attention_heads: 16 -> 8"):
         models.load(compose([f"run_dir={tmp_path}", "model.architecture.num_attention_heads=8"]))
-    with pytest.raises(LabError, match="seed: built 1234, config 7"):
+    with pytest.raises(LabError, match="seed: 1234 -> 7"):
         models.load(compose([f"run_dir={tmp_path}", "seed=7"]))
     (tmp_path / "base_model" / models.RECIPE_FILE).unlink()
     with pytest.raises(LabError, match="missing or unreadable"):

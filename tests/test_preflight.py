@@ -71,6 +71,18 @@ def test_unsloth_is_asked_for_only_where_the_stage_uses_it(tmp_path):
     assert "unsloth" not in vote and "vllm" not in vote and "model.path" not in vote
 
 
+def test_8bit_adamw_asks_for_bitsandbytes_by_its_module_name(tmp_path, monkeypatch):
+    """gpu.optim=adamw_bnb_8bit needs the `bnb` extra, whose module is `bitsandbytes` (the check once looked for a
+    module named `bnb`, and a missing one raised KeyError instead of the list)."""
+    cfg = compose(_real(tmp_path, "gpu.optim=adamw_bnb_8bit", "model.generation_backend=hf"))
+    real = importlib.util.find_spec
+    for present in (False, True):
+        monkeypatch.setattr(importlib.util, "find_spec",
+                            lambda name, *a: (object() if present else None) if name == "bitsandbytes" else real(name, *a))
+        found = " ".join(preflight.problems("02_sft", cfg))
+        assert ("bnb not installed (gpu.optim=adamw_bnb_8bit)" in found) != present
+
+
 def test_the_tiny_model_and_other_stages_skip_it(tmp_path):
     assert not preflight.applies("02_sft", compose([f"run_dir={tmp_path}"]))
     cfg = compose(_real(tmp_path))
