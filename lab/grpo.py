@@ -26,6 +26,7 @@ What it simplifies:
 from __future__ import annotations
 
 import dataclasses
+import importlib.util
 import json
 import math
 import os
@@ -291,20 +292,6 @@ def _trainable_sample(model, size: int = 65536) -> dict:
     return out
 
 
-def _check_rollout_backend(backend: str) -> None:
-    if backend != "vllm":
-        return
-    import importlib.util
-
-    import torch
-
-    if not torch.cuda.is_available():
-        raise LabError("conf/grpo: rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf on CPU")
-    if importlib.util.find_spec("vllm") is None:
-        raise LabError("conf/grpo: rollout_backend=vllm but vllm is not installed (pip install -e '.[gpu]'); "
-                       "or use rollout_backend=hf")
-
-
 def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer):
     """Select prompts by pass rate, run GRPO, save the adapter; returns (metrics, model, step log)."""
     import torch
@@ -318,7 +305,11 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
 
     g = cfg.grpo
     backend = check_backend(cfg)
-    _check_rollout_backend(backend)
+    if backend == "vllm" and not torch.cuda.is_available():
+        raise LabError("conf/grpo: rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf on CPU")
+    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise LabError("conf/grpo: rollout_backend=vllm but vllm is not installed (pip install -e '.[gpu]'); "
+                       "or use rollout_backend=hf")
     trl_cpu.install()
     max_steps, per_step = g.max_steps, g.prompts_per_step
     if max_steps < 1:

@@ -7,9 +7,9 @@ turns the config's ``grpo.rewards`` mapping (name -> weight) into what the train
 `Reward` with only its own options bound (as open-r1's reward factories bind theirs).
 
 What TRL 1.15 passes (read in ``trl/trainer/grpo_trainer.py``, ``_calculate_rewards``): keywords
-``prompts`` (list), ``completions`` (for a plain-text dataset, the decoded strings, decoded with
-``skip_special_tokens=True``; for a conversational one, ``[{"role": "assistant", "content": ...}]``
-lists, which these functions also accept), ``completion_ids`` (lists of token ids, unpadded; a
+``prompts`` (list), ``completions`` (for the lab's plain-text dataset, `lab.grpo.build_dataset`, the
+strings decoded with ``skip_special_tokens=True``; a conversational dataset's message lists are not
+accepted), ``completion_ids`` (lists of token ids, unpadded; a
 finished completion ends with its EOS token, a truncated one does not), every dataset column but
 ``prompt``/``completion``/``completion_ids`` as a list aligned with the completions (here ``answer``,
 ``solver_trace``, ``category``, ...), and ``trainer_state`` (transformers' TrainerState),
@@ -84,17 +84,6 @@ TRUNCATION = ("penalise", "mask")
 # helpers
 # ----------------------------------------------------------------------------------------------
 
-def _text(completion: Any) -> str:
-    """A completion as text: a string as is; a conversational completion's last message content."""
-    if completion is None:
-        return ""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], Mapping):
-        return str(completion[-1].get("content") or "")
-    return str(completion)
-
-
 def _missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
 
@@ -127,11 +116,8 @@ def _ids(completion_ids: Sequence | None, n: int, reward: str) -> list:
 
 
 def _budget(max_completion_length: Any, reward: str) -> int:
-    try:
-        budget = None if isinstance(max_completion_length, bool) else int(max_completion_length)
-    except (TypeError, ValueError):
-        budget = None
-    if budget is None or budget < 1 or budget != max_completion_length:
+    budget = max_completion_length
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise LabError(f"{reward} needs max_completion_length (the completion budget in tokens, an int >= 1), "
                        f"got {max_completion_length!r}; pass it to lab.rewards.build")
     return budget
@@ -152,7 +138,7 @@ def correctness_reward(prompts, completions, completion_ids=None, metric_version
         if not isinstance(gold, str):
             raise LabError(f"reward 'correctness': gold answer {gold!r} is a {type(gold).__name__}, not a str; "
                            "read the data with dtype=str (binary answers such as 0101 lose their leading zeros)")
-        out.append(1.0 if verify(gold, extract_answer(_text(c), metric_version), metric_version) else 0.0)
+        out.append(1.0 if verify(gold, extract_answer(c, metric_version), metric_version) else 0.0)
     return out
 
 
@@ -183,7 +169,7 @@ def format_score(text: str) -> float:
 
 def format_reward(prompts, completions, completion_ids=None, **kwargs) -> list:
     """`</think>` once, then exactly one non-empty `\\boxed{}` at the very end: 1.0; partial credit otherwise."""
-    return [format_score(_text(c)) for c in completions]
+    return [format_score(c) for c in completions]
 
 
 def length_reward(prompts, completions, completion_ids=None, max_completion_length: int | None = None,
@@ -239,7 +225,7 @@ def agreement(completion: str, solver_trace: str | None) -> float:
 def trace_agreement_reward(prompts, completions, completion_ids=None, **kwargs) -> list:
     """Share of the row's `solver_trace` reasoning lines reproduced in order (LCS over lines); 0.0 without one."""
     traces = _column(kwargs, "solver_trace", "trace_agreement", len(completions))
-    return [agreement(_text(c), t) for c, t in zip(completions, traces)]
+    return [agreement(c, t) for c, t in zip(completions, traces)]
 
 
 REWARDS: dict[str, Callable[..., list]] = {

@@ -72,11 +72,6 @@ def test_correctness_missing_gold_is_none_and_bad_gold_is_an_error():
         call(correctness_reward, [GOOD])
 
 
-def test_correctness_accepts_conversational_completions():
-    conv = [[{"role": "assistant", "content": GOOD}]]
-    assert call(correctness_reward, conv, answer=["42"]) == [1.0]
-
-
 # ----------------------------------------------------------------------------------------------
 # format
 # ----------------------------------------------------------------------------------------------
