@@ -16,8 +16,9 @@ n of its samples were written.
 
 The completion budget is the competition's, computed in one place, `completion_budget(tokenizer, prompts, max_tokens,
 max_model_len)`: `min(max_tokens, max_model_len - longest prompt)` (GRPO counts its prompts with the special tokens
-TRL adds, `add_special_tokens=True`). A puzzle whose prompt leaves no room at all is skipped by `sample_table`, not fatal to the others: its
-rows have finish_reason 'prompt_too_long' (`SKIPPED`), no completion, and count as wrong; a note names its id.
+TRL adds, `add_special_tokens=True`). A puzzle whose prompt leaves no room at all is skipped by `sample_table`, not
+fatal to the others: its rows have finish_reason 'prompt_too_long' (`SKIPPED`), no completion, and count as wrong; a
+note names its id.
 vLLM is imported only when the `vllm` back-end is chosen.
 
 The vllm back-end scores an adapter only in its packed form: vLLM 0.33 refuses the raw PEFT folder of
@@ -113,8 +114,8 @@ def completion_budgets(tokenizer, prompts: Sequence[str], max_tokens: int, max_m
                        add_special_tokens: bool = False) -> list[int]:
     """Per rendered prompt, the completion tokens it leaves: min(max_tokens, max_model_len - its tokens); 0 or less
     when it cannot fit. `add_special_tokens=True` counts the prompt as TRL's GRPOTrainer tokenises it."""
-    return [min(int(max_tokens), int(max_model_len) - len(tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"]))
-            for p in prompts]
+    lengths = [len(tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"]) for p in prompts]
+    return [min(int(max_tokens), int(max_model_len) - n) for n in lengths]
 
 
 def completion_budget(tokenizer, prompts: Sequence[str], max_tokens: int, max_model_len: int,

@@ -417,7 +417,8 @@ def curves(samples: pd.DataFrame, K: int | None = None, version: str = "final") 
     for k in range(1, K + 1):
         n_maj = sum(it["maj"][k - 1] for it in items)
         tok = float(sum(k * it["mean_tok"] for it in items))
-        rows.append({"k": k, "puzzles": len(items), "pass_at_k": float(np.mean([pass_at_k(K, it["c"], k) for it in items])),
+        rows.append({"k": k, "puzzles": len(items),
+                     "pass_at_k": float(np.mean([pass_at_k(K, it["c"], k) for it in items])),
                      "maj_at_k": n_maj / len(items), "tokens_per_puzzle": tok / len(items),
                      "tokens_per_correct": tok / n_maj if n_maj else math.inf})
     return pd.DataFrame(rows)

@@ -84,7 +84,8 @@ def test_generation_budget_and_finish_reason(tiny):
     out = G.generate_hf(model, tok, prompts * 2, G.Sampling(max_tokens=5), progress=False)
     assert [c.finish_reason for c in sum(out, [])] == ["length", "length"] and out[0][0].tokens == 5
     assert out[0][0].text == out[1][0].text  # greedy is deterministic
-    s = G.generate_hf(model, tok, prompts, G.Sampling(max_tokens=5, n=3, temperature=1.0, logprobs=True), progress=False)
+    spec = G.Sampling(max_tokens=5, n=3, temperature=1.0, logprobs=True)
+    s = G.generate_hf(model, tok, prompts, spec, progress=False)
     assert len(s[0]) == 3 and len(s[0][0].logprobs) == 5 and all(lp <= 0 for lp in s[0][0].logprobs)
 
 

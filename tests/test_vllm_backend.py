@@ -190,6 +190,32 @@ def test_generator_vllm_branch(monkeypatch, tmp_path):
     assert "engine" not in seen
 
 
+def test_generator_passes_the_sampling_spec_to_vllm_capped_by_the_budget(monkeypatch):
+    """What the caller's `Sampling` says reaches SamplingParams; max_tokens is capped by `completion_budget`;
+    greedy with n > 1 asks vLLM for one completion and repeats it."""
+    from lab import generate, models
+    from lab.config import compose
+
+    def outputs(prompts, params, lora_request):
+        return [types.SimpleNamespace(request_id=str(i), outputs=[_out("x", [1, 2], None, "stop")] * params.kw["n"])
+                for i in range(len(prompts))]
+
+    seen = _fake_vllm(monkeypatch, outputs)
+    words = lambda text, add_special_tokens=False: {"input_ids": text.split()}  # noqa: E731 - a word tokenizer
+    monkeypatch.setattr(models, "load_tokenizer", lambda cfg: words)
+    monkeypatch.setattr(models, "model_path", lambda cfg: "/models/nemotron")
+    cfg = compose(["model.generation_backend=vllm"])
+    gen = generate.Generator(cfg)
+    prompt = "one two three"
+    spec = generate.Sampling(max_tokens=10**6, n=3, temperature=0.7, top_p=0.8, seed=5, logprobs=True)
+    assert len(gen.run([prompt], spec)[0]) == 3
+    assert seen["params"] == {"n": 3, "temperature": 0.7, "top_p": 0.8, "seed": 5, "logprobs": 0,
+                              "max_tokens": int(cfg.model.max_model_len) - 3}
+    greedy = gen.run([prompt], generate.Sampling.competition(cfg, n=4, max_tokens=7))
+    assert seen["params"]["n"] == 1 and seen["params"]["max_tokens"] == 7 and len(greedy[0]) == 4
+    assert seen["params"]["temperature"] == cfg.infer.temperature == 0 and seen["params"]["seed"] == cfg.seed
+
+
 def test_vllm_never_scores_an_in_memory_model(monkeypatch):
     """vLLM loads the base model itself: a model passed in would be silently replaced, so it is refused."""
     from lab import generate
