@@ -32,7 +32,7 @@ import math
 import os
 import shutil
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
@@ -200,10 +200,13 @@ def micro_batch(cfg: DictConfig) -> tuple[int, int]:
     return m, group // m
 
 
-def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
-                cuda: bool | None = None) -> dict[str, Any]:
-    """The keyword arguments `grpo_args` gives GRPOConfig: every value from the config, none left to a TRL
-    default that matters (max_completion_length, shuffling, batch shape, learning rate, seed, precision)."""
+def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
+              cuda: bool | None = None):
+    """GRPOConfig from `conf/grpo`: every value from the config, none left to a TRL default that matters
+    (max_completion_length, shuffling, batch shape, learning rate, seed, precision). Constructing it never imports
+    vLLM; TRL's own checks run here (`train` builds it before any sampling), and what they refuse is a LabError."""
+    from trl import GRPOConfig
+
     if cuda is None:
         import torch
 
@@ -230,16 +233,6 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
         kw.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
                   vllm_max_model_length=cfg.model.max_model_len, vllm_enable_sleep_mode=g.vllm_sleep_mode,
                   vllm_tensor_parallel_size=1)
-    return kw
-
-
-def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
-              cuda: bool | None = None):
-    """GRPOConfig from `conf/grpo` (constructing it never imports vLLM); TRL's own checks run here (`train` builds
-    it before any sampling), and what they refuse is a LabError."""
-    from trl import GRPOConfig
-
-    kw = grpo_kwargs(cfg, output_dir, max_completion_length, reward_weights, cuda)
     unknown = sorted(set(kw) - {f.name for f in dataclasses.fields(GRPOConfig)})
     if unknown:
         raise LabError(f"the installed TRL's GRPOConfig has no field(s) {unknown}; lab.grpo targets trl==1.15")
