@@ -22,7 +22,7 @@ Modules, by what they do:
   kaggle      building offline Kaggle kernels
   pipeline    the one stage runner (papermill), the five notebooks headless (`python -m lab demo`), the summary
   plots       every plot of the lab (stages, errors, voting, sweeps) in one style, and the PNG writer
-  trl_cpu     every use of TRL 1.15's private API (the CPU log-prob head, GRPO rollout internals); progress lines
+  trl_cpu     every use of TRL 1.15's private API (the CPU log-prob head, GRPO rollout internals)
   console     progress lines (training steps, generation) and known library warnings said once
   preflight   before a real-model stage: GPU packages, CUDA, model folder, as one list of what is missing
 """

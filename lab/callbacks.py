@@ -6,7 +6,8 @@ What it simplifies:
    checkpoint and stop cleanly (checked after every optimiser step).
 2. Step progress as plain lines (`TrainProgress`, `lab.console.Progress`): step/total, the latest loss (SFT) or
    reward (GRPO), elapsed time and ETA, readable in Jupyter and in papermill's log alike.
-3. `trainer_callbacks` is the one place a trainer gets its lab callbacks from (tests add a callback by wrapping it).
+3. `trainer_callbacks` is the one place a trainer gets its lab callbacks from (tests add a callback by wrapping it);
+   `use_text_progress` takes the trainer's own progress bar off.
 4. GRPO: `GroupSpread` wraps the correctness reward to see flat groups, `GuardRails` warns on steps that teach little.
 """
 
@@ -85,8 +86,22 @@ class TrainProgress(TrainerCallback):
 
 def trainer_callbacks(check, budget_min: float) -> list:
     """[LabCallback, TrainProgress] for a trainer: `check` is a `lab.lora.GradientCheck` or None, `budget_min` 0 for
-    no budget. The trainer's own progress bar is removed (`lab.trl_cpu.use_text_progress`): TrainProgress prints."""
+    no budget. The trainer's own progress bar is removed (`use_text_progress`): TrainProgress prints."""
     return [LabCallback(check, budget_min), TrainProgress()]
+
+
+def use_text_progress(trainer) -> None:
+    """Take transformers' progress bar off the trainer: `TrainProgress` prints plain lines.
+
+    Inside a Jupyter kernel the Trainer draws an HTML widget, which a headless papermill run shows as
+    `<IPython.core.display.HTML object>` and never updates; its text bar (tqdm, redrawn with '\\r') shows only its
+    first frame in papermill's log. A line every few seconds shows in both places (lab.console).
+    """
+    from transformers.trainer_callback import ProgressCallback
+    from transformers.utils.notebook import NotebookProgressCallback
+
+    for bar in (NotebookProgressCallback, ProgressCallback):
+        trainer.remove_callback(bar)
 
 
 class GroupSpread:

@@ -291,7 +291,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     from trl import GRPOTrainer
 
     from lab import checkpoints, curriculum, trl_cpu
-    from lab.callbacks import GroupSpread, GuardRails, trainer_callbacks
+    from lab.callbacks import GroupSpread, GuardRails, trainer_callbacks, use_text_progress
     from lab.grpo_refine import refine_rollout
     from lab.lora import GradientCheck, allow_out_proj, install_fused_lora_head, save_adapter, trainer_accepts_head_lora
     from lab.rewards import build
@@ -386,7 +386,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
             trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
                                   train_dataset=ds, processing_class=tokenizer,
                                   callbacks=[*callbacks, checkpoints.marker_callback()], rollout_func=rollout)
-        trl_cpu.use_text_progress(trainer)  # step lines from lab.callbacks.TrainProgress, not an HTML widget
+        use_text_progress(trainer)  # step lines from lab.callbacks.TrainProgress, not an HTML widget
         # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
         install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
         with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_bytes(out, model)):

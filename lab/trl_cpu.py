@@ -75,17 +75,3 @@ def generate(trainer, prompt_ids: list, num_generations: int) -> tuple[list, lis
 def log_metric(trainer, name: str, value: float) -> None:
     """A scalar averaged over the logging step and logged with TRL's own metrics (`_log_metric`)."""
     trainer._log_metric(name, value)
-
-
-def use_text_progress(trainer) -> None:
-    """Take transformers' progress bar off the trainer: the lab's `TrainProgress` (lab.callbacks) prints plain lines.
-
-    Inside a Jupyter kernel the Trainer draws an HTML widget, which a headless papermill run shows as
-    `<IPython.core.display.HTML object>` and never updates; its text bar (tqdm, redrawn with '\\r') shows only its
-    first frame in papermill's log. A line every few seconds shows in both places (lab.console).
-    """
-    from transformers.trainer_callback import ProgressCallback
-    from transformers.utils.notebook import NotebookProgressCallback
-
-    for bar in (NotebookProgressCallback, ProgressCallback):
-        trainer.remove_callback(bar)
