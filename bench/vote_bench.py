@@ -153,7 +153,7 @@ def cache_key(cfg, adapter: Path, val, k: int) -> dict:
         "base_model": cfg.model.path, "base_model_sha": folder_hash(Path(models.model_path(cfg))),
         "val_ids_sha": hashlib.sha256("\n".join(val["id"].astype(str)).encode()).hexdigest()[:16],
         "val_prompts_sha": hashlib.sha256("\n".join(val["prompt"].astype(str)).encode()).hexdigest()[:16],
-        "k": int(k), "temperature": cfg.vote.temperature, "top_p": cfg.infer.top_p,
+        "k": int(k), "temperature": cfg.vote.temperature, "top_p": cfg.vote.top_p,
         "seed": cfg.seed, "max_tokens": cfg.infer.max_tokens, "max_model_len": cfg.model.max_model_len,
         "metric_version": cfg.infer.get("metric_version", "final"), "chunk": CHUNK,
     }
@@ -166,7 +166,7 @@ def cache_key(cfg, adapter: Path, val, k: int) -> dict:
 def sample(gen, val, k: int, out: Path, key: dict) -> tuple[object, dict]:
     """The K-sample table at key["temperature"], drawn once and cached; returns (table, info about this call)."""
     from lab.io import atomic_write_csv, atomic_write_json, read_json
-    from lab.generate import sample_table
+    from lab.generate import Sampling, sample_table
 
     out.mkdir(parents=True, exist_ok=True)
     cache, meta, csv = out / f"samples_K{k}.jsonl", out / f"samples_K{k}.meta.json", out / f"samples_K{k}.csv"
@@ -186,7 +186,9 @@ def sample(gen, val, k: int, out: Path, key: dict) -> tuple[object, dict]:
             except (json.JSONDecodeError, KeyError):
                 continue
     t0 = time.time()
-    table = sample_table(gen, val, n=k, temperature=float(key["temperature"]), logprobs=True, cache=cache,
+    spec = Sampling.competition(gen.cfg, n=int(k), temperature=float(key["temperature"]), top_p=float(key["top_p"]),
+                                logprobs=True)
+    table = sample_table(gen, val, spec, cache=cache,
                          chunk=CHUNK)
     wall = time.time() - t0
     atomic_write_csv(csv, table)
@@ -298,17 +300,17 @@ def throughput(model, tokenizer, prompts: list[str], batch: int, max_new_tokens:
     """
     import torch
 
-    from lab.generate import generate_hf
+    from lab.generate import Sampling, generate_hf
 
     settings = (("batch_1", 1), (f"batch_{batch}", batch))
-    generate_hf(model, tokenizer, prompts[:2], n=1, temperature=0.0, max_new_tokens=4, batch_size=2, progress=False)
+    generate_hf(model, tokenizer, prompts[:2], Sampling(max_tokens=4), progress=False, batch_size=2)
     walls = {name: [] for name, _ in settings}
     toks, texts = {}, {}
     for _ in range(max(1, repeats)):
         for name, bs in settings:
             t0 = time.perf_counter()
-            outs = generate_hf(model, tokenizer, prompts, n=1, temperature=0.0, max_new_tokens=max_new_tokens,
-                               batch_size=bs, progress=False)
+            outs = generate_hf(model, tokenizer, prompts, Sampling(max_tokens=max_new_tokens), progress=False,
+                               batch_size=bs)
             walls[name].append(time.perf_counter() - t0)
             toks[name] = sum(c[0].tokens for c in outs)
             texts[name] = [c[0].text for c in outs]
@@ -417,7 +419,6 @@ def _run(args, adapter: Path) -> int:
 
     t_start = time.time()
     cfg, cfg_source = load_config(adapter, args.overrides)
-    cfg.infer.top_p = cfg.vote.top_p  # sample_table samples with infer.top_p; the vote settings apply
     out = resolve_path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     seed_everything(cfg.seed)

@@ -14,7 +14,7 @@ Modules, by what they do:
   memory      one training step traced on fake tensors: peak GPU memory, does it fit the gpu= card
   rewards     GRPO reward functions, a name-to-function registry
   curriculum  pass-rate selection and easy-to-hard ordering of GRPO prompts
-  grpo        reinforcement learning (TRL GRPOTrainer)
+  grpo        reinforcement learning (TRL GRPOTrainer); grpo_resume: its fingerprint; grpo_refine: iterative refinement
   vote        inference-time voting and pass@k / maj@k
   errors      error analysis: per-category accuracy, failure taxonomy; stats: the Wilson interval
   submission  packing and checking the Kaggle submission.zip
@@ -22,7 +22,7 @@ Modules, by what they do:
   kaggle      building offline Kaggle kernels
   pipeline    the one stage runner (papermill), the five notebooks headless (`python -m lab demo`), the summary
   plots       every plot of the lab (stages, errors, voting, sweeps) in one style, and the PNG writer
-  trl_cpu     what TRL 1.15 needs to train on a CPU (no Triton) and to show progress under papermill
+  trl_cpu     every use of TRL 1.15's private API (the CPU log-prob head, GRPO rollout internals)
   console     progress lines (training steps, generation) and known library warnings said once
   preflight   before a real-model stage: GPU packages, CUDA, model folder, as one list of what is missing
 """

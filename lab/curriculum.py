@@ -1,7 +1,7 @@
 """Prompt selection and curriculum for GRPO: which training prompts to keep, and in what order.
 
-Pure pandas/numpy on tables; no model. In the order 03_grpo uses them:
-- `estimate_pass_rates(samples)`: per-id share of correct samples (it is `lab.vote.pass_rates`).
+Pure pandas/numpy on tables; no model. In the order 03_grpo uses them, on the pass rates `lab.vote.pass_rates`
+measures (per id, the share of correct samples):
 - `select(pass_rates, threshold, drop_unsolved)`: drops prompts solved at or above `threshold` (an all-correct
   group has zero reward variance, so GRPO learns nothing from it) and, with `drop_unsolved`, prompts no sample
   solved (all wrong: the same zero variance; DAPO's dynamic-sampling filter, applied once up front). Kept
@@ -24,19 +24,10 @@ import numpy as np
 import pandas as pd
 
 from lab import LabError
-from lab.vote import pass_rates as _vote_pass_rates
 
-__all__ = ["SHAPES", "estimate_pass_rates", "select", "selection_summary", "order"]
+__all__ = ["SHAPES", "select", "selection_summary", "order"]
 
 SHAPES = ("linear", "stepped")
-
-
-def estimate_pass_rates(samples: pd.DataFrame, version: str = "final") -> pd.DataFrame:
-    """``DataFrame[id, n, correct, pass_rate]`` per id (first-appearance order): `lab.vote.pass_rates`.
-
-    `samples` needs ``id``, ``gold``, ``answer`` (extracted, as strings) and ``tokens`` columns.
-    """
-    return _vote_pass_rates(samples, version)
 
 
 def _check_rates(pass_rates: pd.DataFrame) -> pd.DataFrame:
@@ -115,7 +106,7 @@ def order(puzzles: pd.DataFrame, pass_rates: pd.DataFrame | None, curriculum: bo
     if len(dup):
         raise LabError(f"puzzles table has duplicate id(s) {list(dup[:5])}")
     if curriculum and pass_rates is None:
-        raise LabError("curriculum is on but no pass rates were given; estimate them first (estimate_pass_rates)")
+        raise LabError("curriculum is on but no pass rates were given; estimate them first (lab.vote.pass_rates)")
 
     out = puzzles.drop(columns=[c for c in ("pass_rate", "bucket") if c in puzzles.columns]).reset_index(drop=True)
     if pass_rates is not None:

@@ -175,8 +175,8 @@ def gate(zip_path: str, model: str, n: int = 64, data: str | None = None, log=pr
             few = prompts[:REACH_PROMPTS]
             base_first = first_tokens(llm, few, None)
             for label, req in (("base", None), ("adapter", requests["adapter"])):
-                outs = generate.generate_vllm(llm, prompts, temperature=inf.temperature, top_p=inf.top_p,
-                                              max_new_tokens=budget, seed=cfg.seed, lora_request=req)
+                outs = generate.generate_vllm(llm, prompts, generate.Sampling.competition(cfg, max_tokens=budget),
+                                              lora_request=req)
                 comps = [o[0] for o in outs]
                 correct = [verify(str(g), extract_answer(c.text, version=version), version=version)
                            for g, c in zip(puzzles["answer"], comps)]

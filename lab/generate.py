@@ -1,19 +1,24 @@
 """One generation interface for every stage: transformers (`hf`, CPU or GPU) or vLLM (`vllm`, GPU).
 
-`generate(...)` takes rendered chat prompts and returns, per prompt, a list of `Completion`s
-(text, token count, finish reason `stop`/`length`, optional per-token log-probabilities).
+`Generator(cfg, ...).run(prompts, spec)` takes rendered chat prompts and a `Sampling` spec (n, temperature, top_p,
+max_tokens, seed, logprobs: every caller passes its own, nothing is read from a copy of the config) and returns, per
+prompt, a list of `Completion`s (text, token count, finish reason `stop`/`length`, optional per-token
+log-probabilities). The two back-ends (`BACKENDS`: `hf` transformers, `vllm`) are one protocol, `Backend`:
+`(prompts, spec, progress) -> completions`, with the spec's max_tokens already the batch's budget.
 `sample_table(...)` runs it over a puzzle table and scores every completion with the
 competition metric, giving the one table format that evaluation, voting, GRPO pass rates and
 error analysis all read. With a `cache` path it appends finished puzzles to a JSON-lines file
 and skips them on a rerun, so a long evaluation can be interrupted and resumed. The cache's first
-line is its key (`sample_key`: n, temperature, top_p, seed, the `infer` settings, back-end, dtype,
+line is its key (`sample_key`: the sampling spec, the `infer` settings, back-end, dtype,
 and content hashes of the base model and adapter the samples came from); a cache made with another
 key is started afresh with a note naming what changed, and a puzzle counts as done only when all
 n of its samples were written.
 
-The completion budget is the competition's: `min(infer.max_tokens, model.max_model_len - prompt
-tokens)`. A puzzle whose prompt leaves no room at all is skipped by `sample_table`, not fatal to the others: its
-rows have finish_reason 'prompt_too_long' (`SKIPPED`), no completion, and count as wrong; a note names its id.
+The completion budget is the competition's, computed in one place, `completion_budget(tokenizer, prompts, max_tokens,
+max_model_len)`: `min(max_tokens, max_model_len - longest prompt)` (GRPO counts its prompts with the special tokens
+TRL adds, `add_special_tokens=True`). A puzzle whose prompt leaves no room at all is skipped by `sample_table`, not
+fatal to the others: its rows have finish_reason 'prompt_too_long' (`SKIPPED`), no completion, and count as wrong; a
+note names its id.
 vLLM is imported only when the `vllm` back-end is chosen.
 
 The vllm back-end scores an adapter only in its packed form: vLLM 0.33 refuses the raw PEFT folder of
@@ -32,6 +37,7 @@ still holds more than `VLLM_MAX_RESIDENT_GB` of CUDA memory (the training model 
 
 What it simplifies:
 - one call for every stage and back-end: `Generator(cfg, adapter=...)`, `sample_table`, `predictions`;
+- greedy with n > 1 is one completion repeated n times, for both back-ends (`Generator.run`);
 - the pack / unzip / LoRARequest steps of the vllm back-end, and closing its engine (`close()`, `with`).
 
 Deliberately simple: the hf back-end batches prompts of similar length in fixed-size batches
@@ -43,6 +49,8 @@ its cached snapshot's commit.
 
 from __future__ import annotations
 
+import dataclasses
+import functools
 import gc
 import hashlib
 import json
@@ -52,14 +60,13 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Protocol, Sequence
 
 import pandas as pd
 
 from lab import LabError
-from lab.config import competition
 from lab.paths import resolve_path
 from lab.console import Progress  # plain lines: they show in papermill logs as well as in Jupyter
 from lab.lineage import content_hash  # noqa: F401 - the lab's one file hasher (also the stage lineage's)
@@ -81,34 +88,63 @@ class Completion:
         return float(sum(self.logprobs) / len(self.logprobs)) if self.logprobs else math.nan
 
 
-def completion_budgets(tokenizer, prompts: Sequence[str], max_tokens: int, max_model_len: int) -> list[int]:
+@dataclass(frozen=True)
+class Sampling:
+    """How to sample: `n` completions per prompt at `temperature` (0: greedy, one completion repeated n times) and
+    `top_p`, at most `max_tokens` each (`Generator.run` caps it further with `completion_budget`), drawn from `seed`,
+    with per-token log-probabilities when `logprobs`. `Sampling.competition(cfg, **changes)` is the Kaggle setting."""
+    max_tokens: int
+    n: int = 1
+    temperature: float = 0.0
+    top_p: float = 1.0
+    seed: int = 0
+    logprobs: bool = False
+
+    @classmethod
+    def competition(cls, cfg, **changes) -> Sampling:
+        """`conf/infer`'s temperature, top_p and max_tokens with the run's seed (what Kaggle scores), then `changes`
+        (e.g. the vote's n, temperature and top_p, or GRPO's pass-rate sampling)."""
+        inf = cfg.infer
+        base = dict(max_tokens=int(inf.max_tokens), temperature=float(inf.temperature), top_p=float(inf.top_p),
+                    seed=int(cfg.seed))
+        return cls(**{**base, **changes})
+
+
+def completion_budgets(tokenizer, prompts: Sequence[str], max_tokens: int, max_model_len: int,
+                       add_special_tokens: bool = False) -> list[int]:
     """Per rendered prompt, the completion tokens it leaves: min(max_tokens, max_model_len - its tokens); 0 or less
-    when it cannot fit."""
-    return [min(int(max_tokens), int(max_model_len) - len(tokenizer(p, add_special_tokens=False)["input_ids"]))
-            for p in prompts]
+    when it cannot fit. `add_special_tokens=True` counts the prompt as TRL's GRPOTrainer tokenises it."""
+    lengths = [len(tokenizer(p, add_special_tokens=add_special_tokens)["input_ids"]) for p in prompts]
+    return [min(int(max_tokens), int(max_model_len) - n) for n in lengths]
 
 
-def completion_budget(tokenizer, prompts: Sequence[str], max_tokens: int, max_model_len: int) -> int:
-    """The competition's budget: max_tokens, but never past max_model_len for the longest prompt."""
-    budget = min(completion_budgets(tokenizer, prompts, max_tokens, max_model_len))
+def completion_budget(tokenizer, prompts: Sequence[str], max_tokens: int, max_model_len: int,
+                      add_special_tokens: bool = False) -> int:
+    """The competition's completion budget for a batch of rendered prompts: min(max_tokens, max_model_len - longest
+    prompt's tokens). A LabError when a prompt leaves no room (leave those out first: `sample_table` skips them as
+    `SKIPPED`, so the budget an evaluation allowed is this over the prompts not skipped)."""
+    budget = min(completion_budgets(tokenizer, prompts, max_tokens, max_model_len, add_special_tokens))
     if budget <= 0:
-        raise ValueError(f"prompt of {int(max_model_len) - budget} tokens leaves no room under "
-                         f"max_model_len={max_model_len}")
+        raise LabError(f"a prompt of {int(max_model_len) - budget} tokens leaves no room for a completion under "
+                       f"model.max_model_len={max_model_len}")
     return budget
 
 
-def generate_hf(model, tokenizer, prompts: Sequence[str], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                max_new_tokens: int = 256, batch_size: int = 32, seed: int = 0, logprobs: bool = False,
-                progress: bool | Progress = True) -> list[list[Completion]]:
-    """Batched `model.generate` with KV cache; greedy when temperature == 0 (then n copies of one completion).
-    `progress`: a `lab.console.Progress` to count the prompts of every batch on (`sample_table`'s), else whether to
-    print this call's own progress lines."""
+class Backend(Protocol):
+    """What `Generator` runs: per rendered prompt, `spec.n` completions, at most `spec.max_tokens` each (already the
+    batch's budget); `progress` is a `lab.console.Progress` to count prompts on, or whether to print progress."""
+
+    def __call__(self, prompts: Sequence[str], spec: Sampling, progress: bool | Progress = True
+                 ) -> list[list[Completion]]: ...
+
+
+def generate_hf(model, tokenizer, prompts: Sequence[str], spec: Sampling, progress: bool | Progress = True,
+                batch_size: int = 32) -> list[list[Completion]]:
+    """The `hf` back-end: batched `model.generate` with KV cache, greedy when spec.temperature == 0, each batch
+    seeded with `spec.seed` + its index; `batch_size` completions per call (`infer.batch_size`)."""
     import torch
 
-    if temperature <= 0 and n > 1:
-        once = generate_hf(model, tokenizer, prompts, 1, 0.0, top_p, max_new_tokens, batch_size, seed, logprobs, progress)
-        return [comps * n for comps in once]
-
+    n, temperature, logprobs = spec.n, spec.temperature, spec.logprobs
     was_training = model.training
     model.eval()
     dev = next(model.parameters()).device
@@ -121,13 +157,13 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], n: int = 1, temperatur
     for b, start in enumerate(range(0, len(order), per_batch)):
         idx = order[start:start + per_batch]
         enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False).to(dev)
-        kwargs = dict(max_new_tokens=max_new_tokens, num_return_sequences=n, pad_token_id=tokenizer.pad_token_id,
+        kwargs = dict(max_new_tokens=spec.max_tokens, num_return_sequences=n, pad_token_id=tokenizer.pad_token_id,
                       eos_token_id=eos, return_dict_in_generate=True, output_logits=logprobs)
         if temperature > 0:
-            kwargs.update(do_sample=True, temperature=temperature, top_p=top_p, top_k=0)
+            kwargs.update(do_sample=True, temperature=temperature, top_p=spec.top_p, top_k=0)
         else:
             kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        torch.manual_seed(seed + b)
+        torch.manual_seed(spec.seed + b)
         with torch.no_grad():
             out = model.generate(**enc, **kwargs)
         new = out.sequences[:, enc["input_ids"].shape[1]:]
@@ -150,11 +186,10 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], n: int = 1, temperatur
     return [results[i] for i in range(len(prompts))]
 
 
-def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 0.0, top_p: float = 1.0,
-                  max_new_tokens: int | None = None, seed: int = 0, logprobs: bool = False,
+def generate_vllm(llm, prompts: Sequence[str], spec: Sampling, progress: bool | Progress = True,
                   lora_request=None) -> list[list[Completion]]:
-    """vLLM `LLM.generate` with `SamplingParams`; `llm` comes from `vllm_engine`; `max_new_tokens` defaults to the
-    competition's completion budget (`lab.config.competition`).
+    """The `vllm` back-end: `LLM.generate` with `SamplingParams` from `spec`; `llm` comes from `vllm_engine`
+    (vLLM shows its own progress).
 
     Checked against vLLM 0.33.0 (vllm/sampling_params.py, outputs.py, logprobs.py, v1/engine/__init__.py):
     `logprobs=0` returns, per generated token, a dict {token_id: Logprob} holding just the sampled
@@ -163,18 +198,13 @@ def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 
     back-end does. With a seed and n > 1, vLLM gives the i-th sample seed + i. `token_ids` include the
     end-of-turn token when generation stopped on it (the hf back-end counts it too). finish_reason is
     one of stop, length, abort, error, repetition; only stop and length are results. Greedy (temperature
-    0) with n > 1 is rejected by SamplingParams ("n must be 1 when using greedy sampling"), so, as in
-    `generate_hf`, one completion is drawn and repeated n times.
+    0) with n > 1 is rejected by SamplingParams ("n must be 1 when using greedy sampling"): `Generator.run`
+    draws one completion and repeats it.
     """
     from vllm import SamplingParams
 
-    if max_new_tokens is None:
-        max_new_tokens = competition().max_tokens
-    if temperature <= 0 and n > 1:
-        once = generate_vllm(llm, prompts, 1, 0.0, top_p, max_new_tokens, seed, logprobs, lora_request)
-        return [comps * n for comps in once]
-    params = SamplingParams(n=n, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed,
-                            logprobs=0 if logprobs else None)
+    params = SamplingParams(n=spec.n, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens,
+                            seed=spec.seed, logprobs=0 if spec.logprobs else None)
     outs = llm.generate(list(prompts), params, lora_request=lora_request)
     results = []
     for o in outs:
@@ -183,7 +213,7 @@ def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 
             if c.finish_reason not in ("stop", "length"):
                 raise RuntimeError(f"vLLM request {o.request_id} finished with {c.finish_reason!r}, not stop/length")
             lp = None
-            if logprobs and c.logprobs is not None:
+            if spec.logprobs and c.logprobs is not None:
                 lp = [step[tid].logprob for step, tid in zip(c.logprobs, c.token_ids)]
             comps.append(Completion(text=c.text, tokens=len(c.token_ids), finish_reason=c.finish_reason, logprobs=lp,
                                     token_ids=list(c.token_ids)))
@@ -204,7 +234,7 @@ def engine_memory_utilization(cfg) -> float:
 def vllm_engine(cfg, model_path: str):
     """A vLLM `LLM` with LoRA enabled and the competition's engine settings (conf/infer/kaggle.yaml).
 
-    Keyword names checked against vLLM 0.33.0's `LLM.__init__` and `EngineArgs` (see tests/test_bench.py).
+    Keyword names checked against vLLM 0.33.0's `LLM.__init__` and `EngineArgs` (see tests/test_vllm_backend.py).
     The context length is the smaller of infer.max_model_len and model.max_model_len: completion
     budgets are computed against the model's, and a model (the tiny one) may allow less than Kaggle's.
     The memory share is `engine_memory_utilization`: the scorer's unless infer.local_gpu_memory_utilization is set.
@@ -233,14 +263,15 @@ def vllm_engine(cfg, model_path: str):
                enforce_eager=cpu, distributed_executor_backend="uni" if cpu else None)
 
 
-def lora_checksum(model) -> str:
-    """sha256 over an in-memory model's LoRA tensors (names containing `lora_`), names and bytes, on CPU."""
+def lora_checksum(model, trainable: bool = False) -> str:
+    """sha256 over an in-memory model's LoRA tensors (names containing `lora_`; with `trainable`, the tensors that
+    require grad instead), names and bytes, on CPU: tells two adapters apart exactly."""
     import torch
 
     h = hashlib.sha256()
     with torch.no_grad():
         for n, p in model.named_parameters():
-            if "lora_" in n:
+            if (p.requires_grad if trainable else "lora_" in n):
                 h.update(n.encode())
                 h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
@@ -302,47 +333,52 @@ def served_adapter(adapter: str | Path, workdir: str | Path) -> Path:
     return out
 
 
-class Generator:
-    """The configured back-end behind one call: `Generator(cfg, adapter).run(prompts, n=..., ...)`.
+BACKENDS = ("hf", "vllm")  # model.generation_backend (a string in lab/schema.py: checked here, in one place)
 
-    hf: the base model plus `adapter` (a PEFT folder) loaded by `lab.models.load`, or the in-memory `model`
-    (with its `tokenizer`) as it is. vllm: an engine on the base model, with `adapter` served in its packed
-    form (see the module docstring); an in-memory `model` is refused. `close()` (or `with Generator(...)`)
-    shuts the engine down or drops the model and releases the memory.
+
+class Generator:
+    """The configured back-end behind one call: `Generator(cfg, adapter).run(prompts, spec)`.
+
+    `backend` defaults to `model.generation_backend`; GRPO's pass-rate sampling names `hf` (it samples the in-memory
+    model). hf: the base model plus `adapter` (a PEFT folder) loaded by `lab.models.load`, or the in-memory `model`
+    (with its `tokenizer`) as it is. vllm: an engine on the base model, with `adapter` served in its packed form
+    (see the module docstring); an in-memory `model` is refused. `close()` (or `with Generator(...)`) shuts the
+    engine down or drops the model and releases the memory.
     """
 
-    def __init__(self, cfg, adapter: str | Path | None = None, model=None, tokenizer=None):
+    def __init__(self, cfg, adapter: str | Path | None = None, model=None, tokenizer=None, backend: str | None = None):
         from lab import models
-        from lab.paths import resolve_path
 
         self.cfg = cfg
-        self.backend = cfg.model.generation_backend
+        self.backend = backend or cfg.model.generation_backend
         self.adapter = resolve_path(adapter) if adapter else None
-        self.in_memory = model is not None and self.backend == "hf"
+        self.in_memory = model is not None
         self.model = self.llm = self.lora = self._workdir = None
+        if self.backend not in BACKENDS:
+            raise LabError(f"model.generation_backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if model is not None and adapter is not None:
             raise LabError(f"Generator: got both an in-memory model and adapter={adapter}; pass one of them")
         if self.backend == "hf":
             if model is None:
                 model, tokenizer = models.load(cfg, adapter=adapter)
             self.model, self.tokenizer = model, tokenizer
-        elif self.backend == "vllm":
-            if model is not None:
-                raise LabError("Generator: model.generation_backend=vllm cannot generate from an in-memory model "
-                               "(vLLM loads the base model itself, so it would score something other than the model "
-                               "passed). Save the adapter, `del model`, `lab.generate.release_memory()`, then "
-                               "`Generator(cfg, adapter=ADAPTER_DIR)`; or set model.generation_backend=hf")
-            from vllm.lora.request import LoRARequest
+            self._generate: Backend = functools.partial(generate_hf, model, tokenizer, batch_size=cfg.infer.batch_size)
+            return
+        if model is not None:
+            raise LabError("Generator: model.generation_backend=vllm cannot generate from an in-memory model "
+                           "(vLLM loads the base model itself, so it would score something other than the model "
+                           "passed). Save the adapter, `del model`, `lab.generate.release_memory()`, then "
+                           "`Generator(cfg, adapter=ADAPTER_DIR)`; or set model.generation_backend=hf")
+        from vllm.lora.request import LoRARequest
 
-            _check_gpu_released()
-            self.tokenizer = tokenizer or models.load_tokenizer(cfg)
-            if adapter is not None:
-                self._workdir = tempfile.TemporaryDirectory(prefix="lab_vllm_adapter_")
-                path = served_adapter(adapter, self._workdir.name)
-                self.lora = LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=str(path))
-            self.llm = vllm_engine(cfg, models.model_path(cfg))
-        else:
-            raise ValueError(f"model.generation_backend must be 'hf' or 'vllm', not {self.backend!r}")
+        _check_gpu_released()
+        self.tokenizer = tokenizer or models.load_tokenizer(cfg)
+        if adapter is not None:
+            self._workdir = tempfile.TemporaryDirectory(prefix="lab_vllm_adapter_")
+            path = served_adapter(adapter, self._workdir.name)
+            self.lora = LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=str(path))
+        self.llm = vllm_engine(cfg, models.model_path(cfg))
+        self._generate = functools.partial(generate_vllm, self.llm, lora_request=self.lora)
 
     def source(self) -> dict:
         """What the completions come from: the base model (path and `model_hash`) and the adapter (path and
@@ -371,7 +407,7 @@ class Generator:
         core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
         if core is not None and hasattr(core, "shutdown"):  # vllm/v1/engine/core_client.py: EngineCoreClient.shutdown
             core.shutdown()
-        self.llm = self.model = None
+        self.llm = self.model = self._generate = None
         if self._workdir is not None:
             self._workdir.cleanup()
             self._workdir = None
@@ -380,49 +416,36 @@ class Generator:
     def prompts(self, puzzles: Sequence[str]) -> list[str]:
         return [chat_prompt(self.tokenizer, p) for p in puzzles]
 
-    def run(self, prompts: Sequence[str], n: int = 1, temperature: float | None = None, top_p: float | None = None,
-            seed: int | None = None, logprobs: bool = False, progress: bool | Progress = True) -> list[list[Completion]]:
-        if self.model is None and self.llm is None:
+    def run(self, prompts: Sequence[str], spec: Sampling | None = None,
+            progress: bool | Progress = True) -> list[list[Completion]]:
+        """Completions under `spec` (default: `Sampling.competition(cfg)`), its max_tokens capped by
+        `completion_budget` for these prompts; greedy with n > 1 draws one completion and repeats it n times."""
+        if self._generate is None:
             raise LabError("Generator: closed; make a new one")
-        inf = self.cfg.infer
-        temperature = float(inf.temperature if temperature is None else temperature)
-        top_p = float(inf.top_p if top_p is None else top_p)
-        seed = int(self.cfg.seed if seed is None else seed)
-        budget = completion_budget(self.tokenizer, prompts, inf.max_tokens, self.cfg.model.max_model_len)
-        if self.backend == "hf":
-            return generate_hf(self.model, self.tokenizer, prompts, n=n, temperature=temperature, top_p=top_p,
-                               max_new_tokens=budget, batch_size=inf.batch_size, seed=seed, logprobs=logprobs,
-                               progress=progress)
-        return generate_vllm(self.llm, prompts, n=n, temperature=temperature, top_p=top_p, max_new_tokens=budget,
-                             seed=seed, logprobs=logprobs, lora_request=self.lora)
+        spec = spec or Sampling.competition(self.cfg)
+        spec = replace(spec, max_tokens=completion_budget(self.tokenizer, prompts, spec.max_tokens,
+                                                          self.cfg.model.max_model_len))
+        if spec.temperature <= 0 and spec.n > 1:
+            return [comps * spec.n for comps in self._generate(prompts, replace(spec, n=1), progress)]
+        return self._generate(prompts, spec, progress)
 
 
 SKIPPED = "prompt_too_long"  # finish_reason of a puzzle whose prompt cannot fit: not generated, scored wrong
-
-
-def too_long(gen: Generator, prompts: Sequence[str]) -> set[int]:
-    """Positions of the rendered `prompts` that leave no completion token under model.max_model_len (where
-    `completion_budget` would refuse the whole batch)."""
-    budgets = completion_budgets(gen.tokenizer, prompts, gen.cfg.infer.max_tokens, gen.cfg.model.max_model_len)
-    return {i for i, b in enumerate(budgets) if b <= 0}
-
 
 SAMPLE_COLUMNS = ["id", "category", "subtype", "gold", "sample", "completion", "answer", "correct", "tokens",
                   "finish_reason", "mean_logprob"]
 
 
-def sample_key(gen: Generator, n: int, temperature: float | None, logprobs: bool, chunk: int,
-               top_p: float | None = None) -> dict:
-    """Everything a cached sample table depends on: the sampling settings as `Generator.run` resolves them, the
-    run's seed, every `infer` setting (budget, batch size, metric version, engine), the back-end, dtype and
-    model length, the chunk size (chunks are seeded by position), and `Generator.source()`."""
+def sample_key(gen: Generator, spec: Sampling, chunk: int) -> dict:
+    """Everything a cached sample table depends on: the sampling spec, every `infer` setting (batch size, metric
+    version, engine), the back-end, dtype and model length, the chunk size (chunks are seeded by position), and
+    `Generator.source()`."""
     from omegaconf import OmegaConf
 
     cfg = gen.cfg
-    return {"n": int(n), "temperature": float(cfg.infer.temperature if temperature is None else temperature),
-            "top_p": float(cfg.infer.top_p if top_p is None else top_p), "seed": cfg.seed, "logprobs": bool(logprobs), "chunk": int(chunk),
-            "backend": gen.backend, "dtype": cfg.model.dtype, "max_model_len": cfg.model.max_model_len,
-            "infer": OmegaConf.to_container(cfg.infer, resolve=True), **gen.source()}
+    return {**dataclasses.asdict(spec), "chunk": int(chunk), "backend": gen.backend, "dtype": cfg.model.dtype,
+            "max_model_len": cfg.model.max_model_len, "infer": OmegaConf.to_container(cfg.infer, resolve=True),
+            **gen.source()}
 
 
 def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:
@@ -461,34 +484,35 @@ def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:
     return done
 
 
-def sample_table(gen: Generator, puzzles: pd.DataFrame, n: int = 1, temperature: float | None = None,
-                 logprobs: bool = False, cache: str | Path | None = None, chunk: int = 64,
-                 progress: bool = True, top_p: float | None = None) -> pd.DataFrame:
-    """Generate n completions per puzzle and score each; one row per (puzzle, sample).
+def sample_table(gen: Generator, puzzles: pd.DataFrame, spec: Sampling | None = None,
+                 cache: str | Path | None = None, chunk: int = 64, progress: bool = True) -> pd.DataFrame:
+    """Generate spec.n completions per puzzle and score each; one row per (puzzle, sample).
 
-    `puzzles` needs `id, prompt` and, to score, `answer`; `temperature` and `top_p` default to the
-    `infer` settings. With `cache`, finished puzzles are
+    `puzzles` needs `id, prompt` and, to score, `answer`; `spec` defaults to `Sampling.competition(cfg)`, and chunk
+    i of `chunk` puzzles is drawn with seed spec.seed + its first position. With `cache`, finished puzzles are
     appended to a JSON-lines file chunk by chunk and skipped when the call is repeated with the
     same `sample_key`; a cache with another key is started afresh (module docstring).
     """
     from lab.metric import extract_answer, verify
 
+    spec = spec or Sampling.competition(gen.cfg)
     version = gen.cfg.infer.get("metric_version", "final")
     done: dict[str, list[dict]] = {}
     if cache is not None:
         cache = Path(cache)
-        done = _read_cache(cache, sample_key(gen, n, temperature, logprobs, chunk, top_p), int(n))
+        done = _read_cache(cache, sample_key(gen, spec, chunk), spec.n)
     todo = puzzles[~puzzles["id"].astype(str).isin(done)]
     t0, new_tokens = time.time(), 0
     bar = Progress("generate", len(puzzles), "puzzles", initial=len(puzzles) - len(todo), enabled=progress)
     for start in range(0, len(todo), chunk):
         part = todo.iloc[start:start + chunk]
         prompts = gen.prompts(part["prompt"].tolist())
-        skip = too_long(gen, prompts)  # per-puzzle: one prompt that cannot fit never stops the others
-        fit = iter(gen.run([p for i, p in enumerate(prompts) if i not in skip], n=n, temperature=temperature,
-                           top_p=top_p, logprobs=logprobs, seed=gen.cfg.seed + start, progress=bar)
-                   if len(skip) < len(prompts) else [])
-        outs = [[Completion("", 0, SKIPPED)] * int(n) if i in skip else next(fit) for i in range(len(prompts))]
+        # per puzzle: one prompt that leaves no room for a completion never stops the others
+        room = completion_budgets(gen.tokenizer, prompts, spec.max_tokens, gen.cfg.model.max_model_len)
+        skip = {i for i, b in enumerate(room) if b <= 0}
+        fit = iter(gen.run([p for i, p in enumerate(prompts) if i not in skip],
+                           spec=replace(spec, seed=spec.seed + start), progress=bar) if len(skip) < len(prompts) else [])
+        outs = [[Completion("", 0, SKIPPED)] * spec.n if i in skip else next(fit) for i in range(len(prompts))]
         recs = []
         for (_, row), comps in zip(part.iterrows(), outs):
             gold = str(row["answer"]) if "answer" in row else None
@@ -527,7 +551,7 @@ def predictions(gen: Generator, puzzles: pd.DataFrame, out_csv: str | Path | Non
     """One completion per puzzle with the competition's settings (greedy), scored; the table error analysis reads."""
     from lab.io import atomic_write_csv
 
-    t = sample_table(gen, puzzles, n=1, cache=cache)
+    t = sample_table(gen, puzzles, Sampling.competition(gen.cfg), cache=cache)
     t = t.merge(puzzles[["id", "prompt"]].astype({"id": str}), on="id", how="left")[PREDICTION_COLUMNS]
     if out_csv is not None:
         atomic_write_csv(out_csv, t)

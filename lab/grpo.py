@@ -6,9 +6,9 @@ with `grpo.pass_rate_k` samples (`pass_rates.csv`), drops those solved at or abo
 rewards named in `grpo.rewards` (`lab.rewards`) and saves the trained "default" LoRA to
 `grpo.adapter_dir`, with `train_log.csv` and per-step metrics. Each step's share of truncated and
 zero-variance groups is checked against `grpo.*_warn_share` and warned about in `metrics["warnings"]`.
-`grpo.resume` continues from the newest checkpoint only when the run's fingerprint matches;
-`grpo.refine` trains on refinements of the best of a first round of drafts (after iGRPO,
-arXiv:2602.09000); `grpo.rollout_backend` is `hf` (transformers) or `vllm` (TRL's colocate mode, which
+`grpo.resume` continues from the newest checkpoint only when the run's fingerprint matches (`lab.grpo_resume`);
+`grpo.refine` trains on refinements of the best of a first round of drafts (`lab.grpo_refine`); the guard rails
+are `lab.callbacks.GuardRails`; `grpo.rollout_backend` is `hf` (transformers) or `vllm` (TRL's colocate mode, which
 holds a second copy of the base weights: see the README's GRPO section; refused for Nemotron-H, `check_backend`).
 One optimiser step covers `prompts_per_step x num_generations` completions per process, `per_device_train_batch_size`
 of them per forward/backward (`micro_batch`); GRPOConfig is built, and TRL's checks run, before pass-rate sampling.
@@ -19,72 +19,56 @@ What it simplifies:
 3. The prompt order is one long dataset handed to TRL with `shuffle_dataset=False`, so a resumed run
    skips exactly the rows already trained on.
 4. The completion budget is the competition's (`lab.generate.completion_budget`), never TRL's 512.
-5. `refine` drafts and refinements each cost a full rollout (no matched budget as in the paper); it is
-   tested on the transformers back-end only. Under several processes every process selects the prompts
-   itself (same seed, same result).
+5. Under several processes every process selects the prompts itself (same seed, same result), and rank 0's
+   prompt order is broadcast.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import hashlib
+import importlib.util
 import json
 import math
 import os
 import shutil
-import warnings
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Sequence
 
 import numpy as np
 import pandas as pd
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
-from lab.checkpoints import RUN_RECORD  # the checkpoint folder's run record (lab.checkpoints)
 from lab import LabError
+from lab.checkpoints import RUN_RECORD  # the checkpoint folder's run record (lab.checkpoints)
+from lab.data import trace_style
+from lab.generate import completion_budget
+from lab.grpo_refine import refine_prompt_text
+from lab.grpo_resume import fingerprint, resume_point
 from lab.io import atomic_write_csv, is_main_process, read_json
 from lab.paths import resolve_path
-from lab.data import trace_style
 from lab.prompts import chat_prompt
 
-ROLLOUT_BACKENDS = ("hf", "vllm")
-
-# grpo keys that do not change the training trajectory: a resumed run may change them
-RESUME_FREE_KEYS = ("max_steps", "save_steps", "logging_steps", "resume", "wall_clock_budget_min",
-                    "truncation_warn_share", "zero_variance_warn_share", "gradient_check", "adapter_dir",
-                    "vllm_gpu_memory_utilization", "vllm_sleep_mode")
-
-REFINE_SUFFIX = ("\n\nHere is an earlier attempt at this puzzle:\n<attempt>\n{draft}\n</attempt>\n"
-                 "Check the attempt, correct any mistakes, and solve the puzzle again.")
-_DRAFT_SLOT = "\x00DRAFT\x00"  # stands where the draft's ids are spliced in
+ROLLOUT_BACKENDS = ("hf", "vllm")  # grpo.rollout_backend (a string in lab/schema.py: checked here, `check_backend`)
 
 
 # ---- budget, prompts, schedule ----------------------------------------------------------------
 
-def _n_tokens(tokenizer, text: str) -> int:
-    """Prompt tokens as TRL counts them (it tokenises text prompts with the tokenizer's special tokens)."""
-    return len(tokenizer(text=text)["input_ids"])
-
-
 def max_completion_length(cfg: DictConfig, tokenizer, puzzles: Sequence[str]) -> int:
-    """GRPOConfig's `max_completion_length` for these raw puzzle texts: the rule of `lab.generate.completion_budget`
-    (min(infer.max_tokens, model.max_model_len - longest prompt)) with prompts counted as TRL counts them, halved
-    with `refine`; or `grpo.max_completion_length` when set, checked against that limit."""
-    g = cfg.grpo
-    max_len, max_tokens = cfg.model.max_model_len, cfg.infer.max_tokens
-    if g.refine:
-        longest = max(_n_tokens(tokenizer, refine_prompt_text(tokenizer, p, "")) for p in puzzles)
-        limit = (max_len - longest) // 2
-        what = f"(model.max_model_len - {longest}) // 2 = {limit} (refine: drafts and refinements share the context)"
-    else:
-        longest = max(_n_tokens(tokenizer, chat_prompt(tokenizer, p)) for p in puzzles)
-        limit = max_len - longest
-        what = f"model.max_model_len - longest prompt = {limit}"
+    """GRPOConfig's `max_completion_length` for these raw puzzle texts: `lab.generate.completion_budget` with prompts
+    counted as TRL counts them (with the tokenizer's special tokens); with `refine` the draft and the refinement
+    share what the refinement prompt leaves, min(infer.max_tokens, (max_model_len - longest) // 2). Or
+    `grpo.max_completion_length` when set, checked against that limit."""
+    g, max_len = cfg.grpo, cfg.model.max_model_len
+    prompts = [refine_prompt_text(tokenizer, p, "") if g.refine else chat_prompt(tokenizer, p) for p in puzzles]
+    room = completion_budget(tokenizer, prompts, max_len, max_len, add_special_tokens=True)  # max_len - longest
+    limit = room // 2 if g.refine else room
+    what = f"(model.max_model_len - longest prompt) // 2 = {limit} (refine: drafts and refinements share the " \
+        "context)" if g.refine else f"model.max_model_len - longest prompt = {limit}"
     if limit <= 0:
-        raise LabError(f"a prompt of {longest} tokens leaves no room for a completion under "
-                       f"model.max_model_len={max_len}" + (" (refine=true: the draft needs room too)" if g.refine else ""))
+        raise LabError(f"refine=true: a prompt leaves {room} token(s) under model.max_model_len={max_len}, no room "
+                       "for both a draft and a refinement")
     if g.max_completion_length is None:
-        return min(max_tokens, limit)
+        return min(cfg.infer.max_tokens, limit)
     b = g.max_completion_length
     if not 1 <= b <= limit:
         raise LabError(f"conf/grpo: max_completion_length={b} must be between 1 and {what}")
@@ -132,20 +116,17 @@ def schedule(order: Sequence[str], n_rows: int, shuffle: bool, seed: int) -> lis
     return out[:n_rows]
 
 
-def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, budget: int | None = None) -> pd.DataFrame:
-    """k samples per training prompt from the in-memory model (transformers back-end, `grpo.temperature` and
-    `grpo.top_p` as the rollouts sample, the GRPO budget) -> [id, n, correct, pass_rate]."""
-    from lab.curriculum import estimate_pass_rates
-    from lab.generate import Generator, sample_table
+def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, budget: int) -> pd.DataFrame:
+    """`grpo.pass_rate_k` samples per training prompt from the in-memory model (transformers back-end), sampled as
+    the rollouts sample (`grpo.temperature`, `grpo.top_p`, the GRPO budget) -> [id, n, correct, pass_rate]."""
+    from lab import generate
+    from lab.vote import pass_rates
 
-    over = {"model": {"generation_backend": "hf"}}
-    if budget is not None:
-        over["infer"] = {"max_tokens": int(budget)}
-    gcfg = OmegaConf.merge(cfg, over)
-    gen = Generator(gcfg, model=model, tokenizer=tokenizer)
-    samples = sample_table(gen, puzzles, n=cfg.grpo.pass_rate_k, temperature=cfg.grpo.temperature,
-                           top_p=cfg.grpo.top_p, progress=True)
-    return estimate_pass_rates(samples)
+    g = cfg.grpo
+    spec = generate.Sampling(max_tokens=int(budget), n=g.pass_rate_k, temperature=float(g.temperature),
+                             top_p=float(g.top_p), seed=int(cfg.seed))
+    gen = generate.Generator(cfg, model=model, tokenizer=tokenizer, backend="hf")
+    return pass_rates(generate.sample_table(gen, puzzles, spec))
 
 
 # ---- GRPOConfig -------------------------------------------------------------------------------
@@ -219,10 +200,13 @@ def micro_batch(cfg: DictConfig) -> tuple[int, int]:
     return m, group // m
 
 
-def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
-                cuda: bool | None = None) -> dict[str, Any]:
-    """The keyword arguments `grpo_args` gives GRPOConfig: every value from the config, none left to a TRL
-    default that matters (max_completion_length, shuffling, batch shape, learning rate, seed, precision)."""
+def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
+              cuda: bool | None = None):
+    """GRPOConfig from `conf/grpo`: every value from the config, none left to a TRL default that matters
+    (max_completion_length, shuffling, batch shape, learning rate, seed, precision). Constructing it never imports
+    vLLM; TRL's own checks run here (`train` builds it before any sampling), and what they refuse is a LabError."""
+    from trl import GRPOConfig
+
     if cuda is None:
         import torch
 
@@ -249,16 +233,6 @@ def grpo_kwargs(cfg: DictConfig, output_dir: Path, max_completion_length: int, r
         kw.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
                   vllm_max_model_length=cfg.model.max_model_len, vllm_enable_sleep_mode=g.vllm_sleep_mode,
                   vllm_tensor_parallel_size=1)
-    return kw
-
-
-def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
-              cuda: bool | None = None):
-    """GRPOConfig from `conf/grpo` (constructing it never imports vLLM); TRL's own checks run here (`train` builds
-    it before any sampling), and what they refuse is a LabError."""
-    from trl import GRPOConfig
-
-    kw = grpo_kwargs(cfg, output_dir, max_completion_length, reward_weights, cuda)
     unknown = sorted(set(kw) - {f.name for f in dataclasses.fields(GRPOConfig)})
     if unknown:
         raise LabError(f"the installed TRL's GRPOConfig has no field(s) {unknown}; lab.grpo targets trl==1.15")
@@ -266,183 +240,6 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, rew
         return GRPOConfig(**kw)
     except ValueError as e:
         raise LabError(f"conf/grpo: TRL's GRPOConfig refuses these settings: {e}") from None
-
-
-# ---- callbacks ----------------------------------------------------------------------------------
-
-class GroupSpread:
-    """Wraps one reward function (TRL still sees its name) and records, per call, the share of groups
-    (consecutive runs of `group` completions, as TRL orders them) whose scored samples all got the same
-    value. On correctness this is the share of prompts that teach nothing: all right or all wrong. TRL's
-    `frac_reward_zero_std` is measured on the weighted total, where a small format reward can vary while
-    correctness does not, and so hides exactly this."""
-
-    def __init__(self, func, group: int):
-        self.func, self.group = func, int(group)
-        self.__name__ = self.__qualname__ = func.__name__
-        self.shares: list[float] = []
-
-    def __call__(self, *args, **kwargs):
-        rewards = self.func(*args, **kwargs)
-        groups = [rewards[i:i + self.group] for i in range(0, len(rewards), self.group)]
-        flat = [len({r for r in g if r is not None}) <= 1 for g in groups]
-        self.shares.append(sum(flat) / len(flat) if flat else 1.0)
-        return rewards
-
-
-def _guard_rails(cfg: DictConfig, spread: GroupSpread | None = None):
-    """A TrainerCallback that warns (and records) when truncation or zero-variance groups dominate a step
-    (on the total reward, and on correctness alone when `spread` tracks it), or when no completion of a step
-    could be scored."""
-    from transformers import TrainerCallback
-
-    trunc, zero_var = cfg.grpo.truncation_warn_share, cfg.grpo.zero_variance_warn_share
-
-    class GuardRails(TrainerCallback):
-        def __init__(self):
-            self.warnings: list[str] = []
-
-        def on_log(self, args, state, control, logs=None, **kw):
-            logs = logs or {}
-            if "completions/mean_length" not in logs:  # not a training step's log (e.g. the final summary)
-                return
-            clipped, zero = logs.get("completions/clipped_ratio"), logs.get("frac_reward_zero_std")
-            step = state.global_step
-            if clipped is not None and clipped > trunc:
-                self._warn(f"step {step}: {clipped:.0%} of completions hit max_completion_length "
-                           f"(grpo.truncation_warn_share={trunc})")
-            if zero is not None and zero > zero_var:
-                self._warn(f"step {step}: {zero:.0%} of groups have zero reward variance, no learning signal "
-                           f"(grpo.zero_variance_warn_share={zero_var})")
-            flat = spread.shares[-1] if spread is not None and spread.shares else None
-            if flat is not None and flat > zero_var:
-                self._warn(f"step {step}: in {flat:.0%} of groups every sample is equally right or wrong: no "
-                           f"correctness signal, whatever the other rewards do (grpo.zero_variance_warn_share={zero_var})")
-            if logs.get("reward") is None:
-                self._warn(f"step {step}: no completion could be scored (every reward None, e.g. all truncated "
-                           "under mask_truncated_completions): this step taught nothing")
-
-        def _warn(self, msg):
-            self.warnings.append(msg)
-            warnings.warn(msg, stacklevel=2)
-
-    return GuardRails()
-
-
-def _callbacks(cfg: DictConfig, check, spread: GroupSpread | None = None) -> list:
-    """[guard rails, lab.callbacks' callback (gradient snapshot, wall-clock budget)]; tests append to this list."""
-    from lab.callbacks import trainer_callbacks
-
-    return [_guard_rails(cfg, spread), *trainer_callbacks(check, cfg.grpo.wall_clock_budget_min)]
-
-
-# ---- resume ------------------------------------------------------------------------------------
-
-def adapter_checksum(model) -> str:
-    """sha256 over the trainable (LoRA) tensors' names and bytes, on CPU: tells two starting adapters apart exactly."""
-    import torch
-
-    h = hashlib.sha256()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if p.requires_grad:
-                h.update(n.encode())
-                h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def fingerprint(cfg: DictConfig, pool_ids: Sequence[str], model, budget: int) -> dict:
-    """What must not change between a run and its resumption (`lab.checkpoints.fingerprint`: every trajectory-changing
-    grpo key, seed, model and its content hash); the pass rates and prompt order of a run record are reused only
-    under the same fingerprint, which adds the budget, the pool and the start adapter's checksum."""
-    from lab import checkpoints
-
-    return checkpoints.fingerprint(
-        cfg, "grpo", RESUME_FREE_KEYS, max_completion_length=int(budget),
-        pool_sha256=hashlib.sha256("\n".join(map(str, pool_ids)).encode()).hexdigest(),
-        start_adapter=adapter_checksum(model))
-
-
-def resume_point(cfg: DictConfig, out: Path, fp: dict, asked: bool = True
-                 ) -> tuple[Path | None, dict | None, list[str]]:
-    """(checkpoint to resume or None, the run record to reuse or None, notes): `lab.checkpoints.resume_point` with
-    `grpo.resume` and `grpo.max_steps`; `asked=False` (resume not asked for explicitly) starts afresh with a note
-    where the fingerprint changed, instead of refusing."""
-    from lab import checkpoints
-
-    return checkpoints.resume_point(out, fp, resume=cfg.grpo.resume, asked=asked, what="grpo",
-                                    max_steps=cfg.grpo.max_steps)
-
-
-# ---- iterative refinement (iGRPO) ---------------------------------------------------------------
-
-def refine_prompt_text(tokenizer, puzzle: str, draft: str) -> str:
-    """The refinement prompt as text: `chat_prompt(tokenizer, puzzle + REFINE_SUFFIX.format(draft=draft))`."""
-    return chat_prompt(tokenizer, puzzle + REFINE_SUFFIX.format(draft=draft))
-
-
-def refine_prompt_ids(tokenizer, puzzle: str, draft_ids: Sequence[int]) -> list[int]:
-    """The refinement prompt's token ids: the text around the draft tokenised as TRL tokenises prompts (the part
-    before with the tokenizer's special tokens, the part after without), the draft's own ids in between with
-    end-of-turn ids removed from its end."""
-    pre, post = refine_prompt_text(tokenizer, puzzle, _DRAFT_SLOT).split(_DRAFT_SLOT)
-    ids = list(draft_ids)
-    ends = {tokenizer.eos_token_id, tokenizer.pad_token_id}
-    while ids and ids[-1] in ends:
-        ids.pop()
-    return list(tokenizer(text=pre)["input_ids"]) + ids + list(tokenizer(post, add_special_tokens=False)["input_ids"])
-
-
-def draft_scores(funcs, weights: Sequence[float], prompts: list, drafts: list[str], draft_ids: list, rows: list[dict]
-                 ) -> list[float]:
-    """The weighted reward of each draft as TRL would compute it (nansum over functions of weight * reward); a
-    draft every function returns None for scores -inf (it ranks last)."""
-    cols = {k: [r[k] for r in rows] for k in rows[0]} if rows else {}
-    cols.pop("prompt", None)
-    per_func = []
-    for f in funcs:
-        vals = f(prompts=prompts, completions=drafts, completion_ids=draft_ids, **cols)
-        per_func.append([math.nan if v is None else float(v) for v in vals])
-    out = []
-    for i in range(len(drafts)):
-        vals = [w * fv[i] for w, fv in zip(weights, per_func) if not math.isnan(fv[i])]
-        out.append(float(sum(vals)) if vals else -math.inf)
-    return out
-
-
-def best_drafts(scores: Sequence[float], group: int) -> list[int]:
-    """Per group of `group` consecutive drafts, the index (into `scores`) of the highest score, first on ties."""
-    if group < 1 or len(scores) % group:
-        raise LabError(f"{len(scores)} draft scores do not split into groups of {group}")
-    return [start + int(np.argmax(scores[start:start + group])) for start in range(0, len(scores), group)]
-
-
-def refine_rollout(tokenizer, funcs, weights, rows_by_prompt: dict[str, dict], records: list[dict]):
-    """A TRL `rollout_func` doing iGRPO's two stages with the trainer's own generation (see the docstring)."""
-
-    def rollout(prompts: list, trainer) -> dict:
-        group = int(trainer.num_generations)
-        prompt_ids, _, _ = trainer._tokenize_prompts(prompts)
-        draft_ids, _ = trainer._generate_single_turn(prompt_ids, None, {}, group)  # stage one: drafts
-        drafts = tokenizer.batch_decode(draft_ids, skip_special_tokens=True)
-        rows = [rows_by_prompt[p] for p in prompts]
-        scores = draft_scores(funcs, weights, prompts, drafts, draft_ids, rows)
-        best = best_drafts(scores, group)
-        refined = []
-        for b in best:
-            ids = refine_prompt_ids(tokenizer, rows[b]["puzzle"], draft_ids[b])
-            refined += [ids] * group
-            records.append({"step": int(trainer.state.global_step) + 1, "id": rows[b]["id"],
-                            "draft_reward": scores[b], "draft_rewards": json.dumps(scores[b - b % group:][:group]),
-                            "draft_tokens": len(draft_ids[b]), "draft": drafts[b]})
-        completion_ids, logprobs = trainer._generate_single_turn(refined, None, {}, group)  # stage two
-        finite = [s for s in scores if math.isfinite(s)]
-        chosen = [scores[b] for b in best if math.isfinite(scores[b])]
-        trainer._log_metric("refine/draft_reward_mean", float(np.mean(finite)) if finite else math.nan)
-        trainer._log_metric("refine/best_draft_reward_mean", float(np.mean(chosen)) if chosen else math.nan)
-        return {"prompt_ids": refined, "completion_ids": completion_ids, "logprobs": logprobs}
-
-    return rollout
 
 
 # ---- training ------------------------------------------------------------------------------------
@@ -488,32 +285,24 @@ def _trainable_sample(model, size: int = 65536) -> dict:
     return out
 
 
-def _check_rollout_backend(backend: str) -> None:
-    if backend != "vllm":
-        return
-    import importlib.util
-
-    import torch
-
-    if not torch.cuda.is_available():
-        raise LabError("conf/grpo: rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf on CPU")
-    if importlib.util.find_spec("vllm") is None:
-        raise LabError("conf/grpo: rollout_backend=vllm but vllm is not installed (pip install -e '.[gpu]'); "
-                       "or use rollout_backend=hf")
-
-
 def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer):
     """Select prompts by pass rate, run GRPO, save the adapter; returns (metrics, model, step log)."""
     import torch
     from trl import GRPOTrainer
 
     from lab import checkpoints, curriculum, trl_cpu
+    from lab.callbacks import GroupSpread, GuardRails, trainer_callbacks, use_text_progress
+    from lab.grpo_refine import refine_rollout
     from lab.lora import GradientCheck, allow_out_proj, install_fused_lora_head, save_adapter, trainer_accepts_head_lora
     from lab.rewards import build
 
     g = cfg.grpo
     backend = check_backend(cfg)
-    _check_rollout_backend(backend)
+    if backend == "vllm" and not torch.cuda.is_available():
+        raise LabError("conf/grpo: rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf on CPU")
+    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise LabError("conf/grpo: rollout_backend=vllm but vllm is not installed (pip install -e '.[gpu]'); "
+                       "or use rollout_backend=hf")
     trl_cpu.install()
     max_steps, per_step = g.max_steps, g.prompts_per_step
     if max_steps < 1:
@@ -577,7 +366,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     ds = build_dataset(tokenizer, by_id.loc[ids].reset_index(), trace_style(cfg))
 
     check = GradientCheck(model) if g.gradient_check else None
-    callbacks = _callbacks(cfg, check, spread)
+    guard = GuardRails(g, spread)
+    callbacks = [guard, *trainer_callbacks(check, g.wall_clock_budget_min)]  # tests wrap trainer_callbacks
     before = _trainable_sample(model)
     refinements: list[dict] = []
     finished = last is not None and checkpoints.step_of(last) >= max_steps
@@ -596,7 +386,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
             trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
                                   train_dataset=ds, processing_class=tokenizer,
                                   callbacks=[*callbacks, checkpoints.marker_callback()], rollout_func=rollout)
-        trl_cpu.use_text_progress(trainer)  # step lines from lab.callbacks.TrainProgress, not an HTML widget
+        use_text_progress(trainer)  # step lines from lab.callbacks.TrainProgress, not an HTML widget
         # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
         install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
         with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_bytes(out, model)):
@@ -613,7 +403,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         atomic_write_csv(stage.path("refinements.csv"), pd.DataFrame(refinements))
     after = _trainable_sample(model)
     changed = sum(float((after[n] - before[n]).abs().sum()) for n in after if n in before)
-    guard, lab_cb = callbacks[0], callbacks[1]
+    lab_cb = callbacks[1]
     late: list[str] = []
     sel = record.get("selection", {})
     metrics = {

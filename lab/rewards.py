@@ -1,14 +1,15 @@
-r"""GRPO reward functions, in the style of open-r1's rewards.py: plain functions in a registry.
+r"""GRPO reward functions, in the style of open-r1's rewards.py: plain functions in a registry, options per reward.
 
 `REWARDS` maps a name to a function with TRL 1.15 GRPOTrainer's reward signature
-``f(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]``. `build(weights,
-**options)` turns the config's ``grpo.rewards`` mapping (name -> weight) into what the trainer
-takes: ``GRPOTrainer(reward_funcs=funcs, args=GRPOConfig(reward_weights=weights, ...))``.
+``f(prompts, completions, completion_ids=None, **kwargs) -> list[float | None]``. `build(weights, ...)`
+turns the config's ``grpo.rewards`` mapping (name -> weight) into what the trainer takes:
+``GRPOTrainer(reward_funcs=funcs, args=GRPOConfig(reward_weights=weights, ...))``, each function a
+`Reward` with only its own options bound (as open-r1's reward factories bind theirs).
 
 What TRL 1.15 passes (read in ``trl/trainer/grpo_trainer.py``, ``_calculate_rewards``): keywords
-``prompts`` (list), ``completions`` (for a plain-text dataset, the decoded strings, decoded with
-``skip_special_tokens=True``; for a conversational one, ``[{"role": "assistant", "content": ...}]``
-lists, which these functions also accept), ``completion_ids`` (lists of token ids, unpadded; a
+``prompts`` (list), ``completions`` (for the lab's plain-text dataset, `lab.grpo.build_dataset`, the
+strings decoded with ``skip_special_tokens=True``; a conversational dataset's message lists are not
+accepted), ``completion_ids`` (lists of token ids, unpadded; a
 finished completion ends with its EOS token, a truncated one does not), every dataset column but
 ``prompt``/``completion``/``completion_ids`` as a list aligned with the completions (here ``answer``,
 ``solver_trace``, ``category``, ...), and ``trainer_state`` (transformers' TrainerState),
@@ -71,7 +72,7 @@ from typing import Any, Callable, Mapping, Sequence
 from lab import LabError
 from lab.metric import extract_answer, verify
 
-__all__ = ["REWARDS", "OPTIONS", "TRUNCATION", "Reward", "build", "correctness_reward", "format_reward",
+__all__ = ["REWARDS", "TRUNCATION", "Reward", "build", "correctness_reward", "format_reward",
            "length_reward", "trace_agreement_reward", "format_score", "agreement", "is_truncated"]
 
 THINK_END = "</think>"
@@ -82,17 +83,6 @@ TRUNCATION = ("penalise", "mask")
 # ----------------------------------------------------------------------------------------------
 # helpers
 # ----------------------------------------------------------------------------------------------
-
-def _text(completion: Any) -> str:
-    """A completion as text: a string as is; a conversational completion's last message content."""
-    if completion is None:
-        return ""
-    if isinstance(completion, str):
-        return completion
-    if isinstance(completion, Sequence) and completion and isinstance(completion[-1], Mapping):
-        return str(completion[-1].get("content") or "")
-    return str(completion)
-
 
 def _missing(v: Any) -> bool:
     return v is None or (isinstance(v, float) and math.isnan(v))
@@ -126,11 +116,8 @@ def _ids(completion_ids: Sequence | None, n: int, reward: str) -> list:
 
 
 def _budget(max_completion_length: Any, reward: str) -> int:
-    try:
-        budget = None if isinstance(max_completion_length, bool) else int(max_completion_length)
-    except (TypeError, ValueError):
-        budget = None
-    if budget is None or budget < 1 or budget != max_completion_length:
+    budget = max_completion_length
+    if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise LabError(f"{reward} needs max_completion_length (the completion budget in tokens, an int >= 1), "
                        f"got {max_completion_length!r}; pass it to lab.rewards.build")
     return budget
@@ -151,7 +138,7 @@ def correctness_reward(prompts, completions, completion_ids=None, metric_version
         if not isinstance(gold, str):
             raise LabError(f"reward 'correctness': gold answer {gold!r} is a {type(gold).__name__}, not a str; "
                            "read the data with dtype=str (binary answers such as 0101 lose their leading zeros)")
-        out.append(1.0 if verify(gold, extract_answer(_text(c), metric_version), metric_version) else 0.0)
+        out.append(1.0 if verify(gold, extract_answer(c, metric_version), metric_version) else 0.0)
     return out
 
 
@@ -182,7 +169,7 @@ def format_score(text: str) -> float:
 
 def format_reward(prompts, completions, completion_ids=None, **kwargs) -> list:
     """`</think>` once, then exactly one non-empty `\\boxed{}` at the very end: 1.0; partial credit otherwise."""
-    return [format_score(_text(c)) for c in completions]
+    return [format_score(c) for c in completions]
 
 
 def length_reward(prompts, completions, completion_ids=None, max_completion_length: int | None = None,
@@ -238,7 +225,7 @@ def agreement(completion: str, solver_trace: str | None) -> float:
 def trace_agreement_reward(prompts, completions, completion_ids=None, **kwargs) -> list:
     """Share of the row's `solver_trace` reasoning lines reproduced in order (LCS over lines); 0.0 without one."""
     traces = _column(kwargs, "solver_trace", "trace_agreement", len(completions))
-    return [agreement(_text(c), t) for c, t in zip(completions, traces)]
+    return [agreement(c, t) for c, t in zip(completions, traces)]
 
 
 REWARDS: dict[str, Callable[..., list]] = {
@@ -253,16 +240,6 @@ REWARDS: dict[str, Callable[..., list]] = {
 # build: config mapping -> (reward_funcs, reward_weights)
 # ----------------------------------------------------------------------------------------------
 
-# every option `build` accepts, with its default; a typo is an error, not silently ignored
-OPTIONS: dict[str, Any] = {
-    "metric_version": "final",         # correctness: the metric version (final | legacy)
-    "max_completion_length": None,     # the completion budget in tokens (length, and truncation=mask)
-    "length_buffer": None,             # length: tokens before the budget where the penalty starts (B // 4)
-    "truncation": "penalise",          # truncated completions: penalise (length gives -1) | mask (all None)
-    "eos_token_ids": None,             # end-of-turn ids: a full-budget completion ending in one is finished
-}
-
-
 def _check_truncation(truncation: str) -> None:
     if truncation not in TRUNCATION:
         raise LabError(f"unknown truncation {truncation!r}; allowed: {', '.join(TRUNCATION)}")
@@ -276,40 +253,38 @@ def _buffer(length_buffer: Any, budget: int) -> int:
 
 
 class Reward:
-    """A registry function bound to `build`'s options: named (TRL logs ``__name__``), picklable, and, with
-    ``truncation="mask"``, returning None for every truncated completion."""
+    """One reward function with its own options bound (what open-r1's reward factories do, as an object: picklable,
+    and named by ``__name__``, which TRL logs). With ``mask=(budget, eos_token_ids)`` it returns None for every
+    truncated completion (``truncation="mask"``)."""
 
-    def __init__(self, name: str, options: Mapping[str, Any]):
-        self.__name__ = name
-        self.__qualname__ = name
-        self.name = name
-        self.options = dict(options)
+    def __init__(self, name: str, func: Callable[..., list], mask: tuple | None = None, **options):
+        self.__name__ = self.__qualname__ = self.name = name
+        self.func, self.mask, self.options = func, mask, options
 
     def __call__(self, prompts=None, completions=(), completion_ids=None, **kwargs) -> list:
         completions = list(completions)
-        rewards = REWARDS[self.name](prompts, completions, completion_ids, **{**kwargs, **self.options})
-        if self.options["truncation"] == "mask":
-            budget = self.options["max_completion_length"]
-            eos = self.options["eos_token_ids"]
+        rewards = self.func(prompts, completions, completion_ids, **{**kwargs, **self.options})
+        if self.mask is not None:
+            budget, eos = self.mask
             ids = _ids(completion_ids, len(completions), self.name)
             rewards = [None if is_truncated(i, budget, eos) else r for i, r in zip(ids, rewards)]
         return rewards
 
     def __repr__(self) -> str:
-        return f"Reward({self.name!r})"
+        return f"Reward({self.name!r}, {self.options})"
 
 
-def build(weights: Mapping[str, Any], **options) -> tuple[list[Reward], list[float]]:
+def build(weights: Mapping[str, Any], *, max_completion_length: int | None = None, length_buffer: int | None = None,
+          truncation: str = "penalise", eos_token_ids: Sequence[int] | None = None, metric_version: str = "final"
+          ) -> tuple[list[Reward], list[float]]:
     """(reward_funcs, reward_weights) for GRPOTrainer / GRPOConfig from a name -> weight mapping.
 
-    `weights` is the config's ``grpo.rewards`` (a dict or DictConfig), in order; names must be
-    keys of `REWARDS`. `options` (see `OPTIONS`): metric_version, max_completion_length (needed by
-    `length` and by ``truncation="mask"``), length_buffer, truncation, eos_token_ids.
+    `weights` is the config's ``grpo.rewards`` (a dict or DictConfig), in order; names must be keys of `REWARDS`.
+    Each reward gets its own options: ``correctness`` the metric version; ``length`` the completion budget
+    `max_completion_length` (also needed by ``truncation="mask"``), `length_buffer` (default budget // 4),
+    `truncation` and `eos_token_ids`; the others none. ``truncation="mask"`` makes every reward None for a
+    truncated completion (module docstring).
     """
-    unknown_opts = sorted(set(options) - set(OPTIONS))
-    if unknown_opts:
-        raise LabError(f"unknown reward option(s) {unknown_opts}; known: {', '.join(OPTIONS)}")
-    opts = {**OPTIONS, **options}
     if weights is None or not len(weights):
         raise LabError(f"no rewards configured (grpo.rewards is empty); known rewards: {', '.join(REWARDS)}")
     names = [str(k) for k in weights.keys()]
@@ -326,14 +301,15 @@ def build(weights: Mapping[str, Any], **options) -> tuple[list[Reward], list[flo
         if not math.isfinite(w):
             raise LabError(f"grpo.rewards.{n}: weight must be finite, got {w!r}")
         values.append(w)
-    _check_truncation(opts["truncation"])
-    if opts["metric_version"] not in ("final", "legacy"):
-        raise LabError(f"unknown metric_version {opts['metric_version']!r}; allowed: final, legacy")
-    if "length" in names or opts["truncation"] == "mask" or opts["max_completion_length"] is not None:
-        why = "reward 'length'" if "length" in names else "truncation='mask'" if opts["truncation"] == "mask" \
-            else "build"
-        opts["max_completion_length"] = _budget(opts["max_completion_length"], why)
-        opts["length_buffer"] = _buffer(opts["length_buffer"], opts["max_completion_length"])
-    if opts["eos_token_ids"] is not None:
-        opts["eos_token_ids"] = [int(i) for i in opts["eos_token_ids"]]
-    return [Reward(n, opts) for n in names], values
+    _check_truncation(truncation)
+    if metric_version not in ("final", "legacy"):
+        raise LabError(f"unknown metric_version {metric_version!r}; allowed: final, legacy")
+    eos = None if eos_token_ids is None else [int(i) for i in eos_token_ids]
+    options: dict[str, dict] = {"correctness": {"metric_version": metric_version}}
+    if "length" in names or truncation == "mask" or max_completion_length is not None:
+        why = "reward 'length'" if "length" in names else "truncation='mask'" if truncation == "mask" else "build"
+        budget = _budget(max_completion_length, why)
+        options["length"] = {"max_completion_length": budget, "length_buffer": _buffer(length_buffer, budget),
+                             "truncation": truncation, "eos_token_ids": eos}
+    mask = (options["length"]["max_completion_length"], eos) if truncation == "mask" else None
+    return [Reward(n, REWARDS[n], mask, **options.get(n, {})) for n in names], values

@@ -187,7 +187,7 @@ def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, exam
     from datasets import Dataset
     from trl import SFTTrainer
 
-    from lab.trl_cpu import use_text_progress
+    from lab.callbacks import use_text_progress
 
     with trainer_accepts_head_lora(peft_model):  # an lm_head LoRA: see lab.lora
         trainer = SFTTrainer(model=peft_model, args=training_args(cfg, output_dir), processing_class=tokenizer,

@@ -1,6 +1,14 @@
-"""Lets TRL 1.15's trainers run where Triton is absent (the CPU demo, CI).
+"""Every use of TRL's private (`_`-prefixed) API in the lab, in one place, read in TRL 1.15.0's source.
 
-TRL 1.15 computes the per-token log-probabilities of SFT and GRPO through a "fused LM head"
+1. The CPU log-prob head (trl/trainer/utils.py: `_ChunkedLogProbFunction`), so TRL's trainers run where Triton is
+   absent (the CPU demo, CI); `install()`, below.
+2. The GRPO rollout internals iterative refinement (`lab.grpo_refine`) calls from its `rollout_func`
+   (trl/trainer/grpo_trainer.py: `GRPOTrainer._tokenize_prompts`, `_generate_single_turn`, `_log_metric`):
+   `prompt_ids`, `generate`, `log_metric`. TRL calls a `rollout_func(prompts, trainer)` from
+   `_generate_and_score_completions` and offers no public way to draw with the trainer's own generation.
+A TRL upgrade re-reads those two files and this module, nothing else.
+
+The log-prob head: TRL 1.15 computes the per-token log-probabilities of SFT and GRPO through a "fused LM head"
 whose inner function, `ChunkedLogProbFunction`, is a Triton kernel. Where Triton cannot be
 imported (PyTorch's CPU build), TRL leaves `trl.trainer.utils._ChunkedLogProbFunction = None` and
 every training step fails with `'NoneType' object has no attribute 'apply'`.
@@ -51,15 +59,19 @@ def install() -> bool:
     return False
 
 
-def use_text_progress(trainer) -> None:
-    """Take transformers' progress bar off the trainer: the lab's `TrainProgress` (lab.callbacks) prints plain lines.
+def prompt_ids(trainer, prompts: list) -> list[list[int]]:
+    """The prompts tokenised as GRPOTrainer tokenises them (`_tokenize_prompts`, which returns ids, images and
+    multimodal fields; text prompts have neither)."""
+    return trainer._tokenize_prompts(prompts)[0]
 
-    Inside a Jupyter kernel the Trainer draws an HTML widget, which a headless papermill run shows as
-    `<IPython.core.display.HTML object>` and never updates; its text bar (tqdm, redrawn with '\\r') shows only its
-    first frame in papermill's log. A line every few seconds shows in both places (lab.console).
-    """
-    from transformers.trainer_callback import ProgressCallback
-    from transformers.utils.notebook import NotebookProgressCallback
 
-    for bar in (NotebookProgressCallback, ProgressCallback):
-        trainer.remove_callback(bar)
+def generate(trainer, prompt_ids: list, num_generations: int) -> tuple[list, list | None]:
+    """(completion ids, sampling log-probabilities) from the trainer's own generation (`_generate_single_turn` with
+    no images): its back-end, sampling settings and `max_completion_length`, for prompts already repeated per
+    generation as TRL passes them."""
+    return trainer._generate_single_turn(prompt_ids, None, {}, num_generations)
+
+
+def log_metric(trainer, name: str, value: float) -> None:
+    """A scalar averaged over the logging step and logged with TRL's own metrics (`_log_metric`)."""
+    trainer._log_metric(name, value)

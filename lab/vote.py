@@ -40,9 +40,8 @@ Methods (`METHODS`, used by `replay`), each over the first k samples of an id in
                  drawn sample is counted.
 
 Metrics: `pass_at_k` (the unbiased estimator of Chen et al. 2021 in its stable product form),
-`maj_at_k`, `curves` / `per_category_curves` (pass@k, maj@k, tokens per puzzle and per correct
-answer for k = 1..K), `per_category` and `summary` of a `replay` table, and `pass_rates` (per-id
-share of correct samples, which the GRPO curriculum reads).
+`curves` (pass@k, maj@k, tokens per puzzle and per correct answer for k = 1..K), `summary` of a
+`replay` table, and `pass_rates` (per-id share of correct samples, which the GRPO curriculum reads).
 
 What it simplifies:
 1. Voting is replayed offline on samples already drawn: early stopping "draws" by reading the next rows, so
@@ -51,7 +50,7 @@ What it simplifies:
    answer would join a different class.
 3. Confidence is one number per trace (no online per-group stopping inside a trace as in DeepConf-online).
 4. Correctness is always recomputed with `verify` (a ``correct`` column in the table is ignored).
-5. `maj_at_k` and `replay` vote over the first k samples (one draw per id), while `curves` averages maj@k
+5. `replay` votes over the first k samples (one draw per id), while `curves` averages maj@k
    over the K cyclic windows of k consecutive samples (so it meets pass@k at k = 1), with the classes formed
    over all K samples in sample order.
 """
@@ -69,8 +68,8 @@ from lab.metric import NOT_FOUND, verify
 
 __all__ = [
     "NOT_FOUND", "METHODS", "OPTIONS", "is_answer", "assign_classes", "weighted_vote", "majority_vote",
-    "confidence_vote", "early_stop_vote", "leader_probability", "replay", "pass_at_k", "maj_at_k", "curves", "per_category_curves",
-    "per_category", "summary", "pass_rates",
+    "confidence_vote", "early_stop_vote", "leader_probability", "replay", "pass_at_k", "curves",
+    "summary", "pass_rates",
 ]
 
 
@@ -353,13 +352,6 @@ def pass_at_k(n: int, c: int, k: int) -> float:
     return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1)))
 
 
-def maj_at_k(samples: pd.DataFrame, k: int, version: str = "final") -> float:
-    """Share of ids whose majority vote over their first k samples is correct (ids need gold answers)."""
-    _prepare(samples, need_gold=True)
-    res = replay(samples, "majority", k, version=version)
-    return float(res["correct"].astype(bool).mean()) if len(res) else 0.0
-
-
 def _window_majority_ok(labels: np.ndarray, ok: np.ndarray, real: np.ndarray, k: int) -> float:
     """Share of the K cyclic windows of k consecutive samples whose majority vote is correct.
 
@@ -385,7 +377,7 @@ def _window_majority_ok(labels: np.ndarray, ok: np.ndarray, real: np.ndarray, k:
 
 
 def _per_id(df: pd.DataFrame, K: int, version: str) -> list[dict]:
-    """Per id, over its first K samples: category, correct count, mean tokens per sample, maj@k for k=1..K."""
+    """Per id, over its first K samples: correct count, mean tokens per sample, maj@k for k=1..K."""
     out = []
     for pid, g in df.groupby("id", sort=False):
         g = g.head(K)
@@ -396,39 +388,8 @@ def _per_id(df: pd.DataFrame, K: int, version: str) -> list[dict]:
         real = np.array([is_answer(r) for r in reps])
         labels = np.asarray(labels)
         maj = [_window_majority_ok(labels, ok, real, k) for k in range(1, K + 1)]
-        out.append({"category": g["category"].iloc[0], "c": int(ok.sum()),
-                    "mean_tok": float(g["tokens"].astype(int).mean()), "maj": maj})
+        out.append({"c": int(ok.sum()), "mean_tok": float(g["tokens"].astype(int).mean()), "maj": maj})
     return out
-
-
-def _curve(items: list[dict], K: int) -> pd.DataFrame:
-    rows = []
-    for k in range(1, K + 1):
-        n_ids = len(items)
-        n_maj = sum(it["maj"][k - 1] for it in items)
-        tok = float(sum(k * it["mean_tok"] for it in items))
-        rows.append({"k": k, "puzzles": n_ids,
-                     "pass_at_k": float(np.mean([pass_at_k(K, it["c"], k) for it in items])) if n_ids else 0.0,
-                     "maj_at_k": n_maj / n_ids if n_ids else 0.0,
-                     "tokens_per_puzzle": tok / n_ids if n_ids else 0.0,
-                     "tokens_per_correct": tok / n_maj if n_maj else math.inf})
-    return pd.DataFrame(rows, columns=["k", "puzzles", "pass_at_k", "maj_at_k", "tokens_per_puzzle",
-                                       "tokens_per_correct"])
-
-
-def _curve_inputs(samples: pd.DataFrame, K: int | None) -> tuple[pd.DataFrame, int]:
-    df = _prepare(samples, need_gold=True)
-    if df.empty:
-        raise LabError("samples table is empty")
-    sizes = df.groupby("id", sort=False).size()
-    fewest = int(sizes.min())
-    K = fewest if K is None else int(K)
-    if K < 1:
-        raise ValueError(f"K must be >= 1, got {K}")
-    if K > fewest:
-        short = list(sizes[sizes < K].index[:5])
-        raise LabError(f"K={K} but some ids have only {fewest} samples, e.g. {short}")
-    return df, K
 
 
 def curves(samples: pd.DataFrame, K: int | None = None, version: str = "final") -> pd.DataFrame:
@@ -441,20 +402,26 @@ def curves(samples: pd.DataFrame, K: int | None = None, version: str = "final") 
     is k times the mean tokens of a sample (the cost of maj@k); tokens_per_correct is the total of
     those tokens over the maj@k-correct count (inf when none is correct).
     """
-    df, K = _curve_inputs(samples, K)
-    return _curve(_per_id(df, K, version), K)
-
-
-def per_category_curves(samples: pd.DataFrame, K: int | None = None, version: str = "final") -> pd.DataFrame:
-    """`curves` for each category (sorted), with a leading `category` column; K is shared by all categories."""
-    df, K = _curve_inputs(samples, K)
-    items = _per_id(df, K, version)
-    parts = []
-    for cat in sorted({it["category"] for it in items}, key=str):
-        part = _curve([it for it in items if it["category"] == cat], K)
-        part.insert(0, "category", cat)
-        parts.append(part)
-    return pd.concat(parts, ignore_index=True)
+    df = _prepare(samples, need_gold=True)
+    if df.empty:
+        raise LabError("samples table is empty")
+    sizes = df.groupby("id", sort=False).size()
+    fewest = int(sizes.min())
+    K = fewest if K is None else int(K)
+    if K < 1:
+        raise ValueError(f"K must be >= 1, got {K}")
+    if K > fewest:
+        short = list(sizes[sizes < K].index[:5])
+        raise LabError(f"K={K} but some ids have only {fewest} samples, e.g. {short}")
+    items, rows = _per_id(df, K, version), []
+    for k in range(1, K + 1):
+        n_maj = sum(it["maj"][k - 1] for it in items)
+        tok = float(sum(k * it["mean_tok"] for it in items))
+        rows.append({"k": k, "puzzles": len(items),
+                     "pass_at_k": float(np.mean([pass_at_k(K, it["c"], k) for it in items])),
+                     "maj_at_k": n_maj / len(items), "tokens_per_puzzle": tok / len(items),
+                     "tokens_per_correct": tok / n_maj if n_maj else math.inf})
+    return pd.DataFrame(rows)
 
 
 def summary(results: pd.DataFrame) -> dict:
@@ -467,13 +434,6 @@ def summary(results: pd.DataFrame) -> dict:
             "samples_used": float(results["samples_used"].mean()) if len(results) else 0.0,
             "tokens_used": float(results["tokens_used"].mean()) if len(results) else 0.0,
             "tokens_per_correct": tok / n_correct if n_correct else math.inf}
-
-
-def per_category(results: pd.DataFrame) -> pd.DataFrame:
-    """`summary` of a `replay` table for each category (sorted), one row each."""
-    rows = [{"category": cat, **summary(g)} for cat, g in results.groupby("category", sort=True)]
-    return pd.DataFrame(rows, columns=["category", "puzzles", "accuracy", "samples_used", "tokens_used",
-                                       "tokens_per_correct"])
 
 
 def pass_rates(samples: pd.DataFrame, version: str = "final") -> pd.DataFrame:

@@ -50,8 +50,8 @@ def _vote_samples(root, tok, monkeypatch, *over, adapter=None, k=2, temperature=
                    "model.build_tiny=false", *over])
     gen = G.Generator(cfg, adapter=adapter) if adapter else G.Generator(cfg, model=models.load(cfg)[0], tokenizer=tok)
     calls = _counting(gen, monkeypatch)
-    t = G.sample_table(gen, PUZZLES, n=k, temperature=temperature, top_p=top_p, logprobs=True,
-                       cache=root / "samples.jsonl", progress=False)
+    spec = G.Sampling.competition(cfg, n=k, temperature=temperature, top_p=top_p, logprobs=True)
+    t = G.sample_table(gen, PUZZLES, spec, cache=root / "samples.jsonl", progress=False)
     return t, sum(calls)
 
 

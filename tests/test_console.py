@@ -13,7 +13,7 @@ def _tiny_trainer(tmp_path, steps=4):
     from transformers import Trainer, TrainingArguments
 
     from lab.callbacks import trainer_callbacks
-    from lab.trl_cpu import use_text_progress
+    from lab.callbacks import use_text_progress
 
     class Line(torch.nn.Module):
         def __init__(self):

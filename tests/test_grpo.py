@@ -4,7 +4,6 @@ the saved adapter reproduces it; the budget rule, guard rails, resume, refinemen
 
 from __future__ import annotations
 
-import dataclasses
 import inspect
 import json
 import math
@@ -16,7 +15,7 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lab import config, grpo, lora, models, rewards  # noqa: E402
+from lab import callbacks, config, grpo, grpo_refine, lora, models, rewards  # noqa: E402
 from lab import io as lab_io
 from lab import paths
 from lab import LabError
@@ -99,7 +98,7 @@ def _stop_at(step):
 
 @pytest.mark.parametrize("backend", ["hf", "vllm"])
 def test_grpo_args_builds_a_valid_config_for_the_pinned_trl(root, backend, tmp_path):
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOTrainer
 
     other = []
     if backend == "vllm":  # refused for Nemotron-H (lab.grpo.check_backend): a model folder of another type
@@ -107,9 +106,6 @@ def test_grpo_args_builds_a_valid_config_for_the_pinned_trl(root, backend, tmp_p
         (tmp_path / "llama" / "config.json").write_text('{"model_type": "llama"}')
         other = ["model.build_tiny=false", f"model.path={tmp_path / 'llama'}"]
     cfg = compose(root, "args", f"grpo.rollout_backend={backend}", "grpo.beta=0.04", *other)
-    kw = grpo.grpo_kwargs(cfg, root / "args_out", 37, [1.0, 0.2, 1.0], cuda=False)
-    fields = {f.name for f in dataclasses.fields(GRPOConfig)}
-    assert set(kw) <= fields, sorted(set(kw) - fields)
     args = grpo.grpo_args(cfg, root / "args_out", 37, [1.0, 0.2, 1.0], cuda=False)
     assert "vllm" not in sys.modules  # building the config never imports vLLM
     assert args.max_completion_length == 37 != 512 and args.shuffle_dataset is False
@@ -155,7 +151,7 @@ def test_max_completion_length_is_the_competitions_budget_never_trls_default(roo
     with pytest.raises(LabError, match="max_completion_length=700 must be between 1 and"):
         grpo.max_completion_length(compose(root, "b", "grpo.max_completion_length=700"), tok, texts)
     # refine: the draft and the refinement share what the refinement prompt leaves
-    empty = max(len(tok(grpo.refine_prompt_text(tok, p, ""))["input_ids"]) for p in texts)
+    empty = max(len(tok(grpo_refine.refine_prompt_text(tok, p, ""))["input_ids"]) for p in texts)
     assert grpo.max_completion_length(compose(root, "b", "infer.max_tokens=7680", "grpo.refine=true"), tok, texts) \
         == (compose(root, "b").model.max_model_len - empty) // 2
 
@@ -192,30 +188,31 @@ def test_refinement_prompt_and_draft_choice_are_built_as_documented(root, puzzle
     tok = models.load_tokenizer(compose(root))
     puzzle, gold = puzzles["prompt"].iloc[0], str(puzzles["answer"].iloc[0])
     # the exact wording: the puzzle, the attempt, the instruction, and the Kaggle boxed line last
-    text = grpo.refine_prompt_text(tok, puzzle, "DRAFT")
+    text = grpo_refine.refine_prompt_text(tok, puzzle, "DRAFT")
     user = (f"{puzzle}\n\nHere is an earlier attempt at this puzzle:\n<attempt>\nDRAFT\n</attempt>\n"
             f"Check the attempt, correct any mistakes, and solve the puzzle again.\n{BOXED_INSTRUCTION}")
-    assert text == chat_prompt(tok, puzzle + grpo.REFINE_SUFFIX.format(draft="DRAFT"))
+    assert text == chat_prompt(tok, puzzle + grpo_refine.REFINE_SUFFIX.format(draft="DRAFT"))
     assert text == tok.apply_chat_template([{"role": "user", "content": user}], tokenize=False,
                                            add_generation_prompt=True, enable_thinking=True)
     # the draft's own ids are spliced in, its end-of-turn removed; the result decodes to the documented text
     draft = f"{puzzle.split()[-1]} -> ?\n</think>\n\\boxed{{{gold}}}"
     ids = tok(draft, add_special_tokens=False)["input_ids"]
-    spliced = grpo.refine_prompt_ids(tok, puzzle, ids + [tok.eos_token_id])
-    assert tok.decode(spliced) == grpo.refine_prompt_text(tok, puzzle, draft)
+    spliced = grpo_refine.refine_prompt_ids(tok, puzzle, ids + [tok.eos_token_id])
+    assert tok.decode(spliced) == grpo_refine.refine_prompt_text(tok, puzzle, draft)
     assert spliced.count(tok.eos_token_id) == text.count(tok.eos_token)  # only the template's own turn ends
     # the draft kept per group: the highest weighted reward (as TRL sums it), first on ties, unscorable last
     funcs, weights = rewards.build({"correctness": 1.0, "format": 0.2})
     drafts = ["no answer", f"</think>\n\\boxed{{{gold}}}", "</think>\n\\boxed{WRONG}", f"\\boxed{{{gold}}}"]
     row = {"prompt": "p", "answer": gold, "category": "numeral_system", "solver_trace": "", "id": "x", "puzzle": puzzle}
     ids4 = [tok(d, add_special_tokens=False)["input_ids"] for d in drafts]
-    scores = grpo.draft_scores(funcs, weights, ["p"] * 4, drafts, ids4, [row] * 4)
+    scores = grpo_refine.draft_scores(funcs, weights, ["p"] * 4, drafts, ids4, [row] * 4)
     assert scores == pytest.approx([0.0, 1.2, 0.2, 1.1])
-    assert grpo.best_drafts(scores, 4) == [1] and grpo.best_drafts(scores, 2) == [1, 3]
-    assert grpo.best_drafts([0.5, 0.5, -math.inf, -math.inf], 2) == [0, 2]
-    assert grpo.best_drafts([-math.inf, 0.0], 2) == [1]
+    best = grpo_refine.best_drafts
+    assert best(scores, 4) == [1] and best(scores, 2) == [1, 3]
+    assert best([0.5, 0.5, -math.inf, -math.inf], 2) == [0, 2]
+    assert best([-math.inf, 0.0], 2) == [1]
     with pytest.raises(LabError):
-        grpo.best_drafts([1.0, 2.0, 3.0], 2)
+        best([1.0, 2.0, 3.0], 2)
 
 
 def test_group_spread_counts_groups_whose_correctness_never_varies():
@@ -224,7 +221,7 @@ def test_group_spread_counts_groups_whose_correctness_never_varies():
     def correctness(prompts=None, completions=(), **kw):
         return next(calls)
 
-    spread = grpo.GroupSpread(correctness, group=4)
+    spread = callbacks.GroupSpread(correctness, group=4)
     assert spread.__name__ == "correctness"  # TRL logs rewards under this name
     assert spread(completions=["x"] * 8) == [1.0, 0.0, 1.0, 1.0, 0.0, 0.0, 0.0, 0.0]  # values pass through
     spread(completions=["x"] * 8)
@@ -234,9 +231,9 @@ def test_group_spread_counts_groups_whose_correctness_never_varies():
 
 def test_guard_rails_warn_when_correctness_is_flat_though_the_total_reward_varies(root):
     cfg = compose(root, "guard2", "grpo.zero_variance_warn_share=0.8")
-    spread = grpo.GroupSpread(lambda **kw: [0.0] * 8, group=4)
+    spread = callbacks.GroupSpread(lambda **kw: [0.0] * 8, group=4)
     spread(completions=["x"] * 8)
-    guard = grpo._callbacks(cfg, None, spread)[0]
+    guard = callbacks.GuardRails(cfg.grpo, spread)
 
     class State:
         global_step = 1
@@ -249,7 +246,7 @@ def test_guard_rails_warn_when_correctness_is_flat_though_the_total_reward_varie
 
 def test_guard_rails_warn_and_record(root):
     cfg = compose(root, "guard", "grpo.truncation_warn_share=0.5", "grpo.zero_variance_warn_share=0.8")
-    guard = grpo._callbacks(cfg, None)[0]
+    guard = callbacks.GuardRails(cfg.grpo)
 
     class State:
         global_step = 3
@@ -325,17 +322,17 @@ def test_grpo_trains_the_adapter_and_generation_uses_it(root, puzzles):
     reloaded, _ = models.load(cfg, adapter=out)
     assert (trained - logits(start_model, tok, text)).abs().max() > 1e-3
     torch.testing.assert_close(logits(reloaded, tok, text), trained, rtol=1e-5, atol=1e-5)
-    from lab.generate import generate_hf
+    from lab.generate import Sampling, generate_hf
 
-    g_trained = generate_hf(model, tok, [text], max_new_tokens=8, progress=False)[0][0].text
-    assert generate_hf(reloaded, tok, [text], max_new_tokens=8, progress=False)[0][0].text == g_trained
+    g_trained = generate_hf(model, tok, [text], Sampling(max_tokens=8), progress=False)[0][0].text
+    assert generate_hf(reloaded, tok, [text], Sampling(max_tokens=8), progress=False)[0][0].text == g_trained
 
 
 @pytest.mark.slow
 def test_grpo_moves_the_policy_towards_the_reward(root, puzzles):
     """The sign is right end to end (rollouts, advantages, the CPU log-prob kernel, the optimiser): rewarding high
     token ids makes sampled completions use higher token ids."""
-    from lab.generate import generate_hf
+    from lab.generate import Sampling, generate_hf
 
     cfg = compose(root, "direction", "grpo.max_steps=6", "grpo.save_steps=100", "grpo.learning_rate=5e-3",
                   "grpo.gradient_check=false")
@@ -344,7 +341,7 @@ def test_grpo_moves_the_policy_towards_the_reward(root, puzzles):
     prompts = [chat_prompt(tok, p) for p in puzzles["prompt"]]
 
     def mean_id():
-        outs = generate_hf(pm, tok, prompts, n=16, temperature=1.0, max_new_tokens=12, seed=99, progress=False)
+        outs = generate_hf(pm, tok, prompts, Sampling(max_tokens=12, n=16, temperature=1.0, seed=99), progress=False)
         return float(np.mean([np.mean(tok(c.text, add_special_tokens=False)["input_ids"] or [0])
                               for comps in outs for c in comps]))
 
@@ -378,11 +375,11 @@ def test_resume_ends_where_an_uninterrupted_run_does(root, puzzles, monkeypatch)
         raise AssertionError("pass rates re-estimated on resume")
 
     monkeypatch.setattr(grpo, "pass_rate_table", no_pass_rates)
-    original = grpo._callbacks
-    monkeypatch.setattr(grpo, "_callbacks", lambda *args: original(*args) + [_stop_at(3)])
+    original = callbacks.trainer_callbacks
+    monkeypatch.setattr(callbacks, "trainer_callbacks", lambda *args: original(*args) + [_stop_at(3)])
     m2, *_ = run(cfg_b, puzzles)
     assert m2["steps"] == 3 and m2["resumed_from"].endswith("checkpoint-1")
-    monkeypatch.setattr(grpo, "_callbacks", original)
+    monkeypatch.setattr(callbacks, "trainer_callbacks", original)
     m3, *_ = run(cfg_b, puzzles)
     assert m3["steps"] == 4 and m3["resumed_from"].endswith("checkpoint-3") and not m3["already_finished"]
     b = adapter(cfg_b)
@@ -423,8 +420,8 @@ def test_refine_trains_on_refinements_of_the_best_draft(root, puzzles, monkeypat
     cfg = compose(root, "refine", "grpo.refine=true", "grpo.max_steps=1", "grpo.gradient_check=false")
     stage, pm, tok = start(cfg)
     built = []
-    original = grpo.refine_prompt_ids
-    monkeypatch.setattr(grpo, "refine_prompt_ids", lambda *a: built.append(original(*a)) or built[-1])
+    original = grpo_refine.refine_prompt_ids
+    monkeypatch.setattr(grpo_refine, "refine_prompt_ids", lambda *a: built.append(original(*a)) or built[-1])
     m, model, log = grpo.train(cfg, stage, puzzles, pm, tok)
     assert m["refine"] and m["steps"] == 1 and m["max_completion_length"] == 12
     assert len(built) == 2  # one refinement prompt per prompt of the step

@@ -89,18 +89,18 @@ def test_pass_rate_sampling_uses_the_rollouts_top_p(root, monkeypatch):
     seen = {}
 
     class FakeGenerator:
-        def __init__(self, cfg, model=None, tokenizer=None):
-            seen["backend"] = cfg.model.generation_backend
+        def __init__(self, cfg, model=None, tokenizer=None, backend=None):
+            seen["backend"] = backend
 
-    def fake_sample_table(gen, puzzles, n=1, temperature=None, top_p=None, **kw):
-        seen.update(n=n, temperature=temperature, top_p=top_p)
+    def fake_sample_table(gen, puzzles, spec, **kw):
+        seen.update(n=spec.n, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens)
         return pd.DataFrame({"id": ["a", "a"], "gold": ["1", "1"], "answer": ["1", "2"], "tokens": [3, 3]})
 
     monkeypatch.setattr(G, "Generator", FakeGenerator)
     monkeypatch.setattr(G, "sample_table", fake_sample_table)
     cfg = compose(root, "grpo.top_p=0.85", "grpo.temperature=0.6")
     rates = grpo.pass_rate_table(cfg, None, None, pd.DataFrame({"id": ["a"], "prompt": ["p"]}), budget=10)
-    assert seen == {"backend": "hf", "n": 2, "temperature": 0.6, "top_p": 0.85}
+    assert seen == {"backend": "hf", "n": 2, "temperature": 0.6, "top_p": 0.85, "max_tokens": 10}
     assert float(rates["pass_rate"].iloc[0]) == 0.5
 
 

@@ -81,10 +81,11 @@ def test_generation_budget_and_finish_reason(tiny):
     prompts = [chat_prompt(tok, PUZZLE)]
     assert G.completion_budget(tok, prompts, 7680, 8192) == 7680
     assert G.completion_budget(tok, prompts, 7680, 100 + len(tok(prompts[0])["input_ids"])) == 100
-    out = G.generate_hf(model, tok, prompts * 2, max_new_tokens=5, progress=False)
+    out = G.generate_hf(model, tok, prompts * 2, G.Sampling(max_tokens=5), progress=False)
     assert [c.finish_reason for c in sum(out, [])] == ["length", "length"] and out[0][0].tokens == 5
     assert out[0][0].text == out[1][0].text  # greedy is deterministic
-    s = G.generate_hf(model, tok, prompts, n=3, temperature=1.0, max_new_tokens=5, logprobs=True, progress=False)
+    spec = G.Sampling(max_tokens=5, n=3, temperature=1.0, logprobs=True)
+    s = G.generate_hf(model, tok, prompts, spec, progress=False)
     assert len(s[0]) == 3 and len(s[0][0].logprobs) == 5 and all(lp <= 0 for lp in s[0][0].logprobs)
 
 
@@ -96,12 +97,12 @@ def test_sample_table_resumes_from_its_cache(tiny, tmp_path, monkeypatch):
 
     puzzles = pd.DataFrame({"id": ["a", "b", "c"], "prompt": [PUZZLE] * 3, "answer": ["XXXVIII"] * 3})
     cache = tmp_path / "samples.jsonl"
-    first = G.sample_table(gen, puzzles.head(2), n=2, cache=cache, progress=False)
+    first = G.sample_table(gen, puzzles.head(2), G.Sampling.competition(cfg, n=2), cache=cache, progress=False)
     assert len(first) == 4 and set(first.columns) == set(G.SAMPLE_COLUMNS)
     with open(cache, "a") as f:
         f.write('{"id": "c", "trunc')  # a write cut short by a kill
     calls = []
     real = gen.run
     monkeypatch.setattr(gen, "run", lambda prompts, **kw: calls.append(len(prompts)) or real(prompts, **kw))
-    full = G.sample_table(gen, puzzles, n=2, cache=cache, progress=False)
+    full = G.sample_table(gen, puzzles, G.Sampling.competition(cfg, n=2), cache=cache, progress=False)
     assert calls == [1] and len(full) == 6 and list(full["id"]) == ["a", "a", "b", "b", "c", "c"]

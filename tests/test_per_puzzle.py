@@ -20,7 +20,7 @@ def test_an_oversized_prompt_is_skipped_and_named_not_fatal(tmp_path, capsys):
     with G.Generator(cfg, model=model, tokenizer=tok) as gen:
         pred = G.predictions(gen, puzzles, out_csv=tmp_path / "predictions.csv",
                              cache=tmp_path / "cache.jsonl")
-        samples = G.sample_table(gen, puzzles, n=2, temperature=0.5, progress=False)
+        samples = G.sample_table(gen, puzzles, G.Sampling.competition(cfg, n=2, temperature=0.5), progress=False)
     assert pred["id"].tolist() == ["ok1", "huge", "ok2"]
     row = pred.set_index("id").loc["huge"]
     assert row["finish_reason"] == G.SKIPPED and not row["correct"] and row["tokens"] == 0

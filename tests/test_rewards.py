@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from lab import LabError
-from lab.rewards import (OPTIONS, REWARDS, Reward, agreement, build, correctness_reward, format_reward,
+from lab.rewards import (REWARDS, Reward, agreement, build, correctness_reward, format_reward,
                          format_score, is_truncated, length_reward, trace_agreement_reward)
 
 GOOD = "step one\nstep two\n</think>\n\\boxed{42}"
@@ -70,11 +70,6 @@ def test_correctness_missing_gold_is_none_and_bad_gold_is_an_error():
         call(correctness_reward, [GOOD], answer=[42])
     with pytest.raises(LabError, match="column 'answer'"):
         call(correctness_reward, [GOOD])
-
-
-def test_correctness_accepts_conversational_completions():
-    conv = [[{"role": "assistant", "content": GOOD}]]
-    assert call(correctness_reward, conv, answer=["42"]) == [1.0]
 
 
 # ----------------------------------------------------------------------------------------------
@@ -263,7 +258,6 @@ def test_build_unknown_reward_names_the_known_ones():
     (None, {}, "no rewards"),
     ({"format": "heavy"}, {}, "must be a number"),
     ({"format": float("nan")}, {}, "finite"),
-    ({"format": 1.0}, {"truncaton": "mask"}, r"unknown reward option.*truncation"),
     ({"format": 1.0}, {"truncation": "drop"}, "unknown truncation"),
     ({"format": 1.0}, {"metric_version": "v3"}, "metric_version"),
     ({"length": 1.0}, {}, r"reward 'length' needs max_completion_length"),
@@ -277,9 +271,16 @@ def test_build_errors(weights, options, match):
         build(weights, **options)
 
 
-def test_build_options_are_documented():
-    assert set(OPTIONS) == {"metric_version", "max_completion_length", "length_buffer", "truncation",
-                            "eos_token_ids"}
+def test_build_binds_each_reward_its_own_options():
+    funcs, _ = build({"correctness": 1.0, "format": 0.2, "length": 0.5}, max_completion_length=8,
+                     eos_token_ids=[0], metric_version="legacy")
+    assert [f.options for f in funcs] == [
+        {"metric_version": "legacy"}, {},
+        {"max_completion_length": 8, "length_buffer": 2, "truncation": "penalise", "eos_token_ids": [0]}]
+    assert call(funcs[2], [GOOD, GOOD], [[7] * 7 + [0], [7] * 8]) == [-1.0, -1.0]  # 8 ids: at the budget
+    assert call(funcs[2], [GOOD], [[7] * 6 + [0]]) == [-0.5]  # 7 ids: half-way into the 2-token buffer
+    with pytest.raises(TypeError):  # a misspelt option is refused, never ignored
+        build({"format": 1.0}, truncaton="mask")
 
 
 def test_every_reward_returns_one_value_per_completion():

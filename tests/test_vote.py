@@ -11,8 +11,8 @@ import pytest
 
 from lab import LabError
 from lab.metric import NOT_FOUND, verify
-from lab.vote import (METHODS, assign_classes, confidence_vote, curves, early_stop_vote, leader_probability, maj_at_k,
-                      majority_vote, pass_at_k, pass_rates, per_category, per_category_curves, replay, summary, weighted_vote)
+from lab.vote import (METHODS, assign_classes, confidence_vote, curves, early_stop_vote, leader_probability,
+                      majority_vote, pass_at_k, pass_rates, replay, summary, weighted_vote)
 
 NF = NOT_FOUND
 
@@ -280,15 +280,12 @@ def test_replay_errors():
     assert set(METHODS) == {"greedy", "majority", "confidence", "early_stop"}
 
 
-def test_summary_and_per_category():
+def test_summary():
     r = replay(table(ROWS), "early_stop", 8, window=4)
     s = summary(r)
     assert s["puzzles"] == 3 and s["accuracy"] == 1.0
     assert s["tokens_used"] == pytest.approx((108 + 20 + 319) / 3)
     assert s["tokens_per_correct"] == pytest.approx((108 + 20 + 319) / 3)
-    pc = per_category(r).set_index("category")
-    assert pc.loc["num", "puzzles"] == 2 and pc.loc["num", "samples_used"] == 6.0
-    assert pc.loc["bits", "tokens_used"] == 108
 
 
 # ----------------------------------------------------------------------------------------------
@@ -324,11 +321,15 @@ TINY = [
 ]
 
 
-def test_maj_at_k_and_curves_on_tiny_table():
+def test_majority_over_the_first_k_and_curves_on_tiny_table():
     s = table(TINY)
-    assert maj_at_k(s, 1) == 1.0
-    assert maj_at_k(s, 2) == 1.0   # q1: 5 vs 7 tie -> 5; q2: 0101 vs 101 tie -> 0101
-    assert maj_at_k(s, 3) == 0.0
+
+    def maj_at_k(k):
+        return replay(s, "majority", k)["correct"].astype(bool).mean()
+
+    assert maj_at_k(1) == 1.0
+    assert maj_at_k(2) == 1.0   # q1: 5 vs 7 tie -> 5; q2: 0101 vs 101 tie -> 0101
+    assert maj_at_k(3) == 0.0
     cv = curves(s)
     assert cv["k"].tolist() == [1, 2, 3] and cv["puzzles"].tolist() == [2, 2, 2]
     np.testing.assert_allclose(cv["pass_at_k"], [1 / 3, 2 / 3, 1.0])
@@ -341,14 +342,6 @@ def test_maj_at_k_and_curves_on_tiny_table():
     np.testing.assert_allclose(cv2["pass_at_k"], [0.5, 1.0])   # both ids: 1 correct of their first 2
     with pytest.raises(LabError, match="only 3 samples"):
         curves(s, K=4)
-
-
-def test_per_category_curves():
-    pc = per_category_curves(table(TINY))
-    assert pc["category"].tolist() == ["a"] * 3 + ["b"] * 3
-    a = pc[pc["category"] == "a"]
-    np.testing.assert_allclose(a["pass_at_k"], [1 / 3, 2 / 3, 1.0])
-    np.testing.assert_allclose(a["tokens_per_puzzle"], [20, 40, 60])
 
 
 def test_curves_maj_at_k_is_the_window_average_of_majority_vote_and_meets_pass_at_k():

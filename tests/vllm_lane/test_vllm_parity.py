@@ -64,22 +64,22 @@ def make_adapter(lane, name: str, targets: list[str], scale: float | None, seed:
 def hf_reference(lane, adapter):
     """(model, completions): HF + PEFT greedy with the lab's budget, one prompt at a time, with log-probabilities."""
     from lab import models
-    from lab.generate import completion_budget, generate_hf
+    from lab.generate import Sampling, completion_budget, generate_hf
 
     cfg = lane["cfg"]
     model, tok = models.load(cfg, adapter=adapter)
     budget = completion_budget(tok, lane["prompts"], cfg.infer.max_tokens, cfg.model.max_model_len)
-    outs = generate_hf(model, tok, lane["prompts"], max_new_tokens=budget, batch_size=1, progress=False,
-                       logprobs=True)
+    outs = generate_hf(model, tok, lane["prompts"], Sampling(max_tokens=budget, logprobs=True), progress=False,
+                       batch_size=1)
     return model, [o[0] for o in outs]
 
 
 def served(lane, adapter):
     """vLLM's greedy ids through the lab's own path: Generator(cfg, adapter).run with the competition settings."""
-    from lab.generate import Generator
+    from lab.generate import Generator, Sampling
 
     with Generator(lane["cfg"], adapter=adapter) as gen:
-        outs = gen.run(lane["prompts"], progress=False, logprobs=True)
+        outs = gen.run(lane["prompts"], Sampling.competition(lane["cfg"], logprobs=True), progress=False)
     return [o[0] for o in outs]
 
 
@@ -154,15 +154,15 @@ def test_prompts_reach_vllm_as_the_same_token_ids(lane):
 def test_logprobs_match_hf_and_greedy_n_repeats_one_draw(lane, base_ids):
     """generate_vllm's per-token log-probabilities (raw, before sampling) equal generate_hf's; greedy with n = 2
     draws once and repeats it (vLLM refuses n > 1 at temperature 0)."""
-    from lab.generate import Generator, completion_budget, generate_hf
+    from lab.generate import Generator, Sampling, completion_budget, generate_hf
 
     model, _ = base_ids
     prompts, cfg = lane["prompts"][:4], lane["cfg"]
     with Generator(cfg) as gen:
-        outs = gen.run(prompts, n=2, logprobs=True, progress=False)
+        outs = gen.run(prompts, Sampling.competition(cfg, n=2, logprobs=True), progress=False)
     budget = completion_budget(lane["tok"], prompts, cfg.infer.max_tokens, cfg.model.max_model_len)
-    ref = generate_hf(model, lane["tok"], prompts, max_new_tokens=budget, batch_size=1, logprobs=True,
-                      progress=False)
+    ref = generate_hf(model, lane["tok"], prompts, Sampling(max_tokens=budget, logprobs=True), progress=False,
+                      batch_size=1)
     compared = 0
     for (a, b), (r,) in zip(outs, ref):
         assert a.token_ids == b.token_ids and a.finish_reason in ("stop", "length")

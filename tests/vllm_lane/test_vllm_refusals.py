@@ -42,14 +42,14 @@ def vllm_reaction(lane, engine, folder) -> str:
     """What vLLM itself does when asked to serve `folder`: its error, or whether the output changed."""
     from vllm.lora.request import LoRARequest
 
-    from lab.generate import generate_vllm
+    from lab.generate import Sampling, generate_vllm
 
     req = LoRARequest(lora_name=folder.name, lora_int_id=next(_IDS), lora_path=str(folder))
     try:
-        with_lora = generate_vllm(engine, lane["prompts"][:4], max_new_tokens=8, lora_request=req)
+        with_lora = generate_vllm(engine, lane["prompts"][:4], Sampling(max_tokens=8), lora_request=req)
     except Exception as e:  # noqa: BLE001  (recording vLLM's own reaction, whatever it is)
         return f"vLLM refuses it: {type(e).__name__}: {str(e).splitlines()[0][:300]}"
-    base = generate_vllm(engine, lane["prompts"][:4], max_new_tokens=8)
+    base = generate_vllm(engine, lane["prompts"][:4], Sampling(max_tokens=8))
     same = sum(a[0].token_ids == b[0].token_ids for a, b in zip(with_lora, base))
     return f"vLLM loads it and serves it ({same} of 4 outputs equal the base model's)"
 

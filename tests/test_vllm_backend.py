@@ -1,4 +1,4 @@
-"""The vLLM back-end against vLLM 0.33's real signatures (no vllm needed), and the vote bench's plumbing.
+"""The vLLM generation back-end (`lab.generate`) against vLLM 0.33's real signatures (no vllm needed).
 
 The name sets below were recorded from the vLLM 0.33.0 source distribution on PyPI
 (`pip download vllm==0.33.0 --no-deps --no-binary :all:`, PKG-INFO `Version: 0.33.0`):
@@ -18,14 +18,12 @@ there, not against the stand-in module below, which remains for the lab's own gu
 from __future__ import annotations
 
 import ast
-import importlib.util
 import sys
 import types
 from pathlib import Path
 
 import pandas as pd
 import pytest
-from omegaconf import OmegaConf
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -154,11 +152,11 @@ def _out(text, token_ids, logprobs, reason):
 def test_generate_vllm_refuses_unfinished_requests(monkeypatch):
     """A request vLLM ends with abort/error is not a result. (Reading real outputs, logprobs, greedy with n > 1 and
     closing the engine run against a real vLLM engine in tests/vllm_lane/.)"""
-    from lab.generate import generate_vllm
+    from lab.generate import Sampling, generate_vllm
 
     _fake_vllm(monkeypatch, [types.SimpleNamespace(request_id="7", outputs=[_out("", [1], None, "abort")])])
     with pytest.raises(RuntimeError, match="abort"):
-        generate_vllm(sys.modules["vllm"].LLM(model="m"), ["p"])
+        generate_vllm(sys.modules["vllm"].LLM(model="m"), ["p"], Sampling(max_tokens=4))
 
 
 def test_generator_vllm_branch(monkeypatch, tmp_path):
@@ -190,6 +188,32 @@ def test_generator_vllm_branch(monkeypatch, tmp_path):
         with pytest.raises(LabError, match="not a LoRA adapter"):
             generate.Generator(cfg, adapter=bad)
     assert "engine" not in seen
+
+
+def test_generator_passes_the_sampling_spec_to_vllm_capped_by_the_budget(monkeypatch):
+    """What the caller's `Sampling` says reaches SamplingParams; max_tokens is capped by `completion_budget`;
+    greedy with n > 1 asks vLLM for one completion and repeats it."""
+    from lab import generate, models
+    from lab.config import compose
+
+    def outputs(prompts, params, lora_request):
+        return [types.SimpleNamespace(request_id=str(i), outputs=[_out("x", [1, 2], None, "stop")] * params.kw["n"])
+                for i in range(len(prompts))]
+
+    seen = _fake_vllm(monkeypatch, outputs)
+    words = lambda text, add_special_tokens=False: {"input_ids": text.split()}  # noqa: E731 - a word tokenizer
+    monkeypatch.setattr(models, "load_tokenizer", lambda cfg: words)
+    monkeypatch.setattr(models, "model_path", lambda cfg: "/models/nemotron")
+    cfg = compose(["model.generation_backend=vllm"])
+    gen = generate.Generator(cfg)
+    prompt = "one two three"
+    spec = generate.Sampling(max_tokens=10**6, n=3, temperature=0.7, top_p=0.8, seed=5, logprobs=True)
+    assert len(gen.run([prompt], spec)[0]) == 3
+    assert seen["params"] == {"n": 3, "temperature": 0.7, "top_p": 0.8, "seed": 5, "logprobs": 0,
+                              "max_tokens": int(cfg.model.max_model_len) - 3}
+    greedy = gen.run([prompt], generate.Sampling.competition(cfg, n=4, max_tokens=7))
+    assert seen["params"]["n"] == 1 and seen["params"]["max_tokens"] == 7 and len(greedy[0]) == 4
+    assert seen["params"]["temperature"] == cfg.infer.temperature == 0 and seen["params"]["seed"] == cfg.seed
 
 
 def test_vllm_never_scores_an_in_memory_model(monkeypatch):
@@ -317,78 +341,3 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
     with zipfile.ZipFile(submission.pack(run / "03_grpo" / "adapter", tmp_path / "ref_grpo.zip")) as z:
         assert seen["served"] == [{n: z.read(n) for n in z.namelist()}]
     assert not seen["fused"] and seen["split"]
-
-
-# ------------------------------------------------------------------------------------------------
-# bench/vote_bench.py
-# ------------------------------------------------------------------------------------------------
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("vote_bench", ROOT / "bench" / "vote_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_bench_without_adapter_exits_2(tmp_path, capsys):
-    assert _bench().main(["--adapter", str(tmp_path / "none")]) == 2
-    assert "make demo" in capsys.readouterr().err
-
-
-def _samples(answers: dict, gold: dict) -> pd.DataFrame:
-    """A samples table, 10 tokens a sample; correct answers are the confident ones (mean log-prob -0.1 vs -2)."""
-    return pd.DataFrame([{"id": pid, "category": "t", "gold": gold[pid], "sample": j, "answer": x, "tokens": 10,
-                          "finish_reason": "stop", "mean_logprob": -0.1 if x == gold[pid] else -2.0}
-                         for pid, ans in answers.items() for j, x in enumerate(ans)])
-
-
-def test_bench_vote_rows_on_a_hand_made_table():
-    bench = _bench()
-    samples = _samples({"a": ["1", "1", "2", "1"], "b": ["2", "3", "3", "3"], "c": ["5", "5", "5", "5"]},
-                       {"a": "1", "b": "2", "c": "5"})
-    out = {(r["method"], tuple(sorted(r["options"].items()))): r for r in bench.vote_rows(samples, 4, "final")}
-    maj = out[("majority", ())]
-    assert maj["accuracy"] == pytest.approx(2 / 3) and maj["token_ratio"] == 1.0 and maj["delta_points"] == 0
-    conf = out[("confidence", (("keep_top", 0.25),))]  # the confident trace of b is its correct one
-    assert conf["accuracy"] == 1.0 and conf["wins"] == 1 and conf["losses"] == 0
-    assert conf["delta_points"] == pytest.approx(100 / 3)
-    assert conf["delta_ci95_points"] == pytest.approx(100 * 1.96 * ((1 / 3 - 1 / 9) / 3) ** 0.5)
-    assert maj["delta_ci95_points"] == 0.0
-    es = out[("early_stop", (("agree", 1.0), ("window", 2)))]
-    assert es["token_ratio"] == pytest.approx((2 + 4 + 2) / 12)  # a and c stop after their first window
-    md = bench.markdown({"adapter": "A", "finished": "now", "git_commit": "x",
-                         "voting": {"k": 4, "puzzles": 3, "temperature": 1.0, "top_p": 1.0, "seed": 0,
-                                    "baseline_accuracy": maj["accuracy"], "baseline_tokens_per_puzzle": 40.0,
-                                    "methods": list(out.values()), "greedy_decode": None, "curve": [],
-                                    "sampling": {"rows_drawn_now": 0, "tokens_drawn_now": 0, "wall_seconds": 0.0}}})
-    assert "maj@4" in md and "confidence keep_top=0.25" in md
-    assert "against the sampling temperature" not in md  # no scan, no section
-
-
-def test_bench_temperature_scan_row():
-    bench = _bench()
-    samples = _samples({"a": ["1", "1", "1", "1"], "b": ["2", "3", "2", "3"], "c": ["4", "5", "5", "5"]},
-                       {"a": "1", "b": "3", "c": "5"})
-    r = bench.scan_row(samples, 4, "final", {"window": 2, "agree": 1.0})
-    # one sample (maj@1 of lab.vote.curves, the mean over all 4 samples): a 4/4, b 2/4, c 3/4; maj@4: a, c (b ties
-    # 2-2, the first-seen '2' wins); pass@4: all three
-    assert (r["first_sample"], r["maj_at_k"], r["pass_at_k"]) == (pytest.approx(0.75), pytest.approx(2 / 3), 1.0)
-    # early stop: a stops after its first window ("1","1"); b and c run to the end (no window agrees)
-    assert r["early_stop_token_ratio"] == pytest.approx((2 + 4 + 4) / 12)
-    assert (r["early_stop_delta_points"], r["wins"], r["losses"]) == (0.0, 0, 0)
-    md = bench.markdown({"adapter": "A", "finished": "now", "git_commit": "x",
-                         "voting": {"k": 4, "puzzles": 3, "temperature": 0.5, "top_p": 1.0, "seed": 0,
-                                    "baseline_accuracy": r["maj_at_k"], "baseline_tokens_per_puzzle": 40.0,
-                                    "methods": [], "greedy_decode": None, "curve": [],
-                                    "temperature_scan": [{"temperature": 0.5, **r}],
-                                    "sampling": {"rows_drawn_now": 0, "tokens_drawn_now": 0, "wall_seconds": 0.0}}})
-    assert "| 0.5 | 0.750 | 0.667 | 1.000 | 0.667 | +0.0 | 0.833 | 3.3 | 0 | 0 |" in md
-
-
-def test_bench_config_overrides(tmp_path):
-    bench = _bench()
-    stage = tmp_path / "03_grpo"
-    (stage / "adapter").mkdir(parents=True)
-    (stage / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({"seed": 1, "infer": {"batch_size": 32}})))
-    cfg, src = bench.load_config(stage / "adapter", ["infer.batch_size=64", "seed=3"])
-    assert (cfg.infer.batch_size, cfg.seed, src) == (64, 3, str(stage / "config.yaml"))
