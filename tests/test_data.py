@@ -11,7 +11,6 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lab import data
 from lab import paths
 from lab import LabError
 from lab.data import add_categories, find_data_file, load_puzzles, load_split, rows_hash, save_split, split
