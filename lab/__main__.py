@@ -8,8 +8,8 @@ import sys
 COMMANDS = {
     "demo": ("lab.pipeline", "demo_main", "run all five notebooks on the embedded default"),
     "summary": ("lab.pipeline", "summary_main", "collect a run's stage metrics into summary.md/json"),
-    "score": ("lab.analysis", "score_main", "score PREDICTIONS.csv against --gold GOLD.csv"),
-    "compare": ("lab.analysis", "compare_main", "puzzles fixed and broken between RUN_A and RUN_B"),
+    "score": ("lab.cli", "score_main", "score PREDICTIONS.csv against --gold GOLD.csv"),
+    "compare": ("lab.cli", "compare_main", "puzzles fixed and broken between RUN_A and RUN_B"),
     "sweep": ("lab.sweep", "sweep_main", "run notebooks over a grid of overrides (papermill + Hydra)"),
     "report": ("lab.sweep", "report_main", "one table and plots across a sweep's jobs"),
     "kaggle": ("lab.kaggle", "main", "build an offline Kaggle kernel or its dependency dataset"),
