@@ -11,7 +11,7 @@ COMMANDS = {
     "score": ("lab.cli", "score_main", "score PREDICTIONS.csv against --gold GOLD.csv"),
     "compare": ("lab.cli", "compare_main", "puzzles fixed and broken between RUN_A and RUN_B"),
     "sweep": ("lab.sweep", "sweep_main", "run notebooks over a grid of overrides (papermill + Hydra)"),
-    "report": ("lab.sweep", "report_main", "one table and plots across a sweep's jobs"),
+    "report": ("lab.sweep_report", "report_main", "one table and plots across a sweep's jobs"),
     "kaggle": ("lab.kaggle", "main", "build an offline Kaggle kernel or its dependency dataset"),
     "submission": ("lab.submission", "main", "pack ADAPTER_DIR OUT.zip / check ZIP: the Kaggle submission"),
     "memory": ("lab.memory", "main", "trace one training step on fake tensors: peak GPU memory, does it fit"),

@@ -1,7 +1,7 @@
 """Every plot of the lab, in one style: small functions that take a table and return a matplotlib Figure.
 
 Stage notebooks, the error analysis (`lab.analysis.analyse`), the voting notebook and the sweep report
-(`lab.sweep.report`) all draw here; `save` writes a PNG atomically and `show` also puts the figure
+(`lab.sweep_report.report`) all draw here; `save` writes a PNG atomically and `show` also puts the figure
 into the notebook's output.
 
 The style, once for all: the Okabe-Ito palette (told apart with any colour vision), constrained layout,
