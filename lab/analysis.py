@@ -138,16 +138,13 @@ def normalise_predictions(pred: pd.DataFrame, source: str = "predictions") -> pd
     else:
         df["correct"] = [_to_bool(v, f"{source} row {i + 1}") for i, v in enumerate(df["correct"])]
     df["correct"] = df["correct"].astype(bool)
-    if "tokens" not in df.columns:
-        df["tokens"] = pd.array([pd.NA] * len(df), dtype="Int64")
-    else:
-        raw = df["tokens"].map(lambda v: _text(v).strip())
-        num = pd.to_numeric(raw.replace("", np.nan), errors="coerce")
-        bad = num.isna() & (raw != "") & (raw.str.lower() != "nan")
-        if bad.any():
-            i = int(np.flatnonzero(bad.to_numpy())[0])
-            raise LabError(f"{source} row {i + 1}: column 'tokens' has {raw.iloc[i]!r}; expected an integer")
-        df["tokens"] = num.round().astype("Int64")
+    raw = (df["tokens"] if "tokens" in df.columns else pd.Series("", index=df.index)).map(lambda v: _text(v).strip())
+    num = pd.to_numeric(raw.replace("", np.nan), errors="coerce")
+    bad = num.isna() & (raw != "") & (raw.str.lower() != "nan")
+    if bad.any():
+        i = int(bad.to_numpy().argmax())
+        raise LabError(f"{source} row {i + 1}: column 'tokens' has {raw.iloc[i]!r}; expected an integer")
+    df["tokens"] = num.round().astype("Int64")
     df["finish_reason"] = df["finish_reason"].map(lambda v: v.strip().lower())
     return df
 
@@ -194,22 +191,12 @@ def accuracy_table(pred: pd.DataFrame, by: Iterable[str] = ("category",), total:
     missing = [c for c in by if c not in df.columns]
     if missing:
         raise LabError(f"accuracy_table: no column(s) {missing} to group by")
-    rows = []
-    for key, g in df.groupby(by, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        rows.append(_acc_row(dict(zip(by, key)), g["correct"]))
-    out = pd.DataFrame(rows, columns=[*by, "n", "correct", "accuracy", "lo", "hi"])
-    out = _sort_groups(out, by)
+    out = _sort_groups(df.groupby(by, sort=False)["correct"].agg(n="size", correct="sum").reset_index(), by)
     if total:
-        out = pd.concat([out, pd.DataFrame([_acc_row({c: "all" for c in by}, df["correct"])])],
+        out = pd.concat([out, pd.DataFrame([{**dict.fromkeys(by, "all"), "n": len(df), "correct": df["correct"].sum()}])],
                         ignore_index=True)
-    return out
-
-
-def _acc_row(keys: dict, correct: pd.Series) -> dict:
-    n, k = int(len(correct)), int(correct.sum())
-    lo, hi = wilson_interval(k, n)
-    return {**keys, "n": n, "correct": k, "accuracy": (k / n) if n else float("nan"), "lo": lo, "hi": hi}
+    ci = [wilson_interval(k, n) for k, n in zip(out["correct"], out["n"])]
+    return out.assign(accuracy=out["correct"] / out["n"], lo=[c[0] for c in ci], hi=[c[1] for c in ci])  # 0/0: NaN
 
 
 def _sort_groups(out: pd.DataFrame, by: list[str]) -> pd.DataFrame:
@@ -289,10 +276,13 @@ def with_solver(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
     """`pred` plus `status, solver_answer, solver_trace, solver_reason` (solved from `prompt`, trace in `style`).
 
     `solutions`, when given, is a table aligned with `pred` by `id` (or by row when it has no
-    `id`) holding at least `status` and `solver_trace`: tests and notebooks can pass their own.
+    `id`) holding at least `status` and `solver_trace`: tests and notebooks can pass their own. Without it, a
+    `pred` that already has `status` and `solver_trace` keeps them.
     """
     df = normalise_predictions(pred)
-    if solutions is None:
+    if solutions is None and {"status", "solver_trace"} <= set(df.columns):
+        sol = df
+    elif solutions is None:
         if (df["prompt"] == "").any():
             raise LabError("with_solver: some rows have no prompt, so the solver cannot see the puzzle")
         sol = solve_prompts(df["prompt"], cache_path=cache_path, style=style)
@@ -489,12 +479,7 @@ def departure_table(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
     when the model followed the trace to its end), `model_step`, `trace_step` (the two lines
     at the departure).
     """
-    if {"status", "solver_trace"} <= set(pred.columns) and solutions is None:
-        df = normalise_predictions(pred)
-        for c in ("status", "solver_trace"):
-            df[c] = df[c].map(_text)
-    else:
-        df = with_solver(pred, solutions=solutions, cache_path=cache_path, style=style)
+    df = with_solver(pred, solutions=solutions, cache_path=cache_path, style=style)
     df = df[(df["solver_trace"].str.strip() != "") & df["status"].isin(list(statuses))]
     rows = []
     for r in df.to_dict("records"):

@@ -43,7 +43,6 @@ What it simplifies:
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import logging
 import os
 import re
@@ -58,7 +57,7 @@ from lab import LabError
 from lab.config import saved_config_matches, split_at_dashes
 from lab.io import atomic_write_json, atomic_write_text, read_json
 from lab.paths import project_root, resolve_path
-from lab.run import run_lock
+from lab.run import _now, run_lock  # _now: the manifests' UTC time stamp, so job.json's read the same
 from lab.pipeline import SMOKE_OVERRIDES, STAGES, execute_stage
 
 log = logging.getLogger(__name__)
@@ -71,10 +70,6 @@ RESERVED = {"run_dir": "each job's run_dir is its own folder in the sweep",
 HYDRA_OWNED = ("hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job.chdir", "hydra.job.config.override_dirname",
                "hydra/launcher")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def quote(value: str) -> str:
