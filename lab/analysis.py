@@ -193,8 +193,8 @@ def accuracy_table(pred: pd.DataFrame, by: Iterable[str] = ("category",), total:
         raise LabError(f"accuracy_table: no column(s) {missing} to group by")
     out = _sort_groups(df.groupby(by, sort=False)["correct"].agg(n="size", correct="sum").reset_index(), by)
     if total:
-        out = pd.concat([out, pd.DataFrame([{**dict.fromkeys(by, "all"), "n": len(df), "correct": df["correct"].sum()}])],
-                        ignore_index=True)
+        total_row = {**dict.fromkeys(by, "all"), "n": len(df), "correct": df["correct"].sum()}
+        out = pd.concat([out, pd.DataFrame([total_row])], ignore_index=True)
     ci = [wilson_interval(k, n) for k, n in zip(out["correct"], out["n"])]
     return out.assign(accuracy=out["correct"] / out["n"], lo=[c[0] for c in ci], hi=[c[1] for c in ci])  # 0/0: NaN
 
@@ -228,10 +228,6 @@ def solver_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()
-
-
 def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None = None,
                   style: str = "compact") -> pd.DataFrame:
     """One row per prompt (in order): SOLUTION_COLUMNS, the trace in `style` (`data.trace_style`: the style the
@@ -251,7 +247,7 @@ def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None =
                                       for r in cached.to_dict("records") if r["fingerprint"] == fp}
     rows, fresh = [], False
     for p in prompts:
-        sha = _sha(p)
+        sha = hashlib.sha1(p.encode("utf-8")).hexdigest()
         row = _SOLVER_MEMO.get((fp, sha)) or disk.get(sha)
         if row is None:
             fresh = True
