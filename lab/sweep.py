@@ -6,7 +6,8 @@ machinery: its override grammar and BasicSweeper make the grid (`sft.learning_ra
 process), `joblib` (local processes in parallel), `submitit_local` and `submitit_slurm` (submitit;
 SLURM settings are ordinary Hydra overrides such as `hydra.launcher.partition=gpu`). Each job is
 Hydra's task function `_Job`, which executes the chosen notebooks with the lab's one stage runner
-(`lab.pipeline.execute_stage`, papermill) with the job's overrides plus `run_dir=<sweep_dir>/<job_name>`, so every job is a complete run folder:
+(`lab.pipeline.execute_stage`, papermill) with the job's overrides plus `run_dir=<sweep_dir>/<job_name>`, so
+every job is a complete run folder:
 
     <sweep_dir>/sweep.json                 what was asked (fixed overrides, stages, launcher)
     <sweep_dir>/<job_name>/                the job's run_dir; job_name is Hydra's override_dirname
