@@ -51,24 +51,23 @@ def collect(sweep_dir: str | os.PathLike) -> tuple[pd.DataFrame, list[str]]:
     sweep_dir = Path(sweep_dir)
     rows, params = [], []
     for job_dir in find_jobs(sweep_dir):
+        name = str(job_dir.relative_to(sweep_dir))
         try:
             job = read_json(job_dir / JOB_FILE)
         except LabError as e:
-            rows.append({"job": str(job_dir.relative_to(sweep_dir)), "status": "unreadable", "error": str(e)})
+            rows.append({"job": name, "status": "unreadable", "hardware": "", "error": str(e)})
             continue
-        row = {"job": str(job_dir.relative_to(sweep_dir)), "status": job_status(job_dir, job)}
+        row = {"job": name, "status": job_status(job_dir, job)}
         for k, v in (job.get("params") or {}).items():
             if k not in params:
                 params.append(k)
             row[k] = v
         for stage in STAGES:
-            m = job_dir / stage / "metrics.json"
-            if m.is_file():
-                try:
-                    metrics = read_json(m)
-                except LabError:
-                    continue
-                row.update({f"{stage}.{k}": v for k, v in metrics.items() if _scalar(v)})
+            try:  # a stage not run (or whose metrics.json is unreadable) adds no columns
+                metrics = read_json(job_dir / stage / "metrics.json")
+            except LabError:
+                continue
+            row.update({f"{stage}.{k}": v for k, v in metrics.items() if _scalar(v)})
         row["hardware"] = _hardware_label(job_dir)
         if row["status"] == "failed":
             err = (job_dir / ERROR_FILE).read_text(encoding="utf-8").splitlines()
@@ -112,7 +111,8 @@ def _fmt(v) -> str:
 
 
 def markdown_table(df) -> str:
-    """pandas' `to_markdown` (tabulate) over the cells as text: floats to 4 significant digits, NaN blank, '|' escaped."""
+    """pandas' `to_markdown` (tabulate) over the cells as text: floats to 4 significant digits, NaN blank, '|'
+    escaped."""
     return df.astype(object).map(_fmt).to_markdown(index=False, disable_numparse=True)
 
 

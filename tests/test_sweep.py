@@ -263,3 +263,12 @@ def test_report_says_where_each_job_ran(tmp_path):
     out = rp.report(d)
     assert out["table"]["hardware"].tolist() == ["NVIDIA H100 80GB HBM3, torch threads 1", "cpu, torch threads 2", "cpu"]
     assert "| seed=2 | finished | 2 | cpu, torch threads 2 |" in re.sub(r" +", " ", out["markdown"])
+
+
+def test_report_lists_a_job_whose_job_json_is_unreadable(tmp_path):
+    d = tmp_path / "broken"
+    (d / "seed=1").mkdir(parents=True)
+    (d / "seed=1" / "job.json").write_text("{ half written")
+    out = rp.report(d)
+    assert out["table"][["job", "status"]].values.tolist() == [["seed=1", "unreadable"]]
+    assert "not valid JSON" in out["table"]["error"].iloc[0]
