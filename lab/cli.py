@@ -36,10 +36,9 @@ def find_predictions(arg: str | os.PathLike) -> Path:
     p = Path(os.path.expanduser(str(arg)))
     if not p.exists() and not p.is_absolute():
         try:
-            q = resolve_path(p)
-        except LabError:
-            q = p
-        p = q if q.exists() else p
+            p = resolve_path(p) if resolve_path(p).exists() else p
+        except LabError:  # no checkout (conf/config.yaml) to look in
+            pass
     if p.is_file():
         return p
     if not p.exists():
