@@ -17,7 +17,7 @@ Modules, by what they do:
   grpo        reinforcement learning (TRL GRPOTrainer)
   vote        inference-time voting and pass@k / maj@k
   analysis    error analysis: per-category accuracy, failure taxonomy; stats: the Wilson interval;
-              cli: the `score` and `compare` commands on prediction files
+              cli: the small commands `score`, `compare`, `sweep` and `report`
   submission  packing and checking the Kaggle submission.zip
   sweep       sweeps across runs (stages run by pipeline's one stage runner); sweep_report: one report across them
   kaggle      building offline Kaggle kernels

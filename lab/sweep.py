@@ -1,4 +1,4 @@
-"""Sweeps over the stage notebooks: `python -m lab sweep` (the report across them: `lab.sweep_report`).
+"""Sweeps over the stage notebooks: `python -m lab sweep` (`lab.cli`; the report across them: `lab.sweep_report`).
 
 A sweep is a Hydra multirun over the lab's own config (`conf/config.yaml`), driven by Hydra's
 machinery: its override grammar and BasicSweeper make the grid (`sft.learning_rate=1e-3,3e-3`,
@@ -43,7 +43,6 @@ What it simplifies:
 
 from __future__ import annotations
 
-import argparse
 import logging
 import os
 import re
@@ -55,7 +54,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lab import LabError
-from lab.config import saved_config_matches, split_at_dashes
+from lab.config import saved_config_matches
 from lab.io import atomic_write_json, atomic_write_text, read_json
 from lab.paths import project_root, resolve_path
 from lab.run import _now, run_lock  # _now: the manifests' UTC time stamp, so job.json's read the same
@@ -402,41 +401,3 @@ def find_jobs(sweep_dir: Path) -> list[Path]:
         if not any(part.startswith(".") for part in rel.parts):
             out.append(f.parent)
     return out
-
-
-def sweep_main(argv: list[str] | None = None) -> int:
-    argv, extra = split_at_dashes(argv)
-    ap = argparse.ArgumentParser(
-        prog="python -m lab sweep",
-        description="Hydra multirun over the stage notebooks: one folder per job, a report at the end.",
-        epilog="example: python -m lab sweep --name lr --seeds 3 --stages 01_explore 02_sft -- "
-               "sft.learning_rate=1e-3,3e-3   (Hydra sweep syntax after --; hydra.launcher.* settings too)")
-    ap.add_argument("--name", default="default", help="sweep name; folder outputs/sweeps/NAME (default: default)")
-    ap.add_argument("--dir", default=None, help="sweep folder instead of outputs/sweeps/NAME")
-    ap.add_argument("--stages", nargs="+", default=STAGES, choices=STAGES, metavar="STAGE",
-                    help=f"stages to run, in order (default: all: {' '.join(STAGES)})")
-    ap.add_argument("--launcher", default="basic", choices=LAUNCHERS,
-                    help="Hydra launcher: basic (sequential), joblib (local parallel), submitit_local, submitit_slurm")
-    ap.add_argument("--seeds", type=int, default=None, help="shorthand for seed=1,2,...,N")
-    ap.add_argument("--smoke", action="store_true", help="add lab.pipeline.SMOKE_OVERRIDES (the smallest budget)")
-    ap.add_argument("--force", action="store_true", help="rerun jobs and stages that already finished")
-    ap.add_argument("--no-report", action="store_true", help="skip `lab report` at the end")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides (also accepted after --)")
-    args = ap.parse_args(argv)
-    t0 = time.time()
-    sweep_dir, results = sweep([*args.overrides, *extra], name=args.name, sweep_dir=args.dir, stages=args.stages,
-                               launcher=args.launcher, seeds=args.seeds, smoke=args.smoke, force=args.force)
-    print(f"\nsweep finished in {time.time() - t0:.0f} s: {sweep_dir}")
-    for r in results:
-        print(f"  {r.get('status', '?'):<9} {r.get('job')}" + (f"   ({r.get('stage')}: {r.get('error')})"
-                                                               if r.get("status") == "failed" else ""))
-    if not args.no_report:
-        print()
-        from lab.sweep_report import report_main
-
-        report_main([str(sweep_dir)])
-    failed = [r for r in results if r.get("status") == "failed"]
-    if failed:
-        print(f"\n{len(failed)} job(s) failed; see error.txt in their folders. Run the same command again to "
-              "rerun them (finished jobs are skipped).")
-    return 1 if failed else 0

@@ -1,4 +1,4 @@
-"""One report across a sweep's jobs: `python -m lab report SWEEP_DIR` (the sweep itself: `lab.sweep`).
+"""One report across a sweep's jobs: `python -m lab report SWEEP_DIR` (`lab.cli`; the sweep itself: `lab.sweep`).
 
 It collects every job folder of the sweep (`lab.sweep.find_jobs`; failed and unfinished ones too, with a status
 column) into `report.csv` and `report.md`: the parameters (the swept overrides, parsed), where the job ran, and
@@ -12,7 +12,6 @@ What it simplifies: the report reads only top-level scalar metrics (per-category
 
 from __future__ import annotations
 
-import argparse
 import math
 import os
 import re
@@ -23,7 +22,6 @@ import pandas as pd
 
 from lab import LabError
 from lab.io import atomic_write_csv, atomic_write_text, read_json
-from lab.paths import resolve_path
 from lab.pipeline import STAGES
 from lab.plots import ordered
 from lab.sweep import DONE_FILE, ERROR_FILE, JOB_FILE, find_jobs
@@ -182,20 +180,3 @@ def report(sweep_dir: str | os.PathLike, metrics: Iterable[str] = HEADLINE) -> d
     atomic_write_text(sweep_dir / "report.md", md)
     return {"table": df, "markdown": md, "csv": sweep_dir / "report.csv", "md": sweep_dir / "report.md",
             "plots": plots, "headline": headline, "swept": swept}
-
-
-def report_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lab report",
-                                 description="one table (CSV + Markdown) and plots across a sweep's jobs")
-    ap.add_argument("sweep_dir", help="a sweep folder, e.g. outputs/sweeps/default")
-    ap.add_argument("--metrics", nargs="+", default=list(HEADLINE),
-                    help="headline metrics to plot, as <stage>.<key> (default: %(default)s)")
-    args = ap.parse_args(argv)
-    sweep_dir = resolve_path(args.sweep_dir)
-    if not sweep_dir.is_dir():
-        raise LabError(f"{sweep_dir}: sweep folder not found")
-    r = report(sweep_dir, args.metrics)
-    print(r["markdown"])
-    print(f"wrote {r['csv']}, {r['md']}" + (f" and {len(r['plots'])} plot(s) in {sweep_dir / 'plots'}"
-                                            if r["plots"] else ""))
-    return 0
