@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     from lab.config import split_at_dashes
     from lab.io import atomic_write_json, atomic_write_text, read_json
     from lab.paths import resolve_path
-    from lab.sweep import markdown_table
+    from lab.sweep_report import markdown_table
 
     own, extra = split_at_dashes(argv)
     ap = argparse.ArgumentParser(prog="bench/trace_bench.py")

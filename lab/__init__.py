@@ -16,9 +16,10 @@ Modules, by what they do:
   curriculum  pass-rate selection and easy-to-hard ordering of GRPO prompts
   grpo        reinforcement learning (TRL GRPOTrainer); grpo_resume: its fingerprint; grpo_refine: iterative refinement
   vote        inference-time voting and pass@k / maj@k
-  errors      error analysis: per-category accuracy, failure taxonomy; stats: the Wilson interval
+  analysis    error analysis: per-category accuracy, failure taxonomy; stats: the Wilson interval;
+              cli: the small commands `score`, `compare`, `sweep` and `report`
   submission  packing and checking the Kaggle submission.zip
-  sweep       sweeps and reports across runs (stages run by pipeline's one stage runner)
+  sweep       sweeps across runs (stages run by pipeline's one stage runner); sweep_report: one report across them
   kaggle      building offline Kaggle kernels
   pipeline    the one stage runner (papermill), the five notebooks headless (`python -m lab demo`), the summary
   plots       every plot of the lab (stages, errors, voting, sweeps) in one style, and the PNG writer

@@ -19,7 +19,7 @@ What it produces:
                                 common kind, solver accuracy minus model accuracy (the solver's miss or
                                 the imitation's)
   length_table                  completion tokens, correct vs wrong, against the budget
-  compare(pred_a, pred_b)       puzzles fixed and broken between two runs (`python -m lab compare`)
+  compare(pred_a, pred_b)       puzzles fixed and broken between two runs (`python -m lab compare`, in `lab.cli`)
   analyse(pred, out_dir, budget) every table as CSV and plot as PNG (drawn by `lab.plots`), headline
                                 metrics as a dict
 
@@ -54,7 +54,6 @@ Deliberate simplifications:
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import math
 import os
@@ -68,10 +67,9 @@ import pandas as pd
 from lab import LabError
 from lab.config import competition
 from lab.io import atomic_write_csv, atomic_write_json
-from lab.paths import resolve_path
 from lab.stats import wilson_interval  # also lab.analysis.wilson_interval, as before
-from lab.metric import VERSIONS, extract_answer, judge, read_table, verify
-from lab.puzzles import CATEGORIES, classify
+from lab.metric import extract_answer, read_table, verify
+from lab.puzzles import CATEGORIES
 from lab.puzzles.categories import BY_NAME, TABLE
 
 # --------------------------------------------------------------------------------------------
@@ -84,15 +82,14 @@ FAILURE_PRIORITY = ("truncated", "think_unclosed", "no_box", "empty_box", "wrong
 CLASSES = ("correct",) + FAILURE_PRIORITY
 STATUSES = ("solved", "ambiguous", "undetermined")
 REQUIRED_COLUMNS = ("id", "category", "gold", "completion")
-OPTIONAL_COLUMNS = ("subtype", "prompt", "answer", "correct", "tokens", "finish_reason")
 NEAR_MISS_REL = 0.05
 
-_BOX = re.compile(r"\\boxed\{")  # exactly what lab.metric looks for
+_BOX = "\\boxed{"  # exactly what lab.metric looks for
 _NUMBER = re.compile(r"[-+]?(?:\d+(?:\.\d*)?|\.\d+)(?:[eE][-+]?\d+)?")
 _ROMAN = re.compile(r"[IVXLCDM]+", re.IGNORECASE)  # the metric ignores case
 _BINARY = re.compile(r"[01]+")
-_TRUE = {"true", "1", "yes", "t", "y"}
-_FALSE = {"false", "0", "no", "f", "n", ""}
+_TRUE = {"true", "1", "1.0", "yes", "t", "y"}
+_FALSE = {"false", "0", "0.0", "no", "f", "n", ""}
 
 
 # --------------------------------------------------------------------------------------------
@@ -108,12 +105,7 @@ def _text(v: Any) -> str:
 
 
 def _to_bool(v: Any, where: str) -> bool:
-    if isinstance(v, (bool, np.bool_)):
-        return bool(v)
-    if isinstance(v, (int, np.integer)) and v in (0, 1):
-        return bool(v)
-    if isinstance(v, float) and v in (0.0, 1.0):
-        return bool(v)
+    """True/False from a bool, 0/1 (int, float or text) or yes/no words; a LabError naming `where` for anything else."""
     s = str(v).strip().lower()
     if s in _TRUE:
         return True
@@ -146,41 +138,37 @@ def normalise_predictions(pred: pd.DataFrame, source: str = "predictions") -> pd
     else:
         df["correct"] = [_to_bool(v, f"{source} row {i + 1}") for i, v in enumerate(df["correct"])]
     df["correct"] = df["correct"].astype(bool)
-    if "tokens" not in df.columns:
-        df["tokens"] = pd.array([pd.NA] * len(df), dtype="Int64")
-    else:
-        raw = df["tokens"].map(lambda v: _text(v).strip())
-        num = pd.to_numeric(raw.replace("", np.nan), errors="coerce")
-        bad = num.isna() & (raw != "") & (raw.str.lower() != "nan")
-        if bad.any():
-            i = int(np.flatnonzero(bad.to_numpy())[0])
-            raise LabError(f"{source} row {i + 1}: column 'tokens' has {raw.iloc[i]!r}; expected an integer")
-        df["tokens"] = num.round().astype("Int64")
+    raw = (df["tokens"] if "tokens" in df.columns else pd.Series("", index=df.index)).map(lambda v: _text(v).strip())
+    num = pd.to_numeric(raw.replace("", np.nan), errors="coerce")
+    bad = num.isna() & (raw != "") & (raw.str.lower() != "nan")
+    if bad.any():
+        i = int(bad.to_numpy().argmax())
+        raise LabError(f"{source} row {i + 1}: column 'tokens' has {raw.iloc[i]!r}; expected an integer")
+    df["tokens"] = num.round().astype("Int64")
     df["finish_reason"] = df["finish_reason"].map(lambda v: v.strip().lower())
     return df
 
 
 def load_predictions(path: str | os.PathLike) -> pd.DataFrame:
-    """Read a predictions.csv (all strings, no NA guessing) and normalise it."""
-    path = Path(path)
-    if not path.is_file():
-        raise LabError(f"{path}: predictions file not found")
-    try:
-        df = pd.read_csv(path, dtype=str, keep_default_na=False)
-    except (pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
-        raise LabError(f"{path}: cannot read as CSV ({e})") from None
-    return normalise_predictions(df, source=str(path))
+    """Read a predictions.csv (all strings, no NA guessing: `lab.metric.read_table`) and normalise it."""
+    return normalise_predictions(read_table(path, (), "predictions", unique_ids=False), source=str(path))
 
 
-def _category_key(values: pd.Series) -> pd.Series:
-    order = {c: i for i, c in enumerate(CATEGORY_ORDER)}
-    return values.map(lambda c: (order.get(c, len(order)), c))
+def _rank(order: Iterable[str] = ()):
+    """A sort key: the values of `order` first, in that order, then any other value by its text."""
+    pos = {v: i for i, v in enumerate(order)}
+    return lambda v: (pos.get(v, len(pos)), str(v))
 
 
 def _ordered_categories(df: pd.DataFrame) -> list[str]:
-    cats = list(dict.fromkeys(df["category"]))
-    order = {c: i for i, c in enumerate(CATEGORY_ORDER)}
-    return sorted(cats, key=lambda c: (order.get(c, len(order)), c))
+    """The categories present, in CATEGORY_ORDER (others after, by name)."""
+    return sorted(dict.fromkeys(df["category"]), key=_rank(CATEGORY_ORDER))
+
+
+def _per_category(df: pd.DataFrame):
+    """(category, its rows) for each category present (`_ordered_categories`), then ('all', every row)."""
+    for cat in _ordered_categories(df) + ["all"]:
+        yield cat, df if cat == "all" else df[df["category"] == cat]
 
 
 # --------------------------------------------------------------------------------------------
@@ -203,37 +191,17 @@ def accuracy_table(pred: pd.DataFrame, by: Iterable[str] = ("category",), total:
     missing = [c for c in by if c not in df.columns]
     if missing:
         raise LabError(f"accuracy_table: no column(s) {missing} to group by")
-    rows = []
-    for key, g in df.groupby(by, sort=False):
-        key = key if isinstance(key, tuple) else (key,)
-        rows.append(_acc_row(dict(zip(by, key)), g["correct"]))
-    out = pd.DataFrame(rows, columns=[*by, "n", "correct", "accuracy", "lo", "hi"])
-    out = _sort_groups(out, by)
+    out = _sort_groups(df.groupby(by, sort=False)["correct"].agg(n="size", correct="sum").reset_index(), by)
     if total:
-        out = pd.concat([out, pd.DataFrame([_acc_row({c: "all" for c in by}, df["correct"])])],
-                        ignore_index=True)
-    return out
-
-
-def _acc_row(keys: dict, correct: pd.Series) -> dict:
-    n, k = int(len(correct)), int(correct.sum())
-    lo, hi = wilson_interval(k, n)
-    return {**keys, "n": n, "correct": k, "accuracy": (k / n) if n else float("nan"), "lo": lo, "hi": hi}
+        total_row = {**dict.fromkeys(by, "all"), "n": len(df), "correct": df["correct"].sum()}
+        out = pd.concat([out, pd.DataFrame([total_row])], ignore_index=True)
+    ci = [wilson_interval(k, n) for k, n in zip(out["correct"], out["n"])]
+    return out.assign(accuracy=out["correct"] / out["n"], lo=[c[0] for c in ci], hi=[c[1] for c in ci])  # 0/0: NaN
 
 
 def _sort_groups(out: pd.DataFrame, by: list[str]) -> pd.DataFrame:
-    if out.empty:
-        return out
-    keys = []
-    for c in by:
-        if c == "category":
-            keys.append(_category_key(out[c]))
-        elif c == "status":
-            order = {s: i for i, s in enumerate(STATUSES)}
-            keys.append(out[c].map(lambda s: (order.get(s, len(order)), s)))
-        else:
-            keys.append(out[c].map(lambda s: (0, str(s))))
-    idx = sorted(range(len(out)), key=lambda i: tuple(k.iloc[i] for k in keys))
+    keys = [_rank({"category": CATEGORY_ORDER, "status": STATUSES}.get(c, ())) for c in by]
+    idx = sorted(range(len(out)), key=lambda i: tuple(k(out[c].iloc[i]) for k, c in zip(keys, by)))
     return out.iloc[idx].reset_index(drop=True)
 
 
@@ -260,10 +228,6 @@ def solver_fingerprint() -> str:
     return h.hexdigest()[:16]
 
 
-def _sha(text: str) -> str:
-    return hashlib.sha1(text.encode("utf-8")).hexdigest()
-
-
 def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None = None,
                   style: str = "compact") -> pd.DataFrame:
     """One row per prompt (in order): SOLUTION_COLUMNS, the trace in `style` (`data.trace_style`: the style the
@@ -274,20 +238,16 @@ def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None =
     """
     prompts = [str(p) for p in prompts]
     fp = f"{solver_fingerprint()}-{style}"
-    disk: dict[str, dict] = {}
     cache_path = Path(cache_path) if cache_path is not None else None
-    if cache_path is not None and cache_path.is_file():
-        try:
-            cached = pd.read_csv(cache_path, dtype=str, keep_default_na=False)
-        except (pd.errors.ParserError, pd.errors.EmptyDataError):
-            cached = pd.DataFrame(columns=SOLUTION_COLUMNS)
-        if set(SOLUTION_COLUMNS) <= set(cached.columns):
-            for r in cached.to_dict("records"):
-                if r["fingerprint"] == fp:
-                    disk[r["prompt_sha"]] = {c: r[c] for c in SOLUTION_COLUMNS}
+    try:  # an unreadable cache is no cache
+        cached = read_table(cache_path, SOLUTION_COLUMNS, "solver cache") if cache_path else None
+    except LabError:
+        cached = None
+    disk = {} if cached is None else {r["prompt_sha"]: {c: r[c] for c in SOLUTION_COLUMNS}
+                                      for r in cached.to_dict("records") if r["fingerprint"] == fp}
     rows, fresh = [], False
     for p in prompts:
-        sha = _sha(p)
+        sha = hashlib.sha1(p.encode("utf-8")).hexdigest()
         row = _SOLVER_MEMO.get((fp, sha)) or disk.get(sha)
         if row is None:
             fresh = True
@@ -312,10 +272,13 @@ def with_solver(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
     """`pred` plus `status, solver_answer, solver_trace, solver_reason` (solved from `prompt`, trace in `style`).
 
     `solutions`, when given, is a table aligned with `pred` by `id` (or by row when it has no
-    `id`) holding at least `status` and `solver_trace`: tests and notebooks can pass their own.
+    `id`) holding at least `status` and `solver_trace`: tests and notebooks can pass their own. Without it, a
+    `pred` that already has `status` and `solver_trace` keeps them.
     """
     df = normalise_predictions(pred)
-    if solutions is None:
+    if solutions is None and {"status", "solver_trace"} <= set(df.columns):
+        sol = df
+    elif solutions is None:
         if (df["prompt"] == "").any():
             raise LabError("with_solver: some rows have no prompt, so the solver cannot see the puzzle")
         sol = solve_prompts(df["prompt"], cache_path=cache_path, style=style)
@@ -368,10 +331,8 @@ def _wrong_format(category: str, gold: str, answer: str) -> bool:
 
 def _reasoning(completion: str) -> str:
     """The text before the final `\\boxed{` (all of it when there is no box)."""
-    last = None
-    for m in _BOX.finditer(completion):
-        last = m
-    return completion[: last.start()] if last else completion
+    last = completion.rfind(_BOX)
+    return completion[:last] if last >= 0 else completion
 
 
 def _gold_in_text(gold: str, text: str, numeric: bool) -> bool:
@@ -424,7 +385,7 @@ def classify_failure(row: Mapping | pd.Series, budget: int | None = None) -> str
         tokens = None
     if finish == "length" or (budget is not None and tokens is not None and tokens >= budget):
         return "truncated"
-    has_box = _BOX.search(completion) is not None
+    has_box = _BOX in completion
     if "</think>" not in completion and ("<think>" in completion or _reasoning(completion).strip()):
         return "think_unclosed"
     if not has_box:
@@ -460,8 +421,7 @@ def taxonomy(pred: pd.DataFrame, budget: int | None = None) -> pd.DataFrame:
     """
     df = _failures(pred, budget)
     rows = []
-    for cat in _ordered_categories(df) + ["all"]:
-        g = df if cat == "all" else df[df["category"] == cat]
+    for cat, g in _per_category(df):
         counts = g["failure"].value_counts()
         rows.append({"category": cat, "n": int(len(g)), **{c: int(counts.get(c, 0)) for c in CLASSES}})
     return pd.DataFrame(rows, columns=["category", "n", *CLASSES])
@@ -515,12 +475,7 @@ def departure_table(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
     when the model followed the trace to its end), `model_step`, `trace_step` (the two lines
     at the departure).
     """
-    if {"status", "solver_trace"} <= set(pred.columns) and solutions is None:
-        df = normalise_predictions(pred)
-        for c in ("status", "solver_trace"):
-            df[c] = df[c].map(_text)
-    else:
-        df = with_solver(pred, solutions=solutions, cache_path=cache_path, style=style)
+    df = with_solver(pred, solutions=solutions, cache_path=cache_path, style=style)
     df = df[(df["solver_trace"].str.strip() != "") & df["status"].isin(list(statuses))]
     rows = []
     for r in df.to_dict("records"):
@@ -572,14 +527,12 @@ def imitation_table(pred: pd.DataFrame, departures: pd.DataFrame) -> pd.DataFram
     df["solver_correct"] = [bool(verify(g, _text(a))) if _text(a) else False
                             for g, a in zip(df["gold"], pred["solver_answer"])]
     rows = []
-    for cat in _ordered_categories(df) + ["all"]:
-        g = df if cat == "all" else df[df["category"] == cat]
+    for cat, g in _per_category(df):
         d = departures if cat == "all" else departures[departures["category"] == cat]
         perfect = d[d["departure"].isna() & (d["model_steps"] == d["trace_steps"])]
         left = d[d["departure"].notna()]
         kinds = left["kind"].value_counts() if "kind" in left and len(left) else pd.Series(dtype=int)
-        model, solver = float(g["correct"].mean()) if len(g) else float("nan"), \
-            float(g["solver_correct"].mean()) if len(g) else float("nan")
+        model, solver = float(g["correct"].mean()), float(g["solver_correct"].mean())  # NaN for no rows
         rows.append({"category": cat, "n": int(len(g)), "model_accuracy": round(model, 4),
                      "solver_accuracy": round(solver, 4), "solver_minus_model": round(solver - model, 4),
                      "with_trace": int(len(d)),
@@ -594,14 +547,12 @@ def departure_summary(table: pd.DataFrame) -> pd.DataFrame:
     """Per category (then 'all'): rows with a trace, how many never departed, median departure
     step, and the median departure as a fraction of the trace length."""
     rows = []
-    cats = _ordered_categories(table) if len(table) else []
-    for cat in cats + ["all"]:
-        g = table if cat == "all" else table[table["category"] == cat]
+    for cat, g in _per_category(table):
         dep = g[g["departure"].notna()]
         frac = (dep["departure"].astype(float) / dep["trace_steps"].clip(lower=1)).astype(float)
         rows.append({"category": cat, "n": int(len(g)), "followed": int(g["departure"].isna().sum()),
-                     "median_departure": float(dep["departure"].astype(float).median()) if len(dep) else float("nan"),
-                     "median_fraction": float(frac.median()) if len(dep) else float("nan")})
+                     "median_departure": float(dep["departure"].astype(float).median()),  # NaN for no rows
+                     "median_fraction": float(frac.median())})
     return pd.DataFrame(rows, columns=["category", "n", "followed", "median_departure", "median_fraction"])
 
 
@@ -616,17 +567,13 @@ def length_table(pred: pd.DataFrame, budget: int | None = None) -> pd.DataFrame:
     budget = competition().max_tokens if budget is None else budget
     df = normalise_predictions(pred)
     rows = []
-    for cat in _ordered_categories(df) + ["all"]:
-        g = df if cat == "all" else df[df["category"] == cat]
+    for cat, g in _per_category(df):
         for outcome, h in (("correct", g[g["correct"]]), ("wrong", g[~g["correct"]])):
             t = h["tokens"].dropna().astype(float)
             at = (h["finish_reason"] == "length") | (h["tokens"].fillna(-1).astype(int) >= budget)
-            rows.append({"category": cat, "outcome": outcome, "n": int(len(h)),
-                         "mean": float(t.mean()) if len(t) else float("nan"),
-                         "median": float(t.median()) if len(t) else float("nan"),
-                         "p90": float(t.quantile(0.9)) if len(t) else float("nan"),
-                         "max": float(t.max()) if len(t) else float("nan"),
-                         "at_budget": int(at.sum()), "budget": int(budget)})
+            rows.append({"category": cat, "outcome": outcome, "n": int(len(h)), "mean": float(t.mean()),
+                         "median": float(t.median()), "p90": float(t.quantile(0.9)), "max": float(t.max()),
+                         "at_budget": int(at.sum()), "budget": int(budget)})  # NaN statistics for no tokens
     return pd.DataFrame(rows)
 
 
@@ -660,8 +607,7 @@ def compare(pred_a: pd.DataFrame, pred_b: pd.DataFrame, budget: int | None = Non
     m["change"] = np.select([~m["correct_a"] & m["correct_b"], m["correct_a"] & ~m["correct_b"]],
                             ["fixed", "broken"], default="")
     rows = []
-    for cat in _ordered_categories(m) + ["all"]:
-        g = m if cat == "all" else m[m["category"] == cat]
+    for cat, g in _per_category(m):
         fixed, broken = int((g["change"] == "fixed").sum()), int((g["change"] == "broken").sum())
         rows.append({"category": cat, "n": int(len(g)), "acc_a": float(g["correct_a"].mean()),
                      "acc_b": float(g["correct_b"].mean()), "fixed": fixed, "broken": broken,
@@ -670,62 +616,10 @@ def compare(pred_a: pd.DataFrame, pred_b: pd.DataFrame, budget: int | None = Non
     summary.attrs["only_a"] = sorted(set(a["id"]) - set(b["id"]))
     summary.attrs["only_b"] = sorted(set(b["id"]) - set(a["id"]))
     ch = m[m["change"] != ""].rename(columns={"gold_a": "gold"})
-    ch = ch.assign(_o=ch["change"].map({"fixed": 0, "broken": 1}), _c=_category_key(ch["category"]))
+    ch = ch.assign(_o=ch["change"].map({"fixed": 0, "broken": 1}), _c=ch["category"].map(_rank(CATEGORY_ORDER)))
     ch = ch.sort_values(["_o", "_c"], kind="stable")
     ex = ch[["id", "category", "subtype", "change", "gold", "answer_a", "answer_b", "failure_a", "failure_b"]]
     return summary, ex.reset_index(drop=True)
-
-
-def find_predictions(arg: str | os.PathLike) -> Path:
-    """Resolve a `compare` argument to a predictions file.
-
-    Rule: a file is used as is; for a folder, `<folder>/predictions.csv` if it exists, else the
-    newest (modification time, ties broken by path) of `<folder>/*/predictions.csv`, i.e. the
-    most recently written stage of that run. Relative paths are tried from the current folder,
-    then from the project root. LabError naming the path when nothing is found.
-    """
-    p = Path(os.path.expanduser(str(arg)))
-    if not p.exists() and not p.is_absolute():
-        try:
-            q = resolve_path(p)
-        except LabError:
-            q = p
-        p = q if q.exists() else p
-    if p.is_file():
-        return p
-    if not p.exists():
-        raise LabError(f"{p}: no such file or run folder")
-    if (p / "predictions.csv").is_file():
-        return p / "predictions.csv"
-    found = [c for c in p.glob("*/predictions.csv") if c.is_file()]
-    if not found:
-        raise LabError(f"{p}: no predictions.csv in it or in any stage folder (*/predictions.csv)")
-    return max(found, key=lambda c: (c.stat().st_mtime, str(c)))
-
-
-def compare_main(argv: list[str] | None = None) -> int:
-    """`python -m lab compare RUN_A RUN_B [--examples N] [--budget B]`: fixed/broken per category."""
-    ap = argparse.ArgumentParser(prog="python -m lab compare",
-                                 description="Puzzles fixed and broken between two runs. Each argument is a "
-                                             "predictions.csv or a run folder (its predictions.csv, else the "
-                                             "newest */predictions.csv).")
-    ap.add_argument("run_a")
-    ap.add_argument("run_b")
-    ap.add_argument("--examples", type=int, default=10, help="changed puzzles to list (default 10, 0: none)")
-    ap.add_argument("--budget", type=int, default=None, help="token budget: rows at or over it count as truncated")
-    args = ap.parse_args(argv)
-    pa, pb = find_predictions(args.run_a), find_predictions(args.run_b)
-    summary, ex = compare(load_predictions(pa), load_predictions(pb), budget=args.budget)
-    print(f"A: {pa}\nB: {pb}\n")
-    with pd.option_context("display.width", 200, "display.max_columns", 20):
-        print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
-        only_a, only_b = summary.attrs.get("only_a", []), summary.attrs.get("only_b", [])
-        if only_a or only_b:
-            print(f"\nnot compared: {len(only_a)} id(s) only in A, {len(only_b)} only in B")
-        if args.examples > 0 and len(ex):
-            print(f"\nchanged puzzles (first {min(args.examples, len(ex))} of {len(ex)}):")
-            print(ex.head(args.examples).to_string(index=False, max_colwidth=40))
-    return 0
 
 
 # --------------------------------------------------------------------------------------------
@@ -823,74 +717,3 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None =
     metrics["files"] = sorted(files)
     atomic_write_json(out / "errors_metrics.json", metrics)
     return metrics
-
-
-# --------------------------------------------------------------------------------------------
-# command line: python -m lab score PREDICTIONS.csv --gold GOLD.csv
-
-def _categories(gold: pd.DataFrame, pred: pd.DataFrame) -> pd.Series | None:
-    """The rows' categories: a `category` column of either file, else the prompts classified, else None."""
-    for df in (gold, pred):
-        if "category" in df.columns:
-            return df["category"]
-    for df in (gold, pred):
-        if "prompt" in df.columns:
-            return df["prompt"].map(lambda prompt: classify(prompt)[0])
-    return None
-
-
-def score_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lab score",
-                                 description="Score predictions with the competition's metric.")
-    ap.add_argument("predictions", help="CSV with id and completion (raw output) or answer (extracted)")
-    ap.add_argument("--gold", required=True, help="CSV with id, answer (optionally prompt or category)")
-    ap.add_argument("--version", default="final", choices=VERSIONS, help="metric version (default: final)")
-    ap.add_argument("--details", default=None, help="write the per-row judgement to this CSV")
-    ap.add_argument("--column", choices=("completion", "answer"), default=None,
-                    help="which predictions column to score when both are present (default: completion)")
-    args = ap.parse_args(argv)
-
-    pred = read_table(args.predictions, ["id"], "predictions")
-    have = [c for c in ("completion", "answer") if c in pred.columns]
-    if not have:
-        raise LabError(f"{args.predictions}: needs a 'completion' (raw output) or 'answer' (extracted) column; "
-                       f"columns are {list(pred.columns)}")
-    if args.column is not None and args.column not in have:
-        raise LabError(f"{args.predictions}: no {args.column!r} column to score; columns are {list(pred.columns)}")
-    out_col = args.column or have[0]
-    if len(have) == 2:
-        print(f"note: {args.predictions} has both 'completion' and 'answer': scoring {out_col!r}"
-              + (" (the answer is extracted from it again)" if out_col == "completion" else " as given")
-              + f"; --column {'answer' if out_col == 'completion' else 'completion'} scores the other")
-    gold = read_table(args.gold, ["id", "answer"], "gold")
-    gold_ids, pred_ids = set(gold["id"]), set(pred["id"])
-    if gold_ids != pred_ids:
-        missing = sorted(gold_ids - pred_ids)
-        extra = sorted(pred_ids - gold_ids)
-        raise LabError(f"{args.predictions}: ids do not match {args.gold}: {len(missing)} gold id(s) without a "
-                       f"prediction {missing[:5]}, {len(extra)} prediction id(s) not in gold {extra[:5]}")
-    pred = pred.set_index("id").loc[gold["id"]].reset_index()
-
-    if out_col == "completion":
-        table = judge(gold["answer"], pred["completion"], args.version)
-    else:
-        table = pd.DataFrame({"gold": gold["answer"], "answer": pred["answer"], "source": "given"})
-        table["correct"] = [verify(g, a, args.version) for g, a in zip(table["gold"], table["answer"])]
-        table = table[["gold", "answer", "correct", "source"]]
-    table.insert(0, "id", gold["id"].values)
-
-    n, k = len(table), int(table["correct"].sum())
-    acc = k / n if n else 0.0
-    print(f"accuracy ({args.version}): {acc:.4f}  ({k}/{n})")
-    cats = _categories(gold, pred)
-    if cats is not None:
-        table["category"] = cats.values
-        per = table.groupby("category", sort=True)["correct"].agg(["mean", "sum", "count"])
-        width = max(8, *(len(str(c)) for c in per.index))
-        print(f"{'category':<{width}}  accuracy  correct/n")
-        for c, r in per.iterrows():
-            print(f"{str(c):<{width}}  {r['mean']:.4f}    {int(r['sum'])}/{int(r['count'])}")
-    if args.details:
-        atomic_write_csv(args.details, table)
-        print(f"per-row judgement written to {args.details}")
-    return 0

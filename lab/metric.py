@@ -41,9 +41,9 @@ What it simplifies:
 Beyond the reference: `verify` raises TypeError for a non-string gold answer instead of failing
 on ``.strip()``, treats a ``None`` prediction as ``NOT_FOUND``; `score` of no rows is 0.0.
 
-Command line: ``python -m lab score PREDICTIONS.csv --gold GOLD.csv [--version legacy]`` (`lab.analysis.score_main`:
+Command line: ``python -m lab score PREDICTIONS.csv --gold GOLD.csv [--version legacy]`` (`lab.cli.score_main`:
 it adds the per-category table, which needs `lab.puzzles`, so this module imports nothing of the lab's but
-`lab.config`).
+`LabError`).
 """
 
 from __future__ import annotations
@@ -66,7 +66,6 @@ _PHRASES = (
     re.compile(r"The final answer is:\s*([^\n]+)", re.IGNORECASE),
     re.compile(r"Final answer is:\s*([^\n]+)", re.IGNORECASE),
     re.compile(r"Final answer\s*[:：]\s*([^\n]+)", re.IGNORECASE),
-    re.compile(r"final answer\s*[:：]\s*([^\n]+)", re.IGNORECASE),
 )
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _BINARY = re.compile(r"[01]+")
@@ -162,12 +161,12 @@ def score(golds: Sequence[str], raw_outputs: Sequence[str | None], version: str 
 
 
 # ----------------------------------------------------------------------------------------------
-# reading a predictions or gold file (python -m lab score, lab.analysis.score_main)
+# reading a predictions or gold file (python -m lab score, lab.cli.score_main)
 # ----------------------------------------------------------------------------------------------
 
-def read_table(path: str, needed: Iterable[str], what: str) -> pd.DataFrame:
+def read_table(path: str | Path, needed: Iterable[str], what: str, unique_ids: bool = True) -> pd.DataFrame:
     """A CSV read as strings, exactly; LabErrors name the file: not found, not UTF-8, empty, unreadable, a needed
-    column missing, a duplicate id (when there is an `id` column)."""
+    column missing, a duplicate id (when there is an `id` column and `unique_ids`)."""
     p = Path(path)
     if not p.is_file():
         raise LabError(f"{p}: {what} file not found")
@@ -182,7 +181,7 @@ def read_table(path: str, needed: Iterable[str], what: str) -> pd.DataFrame:
     missing = [c for c in needed if c not in df.columns]
     if missing:
         raise LabError(f"{p}: missing column(s) {missing}; columns are {list(df.columns)}")
-    dup = df["id"][df["id"].duplicated()] if "id" in df.columns else []
+    dup = df["id"][df["id"].duplicated()] if unique_ids and "id" in df.columns else []
     if len(dup):
         raise LabError(f"{p}: duplicate id(s) {list(dup.unique()[:5])}")
     return df

@@ -1,7 +1,7 @@
 """Every plot of the lab, in one style: small functions that take a table and return a matplotlib Figure.
 
 Stage notebooks, the error analysis (`lab.analysis.analyse`), the voting notebook and the sweep report
-(`lab.sweep.report`) all draw here; `save` writes a PNG atomically and `show` also puts the figure
+(`lab.sweep_report.report`) all draw here; `save` writes a PNG atomically and `show` also puts the figure
 into the notebook's output.
 
 The style, once for all: the Okabe-Ito palette (told apart with any colour vision), constrained layout,
@@ -26,6 +26,7 @@ from typing import Iterable, Mapping
 
 import numpy as np
 import pandas as pd
+from matplotlib.axes import Axes
 from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
@@ -57,7 +58,7 @@ def figure(width: float = 6.4, height: float = 3.8) -> Figure:
     return Figure(figsize=(width, height), layout="constrained", dpi=DPI)
 
 
-def axes(fig: Figure, *grid) -> "matplotlib.axes.Axes":  # noqa: F821
+def axes(fig: Figure, *grid) -> Axes:
     """An axes in the lab's style: palette, light grid behind the data."""
     ax = fig.add_subplot(*grid) if grid else fig.add_subplot()
     ax.set_prop_cycle(color=PALETTE)
@@ -375,11 +376,9 @@ def sweep_against(df: pd.DataFrame, metric: str, param: str, others: list[str]) 
     ax = axes(fig)
     xs = ordered(df[param].astype(str))
     groups = list(df.groupby([df[k].astype(str) for k in others], sort=False)) if others else [((), df)]
-    if others:
-        orders = [ordered(df[k].astype(str)) for k in others]
-        groups.sort(key=lambda kg: [o.index(v) for o, v in zip(orders, kg[0] if isinstance(kg[0], tuple) else (kg[0],))])
+    orders = [ordered(df[k].astype(str)) for k in others]
+    groups.sort(key=lambda kg: [o.index(v) for o, v in zip(orders, kg[0])])  # pandas' keys: tuples for a list of keys
     for i, (key, g) in enumerate(groups):
-        key = key if isinstance(key, tuple) else (key,)
         name = ", ".join(f"{k}={v}" for k, v in zip(others, key)) or None
         colour = PALETTE[i % len(PALETTE)]
         pos, mean, lo, hi = [], [], [], []

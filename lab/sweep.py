@@ -1,4 +1,4 @@
-"""Sweeps over the stage notebooks and one report across them: `python -m lab sweep` / `python -m lab report`.
+"""Sweeps over the stage notebooks: `python -m lab sweep` (`lab.cli`; the report across them: `lab.sweep_report`).
 
 A sweep is a Hydra multirun over the lab's own config (`conf/config.yaml`), driven by Hydra's
 machinery: its override grammar and BasicSweeper make the grid (`sft.learning_rate=1e-3,3e-3`,
@@ -6,7 +6,8 @@ machinery: its override grammar and BasicSweeper make the grid (`sft.learning_ra
 process), `joblib` (local processes in parallel), `submitit_local` and `submitit_slurm` (submitit;
 SLURM settings are ordinary Hydra overrides such as `hydra.launcher.partition=gpu`). Each job is
 Hydra's task function `_Job`, which executes the chosen notebooks with the lab's one stage runner
-(`lab.pipeline.execute_stage`, papermill) with the job's overrides plus `run_dir=<sweep_dir>/<job_name>`, so every job is a complete run folder:
+(`lab.pipeline.execute_stage`, papermill) with the job's overrides plus `run_dir=<sweep_dir>/<job_name>`, so
+every job is a complete run folder:
 
     <sweep_dir>/sweep.json                 what was asked (fixed overrides, stages, launcher)
     <sweep_dir>/<job_name>/                the job's run_dir; job_name is Hydra's override_dirname
@@ -31,27 +32,18 @@ its folder's lock (`lab.run.run_lock`) while it runs. A failing job writes `erro
 returns; the other jobs go on. `--seeds N` is shorthand for `seed=1,2,...,N` (seeds 1..N, not the
 config's seed plus offsets, so job names read `seed=1`, `seed=2`, ...).
 
-`python -m lab report SWEEP_DIR` collects every job (failed ones too, with a status column) into
-`report.csv` and `report.md`: parameters (the swept overrides, parsed) and every stage's scalar
-metrics as `<stage>.<key>`; it plots each headline metric against each swept parameter (mean and
-min-max over seeds) and, for a seeds-only sweep, a per-seed bar chart with the mean, into
-`<sweep_dir>/plots/` (drawn by `lab.plots`). The tables are pandas' own: `to_markdown` (tabulate) and a
-groupby-agg for mean ± std [min, max] (n) over seeds.
+At the end, `python -m lab sweep` runs `python -m lab report` on the sweep folder (`lab.sweep_report`).
 
 What it simplifies:
 1. Jobs never share state (each builds or reads its own base model and split under its run_dir): no
    cross-job caching.
 2. A job's name comes from its swept overrides, so a sweep folder's fixed overrides cannot change between
    reruns (refused: use a new --name); values holding '/' make nested job folders.
-3. The report reads only top-level scalar metrics (per-category tables stay in each job's folder).
 """
 
 from __future__ import annotations
 
-import argparse
-import datetime as _dt
 import logging
-import math
 import os
 import re
 import socket
@@ -62,29 +54,22 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lab import LabError
-from lab.config import saved_config_matches, split_at_dashes
-from lab.io import atomic_write_csv, atomic_write_json, atomic_write_text, read_json
+from lab.config import saved_config_matches
+from lab.io import atomic_write_json, atomic_write_text, read_json
 from lab.paths import project_root, resolve_path
-from lab.run import run_lock
+from lab.run import _now, run_lock  # _now: the manifests' UTC time stamp, so job.json's read the same
 from lab.pipeline import SMOKE_OVERRIDES, STAGES, execute_stage
-from lab.plots import ordered
 
 log = logging.getLogger(__name__)
 
 SWEEPS_DIR = "outputs/sweeps"
 LAUNCHERS = ("basic", "joblib", "submitit_local", "submitit_slurm")
-HEADLINE = ("02_sft.accuracy_after", "03_grpo.accuracy_sft_start", "03_grpo.accuracy_after", "03_grpo.delta",
-            "04_vote.maj_at_k")
 SWEEP_FILE, JOB_FILE, DONE_FILE, ERROR_FILE = "sweep.json", "job.json", "done.json", "error.txt"
 RESERVED = {"run_dir": "each job's run_dir is its own folder in the sweep",
             "run_name": "jobs are named after their swept overrides"}
 HYDRA_OWNED = ("hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job.chdir", "hydra.job.config.override_dirname",
                "hydra/launcher")
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
-
-
-def _now() -> str:
-    return _dt.datetime.now(_dt.timezone.utc).isoformat(timespec="seconds")
 
 
 def quote(value: str) -> str:
@@ -279,9 +264,10 @@ class _Job:
 def plan(overrides: list[str], seeds: int | None = None, smoke: bool = False) -> dict:
     """Split the command line's overrides into lab overrides, Hydra overrides and the swept (named) keys."""
     overrides = list(overrides)
-    if smoke:
+    if smoke:  # first, so the command line's values win; a key or config group it gives drops the smoke one
         given = {o.key_or_group for o in parse_overrides(overrides)}
-        overrides = [o for o in SMOKE_OVERRIDES if o.split("=", 1)[0] not in given] + overrides
+        overrides = [line for line, o in zip(SMOKE_OVERRIDES, parse_overrides(SMOKE_OVERRIDES))
+                     if o.key_or_group not in given] + overrides
     parsed = parse_overrides(overrides)
     if seeds is not None:
         if seeds < 1:
@@ -396,69 +382,15 @@ def results_on_disk(sweep_dir: Path, why: str) -> list[dict]:
     """One result per job folder (`job.json`), read from disk: when a submitit job dies, the launcher returns no
     result for any job. A folder without `done.json` is reported failed; the same command reruns it."""
     results = []
-    for f in sorted(sweep_dir.rglob(JOB_FILE)):
-        name = f.parent.relative_to(sweep_dir).as_posix()
-        if (f.parent / DONE_FILE).is_file():
+    for job_dir in find_jobs(sweep_dir):
+        name = job_dir.relative_to(sweep_dir).as_posix()
+        if (job_dir / DONE_FILE).is_file():
             results.append({"job": name, "status": "finished"})
         else:
             results.append({"job": name, "status": "failed", "stage": "died",
                             "error": f"the job's process ended without a result (killed, preempted or out of memory?): "
                                      f"{why}"})
     return results
-
-
-def sweep_main(argv: list[str] | None = None) -> int:
-    argv, extra = split_at_dashes(argv)
-    ap = argparse.ArgumentParser(
-        prog="python -m lab sweep",
-        description="Hydra multirun over the stage notebooks: one folder per job, a report at the end.",
-        epilog="example: python -m lab sweep --name lr --seeds 3 --stages 01_explore 02_sft -- "
-               "sft.learning_rate=1e-3,3e-3   (Hydra sweep syntax after --; hydra.launcher.* settings too)")
-    ap.add_argument("--name", default="default", help="sweep name; folder outputs/sweeps/NAME (default: default)")
-    ap.add_argument("--dir", default=None, help="sweep folder instead of outputs/sweeps/NAME")
-    ap.add_argument("--stages", nargs="+", default=STAGES, choices=STAGES, metavar="STAGE",
-                    help=f"stages to run, in order (default: all: {' '.join(STAGES)})")
-    ap.add_argument("--launcher", default="basic", choices=LAUNCHERS,
-                    help="Hydra launcher: basic (sequential), joblib (local parallel), submitit_local, submitit_slurm")
-    ap.add_argument("--seeds", type=int, default=None, help="shorthand for seed=1,2,...,N")
-    ap.add_argument("--smoke", action="store_true", help="add lab.pipeline.SMOKE_OVERRIDES (the smallest budget)")
-    ap.add_argument("--force", action="store_true", help="rerun jobs and stages that already finished")
-    ap.add_argument("--no-report", action="store_true", help="skip `lab report` at the end")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides (also accepted after --)")
-    args = ap.parse_args(argv)
-    t0 = time.time()
-    sweep_dir, results = sweep([*args.overrides, *extra], name=args.name, sweep_dir=args.dir, stages=args.stages,
-                               launcher=args.launcher, seeds=args.seeds, smoke=args.smoke, force=args.force)
-    print(f"\nsweep finished in {time.time() - t0:.0f} s: {sweep_dir}")
-    for r in results:
-        print(f"  {r.get('status', '?'):<9} {r.get('job')}" + (f"   ({r.get('stage')}: {r.get('error')})"
-                                                               if r.get("status") == "failed" else ""))
-    if not args.no_report:
-        print()
-        report_main([str(sweep_dir)])
-    failed = [r for r in results if r.get("status") == "failed"]
-    if failed:
-        print(f"\n{len(failed)} job(s) failed; see error.txt in their folders. Run the same command again to "
-              "rerun them (finished jobs are skipped).")
-    return 1 if failed else 0
-
-
-# ---------------------------------------------------------------------------------------------
-# the report
-# ---------------------------------------------------------------------------------------------
-
-def _scalar(v) -> bool:
-    return v is None or isinstance(v, (bool, int, float, str))
-
-
-def job_status(job_dir: Path, job: dict) -> str:
-    """finished (done.json and every stage's metrics), failed (error.txt), else unfinished (running or killed)."""
-    stages = job.get("stages", [])
-    if (job_dir / DONE_FILE).is_file() and all((job_dir / s / "metrics.json").is_file() for s in stages):
-        return "finished"
-    if (job_dir / ERROR_FILE).is_file():
-        return "failed"
-    return "unfinished"
 
 
 def find_jobs(sweep_dir: Path) -> list[Path]:
@@ -469,168 +401,3 @@ def find_jobs(sweep_dir: Path) -> list[Path]:
         if not any(part.startswith(".") for part in rel.parts):
             out.append(f.parent)
     return out
-
-
-def collect(sweep_dir: str | os.PathLike) -> tuple["pd.DataFrame", list[str]]:  # noqa: F821
-    """One row per job: job, status, parameters, `<stage>.<key>` scalar metrics, error. Returns (table, params)."""
-    import pandas as pd
-
-    sweep_dir = Path(sweep_dir)
-    rows, params = [], []
-    for job_dir in find_jobs(sweep_dir):
-        try:
-            job = read_json(job_dir / JOB_FILE)
-        except LabError as e:
-            rows.append({"job": str(job_dir.relative_to(sweep_dir)), "status": "unreadable", "error": str(e)})
-            continue
-        row = {"job": str(job_dir.relative_to(sweep_dir)), "status": job_status(job_dir, job)}
-        for k, v in (job.get("params") or {}).items():
-            if k not in params:
-                params.append(k)
-            row[k] = v
-        for stage in STAGES:
-            m = job_dir / stage / "metrics.json"
-            if m.is_file():
-                try:
-                    metrics = read_json(m)
-                except LabError:
-                    continue
-                row.update({f"{stage}.{k}": v for k, v in metrics.items() if _scalar(v)})
-        row["hardware"] = _hardware_label(job_dir)
-        if row["status"] == "failed":
-            err = (job_dir / ERROR_FILE).read_text(encoding="utf-8").splitlines()
-            row["error"] = job.get("error") or next((x for x in err if x.startswith("error:")), "")
-            row["failed_stage"] = job.get("failed_stage", "")
-        rows.append(row)
-    if not rows:
-        raise LabError(f"{sweep_dir}: no jobs found (no */{JOB_FILE}); run `python -m lab sweep` first")
-    df = pd.DataFrame(rows)
-    params = sorted(params, key=lambda k: (k == "seed", k))  # seed last among the parameters
-    metric_cols = [c for s in STAGES for c in df.columns if c.startswith(s + ".")]
-    tail = [c for c in ("failed_stage", "error") if c in df]
-    df = df[["job", "status", *params, "hardware", *metric_cols, *tail]]
-    sort = [p for p in params if df[p].notna().all()]
-    try:
-        df = df.sort_values(sort + ["job"] if sort else ["job"], kind="stable").reset_index(drop=True)
-    except TypeError:  # mixed types in a parameter column
-        df = df.sort_values(["job"]).reset_index(drop=True)
-    return df, params
-
-
-def _hardware_label(job_dir: Path) -> str:
-    """Where a job ran, from its first stage manifest: GPU name or "cpu", and torch's thread count (the tiny
-    model's outcome for one seed can change with either, see README)."""
-    for stage in STAGES:
-        try:
-            hw = read_json(job_dir / stage / "manifest.json").get("hardware") or {}
-        except LabError:
-            continue
-        where = (hw.get("gpus") or ["cuda"])[0] if hw.get("cuda") else "cpu"
-        return f"{where}, torch threads {hw['torch_threads']}" if "torch_threads" in hw else where
-    return ""
-
-
-def _fmt(v) -> str:
-    if v is None or (isinstance(v, float) and math.isnan(v)):
-        return ""
-    if isinstance(v, float):
-        return f"{v:.4g}"
-    return str(v).replace("|", "\\|").replace("\n", " ")
-
-
-def markdown_table(df) -> str:
-    """pandas' `to_markdown` (tabulate) over the cells as text: floats to 4 significant digits, NaN blank, '|' escaped."""
-    return df.astype(object).map(_fmt).to_markdown(index=False, disable_numparse=True)
-
-
-def swept_params(df, params: list[str]) -> list[str]:
-    """Parameters other than seed that take more than one value across jobs."""
-    return [p for p in params if p != "seed" and df[p].astype(str).nunique() > 1]
-
-
-def _numeric(df, col: str):
-    import pandas as pd
-
-    return pd.to_numeric(df[col], errors="coerce")
-
-
-def aggregate(df, params: list[str], metrics: list[str]):
-    """Mean, std, min, max and n of each metric over seeds, per combination of the other parameters
-    (pandas' groupby-agg; std with ddof=1)."""
-    import pandas as pd
-
-    keys = swept_params(df, params)
-    by = [df[k].astype(str) for k in keys] if keys else [pd.Series("", index=df.index)]
-    num = df[metrics].apply(pd.to_numeric, errors="coerce")
-    stats = num.groupby(by, sort=False).agg(["mean", "std", "min", "max", "count"])
-    counts = df.assign(finished=df["status"] == "finished").groupby(by, sort=False).agg(
-        jobs=("status", "size"), finished=("finished", "sum"))
-
-    def cell(st) -> str:
-        mean, std, lo, hi, n = st
-        if n > 1:
-            return f"{mean:.4g} ± {std:.2g} [{lo:.4g}, {hi:.4g}] (n={int(n)})"
-        return f"{mean:.4g} (n=1)" if n == 1 else ""
-
-    out = pd.DataFrame({m: [cell(r) for r in stats[m].itertuples(index=False)] for m in metrics}, index=stats.index)
-    out = counts.astype(int).join(out).reset_index(drop=not keys)
-    out = out[[*keys, "jobs", "finished", *metrics]]
-    if keys:
-        out = out.iloc[sorted(range(len(out)), key=lambda i: [ordered(out[k]).index(out[k].iloc[i]) for k in keys])]
-    return out
-
-
-def _safe(name: str) -> str:
-    return re.sub(r"[^A-Za-z0-9._-]+", "_", name)
-
-
-def report(sweep_dir: str | os.PathLike, metrics: Iterable[str] = HEADLINE) -> dict:
-    """Write report.csv, report.md and plots/*.png for a sweep folder; returns what was written."""
-    from lab.plots import save, sweep_against, sweep_seeds
-
-    sweep_dir = Path(sweep_dir)
-    df, params = collect(sweep_dir)
-    headline = [m for m in dict.fromkeys(metrics) if m in df and _numeric(df, m).notna().any()]
-    swept = swept_params(df, params)
-    atomic_write_csv(sweep_dir / "report.csv", df)
-    plots = []
-    plot_dir = sweep_dir / "plots"
-    for m in headline:
-        for p in swept:
-            fig = sweep_against(df, m, p, [o for o in swept if o != p])
-            plots.append(save(fig, plot_dir / f"{_safe(m)}__vs__{_safe(p)}.png"))
-    if not swept and headline and "seed" in df and df["seed"].nunique() > 1:
-        plots.append(save(sweep_seeds(df, headline), plot_dir / "seeds.png"))
-    counts = df["status"].value_counts().to_dict()
-    short = df[["job", "status", *params, "hardware", *headline, *[c for c in ("failed_stage", "error") if c in df]]]
-    lines = [f"# Sweep report: {sweep_dir.name}", "",
-             f"{len(df)} jobs: " + ", ".join(f"{n} {s}" for s, n in sorted(counts.items())) + ".",
-             f"Swept parameters: {', '.join(swept) or '(none)'}" + ("; seeds: " + ", ".join(
-                 map(str, ordered(df['seed']))) if "seed" in df else "") + ".", "",
-             "## Headline metrics per job", "", markdown_table(short), ""]
-    if headline:
-        lines += ["## Over seeds (mean ± std [min, max] (n))", "", markdown_table(aggregate(df, params, headline)), ""]
-    if plots:
-        lines += ["## Plots", ""] + [f"![{p.stem}](plots/{p.name})" for p in plots] + [""]
-    lines += ["## Every job, every scalar metric", "", markdown_table(df), ""]
-    md = "\n".join(lines)
-    atomic_write_text(sweep_dir / "report.md", md)
-    return {"table": df, "markdown": md, "csv": sweep_dir / "report.csv", "md": sweep_dir / "report.md",
-            "plots": plots, "headline": headline, "swept": swept}
-
-
-def report_main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="python -m lab report",
-                                 description="one table (CSV + Markdown) and plots across a sweep's jobs")
-    ap.add_argument("sweep_dir", help="a sweep folder, e.g. outputs/sweeps/default")
-    ap.add_argument("--metrics", nargs="+", default=list(HEADLINE),
-                    help="headline metrics to plot, as <stage>.<key> (default: %(default)s)")
-    args = ap.parse_args(argv)
-    sweep_dir = resolve_path(args.sweep_dir)
-    if not sweep_dir.is_dir():
-        raise LabError(f"{sweep_dir}: sweep folder not found")
-    r = report(sweep_dir, args.metrics)
-    print(r["markdown"])
-    print(f"wrote {r['csv']}, {r['md']}" + (f" and {len(r['plots'])} plot(s) in {sweep_dir / 'plots'}"
-                                            if r["plots"] else ""))
-    return 0

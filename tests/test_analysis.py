@@ -17,9 +17,10 @@ import pytest
 from lab import analysis as errors
 from lab import LabError
 from lab.io import atomic_write_csv
-from lab.analysis import (CLASSES, FAILURE_PRIORITY, accuracy_table, analyse, classify_failure, compare, compare_main,
-                        departure_table, examples, find_predictions, first_departure, length_table,
-                        load_predictions, taxonomy, wilson_interval)
+from lab.analysis import (CLASSES, FAILURE_PRIORITY, accuracy_table, analyse, classify_failure, compare,
+                          departure_table, examples, first_departure, length_table, load_predictions, taxonomy,
+                          wilson_interval)
+from lab.cli import compare_main, find_predictions
 
 
 def row(id, category, gold, completion, correct=None, subtype="", finish_reason="stop", tokens=100, prompt=None,

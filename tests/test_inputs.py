@@ -90,7 +90,7 @@ def test_solve_into_an_unwritable_folder_is_a_clear_error(tmp_path, capsys, monk
 # ---- python -m lab score -----------------------------------------------------------------------
 
 def test_score_says_which_column_it_scores_when_both_are_present(tmp_path, capsys):
-    from lab.analysis import score_main as main
+    from lab.cli import score_main as main
 
     gold = tmp_path / "gold.csv"
     pred = tmp_path / "pred.csv"

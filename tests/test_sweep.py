@@ -17,9 +17,11 @@ from pathlib import Path
 import pytest
 
 from lab import sweep as sw
+from lab import sweep_report as rp
 from lab import LabError
 from lab.io import atomic_write_json, atomic_write_text
 from lab.paths import project_root
+from lab.pipeline import SMOKE_OVERRIDES
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg", "HYDRA_FULL_ERROR": "1"}
@@ -55,7 +57,8 @@ def test_sweep_one_job_fails_the_other_finishes(failed_sweep):
     assert (ok / "done.json").is_file() and not (ok / "error.txt").exists()
     job = json.loads((ok / "job.json").read_text())
     assert job["status"] == "finished" and job["params"] == {"sft.lora.dropout": 0}
-    assert "sft.lora.dropout=0" in job["overrides"] and "data.n_train=16" in job["overrides"]
+    keys = {o.split("=", 1)[0] for o in job["overrides"]}  # Hydra writes values back its own way (false: False)
+    assert "sft.lora.dropout=0" in job["overrides"] and {o.split("=", 1)[0] for o in SMOKE_OVERRIDES} <= keys
     assert f"run_dir='{ok}'" in job["notebook_overrides"]
     assert "run_dir: " + str(ok) in (ok / "config.yaml").read_text()
     manifest = json.loads((ok / "02_sft" / "manifest.json").read_text())
@@ -132,8 +135,21 @@ def test_plan_names_swept_keys_and_seeds():
     assert "hydra.sweep.subdir=${hydra.job.override_dirname}" in h
     assert "hydra.job.config.override_dirname.exclude_keys=['data.n_train']" in h
     assert "hydra.sweep.subdir=default" in sw.hydra_overrides(sw.plan(["data.n_train=8"]), Path("/x"), "basic")
-    smoke = sw.plan(["data.n_train=32"], smoke=True)["lab"]
-    assert "data.n_train=32" in smoke and "data.n_train=16" not in smoke and "vote.k=2" in smoke
+
+
+
+def test_smoke_overrides_come_first_and_a_key_given_wins():
+    """--smoke puts lab.pipeline.SMOKE_OVERRIDES (value overrides or a preset such as `experiment=smoke`) before the
+    command line's, so Hydra applies the command line's values last; one the command line gives for the same key or
+    config group replaces it, also with a `+`/`++` prefix (Hydra refuses a `+group` appended twice)."""
+
+    def key(o: str) -> str:
+        return o.split("=", 1)[0].lstrip("+~")
+
+    keys = [key(o) for o in SMOKE_OVERRIDES]
+    for given in (f"{keys[0]}=x", f"++{keys[-1]}=x", "data.n_train=32", "experiment=competition"):
+        smoke = sw.plan([given], smoke=True)["lab"]
+        assert smoke == [o for o in SMOKE_OVERRIDES if key(o) != key(given)] + [given]
 
 
 @pytest.mark.parametrize("overrides,seeds,message", [
@@ -197,13 +213,13 @@ def test_report_plots_against_swept_parameters_with_seed_spread(tmp_path):
     fake_job(d, {"seed": 5, "sft.learning_rate": 0.01, "sft.lora.r": 8}, {"01_explore": {"n_train": 16}}, "running")
     (d / ".submitit" / "x").mkdir(parents=True)
     atomic_write_json(d / ".submitit" / "x" / "job.json", {})  # hidden folders are not jobs
-    out = sw.report(d)
+    out = rp.report(d)
     df = out["table"]
     assert len(df) == 14 and df["status"].value_counts().to_dict() == {"finished": 12, "failed": 1, "unfinished": 1}
     assert list(df.columns[:5]) == ["job", "status", "sft.learning_rate", "sft.lora.r", "seed"]
     assert {"02_sft.accuracy_after", "02_sft.backend", "04_vote.maj_at_k"} <= set(df.columns)
     assert not any(c.endswith(("per_category", "lora_targets", "reward_per_step", "methods")) for c in df.columns)
-    assert out["swept"] == ["sft.learning_rate", "sft.lora.r"] and out["headline"] == list(sw.HEADLINE)
+    assert out["swept"] == ["sft.learning_rate", "sft.lora.r"] and out["headline"] == list(rp.HEADLINE)
     names = sorted(p.name for p in out["plots"])
     assert len(names) == 10 and "03_grpo.delta__vs__sft.learning_rate.png" in names
     assert all(p.stat().st_size > 1000 for p in out["plots"])
@@ -216,7 +232,7 @@ def test_report_seeds_only_sweep_draws_per_seed_bars(tmp_path):
     d = tmp_path / "seeds"
     for seed in (1, 2, 3):
         fake_job(d, {"seed": seed}, full_metrics(seed, 0.001))
-    out = sw.report(d)
+    out = rp.report(d)
     assert out["swept"] == [] and [p.name for p in out["plots"]] == ["seeds.png"]
     assert out["plots"][0].stat().st_size > 1000
     assert "## Over seeds" in out["markdown"] and "(n=3)" in out["markdown"]
@@ -225,12 +241,12 @@ def test_report_seeds_only_sweep_draws_per_seed_bars(tmp_path):
 def test_job_status_and_done_marker(tmp_path):
     d = fake_job(tmp_path, {"seed": 1}, {"01_explore": {"n_train": 1}, "02_sft": {"accuracy_after": 0.5}})
     job = json.loads((d / "job.json").read_text())
-    assert sw.job_status(d, job) == "finished"
+    assert rp.job_status(d, job) == "finished"
     assert sw.is_done(d, ["01_explore", "02_sft"], ["seed=1"])
     assert not sw.is_done(d, ["01_explore", "02_sft"], ["seed=1", "data.n_train=8"])  # other overrides
     assert not sw.is_done(d, ["01_explore", "02_sft", "03_grpo"], ["seed=1"])  # a stage not run
     (d / "02_sft" / "metrics.json").unlink()  # a done.json without the stage's metrics is not finished
-    assert not sw.is_done(d, ["01_explore", "02_sft"], ["seed=1"]) and sw.job_status(d, job) == "unfinished"
+    assert not sw.is_done(d, ["01_explore", "02_sft"], ["seed=1"]) and rp.job_status(d, job) == "unfinished"
     (d / "done.json").write_text("{ half written")
     assert not sw.is_done(d, ["01_explore"], ["seed=1"])
 
@@ -245,6 +261,15 @@ def test_report_says_where_each_job_ran(tmp_path):
                       {"hardware": {"cuda": True, "gpus": ["NVIDIA H100 80GB HBM3"], "torch_threads": 1}})
     atomic_write_json(cpu / "01_explore" / "manifest.json", {"hardware": {"cuda": False, "torch_threads": 2}})
     atomic_write_json(old / "01_explore" / "manifest.json", {"hardware": {"cuda": False}})  # before threads were recorded
-    out = sw.report(d)
+    out = rp.report(d)
     assert out["table"]["hardware"].tolist() == ["NVIDIA H100 80GB HBM3, torch threads 1", "cpu, torch threads 2", "cpu"]
     assert "| seed=2 | finished | 2 | cpu, torch threads 2 |" in re.sub(r" +", " ", out["markdown"])
+
+
+def test_report_lists_a_job_whose_job_json_is_unreadable(tmp_path):
+    d = tmp_path / "broken"
+    (d / "seed=1").mkdir(parents=True)
+    (d / "seed=1" / "job.json").write_text("{ half written")
+    out = rp.report(d)
+    assert out["table"][["job", "status"]].values.tolist() == [["seed=1", "unreadable"]]
+    assert "not valid JSON" in out["table"]["error"].iloc[0]
