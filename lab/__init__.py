@@ -21,6 +21,7 @@ Modules, by what they do:
   sweep       sweeps and reports across runs (stages run by pipeline's one stage runner)
   kaggle      building offline Kaggle kernels
   pipeline    the one stage runner (papermill), the five notebooks headless (`python -m lab demo`), the summary
+  stages      one function per stage (what each notebook and its script run), the greedy evaluation cache
   plots       every plot of the lab (stages, errors, voting, sweeps) in one style, and the PNG writer
   trl_cpu     what TRL 1.15 needs to train on a CPU (no Triton) and to show progress under papermill
   console     progress lines (training steps, generation) and known library warnings said once

@@ -66,7 +66,7 @@ from lab.config import saved_config_matches, split_at_dashes
 from lab.io import atomic_write_csv, atomic_write_json, atomic_write_text, read_json
 from lab.paths import project_root, resolve_path
 from lab.run import run_lock
-from lab.pipeline import SMOKE_OVERRIDES, STAGES, execute_stage
+from lab.pipeline import STAGES, execute_stage, with_smoke
 from lab.plots import ordered
 
 log = logging.getLogger(__name__)
@@ -280,8 +280,7 @@ def plan(overrides: list[str], seeds: int | None = None, smoke: bool = False) ->
     """Split the command line's overrides into lab overrides, Hydra overrides and the swept (named) keys."""
     overrides = list(overrides)
     if smoke:
-        given = {o.key_or_group for o in parse_overrides(overrides)}
-        overrides = [o for o in SMOKE_OVERRIDES if o.split("=", 1)[0] not in given] + overrides
+        overrides = with_smoke(overrides)
     parsed = parse_overrides(overrides)
     if seeds is not None:
         if seeds < 1:
