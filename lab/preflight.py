@@ -1,8 +1,9 @@
 """Before a real-model stage spends anything: is this machine able to run it? One list of what is missing.
 
 A stage that trains or scores the real model (02_sft, 03_grpo, 04_vote with `model.build_tiny=false`, e.g.
-`model=nemotron_nano` or `experiment=competition`) runs `check(stage, overrides)` in its notebook's first cell,
-just before it opens its `Stage`, so nothing is touched and no model loaded on a machine that cannot run it
+`model=nemotron_nano` or `experiment=competition`) runs `check(stage, overrides)` just before it opens its `Stage`
+(`lab.stages.open_stage`, every notebook's first call; scripts/_launch.py), so nothing is touched and no model
+loaded on a machine that cannot run it
 (headless, in Jupyter and in a Kaggle kernel alike). It is called there, not from `lab.run.Stage`, because the
 checks use modules that import lab.config themselves (lab.kaggle here; lab.models and lab.memory for the two to
 come), and the lab's modules form no import cycle (tests/test_imports.py). Every check in `checks(stage)` runs, each a plain function of the config that raises

@@ -77,6 +77,20 @@ def test_the_smoke_preset_yields_to_the_users_keys_and_joins_another_experiment(
     assert cfg.sft.max_steps == 2 and cfg.grpo.max_steps == 1 and cfg.data.n_val == 8
 
 
+def test_a_notebooks_first_call_checks_the_machine_before_it_opens_the_stage(tmp_path):
+    """`lab.stages.open_stage`: the real model on a machine without CUDA is refused before any folder is made."""
+    import torch
+
+    from lab import LabError
+    from lab.stages import open_stage
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    with pytest.raises(LabError, match="02_sft with model=nemotron_nano cannot run on this machine"):
+        open_stage("02_sft", ["model=nemotron_nano", f"run_dir={tmp_path / 'run'}"])
+    assert not (tmp_path / "run").exists()
+
+
 SMALL_DATA = ["data.n_train=16", "data.n_val=4", "data.explore_max=16"]
 
 
