@@ -113,8 +113,8 @@ def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
     """Greedy held-out accuracy of the base model, SFT (`lab.sft.train`), the saved adapter's accuracy, the
     submission zip. `launch`: accelerate's PartialState under `accelerate launch` (scripts/train_sft.py): every
     process trains, the main process alone evaluates and finishes the stage (the others return their training
-    metrics); there the base model is evaluated after training, so no process waits on the others through a long
-    evaluation (the same base model either way). `evaluate_adapter=False` (`--no-eval`) skips both evaluations."""
+    metrics). Under several processes the base model is evaluated after training, so that no process waits through
+    a long evaluation in a collective. `evaluate_adapter=False` (`--no-eval`) skips both evaluations."""
     from lab import data, plots
     from lab import sft as sft_lib
 
