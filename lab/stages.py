@@ -10,13 +10,14 @@ alone evaluates), so a notebook and its script write the same metrics.
 
 Every greedy evaluation goes through `evaluate`, cached in `<run_dir>/evaluations/` by its key
 (`evaluation_key`: the base model's and the adapter's content hashes, the puzzles, the sampling settings and the
-budget): 03_grpo's evaluation of its adapter and 04_vote's greedy pass of the same adapter are one pass. Every `Generator` is made here
-(`_generator`): the one place generation is called from a stage.
+budget): 03_grpo's evaluation of its adapter and 04_vote's greedy pass of the same adapter are one pass (02_sft's
+evaluation before training is always generated: `evaluate` says why). Every `Generator` is made here
+(`_generator`): the one place a stage calls generation from.
 
 What it simplifies:
 1. A stage runs in one process (or one accelerate launch); stages hand each other files through the run folder.
-2. The cache is keyed by content, never invalidated otherwise: a cached evaluation stays valid for as long as its
-   key holds (a changed adapter, model, puzzle or setting is another key, so another file).
+2. The cache is keyed by content and never pruned: a changed adapter, model, puzzle or setting is another key, so
+   another file; old entries stay until the run folder is deleted.
 """
 
 from __future__ import annotations
