@@ -22,6 +22,7 @@ Modules, by what they do:
   sweep       sweeps across runs (stages run by pipeline's one stage runner); sweep_report: one report across them
   kaggle      building offline Kaggle kernels
   pipeline    the one stage runner (papermill), the five notebooks headless (`python -m lab demo`), the summary
+  stages      one function per stage (what each notebook and its script run), the greedy evaluation cache
   plots       every plot of the lab (stages, errors, voting, sweeps) in one style, and the PNG writer
   trl_cpu     every use of TRL 1.15's private API (the CPU log-prob head, GRPO rollout internals)
   console     progress lines (training steps, generation) and known library warnings said once

@@ -44,6 +44,7 @@ from lab.config import compose, split_at_dashes
 from lab.io import atomic_file, atomic_write_json, atomic_write_text
 from lab.paths import KAGGLE_INPUT, project_root, resolve_path
 from lab.pipeline import STAGES
+from lab.preflight import PIPELINE, kernel_extras
 
 SDIST_ONLY = ("antlr4-python3-runtime==4.9.3",)  # dependencies PyPI has no wheel of (omegaconf's): built with pip wheel
 PIP_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64")
@@ -55,7 +56,6 @@ SRC_TARBALL = "lab_src.tar.gz"
 SRC_FOLDERS = ("conf", "notebooks", "scripts")
 KAGGLE_WORKING = "/kaggle/working"
 LAB_ROOT_ON_KAGGLE = "/tmp/lab_root"
-PIPELINE = "pipeline"
 INSTALL_TAG = "lab-offline-install"
 # the fused Mamba kernels' wheels (scripts/build_mamba_wheels.sh writes them into the dataset folder) and the one
 # dependency of theirs the lab's set lacks (mamba_ssm's Triton scan imports einops); lab.models.check_mamba_kernels
@@ -94,18 +94,6 @@ def check_model_source(handle: str) -> str:
                        "version (copy it from the model's Kaggle page; conf/kaggle/default.yaml model_source, or "
                        "--model-source)")
     return handle
-
-
-def kernel_extras(cfg, notebook: str) -> list[str]:
-    """The lab's extras a kernel needs, from its composed config: `vllm` when the notebook generates with vLLM
-    (evaluation, voting, GRPO rollouts), `unsloth` when it trains with Unsloth, `bnb` when it trains with 8-bit AdamW
-    (`gpu.optim`); nothing else is installed."""
-    gen = {"02_sft", "03_grpo", "04_vote", PIPELINE}
-    vllm = notebook in gen and (cfg.model.generation_backend == "vllm"
-                                or (notebook in ("03_grpo", PIPELINE) and cfg.grpo.rollout_backend == "vllm"))
-    unsloth = notebook in ("02_sft", PIPELINE) and "unsloth" in (cfg.sft.backend, cfg.model.train_backend)
-    bnb = notebook in ("02_sft", "03_grpo", PIPELINE) and cfg.gpu.optim == "adamw_bnb_8bit"
-    return [x for x, need in (("vllm", vllm), ("unsloth", unsloth), ("bnb", bnb)) if need]
 
 
 # ---------------------------------------------------------------------------------------------

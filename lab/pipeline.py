@@ -36,11 +36,25 @@ from lab.run import run_lock
 
 STAGES = ["01_explore", "02_sft", "03_grpo", "04_vote", "05_errors"]
 
-# The smallest budget on which every stage still runs end to end (tests and smoke runs).
-SMOKE_OVERRIDES = ["data.n_train=16", "data.n_val=4", "data.explore_max=16", "infer.max_tokens=24",
-                   "sft.max_steps=2", "sft.batch_size=4", "sft.warmup_ratio=0", "sft.save_steps=1000", "grpo.max_steps=1", "grpo.n_prompts=4",
-                   "grpo.pass_rate_k=2", "grpo.drop_threshold=1.0", "grpo.drop_unsolved=false", "grpo.num_generations=2",
-                   "grpo.prompts_per_step=2", "grpo.mask_truncated_completions=false", "vote.k=2"]
+# The smallest budget on which every stage still runs end to end (tests, sweeps' --smoke): conf/experiment/smoke.yaml.
+SMOKE_OVERRIDES = ["experiment=smoke"]
+
+
+def with_smoke(overrides: list[str]) -> list[str]:
+    """`overrides` on the smoke budget: the preset first, joined to an `experiment=X` the user chose
+    (`experiment=[X,smoke]`: Hydra merges both, in that order); the user's own keys still win over it (Hydra applies
+    command-line keys after the presets)."""
+    out = list(overrides)
+    for i, line in enumerate(out):
+        if line.startswith("experiment="):
+            value = line.split("=", 1)[1].strip()
+            if value.startswith("[") and value.endswith("]"):
+                value = value[1:-1]
+            elif "," in value:
+                raise LabError(f"{line}: the smoke budget joins one experiment or a list of them, not a sweep")
+            out[i] = f"experiment=[{','.join([*filter(None, value.split(',')), 'smoke'])}]"
+            return out
+    return [*SMOKE_OVERRIDES, *out]
 
 
 # The notebook kernel's own log: only errors. Its one warning, "Kernel is running over TCP without encryption"

@@ -1,13 +1,13 @@
 """Before a real-model stage spends anything: is this machine able to run it? The lab's one list of pre-run checks.
 
 A stage that trains or scores the real model (02_sft, 03_grpo, 04_vote with `model.build_tiny=false`) runs
-`check(stage, overrides)` in its notebook's first cell (and scripts/_launch.py before its launch), so nothing is
+`check(stage, overrides)` just before it opens its `Stage` (`lab.stages.open_stage`; scripts/_launch.py), so nothing is
 touched and no model loaded on a machine that cannot run it. It is called there, not from `lab.run.Stage`, because
 the checks use modules that import lab.config themselves, and the lab's modules form no import cycle. `checks(stage)`
 is the list: each check is a plain function of the config that lives with what it checks and raises a `LabError`
 saying what is missing and how to get it:
 - `check_gpu_extra`: the GPU packages this stage uses as configured are importable (`importlib.util.find_spec`;
-  the same rule as the Kaggle kernel's installs, `lab.kaggle.kernel_extras`);
+  the same rule as the Kaggle kernel's installs, `kernel_extras`, which the Kaggle kernel's install cell uses too);
 - `check_cuda`: torch sees a CUDA device;
 - `lab.paths.check_model_path`: `model.path` is a local model folder, the Kaggle mount, or a Hub id already in the
   local Hub cache (nothing is downloaded at run time);
@@ -32,11 +32,22 @@ from lab.paths import check_model_path
 
 REAL_MODEL_STAGES = ("02_sft", "03_grpo", "04_vote")
 EXTRA_MODULES = {"vllm": "vllm", "unsloth": "unsloth", "bnb": "bitsandbytes"}  # pyproject extra -> what it installs
+PIPELINE = "pipeline"  # the Kaggle kernel that runs every stage (lab.kaggle)
+
+
+def kernel_extras(cfg, notebook: str) -> list[str]:
+    """The lab's extras a kernel needs, from its composed config: `vllm` when the notebook generates with vLLM
+    (evaluation, voting, GRPO rollouts), `unsloth` when it trains with Unsloth, `bnb` when it trains with 8-bit AdamW
+    (`gpu.optim`); nothing else is installed."""
+    gen = {"02_sft", "03_grpo", "04_vote", PIPELINE}
+    vllm = notebook in gen and (cfg.model.generation_backend == "vllm"
+                                or (notebook in ("03_grpo", PIPELINE) and cfg.grpo.rollout_backend == "vllm"))
+    unsloth = notebook in ("02_sft", PIPELINE) and "unsloth" in (cfg.sft.backend, cfg.model.train_backend)
+    bnb = notebook in ("02_sft", "03_grpo", PIPELINE) and cfg.gpu.optim == "adamw_bnb_8bit"
+    return [x for x, need in (("vllm", vllm), ("unsloth", unsloth), ("bnb", bnb)) if need]
 
 
 def check_gpu_extra(cfg: DictConfig, stage: str) -> None:
-    from lab.kaggle import kernel_extras
-
     missing = [x for x in kernel_extras(cfg, stage) if importlib.util.find_spec(EXTRA_MODULES[x]) is None]
     if missing:
         why = {"vllm": f"model.generation_backend={cfg.model.generation_backend}"

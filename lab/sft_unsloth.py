@@ -8,9 +8,9 @@ no 8-bit, no full fine-tuning) and `FastModel.get_peft_model`. Everything else (
 gradient check, resume, saving) is `lab.sft`'s, unchanged.
 
 `unsloth` is imported only when this backend is used (`fast_model()`), never at import time of the lab. Unsloth
-patches transformers, TRL and PEFT when it is imported and warns when they were imported before it, so
-`lab.sft.load_model` (what 02_sft calls right after opening the stage) loads through here before anything of
-the lab touches transformers.
+patches transformers, TRL and PEFT when it is imported and warns when they were imported before it;
+`lab.sft.load_model`, which `lab.sft.train` calls, loads through here (in 02_sft, `lab.stages.sft`, after the base
+model's evaluation, which has imported transformers already).
 
 Checked here instead of trusted:
 - Unsloth's default targets are Llama's (`gate_proj`, ...): Nemotron-H has no `gate_proj`, and its routed experts

@@ -58,7 +58,7 @@ from lab.config import saved_config_matches
 from lab.io import atomic_write_json, atomic_write_text, read_json
 from lab.paths import project_root, resolve_path
 from lab.run import _now, run_lock  # _now: the manifests' UTC time stamp, so job.json's read the same
-from lab.pipeline import SMOKE_OVERRIDES, STAGES, execute_stage
+from lab.pipeline import STAGES, execute_stage, with_smoke
 
 log = logging.getLogger(__name__)
 
@@ -264,10 +264,8 @@ class _Job:
 def plan(overrides: list[str], seeds: int | None = None, smoke: bool = False) -> dict:
     """Split the command line's overrides into lab overrides, Hydra overrides and the swept (named) keys."""
     overrides = list(overrides)
-    if smoke:  # first, so the command line's values win; a key or config group it gives drops the smoke one
-        given = {o.key_or_group for o in parse_overrides(overrides)}
-        overrides = [line for line, o in zip(SMOKE_OVERRIDES, parse_overrides(SMOKE_OVERRIDES))
-                     if o.key_or_group not in given] + overrides
+    if smoke:
+        overrides = with_smoke(overrides)
     parsed = parse_overrides(overrides)
     if seeds is not None:
         if seeds < 1:

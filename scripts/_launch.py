@@ -4,21 +4,16 @@
   (lab.data.prepare / lab.models.model_path write files), the other processes follow; without a GPU the
   processes join one gloo group (accelerate's MULTI_CPU), and a launch that asked for several processes but
   started one is refused (`check_world`);
-- `leave_distributed`: after training (the caller has deleted its training model), the memory is released
-  and the process group is torn down so that the main process can evaluate alone (vLLM must not find the
-  training model on the GPU, a live process group or the launcher's RANK/WORLD_SIZE);
-- `finish`: the main process records the process count and closes the stage.
+- `done`: the exit status, and on the main process where the metrics went.
 
-Deliberately thin: the training itself is lab.sft.train / lab.grpo.train, unchanged.
+Deliberately thin: the stage itself (training, then the main process alone evaluating and finishing it) is
+`lab.stages.sft` / `lab.stages.grpo`, the notebooks' own functions, given accelerate's state.
 """
 
 from __future__ import annotations
 
 import os
 import sys
-
-DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-            "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
 
 
 def overrides_from(argv: list[str] | None) -> tuple[list[str], bool]:
@@ -62,10 +57,11 @@ def check_world(env=os.environ, cuda: bool = True) -> None:
 
 
 def open_stage(name: str, overrides: list[str]):
-    """(PartialState, Stage, cfg): the real-model preflight (lab.preflight), then the main process first (split, tiny
-    model), then the others."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    """(PartialState, Stage): the environment and the real-model preflight (lab.stages.environment,
+    lab.preflight), then the main process first (split, tiny model), then the others."""
+    from lab.stages import environment
+
+    environment()
     import torch
     from accelerate import PartialState
 
@@ -87,33 +83,11 @@ def open_stage(name: str, overrides: list[str]):
         stage = Stage(name, overrides)
         data.prepare(stage.cfg)
         models.model_path(stage.cfg)  # builds the tiny model once
-    return state, stage, stage.cfg
+    return state, stage
 
 
-def leave_distributed(state) -> bool:
-    """Release the memory, end the process group; True on the main process (which evaluates).
-
-    The caller deletes its own references to the training model first (`del model`): a function cannot
-    delete its caller's variables, and vLLM needs the GPU the model occupied (lab.generate.release_memory).
-    """
-    import torch
-
-    from lab.generate import release_memory
-
-    release_memory()
-    main = state.is_main_process
-    if state.num_processes > 1:
-        state.wait_for_everyone()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        for k in DIST_ENV:
-            os.environ.pop(k, None)
-    return main
-
-
-def finish(state, stage, metrics: dict) -> int:
-    """Close the stage with `metrics` (plus the process count); the script's exit status."""
-    metrics["processes"] = state.num_processes
-    stage.finish(metrics)
-    print(f"wrote {stage.path('metrics.json')}")
+def done(state, stage) -> int:
+    """The script's exit status; the main process says where the metrics are."""
+    if state.is_main_process:
+        print(f"wrote {stage.path('metrics.json')}")
     return 0

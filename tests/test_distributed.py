@@ -21,6 +21,7 @@ from pathlib import Path
 import pytest
 
 from lab import LabError
+from lab.stages import DIST_ENV
 
 torch = pytest.importorskip("torch")
 
@@ -46,7 +47,7 @@ def _port() -> int:
 
 
 def _env(probe: Path, **extra) -> dict:
-    env = {k: v for k, v in os.environ.items() if k not in _launch.DIST_ENV and not k.startswith("LAB_")}
+    env = {k: v for k, v in os.environ.items() if k not in DIST_ENV and not k.startswith("LAB_")}
     probe.mkdir(parents=True, exist_ok=True)
     return {**env, "PYTHONPATH": str(ROOT), "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false",
             "CUDA_VISIBLE_DEVICES": "", "PROBE_DIR": str(probe), **extra}

@@ -19,7 +19,7 @@ def test_notebook_is_clean_and_parameterised(path):
     params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and "overrides: list[str] = []" in params[0].source
     assert nb.cells[0].cell_type == "markdown" and "What this notebook does" in nb.cells[0].source
-    assert any(f'Stage("{path.stem}"' in c.source for c in code)
+    assert any(f'stages.open_stage("{path.stem}", overrides)' in c.source for c in code)
 
 
 @pytest.mark.slow
@@ -39,6 +39,12 @@ def test_all_notebooks_run_on_the_smoke_budget(smoke_run):
     # fixed - broken is the net change from the SFT start, counted once (not once per category and again in "all")
     assert m5["fixed_since_sft"] - m5["broken_since_sft"] == round(m5["n"] * (m5["accuracy"] - m3["accuracy_sft_start"]))
     assert (run_dir / "summary.md").is_file() and (run_dir / "02_sft" / "adapter" / "adapter_config.json").is_file()
+    # 04_vote's greedy pass of the GRPO adapter is 03_grpo's evaluation of it, reused (lab.stages.evaluate)
+    assert (run_dir / "04_vote" / "predictions.csv").read_bytes() == (run_dir / "03_grpo" / "predictions.csv").read_bytes()
+    said = [o.get("text", "") for c in nbformat.read(run_dir / "notebooks" / "04_vote.ipynb", as_version=4).cells
+            for o in c.get("outputs", [])]
+    assert any("reused, not generated" in t for t in said)
+    assert len(list((run_dir / "evaluations").glob("*.csv"))) == 2  # the SFT and the GRPO adapter
 
 
 @pytest.mark.slow
@@ -55,6 +61,34 @@ def test_same_seed_gives_identical_metrics(smoke_run, tmp_path):
 
     b = run_notebooks(SMOKE_OVERRIDES + [f"run_dir={tmp_path}/b"], stages=["02_sft", "03_grpo"], log_output=False)
     assert metrics(smoke_run) == metrics(b)
+
+
+def test_the_smoke_preset_yields_to_the_users_keys_and_joins_another_experiment():
+    """`experiment=smoke` (conf/experiment/smoke.yaml): a key the user gives wins; `with_smoke` (sweep --smoke) joins
+    an experiment the user chose instead of replacing it."""
+    from lab.config import compose
+    from lab.pipeline import with_smoke
+
+    assert SMOKE_OVERRIDES == ["experiment=smoke"]
+    cfg = compose(with_smoke(["sft.max_steps=5", "run_name=x"]))
+    assert cfg.sft.max_steps == 5 and cfg.data.n_train == 16 and cfg.vote.k == 2 and cfg.model.name == "tiny"
+    cfg = compose(with_smoke(["experiment=competition", "data.n_val=8"]))
+    assert (cfg.model.name, cfg.data.source, cfg.data.trace_style) == ("nemotron_nano", "competition", "derivation")
+    assert cfg.sft.max_steps == 2 and cfg.grpo.max_steps == 1 and cfg.data.n_val == 8
+
+
+def test_a_notebooks_first_call_checks_the_machine_before_it_opens_the_stage(tmp_path):
+    """`lab.stages.open_stage`: the real model on a machine without CUDA is refused before any folder is made."""
+    import torch
+
+    from lab import LabError
+    from lab.stages import open_stage
+
+    if torch.cuda.is_available():
+        pytest.skip("needs a machine without CUDA")
+    with pytest.raises(LabError, match="02_sft with model=nemotron_nano cannot run on this machine"):
+        open_stage("02_sft", ["model=nemotron_nano", f"run_dir={tmp_path / 'run'}"])
+    assert not (tmp_path / "run").exists()
 
 
 SMALL_DATA = ["data.n_train=16", "data.n_val=4", "data.explore_max=16"]

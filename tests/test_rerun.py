@@ -155,6 +155,33 @@ def test_a_scheduler_transformers_does_not_know_is_refused_before_anything_is_to
     assert not (tmp_path / "run").exists()
 
 
+# ---- greedy evaluations cached by their key (lab.stages.evaluate) -------------------------------------
+
+def test_an_evaluation_key_follows_content_not_paths(tmp_path):
+    from lab.stages import evaluation_key
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+
+    def cfg(*extra):
+        return compose([f"run_dir={tmp_path}", "model.build_tiny=false", f"model.path={model}", *extra])
+
+    for name, content in (("work", b"adapter 1"), ("final", b"adapter 1"), ("other", b"adapter 2")):
+        (tmp_path / name).mkdir()
+        (tmp_path / name / "adapter_model.safetensors").write_bytes(content)
+    puzzles = pd.DataFrame({"id": ["a", "b"], "prompt": ["p1", "p2"], "answer": ["1", "2"]})
+    key = evaluation_key(cfg(), tmp_path / "work", puzzles)
+    assert evaluation_key(cfg(), tmp_path / "final", puzzles) == key  # 03_grpo's working folder, 04_vote's final one
+    assert evaluation_key(cfg(), tmp_path / "other", puzzles) != key
+    assert evaluation_key(cfg(), None, puzzles) != key
+    assert evaluation_key(cfg("infer.max_tokens=12"), tmp_path / "work", puzzles) != key
+    assert evaluation_key(cfg("infer.temperature=0.5"), tmp_path / "work", puzzles) != key
+    assert evaluation_key(cfg(), tmp_path / "work", puzzles.assign(prompt=["p1", "p3"])) != key
+    (model / "config.json").write_text('{"another": "model"}')
+    assert evaluation_key(cfg(), tmp_path / "work", puzzles) != key
+
+
 # ---- item 4: checkpoints count only when complete; a full disk is a message -----------------------
 
 def test_resume_takes_the_newest_complete_checkpoint_and_says_so(tmp_path):
@@ -272,3 +299,33 @@ def test_sft_survives_a_full_disk_and_resumes_from_the_newest_complete_checkpoin
     out = capsys.readouterr().out
     assert "checkpoint-2 is incomplete" in out and f"resuming from {ck / 'checkpoint-1'}" in out
     assert m["resumed_from"] == str(ck / "checkpoint-1") and m["steps"] == 3
+
+
+@pytest.mark.slow
+def test_a_second_stage_reuses_the_greedy_evaluation_and_a_changed_key_generates_again(root, monkeypatch):
+    """03_grpo's evaluation and 04_vote's greedy pass of the same model: one pass (generate.predictions counted,
+    not replaced); another budget is another key, generated again."""
+    from lab import generate, stages
+
+    calls = []
+    real = generate.predictions
+    monkeypatch.setattr(generate, "predictions", lambda gen, puzzles, **kw: calls.append(len(puzzles)) or
+                        real(gen, puzzles, **kw))
+    run_dir = root / "evals"
+
+    def evaluate(name, *extra):
+        st = Stage(name, cfg=compose([f"run_dir={run_dir}", f"model.path={root / 'base_model'}", "data.n_train=4",
+                                      "data.n_val=3", "infer.max_tokens=8", *extra]))
+        _, val = data.prepare(st.cfg)
+        pred = stages.evaluate(st, val, None, "predictions.csv")
+        st.finish({})
+        return pred
+
+    first = evaluate("03_grpo")
+    assert calls == [3]
+    again = evaluate("04_vote")
+    assert calls == [3]  # not generated again
+    assert (run_dir / "04_vote" / "predictions.csv").read_bytes() == (run_dir / "03_grpo" / "predictions.csv").read_bytes()
+    pd.testing.assert_frame_equal(first, again)
+    evaluate("04_vote", "infer.max_tokens=6")
+    assert calls == [3, 3] and len(list((run_dir / "evaluations").glob("*.csv"))) == 2

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import pytest
 
+from lab import config
 from lab import sweep as sw
 from lab import sweep_report as rp
 from lab import LabError
@@ -135,21 +136,8 @@ def test_plan_names_swept_keys_and_seeds():
     assert "hydra.sweep.subdir=${hydra.job.override_dirname}" in h
     assert "hydra.job.config.override_dirname.exclude_keys=['data.n_train']" in h
     assert "hydra.sweep.subdir=default" in sw.hydra_overrides(sw.plan(["data.n_train=8"]), Path("/x"), "basic")
-
-
-
-def test_smoke_overrides_come_first_and_a_key_given_wins():
-    """--smoke puts lab.pipeline.SMOKE_OVERRIDES (value overrides or a preset such as `experiment=smoke`) before the
-    command line's, so Hydra applies the command line's values last; one the command line gives for the same key or
-    config group replaces it, also with a `+`/`++` prefix (Hydra refuses a `+group` appended twice)."""
-
-    def key(o: str) -> str:
-        return o.split("=", 1)[0].lstrip("+~")
-
-    keys = [key(o) for o in SMOKE_OVERRIDES]
-    for given in (f"{keys[0]}=x", f"++{keys[-1]}=x", "data.n_train=32", "experiment=competition"):
-        smoke = sw.plan([given], smoke=True)["lab"]
-        assert smoke == [o for o in SMOKE_OVERRIDES if key(o) != key(given)] + [given]
+    smoke = config.compose(sw.plan(["data.n_train=32"], smoke=True)["lab"])  # experiment=smoke, the user's key wins
+    assert smoke.data.n_train == 32 and smoke.vote.k == 2
 
 
 @pytest.mark.parametrize("overrides,seeds,message", [

@@ -272,13 +272,16 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
     real_train = sft.train
 
     def outputs(prompts, params, lora_request):
-        path = Path(lora_request.kw["lora_path"])
-        seen.setdefault("served", []).append({p.name: p.read_bytes() for p in path.iterdir()})
-        seen["fused"], seen["split"] = _split_expert_names(path)
+        if lora_request is not None:  # None: the base model's evaluation before training
+            path = Path(lora_request.kw["lora_path"])
+            seen.setdefault("served", []).append({p.name: p.read_bytes() for p in path.iterdir()})
+            seen["fused"], seen["split"] = _split_expert_names(path)
         return [types.SimpleNamespace(request_id=str(i), outputs=[_out("\\boxed{0}", [1, 2], None, "stop")])
                 for i in range(len(prompts))]
 
     def spy(*a, **kw):
+        for name in ("vllm", "vllm.lora", "vllm.lora.request"):  # TRL probes for a real vllm while it trains
+            monkeypatch.delitem(sys.modules, name, raising=False)
         out = real_train(*a, **kw)
         trained.append(weakref.ref(out[1]))
         # the stand-in appears only now: TRL probes for a real vllm package while it trains
@@ -291,6 +294,7 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
     import train_sft
 
     run = tmp_path / "run"
+    _fake_vllm(monkeypatch, outputs)  # the base model's evaluation, before training (lab.stages.sft)
     assert train_sft.main([f"run_dir={run}", "model.generation_backend=vllm", "sft.lora.r=8",
                            *SMOKE_OVERRIDES]) == 0
     gc.collect()

@@ -1,0 +1,362 @@
+"""One function per stage: the work of each notebook, called by the notebook and by its script alike.
+
+`open_stage(name, overrides)` is every notebook's first step: the environment (`environment`: nothing downloaded,
+quiet tokenizers), the real-model preflight (`lab.preflight`), then the stage folder (`lab.run.Stage`).
+`explore`, `sft`, `grpo`, `vote` and `errors` each take the open stage, do the stage's work, write its files
+(tables, plots, predictions, the adapter's submission.zip), finish the stage and return its metrics.
+notebooks/0N_*.ipynb call them and show what they wrote; scripts/train_sft.py and train_grpo.py call the same
+`sft` / `grpo` under `accelerate launch` (with accelerate's state: every process trains, the main process
+alone evaluates), so a notebook and its script write the same metrics.
+
+Every greedy evaluation goes through `evaluate`, cached in `<run_dir>/evaluations/` by its key
+(`evaluation_key`: the base model's and the adapter's content hashes, the puzzles, the sampling settings and the
+budget): 03_grpo's evaluation of its adapter and 04_vote's greedy pass of the same adapter are one pass (02_sft's
+evaluation before training is always generated: `evaluate` says why). Every `Generator` is made here
+(`_generator`): the one place a stage calls generation from.
+
+What it simplifies:
+1. A stage runs in one process (or one accelerate launch); stages hand each other files through the run folder.
+2. The cache is keyed by content and never pruned: a changed adapter, model, puzzle or setting is another key, so
+   another file; old entries stay until the run folder is deleted.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import shutil
+from pathlib import Path
+
+import pandas as pd
+
+from lab import LabError
+from lab.io import atomic_file, atomic_write_csv, atomic_write_json
+from lab.paths import resolve_path
+from lab.run import Stage, stage_input, stage_output
+
+# what torchrun / accelerate set for a process of a launch; removed once the main process evaluates alone
+DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
+            "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+
+
+def environment() -> None:
+    """Nothing is downloaded at run time, and the tokenizers' thread pool stays quiet after a fork; set before
+    transformers or huggingface_hub is imported (they read these when imported)."""
+    os.environ.setdefault("HF_HUB_OFFLINE", "1")
+    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+
+def open_stage(name: str, overrides) -> Stage:
+    """A notebook's first step: `environment`, the real-model preflight (`lab.preflight.check`: one list of what is
+    missing on this machine, before anything is touched), then the stage folder."""
+    environment()
+    from lab import preflight
+
+    preflight.check(name, overrides)
+    stage = Stage(name, overrides)
+    print(f"run_dir = {stage.run_dir}   seed = {stage.cfg.seed}   model = {stage.cfg.model.name}   "
+          f"data = {stage.cfg.data.source}")
+    return stage
+
+
+# ---- 01_explore -------------------------------------------------------------------------------------------------
+
+def explore(stage: Stage) -> dict:
+    """The split, puzzles per category, what the solvers answer, trace lengths in the model's tokens, the trace
+    audit, and one trace per category (`trace_examples.csv`)."""
+    from lab import data, models, plots, puzzles
+    from lab.puzzles.audit import audit_frame
+
+    cfg = stage.cfg
+    train, val = data.prepare(cfg)
+    counts = (pd.concat([train.assign(split="train"), val.assign(split="val")])
+              .groupby(["category", "subtype", "split"]).size().unstack("split", fill_value=0).reset_index())
+    atomic_write_csv(stage.path("categories.csv"), counts)
+
+    tokenizer = models.load_tokenizer(cfg)
+    counter = data.count_tokenizer(cfg, tokenizer)  # data.tokenizer_path when set, else the model's own tokenizer
+    style = data.trace_style(cfg)  # the style SFT trains on
+    sample = train.sample(n=min(cfg.data.explore_max, len(train)), random_state=cfg.seed)
+    solved = puzzles.solve_frame(sample, tokenizer=counter, style=style)
+    status = solved.groupby(["category", "status"]).size().unstack("status", fill_value=0)
+    atomic_write_csv(stage.path("solver_status.csv"), status.reset_index())
+    atomic_write_csv(stage.path("solver_methods.csv"), puzzles.method_table(solved))
+    atomic_write_csv(stage.path("solver_equation_families.csv"), puzzles.family_table(solved))
+    plots.save(plots.histogram(solved, "trace_tokens", "category", "Solver trace length", "tokens (model tokenizer)"),
+               stage.path("trace_tokens.png"))
+    # both styles, counted as the completion the scorer sees, against the budget
+    other = "compact" if style == "derivation" else "derivation"
+    both = pd.concat([solved.assign(trace_style=style),
+                      puzzles.solve_frame(sample, tokenizer=counter, style=other).assign(trace_style=other)])
+    atomic_write_csv(stage.path("trace_tokens.csv"), puzzles.token_table(both))
+    audit, shapes, breaks = audit_frame(solved.assign(prompt=sample["prompt"].tolist(), trace_style=style), counter)
+    atomic_write_csv(stage.path("trace_audit.csv"), audit)
+    atomic_write_csv(stage.path("trace_shapes.csv"), shapes)
+    atomic_write_csv(stage.path("trace_examples.csv"),
+                     solved.groupby("category").head(1)[["category", "status", "trace"]].sort_values("category"))
+    metrics = {
+        "n_train": len(train), "n_val": len(val),
+        "per_category": counts.groupby("category")[["train", "val"]].sum().to_dict("index"),
+        "solver_solved_share": float((solved["status"] == "solved").mean()),
+        "trace_tokens_mean": float(solved["trace_tokens"].mean()),
+        "trace_ref_breaks": len(breaks),
+    }
+    if "correct" in solved:
+        metrics["solver_accuracy"] = float(solved["correct"].mean())
+    return stage.finish(metrics)
+
+
+# ---- 02_sft -----------------------------------------------------------------------------------------------------
+
+def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
+    """Greedy held-out accuracy of the base model, SFT (`lab.sft.train`), the saved adapter's accuracy, the
+    submission zip. `launch`: accelerate's PartialState under `accelerate launch` (scripts/train_sft.py): every
+    process trains, the main process alone evaluates and finishes the stage (the others return their training
+    metrics). Under several processes the base model is evaluated after training, so that no process waits through
+    a long evaluation in a collective. `evaluate_adapter=False` (`--no-eval`) skips both evaluations."""
+    from lab import data, plots
+    from lab import sft as sft_lib
+
+    cfg = stage.cfg
+    train, val = data.prepare(cfg)
+    print(f"{len(train)} training puzzles, {len(val)} held out; model: {cfg.model.name}")
+    before = None
+    if evaluate_adapter and _processes(launch) == 1:  # the training model is not loaded yet (vLLM needs the GPU)
+        before = evaluate(stage, val, None, "predictions_before.csv", cached=False)  # see `evaluate`
+        print(f"held-out accuracy before SFT: {before['correct'].mean():.3f}")
+    metrics, model, tokenizer, log = sft_lib.train(cfg, stage, train)  # sft.backend=unsloth: lab.sft_unsloth
+    del model, tokenizer  # the saved adapter is scored, never the in-memory model
+    if not _main_alone(launch):
+        return metrics
+    plots.save(plots.line(log, "step", ["loss"], "SFT training loss", "loss"), stage.path("loss.png"))
+    if evaluate_adapter:
+        if before is None:
+            before = evaluate(stage, val, None, "predictions_before.csv")
+        after = evaluate(stage, val, cfg.sft.adapter_dir, "predictions.csv")
+        print(f"held-out accuracy: before SFT {before['correct'].mean():.3f}, after {after['correct'].mean():.3f}")
+        table = _per_category(before=before, after=after)
+        plots.save(_accuracy_plot(before, after, "before SFT", "after SFT", "SFT"), stage.path("accuracy.png"))
+        metrics = {"accuracy_before": float(before["correct"].mean()), "accuracy_after": float(after["correct"].mean()),
+                   "lift": float(after["correct"].mean() - before["correct"].mean()), "per_category": table, **metrics}
+    return _finish(stage, launch, {"submission_problems": _pack(stage, cfg.sft.adapter_dir), **metrics})
+
+
+# ---- 03_grpo ----------------------------------------------------------------------------------------------------
+
+def grpo(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
+    """GRPO from the SFT adapter (`lab.grpo.train`: pass rates, prompt order, training), the saved adapter's greedy
+    held-out accuracy against the SFT start, the submission zip. `launch` and `evaluate_adapter` as in `sft`."""
+    from lab import data, models, plots
+    from lab import grpo as grpo_lib
+    from lab.analysis import load_predictions
+    from lab.io import read_json
+
+    cfg = stage.cfg
+    train, val = data.prepare(cfg)
+    sft_dir = stage_output(cfg, "02_sft")
+    sft_accuracy = read_json(sft_dir / "metrics.json").get("accuracy_after")
+    if evaluate_adapter and sft_accuracy is None:
+        raise LabError(f"{sft_dir / 'metrics.json'}: no accuracy_after (02_sft ran with --no-eval), which 03_grpo's "
+                       "evaluation compares against; rerun 02_sft with its evaluation, or skip this one (--no-eval)")
+    grpo_lib.check_backend(cfg)  # a refused rollout back-end fails before the model loads
+    model, tokenizer = models.load(cfg, adapter=stage_input(cfg, cfg.grpo.init_adapter), trainable=True)
+    print(f"starting from {cfg.grpo.init_adapter}"
+          + (f" (held-out accuracy {sft_accuracy:.3f})" if sft_accuracy is not None else ""))
+    metrics, model, log = grpo_lib.train(cfg, stage, train, model, tokenizer)
+    del model, tokenizer  # the saved adapter is scored, never the in-memory model
+    if not _main_alone(launch):
+        return metrics
+    rewards = [c for c in log.columns if c.startswith("rewards/") and c.endswith("/mean")]
+    plots.save(plots.line(log, "step", ["reward", *rewards], "GRPO rewards per step (mean over the step's completions)",
+                          "reward", n=cfg.grpo.prompts_per_step * cfg.grpo.num_generations), stage.path("rewards.png"))
+    if evaluate_adapter:
+        after = evaluate(stage, val, cfg.grpo.adapter_dir, "predictions.csv")
+        start = load_predictions(sft_dir / "predictions.csv")
+        acc = float(after["correct"].mean())
+        print(f"held-out accuracy: SFT start {float(sft_accuracy):.3f} -> after GRPO {acc:.3f}")
+        plots.save(_accuracy_plot(start, after, "SFT start", "after GRPO", "GRPO"), stage.path("accuracy.png"))
+        metrics = {"accuracy_sft_start": float(sft_accuracy), "accuracy_after": acc,
+                   "delta": float(acc - float(sft_accuracy)), "per_category": _per_category(sft=start, grpo=after),
+                   **metrics}
+    return _finish(stage, launch, {"submission_problems": _pack(stage, cfg.grpo.adapter_dir), **metrics})
+
+
+# ---- 04_vote ----------------------------------------------------------------------------------------------------
+
+def vote(stage: Stage) -> dict:
+    """Greedy predictions and k samples per held-out puzzle from `vote.adapter`, then every voting method of
+    `lab.vote` replayed on that one sample table; accuracy against k and against tokens."""
+    from lab import data, plots
+    from lab import generate
+    from lab import vote as vote_lib
+
+    cfg, v = stage.cfg, stage.cfg.vote
+    train, val = data.prepare(cfg)
+    adapter = stage_input(cfg, v.adapter)  # its stage must have finished
+    print(f"voting with {v.adapter}: k={v.k}, temperature={v.temperature}")
+    with _generator(cfg, adapter) as gen:
+        greedy = evaluate(stage, val, adapter, "predictions.csv", gen=gen)
+        spec = generate.Sampling.competition(cfg, n=v.k, temperature=v.temperature, top_p=v.top_p, logprobs=v.logprobs)
+        samples = generate.sample_table(gen, val, spec, cache=stage.path("samples.jsonl"))
+    atomic_write_csv(stage.path("samples.csv"), samples)
+    accuracy = float(greedy["correct"].mean())
+    print(f"greedy accuracy {accuracy:.3f}; {len(samples)} samples")
+    curves = vote_lib.curves(samples, K=v.k)
+    atomic_write_csv(stage.path("curves.csv"), curves)
+    plots.save(plots.vote_k(curves, greedy=accuracy, n=len(greedy)), stage.path("vote_k.png"))
+    rows = [{"method": "greedy (Kaggle)", "accuracy": accuracy, "tokens_per_puzzle": float(greedy["tokens"].mean())}]
+    for method in v.methods:
+        s = vote_lib.summary(vote_lib.replay(samples, method, k=v.k, **dict(v.options.get(method, {}))))
+        rows.append({"method": method, "accuracy": s["accuracy"], "tokens_per_puzzle": s["tokens_used"]})
+    methods = pd.DataFrame(rows)
+    atomic_write_csv(stage.path("methods.csv"), methods)
+    plots.save(plots.vote_tokens(curves, methods, n=len(greedy)), stage.path("vote_tokens.png"))
+    at_k = curves.loc[curves["k"] == v.k].iloc[0]
+    return stage.finish({"k": v.k, "greedy_accuracy": accuracy, "maj_at_k": float(at_k["maj_at_k"]),
+                         "pass_at_k": float(at_k["pass_at_k"]), "methods": methods.set_index("method").to_dict("index")})
+
+
+# ---- 05_errors --------------------------------------------------------------------------------------------------
+
+def errors(stage: Stage) -> dict:
+    """Error analysis of 04_vote's greedy predictions (`lab.analysis.analyse`: every table and plot) against the
+    completion budget the evaluation allowed, and the puzzles fixed and broken since 02_sft."""
+    from lab import analysis, data, generate, models
+    from lab.prompts import chat_prompt
+
+    cfg = stage.cfg
+    pred = analysis.load_predictions(stage_output(cfg, "04_vote", "predictions.csv"))
+    # the budget of the prompts that were generated (a prompt with no room was skipped: generate.SKIPPED)
+    tok = models.load_tokenizer(cfg)
+    kept = [chat_prompt(tok, p) for p, why in zip(pred["prompt"], pred["finish_reason"]) if why != generate.SKIPPED]
+    budget = (generate.completion_budget(tok, kept, cfg.infer.max_tokens, cfg.model.max_model_len) if kept
+              else cfg.infer.max_tokens)
+    headline = analysis.analyse(pred, stage.dir, budget=budget, style=data.trace_style(cfg))  # vs the trained style
+    print(f"{headline['n']} predictions, accuracy {headline['accuracy']:.3f}")
+    changes, _ = analysis.compare(analysis.load_predictions(stage_output(cfg, "02_sft", "predictions.csv")), pred)
+    atomic_write_csv(stage.path("compare_sft_vs_final.csv"), changes)
+    net = changes.set_index("category").loc["all"]  # the row over all categories (the others add up to it)
+    return stage.finish({**{k: v for k, v in headline.items() if k != "files"},
+                         "fixed_since_sft": int(net["fixed"]), "broken_since_sft": int(net["broken"])})
+
+
+# ---- greedy evaluation, cached by its key -----------------------------------------------------------------------
+
+def evaluation_key(cfg, adapter, puzzles: pd.DataFrame) -> dict:
+    """What a greedy evaluation's predictions depend on: the base model's content hash (`generate.model_hash`), the
+    adapter's (`lineage.content_hash`; None for the base model alone), a sha256 of the puzzles (id, prompt, answer,
+    category, subtype), the seed, every `infer` setting (greedy sampling, max_tokens, metric version, engine), and
+    the back-end, dtype and max_model_len. Paths are left out: 03_grpo's adapter in its working folder and the same
+    adapter read by 04_vote from the finished one are the same key."""
+    from omegaconf import OmegaConf
+
+    from lab import generate, models
+    from lab.lineage import content_hash
+
+    cols = [c for c in ("id", "prompt", "answer", "category", "subtype") if c in puzzles.columns]
+    return {"model_sha256": generate.model_hash(models.model_path(cfg)),
+            "adapter_sha256": content_hash(resolve_path(adapter)) if adapter is not None else None,
+            "puzzles_sha256": hashlib.sha256(puzzles[cols].astype(str).to_csv(index=False).encode()).hexdigest(),
+            "seed": cfg.seed, "infer": OmegaConf.to_container(cfg.infer, resolve=True),
+            "backend": cfg.model.generation_backend, "dtype": cfg.model.dtype, "max_model_len": cfg.model.max_model_len}
+
+
+def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, cached: bool = True) -> pd.DataFrame:
+    """Greedy predictions (the competition's settings, `generate.predictions`) of the base model plus `adapter`
+    (None: the base model alone) on `puzzles`, written to the stage's file `name` and returned as
+    `lab.analysis.load_predictions` reads them. `gen`: a Generator of that adapter already open (else one is made
+    only when needed). Cached as `<run_dir>/evaluations/<key digest>.csv` beside its key (`.json`), both written
+    atomically: an evaluation with the same key is copied from there instead of generated again.
+
+    `cached=False` always generates (and stores nothing): 02_sft's evaluation before training, because with the hf
+    back-end `generate.generate_hf` seeds torch's global generator per batch, and the LoRA that SFT attaches next is
+    initialised from that state; a reused evaluation would leave another state and train another adapter."""
+    from lab import generate
+    from lab.analysis import load_predictions
+
+    key = evaluation_key(stage.cfg, adapter, puzzles)
+    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
+    entry = resolve_path(stage.cfg.run_dir) / "evaluations" / f"{digest}.csv"
+    out = stage.path(name)
+    if cached and entry.is_file():
+        print(f"greedy evaluation: the same model, adapter, puzzles and settings as {entry}; reused, not generated")
+        _copy(entry, out)
+    else:
+        with contextlib.nullcontext(gen) if gen is not None else _generator(stage.cfg, adapter) as g:
+            generate.predictions(g, puzzles, out_csv=out)
+        if cached:
+            atomic_write_json(entry.with_suffix(".json"), key)
+            _copy(out, entry)  # the CSV last: its presence means a complete entry
+    return load_predictions(out)
+
+
+def _generator(cfg, adapter=None):
+    """The stages' one way to a generation back-end (`lab.generate.Generator`); use it in a `with` block."""
+    from lab import generate
+
+    return generate.Generator(cfg, adapter=adapter)
+
+
+def _copy(src: Path, dst: Path) -> None:
+    with atomic_file(dst) as tmp:
+        shutil.copyfile(src, tmp)
+
+
+# ---- shared by the stages -----------------------------------------------------------------------------------------
+
+def _per_category(**preds: pd.DataFrame) -> dict:
+    """{category: {name: accuracy}} for each named predictions table."""
+    table = pd.DataFrame({k: p.groupby("category")["correct"].mean() for k, p in preds.items()})
+    return table.to_dict("index")
+
+
+def _accuracy_plot(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str, by: str):
+    from lab import plots
+    from lab.analysis import accuracy_table, compare
+
+    net = compare(a, b)[0].set_index("category").loc["all"]  # puzzles fixed and broken between the two
+    return plots.accuracy_bars({name_a: accuracy_table(a), name_b: accuracy_table(b)},
+                               f"Held-out accuracy, greedy: {net['fixed']:.0f} puzzles fixed, "
+                               f"{net['broken']:.0f} broken by {by}")
+
+
+def _pack(stage: Stage, adapter_dir) -> list[str]:
+    """`<stage>/submission.zip` from the adapter (the layout vLLM loads), and `submission.check`'s problems."""
+    from lab import submission
+
+    zip_path = submission.pack(adapter_dir, stage.path("submission.zip"), dtype=submission.SUBMISSION_DTYPE)
+    problems = submission.check(zip_path)
+    print(zip_path, "valid" if not problems else problems)
+    return problems
+
+
+def _processes(launch) -> int:
+    return 1 if launch is None else launch.num_processes
+
+
+def _main_alone(launch) -> bool:
+    """After training (the caller has deleted its training model): release the memory; under a launch of several
+    processes, end the process group and the launcher's variables so that the main process evaluates alone (vLLM
+    must not find the training model on the GPU, a live process group or RANK/WORLD_SIZE). True on the main
+    process."""
+    from lab.generate import release_memory
+
+    release_memory()
+    if launch is None:
+        return True
+    main = launch.is_main_process
+    if launch.num_processes > 1:
+        import torch
+
+        launch.wait_for_everyone()
+        if torch.distributed.is_available() and torch.distributed.is_initialized():
+            torch.distributed.destroy_process_group()
+        for k in DIST_ENV:
+            os.environ.pop(k, None)
+    return main
+
+
+def _finish(stage: Stage, launch, metrics: dict) -> dict:
+    return stage.finish({**metrics, "processes": _processes(launch)})
