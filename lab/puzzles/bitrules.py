@@ -1,4 +1,4 @@
-"""Bit manipulation puzzles: a hidden rule maps 8-bit inputs to 8-bit outputs.
+"""Bit manipulation puzzles, the rule space and its solver: a hidden rule maps 8-bit inputs to 8-bit outputs.
 
 The rule space searched, cheapest first (cost = (level, number of NOTs)):
   level 0  a constant (00000000 or 11111111)
@@ -60,9 +60,9 @@ from itertools import combinations
 
 import numpy as np
 
-from .common import Solution, finish, undetermined
+from .common import Solution, finish, missing, undetermined
 
-CATEGORY = "bit_manipulation"
+NAME = "bit_manipulation"
 HEADER = ("In Alice's Wonderland, a secret bit manipulation rule transforms 8-bit binary numbers. "
           "The transformation involves operations like bit shifts, rotations, XOR, AND, OR, NOT, "
           "and possibly majority or choice functions.\n\nHere are some examples of input -> output:")
@@ -550,16 +550,14 @@ def _pick(found, q: int, ex=None) -> Solution:
     ans = b8(pred)
     status = "solved" if len(votes) == 1 else "ambiguous"
     reason = "" if status == "solved" else f"{len(top)} equally simple rules give {len(votes)} answers" + reason
-    return Solution(ans, status, finish(rule_trace(rule, q), ans), CATEGORY, "", reason, METHODS[best[0]],
+    return Solution(ans, status, finish(rule_trace(rule, q), ans), NAME, "", reason, METHODS[best[0]],
                     {"rule": rule})
 
 
 def solve(prompt: str) -> Solution:
     ex, q = parse(prompt)
-    if q is None:
-        return undetermined(CATEGORY, "no 8-bit query found")
-    if not ex:
-        return undetermined(CATEGORY, "no input -> output examples found")
+    if (none := missing(NAME, ex, q, "no 8-bit query found", "no input -> output examples found")):
+        return none
     x = np.array([a for a, _ in ex], dtype=np.uint8)
     y = np.array([b for _, b in ex], dtype=np.uint8)
     found = consistent_rules(x, y, q)
@@ -568,19 +566,19 @@ def solve(prompt: str) -> Solution:
     xs_, ys_ = [a for a, _ in ex], [b for _, b in ex]
     lin = xor_of_copies(xs_, ys_, q)
     if lin is not None:
-        return Solution(lin[0], "solved", finish(lin[1], lin[0]), CATEGORY, "", "", METHODS[7],
+        return Solution(lin[0], "solved", finish(lin[1], lin[0]), NAME, "", "", METHODS[7],
                         {"xor": lin[2]})
     found = table_rules(x, y, q, k=4)
     if found:
         return _pick(found, q, ex)
     af = affine(xs_, ys_, q)
     if af is not None:
-        return Solution(af[0], "solved", finish(af[1], af[0]), CATEGORY, "", "", "affine per bit")
+        return Solution(af[0], "solved", finish(af[1], af[0]), NAME, "", "", "affine per bit")
     fb = per_bit(xs_, ys_, q)
     if fb is None:
-        return undetermined(CATEGORY, "no rule in the searched space fits the examples")
+        return undetermined(NAME, "no rule in the searched space fits the examples")
     ans, forced, lines = fb
-    return Solution(ans, "solved" if forced else "ambiguous", finish(lines, ans), CATEGORY, "",
+    return Solution(ans, "solved" if forced else "ambiguous", finish(lines, ans), NAME, "",
                     "per-bit fallback" + ("" if forced else ": some bits not forced"), "per bit")
 
 

@@ -1,4 +1,4 @@
-"""Equation transformation puzzles: two operands around a hidden operator symbol (`34/44 = 1`).
+"""Equation transformation puzzles, the rule model and the solvers: two operands around a hidden operator (`34/44 = 1`).
 
 One rule model, shared by the numeric and the symbolic solver and by the generator:
   mode     per puzzle, shared by all its operators. plain: operands read as written, result
@@ -68,11 +68,49 @@ from functools import lru_cache
 from itertools import permutations, product
 from operator import itemgetter
 
-from .classify import equation_parts
-from .common import Solution, finish, undetermined
+from .common import Solution, finish, has_key, missing, undetermined
 
-CATEGORY = "equation_transformation"
+NAME = "equation_transformation"
+KEY = "transformation rules is applied to equations"
 HEADER = "In Alice's Wonderland, a secret set of transformation rules is applied to equations. Below are a few examples:"
+
+EQ_LINE_RE = re.compile(r"^\s*(\S.*?) = (.*?)\s*$")
+NUMERIC_LHS_RE = re.compile(r"^\d+\D\d+$")
+
+
+def equation_parts(prompt: str):
+    """(examples [(lhs, rhs)], query or None) for an equation prompt.
+
+    A backtick is a symbol like any other, not quoting: in the real example line `` `!*[{ = '"[` ``
+    the left side is the five symbols `` `!*[{ `` (operands `` `! `` and ``[{``, operator ``*``, the
+    shape of the query ``[[-!'``) and the result is the four symbols `` '"[` ``."""
+    body, _, tail = prompt.partition("Now, determine the result for:")
+    examples = []
+    for line in body.splitlines()[1:]:
+        m = EQ_LINE_RE.match(line)
+        if m:
+            examples.append((m.group(1), m.group(2)))
+    q = tail.strip() if _ else None
+    return examples, (q or None)
+
+
+def operator_of(lhs: str) -> str | None:
+    """The operator symbol of a left side: the non-digit between two numbers, else the middle char."""
+    m = re.fullmatch(r"\d+(\D)\d+", lhs)
+    if m:
+        return m.group(1)
+    return lhs[len(lhs) // 2] if len(lhs) % 2 == 1 and len(lhs) >= 3 else None
+
+
+def equation_subtype(prompt: str) -> str:
+    """`numeric` or `symbolic`, `_deduce` or `_guess` (see `equations`)."""
+    examples, q = equation_parts(prompt)
+    lhs = [a for a, _ in examples] + ([q] if q else [])
+    numeric = bool(lhs) and all(NUMERIC_LHS_RE.match(s) for s in lhs)
+    ops = {operator_of(a) for a, _ in examples}
+    mode = "deduce" if q and operator_of(q) in ops else "guess"
+    return f"{'numeric' if numeric else 'symbolic'}_{mode}"
+
 
 ARITH = {
     "a+b": lambda a, b: a + b, "a+b+1": lambda a, b: a + b + 1, "a+b-1": lambda a, b: a + b - 1,
@@ -285,11 +323,11 @@ def solve_numeric(examples, query, subtype, prior: Prior | None = None) -> Solut
     prior = prior or default_prior()
     q = split_numeric(query)
     if not q:
-        return undetermined(CATEGORY, f"query {query!r} is not two numbers around an operator", subtype)
+        return undetermined(NAME, f"query {query!r} is not two numbers around an operator", subtype)
     x, sym, y = q
     by_op = by_operator(examples)
     if not by_op:
-        return undetermined(CATEGORY, "no parseable numeric examples", subtype)
+        return undetermined(NAME, "no parseable numeric examples", subtype)
     seen = sym in by_op
     hyps = numeric_hypotheses(by_op, prior)
     if seen:
@@ -303,7 +341,7 @@ def solve_numeric(examples, query, subtype, prior: Prior | None = None) -> Solut
         if w > best.get(ans, (0,))[0]:
             best[ans] = (w, mode, m)
     if not votes:
-        return undetermined(CATEGORY, f"no known rule fits the examples of {sym!r}", subtype)
+        return undetermined(NAME, f"no known rule fits the examples of {sym!r}", subtype)
     ans = max(votes, key=votes.get)
     _, mode, m = best[ans]
     written = compute(m, x, y, mode, sym)
@@ -315,13 +353,13 @@ def solve_numeric(examples, query, subtype, prior: Prior | None = None) -> Solut
     lines = [f"mode: {mode}", head, *operand_lines(x, sym, y, m, mode), f"written: {written}", f"answer: {ans}"]
     method = f"{mode} {m}"
     if not seen:
-        sol = undetermined(CATEGORY, f"operator {sym!r} never appears in the examples", subtype, ans, lines)
+        sol = undetermined(NAME, f"operator {sym!r} never appears in the examples", subtype, ans, lines)
         sol.method = method
         return sol
     status = "solved" if len(votes) == 1 else "ambiguous"
     share = votes[ans] / sum(votes.values())
     reason = "" if status == "solved" else f"{len(votes)} answers fit; best has {share:.2f} of the prior weight"
-    return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason, method)
+    return Solution(ans, status, finish(lines, ans), NAME, subtype, reason, method)
 
 
 def learn_priors(prompts, minimum: int = 50) -> Prior:
@@ -331,12 +369,10 @@ def learn_priors(prompts, minimum: int = 50) -> Prior:
     the same one. Families and meanings are counted apart: a subtraction's marker form is often
     left open by examples that still rule out every other family. A batch with fewer than
     `minimum` deducible families (a handful of puzzles, or symbolic ones only) gets the default."""
-    from .classify import classify
-
     flat = Prior(Counter(), Counter(), Counter())
     modes, families, meanings = Counter(), Counter(), Counter()
     for p in prompts:
-        if not isinstance(p, str) or classify(p)[0] != CATEGORY:
+        if not has_key(p, KEY):
             continue
         examples, _ = equation_parts(p)
         if not examples or not all(split_numeric(lhs) for lhs, _ in examples):
@@ -395,10 +431,10 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
     prior = prior or default_prior()
     q = split_lhs(query)
     if not q:
-        return undetermined(CATEGORY, f"query {query!r} is not 5 symbols", subtype)
+        return undetermined(NAME, f"query {query!r} is not 5 symbols", subtype)
     exs = [(p[0], p[1], p[2], rhs.strip()) for lhs, rhs in examples if (p := split_lhs(lhs))]
     if not exs:
-        return undetermined(CATEGORY, "no parseable symbolic examples", subtype)
+        return undetermined(NAME, "no parseable symbolic examples", subtype)
     seen = q[1] in {e[1] for e in exs}
     state = {"deadline": time.process_time() + seconds, "stopped": False}
     solutions = _symbolic_solutions(exs, cap, state)
@@ -408,7 +444,7 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
         solutions = _symbolic_solutions([e for e in exs if e[1] == q[1]], cap, state)
     if not solutions:
         reason = "symbolic: no digit map and known rules fit" + (" (time cap)" if state["stopped"] else "")
-        return undetermined(CATEGORY, reason, subtype)
+        return undetermined(NAME, reason, subtype)
     votes, first, unwritable = Counter(), {}, 0
     for n, (mode, s2d, ops) in enumerate(solutions):
         if n % 500 == 499 and time.process_time() > state["deadline"]:
@@ -429,7 +465,7 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
                 votes[ans] += wq / len(comps)
                 first.setdefault(ans, (mode, full, m, ops))
     if not votes:
-        return undetermined(CATEGORY, "symbolic: query symbols or result digits not covered by the examples", subtype)
+        return undetermined(NAME, "symbolic: query symbols or result digits not covered by the examples", subtype)
     ans = max(votes, key=votes.get)
     mode, s2d, m, ops = first[ans]
     x, sym, y = q
@@ -443,13 +479,13 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
     capped = " (search stopped at the time cap)" if state["stopped"] else (
         " (search stopped at the solution cap)" if len(solutions) >= cap else "")
     if not seen:
-        sol = undetermined(CATEGORY, f"operator {sym!r} never appears in the examples{capped}", subtype, ans, lines)
+        sol = undetermined(NAME, f"operator {sym!r} never appears in the examples{capped}", subtype, ans, lines)
         sol.method = method
         return sol
     status = "solved" if len(votes) == 1 and not unwritable and not capped else "ambiguous"
     reason = "" if status == "solved" else (f"{len(solutions)} digit maps give {len(votes)} answers"
                                             + (f", {unwritable} unwritable" if unwritable else "") + capped)
-    return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason, method,
+    return Solution(ans, status, finish(lines, ans), NAME, subtype, reason, method,
                     {"mode": mode, "s2d": s2d, "ops": ops, "meaning": m})
 
 
@@ -603,7 +639,7 @@ def family_table(out):
     (no method) count as family 'none'."""
     import pandas as pd
 
-    eqs = out[out["category"] == CATEGORY].copy()
+    eqs = out[out["category"] == NAME].copy()
     cols = ["kind", "family", "mode", "n", "solved"] + (["accuracy"] if "correct" in out else [])
     if eqs.empty:
         return pd.DataFrame(columns=cols)
@@ -621,19 +657,11 @@ def family_table(out):
 
 # ---------------------------------------------------------------- entry points
 
-def parse(prompt: str):
-    return equation_parts(prompt)
-
-
 def solve(prompt: str, prior: Prior | None = None) -> Solution:
-    from .classify import equation_subtype
-
     examples, query = equation_parts(prompt)
     subtype = equation_subtype(prompt)
-    if not query:
-        return undetermined(CATEGORY, "no query found", subtype)
-    if not examples:
-        return undetermined(CATEGORY, "no examples found", subtype)
+    if (none := missing(NAME, examples, query, "no query found", "no examples found", subtype)):
+        return none
     if subtype.startswith("numeric"):
         return solve_numeric(examples, query, subtype, prior)
     return solve_symbolic(examples, query, subtype, prior)

@@ -1,0 +1,349 @@
+"""The bit-manipulation category: its Category object, its derivation trace and its compact-line checker.
+
+The rule space and the solver are `bitrules`. Derivation (`derive`): the competition's layout (`_layout`): each
+output bit is one function F of the bits at its position of up to three copies, rotl a, shl b, shr c. A `note
+choose` line states the copies (the fewest, then the smallest shifts, among the layouts no example contradicts that
+give the answer: stated, not searched on the page); per example the copies, their keys and the `key:bit` pairs;
+`table` collects F (one bit per key, checked); the query's keys are read from it, a key no example shows reading 0
+(`default`). F is never named. A puzzle no layout answers keeps the older trace: the 22 copies of
+`bitrules.T_NAMES` screened on the examples until one example rejects each; the first survivor is the rule, and when
+none survives the trace names the solver's rule (a note: recall) and verifies it on every example before applying
+it (tables of three or four copies: keys, pairs, read). Written in binary: hex would hide the bit positions the
+shifts and keys work on.
+Compact traces (`check_line`): the query, each named copy or expression of x, and the affine per-bit XORs are
+recomputed; the rule line and the per-bit fallback's table reads are claims.
+Simplifies: the derivation writes only lines of `check`'s shared grammar, so the checker needs no bits code.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+
+from .bitrules import (NAME, NT, T_NAMES, apply_step, apply_t, b8, generate_one, op2, op3, parse, rule_name,
+                       shift_copy, shift_name, shift_tables, solve)
+from .check import BITS_RE, Fail
+from .common import Category, Solution
+
+
+def _value(rule, xv: int, tag: str, lines: list[str]) -> str:
+    """Appends the lines computing `rule` on input xv; returns the written result."""
+
+    def copy(name, v=xv):
+        if name == "x":
+            return b8(v)
+        out = b8(apply_t(name, v))
+        lines.append(f"{tag}: {name} {b8(v)} = {out}")
+        return out
+
+    def vcopy(i):
+        base = copy(T_NAMES[i % NT])
+        if i < NT:
+            return base
+        out = b8(~int(base, 2))
+        lines.append(f"{tag}: NOT {base} = {out}")
+        return out
+
+    def binop(op, a, b):
+        out = b8(op2(op, int(a, 2), int(b, 2)))
+        lines.append(f"{tag}: {op} {a} {b} = {out}")
+        return out
+
+    def neg(a):
+        out = b8(~int(a, 2))
+        lines.append(f"{tag}: NOT {a} = {out}")
+        return out
+
+    kind = rule[0]
+    if kind == "const":
+        return b8(rule[1])
+    if kind == "one":
+        return vcopy(rule[1])
+    if kind == "two":
+        return binop(rule[1], vcopy(rule[2]), vcopy(rule[3]))
+    if kind == "three":
+        _, op, i, j, k, ng = rule
+        a, b, c = (copy(T_NAMES[m]) for m in (i, j, k))
+        if op in ("MAJ", "CH"):
+            r = b8(op3(op, int(a, 2), int(b, 2), int(c, 2)))
+            lines.append(f"{tag}: {op} {a} {b} {c} = {r}")
+        elif op == "XOR3":
+            r = binop("XOR", binop("XOR", a, b), c)
+        else:
+            o1, o2 = op.split("/")
+            r = binop(o2, binop(o1, a, b), c)
+        return neg(r) if ng else r
+    if kind == "pipe":
+        s = xv
+        for st in rule[1]:
+            if st[0] == "NOT":
+                neg(b8(s))
+            elif st[0] == "copy":
+                copy(st[1], s)
+            else:
+                binop(st[0], b8(s), copy(st[1], s))
+            s = apply_step(st, s)
+        return b8(s)
+    if kind == "mask":
+        return binop(rule[1], _value(rule[3], xv, tag, lines), b8(rule[2]))
+    if kind == "xor":
+        ng, names = rule[1], rule[2]
+        vals = [copy(n) for n in names]
+        r = vals[0]
+        for v in vals[1:]:
+            r = binop("XOR", r, v)
+        return neg(r) if ng else r
+    raise ValueError(f"no derivation for bits rule {kind}")
+
+
+def derive(prompt: str, sol: Solution) -> list[str]:
+
+    ex, q = parse(prompt)
+    d = sol.detail or {}
+    rule = d.get("rule")
+    if "xor" in d:
+        rule = ("xor", *d["xor"])
+    layout = _layout(ex, q, sol.answer)
+    if layout is not None:
+        return layout
+    if rule is None and sol.method in ("affine per bit", "per bit"):
+        return _per_bit(sol, ex, q)
+    if rule is None:
+        raise ValueError("the solver kept no rule")
+    lines = ["note screen each single copy of x, example by example"]
+    nots = {}
+    found = None
+    for name in T_NAMES:
+        found_kind = ""  # NOT when the copy matches every example negated
+        ok = True
+        for n, (xv, yv) in enumerate(ex, 1):
+            tag = f"ex{n}"
+            v = b8(apply_t(name, xv))
+            if name != "x":
+                lines.append(f"{tag}: {name} {b8(xv)} = {v}")
+            if n not in nots:
+                nots[n] = b8(~yv)
+                lines.append(f"{tag}: NOT {b8(yv)} = {nots[n]}")
+            same, opp = v == b8(yv), v == nots[n]
+            lines.append(f"{tag}: eq {v} {b8(yv)} = {'yes' if same else 'no'}")
+            if not same:
+                lines.append(f"{tag}: eq {v} {nots[n]} = {'yes' if opp else 'no'}")
+            if not (same or opp) or (n > 1 and found_kind != ("NOT" if opp else "")):
+                ok = False
+                break
+            found_kind = "NOT" if opp else ""
+        if ok:
+            found = (name, found_kind)
+            break
+    if found and rule[0] == "one":
+        name, neg = found
+        lines.append(f"note every example fits {'NOT ' if neg else ''}{name}")
+        v = b8(q)
+        if name != "x":
+            lines.append(f"q: {name} {b8(q)} = {b8(apply_t(name, q))}")
+            v = b8(apply_t(name, q))
+        if neg:
+            lines.append(f"q: NOT {v} = {b8(~int(v, 2))}")
+        return lines
+    if rule[0] == "table":
+        return lines + _table(rule, ex, q)
+    name = rule_name(rule) if rule[0] != "xor" else (("NOT (" if rule[1] else "") + " XOR ".join(rule[2])
+                                                        + (")" if rule[1] else ""))
+    lines.append(f"note no single copy fits; recall the rule {name} and verify it on every example")
+    if rule[0] in ("const", "mask"):
+        lines.append(f"recall {b8(rule[1] if rule[0] == 'const' else rule[2])}")
+    for n, (xv, yv) in enumerate(ex, 1):
+        v = _value(rule, xv, f"ex{n}", lines)
+        lines.append(f"ex{n}: eq {v} {b8(yv)} = {'yes' if v == b8(yv) else 'no'}")
+    v = _value(rule, q, "q", lines)
+    if rule[0] == "const":
+        lines.append(f"copy {v}")
+    return lines
+
+
+def _key_lines(lines: list[str], names: list[str], copies: list, v: int, tag: str) -> str:
+    """Append each copy of `v` (`copies[i](v)`, named `names[i]`; `x` itself is not written) and the keys line (the
+    copies' bits at each position); returns the keys. Shared by the layout and the table-of-copies traces."""
+
+    vals = []
+    for nm, copy in zip(names, copies):
+        out = b8(copy(v))
+        if nm != "x":
+            lines.append(f"{tag}: {nm} {b8(v)} = {out}")
+        vals.append(out)
+    ks = " ".join("".join(s[p] for s in vals) for p in range(8))
+    lines.append(f"{tag}: keys {' '.join(vals)} = {ks}")
+    return ks
+
+
+def _layout(ex, q, answer: str) -> list[str] | None:
+    """The competition's layout: each output bit is one function F of the bits at its position of up to
+    three copies (rotl a, shl b, shr c). The copies are chosen (one `note choose` line: the fewest copies,
+    then the smallest shifts, among the layouts no example contradicts that give the answer), then per example
+    the copies, their keys (the copies' bits per position) and the `key:bit` pairs; `table` collects the pairs
+    (one bit per key, checked); the query's keys are read from it. A key no example shows reads 0 (`default`).
+    None when no layout gives the answer (the caller falls back to the rule search)."""
+
+    fits = [f for f in shift_tables([a for a, _ in ex], [b for _, b in ex], q) if f[2] == answer]
+    if not fits:
+        return None
+    cps, _, _, unseen = min(fits, key=lambda f: bool(f[3]))  # sorted already; a fit needing no default first
+    names = [shift_name(kd, k) for kd, k in cps]
+    lines = ["note each output bit is one function F of the bits at its position of rotl a, shl b and shr c "
+             "(some may be absent); read F as a table from the examples; a key no example shows reads 0",
+             f"note choose {' '.join(names)}"]
+
+    def keys(v, tag):
+        return _key_lines(lines, names, [functools.partial(shift_copy, kd, k) for kd, k in cps], v, tag)
+
+    table = {}
+    for n, (xv, yv) in enumerate(ex, 1):
+        ks = keys(xv, f"ex{n}")
+        prs = [f"{k}:{b}" for k, b in zip(ks.split(), b8(yv))]
+        lines.append(f"ex{n}: pairs {ks} {b8(yv)} = " + " ".join(prs))
+        table.update(dict(p.split(":") for p in prs))
+    lines.append("table = " + " ".join(f"{k}:{table[k]}" for k in sorted(table)))
+    ks = keys(q, "q")
+    for k in unseen:
+        lines.append(f"q: default {k} = {k}:0")
+    lines.append(f"q: read {ks} = " + "".join(table.get(k, "0") for k in ks.split()))
+    return lines
+
+
+def _per_bit(sol: Solution, ex, q) -> list[str]:
+    """The fallbacks, read from the compact trace's per-bit lines (`b3 = x0 ^ x5 ^ 1 = 1`, `b3 <- x0,x5: 01 -> 1`):
+    affine: each output bit's XOR of input bits checked on every example, then the query's; per bit: each output
+    bit's input bits per example, and the query's bit taken from an example with the same input bits."""
+
+    lines = [f"note no rule of copies fits; recall how each output bit depends on the input bits ({sol.method})"]
+    bits = []
+    for ln in sol.trace.split("\n"):
+        m = re.fullmatch(r"b(\d) = ([x\d ^]+) = ([01])", ln)
+        if m:
+            i, terms = int(m.group(1)), m.group(2).split(" ^ ")
+            pos = [t[1:] for t in terms if t.startswith("x")]
+            one = "1" in terms
+
+            def xor(v, tag):
+                if not pos:
+                    return "1" if one else "0"
+                s = "".join(v[int(p)] for p in pos)
+                lines.append(f"{tag}: pick {v} {' '.join(pos)} = {s}")
+                r = str(s.count("1") % 2)
+                lines.append(f"{tag}: parity {s} = {r}")
+                if one:
+                    lines.append(f"{tag}: flip {r} = {1 - int(r)}")
+                    r = str(1 - int(r))
+                return r
+
+            for n, (xv, yv) in enumerate(ex, 1):
+                r = xor(b8(xv), f"ex{n}")
+                lines.append(f"ex{n}: pick {b8(yv)} {i} = {b8(yv)[i]}")
+                lines.append(f"ex{n}: eq {r} {b8(yv)[i]} = {'yes' if r == b8(yv)[i] else 'no'}")
+            bits.append(xor(b8(q), f"q{i}"))
+            continue
+        m = re.fullmatch(r"b(\d) <- ([x\d,]+|none): (\d*|-) -> ([01])", ln)
+        if m:
+            i = int(m.group(1))
+            pos = [t[1:] for t in m.group(2).split(",")] if m.group(2) != "none" else []
+            kq = "".join(b8(q)[int(p)] for p in pos)
+            if pos:
+                lines.append(f"q{i}: pick {b8(q)} {' '.join(pos)} = {kq}")
+            for n, (xv, yv) in enumerate(ex, 1):
+                k = "".join(b8(xv)[int(p)] for p in pos)
+                if pos:
+                    lines.append(f"ex{n}: pick {b8(xv)} {' '.join(pos)} = {k}")
+                    lines.append(f"ex{n}: eq {k} {kq} = {'yes' if k == kq else 'no'}")
+                if k == kq:
+                    lines.append(f"ex{n}: pick {b8(yv)} {i} = {b8(yv)[i]}")
+                    bits.append(b8(yv)[i])
+                    break
+            else:
+                raise ValueError(f"output bit {i}: no example shows the query's input bits")
+    if len(bits) != 8:
+        raise ValueError("not 8 per-bit lines")
+    lines.append(f"cat {' '.join(bits)} = {''.join(bits)}")
+    return lines
+
+
+def _table(rule, ex, q) -> list[str]:
+
+    names = [T_NAMES[m] for m in rule[2:]]
+    lines = [f"note no single copy fits; recall: each output bit is a function of the bits of {', '.join(names)} "
+             "at its position; read the table from the examples"]
+
+    def keys(xv, tag):
+        return _key_lines(lines, names, [functools.partial(apply_t, nm) for nm in names], xv, tag)
+
+    for n, (xv, yv) in enumerate(ex, 1):
+        ks = keys(xv, f"ex{n}")
+        lines.append(f"ex{n}: pairs {ks} {b8(yv)} = " + " ".join(f"{k}:{b}" for k, b in zip(ks.split(), b8(yv))))
+    ks = keys(q, "q")
+    tt = rule[1]
+    lines.append(f"q: read {ks} = " + "".join(str(tt >> int(k, 2) & 1) for k in ks.split()))
+    return lines
+
+
+def _eval_bits(expr: str, x: int) -> int:
+    """A bits rule name (`shl1 XOR NOT rotr3`, `MAJ(x, shl1, rotr2)`, `(a AND b) OR c`) evaluated on x."""
+    env = {("_" + n): apply_t(n, x) for n in T_NAMES}
+    env["MAJ"] = lambda a, b, c: (a & b) | (a & c) | (b & c)
+    env["CH"] = lambda a, b, c: (a & b) | (~a & c)
+    py = re.sub(r"\b([01]{8})\b", lambda m: str(int(m.group(1), 2)), expr)
+    py = re.sub(r"\b(" + "|".join(T_NAMES) + r")\b", r"_\1", py)
+    py = py.replace("XOR", "^").replace("AND", "&").replace("OR", "|").replace("NOT", "~")
+    if not re.fullmatch(r"[\w\s()^&|~,]+", py):
+        raise Fail(f"cannot read {expr!r}")
+    return eval(py, {"__builtins__": {}}, env) & 255  # noqa: S307 - names and operators only, checked above
+
+
+def check_line(line: str, prompt: str, state: dict) -> bool:
+    """A compact line: True if it states a computation that replays, False if it is a claim; Fail if it is wrong."""
+    if line.startswith("rule: "):
+        state["rule"] = line[6:]
+        return False
+    m = re.fullmatch(r"x = ([01]{8})", line)
+    if m:
+        if not re.search(rf"determine the output for:\s*{m.group(1)}", prompt):
+            raise Fail("x is not the prompt's query")
+        state["x"] = int(m.group(1), 2)
+        return True
+    m = re.fullmatch(r"b(\d) = ([x\d ^]+) = ([01])", line)  # affine: an XOR of input bits (x0 the first)
+    if m and "x" in state:
+        xs = b8(state["x"])
+        v = 0
+        for t in m.group(2).split(" ^ "):
+            v ^= 1 if t == "1" else 0 if t == "0" else int(xs[int(t[1:])])
+        if v != int(m.group(3)):
+            raise Fail(f"the XOR is {v}")
+        state.setdefault("bits", []).append(m.group(3))
+        return True
+    m = re.fullmatch(r"b(\d) <- ([x\d,]+|none): (\d*|-) -> ([01])", line)  # per-bit fallback
+    if m and "x" in state:
+        xs = b8(state["x"])
+        key = "".join(xs[int(t[1:])] for t in m.group(2).split(",")) if m.group(2) != "none" else "-"
+        if key != m.group(3):
+            raise Fail(f"the input bits are {key}")
+        state.setdefault("bits", []).append(m.group(4))
+        return False  # the bit read from the examples' table is a claim
+    m = re.fullmatch(r"(.+) = ([01]{8})", line)
+    if m and "x" in state and not line.startswith(("b", "table", "keys")):
+        name = m.group(1)
+        if ": " in name:  # a pipeline step `XOR shr2: a XOR b = c`
+            return False
+        if _eval_bits(name, state["x"]) != int(m.group(2), 2):
+            raise Fail(f"{name} of x is {b8(_eval_bits(name, state['x']))}")
+        return True
+    return False
+
+def compact_answer(lines: list[str], box: str, state: dict, tail: str) -> str:
+    """The per-bit lines' bits joined, or a constant rule's constant, where the trace ends with them."""
+    if len(state.get("bits", [])) == 8:
+        tail = "".join(state["bits"])
+    if BITS_RE.match(state.get("rule", "")) and (lines[-1] if lines else "").startswith("x = "):
+        tail = state["rule"]  # a constant rule: the claimed constant is the answer
+    return tail
+
+
+CATEGORY = Category(NAME, "bit manipulation rule", "bit", "bits", parse, solve, generate_one, derive, check_line,
+                    compact_answer)
