@@ -15,7 +15,7 @@ import pytest
 from lab.puzzles import CATEGORIES, classify, generate, solve, solve_frame
 from lab.puzzles import categories
 from lab.puzzles.categories import BY_NAME, TABLE, category
-from lab.puzzles.check import Fail
+from lab.puzzles.check import line_rules
 from lab.puzzles.common import Category, Solution, arrow_pairs, finish, missing
 from lab.puzzles.solve import check_frame, replay
 
@@ -57,11 +57,7 @@ def derive(prompt, sol):
     return lines + [f"q: rev {q} = {q[::-1]}"]
 
 
-def check_line(line, prompt, state):
-    m = re.fullmatch(r"(\w+) reversed = (\w+)", line)
-    if m and m.group(1)[::-1] != m.group(2):
-        raise Fail("not the word reversed")
-    return bool(m)
+check_line = line_rules((r"(\w+) reversed = (\w+)", lambda w, r: w[::-1] == r, "not the word reversed"))
 
 
 TOY = Category(MIRROR, "mirror spell", "mir", "text", parse, solve_mirror, generate_one, derive, check_line)

@@ -29,13 +29,7 @@ every query bit is forced); then a per-bit fallback treats each output bit as a 
 fewest input bits (at most 4) that explains the examples (`ambiguous` unless every bit is forced).
 Levels 4 to 8 share the structure of the named rules (the same operation at every bit position of
 shifted copies, a mask aside), which is why 8 examples pin them down where the per-bit fallbacks,
-8 separate functions, cannot. Measured when each level was added, against the solver without it,
-on 200-400 generated rules of its kind with 8 examples (`make bench` reports the current figures by
-complexity), they lift accuracy from 0.56 to 0.98 (2-step pipelines), 0.45 to 0.94 (3-step), 0.55 to 0.95 (any
-function of three copies), 0.58-0.67 to 0.94-1.00 (a two-copy rule, then a mask) and 0.73 to 1.00
-(XOR of four copies). Swapping levels 5 and 6 moves one puzzle in 200 either way. On 300 random
-expression trees (AND/OR/XOR/NOT/MAJ/CH and shifts of subtrees, 8 examples), levels 4-8 together
-take depth 2 from 0.79 to 0.88 (level 8 alone adds 0.05) and depth 3 from 0.65 to 0.73.
+8 separate functions, cannot (what each level adds: RESULTS.md, "Notes moved from module docstrings").
 
 Trace (structured rule): the rule, the query, each copy, each operation, one line each:
     rule: shl1 XOR rotr3

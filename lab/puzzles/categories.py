@@ -4,23 +4,21 @@ Each category is one module under `lab.puzzles` that defines `CATEGORY = common.
 words of the competition's opening sentence that identify it, the prefix of generated ids, the kind of answer
 (`analysis` uses it for `wrong_format` and `near_miss`), and its functions: parse, solve, generate, the derivation
 trace, the compact-line checker, the subtype and the extra batch input its solver takes. A new category is one
-module plus one line in `TABLE`.
+module plus its line in `TABLE` (and the import above it).
 Deliberately simple: a tuple of frozen records, no plug-in loading.
 """
 
 from __future__ import annotations
 
-from . import bits, cipher, equations, gravity, numeral, units
+from .bits import CATEGORY as BITS
+from .cipher import CATEGORY as CIPHER
 from .common import Category, has_key
+from .equations import CATEGORY as EQUATIONS
+from .gravity import CATEGORY as GRAVITY
+from .numeral import CATEGORY as NUMERAL
+from .units import CATEGORY as UNITS
 
-TABLE: tuple[Category, ...] = (
-    bits.CATEGORY,
-    gravity.CATEGORY,
-    units.CATEGORY,
-    cipher.CATEGORY,
-    numeral.CATEGORY,
-    equations.CATEGORY,
-)
+TABLE: tuple[Category, ...] = (BITS, GRAVITY, UNITS, CIPHER, NUMERAL, EQUATIONS)
 
 BY_NAME = {c.name: c for c in TABLE}
 CATEGORIES = [c.name for c in TABLE]

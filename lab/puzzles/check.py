@@ -23,9 +23,9 @@ steps come `</think>` and `\\boxed{ANSWER}`; ANSWER must equal the last step's R
 A category may add operations of its own (`Category.ops`, `Category.branches`: the symbolic equations'
 written search, `eqsearch`); everything else is this one table.
 
-Compact traces are replayed by `replay_compact` with the category's `check_line`: the line shapes its compact
-trace uses (`x = ...`, `6.69/10.08 = 0.6637`, `|37-12| = 25`, ...) are recomputed where they state a
-computation; lines that state a choice (`rule: ...`, `mode: ...`, `factor = ...`, a cipher key) are claims,
+Compact traces are replayed by `replay_compact` with the category's `check_line` (`line_rules` builds one from
+regexes): the line shapes its compact trace uses (`x = ...`, `6.69/10.08 = 0.6637`, `|37-12| = 25`, ...) are
+recomputed where they state a computation; lines that state a choice (`rule: ...`, `mode: ...`, `factor = ...`, a cipher key) are claims,
 counted but not recomputed, since the compact style never shows where they come from.
 Which category a trace belongs to is looked up by `solve.replay`; this module knows no category.
 
@@ -191,6 +191,23 @@ def _decimals(v: str) -> int:
 def _numeric_ok(exact: Fraction, written: str) -> bool:
     got = _num(written)
     return abs(got - exact) <= Fraction(1, 2 * 10 ** _decimals(written))
+
+
+def line_rules(*rules):
+    """A compact-line checker (`Category.check_line`) from rules (regex, test, message): the first regex that
+    matches the whole line decides, the line replays when `test(*groups)` holds, else Fail(message); a line no
+    regex matches is a claim."""
+    compiled = [(re.compile(rx), test, msg) for rx, test, msg in rules]
+
+    def check_line(line: str, prompt: str, state: dict) -> bool:
+        for rx, test, msg in compiled:
+            m = rx.fullmatch(line)
+            if m:
+                if not test(*m.groups()):
+                    raise Fail(msg)
+                return True
+        return False
+    return check_line
 
 
 class Replay:

@@ -103,13 +103,6 @@ def readings(sig: str) -> list[str]:
     return [code(m, mn) for m in MODES for mn in MEANINGS if (m, mn) in have]
 
 
-def catalog_stats() -> dict:
-    """Size of the catalog: signatures, and those whose candidate list fits a branch point (`MAX_CANDS`)."""
-    cat = catalog()
-    return {"signatures": len(cat), "small": sum(len(v) <= MAX_CANDS for v in cat.values()),
-            "entries": sum(len(v) for v in cat.values())}
-
-
 class Search:
     """Bindings (symbol -> digit), mode, operator meanings and the stack of open branches."""
 

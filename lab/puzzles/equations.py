@@ -18,12 +18,9 @@ Simplifies: the arithmetic of a meaning is written by one function (`_eq_value`)
 
 from __future__ import annotations
 
-import re
-
-from . import eqsearch
-from .check import Fail
+from .check import line_rules
 from .common import Category, Solution
-from .eqsearch import Unfit, search_lines
+from .eqsearch import BRANCHES, OPS, Unfit, search_lines
 from .eqsolve import (KEY, MODES, NAME, SUB, by_operator, compute, equation_parts, equation_subtype, generate_one,
                       learn_priors, meanings_for, solve, split_lhs, split_numeric)
 
@@ -198,34 +195,14 @@ def derive(prompt: str, sol: Solution) -> list[str] | None:
     return (_symbolic if sol.subtype.startswith("symbolic") else _numeric)(prompt, sol)
 
 
-def check_line(line: str, prompt: str, state: dict) -> bool:
-    """A compact line: True if it states a computation that replays, False if it is a claim; Fail if it is wrong."""
-    m = re.fullmatch(r"\|(\d+)-(\d+)\| = (\d+)", line)
-    if m:
-        if abs(int(m.group(1)) - int(m.group(2))) != int(m.group(3)):
-            raise Fail("wrong difference")
-        return True
-    m = re.fullmatch(r"(\d+)([+*])(\d+)(?:([+-])1)? = (-?\d+)", line)
-    if m:
-        a, op, b, pm, r = m.groups()
-        v = int(a) + int(b) if op == "+" else int(a) * int(b)
-        v += {"+": 1, "-": -1, None: 0}[pm]
-        if v != int(r):
-            raise Fail(f"is {v}")
-        return True
-    m = re.fullmatch(r"(\d+) mod (\d+) = (\d+)", line)
-    if m:
-        if int(m.group(1)) % int(m.group(2)) != int(m.group(3)):
-            raise Fail("wrong remainder")
-        return True
-    m = re.fullmatch(r"(\d+) joined to (\d+) = (\d+)", line)
-    if m:
-        if m.group(1) + m.group(2) != m.group(3):
-            raise Fail("wrong join")
-        return True
-    return False
+# a compact line: differences, sums, products, remainders and joins are recomputed; the rest are claims
+check_line = line_rules(
+    (r"\|(\d+)-(\d+)\| = (\d+)", lambda a, b, r: abs(int(a) - int(b)) == int(r), "wrong difference"),
+    (r"(\d+)([+*])(\d+)(?:([+-])1)? = (-?\d+)", lambda a, op, b, pm, r: int(r) == {"+": 1, "-": -1, None: 0}[pm]
+     + (int(a) + int(b) if op == "+" else int(a) * int(b)), "wrong sum or product"),
+    (r"(\d+) mod (\d+) = (\d+)", lambda a, b, r: int(a) % int(b) == int(r), "wrong remainder"),
+    (r"(\d+) joined to (\d+) = (\d+)", lambda a, b, r: a + b == r, "wrong join"))
 
 
-CATEGORY = Category(NAME, KEY, "eq", "text", equation_parts, solve,
-                    generate_one, derive, check_line, subtype=equation_subtype, input="priors", learn=learn_priors,
-                    ops=eqsearch.OPS, branches=eqsearch.BRANCHES)
+CATEGORY = Category(NAME, KEY, "eq", "text", equation_parts, solve, generate_one, derive, check_line,
+                    subtype=equation_subtype, input="priors", learn=learn_priors, ops=OPS, branches=BRANCHES)

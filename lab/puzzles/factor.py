@@ -10,11 +10,10 @@ Simplifies: one solver search, one trace writer and one compact checker for the 
 
 from __future__ import annotations
 
-import re
 import statistics
 from fractions import Fraction
 
-from .check import Fail, _num, _numeric_ok
+from .check import _num, _numeric_ok, line_rules
 
 
 def decimals(s: str) -> int:
@@ -84,27 +83,17 @@ def fit_lines(pairs, lines: list[str], ratio_label: str) -> str:
     return f
 
 
-def check_line(line: str, prompt: str, state: dict) -> bool:
-    """A compact gravity or unit-conversion line: a ratio, a square or a product is recomputed; the rest are claims."""
-    m = re.fullmatch(r"2\*(\S+)/(\S+)\^2 = (\S+)", line) or re.fullmatch(r"(\S+)/(\S+) = (\S+)", line)
-    if m:
-        a, b, r = m.groups()
-        exact = (2 if line.startswith("2*") else 1) * _num(a) / (_num(b) ** (2 if "^2" in line else 1))
-        if not _numeric_ok(exact, r):
-            raise Fail(f"is {float(exact):.8g}")
-        return True
-    m = re.fullmatch(r"(\S+)\^2 = (\S+)", line)
-    if m:
-        if not _numeric_ok(_num(m.group(1)) ** 2, m.group(2)):
-            raise Fail("wrong square")
-        return True
-    m = re.fullmatch(r"(\S+)\*(\S+)\*(\S+) = (\S+)", line) or re.fullmatch(r"(\S+)\*(\S+) = (\S+)", line)
-    if m:
-        *fs, r = m.groups()
-        exact = Fraction(1)
-        for f in fs:
-            exact *= _num(f)
-        if not _numeric_ok(exact, r):
-            raise Fail(f"is {float(exact):.8g}")
-        return True
-    return False
+def _product(*args: str) -> Fraction:
+    out = Fraction(1)
+    for a in args:
+        out *= _num(a)
+    return out
+
+
+# a compact gravity or unit-conversion line: a ratio, a square or a product is recomputed; the rest are claims
+check_line = line_rules(
+    (r"2\*(\S+)/(\S+)\^2 = (\S+)", lambda d, t, r: _numeric_ok(2 * _num(d) / _num(t) ** 2, r), "wrong ratio"),
+    (r"(\S+)/(\S+) = (\S+)", lambda a, b, r: _numeric_ok(_num(a) / _num(b), r), "wrong ratio"),
+    (r"(\S+)\^2 = (\S+)", lambda a, r: _numeric_ok(_num(a) ** 2, r), "wrong square"),
+    (r"(\S+)\*(\S+)\*(\S+) = (\S+)", lambda *a: _numeric_ok(_product(*a[:-1]), a[-1]), "wrong product"),
+    (r"(\S+)\*(\S+) = (\S+)", lambda *a: _numeric_ok(_product(*a[:-1]), a[-1]), "wrong product"))

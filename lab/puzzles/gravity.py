@@ -11,7 +11,7 @@ The answer is 0.5*g*t^2 rounded to 2 decimals. Trace (one line per example, then
     4.41^2 = 19.4481
     0.5*15.9000*19.4481 = 154.62
 Derivation: per example t^2 and 0.5 t^2, then the intervals of `factor.fit_lines` (d -+ half a unit, divided by
-0.5 t^2), their middle (or the median of 2d/t^2), then the query. The compact lines are checked by `factor.check_line`.
+0.5 t^2), their middle (or the median of 2d/t^2), then the query. The compact lines are checked by `check_line`.
 Deliberately simple: the formula is taken as given in the prompt; no other physics.
 """
 
@@ -21,9 +21,8 @@ import random
 import re
 from fractions import Fraction
 
-from . import factor
 from .common import Category, Solution, finish, missing
-from .factor import decimals, fmt
+from .factor import check_line, decimals, fit, fit_lines, fmt
 
 NAME = "gravity"
 HEADER = ("In Alice's Wonderland, the gravitational constant has been secretly changed. "
@@ -44,7 +43,7 @@ def solve(prompt: str) -> Solution:
     ex = [(t, d) for t, d in ex if float(t) > 0]
     if (none := missing(NAME, ex, q, "no query time found", "no (t, distance) examples found")):
         return none
-    g, dec = factor.fit([(0.5 * float(t) ** 2, d) for t, d in ex])
+    g, dec = fit([(0.5 * float(t) ** 2, d) for t, d in ex])
     tq = float(q)
     ans = f"{0.5 * g * tq * tq:.{dec}f}"
     lines = ["g = 2*d/t^2"] + [f"2*{d}/{t}^2 = {2 * float(d) / float(t) ** 2:.4f}" for t, d in ex]
@@ -78,7 +77,7 @@ def derive(prompt: str, sol: Solution) -> list[str]:
         lines.append(f"ex{n}: sq {t} = {sq}")
         lines.append(f"ex{n}: mul 0.5 {sq} = {half}")
         pairs.append((f"ex{n}", half, d))
-    g = factor.fit_lines(pairs, lines, "2d/t^2")
+    g = fit_lines(pairs, lines, "2d/t^2")
     sq = fmt(Fraction(q) ** 2, 2 * decimals(q))
     lines.append(f"q: sq {q} = {sq}")
     half = fmt(Fraction(q) ** 2 / 2, 2 * decimals(q) + 1)
@@ -88,4 +87,4 @@ def derive(prompt: str, sol: Solution) -> list[str]:
 
 
 CATEGORY = Category(NAME, "gravitational constant", "grav", "number", parse, solve, generate_one, derive,
-                    factor.check_line)
+                    check_line)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import random
 import re
 
-from .check import ROMAN, Fail, _places
+from .check import ROMAN, _places, line_rules
 from .common import Category, Solution, arrow_pairs, finish, missing, undetermined
 
 NAME = "numeral_system"
@@ -124,24 +124,11 @@ def derive(prompt: str, sol: Solution) -> list[str]:
     return lines
 
 
-def check_line(line: str, prompt: str, state: dict) -> bool:
-    """A compact line: place values, a place's numeral and the join are recomputed (by the checker's own table)."""
-    m = re.fullmatch(r"(\d+) = ([\d +]+)", line)
-    if m:
-        if _places(m.group(1)) != " ".join(m.group(2).split(" + ")):
-            raise Fail("wrong place values")
-        return True
-    m = re.fullmatch(r"(\d+) -> ([IVXLCDM]+)", line)
-    if m:
-        if ROMAN.get(int(m.group(1))) != m.group(2):
-            raise Fail("wrong numeral")
-        return True
-    m = re.fullmatch(r"([IVXLCDM +]+) = ([IVXLCDM]+)", line)
-    if m:
-        if m.group(1).replace(" + ", "") != m.group(2):
-            raise Fail("wrong join")
-        return True
-    return False
+# a compact line: place values, a place's numeral and the join are recomputed (by the checker's own table)
+check_line = line_rules(
+    (r"(\d+) = ([\d +]+)", lambda n, ps: _places(n) == " ".join(ps.split(" + ")), "wrong place values"),
+    (r"(\d+) -> ([IVXLCDM]+)", lambda p, r: ROMAN.get(int(p)) == r, "wrong numeral"),
+    (r"([IVXLCDM +]+) = ([IVXLCDM]+)", lambda ps, r: ps.replace(" + ", "") == r, "wrong join"))
 
 
 CATEGORY = Category(NAME, "numeral system", "num", "numeral", parse, solve, generate_one, derive, check_line)

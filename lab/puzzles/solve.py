@@ -20,7 +20,7 @@ from pathlib import Path
 from lab.config import competition
 from lab.metric import verify
 
-from . import categories
+from .categories import BY_NAME, classify
 from .check import replay_compact, replay_derivation
 from .common import Solution, finish, undetermined
 
@@ -36,12 +36,12 @@ def solve(prompt: str, vocab=None, priors=None, style: str = "compact", **inputs
     eqsolve.DEFAULT_COUNTS); a new category's by keyword. `batch_inputs(prompts)` builds them all."""
     inputs = {"vocab": vocab, "priors": priors, **inputs}
     try:
-        category, subtype = categories.classify(prompt)
+        category, subtype = classify(prompt)
     except Exception as e:  # noqa: BLE001 - solve never raises
         return undetermined("unknown", f"classify failed: {type(e).__name__}: {e}")
     if category == "unknown":
         return undetermined("unknown", "prompt wording not recognised")
-    cat = categories.BY_NAME[category]
+    cat = BY_NAME[category]
     try:
         sol = cat.solve(prompt, inputs.get(cat.input)) if cat.input else cat.solve(prompt)
     except Exception as e:  # noqa: BLE001
@@ -59,7 +59,7 @@ def derivation(prompt: str, sol: Solution) -> Solution:
     solver's search, one local step a line in `check`'s grammar; the answer, status and method stay the solver's.
     An unsolved puzzle keeps its compact trace when the derivation cannot be written (nothing trains on it); a
     solved one whose derivation fails gets a `note no derivation` line that `check` rejects, never a compact trace."""
-    cat = categories.BY_NAME.get(sol.category)
+    cat = BY_NAME.get(sol.category)
     if cat is None:
         return sol
     try:
@@ -76,7 +76,7 @@ def derivation(prompt: str, sol: Solution) -> Solution:
 
 def batch_inputs(prompts) -> dict:
     """{input name: value} of every category's batch input (`Category.learn`) from a batch's prompts."""
-    return {c.input: c.learn(prompts) for c in categories.TABLE if c.input}
+    return {c.input: c.learn(prompts) for c in BY_NAME.values() if c.input}
 
 
 _TOKENIZERS: dict[str, object] = {}
@@ -180,7 +180,7 @@ def method_table(out):
 def replay(style: str, category: str, prompt: str, trace: str):
     """(ok, failing line, message, recalls or claims) of one trace (`check.replay_derivation` with the category's own
     operations, or `check.replay_compact` with its line checker); a category no table row names replays no line."""
-    cat = categories.BY_NAME.get(category)
+    cat = BY_NAME.get(category)
     if style == "derivation":
         return replay_derivation(prompt, trace, cat and cat.ops, cat and cat.branches)
     if cat is None:

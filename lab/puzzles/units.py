@@ -9,7 +9,7 @@ answer is x*factor rounded like the examples. Trace:
     factor = 0.6636
     25.09*0.6636 = 16.65
 Derivation: the intervals of `factor.fit_lines` (y -+ half a unit, divided by x), their middle (or the median of
-the ratios), then the query. The compact lines are checked by `factor.check_line`.
+the ratios), then the query. The compact lines are checked by `check_line`.
 Deliberately simple: a pure factor (no offset, as for temperatures); the unit name is ignored.
 """
 
@@ -18,8 +18,8 @@ from __future__ import annotations
 import random
 import re
 
-from . import factor
 from .common import Category, Solution, finish, missing
+from .factor import check_line, fit, fit_lines
 
 NAME = "unit_conversion"
 HEADER = "In Alice's Wonderland, a secret unit conversion is applied to measurements. For example:"
@@ -40,7 +40,7 @@ def solve(prompt: str) -> Solution:
     ex = [(x, y) for x, y in ex if float(x) != 0]
     if (none := missing(NAME, ex, q, "no query measurement found", "no 'x becomes y' examples found")):
         return none
-    f, dec = factor.fit([(float(x), y) for x, y in ex])
+    f, dec = fit([(float(x), y) for x, y in ex])
     ans = f"{float(q) * f:.{dec}f}"
     lines = ["factor = out/in"] + [f"{y}/{x} = {float(y) / float(x):.4f}" for x, y in ex]
     lines += [f"factor = {f:.4f}", f"{q}*{f:.4f} = {ans}"]
@@ -67,9 +67,9 @@ def derive(prompt: str, sol: Solution) -> list[str]:
     ex, q = parse(prompt)
     ex = [(x, y) for x, y in ex if float(x) != 0]
     lines = ["note factor = out/in: each example bounds it, the output being rounded"]
-    f = factor.fit_lines([(f"ex{n}", x, y) for n, (x, y) in enumerate(ex, 1)], lines, "ratios")
+    f = fit_lines([(f"ex{n}", x, y) for n, (x, y) in enumerate(ex, 1)], lines, "ratios")
     lines.append(f"q: mul {q} {f} = {sol.answer}")
     return lines
 
 
-CATEGORY = Category(NAME, "unit conversion", "unit", "number", parse, solve, generate_one, derive, factor.check_line)
+CATEGORY = Category(NAME, "unit conversion", "unit", "number", parse, solve, generate_one, derive, check_line)
