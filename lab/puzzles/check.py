@@ -25,8 +25,8 @@ written search, `eqsearch`); everything else is this one table.
 
 Compact traces are replayed by `replay_compact` with the category's `check_line` (`line_rules` builds one from
 regexes): the line shapes its compact trace uses (`x = ...`, `6.69/10.08 = 0.6637`, `|37-12| = 25`, ...) are
-recomputed where they state a computation; lines that state a choice (`rule: ...`, `mode: ...`, `factor = ...`, a cipher key) are claims,
-counted but not recomputed, since the compact style never shows where they come from.
+recomputed where they state a computation; lines that state a choice (`rule: ...`, `mode: ...`, `factor = ...`,
+a cipher key) are claims, counted but not recomputed, since the compact style never shows where they come from.
 Which category a trace belongs to is looked up by `solve.replay`; this module knows no category.
 
 Simplifies: one grammar and one table of operations for every category; results are compared as written,
