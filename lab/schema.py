@@ -57,7 +57,7 @@ class DataConfig:
     explore_max: int = _help("01_explore runs the solvers on at most this many training puzzles")
     val_fraction: float = _help("competition data: held-out share, stratified by category")
     trace_style: str = _help("compact: the rule, then applied; derivation: the search written out, one checked step "
-                             "a line (lab/puzzles/derive.py)")
+                             "a line (each puzzle category's `derive`, lab/puzzles/<category>.py)")
     tokenizer_path: Optional[str] = _help("a local tokenizer folder (tokenizer.json, tokenizer_config.json) that "
                                           "counts trace tokens; null: the model's")
     weights: Dict[str, float] = _help("per-category oversampling of the SFT examples, e.g. {bit_manipulation: 2} "

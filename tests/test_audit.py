@@ -1,5 +1,5 @@
 """The trace audit (lab.puzzles.audit) on literal traces, corrupted ones included, and the bits derivation in the
-competition's layout (lab.puzzles.derive._bits_layout): it replays, reads F as a table, states its choice and
+competition's layout (lab.puzzles.bits._layout): it replays, reads F as a table, states its choice and
 its default, and the checker rejects a table with a clash and a default on a key an example shows."""
 
 import random
@@ -9,7 +9,7 @@ import pandas as pd
 from lab.puzzles import solve
 from lab.puzzles.__main__ import main
 from lab.puzzles.audit import audit_frame, audit_trace, shape
-from lab.puzzles.bits import b8, make_prompt, shift_copy
+from lab.puzzles.bitrules import b8, make_prompt, shift_copy
 from lab.puzzles.check import replay_derivation
 
 PROMPT = "numbers 12 and 30 here, then 7"
@@ -112,7 +112,7 @@ def test_default_only_for_a_key_no_example_shows():
 
 
 def test_layout_breaks_a_tie_between_equally_simple_rules():
-    from lab.puzzles.bits import _pick, parse
+    from lab.puzzles.bitrules import _pick, parse
 
     prompt, answer = _layout_puzzle(1, f=lambda r, s, t: r ^ s, shifts=(1, 2, 3))
     ex, q = parse(prompt)

@@ -4,9 +4,9 @@ built from the rule space, literal puzzles searched without a recalled digit map
 import pytest
 
 from lab.puzzles import eqsearch as Q
-from lab.puzzles.check import replay_derivation
-from lab.puzzles.derive import derivation
-from lab.puzzles.equations import HEADER, compute, solve
+from lab.puzzles.check import Replay, replay_derivation
+from lab.puzzles.eqsolve import HEADER, compute
+from lab.puzzles.solve import derivation, solve
 
 # generated (`generate('equation_transformation', 60, seed=3, symbolic=1.0, n_examples=5)`): plain a+b+1, plain a+b
 ADD1 = (["-<$<{ = &-", '";^"\' = {\\&', '{{^"" = {;"', "'<!&/ = ;'", '"]!"- = "'], '{&$"-', ";-")
@@ -47,7 +47,7 @@ def test_literal_puzzle_is_searched_without_recall(case):
     assert not s.trace.startswith("note fallback")
     assert "\nlet " not in s.trace and "recall" not in s.trace
     assert " cands " in s.trace and " try " in s.trace
-    ok, line, msg, recalls = replay_derivation(p, s.trace)
+    ok, line, msg, recalls = replay_derivation(p, s.trace, Q.OPS, Q.BRANCHES)
     assert ok, msg
     assert recalls == 0
 
@@ -75,7 +75,7 @@ def test_corrupted_search_lines_fail():
         _swap(t, lambda ln: ln == "back", lambda ln: "back\nback\nback\nback\nback\nback"),  # closes too many
     ]
     for b in bad:
-        assert not replay_derivation(p, b)[0]
+        assert not replay_derivation(p, b, Q.OPS, Q.BRANCHES)[0]
 
 
 @pytest.mark.parametrize("case", [MOD, ADD])
@@ -87,16 +87,14 @@ def test_unfit_puzzle_gets_the_stated_fallback(monkeypatch, case):
     s = derivation(p, solve(p))
     assert s.trace.startswith("note fallback: the smallest candidate list has")
     assert "\nlet " in s.trace and s.answer == answer
-    assert replay_derivation(p, s.trace)[0]
+    assert replay_derivation(p, s.trace, Q.OPS, Q.BRANCHES)[0]
 
 
 def test_rest_binds_the_last_digit_only_when_nine_are_bound():
-    from lab.puzzles.check import Replay
-
-    r = Replay("AB+CD = J")
+    r = Replay("AB+CD = J", Q.OPS, Q.BRANCHES)
     r.symbols.update({c: d for c, d in zip("ABCDEFGHI", "012345678")})
     assert r.step("rest J = 9") == "9" and r.symbols["J"] == "9"
-    r2 = Replay("ab")
+    r2 = Replay("ab", Q.OPS, Q.BRANCHES)
     r2.symbols.update({"A": "1"})
     with pytest.raises(Exception):
         r2.step("rest J = 9")

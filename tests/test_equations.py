@@ -7,7 +7,7 @@ import pytest
 
 from lab.metric import verify
 from lab.puzzles import generate, solve, solve_frame
-from lab.puzzles import equations as eq
+from lab.puzzles import eqsolve as eq
 
 
 def prompt(lines, query):

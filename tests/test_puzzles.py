@@ -157,7 +157,7 @@ def test_bit_handmade_rotation_xor():
 def test_bit_rules_past_the_named_levels(f, first, method):
     import re
 
-    from lab.puzzles import bits
+    from lab.puzzles import bitrules as bits
 
     xs = [0b01010001, 0b00001001, 0b11110000, 0b10000001, 0b01111110, 0b00110011, 0b11001010, 0b00011100,
           0b10101101, 0b01100110]
@@ -194,7 +194,7 @@ def test_real_examples_classified_and_solved():
 
 
 def test_equation_backtick_is_a_symbol():
-    from lab.puzzles.classify import equation_parts
+    from lab.puzzles.eqsolve import equation_parts
     assert equation_parts(EQ_SYMBOLIC_REAL) == ([("`!*[{", "'\"[`")], "[[-!'")
     # a puzzle whose symbols include the backtick, at the edges of lines too, solves like the same puzzle
     # written with another symbol in its place

@@ -1,4 +1,4 @@
-"""Trace styles and the trace checker (lab.puzzles.derive, lab.puzzles.check): the styles differ in the trace
+"""Trace styles and the trace checker (each category's `derive`, lab.puzzles.check): the styles differ in the trace
 only, both replay, and corrupted traces (a wrong digit, a skipped step, a wrong box) do not."""
 
 import re
@@ -11,7 +11,8 @@ from lab import LabError
 from lab.config import compose
 from lab.puzzles import CATEGORIES, generate, solve, solve_frame, token_table
 from lab.puzzles.__main__ import main
-from lab.puzzles.check import check_frame, replay, replay_derivation, split_trace
+from lab.puzzles.check import replay_derivation, split_trace
+from lab.puzzles.solve import check_frame, replay
 
 TOKENIZER = Path(__file__).resolve().parents[2] / "shared" / "tokenizer" / "nemotron-3-nano"
 KNOBS = {"bit_manipulation": [{"complexity": c} for c in (1, 2, 3, 5)],
@@ -86,14 +87,14 @@ def _skip_step(prompt, trace):
 @pytest.mark.parametrize("category", CATEGORIES)
 def test_checker_rejects_corrupted_derivations(category):
     prompt, sol = _derivation(category)
-    assert replay_derivation(prompt, sol.trace)[0]
+    assert replay("derivation", category, prompt, sol.trace)[0]
     bad, line = _corrupt_digit(sol.trace)
-    ok, at, msg, _ = replay_derivation(prompt, bad)
+    ok, at, msg, _ = replay("derivation", category, prompt, bad)
     assert not ok and at == line, msg
-    ok, _, msg, _ = replay_derivation(prompt, _skip_step(prompt, sol.trace))
+    ok, _, msg, _ = replay("derivation", category, prompt, _skip_step(prompt, sol.trace))
     assert not ok and "neither in the prompt nor in an earlier line" in msg
     wrong_box = sol.trace.rsplit("\\boxed{", 1)[0] + "\\boxed{" + sol.answer[::-1] + "x}"
-    ok, _, msg, _ = replay_derivation(prompt, wrong_box)
+    ok, _, msg, _ = replay("derivation", category, prompt, wrong_box)
     assert not ok and "boxed" in msg
 
 

@@ -11,21 +11,23 @@ Public API (other modules rely on exactly these names):
 short regular steps, then `</think>`, then `\boxed{answer}`.
 
 `solve(prompt, style="derivation")` writes the trace as the solver's search, one checked step a line
-(`derive`); the answer and status are the same in both styles. `check` replays traces line by line.
+(the category's `derive`); the answer and status are the same in both styles. `check` replays traces line by line.
 
 Also: trace_tokens(trace, tokenizer=None), solve_frame(df, tokenizer=None, style=...), token_table(solved)
 (p50/p90/p99/max trace tokens per category and style), method_table(solved), family_table(solved)
 (equations by kind, family and mode), and the command line `python -m lab.puzzles solve IN.csv OUT.csv
 [--trace-style derivation] [--tokenizer DIR]` / `python -m lab.puzzles check OUT.csv` /
 `python -m lab.puzzles generate --category C --n N --seed S OUT.csv`.
-Modules: categories (the one table of categories: a new category is one module plus one row there),
-common (Solution, trace ending), classify, solve (dispatch), generate, derive (derivation traces),
-check (the trace checker), and one per category: bits, gravity, units, cipher, numeral, equations.
+Modules: categories (the registry and `classify`: a new category is one module plus one line there),
+common (Solution, Category, trace ending), solve (dispatch: solve, derivation, replay), generate, check (the
+trace grammar and its replay, shared by every category), audit, and one per category, each defining its
+`CATEGORY`: bits (solver in bitrules), gravity and units (sharing factor), cipher, numeral, equations (solvers
+in eqsolve, the symbolic written search in eqsearch).
 """
 
-from .classify import classify
-from .common import CATEGORIES, Solution
-from .equations import family_table
+from .categories import CATEGORIES, classify
+from .common import Solution
+from .eqsolve import family_table
 from .generate import generate
 from .solve import method_table, solve, solve_frame, token_table, trace_tokens
 

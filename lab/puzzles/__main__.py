@@ -24,7 +24,7 @@ from lab import LabError
 from lab.config import competition
 from lab.io import atomic_write_csv
 
-from .equations import family_table
+from .eqsolve import family_table
 from .solve import method_table, token_table
 
 
@@ -78,7 +78,7 @@ _TOK = None
 def check_command(path: str, show: int = 20) -> int:
     from lab.metric import read_table
 
-    from .check import check_frame
+    from .solve import check_frame
 
     df = read_table(path, ["prompt", "category", "status", "trace"], "solve output")
     rows, summary = check_frame(df)

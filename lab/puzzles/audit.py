@@ -20,7 +20,7 @@ For each solved derivation trace, line by line:
                (`ex: shlK`, `q: read`, `note choose`); per category, the share of traces each shape
                appears in (a shape in few traces is a rule the model sees rarely).
 Compact traces have no operand grammar: their lines are counted as computed or claimed (the checker's
-`replay_compact` split), the claims as hidden.
+`replay_compact` split, through `solve.replay`), the claims as hidden.
 
 Simplifies: provenance is literal text, not data flow (a value the trace recomputes and one it copies look
 the same); the distance ignores the chat template between prompt and trace.
@@ -32,7 +32,9 @@ import re
 from bisect import bisect_right
 from pathlib import Path
 
-from .check import PAIR_RE, TAG_RE, Fail, Replay, _same_class, replay_compact, split_trace
+from .categories import BY_NAME
+from .check import PAIR_RE, TAG_RE, Fail, Replay, _same_class, split_trace
+from .solve import replay
 
 SHAPE_DIGITS = re.compile(r"\d+")
 
@@ -84,9 +86,9 @@ def _recalled(body: str) -> str:
     return " ".join(text.split()[:3])
 
 
-def audit_trace(prompt: str, trace: str, tok=None) -> dict:
+def audit_trace(prompt: str, trace: str, tok=None, category: str = "") -> dict:
     """Per line of one derivation trace: shape, kind, operands with provenance and distance; plus recalls,
-    choices, referential breaks and the first line that does not replay."""
+    choices, referential breaks and the first line that does not replay (with `category`'s own operations)."""
     lines, _ = split_trace(trace)
     visible, starts = prompt + "\n", []
     searchable = visible
@@ -101,7 +103,8 @@ def audit_trace(prompt: str, trace: str, tok=None) -> dict:
         pos = lambda c: bisect_right(tok_starts, c)  # noqa: E731 - tokens that start before char c
     else:
         pos = lambda c: c  # noqa: E731
-    r = Replay(prompt)
+    cat = BY_NAME.get(category)
+    r = Replay(prompt, cat and cat.ops, cat and cat.branches)
     out = {"lines": [], "recalls": [], "choices": 0, "breaks": [], "replay_fail": 0}
     for i, ln in enumerate(lines):
         m = TAG_RE.match(ln)
@@ -170,14 +173,14 @@ def audit_frame(df, tokenizer=None):
         for _, row in g.iterrows():
             style = row.get("trace_style", "compact") if "trace_style" in row else "compact"
             if style != "derivation":
-                ok, _, _, c = replay_compact(cat, row["prompt"], row["trace"])
+                ok, _, _, c = replay("compact", cat, row["prompt"], row["trace"])
                 nl = len(split_trace(row["trace"])[0])
                 lines_total, claims = lines_total + nl, claims + c  # claims: lines the replay takes on trust
                 per_shape.setdefault("compact line", [set(), 0, [], 0])
                 per_shape["compact line"][0].add(row.name)
                 per_shape["compact line"][1] += nl
                 continue
-            a = audit_trace(row["prompt"], row["trace"], tok)
+            a = audit_trace(row["prompt"], row["trace"], tok, cat)
             lines_total += len(a["lines"])
             recall_traces += bool(a["recalls"])
             choice_traces += a["choices"] > 0

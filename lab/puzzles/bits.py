@@ -1,738 +1,349 @@
-"""Bit manipulation puzzles: a hidden rule maps 8-bit inputs to 8-bit outputs.
+"""The bit-manipulation category: its Category object, its derivation trace and its compact-line checker.
 
-The rule space searched, cheapest first (cost = (level, number of NOTs)):
-  level 0  a constant (00000000 or 11111111)
-  level 1  one copy t(x), or NOT t(x); t is x, shl1..7, shr1..7 (zero fill), rotl1..4, rotr1..3
-  level 2  t1 OP t2 with OP in AND, OR, XOR, each side possibly NOT
-  level 3  MAJ(t1,t2,t3), CH(t1,t2,t3) = (t1 AND t2) OR (NOT t1 AND t3), t1 XOR t2 XOR t3,
-           (t1 OP1 t2) OP2 t3, each possibly NOT as a whole (no NOTs inside)
-  level 4  a pipeline of 2 or 3 steps applied in turn, each step a copy (x := t(x)), NOT, or
-           x := x OP t(x) (OP in AND, OR, XOR): a rule written as a program rather than an
-           expression, e.g. rotl3 then XOR shr2, which is rotl3(x) XOR shr2(rotl3(x)), a copy no
-           lower level has. Searched breadth-first on the examples and the query only, states
-           equal there merged, so the first depth with a fit is the shortest pipeline
-  level 5  any boolean function of three copies (a truth table of 8 entries, NOTs anywhere): every
-           bit position of every example is one observation of the table, so 8 examples give 64;
-           a triple counts only if its table is consistent and covers every key the query needs
-  level 6  a level-1 or level-2 rule, then XOR, AND or OR with a constant 8-bit mask (x XOR
-           10100101, say); the examples fix the mask's bits, and a prediction that needs a bit they
-           leave open counts only when no other fit needs one
-All rules of a level are checked at once with numpy; the query is carried along as an extra
-column, so every consistent rule's prediction comes for free. If all consistent rules of the
-minimal cost agree on the query the status is `solved`, else `ambiguous` (answer: the one the
-competition's layout with the fewest copies gives, when those layouts agree on one of the tied
-predictions (`shift_tables`), else the most common prediction). If no rule up to level 6 fits: level 7, an XOR of any number of copies, maybe NOT
-(solved over GF(2), every bit of every example one equation; `solved` only if every query bit is
-forced); then level 8, any function of four copies (as level 5, a 16-entry table); then an affine
-rule (each output bit its own XOR of input bits and maybe 1, solved over GF(2); `solved` only if
-every query bit is forced); then a per-bit fallback treats each output bit as a function of the
-fewest input bits (at most 4) that explains the examples (`ambiguous` unless every bit is forced).
-Levels 4 to 8 share the structure of the named rules (the same operation at every bit position of
-shifted copies, a mask aside), which is why 8 examples pin them down where the per-bit fallbacks,
-8 separate functions, cannot. Measured when each level was added, against the solver without it,
-on 200-400 generated rules of its kind with 8 examples (`make bench` reports the current figures by
-complexity), they lift accuracy from 0.56 to 0.98 (2-step pipelines), 0.45 to 0.94 (3-step), 0.55 to 0.95 (any
-function of three copies), 0.58-0.67 to 0.94-1.00 (a two-copy rule, then a mask) and 0.73 to 1.00
-(XOR of four copies). Swapping levels 5 and 6 moves one puzzle in 200 either way. On 300 random
-expression trees (AND/OR/XOR/NOT/MAJ/CH and shifts of subtrees, 8 examples), levels 4-8 together
-take depth 2 from 0.79 to 0.88 (level 8 alone adds 0.05) and depth 3 from 0.65 to 0.73.
-
-Trace (structured rule): the rule, the query, each copy, each operation, one line each:
-    rule: shl1 XOR rotr3
-    x = 00110100
-    shl1 = 01101000
-    rotr3 = 10000110
-    shl1 XOR rotr3 = 11101110
-A level-4 trace gives each step's value in turn (`XOR shr2: 10100001 XOR 00101000 = 10001001`); a
-level-5 trace lists the copies, the table entries the query needs, each bit position's key (the
-three copies' bits there) and `table(keys) = answer`.
-Deliberately simplified: no rules outside this space except via the per-bit fallback; the
-preference among equally cheap rules is plain counting, not a learned prior.
+The rule space and the solver are `bitrules`. Derivation (`derive`): the competition's layout (`_layout`): each
+output bit is one function F of the bits at its position of up to three copies, rotl a, shl b, shr c. A `note
+choose` line states the copies (the fewest, then the smallest shifts, among the layouts no example contradicts that
+give the answer: stated, not searched on the page); per example the copies, their keys and the `key:bit` pairs;
+`table` collects F (one bit per key, checked); the query's keys are read from it, a key no example shows reading 0
+(`default`). F is never named. A puzzle no layout answers keeps the older trace: the 22 copies of
+`bitrules.T_NAMES` screened on the examples until one example rejects each; the first survivor is the rule, and when
+none survives the trace names the solver's rule (a note: recall) and verifies it on every example before applying
+it (tables of three or four copies: keys, pairs, read). Written in binary: hex would hide the bit positions the
+shifts and keys work on.
+Compact traces (`check_line`): the query, each named copy or expression of x, and the affine per-bit XORs are
+recomputed; the rule line and the per-bit fallback's table reads are claims.
+Simplifies: the derivation writes only lines of `check`'s shared grammar, so the checker needs no bits code.
 """
 
 from __future__ import annotations
 
-import random
+import functools
 import re
-from collections import Counter
-from functools import lru_cache
-from itertools import combinations
 
-import numpy as np
-
-from .common import Solution, finish, undetermined
-
-CATEGORY = "bit_manipulation"
-HEADER = ("In Alice's Wonderland, a secret bit manipulation rule transforms 8-bit binary numbers. "
-          "The transformation involves operations like bit shifts, rotations, XOR, AND, OR, NOT, "
-          "and possibly majority or choice functions.\n\nHere are some examples of input -> output:")
-PAIR_RE = re.compile(r"^\s*([01]{8})\s*->\s*([01]{8})\s*$", re.M)
-QUERY_RE = re.compile(r"determine the output for:\s*([01]{8})")
-
-T_NAMES = (["x"] + [f"shl{k}" for k in range(1, 8)] + [f"shr{k}" for k in range(1, 8)]
-           + [f"rotl{k}" for k in range(1, 5)] + [f"rotr{k}" for k in range(1, 4)])
-NT = len(T_NAMES)  # 22
-V_NAMES = T_NAMES + [f"NOT {n}" for n in T_NAMES]  # index i + NT is NOT of copy i
-OPS2 = ("AND", "OR", "XOR")
-OPS3 = ["MAJ", "CH", "XOR3"] + [f"{a}/{b}" for a in OPS2 for b in OPS2]
+from .bitrules import (NAME, NT, T_NAMES, apply_step, apply_t, b8, generate_one, op2, op3, parse, rule_name,
+                       shift_copy, shift_name, shift_tables, solve)
+from .check import BITS_RE, Fail
+from .common import Category, Solution
 
 
-def b8(v: int) -> str:
-    return format(int(v) & 255, "08b")
+def _value(rule, xv: int, tag: str, lines: list[str]) -> str:
+    """Appends the lines computing `rule` on input xv; returns the written result."""
 
+    def copy(name, v=xv):
+        if name == "x":
+            return b8(v)
+        out = b8(apply_t(name, v))
+        lines.append(f"{tag}: {name} {b8(v)} = {out}")
+        return out
 
-def apply_t(name: str, x):
-    """One copy of x (works on ints and uint8 numpy arrays)."""
-    if name == "x":
-        return x
-    k = int(name[-1])
-    if name.startswith("shl"):
-        return (x << k) & 255
-    if name.startswith("shr"):
-        return x >> k
-    if name.startswith("rotl"):
-        return ((x << k) | (x >> (8 - k))) & 255
-    return ((x >> k) | (x << (8 - k))) & 255  # rotr
+    def vcopy(i):
+        base = copy(T_NAMES[i % NT])
+        if i < NT:
+            return base
+        out = b8(~int(base, 2))
+        lines.append(f"{tag}: NOT {base} = {out}")
+        return out
 
+    def binop(op, a, b):
+        out = b8(op2(op, int(a, 2), int(b, 2)))
+        lines.append(f"{tag}: {op} {a} {b} = {out}")
+        return out
 
-def copies(x: np.ndarray) -> np.ndarray:
-    """(NT, m) uint8: every copy of each input."""
-    x = x.astype(np.int32)
-    return np.stack([apply_t(n, x) for n in T_NAMES]).astype(np.uint8)
+    def neg(a):
+        out = b8(~int(a, 2))
+        lines.append(f"{tag}: NOT {a} = {out}")
+        return out
 
-
-def op2(op, a, b):
-    return a & b if op == "AND" else a | b if op == "OR" else a ^ b
-
-
-def op3(op, a, b, c):
-    if op == "MAJ":
-        return (a & b) | (a & c) | (b & c)
-    if op == "CH":
-        return (a & b) | (~a & c)
-    if op == "XOR3":
-        return a ^ b ^ c
-    o1, o2 = op.split("/")
-    return op2(o2, op2(o1, a, b), c)
-
-
-# A rule is a tuple: ("const", v) | ("one", i) | ("two", op, i, j) | ("three", op, i, j, k, neg)
-# (i, j index V_NAMES for levels 1-2, T_NAMES for level 3).
-
-def cost(rule) -> tuple[int, int]:
-    kind = rule[0]
-    if kind == "const":
-        return (0, 0)
-    if kind == "one":
-        return (1, int(rule[1] >= NT))
-    if kind == "two":
-        return (2, int(rule[2] >= NT) + int(rule[3] >= NT))
-    if kind == "pipe":
-        return (4, len(rule[1]))
-    if kind == "table":
-        return (5 if len(rule) == 5 else 8, 0)
-    if kind == "mask":
-        return (6, cost(rule[3])[0])
-    if kind == "xor":
-        return (7, rule[1])
-    return (3, int(rule[5]))
-
-
-def consistent_rules(x: np.ndarray, y: np.ndarray, q: int):
-    """[(cost, rule, prediction)] of every rule of the cheapest fitting level 0-6 (empty if none fits)."""
-    xs = np.append(x, q).astype(np.uint8)
-    n = len(x)
-    y = y.astype(np.uint8)
-    t = copies(xs)
-    vv = np.concatenate([t, ~t])
-    levels = [lambda: [(cost(("const", v)), ("const", v), v) for v in (0, 255) if (y == v).all()],
-              lambda: [(cost(("one", int(i))), ("one", int(i)), int(vv[i, n]))
-                       for i in np.nonzero((vv[:, :n] == y).all(1))[0]],
-              lambda: _level2(vv, y, n), lambda: _level3(t, y, n), lambda: pipelines(x, y, q),
-              lambda: table_rules(x, y, q), lambda: masked_rules(vv, y, n)]
-    for search in levels:
-        found = search()
-        if found:
-            return found
-    return []
-
-
-def _level2(vv, y, n):
-    """Level 2 (two copies, each maybe NOT, under AND / OR / XOR) on `vv` (query in column n)."""
-    found = []
-    iu, ju = np.triu_indices(2 * NT, 1)
-    for op in OPS2:
-        r = op2(op, vv[iu], vv[ju])
-        for h in np.nonzero((r[:, :n] == y).all(1))[0]:
-            rule = ("two", op, int(iu[h]), int(ju[h]))
-            found.append((cost(rule), rule, int(r[h, n])))
-    return found
-
-
-def _level3(t, y, n):
-    """Level 3 (named three-copy rules) on copies `t` (query in column n)."""
-    found = []
-    a, b, c = t[:, None, None, :], t[None, :, None, :], t[None, None, :, :]
-    for op in OPS3:
-        r = op3(op, a, b, c)
-        for neg in (0, 1):
-            rr = ~r if neg else r
-            for i, j, k in zip(*np.nonzero((rr[..., :n] == y).all(-1))):
-                rule = ("three", op, int(i), int(j), int(k), neg)
-                found.append((cost(rule), rule, int(rr[i, j, k, n])))
-    return found
-
-
-def masked_rules(vv: np.ndarray, y: np.ndarray, n: int):
-    """Level 6: a level-1 or level-2 rule E, then OP a constant mask c (E XOR c, E AND c, E OR c).
-    Per rule E the examples fix c on some bits; a bit they leave open (AND: never seen 1 in the
-    output, never forbidden) is taken as 0 for AND / OR, and a prediction that depends on an open
-    bit is kept only if no rule gives one that does not. -> [(cost, rule, prediction)]."""
-    iu, ju = np.triu_indices(2 * NT, 1)
-    inner = [("one", int(i)) for i in range(2 * NT)] + [("two", op, int(i), int(j)) for op in OPS2
-                                                          for i, j in zip(iu, ju)]
-    e = np.concatenate([vv] + [op2(op, vv[iu], vv[ju]) for op in OPS2])  # (rules, n+1)
-    ex, eq = e[:, :n], e[:, n]
-    full = np.uint8(255)
-    found, loose = [], []
-    c = ex ^ y  # XOR: the same c in every example
-    for h in np.nonzero((c == c[:, :1]).all(1) & (c[:, 0] != 0) & (c[:, 0] != 255))[0]:
-        found.append(("XOR", h, int(c[h, 0]), int(eq[h] ^ c[h, 0])))
-    orr = np.bitwise_or.reduce
-    for op in ("AND", "OR"):
-        if op == "AND":  # y = E & c: y inside E; c has every bit y shows, none where E is 1 and y 0
-            fits = ((y & ~ex) == 0).all(1)
-            need, ban = orr(np.broadcast_to(y, ex.shape), axis=1), orr(ex & ~y, axis=1)
-        else:  # y = E | c: E inside y; c has every bit y shows that E lacks, none where y is 0
-            fits = ((ex & ~y) == 0).all(1)
-            need, ban = orr(y & ~ex, axis=1), orr(np.broadcast_to(~y, ex.shape), axis=1)
-        fits &= (need & ban) == 0
-        open_ = ~(need | ban) & full
-        for h in np.nonzero(fits & (need != 0) & (need != 255))[0]:
-            pred = int(eq[h] & need[h]) if op == "AND" else int(eq[h] | need[h])
-            forced = not (eq[h] & open_[h] if op == "AND" else ~eq[h] & open_[h])
-            (found if forced else loose).append((op, h, int(need[h]), pred))
-    out = []
-    for op, h, mask, pred in found or loose:
-        rule = ("mask", op, mask, inner[h])
-        out.append((cost(rule), rule, pred))
-    return out
-
-
-STEPS = ([("copy", n) for n in T_NAMES[1:]] + [("NOT", "")]
-         + [(op, n) for op in OPS2 for n in T_NAMES[1:]])  # pipeline steps: x := t(x), NOT x, x OP t(x)
-
-
-def apply_step(step, s):
-    """One pipeline step on ints or uint8 numpy arrays."""
-    kind, name = step
-    if kind == "NOT":
-        return ~s & 255
-    c = apply_t(name, s.astype(np.int32) if isinstance(s, np.ndarray) else s)
-    c = c.astype(np.uint8) if isinstance(s, np.ndarray) else c
-    return c if kind == "copy" else op2(kind, s, c)
-
-
-def step_name(step) -> str:
-    return step[0] if step[0] == "NOT" else step[1] if step[0] == "copy" else f"{step[0]} {step[1]}"
-
-
-def pipelines(x: np.ndarray, y: np.ndarray, q: int, max_steps: int = 3):
-    """Level 4: [(cost, ("pipe", steps), prediction)] of every shortest pipeline that fits, found
-    breadth-first over the examples and the query (states equal on all of them are merged)."""
-    xs = np.append(x, q).astype(np.uint8)
-    n = len(x)
-    states, paths = xs[None, :], [()]
-    for depth in range(1, max_steps + 1):
-        arr = np.concatenate([apply_step(st, states) for st in STEPS]).astype(np.uint8)
-        m = len(states)
-        hit = np.nonzero((arr[:, :n] == y).all(1))[0]
-        if len(hit):
-            return [(cost(r), r, int(arr[h, n])) for h in hit for r in [("pipe", paths[h % m] + (STEPS[h // m],))]]
-        if depth < max_steps:
-            _, first = np.unique(np.ascontiguousarray(arr).view(f"V{n + 1}").ravel(), return_index=True)
-            first.sort()
-            states, paths = arr[first], [paths[h % m] + (STEPS[h // m],) for h in first]
-    return []
-
-
-def table_rules(x: np.ndarray, y: np.ndarray, q: int, k: int = 3):
-    """Level 5 (k = 3) and 8 (k = 4): any boolean function f of k copies, out bit p = f(t1[p], ...,
-    tk[p]). Every bit position of every example is one observation of f's truth table (2**k
-    entries). -> [(cost, rule, prediction)] of every k-set whose table is consistent and covers
-    the keys the query needs."""
-    xs = np.append(x, q).astype(np.uint8)
-    n = len(x)
-    t = np.unpackbits(copies(xs)[:, :, None], axis=2).astype(np.int64)  # (NT, n+1, 8), MSB first
-    ex, qb = t[:, :n].reshape(NT, -1), t[:, n]
-    yb = np.unpackbits(y.astype(np.uint8)[:, None], axis=1).reshape(-1).astype(np.int64)
-    sets = np.array(list(combinations(range(NT), k)))
-    keys = sum(ex[sets[:, j]] << (k - 1 - j) for j in range(k))  # (S, n*8)
-    counts = np.zeros((len(sets), 2 ** k, 2), np.int64)
-    np.add.at(counts, (np.arange(len(sets))[:, None], keys, yb[None, :]), 1)
-    ok = ~((counts[:, :, 0] > 0) & (counts[:, :, 1] > 0)).any(1)
-    qkeys = sum(qb[sets[:, j]] << (k - 1 - j) for j in range(k))  # (S, 8)
-    seen = counts.sum(2) > 0
-    found = []
-    for h in np.nonzero(ok)[0]:
-        if not seen[h, qkeys[h]].all():
-            continue  # the examples never show f on some key the query needs
-        tt = sum(1 << e for e in range(2 ** k) if counts[h, e, 1])  # unseen entries 0
-        pred = int("".join(str(tt >> e & 1) for e in qkeys[h]), 2)
-        rule = ("table", tt, *map(int, sets[h]))
-        found.append((cost(rule), rule, pred))
-    return found
-
-
-def rule_name(rule) -> str:
     kind = rule[0]
     if kind == "const":
         return b8(rule[1])
-    if kind == "pipe":
-        return ", then ".join(step_name(st) for st in rule[1])
-    if kind == "mask":
-        return f"({rule_name(rule[3])}) {rule[1]} {b8(rule[2])}"
-    if kind == "table":
-        return "table of (" + ", ".join(T_NAMES[m] for m in rule[2:]) + ")"
-    if kind == "xor":
-        s = " XOR ".join(T_NAMES[m] for m in rule[2:])
-        return f"NOT ({s})" if rule[1] else s
     if kind == "one":
-        return V_NAMES[rule[1]]
+        return vcopy(rule[1])
     if kind == "two":
-        return f"{V_NAMES[rule[2]]} {rule[1]} {V_NAMES[rule[3]]}"
-    _, op, i, j, k, neg = rule
-    a, b, c = T_NAMES[i], T_NAMES[j], T_NAMES[k]
-    if op in ("MAJ", "CH"):
-        s = f"{op}({a}, {b}, {c})"
-    elif op == "XOR3":
-        s = f"{a} XOR {b} XOR {c}"
-    else:
-        o1, o2 = op.split("/")
-        s = f"({a} {o1} {b}) {o2} {c}"
-    return f"NOT ({s})" if neg else s
-
-
-def apply_rule(rule, x: int) -> int:
-    kind = rule[0]
-    if kind == "const":
-        return rule[1]
+        return binop(rule[1], vcopy(rule[2]), vcopy(rule[3]))
+    if kind == "three":
+        _, op, i, j, k, ng = rule
+        a, b, c = (copy(T_NAMES[m]) for m in (i, j, k))
+        if op in ("MAJ", "CH"):
+            r = b8(op3(op, int(a, 2), int(b, 2), int(c, 2)))
+            lines.append(f"{tag}: {op} {a} {b} {c} = {r}")
+        elif op == "XOR3":
+            r = binop("XOR", binop("XOR", a, b), c)
+        else:
+            o1, o2 = op.split("/")
+            r = binop(o2, binop(o1, a, b), c)
+        return neg(r) if ng else r
     if kind == "pipe":
+        s = xv
         for st in rule[1]:
-            x = apply_step(st, x)
-        return x
-    if kind == "mask":
-        return op2(rule[1], apply_rule(rule[3], x), rule[2]) & 255
-    if kind == "table":
-        cs = [apply_t(T_NAMES[m], x) for m in rule[2:]]
-        keys = [sum((c >> p & 1) << (len(cs) - 1 - j) for j, c in enumerate(cs)) for p in range(8)]
-        return sum((rule[1] >> key & 1) << p for p, key in enumerate(keys))
-    if kind == "xor":
-        r = 255 if rule[1] else 0
-        for m in rule[2:]:
-            r ^= apply_t(T_NAMES[m], x)
-        return r
-    val = lambda i: (~apply_t(V_NAMES[i - NT], x) & 255) if i >= NT else apply_t(V_NAMES[i], x)  # noqa: E731
-    if kind == "one":
-        return val(rule[1])
-    if kind == "two":
-        return op2(rule[1], val(rule[2]), val(rule[3])) & 255
-    _, op, i, j, k, neg = rule
-    r = op3(op, *(apply_t(T_NAMES[m], x) for m in (i, j, k))) & 255
-    return (~r & 255) if neg else r
-
-
-def rule_trace(rule, q: int) -> list[str]:
-    lines = [f"rule: {rule_name(rule)}", f"x = {b8(q)}"]
-    kind = rule[0]
-    if kind == "const":
-        return lines
-    if kind == "mask":
-        inner = rule[3]
-        body = rule_trace(inner, q)[2:]
-        if inner[0] == "one" and V_NAMES[inner[1]] == "x":
-            body = []
-        v = apply_rule(inner, q)
-        return lines + body + [f"{b8(v)} {rule[1]} {b8(rule[2])} = {b8(apply_rule(rule, q))}"]
-    if kind == "pipe":
-        v = q
-        for st in rule[1]:
-            new = apply_step(st, v)
-            if st[0] in OPS2:
-                lines.append(f"{step_name(st)}: {b8(v)} {st[0]} {b8(apply_t(st[1], v))} = {b8(new)}")
+            if st[0] == "NOT":
+                neg(b8(s))
+            elif st[0] == "copy":
+                copy(st[1], s)
             else:
-                lines.append(f"{step_name(st)}: {b8(new)}")
-            v = new
+                binop(st[0], b8(s), copy(st[1], s))
+            s = apply_step(st, s)
+        return b8(s)
+    if kind == "mask":
+        return binop(rule[1], _value(rule[3], xv, tag, lines), b8(rule[2]))
+    if kind == "xor":
+        ng, names = rule[1], rule[2]
+        vals = [copy(n) for n in names]
+        r = vals[0]
+        for v in vals[1:]:
+            r = binop("XOR", r, v)
+        return neg(r) if ng else r
+    raise ValueError(f"no derivation for bits rule {kind}")
+
+
+def derive(prompt: str, sol: Solution) -> list[str]:
+
+    ex, q = parse(prompt)
+    d = sol.detail or {}
+    rule = d.get("rule")
+    if "xor" in d:
+        rule = ("xor", *d["xor"])
+    layout = _layout(ex, q, sol.answer)
+    if layout is not None:
+        return layout
+    if rule is None and sol.method in ("affine per bit", "per bit"):
+        return _per_bit(sol, ex, q)
+    if rule is None:
+        raise ValueError("the solver kept no rule")
+    lines = ["note screen each single copy of x, example by example"]
+    nots = {}
+    found = None
+    for name in T_NAMES:
+        found_kind = ""  # NOT when the copy matches every example negated
+        ok = True
+        for n, (xv, yv) in enumerate(ex, 1):
+            tag = f"ex{n}"
+            v = b8(apply_t(name, xv))
+            if name != "x":
+                lines.append(f"{tag}: {name} {b8(xv)} = {v}")
+            if n not in nots:
+                nots[n] = b8(~yv)
+                lines.append(f"{tag}: NOT {b8(yv)} = {nots[n]}")
+            same, opp = v == b8(yv), v == nots[n]
+            lines.append(f"{tag}: eq {v} {b8(yv)} = {'yes' if same else 'no'}")
+            if not same:
+                lines.append(f"{tag}: eq {v} {nots[n]} = {'yes' if opp else 'no'}")
+            if not (same or opp) or (n > 1 and found_kind != ("NOT" if opp else "")):
+                ok = False
+                break
+            found_kind = "NOT" if opp else ""
+        if ok:
+            found = (name, found_kind)
+            break
+    if found and rule[0] == "one":
+        name, neg = found
+        lines.append(f"note every example fits {'NOT ' if neg else ''}{name}")
+        v = b8(q)
+        if name != "x":
+            lines.append(f"q: {name} {b8(q)} = {b8(apply_t(name, q))}")
+            v = b8(apply_t(name, q))
+        if neg:
+            lines.append(f"q: NOT {v} = {b8(~int(v, 2))}")
         return lines
-    if kind == "table":
-        names = [T_NAMES[m] for m in rule[2:]]
-        vals = [b8(apply_t(nm, q)) for nm in names]
-        keys = ["".join(v[p] for v in vals) for p in range(8)]
-        return (lines + [f"{nm} = {v}" for nm, v in zip(names, vals) if nm != "x"]
-                + ["table: " + " ".join(f"{k:0{len(names)}b}={rule[1] >> k & 1}" for k in range(2 ** len(names))
-                               if f"{k:0{len(names)}b}" in keys),
-                   "keys: " + " ".join(keys), f"table(keys) = {b8(apply_rule(rule, q))}"])
-    if kind in ("one", "two"):
-        idx = [rule[1]] if kind == "one" else [rule[2], rule[3]]
-        for i in idx:
-            base = T_NAMES[i % NT]
-            if base != "x":
-                lines.append(f"{base} = {b8(apply_t(base, q))}")
-            if i >= NT:
-                lines.append(f"NOT {base} = {b8(~apply_t(base, q))}")
-        if kind == "two":
-            lines.append(f"{rule_name(rule)} = {b8(apply_rule(rule, q))}")
-        return lines
-    _, op, i, j, k, neg = rule
-    names = [T_NAMES[m] for m in (i, j, k)]
-    for nm in dict.fromkeys(names):
-        if nm != "x":
-            lines.append(f"{nm} = {b8(apply_t(nm, q))}")
-    a, b, c = (apply_t(nm, q) for nm in names)
-    if "/" in op:
-        o1, o2 = op.split("/")
-        lines.append(f"{names[0]} {o1} {names[1]} = {b8(op2(o1, a, b))}")
-    inner = rule_name(rule[:5] + (0,))
-    lines.append(f"{inner} = {b8(op3(op, a, b, c))}")
-    if neg:
-        lines.append(f"NOT ({inner}) = {b8(apply_rule(rule, q))}")
+    if rule[0] == "table":
+        return lines + _table(rule, ex, q)
+    name = rule_name(rule) if rule[0] != "xor" else (("NOT (" if rule[1] else "") + " XOR ".join(rule[2])
+                                                        + (")" if rule[1] else ""))
+    lines.append(f"note no single copy fits; recall the rule {name} and verify it on every example")
+    if rule[0] in ("const", "mask"):
+        lines.append(f"recall {b8(rule[1] if rule[0] == 'const' else rule[2])}")
+    for n, (xv, yv) in enumerate(ex, 1):
+        v = _value(rule, xv, f"ex{n}", lines)
+        lines.append(f"ex{n}: eq {v} {b8(yv)} = {'yes' if v == b8(yv) else 'no'}")
+    v = _value(rule, q, "q", lines)
+    if rule[0] == "const":
+        lines.append(f"copy {v}")
     return lines
 
 
-def gf2_solve(equations, queries):
-    """Gauss-Jordan elimination over GF(2). `equations`: (row, target) pairs, a row a bitmask over the
-    unknowns; `queries`: rows. -> (each query row's value, one solution as a bitmask, free unknowns 0),
-    or None if the equations contradict each other or some query row is not forced by them."""
-    pivots: dict[int, tuple[int, int]] = {}  # pivot bit -> (row, target), each row clear of other pivots
+def _key_lines(lines: list[str], names: list[str], copies: list, v: int, tag: str) -> str:
+    """Append each copy of `v` (`copies[i](v)`, named `names[i]`; `x` itself is not written) and the keys line (the
+    copies' bits at each position); returns the keys. Shared by the layout and the table-of-copies traces."""
 
-    def reduce(row: int, t: int):
-        for p, (r, tt) in pivots.items():
-            if row >> p & 1:
-                row, t = row ^ r, t ^ tt
-        return row, t
-
-    for row, t in equations:
-        row, t = reduce(row, t)
-        if not row:
-            if t:
-                return None  # inconsistent
-            continue
-        top = row.bit_length() - 1
-        for p, (r, tt) in list(pivots.items()):
-            if r >> top & 1:
-                pivots[p] = (r ^ row, tt ^ t)
-        pivots[top] = (row, t)
-    values = []
-    for row in queries:
-        row, t = reduce(row, 0)
-        if row:
-            return None  # not forced
-        values.append(t)
-    return values, sum(1 << p for p, (_, t) in pivots.items() if t)
+    vals = []
+    for nm, copy in zip(names, copies):
+        out = b8(copy(v))
+        if nm != "x":
+            lines.append(f"{tag}: {nm} {b8(v)} = {out}")
+        vals.append(out)
+    ks = " ".join("".join(s[p] for s in vals) for p in range(8))
+    lines.append(f"{tag}: keys {' '.join(vals)} = {ks}")
+    return ks
 
 
-LIN_NAMES = ["x"] + [f"shl{k}" for k in range(1, 8)] + [f"shr{k}" for k in range(1, 8)]  # spans every rotation
+def _layout(ex, q, answer: str) -> list[str] | None:
+    """The competition's layout: each output bit is one function F of the bits at its position of up to
+    three copies (rotl a, shl b, shr c). The copies are chosen (one `note choose` line: the fewest copies,
+    then the smallest shifts, among the layouts no example contradicts that give the answer), then per example
+    the copies, their keys (the copies' bits per position) and the `key:bit` pairs; `table` collects the pairs
+    (one bit per key, checked); the query's keys are read from it. A key no example shows reads 0 (`default`).
+    None when no layout gives the answer (the caller falls back to the rule search)."""
 
-
-def xor_of_copies(x: list[int], y: list[int], q: int):
-    """Level 7: the output as an XOR of any set of shifted copies, maybe NOT (rotl k = shl k XOR
-    shr 8-k, so rotations are in the span). 16 unknowns, and every bit of every example is one
-    equation over GF(2), so 8 examples give 64. -> (answer, lines, (NOT?, copy names)) if the equations are consistent
-    and force every query bit, else None."""
-    def bit_rows(v: int):  # per output bit (MSB first): mask over LIN_NAMES + the NOT constant (bit 15)
-        cs = [apply_t(n, v) for n in LIN_NAMES]
-        return [sum(1 << j for j, c in enumerate(cs) if c >> (7 - p) & 1) | 1 << 15 for p in range(8)]
-
-    solved = gf2_solve([(row, int(t)) for xv, yv in zip(x, y) for row, t in zip(bit_rows(xv), b8(yv))], bit_rows(q))
-    if solved is None:
+    fits = [f for f in shift_tables([a for a, _ in ex], [b for _, b in ex], q) if f[2] == answer]
+    if not fits:
         return None
-    chosen = solved[1]
-    names = [LIN_NAMES[j] for j in range(15) if chosen >> j & 1]
-    for k in range(1, 8):  # shl k XOR shr 8-k is a rotation: name it so
-        if f"shl{k}" in names and f"shr{8 - k}" in names:
-            names.remove(f"shl{k}")
-            names[names.index(f"shr{8 - k}")] = f"rotl{k}" if k <= 4 else f"rotr{8 - k}"
-    val = 0
-    for n in names:
-        val ^= apply_t(n, q)
-    neg = bool(chosen >> 15 & 1)
-    rule = " XOR ".join(names) or "00000000"
-    lines = [f"rule: {'NOT (' + rule + ')' if neg else rule}", f"x = {b8(q)}",
-             *[f"{n} = {b8(apply_t(n, q))}" for n in names if n != "x"]]
-    if len(names) > 1:
-        lines.append(f"{rule} = {b8(val)}")
-    if neg:
-        lines.append(f"NOT ({rule}) = {b8(~val)}")
-    return (b8(~val) if neg else b8(val)), lines, (neg, names)
+    cps, _, _, unseen = min(fits, key=lambda f: bool(f[3]))  # sorted already; a fit needing no default first
+    names = [shift_name(kd, k) for kd, k in cps]
+    lines = ["note each output bit is one function F of the bits at its position of rotl a, shl b and shr c "
+             "(some may be absent); read F as a table from the examples; a key no example shows reads 0",
+             f"note choose {' '.join(names)}"]
+
+    def keys(v, tag):
+        return _key_lines(lines, names, [functools.partial(shift_copy, kd, k) for kd, k in cps], v, tag)
+
+    table = {}
+    for n, (xv, yv) in enumerate(ex, 1):
+        ks = keys(xv, f"ex{n}")
+        prs = [f"{k}:{b}" for k, b in zip(ks.split(), b8(yv))]
+        lines.append(f"ex{n}: pairs {ks} {b8(yv)} = " + " ".join(prs))
+        table.update(dict(p.split(":") for p in prs))
+    lines.append("table = " + " ".join(f"{k}:{table[k]}" for k in sorted(table)))
+    ks = keys(q, "q")
+    for k in unseen:
+        lines.append(f"q: default {k} = {k}:0")
+    lines.append(f"q: read {ks} = " + "".join(table.get(k, "0") for k in ks.split()))
+    return lines
 
 
-def affine(x: list[int], y: list[int], q: int):
-    """Each output bit as an XOR of input bits (and maybe 1), i.e. any mix of XOR, NOT, shifts and
-    rotations. -> (answer, lines) if every bit fits and is forced for the query, else None."""
-    qb = b8(q)
-    lines = ["rule: XOR per bit", f"x = {qb}"]
-    out = ""
-    for i in range(8):  # unknowns: bit 0 the constant 1, bit p (1..8) input bit x(8-p)
-        solved = gf2_solve([((xv << 1) | 1, int(b8(yv)[i])) for xv, yv in zip(x, y)], [(q << 1) | 1])
-        if solved is None:
-            return None
-        (bit,), w = solved
-        terms = [f"x{7 - (p - 1)}" for p in range(8, 0, -1) if w >> p & 1] + (["1"] if w & 1 else [])
-        lines.append(f"b{i} = {' ^ '.join(terms) or '0'} = {bit}")
-        out += str(bit)
-    return out, lines
+def _per_bit(sol: Solution, ex, q) -> list[str]:
+    """The fallbacks, read from the compact trace's per-bit lines (`b3 = x0 ^ x5 ^ 1 = 1`, `b3 <- x0,x5: 01 -> 1`):
+    affine: each output bit's XOR of input bits checked on every example, then the query's; per bit: each output
+    bit's input bits per example, and the query's bit taken from an example with the same input bits."""
 
+    lines = [f"note no rule of copies fits; recall how each output bit depends on the input bits ({sol.method})"]
+    bits = []
+    for ln in sol.trace.split("\n"):
+        m = re.fullmatch(r"b(\d) = ([x\d ^]+) = ([01])", ln)
+        if m:
+            i, terms = int(m.group(1)), m.group(2).split(" ^ ")
+            pos = [t[1:] for t in terms if t.startswith("x")]
+            one = "1" in terms
 
-def per_bit(x: list[int], y: list[int], q: int):
-    """Fallback: each output bit from the fewest input bits. -> (answer, forced, lines) or None."""
-    xb = [b8(v) for v in x]
-    yb = [b8(v) for v in y]
-    qb = b8(q)
-    out, forced, lines = [], True, ["rule: per bit", f"x = {qb}"]
-    for i in range(8):
-        done = False
-        for arity in range(0, 5):
-            preds = []  # (prediction or '?', subset, query pattern) of every consistent subset
-            for sub in combinations(range(8), arity):
-                table, ok = {}, True
-                for xs, ys in zip(xb, yb):
-                    key = "".join(xs[j] for j in sub)
-                    if table.setdefault(key, ys[i]) != ys[i]:
-                        ok = False
-                        break
-                if ok:
-                    key = "".join(qb[j] for j in sub)
-                    preds.append((table.get(key, "?"), sub, key))
-            if not preds:
-                continue
-            votes = Counter(p for p, _, _ in preds if p != "?")
-            bit = max(votes, key=lambda v: (votes[v], v == "0")) if votes else "0"
-            if set(p for p, _, _ in preds) != {bit}:
-                forced = False
-            _, sub, key = next((t for t in preds if t[0] == bit), preds[0])
-            src = ",".join(f"x{j}" for j in sub) or "none"
-            lines.append(f"b{i} <- {src}: {key or '-'} -> {bit}")
-            out.append(bit)
-            done = True
-            break
-        if not done:
-            return None
-    return "".join(out), forced, lines
+            def xor(v, tag):
+                if not pos:
+                    return "1" if one else "0"
+                s = "".join(v[int(p)] for p in pos)
+                lines.append(f"{tag}: pick {v} {' '.join(pos)} = {s}")
+                r = str(s.count("1") % 2)
+                lines.append(f"{tag}: parity {s} = {r}")
+                if one:
+                    lines.append(f"{tag}: flip {r} = {1 - int(r)}")
+                    r = str(1 - int(r))
+                return r
 
-
-def parse(prompt: str):
-    """(examples [(int, int)], query int or None)."""
-    ex = [(int(a, 2), int(b, 2)) for a, b in PAIR_RE.findall(prompt)]
-    m = QUERY_RE.search(prompt)
-    return ex, (int(m.group(1), 2) if m else None)
-
-
-METHODS = {0: "constant", 1: "one copy", 2: "two copies", 3: "three copies", 4: "pipeline",
-           5: "table of three", 6: "rule then mask", 7: "xor of copies", 8: "table of four"}
-
-
-def _pick(found, q: int, ex=None) -> Solution:
-    """The answer of the cheapest consistent rules: `solved` if they all agree, else `ambiguous`, answered by the
-    most common prediction, or, when the examples `ex` are given and the competition's layouts with the fewest
-    copies (`shift_tables`, every query key shown) all give one of the tied predictions, by that one."""
-    best = min(c for c, _, _ in found)
-    top = [(r, p) for c, r, p in found if c == best]
-    votes = Counter(p for _, p in top)
-    pred = votes.most_common(1)[0][0]
-    reason = ""
-    if len(votes) > 1 and ex:
-        fits = [f for f in shift_tables([a for a, _ in ex], [b for _, b in ex], q) if not f[3]]
-        fewest = {int(f[2], 2) for f in fits if len(f[0]) == min(len(g[0]) for g in fits)}
-        if len(fewest) == 1 and next(iter(fewest)) in votes:
-            pred = fewest.pop()
-            reason = "; the layout of fewest shifted copies breaks the tie"
-    rule = next(r for r, p in top if p == pred)
-    ans = b8(pred)
-    status = "solved" if len(votes) == 1 else "ambiguous"
-    reason = "" if status == "solved" else f"{len(top)} equally simple rules give {len(votes)} answers" + reason
-    return Solution(ans, status, finish(rule_trace(rule, q), ans), CATEGORY, "", reason, METHODS[best[0]],
-                    {"rule": rule})
-
-
-def solve(prompt: str) -> Solution:
-    ex, q = parse(prompt)
-    if q is None:
-        return undetermined(CATEGORY, "no 8-bit query found")
-    if not ex:
-        return undetermined(CATEGORY, "no input -> output examples found")
-    x = np.array([a for a, _ in ex], dtype=np.uint8)
-    y = np.array([b for _, b in ex], dtype=np.uint8)
-    found = consistent_rules(x, y, q)
-    if found:
-        return _pick(found, q, ex)
-    xs_, ys_ = [a for a, _ in ex], [b for _, b in ex]
-    lin = xor_of_copies(xs_, ys_, q)
-    if lin is not None:
-        return Solution(lin[0], "solved", finish(lin[1], lin[0]), CATEGORY, "", "", METHODS[7],
-                        {"xor": lin[2]})
-    found = table_rules(x, y, q, k=4)
-    if found:
-        return _pick(found, q, ex)
-    af = affine(xs_, ys_, q)
-    if af is not None:
-        return Solution(af[0], "solved", finish(af[1], af[0]), CATEGORY, "", "", "affine per bit")
-    fb = per_bit(xs_, ys_, q)
-    if fb is None:
-        return undetermined(CATEGORY, "no rule in the searched space fits the examples")
-    ans, forced, lines = fb
-    return Solution(ans, "solved" if forced else "ambiguous", finish(lines, ans), CATEGORY, "",
-                    "per-bit fallback" + ("" if forced else ": some bits not forced"), "per bit")
-
-
-# ---------------------------------------------------------------- generator
-
-@lru_cache(maxsize=1)
-def _cheap_signatures() -> dict[bytes, tuple[int, int]]:
-    """Truth table (256 bytes) -> cheapest cost, for every rule of levels 0-2."""
-    xs = np.arange(256, dtype=np.uint8)
-    t = copies(xs)
-    vv = np.concatenate([t, ~t])
-    sig: dict[bytes, tuple[int, int]] = {}
-
-    def add(arr, c):
-        k = arr.tobytes()
-        if k not in sig or c < sig[k]:
-            sig[k] = c
-
-    add(np.zeros(256, np.uint8), (0, 0))
-    add(np.full(256, 255, np.uint8), (0, 0))
-    for i in range(2 * NT):
-        add(vv[i], cost(("one", i)))
-    for op in OPS2:
-        for i, j in combinations(range(2 * NT), 2):
-            add(op2(op, vv[i], vv[j]), cost(("two", op, i, j)))
-    return sig
-
-
-def random_rule(rng: random.Random, complexity: int):
-    if complexity <= 1:
-        i = rng.randrange(1, NT)
-        return ("one", i + NT if rng.random() < 0.3 else i)
-    if complexity == 2:
-        i, j = rng.sample(range(NT), 2)
-        i, j = (i + NT if rng.random() < 0.2 else i), (j + NT if rng.random() < 0.2 else j)
-        return ("two", rng.choice(OPS2), min(i, j), max(i, j))
-    if complexity == 3:
-        i, j, k = rng.sample(range(NT), 3)
-        return ("three", rng.choice(OPS3), i, j, k, int(rng.random() < 0.2))
-    if complexity == 4:
-        return ("pipe", tuple(rng.choice(STEPS) for _ in range(rng.choice((2, 3)))))
-    if complexity == 5:
-        return ("table", rng.randrange(1, 255), *sorted(rng.sample(range(NT), 3)))
-    if complexity == 6:
-        return ("mask", rng.choice(OPS2), rng.randrange(1, 255), random_rule(rng, rng.choice((1, 2))))
-    if complexity >= 8:
-        return ("table", rng.randrange(1, 65535), *sorted(rng.sample(range(NT), 4)))
-    return ("xor", int(rng.random() < 0.3), *sorted(rng.sample(range(NT), rng.choice((4, 5)))))
-
-
-def canonical(rule) -> bool:
-    """True if no cheaper rule computes the same function on all 256 inputs."""
-    table = np.array([apply_rule(rule, v) for v in range(256)], dtype=np.uint8)
-    if len(set(table.tolist())) < 4:
-        return False
-    c = _cheap_signatures().get(table.tobytes())
-    return c is None or c >= cost(rule)
-
-
-def make_prompt(examples: list[tuple[int, int]], query: int) -> str:
-    lines = [HEADER] + [f"{b8(a)} -> {b8(b)}" for a, b in examples]
-    return "\n".join(lines) + f"\n\nNow, determine the output for: {b8(query)}"
-
-
-def generate_one(rng: random.Random, n_examples: int = 8, complexity: int = 2, layout: int = 0, **_):
-    """(prompt, answer, subtype); `complexity` 1-8 is the rule level (see module docstring; at 7,
-    an XOR of 4 or 5 copies, maybe NOT). `layout=1` draws from the competition's layout instead (`random_layout`:
-    one function of up to three shifted copies, `complexity` ignored)."""
-    if int(layout):
-        cps, table = random_layout(rng)
-        f = lambda v: layout_apply(cps, table, v)  # noqa: E731
-        xs = rng.sample(range(256), int(n_examples) + 1)
-        q = xs.pop()
-        return make_prompt([(v, f(v)) for v in xs], q), b8(f(q)), ""
-    while True:
-        rule = random_rule(rng, int(complexity))
-        if canonical(rule):
-            break
-    xs = rng.sample(range(256), int(n_examples) + 1)
-    q = xs.pop()
-    ex = [(v, apply_rule(rule, v)) for v in xs]
-    return make_prompt(ex, q), b8(apply_rule(rule, q)), ""
-
-
-# ---------------------------------------------------------------- the competition's layout, for the derivation
-
-SHIFT_KINDS = ("rotl", "shl", "shr")  # out bit p = F(rotl(x, a)[p], shl(x, b)[p], shr(x, c)[p])
-
-
-def shift_copy(kind: str, k: int, v: int) -> int:
-    """rotl k (k = 0 is x itself), shl k or shr k of an 8-bit int."""
-    if kind == "rotl":
-        return ((v << k) | (v >> (8 - k))) & 255 if k else v
-    return (v << k) & 255 if kind == "shl" else v >> k
-
-
-def shift_name(kind: str, k: int) -> str:
-    return "x" if kind == "rotl" and k == 0 else f"{kind}{k}"
-
-
-def shift_tables(x: list[int], y: list[int], q: int):
-    """Every layout `out bit p = F(copies at p)` with copies a subset of (rotl a, shl b, shr c), a in 0..7,
-    b and c in 1..7, one copy of each kind at most, whose table F (key: the copies' bits at p, MSB first
-    in kind order) no example contradicts. -> [(copies [(kind, k)], table {key: bit}, prediction,
-    keys the query needs that no example shows)], fewest copies first, then a, b, c ascending; an unshown
-    key reads 0 (the stated default)."""
-    from itertools import product
-
-    def keys(v, cps):
-        bits = [b8(shift_copy(kd, k, v)) for kd, k in cps]
-        return ["".join(s[p] for s in bits) for p in range(8)]
-
-    out = []
-    choices = [[None] + [("rotl", a) for a in range(8)], [None] + [("shl", b) for b in range(1, 8)],
-               [None] + [("shr", c) for c in range(1, 8)]]
-    combos = [tuple(c for c in cs if c) for cs in product(*choices)]
-    combos = sorted({c for c in combos if c}, key=lambda cs: (len(cs), [SHIFT_KINDS.index(k) for k, _ in cs],
-                                                             [k for _, k in cs]))
-    for cps in combos:
-        table, ok = {}, True
-        for xv, yv in zip(x, y):
-            for k, bit in zip(keys(xv, cps), b8(yv)):
-                if table.setdefault(k, bit) != bit:
-                    ok = False
-                    break
-            if not ok:
-                break
-        if not ok:
+            for n, (xv, yv) in enumerate(ex, 1):
+                r = xor(b8(xv), f"ex{n}")
+                lines.append(f"ex{n}: pick {b8(yv)} {i} = {b8(yv)[i]}")
+                lines.append(f"ex{n}: eq {r} {b8(yv)[i]} = {'yes' if r == b8(yv)[i] else 'no'}")
+            bits.append(xor(b8(q), f"q{i}"))
             continue
-        qk = keys(q, cps)
-        unseen = sorted({k for k in qk if k not in table})
-        out.append((list(cps), table, "".join(table.get(k, "0") for k in qk), unseen))
-    return out
+        m = re.fullmatch(r"b(\d) <- ([x\d,]+|none): (\d*|-) -> ([01])", ln)
+        if m:
+            i = int(m.group(1))
+            pos = [t[1:] for t in m.group(2).split(",")] if m.group(2) != "none" else []
+            kq = "".join(b8(q)[int(p)] for p in pos)
+            if pos:
+                lines.append(f"q{i}: pick {b8(q)} {' '.join(pos)} = {kq}")
+            for n, (xv, yv) in enumerate(ex, 1):
+                k = "".join(b8(xv)[int(p)] for p in pos)
+                if pos:
+                    lines.append(f"ex{n}: pick {b8(xv)} {' '.join(pos)} = {k}")
+                    lines.append(f"ex{n}: eq {k} {kq} = {'yes' if k == kq else 'no'}")
+                if k == kq:
+                    lines.append(f"ex{n}: pick {b8(yv)} {i} = {b8(yv)[i]}")
+                    bits.append(b8(yv)[i])
+                    break
+            else:
+                raise ValueError(f"output bit {i}: no example shows the query's input bits")
+    if len(bits) != 8:
+        raise ValueError("not 8 per-bit lines")
+    lines.append(f"cat {' '.join(bits)} = {''.join(bits)}")
+    return lines
 
 
-def layout_apply(cps, table: int, v: int) -> int:
-    """out bit p = bit `key` of `table`, key the copies' bits at p (first copy the key's top bit)."""
-    bits = [b8(shift_copy(kd, k, v)) for kd, k in cps]
-    return int("".join(str(table >> int("".join(s[p] for s in bits), 2) & 1) for p in range(8)), 2)
+def _table(rule, ex, q) -> list[str]:
+
+    names = [T_NAMES[m] for m in rule[2:]]
+    lines = [f"note no single copy fits; recall: each output bit is a function of the bits of {', '.join(names)} "
+             "at its position; read the table from the examples"]
+
+    def keys(xv, tag):
+        return _key_lines(lines, names, [functools.partial(apply_t, nm) for nm in names], xv, tag)
+
+    for n, (xv, yv) in enumerate(ex, 1):
+        ks = keys(xv, f"ex{n}")
+        lines.append(f"ex{n}: pairs {ks} {b8(yv)} = " + " ".join(f"{k}:{b}" for k, b in zip(ks.split(), b8(yv))))
+    ks = keys(q, "q")
+    tt = rule[1]
+    lines.append(f"q: read {ks} = " + "".join(str(tt >> int(k, 2) & 1) for k in ks.split()))
+    return lines
 
 
-def random_layout(rng: random.Random):
-    """A rule of the competition's layout: 1 to 3 of (rotl a, shl b, shr c), a in 0..7 (0: x), b and c in 1..7,
-    and a table F that depends on every copy and gives neither a constant nor a single copy on all 256 inputs."""
-    while True:
-        kinds = sorted(rng.sample(SHIFT_KINDS, rng.choice((1, 2, 2, 3, 3))), key=SHIFT_KINDS.index)
-        cps = [(kd, rng.randrange(8) if kd == "rotl" else rng.randrange(1, 8)) for kd in kinds]
-        m = len(cps)
-        table = rng.randrange(1, 2 ** 2 ** m - 1)
-        keys = range(2 ** m)
-        if not all(any(table >> k & 1 != table >> (k ^ 1 << j) & 1 for k in keys) for j in range(m)):
-            continue  # F ignores a copy
-        outs = {layout_apply(cps, table, v) for v in range(256)}
-        if len(outs) > 4:
-            return cps, table
+def _eval_bits(expr: str, x: int) -> int:
+    """A bits rule name (`shl1 XOR NOT rotr3`, `MAJ(x, shl1, rotr2)`, `(a AND b) OR c`) evaluated on x."""
+    env = {("_" + n): apply_t(n, x) for n in T_NAMES}
+    env["MAJ"] = lambda a, b, c: (a & b) | (a & c) | (b & c)
+    env["CH"] = lambda a, b, c: (a & b) | (~a & c)
+    py = re.sub(r"\b([01]{8})\b", lambda m: str(int(m.group(1), 2)), expr)
+    py = re.sub(r"\b(" + "|".join(T_NAMES) + r")\b", r"_\1", py)
+    py = py.replace("XOR", "^").replace("AND", "&").replace("OR", "|").replace("NOT", "~")
+    if not re.fullmatch(r"[\w\s()^&|~,]+", py):
+        raise Fail(f"cannot read {expr!r}")
+    return eval(py, {"__builtins__": {}}, env) & 255  # noqa: S307 - names and operators only, checked above
+
+
+def check_line(line: str, prompt: str, state: dict) -> bool:
+    """A compact line: True if it states a computation that replays, False if it is a claim; Fail if it is wrong."""
+    if line.startswith("rule: "):
+        state["rule"] = line[6:]
+        return False
+    m = re.fullmatch(r"x = ([01]{8})", line)
+    if m:
+        if not re.search(rf"determine the output for:\s*{m.group(1)}", prompt):
+            raise Fail("x is not the prompt's query")
+        state["x"] = int(m.group(1), 2)
+        return True
+    m = re.fullmatch(r"b(\d) = ([x\d ^]+) = ([01])", line)  # affine: an XOR of input bits (x0 the first)
+    if m and "x" in state:
+        xs = b8(state["x"])
+        v = 0
+        for t in m.group(2).split(" ^ "):
+            v ^= 1 if t == "1" else 0 if t == "0" else int(xs[int(t[1:])])
+        if v != int(m.group(3)):
+            raise Fail(f"the XOR is {v}")
+        state.setdefault("bits", []).append(m.group(3))
+        return True
+    m = re.fullmatch(r"b(\d) <- ([x\d,]+|none): (\d*|-) -> ([01])", line)  # per-bit fallback
+    if m and "x" in state:
+        xs = b8(state["x"])
+        key = "".join(xs[int(t[1:])] for t in m.group(2).split(",")) if m.group(2) != "none" else "-"
+        if key != m.group(3):
+            raise Fail(f"the input bits are {key}")
+        state.setdefault("bits", []).append(m.group(4))
+        return False  # the bit read from the examples' table is a claim
+    m = re.fullmatch(r"(.+) = ([01]{8})", line)
+    if m and "x" in state and not line.startswith(("b", "table", "keys")):
+        name = m.group(1)
+        if ": " in name:  # a pipeline step `XOR shr2: a XOR b = c`
+            return False
+        if _eval_bits(name, state["x"]) != int(m.group(2), 2):
+            raise Fail(f"{name} of x is {b8(_eval_bits(name, state['x']))}")
+        return True
+    return False
+
+def compact_answer(lines: list[str], box: str, state: dict, tail: str) -> str:
+    """The per-bit lines' bits joined, or a constant rule's constant, where the trace ends with them."""
+    if len(state.get("bits", [])) == 8:
+        tail = "".join(state["bits"])
+    if BITS_RE.match(state.get("rule", "")) and (lines[-1] if lines else "").startswith("x = "):
+        tail = state["rule"]  # a constant rule: the claimed constant is the answer
+    return tail
+
+
+CATEGORY = Category(NAME, "bit manipulation rule", "bit", "bits", parse, solve, generate_one, derive, check_line,
+                    compact_answer)

@@ -1,44 +1,41 @@
-"""The one table of puzzle categories: every other module reads the category list from here.
+"""The registry of puzzle categories, and `classify`: every other module reads the category list from here.
 
-Each row names a category and says what the callers need: the module under `lab.puzzles` that
-parses, solves and generates it (`parse`, `solve`, `generate_one`), the words of the competition's
-opening sentence that identify it (`classify`), the prefix of generated ids (`generate`), the kind of
-answer (`errors` uses it for `wrong_format` and `near_miss`) and the extra batch argument its solver
-takes (`solve`). A new category is one module plus one row.
-Deliberately simple: a tuple of frozen dataclasses, no registry or plug-in loading.
+Each category is one module under `lab.puzzles` that defines `CATEGORY = common.Category(...)`: its name, the
+words of the competition's opening sentence that identify it, the prefix of generated ids, the kind of answer
+(`analysis` uses it for `wrong_format` and `near_miss`), and its functions: parse, solve, generate, the derivation
+trace, the compact-line checker, the subtype and the extra batch input its solver takes. A new category is one
+module plus its line in `TABLE` (and the import above it).
+Deliberately simple: a tuple of frozen records, no plug-in loading.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from .bits import CATEGORY as BITS
+from .cipher import CATEGORY as CIPHER
+from .common import Category, has_key
+from .equations import CATEGORY as EQUATIONS
+from .gravity import CATEGORY as GRAVITY
+from .numeral import CATEGORY as NUMERAL
+from .units import CATEGORY as UNITS
 
-
-@dataclass(frozen=True)
-class Category:
-    name: str     # the category as data, metrics and reports spell it
-    module: str   # lab.puzzles.<module> holds parse / solve / generate_one
-    key: str      # substring of the prompt's opening sentence that identifies it (checked in table order)
-    prefix: str   # generated ids are <prefix>-<seed>-<index>
-    answer: str   # 'bits' (a binary string), 'number', 'numeral' (Roman numeral, or a number), 'text'
-    batch: str = ""  # extra argument the solver takes from the batch: 'vocab' (cipher words), 'priors' (equations)
-
-
-TABLE = (
-    Category("bit_manipulation", "bits", "bit manipulation rule", "bit", "bits"),
-    Category("gravity", "gravity", "gravitational constant", "grav", "number"),
-    Category("unit_conversion", "units", "unit conversion", "unit", "number"),
-    Category("text_cipher", "cipher", "encryption rules", "ciph", "text", batch="vocab"),
-    Category("numeral_system", "numeral", "numeral system", "num", "numeral"),
-    Category("equation_transformation", "equations", "transformation rules is applied to equations", "eq", "text",
-             batch="priors"),
-)
+TABLE: tuple[Category, ...] = (BITS, GRAVITY, UNITS, CIPHER, NUMERAL, EQUATIONS)
 
 BY_NAME = {c.name: c for c in TABLE}
 CATEGORIES = [c.name for c in TABLE]
 
 
 def category(name: str) -> Category:
-    """The row for `name`; ValueError naming the known categories otherwise."""
+    """The category `name`; ValueError naming the known categories otherwise."""
     if name not in BY_NAME:
         raise ValueError(f"unknown category {name!r}; choose from {CATEGORIES}")
     return BY_NAME[name]
+
+
+def classify(prompt: str) -> tuple[str, str]:
+    """(category, subtype) from the prompt's opening wording, keys checked in table order; ('unknown', '') when
+    no key matches, never a guess. Subtypes: equations have four, `<kind>_<mode>` (`eqsolve.equation_subtype`);
+    every other category has ''."""
+    for c in TABLE:
+        if has_key(prompt, c.key):
+            return c.name, (c.subtype(prompt) if c.subtype else "")
+    return "unknown", ""

@@ -20,22 +20,23 @@ Numbers: `add sub mul div sq mid max min median` compute exactly (fractions) and
 the exact value rounded to RESULT's own number of decimals (`div 14.915 0.93845 = 15.89322819`). After the
 steps come `</think>` and `\\boxed{ANSWER}`; ANSWER must equal the last step's RESULT (or copied VALUE).
 
-Compact traces (today's style) are replayed by `replay_compact`: the line shapes each category's compact
-trace uses (`x = ...`, `shl1 = ...`, `6.69/10.08 = 0.6637`, `|37-12| = 25`, ...) are recomputed where they
-state a computation; lines that state a choice (`rule: ...`, `mode: ...`, `factor = ...`, a cipher key) are
-claims, counted but not recomputed, since the compact style never shows where they come from.
+A category may add operations of its own (`Category.ops`, `Category.branches`: the symbolic equations'
+written search, `eqsearch`); everything else is this one table.
 
-Simplifies: one grammar and one table of operations for every category (no per-category checker for
-derivations); results are compared as written, so a wrong digit, a skipped step (a value used before it
-is written) and a wrong box all fail at their own line.
+Compact traces are replayed by `replay_compact` with the category's `check_line` (`line_rules` builds one from
+regexes): the line shapes its compact trace uses (`x = ...`, `6.69/10.08 = 0.6637`, `|37-12| = 25`, ...) are
+recomputed where they state a computation; lines that state a choice (`rule: ...`, `mode: ...`, `factor = ...`,
+a cipher key) are claims, counted but not recomputed, since the compact style never shows where they come from.
+Which category a trace belongs to is looked up by `solve.replay`; this module knows no category.
+
+Simplifies: one grammar and one table of operations for every category; results are compared as written,
+so a wrong digit, a skipped step (a value used before it is written) and a wrong box all fail at their own line.
 """
 
 from __future__ import annotations
 
 import re
 from fractions import Fraction
-
-from .categories import BY_NAME
 
 TAG_RE = re.compile(r"^([a-z][a-z0-9]*): (.*)$")
 BOX_RE = re.compile(r"\\boxed\{(.*)\}\s*$", re.S)
@@ -181,9 +182,6 @@ OPS = {  # name -> function of the argument strings, giving the RESULT string
 }
 STATEFUL = {"decode", "encode", "read", "table", "default"}
 PAIR_RE = re.compile(r"^[01]{1,4}:[01]$")
-EQ_OPS = {"sig", "readings", "cands", "fit", "rest"}  # symbolic equations' written search (`eqsearch`)
-EQ_BRANCH = {"try", "assume", "back"}
-STATEFUL |= EQ_OPS
 
 
 def _decimals(v: str) -> int:
@@ -195,14 +193,33 @@ def _numeric_ok(exact: Fraction, written: str) -> bool:
     return abs(got - exact) <= Fraction(1, 2 * 10 ** _decimals(written))
 
 
-class Replay:
-    """The state of one replay: the prompt, the values written so far, the symbol map (`let` lines)."""
+def line_rules(*rules):
+    """A compact-line checker (`Category.check_line`) from rules (regex, test, message): the first regex that
+    matches the whole line decides, the line replays when `test(*groups)` holds, else Fail(message); a line no
+    regex matches is a claim."""
+    compiled = [(re.compile(rx), test, msg) for rx, test, msg in rules]
 
-    def __init__(self, prompt: str):
+    def check_line(line: str, prompt: str, state: dict) -> bool:
+        for rx, test, msg in compiled:
+            m = rx.fullmatch(line)
+            if m:
+                if not test(*m.groups()):
+                    raise Fail(msg)
+                return True
+        return False
+    return check_line
+
+
+class Replay:
+    """The state of one replay: the prompt, the values written so far, the symbol map (`let` lines), and the
+    category's own operations (`ops`: name -> (replay, args) -> result; `branches`: name -> (replay, args))."""
+
+    def __init__(self, prompt: str, ops: dict | None = None, branches: dict | None = None):
         self.prompt = prompt
         self.values: set[str] = set()
         self.symbols: dict[str, str] = {}
         self.recalls = 0
+        self.ops, self.branches = ops or {}, branches or {}
 
     def available(self, v: str) -> bool:
         if v in self.values:
@@ -248,14 +265,14 @@ class Replay:
             self.recalls += 1
             self.values.add(d)
             return None
-        if head in EQ_BRANCH:
-            self.eq_branch(head, rest.split())
+        if head in self.branches:
+            self.branches[head](self, rest.split())
             return None
         if " = " not in body:
             raise Fail("not `OP ARG ... = RESULT`, `copy`, `let`, `recall` or `note`")
         lhs, result = body.rsplit(" = ", 1)
         op, *args = lhs.split()
-        if op not in OPS and op not in STATEFUL and op not in NUMERIC:
+        if op not in OPS and op not in STATEFUL and op not in NUMERIC and op not in self.ops:
             raise Fail(f"unknown operation {op!r}")
         self.need(args)
         if op in NUMERIC:
@@ -267,7 +284,8 @@ class Replay:
                 raise Fail(f"{op} {' '.join(args)} is {float(exact):.10g}, not {result}")
         else:
             try:
-                want = self.stateful(op, args) if op in STATEFUL else OPS[op](*args)
+                want = (self.ops[op](self, args) if op in self.ops else self.stateful(op, args) if op in STATEFUL
+                        else OPS[op](*args))
             except TypeError as e:
                 raise Fail(f"{op}: wrong number of arguments ({e})") from None
             except KeyError as e:
@@ -277,80 +295,7 @@ class Replay:
         self.add(result)
         return result
 
-    def search(self):
-        """The symbolic search's state (`eqsearch.Search`), sharing this replay's symbol map."""
-        from .eqsearch import Search
-
-        if getattr(self, "_search", None) is None:
-            self._search = Search(self.symbols)
-        return self._search
-
-    def eq_op(self, op, args):
-        """`sig LHS RHS`, `readings SIG`, `cands LHS RHS` (recomputed from the catalog and the state),
-        `fit RHS DIGITS` (yes binds the result's new symbols)."""
-        from .eqsearch import readings, signature
-
-        st = self.search()
-        if op == "readings":
-            (sig,) = args
-            return " ".join(readings(sig)) or "none"
-        if op == "rest":
-            (c,) = args
-            free = [d for d in "0123456789" if d not in st.s2d.values()]
-            if c in st.s2d or len(free) != 1 or not self.available(c):
-                raise Fail(f"{c!r} is bound, or more than one digit is left")
-            st.s2d[c] = free[0]
-            return free[0]
-        if op == "fit":
-            r, v = args
-            if not st.mode or not st.ops:
-                raise Fail("fit before any branch")
-            sym = next((s for s in st.ops if s in r or s in v), "")
-            ok = st.fits(r, v, sym)
-            if ok:
-                st.bind(r, v, sym)
-            return "yes" if ok else "no"
-        lhs, r = args
-        if len(lhs) != 5:
-            raise Fail(f"{lhs!r} is not two symbols, an operator, two symbols")
-        x, sym, y = lhs[:2], lhs[2], lhs[3:]
-        if op == "sig":
-            return signature(x, sym, y, r)
-        st.points[len(st.stack)] = (x, sym, y, r)
-        return " ".join(st.candidates(x, sym, y, r)) or "none"
-
-    def eq_branch(self, head, args):
-        """`try CANDIDATE` (a candidate of the last `cands` line at this depth, that still agrees), `assume OP MEANING`
-        (a meaning the catalog lists for a decoded example; the mode is the branch's), `back`."""
-        from .eqsearch import MEANINGS as _M
-
-        st = self.search()
-        if head == "back":
-            if args or not st.stack:
-                raise Fail("back closes no open branch")
-            st.back()
-            return
-        if head == "try":
-            if len(args) != 1 or len(st.stack) not in st.points:
-                raise Fail("a try line is `try CANDIDATE`, after a `cands` line at its depth")
-            self.need(args)
-            (cand,) = args
-            x, sym, y, r = st.points[len(st.stack)]
-            if cand not in st.candidates(x, sym, y, r):
-                raise Fail(f"{cand} is not a candidate of {x}{sym}{y} = {r} under the bindings")
-            st.take(x, sym, y, r, cand)
-            return
-        if len(args) != 2 or len(args[0]) != 1:
-            raise Fail("an assume line is `assume OP MEANING`")
-        sym, meaning = args[0], args[1].replace("_", " ")
-        if meaning not in _M or st.mode is None or not st.family_free(sym, meaning) or sym in st.ops:
-            raise Fail(f"{sym} cannot take {meaning} here")
-        st.push()
-        st.ops[sym] = meaning
-
     def stateful(self, op, args):
-        if op in EQ_OPS:
-            return self.eq_op(op, args)
         if op == "read":  # each key's bit from an available `key:bit` pair
             out = ""
             for k in args:
@@ -401,12 +346,14 @@ def split_trace(trace: str):
     return [ln for ln in head.splitlines() if ln.strip()], (m.group(1) if m else None)
 
 
-def replay_derivation(prompt: str, trace: str) -> tuple[bool, int, str, int]:
-    """(ok, failing line number (1-based, 0 when ok), message, recall lines) for a derivation trace."""
+def replay_derivation(prompt: str, trace: str, ops: dict | None = None,
+                      branches: dict | None = None) -> tuple[bool, int, str, int]:
+    """(ok, failing line number (1-based, 0 when ok), message, recall lines) for a derivation trace; `ops` and
+    `branches`: the category's own operations (`Category.ops`, `Category.branches`)."""
     lines, box = split_trace(trace)
     if box is None:
         return False, len(lines) + 1, "no `</think>` then `\\boxed{...}`", 0
-    r = Replay(prompt)
+    r = Replay(prompt, ops, branches)
     last = None
     for i, line in enumerate(lines, 1):
         m = TAG_RE.match(line)
@@ -424,147 +371,10 @@ def replay_derivation(prompt: str, trace: str) -> tuple[bool, int, str, int]:
 
 # ---------------------------------------------------------------- compact traces
 
-def _eval_bits(expr: str, x: int) -> int:
-    """A bits rule name (`shl1 XOR NOT rotr3`, `MAJ(x, shl1, rotr2)`, `(a AND b) OR c`) evaluated on x."""
-    from .bits import T_NAMES, apply_t
-
-    env = {("_" + n): apply_t(n, x) for n in T_NAMES}
-    env["MAJ"] = lambda a, b, c: (a & b) | (a & c) | (b & c)
-    env["CH"] = lambda a, b, c: (a & b) | (~a & c)
-    py = re.sub(r"\b([01]{8})\b", lambda m: str(int(m.group(1), 2)), expr)
-    py = re.sub(r"\b(" + "|".join(T_NAMES) + r")\b", r"_\1", py)
-    py = py.replace("XOR", "^").replace("AND", "&").replace("OR", "|").replace("NOT", "~")
-    if not re.fullmatch(r"[\w\s()^&|~,]+", py):
-        raise Fail(f"cannot read {expr!r}")
-    return eval(py, {"__builtins__": {}}, env) & 255  # noqa: S307 - names and operators only, checked above
-
-
-def _module(category: str) -> str:
-    """The solver module that wrote a compact trace of `category` (its line shapes are checked below)."""
-    return BY_NAME[category].module if category in BY_NAME else ""
-
-
-def _check_compact_line(category: str, line: str, prompt: str, state: dict) -> bool:
-    """True if the line states a computation that replays, False if it is a claim; Fail if it is wrong."""
-    module = _module(category)
-    if module == "bits":
-        if line.startswith("rule: "):
-            state["rule"] = line[6:]
-            return False
-        m = re.fullmatch(r"x = ([01]{8})", line)
-        if m:
-            if not re.search(rf"determine the output for:\s*{m.group(1)}", prompt):
-                raise Fail("x is not the prompt's query")
-            state["x"] = int(m.group(1), 2)
-            return True
-        m = re.fullmatch(r"b(\d) = ([x\d ^]+) = ([01])", line)  # affine: an XOR of input bits (x0 the first)
-        if m and "x" in state:
-            xs = _b8(state["x"])
-            v = 0
-            for t in m.group(2).split(" ^ "):
-                v ^= 1 if t == "1" else 0 if t == "0" else int(xs[int(t[1:])])
-            if v != int(m.group(3)):
-                raise Fail(f"the XOR is {v}")
-            state.setdefault("bits", []).append(m.group(3))
-            return True
-        m = re.fullmatch(r"b(\d) <- ([x\d,]+|none): (\d*|-) -> ([01])", line)  # per-bit fallback
-        if m and "x" in state:
-            xs = _b8(state["x"])
-            key = "".join(xs[int(t[1:])] for t in m.group(2).split(",")) if m.group(2) != "none" else "-"
-            if key != m.group(3):
-                raise Fail(f"the input bits are {key}")
-            state.setdefault("bits", []).append(m.group(4))
-            return False  # the bit read from the examples' table is a claim
-        m = re.fullmatch(r"(.+) = ([01]{8})", line)
-        if m and "x" in state and not line.startswith(("b", "table", "keys")):
-            name = m.group(1)
-            if ": " in name:  # a pipeline step `XOR shr2: a XOR b = c`
-                return False
-            if _eval_bits(name, state["x"]) != int(m.group(2), 2):
-                raise Fail(f"{name} of x is {_b8(_eval_bits(name, state['x']))}")
-            return True
-        return False
-    if module in ("gravity", "units"):
-        m = re.fullmatch(r"2\*(\S+)/(\S+)\^2 = (\S+)", line) or re.fullmatch(r"(\S+)/(\S+) = (\S+)", line)
-        if m:
-            a, b, r = m.groups()
-            exact = (2 if line.startswith("2*") else 1) * _num(a) / (_num(b) ** (2 if "^2" in line else 1))
-            if not _numeric_ok(exact, r):
-                raise Fail(f"is {float(exact):.8g}")
-            return True
-        m = re.fullmatch(r"(\S+)\^2 = (\S+)", line)
-        if m:
-            if not _numeric_ok(_num(m.group(1)) ** 2, m.group(2)):
-                raise Fail("wrong square")
-            return True
-        m = re.fullmatch(r"(\S+)\*(\S+)\*(\S+) = (\S+)", line) or re.fullmatch(r"(\S+)\*(\S+) = (\S+)", line)
-        if m:
-            *fs, r = m.groups()
-            exact = Fraction(1)
-            for f in fs:
-                exact *= _num(f)
-            if not _numeric_ok(exact, r):
-                raise Fail(f"is {float(exact):.8g}")
-            state["last"] = r
-            return True
-        return False
-    if module == "numeral":
-        m = re.fullmatch(r"(\d+) = ([\d +]+)", line)
-        if m:
-            if _places(m.group(1)) != " ".join(m.group(2).split(" + ")):
-                raise Fail("wrong place values")
-            return True
-        m = re.fullmatch(r"(\d+) -> ([IVXLCDM]+)", line)
-        if m:
-            if ROMAN.get(int(m.group(1))) != m.group(2):
-                raise Fail("wrong numeral")
-            return True
-        m = re.fullmatch(r"([IVXLCDM +]+) = ([IVXLCDM]+)", line)
-        if m:
-            if m.group(1).replace(" + ", "") != m.group(2):
-                raise Fail("wrong join")
-            return True
-        return False
-    if module == "equations":
-        m = re.fullmatch(r"\|(\d+)-(\d+)\| = (\d+)", line)
-        if m:
-            if abs(int(m.group(1)) - int(m.group(2))) != int(m.group(3)):
-                raise Fail("wrong difference")
-            return True
-        m = re.fullmatch(r"(\d+)([+*])(\d+)(?:([+-])1)? = (-?\d+)", line)
-        if m:
-            a, op, b, pm, r = m.groups()
-            v = int(a) + int(b) if op == "+" else int(a) * int(b)
-            v += {"+": 1, "-": -1, None: 0}[pm]
-            if v != int(r):
-                raise Fail(f"is {v}")
-            return True
-        m = re.fullmatch(r"(\d+) mod (\d+) = (\d+)", line)
-        if m:
-            if int(m.group(1)) % int(m.group(2)) != int(m.group(3)):
-                raise Fail("wrong remainder")
-            return True
-        m = re.fullmatch(r"(\d+) joined to (\d+) = (\d+)", line)
-        if m:
-            if m.group(1) + m.group(2) != m.group(3):
-                raise Fail("wrong join")
-            return True
-        return False
-    if module == "cipher":
-        if line.startswith("key: "):
-            return False
-        m = re.fullmatch(r"(\S+) = (?:(\S+) = )?(\S+)", line)
-        if m:
-            cw, partial, pw = m.groups()
-            if len(cw) != len(pw) or (partial and _fits(partial, pw) != "yes"):
-                raise Fail("the word does not fit")
-            return bool(not partial)
-        return False
-    return False
-
-
-def replay_compact(category: str, prompt: str, trace: str) -> tuple[bool, int, str, int]:
-    """(ok, failing line, message, claim lines) for a compact trace: computations recomputed, claims counted."""
+def replay_compact(prompt: str, trace: str, check_line, compact_answer=None) -> tuple[bool, int, str, int]:
+    """(ok, failing line, message, claim lines) for a compact trace: computations recomputed by the category's
+    `check_line(line, prompt, state)`, claims counted; the box must equal the last line's `= VALUE` (or what the
+    category's `compact_answer(lines, box, state, tail)` says the trace ends with)."""
     lines, box = split_trace(trace)
     if box is None:
         return False, len(lines) + 1, "no `</think>` then `\\boxed{...}`", 0
@@ -572,54 +382,15 @@ def replay_compact(category: str, prompt: str, trace: str) -> tuple[bool, int, s
     claims = 0
     for i, line in enumerate(lines, 1):
         try:
-            if not _check_compact_line(category, line.strip(), prompt, state):
+            if not check_line(line.strip(), prompt, state):
                 claims += 1
         except Fail as e:
             return False, i, f"{line!r}: {e}", claims
     last = lines[-1] if lines else ""
     tail = last.rsplit("= ", 1)[-1].strip() if "= " in last else last.split(": ", 1)[-1].strip()
-    module = _module(category)
-    if module == "bits" and len(state.get("bits", [])) == 8:
-        tail = "".join(state["bits"])
-    if module == "bits" and BITS_RE.match(state.get("rule", "")) and last.startswith("x = "):
-        tail = state["rule"]  # a constant rule: the claimed constant is the answer
-    if module == "cipher":
-        words = [ln.rsplit(" = ", 1)[-1] for ln in lines if " = " in ln and not ln.startswith("key:")]
-        tail = box if box.split() == [w for w in words] or _cipher_words_match(box, words) else " ".join(words)
+    if compact_answer is not None:
+        tail = compact_answer(lines, box, state, tail)
     if tail != box:
         return False, len(lines) + 1, f"boxed {box!r} is not the last step's result {tail!r}", claims
     return True, 0, "", claims
 
-
-def _cipher_words_match(box: str, words: list[str]) -> bool:
-    return [re.sub(r"^[^a-z]+|[^a-z]+$", "", w) or w for w in box.split()] == words
-
-
-def replay(style: str, category: str, prompt: str, trace: str):
-    if style == "derivation":
-        return replay_derivation(prompt, trace)
-    return replay_compact(category, prompt, trace)
-
-
-def check_frame(df, style: str | None = None):
-    """Replays every solved row of a solve output (columns prompt, category, status, trace, and trace_style
-    unless `style` is given). -> (per-row DataFrame [id, category, style, ok, line, message, recalls],
-    summary DataFrame per category and style [n, replayed, share, unchecked_lines_mean]); `recalls` counts a
-    derivation's `let`/`recall` lines, or a compact trace's claim lines: what the replay takes on trust)."""
-    import pandas as pd
-
-    rows = []
-    for _, r in df.iterrows():
-        if r["status"] != "solved":
-            continue
-        st = style or r.get("trace_style", "compact") or "compact"
-        ok, line, msg, rec = replay(st, r["category"], r["prompt"], r["trace"])
-        rows.append({"id": r.get("id", ""), "category": r["category"], "style": st, "ok": ok, "line": line,
-                     "message": msg, "recalls": rec})
-    res = pd.DataFrame(rows, columns=["id", "category", "style", "ok", "line", "message", "recalls"])
-    g = res.groupby(["category", "style"])
-    summary = g.size().rename("n").to_frame()
-    summary["replayed"] = g["ok"].sum().astype(int)
-    summary["share"] = (summary["replayed"] / summary["n"]).round(4)
-    summary["unchecked_lines_mean"] = g["recalls"].mean().round(1)
-    return res, summary.reset_index()

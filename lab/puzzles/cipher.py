@@ -18,6 +18,9 @@ list, or no word. Trace:
     hffk = ?oo? = book
 (the key line lists only the query's letters that the examples give; a word with letters the
 examples do not give shows its partial decryption, then the matched word).
+Derivation: each query letter read from an example word pair that contains it; a word the examples do not
+spell out is matched against a known word (copied when the examples show it, recalled otherwise) and
+checked to fit the letters known so far.
 Deliberately simple: only a-z is substituted (anything else stands for itself, case is kept); no letter-frequency statistics or language model.
 """
 
@@ -28,10 +31,11 @@ import re
 import string
 from collections import Counter
 
-from .classify import classify
-from .common import Solution, finish, undetermined
+from .check import Fail, _fits
+from .common import Category, Solution, finish, has_key, missing
 
-CATEGORY = "text_cipher"
+NAME = "text_cipher"
+KEY = "encryption rules"
 HEADER = "In Alice's Wonderland, secret encryption rules are used on text. Here are some examples:"
 QUERY_RE = re.compile(r"decrypt the following text:\s*(.+?)\s*$", re.S)
 PAIR_RE = re.compile(r"^\s*(.+?)\s*->\s*(.+?)\s*$", re.M)
@@ -57,13 +61,18 @@ def parse(prompt: str):
 
 
 def vocabulary(prompts) -> Counter:
-    """Plaintext words of every cipher example in `prompts` (other categories' prompts are skipped),
+    """Plaintext words of every cipher example in `prompts` (prompts without the cipher's key are skipped),
     counted: the vocabulary a whole file shares. Built from the prompts only, never from answers."""
     words: Counter = Counter()
     for p in prompts:
-        if classify(p)[0] == CATEGORY:
+        if has_key(p, KEY):
             words.update(w for _, plain in parse(p)[0] for w in plain.split() if w.isalpha())
     return words
+
+
+def _core(word: str) -> str:
+    """The word without its edge punctuation (the whole word if that leaves nothing)."""
+    return re.sub(r"^[^a-z]+|[^a-z]+$", "", word) or word
 
 
 def build_key(examples):
@@ -101,15 +110,13 @@ def matches(cw: str, c2p: dict, p2c: dict, vocab: list[str]) -> list[str]:
 def solve(prompt: str, vocab: Counter | None = None) -> Solution:
     """`vocab`: the batch vocabulary (see `vocabulary`), used after the puzzle's own example words."""
     ex, q = parse(prompt)
-    if not q:
-        return undetermined(CATEGORY, "no query text found")
-    if not ex:
-        return undetermined(CATEGORY, "no 'cipher -> plain' examples found")
+    if (none := missing(NAME, ex, q, "no query text found", "no 'cipher -> plain' examples found")):
+        return none
     c2p, p2c = build_key(ex)
     for ch in set(q) - set(string.ascii_lowercase):  # anything but a-z stands for itself
         c2p[ch] = p2c[ch] = ch
     base = dict(c2p)
-    words = [re.sub(r"^[^a-z]+|[^a-z]+$", "", w) or w for w in q.split()]  # cores without edge punctuation
+    words = [_core(w) for w in q.split()]
     pooled = [w for w, _ in vocab.most_common()] if vocab else []
     own = [w for _, p in ex for w in p.split()]
     vocab = list(dict.fromkeys(own + pooled + WORDS))
@@ -149,7 +156,7 @@ def solve(prompt: str, vocab: Counter | None = None) -> Solution:
     ans = " ".join(out)
     order = ["key", "examples' words", "batch words", "word list", "no word"]
     method = max(sources, key=order.index)
-    return Solution(ans, status, finish(lines, ans), CATEGORY, "", reason, method)
+    return Solution(ans, status, finish(lines, ans), NAME, "", reason, method)
 
 
 def sentence(rng: random.Random) -> str:
@@ -180,3 +187,63 @@ def generate_one(rng: random.Random, n_examples: int = 4, **_):
     plains = [sentence(rng) for _ in range(int(n_examples) + 1)]
     q = plains.pop()
     return make_prompt([(enc(p), p) for p in plains], enc(q)), q, ""
+
+
+def derive(prompt: str, sol: Solution) -> list[str]:
+    ex, q = parse(prompt)
+    c2p, _ = build_key(ex)
+    pairs = [(cw, pw) for c, p in ex for cw, pw in zip(c.split(), p.split()) if len(cw) == len(pw)]
+    own = {w for _, p in ex for w in p.split()}
+    lines = ["note read each query letter from an example word that contains it; match the rest to a known word"]
+    words = []
+    for full, pw in zip(q.split(), sol.answer.split()):
+        cw = _core(full)
+        letters = []
+        for ch in cw:
+            if ch in c2p and ch in string.ascii_lowercase:
+                src = next(((a, b) for a, b in pairs if ch in a and {b[i] for i, c in enumerate(a) if c == ch}
+                            == {c2p[ch]}), None)
+                if src is None:
+                    letters.append("?")
+                    continue
+                lines.append(f"{cw}: letter {src[0]} {src[1]} {ch} = {c2p[ch]}")
+                letters.append(c2p[ch])
+            else:
+                letters.append("?" if ch in string.ascii_lowercase else ch)
+        partial = "".join(letters)
+        lines.append(f"{cw}: cat {' '.join(letters)} = {partial}")
+        if "?" in partial:
+            core = _core(pw)
+            lines.append(f"{'copy' if core in own else 'recall'} {core}")
+            lines.append(f"{cw}: fits {partial} {core} = {'yes' if len(partial) == len(core) else 'no'}")
+            partial = core
+        if full != cw:
+            pre, post = full[:full.find(cw)], full[full.find(cw) + len(cw):]
+            lines.append(f"{cw}: cat {' '.join(x for x in (pre, partial, post) if x)} = {pre + partial + post}")
+            partial = pre + partial + post
+        words.append(partial)
+    lines.append(f"join {' '.join(words)} = {' '.join(words)}")
+    return lines
+
+
+def check_line(line: str, prompt: str, state: dict) -> bool:
+    """A compact line: a word read from the key alone is a computation, the key and a matched word are claims."""
+    if line.startswith("key: "):
+        return False
+    m = re.fullmatch(r"(\S+) = (?:(\S+) = )?(\S+)", line)
+    if m:
+        cw, partial, pw = m.groups()
+        if len(cw) != len(pw) or (partial and _fits(partial, pw) != "yes"):
+            raise Fail("the word does not fit")
+        return bool(not partial)
+    return False
+
+
+def compact_answer(lines: list[str], box: str, state: dict, tail: str) -> str:
+    """The words of the `cw = pw` lines, joined; the box may keep the query's edge punctuation."""
+    words = [ln.rsplit(" = ", 1)[-1] for ln in lines if " = " in ln and not ln.startswith("key:")]
+    return box if box.split() == words or [_core(w) for w in box.split()] == words else " ".join(words)
+
+
+CATEGORY = Category(NAME, KEY, "ciph", "text", parse, solve, generate_one, derive, check_line,
+                    compact_answer, input="vocab", learn=vocabulary)

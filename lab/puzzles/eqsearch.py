@@ -23,10 +23,11 @@ whose operands are decoded (branch on meanings); else the one with the fewest ca
 (branch on them). Every complete branch computes the query. When every branch gives one answer it is
 copied; a puzzle whose search gives none or several answers, leaves a query symbol or result digit
 unbound, needs an anchor of more than `MAX_CANDS` candidates, or would exceed `MAX_CHARS`, gets the
-stated fallback trace instead (`derive._symbolic`), as does a puzzle the solver does not mark `solved`.
+stated fallback trace instead (`equations._symbolic`), as does a puzzle the solver does not mark `solved`.
 
-`Search` holds the state both the writer and the checker (`check.py`) use, so they agree by construction
-on what a `cands` line lists; the checker recomputes every line.
+`Search` holds the state both the writer and the checker use, so they agree by construction on what a `cands`
+line lists; `OPS` and `BRANCHES` are the search's lines for `check.Replay` (the equations category's `ops` and
+`branches`), and the checker recomputes every line.
 
 Simplifies: operands of two symbols (the real file's shape); no relaxation of the distinct-families rule
 (the solver's fallbacks get the fallback trace); the character cap stands in for a token count.
@@ -36,7 +37,8 @@ from __future__ import annotations
 
 from functools import lru_cache
 
-from .equations import FAMILY, MEANINGS, MODES, compute, meanings_for
+from .check import Fail
+from .eqsolve import FAMILY, MEANINGS, MODES, compute, meanings_for
 
 MAX_CANDS = 150     # largest candidate list a branch point may write
 MAX_CHARS = 11_500  # trace characters before the search gives up (the real tokenizer: see README)
@@ -99,13 +101,6 @@ def readings(sig: str) -> list[str]:
     """The readings (codes) that have candidates for a signature, in mode then `MEANINGS` order."""
     have = {(m, mn) for m, mn, _, _ in catalog().get(sig, ())}
     return [code(m, mn) for m in MODES for mn in MEANINGS if (m, mn) in have]
-
-
-def catalog_stats() -> dict:
-    """Size of the catalog: signatures, and those whose candidate list fits a branch point (`MAX_CANDS`)."""
-    cat = catalog()
-    return {"signatures": len(cat), "small": sum(len(v) <= MAX_CANDS for v in cat.values()),
-            "entries": sum(len(v) for v in cat.values())}
 
 
 class Search:
@@ -187,8 +182,8 @@ class Search:
 
 def search_lines(exs, query, value, max_cands: int | None = None, max_chars: int | None = None) -> list[str]:
     """The written search for a symbolic puzzle: exs [(x, op, y, rhs)], query (x, op, y); `value(meaning, x, y, mode,
-    sym, tag, lines)` appends a meaning's arithmetic lines and returns the written result (`derive._eq_value`, passed
-    in so the two modules do not import each other). Raises Unfit."""
+    sym, tag, lines)` appends a meaning's arithmetic lines and returns the written result (`equations._eq_value`,
+    passed in: this module sits below `equations`). Raises Unfit."""
     lines: list[str] = ["note each example's signature and its catalog readings; then search from the fewest candidates"]
     size = [len(lines[0])]
 
@@ -311,3 +306,77 @@ def drills(n: int, seed: int) -> list[tuple[str, str]]:
         out.append((f"Signature catalog: the readings and candidates of {sig}",
                     f"readings {sig} = {' '.join(readings(sig))}\ncands {sig} = {cands}"))
     return out
+
+
+# ---------------------------------------------------------------- the search's lines for the checker (check.Replay)
+
+def _state(rp) -> Search:
+    """The search state of one replay, sharing its symbol map (`let` lines)."""
+    if getattr(rp, "eq_search", None) is None:
+        rp.eq_search = Search(rp.symbols)
+    return rp.eq_search
+
+
+def _op(rp, op, args):
+    """`sig LHS RHS`, `readings SIG`, `cands LHS RHS` (recomputed from the catalog and the state),
+    `fit RHS DIGITS` (yes binds the result's new symbols)."""
+    st = _state(rp)
+    if op == "readings":
+        (sig,) = args
+        return " ".join(readings(sig)) or "none"
+    if op == "rest":
+        (c,) = args
+        free = [d for d in "0123456789" if d not in st.s2d.values()]
+        if c in st.s2d or len(free) != 1 or not rp.available(c):
+            raise Fail(f"{c!r} is bound, or more than one digit is left")
+        st.s2d[c] = free[0]
+        return free[0]
+    if op == "fit":
+        r, v = args
+        if not st.mode or not st.ops:
+            raise Fail("fit before any branch")
+        sym = next((s for s in st.ops if s in r or s in v), "")
+        ok = st.fits(r, v, sym)
+        if ok:
+            st.bind(r, v, sym)
+        return "yes" if ok else "no"
+    lhs, r = args
+    if len(lhs) != 5:
+        raise Fail(f"{lhs!r} is not two symbols, an operator, two symbols")
+    x, sym, y = lhs[:2], lhs[2], lhs[3:]
+    if op == "sig":
+        return signature(x, sym, y, r)
+    st.points[len(st.stack)] = (x, sym, y, r)
+    return " ".join(st.candidates(x, sym, y, r)) or "none"
+
+
+def _branch(rp, head, args):
+    """`try CANDIDATE` (a candidate of the last `cands` line at this depth, that still agrees), `assume OP MEANING`
+    (a meaning the catalog lists for a decoded example; the mode is the branch's), `back`."""
+    st = _state(rp)
+    if head == "back":
+        if args or not st.stack:
+            raise Fail("back closes no open branch")
+        st.back()
+        return
+    if head == "try":
+        if len(args) != 1 or len(st.stack) not in st.points:
+            raise Fail("a try line is `try CANDIDATE`, after a `cands` line at its depth")
+        rp.need(args)
+        (cand,) = args
+        x, sym, y, r = st.points[len(st.stack)]
+        if cand not in st.candidates(x, sym, y, r):
+            raise Fail(f"{cand} is not a candidate of {x}{sym}{y} = {r} under the bindings")
+        st.take(x, sym, y, r, cand)
+        return
+    if len(args) != 2 or len(args[0]) != 1:
+        raise Fail("an assume line is `assume OP MEANING`")
+    sym, meaning = args[0], args[1].replace("_", " ")
+    if meaning not in MEANINGS or st.mode is None or not st.family_free(sym, meaning) or sym in st.ops:
+        raise Fail(f"{sym} cannot take {meaning} here")
+    st.push()
+    st.ops[sym] = meaning
+
+
+OPS = {op: (lambda rp, args, op=op: _op(rp, op, args)) for op in ("sig", "readings", "cands", "fit", "rest")}
+BRANCHES = {head: (lambda rp, args, head=head: _branch(rp, head, args)) for head in ("try", "assume", "back")}

@@ -1,702 +1,208 @@
-"""Equation transformation puzzles: two operands around a hidden operator symbol (`34/44 = 1`).
+"""The equation-transformation category: its Category object, its derivation traces and its compact-line checker.
 
-One rule model, shared by the numeric and the symbolic solver and by the generator:
-  mode     per puzzle, shared by all its operators. plain: operands read as written, result
-           written as computed. reversed: each operand read with its digits reversed, the result's
-           digit string reversed, leading zeros kept (`06*79 = 0285`: 60*97 = 5820).
-  meaning  per operator, each from its own family (a puzzle repeats a family only rarely):
-             add     a+b, a+b+1, a+b-1
-             mul     a*b, a*b+1, a*b-1
-             concat  ab, ba (the operand strings joined, either order)
-             mod     mod: max(a, b) mod min(a, b)
-             sub     the digits of |a-b| and, by marker form, the operator's own symbol as a marker:
-                     |a-b| never, a-b when a<b, b-a when a>b, ±|a-b| always (never on a zero result,
-                     written `0`); in front, or (reversed mode only, never for a `-` operator) at
-                     the end: `a-b end`, `b-a end`, `±|a-b| end`.
-Symbolic puzzles are the same model behind a substitution: each digit written as a secret symbol
-(operator characters are never digit symbols; the subtraction marker is the operator's symbol).
-
-Priors: `learn_priors(prompts)` counts, over a file's numeric prompts (their examples, never an
-answer), the mode of every puzzle whose examples fit one mode only, the family of every operator
-whose examples leave it one family (by symbol: `+`, `-`, `*`, other) and the meaning of every
-operator they leave one meaning. `solve_frame` learns them from the batch it solves; a puzzle solved
-on its own uses DEFAULT_COUNTS (the same counts, from the development sample's prompts). Every
-reading that fits the examples (a mode + one meaning per operator) weighs
-P(mode) * prod P(family | symbol) P(meaning | family); the answer with the most weight wins.
-Operator never shown in the examples: a meaning from a family the examples did not use, weighted
-by `unseen_family_weight` (the usual meaning for `+ - *`, else add / multiply / subtract evenly).
-
-Numeric solver: every meaning of every operator that fits its examples, per mode; the joint
-hypotheses with distinct families. Only where none exists: the readings that leave out the fewest
-operators (a rule outside the model), then share the fewest families; the symbolic solver relaxes
-the same way (families may repeat, then the query operator's examples alone).
-Symbolic solver (per mode): each example's candidates (meaning, digits) come from a table of the
-equality pattern of x+y+result over all 00..99 operand pairs; arc consistency prunes candidates no
-example sharing a symbol or the operator agrees with; a depth-first join (indexed on bound symbols,
-families kept distinct) enumerates every consistent symbol->digit map, up to a solution cap and a
-per-puzzle time cap (the reason says when a cap stopped it; CPU seconds of the solving process, so
-other work on a shared machine hardly moves where it stops). Every map, completed in every way
-for query symbols the examples never fix, votes its weight on the query's answer; answers with a
-digit whose symbol never appears are dropped.
-Status: `solved` only when every fitting hypothesis gives the same answer (and the search was
-complete); `ambiguous` with the best-weighted answer otherwise; `undetermined` when the query's
-operator never appears (the answer is still the best guess) or nothing fits.
-`method` is the query operator's mode and meaning (`reversed b-a end`); `family(meaning)` names
-its family, for the per-family tables.
-Traces (numeric; symbolic adds a `digits:` line and the decoded query):
-    mode: reversed
-    } means b-a end (fits 2 examples)
-    73}21: a = 37, b = 12
-    |37-12| = 25
-    written: 52}
-    answer: 52}
-Deliberately simplified:
-- the meaning list is what the real file's examples need; rules outside it are never forced (the
-  operator is left out, or the puzzle is undetermined);
-- operands of symbolic puzzles are two symbols each (the real file's shape);
-- the symbolic search stops at its caps rather than counting digit maps cleverly; a capped search
-  is never `solved`.
+The rule model and the solvers are `eqsolve`; the symbolic written search is `eqsearch`. Derivation (`derive`):
+  numeric   the query operator's candidate meanings, modes `plain` then `reversed`, meanings in `eqsolve.MEANINGS`
+            order, each computed on that operator's examples in turn until one rejects it; the first that no
+            example rejects is kept when it gives the solver's answer (for a `solved` puzzle every fitting reading
+            does, unless the other operators rule it out); otherwise a note says the solver's priors set it aside,
+            and the search goes on to the solver's reading. The output format (reversal, the subtraction marker in
+            front or at the end) is its own step.
+  symbolic  the written signature search (`eqsearch.search_lines`); where it cannot give the solver's answer
+            within its bounds, or the puzzle is not `solved`, the stated fallback: the solver's digit map recalled
+            (`let` lines) with each operator's meaning, every example verified under them, then the query.
+An unsolved puzzle the solver found no reading for keeps its compact trace (nothing trains on it).
+Compact traces (`check_line`): the differences, sums, products, remainders and joins are recomputed; the mode,
+the meanings and the digit map are claims.
+Simplifies: the arithmetic of a meaning is written by one function (`_eq_value`) for both kinds and the search.
 """
 
 from __future__ import annotations
 
-import random
-import re
-import time
-from collections import Counter
-from functools import lru_cache
-from itertools import permutations, product
-from operator import itemgetter
-
-from .classify import equation_parts
-from .common import Solution, finish, undetermined
-
-CATEGORY = "equation_transformation"
-HEADER = "In Alice's Wonderland, a secret set of transformation rules is applied to equations. Below are a few examples:"
-
-ARITH = {
-    "a+b": lambda a, b: a + b, "a+b+1": lambda a, b: a + b + 1, "a+b-1": lambda a, b: a + b - 1,
-    "a*b": lambda a, b: a * b, "a*b+1": lambda a, b: a * b + 1, "a*b-1": lambda a, b: a * b - 1,
-    "mod": lambda a, b: max(a, b) % min(a, b) if min(a, b) else None,
-}
-SUB = {  # meaning -> (when the marker is written, where)
-    "|a-b|": ("never", "front"), "a-b": ("a<b", "front"), "b-a": ("a>b", "front"), "±|a-b|": ("always", "front"),
-    "a-b end": ("a<b", "end"), "b-a end": ("a>b", "end"), "±|a-b| end": ("always", "end"),
-}
-FAMILIES = {"add": ["a+b", "a+b+1", "a+b-1"], "mul": ["a*b", "a*b+1", "a*b-1"], "concat": ["ab", "ba"],
-            "mod": ["mod"], "sub": list(SUB)}
-FAMILY = {m: f for f, ms in FAMILIES.items() for m in ms}
-MEANINGS = list(FAMILY)
-MODES = ("plain", "reversed")
-OPERATOR_POOL = "+-*/|\\&%^#@<>:;!?~{}[]()$\"'`"
-SYMBOL_POOL = "!\"#$%&'()*+,-./:;<>?@[\\]^_`{|}~"  # the backtick too: it is a symbol in the real rows
+from .check import line_rules
+from .common import Category, Solution
+from .eqsearch import BRANCHES, OPS, Unfit, search_lines
+from .eqsolve import (KEY, MODES, NAME, SUB, by_operator, compute, equation_parts, equation_subtype, generate_one,
+                      learn_priors, meanings_for, solve, split_lhs, split_numeric)
 
 
-def family(meaning: str) -> str:
-    return FAMILY.get(meaning, "")
+def _eq_value(meaning: str, x: str, y: str, mode: str, sym: str, tag: str, lines: list[str]) -> str | None:
+    """Appends the lines computing `meaning` on operand strings x, y; returns the written result (None: undefined)."""
 
+    def L(s):
+        lines.append(f"{tag}: {s}")
 
-def meanings_for(mode: str, sym: str) -> list[str]:
-    """The meanings an operator symbol can have in a mode (a marker at the end: reversed mode, not `-`)."""
-    return [m for m in MEANINGS if not m.endswith(" end") or (mode == "reversed" and sym != "-")]
-
-
-def compute(meaning: str, x: str, y: str, mode: str, sym: str) -> str | None:
-    """The written result of `meaning` on operand digit strings x, y; None where undefined."""
+    a, b = x, y
     if mode == "reversed":
-        x, y = x[::-1], y[::-1]
-    if meaning == "ab":
-        s = x + y
-    elif meaning == "ba":
-        s = y + x
+        a, b = x[::-1], y[::-1]
+        L(f"rev {x} = {a}")
+        L(f"rev {y} = {b}")
+    if meaning in ("ab", "ba"):
+        s = a + b if meaning == "ab" else b + a
+        L(f"cat {a} {b} = {s}" if meaning == "ab" else f"cat {b} {a} = {s}")
     elif meaning in SUB:
         when, where = SUB[meaning]
-        a, b = int(x), int(y)
-        s = str(abs(a - b))
+        ia, ib = int(a), int(b)
+        s = str(abs(ia - ib))
+        L(f"absdiff {a} {b} = {s}")
         if mode == "reversed":
+            L(f"rev {s} = {s[::-1]}")
             s = s[::-1]
-        if a != b and (when == "always" or (when == "a<b" and a < b) or (when == "a>b" and a > b)):
-            s = sym + s if where == "front" else s + sym
+        if when == "never":
+            return s
+        if when == "always":
+            L(f"eq {a} {b} = {'yes' if a == b else 'no'}" if len(a) == len(b) else f"eq {ia} {ib} = no")
+            mark = ia != ib
+        else:
+            lo, hi = (a, b) if when == "a<b" else (b, a)
+            mark = int(lo) < int(hi)
+            L(f"lt {lo} {hi} = {'yes' if mark else 'no'}")
+        if mark:
+            t = sym + s if where == "front" else s + sym
+            L(f"cat {sym} {s} = {t}" if where == "front" else f"cat {s} {sym} = {t}")
+            s = t
         return s
+    elif meaning == "mod":
+        hi, lo = max(int(a), int(b)), min(int(a), int(b))
+        L(f"max {a} {b} = {hi}")
+        L(f"min {a} {b} = {lo}")
+        if lo == 0:
+            return None
+        s = str(hi % lo)
+        L(f"mod {hi} {lo} = {s}")
     else:
-        v = ARITH[meaning](int(x), int(y))
-        if v is None or v < 0:
+        op = "add" if "+" in meaning[:3] else "mul"
+        v = int(a) + int(b) if op == "add" else int(a) * int(b)
+        L(f"{op} {a} {b} = {v}")
+        if meaning.endswith(("+1", "-1")):
+            w = v + 1 if meaning.endswith("+1") else v - 1
+            L(f"{'add' if meaning.endswith('+1') else 'sub'} {v} 1 = {w}")
+            v = w
+        if v < 0:
             return None
         s = str(v)
-    return s[::-1] if mode == "reversed" else s
+    if mode == "reversed":
+        L(f"rev {s} = {s[::-1]}")
+        s = s[::-1]
+    return s
 
 
-def explain(meaning: str, a: str, b: str) -> str:
-    """The computation line for read operands a, b (`|96-25| = 71`)."""
-    if meaning in ("ab", "ba"):
-        return f"{a} joined to {b} = {a + b}" if meaning == "ab" else f"{b} joined to {a} = {b + a}"
-    if meaning in SUB:
-        return f"|{a}-{b}| = {abs(int(a) - int(b))}"
-    if meaning == "mod":
-        hi, lo = max(int(a), int(b)), min(int(a), int(b))
-        return f"{hi} mod {lo} = {ARITH['mod'](int(a), int(b))}"
-    expr = meaning.replace("a", "A").replace("b", "B").replace("A", a).replace("B", b)
-    return f"{expr} = {ARITH[meaning](int(a), int(b))}"
-
-
-def operand_lines(x: str, sym: str, y: str, meaning: str, mode: str) -> list[str]:
-    a, b = (x[::-1], y[::-1]) if mode == "reversed" else (x, y)
-    return [f"{x}{sym}{y}: a = {a}, b = {b}", explain(meaning, a, b)]
-
-
-# ---------------------------------------------------------------- priors
-
-def sym_class(sym: str) -> str:
-    return sym if sym in "+-*" else "other"
-
-
-USUAL = {"+": "add", "-": "sub", "*": "mul"}
-
-
-def unseen_family_weight(fam: str, sym: str) -> float:
-    """Prior of an operator that no example shows having family `fam`: its usual meaning for
-    `+ - *`, otherwise add / multiply / subtract about evenly; concatenation and mod rarely.
-    Hand-set: no example shows such an operator, so no prompt can teach these shares."""
-    rare = {"concat": 0.03, "mod": 0.03}
-    if fam in rare:
-        return rare[fam]
-    if sym in USUAL:
-        return 0.7 if USUAL[sym] == fam else 0.12
-    return 0.31
-
-
-class Prior:
-    """P(mode), P(family | operator symbol class) and P(meaning | family), from counts of
-    deducible modes, families (by symbol class) and meanings (`learn_priors`). Families by class
-    are smoothed toward the all-class shares (pseudo-count `k`); meanings within a family are
-    pooled over classes (+0.5 each) and normalised over the meanings the mode and symbol allow."""
-
-    def __init__(self, modes: Counter, families: Counter, meanings: Counter, k: float = 4.0):
-        self.modes, self.fam_by_class, self.var, self.k = Counter(modes), Counter(families), Counter(meanings), k
-        self.fam = Counter()
-        for (_, f), c in self.fam_by_class.items():
-            self.fam[f] += c
-        n = sum(self.fam.values())
-        self.base = {f: (self.fam[f] + 1) / (n + len(FAMILIES)) for f in FAMILIES}
-        nm = sum(self.modes[m] for m in MODES)
-        self.mode_p = {m: (self.modes[m] + 1) / (nm + 2) for m in MODES}
-        self._cache: dict = {}
-
-    def variant(self, m: str, sym: str, mode: str) -> float:
-        allowed = [v for v in FAMILIES[FAMILY[m]] if v in meanings_for(mode, sym)]
-        return (self.var[m] + 0.5) / sum(self.var[v] + 0.5 for v in allowed)
-
-    def meaning(self, m: str, sym: str, mode: str) -> float:
-        """P(meaning) of an operator the examples show."""
-        key = (m, sym_class(sym), mode, sym == "-")
-        if key not in self._cache:
-            cls, fam = key[1], FAMILY[m]
-            n = sum(c for (k, _), c in self.fam_by_class.items() if k == cls)
-            p_fam = (self.fam_by_class[(cls, fam)] + self.k * self.base[fam]) / (n + self.k)
-            self._cache[key] = p_fam * self.variant(m, sym, mode)
-        return self._cache[key]
-
-    def unseen(self, m: str, sym: str, mode: str) -> float:
-        """P(meaning) of an operator no example shows (before ruling out used families)."""
-        return unseen_family_weight(FAMILY[m], sym) * self.variant(m, sym, mode)
-
-    def mode(self, mode: str) -> float:
-        return self.mode_p[mode]
-
-    def as_dict(self) -> dict:
-        """The counts, in DEFAULT_COUNTS' shape."""
-        families = {f"{c} {f}": n for (c, f), n in sorted(self.fam_by_class.items())}
-        return {"modes": dict(self.modes), "families": families, "meanings": dict(sorted(self.var.items()))}
-
-
-# Counts learn_priors gives on the development sample's prompts (its examples, never its answers);
-# used when a puzzle is solved on its own. solve_frame learns its batch's own counts instead.
-DEFAULT_COUNTS = {
-    "modes": {"plain": 46, "reversed": 101},
-    "families": {
-        "* add": 7, "* concat": 14, "* mul": 37, "* sub": 2, "+ add": 46, "+ concat": 9, "+ mul": 3, "+ sub": 3,
-        "- add": 8, "- concat": 1, "- mod": 5, "- mul": 2, "- sub": 31, "other add": 45, "other concat": 20,
-        "other mod": 4, "other mul": 48, "other sub": 39,
-    },
-    "meanings": {
-        "a*b": 41, "a*b+1": 17, "a*b-1": 32, "a+b": 63, "a+b+1": 20, "a+b-1": 23, "a-b": 7, "ab": 36, "b-a end": 3,
-        "ba": 4, "mod": 9, "|a-b|": 6, "±|a-b|": 4, "±|a-b| end": 1,
-    },
-}
-
-
-def default_prior() -> Prior:
-    families = Counter({tuple(k.split(" ", 1)): v for k, v in DEFAULT_COUNTS["families"].items()})
-    return Prior(Counter(DEFAULT_COUNTS["modes"]), families, Counter(DEFAULT_COUNTS["meanings"]))
-
-
-# ---------------------------------------------------------------- numeric
-
-def split_numeric(lhs: str):
-    """(x, operator, y) for digits-operator-digits (any number of digits), else None."""
-    m = re.fullmatch(r"(\d+)(\D)(\d+)", lhs.strip())
-    return m.groups() if m else None
-
-
-def by_operator(examples) -> dict:
-    by_op: dict[str, list] = {}
-    for lhs, rhs in examples:
-        p = split_numeric(lhs)
-        if p:
-            by_op.setdefault(p[1], []).append((p[0], p[2], rhs.strip()))
-    return by_op
-
-
-def numeric_hypotheses(by_op: dict, prior: Prior):
-    """[(weight, mode, {operator: meaning})] of every joint reading that fits: one mode, a fitting
-    meaning per operator, distinct families. Where none exists, the readings that leave out the
-    fewest operators (rules outside the model), then share the fewest families, are kept."""
-    out = []
-    for mode in MODES:
-        fits = {sym: [m for m in meanings_for(mode, sym) if all(compute(m, x, y, mode, sym) == r for x, y, r in exs)]
-                for sym, exs in by_op.items()}
-        syms = [s for s in fits if fits[s]]
-        for combo in product(*(fits[s] for s in syms)):
-            w = prior.mode(mode)
-            for s, m in zip(syms, combo):
-                w *= prior.meaning(m, s, mode)
-            cost = (len(fits) - len(syms), len(combo) - len({FAMILY[m] for m in combo}))
-            out.append((cost, w, mode, dict(zip(syms, combo))))
-    best = min((h[0] for h in out), default=None)
-    return [h[1:] for h in out if h[0] == best]
-
-
-def query_readings(hyps, sym: str, prior: Prior):
-    """[(weight, mode, meaning, guessed)] for the query operator over the hypotheses: its own meaning
-    where the examples show it, else each meaning of an unused family (prior, renormalised)."""
-    out = []
-    for w, mode, ops in hyps:
-        if sym in ops:
-            out.append((w, mode, ops[sym], False))
-            continue
-        used = {FAMILY[m] for m in ops.values()}
-        free = [m for m in meanings_for(mode, sym) if FAMILY[m] not in used]
-        z = sum(prior.unseen(m, sym, mode) for m in free)
-        out += [(w * prior.unseen(m, sym, mode) / z, mode, m, True) for m in free]
-    return out
-
-
-def solve_numeric(examples, query, subtype, prior: Prior | None = None) -> Solution:
-    prior = prior or default_prior()
-    q = split_numeric(query)
-    if not q:
-        return undetermined(CATEGORY, f"query {query!r} is not two numbers around an operator", subtype)
-    x, sym, y = q
-    by_op = by_operator(examples)
-    if not by_op:
-        return undetermined(CATEGORY, "no parseable numeric examples", subtype)
-    seen = sym in by_op
-    hyps = numeric_hypotheses(by_op, prior)
-    if seen:
-        hyps = [h for h in hyps if sym in h[2]]
-    votes, best = Counter(), {}
-    for w, mode, m, _ in query_readings(hyps, sym, prior):
-        ans = compute(m, x, y, mode, sym)
-        if ans is None:
-            continue
-        votes[ans] += w
-        if w > best.get(ans, (0,))[0]:
-            best[ans] = (w, mode, m)
-    if not votes:
-        return undetermined(CATEGORY, f"no known rule fits the examples of {sym!r}", subtype)
-    ans = max(votes, key=votes.get)
-    _, mode, m = best[ans]
-    written = compute(m, x, y, mode, sym)
-    if seen:
-        n = len(by_op[sym])
-        head = f"{sym} means {m} (fits {n} example{'s' if n > 1 else ''})"
-    else:
-        head = f"{sym} never appears in the examples: guess {sym} means {m}"
-    lines = [f"mode: {mode}", head, *operand_lines(x, sym, y, m, mode), f"written: {written}", f"answer: {ans}"]
-    method = f"{mode} {m}"
-    if not seen:
-        sol = undetermined(CATEGORY, f"operator {sym!r} never appears in the examples", subtype, ans, lines)
-        sol.method = method
-        return sol
-    status = "solved" if len(votes) == 1 else "ambiguous"
-    share = votes[ans] / sum(votes.values())
-    reason = "" if status == "solved" else f"{len(votes)} answers fit; best has {share:.2f} of the prior weight"
-    return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason, method)
-
-
-def learn_priors(prompts, minimum: int = 50) -> Prior:
-    """Counts of deducible modes, families and meanings over the numeric equation prompts' examples
-    (never their answers): a puzzle's mode when only one mode fits all its operators; an operator's
-    family (by symbol class), and its meaning, when every fitting reading of the puzzle gives it
-    the same one. Families and meanings are counted apart: a subtraction's marker form is often
-    left open by examples that still rule out every other family. A batch with fewer than
-    `minimum` deducible families (a handful of puzzles, or symbolic ones only) gets the default."""
-    from .classify import classify
-
-    flat = Prior(Counter(), Counter(), Counter())
-    modes, families, meanings = Counter(), Counter(), Counter()
-    for p in prompts:
-        if not isinstance(p, str) or classify(p)[0] != CATEGORY:
-            continue
-        examples, _ = equation_parts(p)
-        if not examples or not all(split_numeric(lhs) for lhs, _ in examples):
-            continue
-        by_op = by_operator(examples)
-        hyps = [h for h in numeric_hypotheses(by_op, flat) if len(h[2]) == len(by_op)
-                and len({FAMILY[m] for m in h[2].values()}) == len(by_op)]
-        if not hyps:
-            continue
-        hmodes = {h[1] for h in hyps}
-        if len(hmodes) == 1:
-            modes[hmodes.pop()] += 1
-        for sym in by_op:
-            ms = {h[2][sym] for h in hyps}
-            fams = {FAMILY[m] for m in ms}
-            if len(fams) == 1:
-                families[(sym_class(sym), fams.pop())] += 1
-            if len({(h[1], h[2][sym]) for h in hyps}) == 1:
-                meanings[ms.pop()] += 1
-    if sum(families.values()) < minimum:
-        return default_prior()
-    return Prior(modes, families, meanings)
-
-
-# ---------------------------------------------------------------- symbolic
-
-def split_lhs(lhs: str):
-    """(x, operator, y) for a 5-character left side, else None."""
-    lhs = lhs.strip()
-    return (lhs[:2], lhs[2], lhs[3:]) if len(lhs) == 5 else None
-
-
-def canon(s, op_mark=None) -> tuple:
-    """The equality pattern of a string: each char -> index of its first occurrence (op_mark kept)."""
-    first: dict = {}
-    return tuple("OP" if ch == op_mark else first.setdefault(ch, len(first)) for ch in s)
-
-
-@lru_cache(maxsize=None)
-def pattern_table(meaning: str, mode: str) -> dict:
-    """Equality pattern of (x digits + y digits + written result) -> [digit string], all 00..99 pairs.
-    The marker is '\x00' (pattern token OP)."""
-    table: dict = {}
-    for i in range(100):
-        for j in range(100):
-            x, y = f"{i:02d}", f"{j:02d}"
-            r = compute(meaning, x, y, mode, "\x00")
-            if r is not None:
-                d = x + y + r
-                table.setdefault(canon(d, "\x00"), []).append(d)
-    return table
-
-
-def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: int = 5_000,
-                   seconds: float = 1.0) -> Solution:
-    prior = prior or default_prior()
-    q = split_lhs(query)
-    if not q:
-        return undetermined(CATEGORY, f"query {query!r} is not 5 symbols", subtype)
-    exs = [(p[0], p[1], p[2], rhs.strip()) for lhs, rhs in examples if (p := split_lhs(lhs))]
-    if not exs:
-        return undetermined(CATEGORY, "no parseable symbolic examples", subtype)
-    seen = q[1] in {e[1] for e in exs}
-    state = {"deadline": time.process_time() + seconds, "stopped": False}
-    solutions = _symbolic_solutions(exs, cap, state)
-    if not solutions:  # two operators of one family (rare in the real file): allow it
-        solutions = _symbolic_solutions(exs, cap, state, repeat=True)
-    if not solutions and seen:  # another operator's rule is outside the model: its examples only
-        solutions = _symbolic_solutions([e for e in exs if e[1] == q[1]], cap, state)
-    if not solutions:
-        reason = "symbolic: no digit map and known rules fit" + (" (time cap)" if state["stopped"] else "")
-        return undetermined(CATEGORY, reason, subtype)
-    votes, first, unwritable = Counter(), {}, 0
-    for n, (mode, s2d, ops) in enumerate(solutions):
-        if n % 500 == 499 and time.process_time() > state["deadline"]:
-            state["stopped"] = True  # the votes so far decide
-            break
-        w = prior.mode(mode)
-        for s, m in ops.items():
-            w *= prior.meaning(m, s, mode)
-        readings = query_readings([(w, mode, ops)], q[1], prior)
-        comps = list(_completions(s2d, q[0] + q[2]))
-        for full in comps:
-            d2s = {v: k for k, v in full.items()}
-            for wq, _, m, _ in readings:
-                ans = _encode_answer(m, q, mode, full, d2s)
-                if ans is None:
-                    unwritable += 1
-                    continue
-                votes[ans] += wq / len(comps)
-                first.setdefault(ans, (mode, full, m, ops))
-    if not votes:
-        return undetermined(CATEGORY, "symbolic: query symbols or result digits not covered by the examples", subtype)
-    ans = max(votes, key=votes.get)
-    mode, s2d, m, ops = first[ans]
-    x, sym, y = q
-    d = lambda s: "".join(s2d[c] for c in s)  # noqa: E731
-    used = list(dict.fromkeys(x + y + "".join(ch for ch in ans if ch in s2d)))
-    lines = ["digits: " + " ".join(f"{c}={s2d[c]}" for c in used), f"mode: {mode}",
-             f"{sym} means {m}" + ("" if seen else " (guess)"),
-             f"{query} -> {d(x)}{sym}{d(y)}", *operand_lines(d(x), sym, d(y), m, mode)[1:],
-             f"written: {compute(m, d(x), d(y), mode, sym)}", f"answer: {ans}"]
-    method = f"{mode} {m}"
-    capped = " (search stopped at the time cap)" if state["stopped"] else (
-        " (search stopped at the solution cap)" if len(solutions) >= cap else "")
-    if not seen:
-        sol = undetermined(CATEGORY, f"operator {sym!r} never appears in the examples{capped}", subtype, ans, lines)
-        sol.method = method
-        return sol
-    status = "solved" if len(votes) == 1 and not unwritable and not capped else "ambiguous"
-    reason = "" if status == "solved" else (f"{len(solutions)} digit maps give {len(votes)} answers"
-                                            + (f", {unwritable} unwritable" if unwritable else "") + capped)
-    return Solution(ans, status, finish(lines, ans), CATEGORY, subtype, reason, method,
-                    {"mode": mode, "s2d": s2d, "ops": ops, "meaning": m})
-
-
-def _symbolic_solutions(exs, cap, state, repeat: bool = False):
-    """[(mode, symbol->digit, {operator: meaning})] for both modes, as the join finds them."""
-    solutions: list = []
-    op_chars = {e[1] for e in exs}
-    for mode in MODES:
-        domains = []
-        for x, sym, y, rhs in exs:
-            s = x + y + rhs
-            if any(c in op_chars for c in x + y) or any(c in op_chars and c != sym for c in rhs):
-                domains.append((sym, s, []))
-                continue
-            key = canon(s, sym)
-            domains.append((sym, s, [(m, dg) for m in meanings_for(mode, sym)
-                                     for dg in pattern_table(m, mode).get(key, ())]))
-        if any(not c for _, _, c in domains):
-            continue
-        domains = _order(_reduce(domains))
-        found: list = []
-        state["repeat"] = repeat
-        _join(domains, 0, {}, {}, {}, mode, found, cap, state)
-        solutions += found
-    return solutions
-
-
-def _completions(s2d: dict, symbols: str):
-    """s2d extended in every injective way to the query's symbols the examples never fixed."""
-    new = [c for c in dict.fromkeys(symbols) if c not in s2d]
-    free = [d for d in "0123456789" if d not in s2d.values()]
-    if len(new) > len(free):
-        return
-    for digits in permutations(free, len(new)):
-        yield {**s2d, **dict(zip(new, digits))}
-
-
-def _encode_answer(meaning, q, mode, s2d, d2s):
-    x, sym, y = q
-    if any(c not in s2d for c in x + y):
-        return None
-    val = _compute_cached(meaning, "".join(s2d[c] for c in x), "".join(s2d[c] for c in y), mode, sym)
-    if val is None:
-        return None
-    out = [ch if ch == sym else d2s.get(ch) for ch in val]
-    return None if None in out else "".join(out)
-
-
-_compute_cached = lru_cache(maxsize=1 << 16)(compute)
-
-
-def _reduce(domains, rounds: int = 8):
-    """Arc consistency, cheaply: an operator keeps only meanings that fit all its examples, and a
-    candidate survives only if every other example sharing symbols (or the operator) has a
-    candidate agreeing with it on them. Revises against changed examples only, at most `rounds`."""
-    domains = [(sym, s, list(c)) for sym, s, c in domains]
-    links = {}  # (i, j) -> (getter on i's digits, getter on j's digits, same operator)
-    for i, (sym_i, s_i, _) in enumerate(domains):
-        for j, (sym_j, s_j, _) in enumerate(domains):
-            shared = sorted({c for c in s_i if c != sym_i and c in s_j and c != sym_j})
-            if i != j and (shared or sym_i == sym_j):
-                gi = itemgetter(*[s_i.index(c) for c in shared]) if shared else (lambda d: ())
-                gj = itemgetter(*[s_j.index(c) for c in shared]) if shared else (lambda d: ())
-                links[(i, j)] = (gi, gj, sym_i == sym_j)
-    dirty = set(range(len(domains)))
-    for _ in range(rounds):
-        if not dirty:
-            break
-        changed = set()
-        keysets = {}
-        for (i, j), (gi, gj, same_op) in links.items():
-            if j not in dirty:
-                continue
-            if (i, j) not in keysets:
-                keysets[(i, j)] = {(m if same_op else None, gj(d)) for m, d in domains[j][2]}
-            keys = keysets[(i, j)]
-            c_i = domains[i][2]
-            kept = [(m, d) for m, d in c_i if (m if same_op else None, gi(d)) in keys]
-            if len(kept) < len(c_i):
-                domains[i] = (domains[i][0], domains[i][1], kept)
-                changed.add(i)
-        dirty = changed
-    return domains
-
-
-def _order(domains):
-    """Join order and indexes. Smallest domain first, then always the example with the fewest
-    symbols not yet seen (its operator already seen counts as known), ties by domain size. Each
-    example's candidates are indexed by the digits of its symbols bound earlier (and its operator's
-    meaning if bound earlier), so the search only ever visits consistent candidates."""
-    rest, out, seen, seen_ops = list(domains), [], set(), set()
-    while rest:
-        sym, s, cands = min(rest, key=lambda t: (len(set(t[1]) - seen) + (t[0] not in seen_ops), len(t[2])))
-        rest.remove((sym, s, cands))
-        pos = [j for j, c in enumerate(s) if c in seen and c != sym]
-        use_op = sym in seen_ops
-        index: dict = {}
-        for meaning, digits in cands:
-            index.setdefault((meaning if use_op else None, tuple(digits[j] for j in pos)), []).append((meaning, digits))
-        out.append((sym, s, pos, use_op, index))
-        seen |= {c for c in s if c != sym}
-        seen_ops.add(sym)
-    return out
-
-
-def _join(domains, i, s2d, d2s, ops, mode, solutions, cap, state):
-    """Depth-first join of the examples' local (meaning, digits) candidates into one injective map,
-    operators' families distinct; stops at `cap` solutions or at state['deadline'] (state['stopped'])."""
-    if len(solutions) >= cap or state["stopped"]:
-        return
-    if i == len(domains):
-        solutions.append((mode, dict(s2d), dict(ops)))
-        return
-    sym, s, pos, use_op, index = domains[i]
-    key = (ops[sym] if use_op else None, tuple(s2d[s[j]] for j in pos))
-    for meaning, digits in index.get(key, ()):
-        state["nodes"] = state.get("nodes", 0) + 1
-        if state["nodes"] % 4096 == 0 and time.process_time() > state["deadline"]:
-            state["stopped"] = True
-            return
-        new_op = sym not in ops
-        if new_op and not state["repeat"] and FAMILY[meaning] in {FAMILY[m] for m in ops.values()}:
-            continue
-        added, ok = [], True
-        for c, dg in zip(s, digits):
-            if dg == "\x00" or c in s2d:
-                continue
-            if dg in d2s:
-                ok = d2s[dg] == c
-                if not ok:
-                    break
-                continue
-            s2d[c], d2s[dg] = dg, c
-            added.append(c)
-        if ok:
-            ops[sym] = meaning
-            _join(domains, i + 1, s2d, d2s, ops, mode, solutions, cap, state)
-            if new_op:
-                del ops[sym]
-        for c in added:
-            del d2s[s2d.pop(c)]
-        if len(solutions) >= cap or state["stopped"]:
-            return
-
-
-# ---------------------------------------------------------------- tables
-
-def family_table(out):
-    """Equation puzzles of a `solve_frame` result by kind (numeric / symbolic), the query operator's
-    family and the mode: n, solved, and accuracy when it has gold answers. Puzzles no reading fits
-    (no method) count as family 'none'."""
-    import pandas as pd
-
-    eqs = out[out["category"] == CATEGORY].copy()
-    cols = ["kind", "family", "mode", "n", "solved"] + (["accuracy"] if "correct" in out else [])
-    if eqs.empty:
-        return pd.DataFrame(columns=cols)
-    eqs["kind"] = eqs["subtype"].str.split("_").str[0] + eqs["subtype"].str.endswith("guess").map(
-        {True: " (operator unseen)", False: ""})
-    eqs["mode"] = [m.split(" ", 1)[0] or "none" for m in eqs["method"]]
-    eqs["family"] = [family(m.split(" ", 1)[-1]) or "none" for m in eqs["method"]]
-    g = eqs.groupby(["kind", "family", "mode"])
-    table = g.size().rename("n").to_frame()
-    table["solved"] = g["status"].apply(lambda s: int((s == "solved").sum()))
-    if "correct" in eqs:
-        table["accuracy"] = g["correct"].mean().round(4)
-    return table.reset_index()[cols]
-
-
-# ---------------------------------------------------------------- entry points
-
-def parse(prompt: str):
-    return equation_parts(prompt)
-
-
-def solve(prompt: str, prior: Prior | None = None) -> Solution:
-    from .classify import equation_subtype
+def _numeric(prompt: str, sol: Solution) -> list[str]:
 
     examples, query = equation_parts(prompt)
-    subtype = equation_subtype(prompt)
-    if not query:
-        return undetermined(CATEGORY, "no query found", subtype)
-    if not examples:
-        return undetermined(CATEGORY, "no examples found", subtype)
-    if subtype.startswith("numeric"):
-        return solve_numeric(examples, query, subtype, prior)
-    return solve_symbolic(examples, query, subtype, prior)
+    x, sym, y = split_numeric(query)
+    mode, meaning = sol.method.split(" ", 1)
+    exs = by_operator(examples).get(sym, [])
+    lines = [f"note try each reading of {sym}: modes plain, reversed; meanings in a fixed order; "
+             "each on the examples of " + sym + " until one fails"]
+    earlier, keep = [], (mode, meaning)
+    for md in MODES:
+        for m in meanings_for(md, sym):
+            lines.append(f"note {md} {m}")
+            fits = True
+            for n, (ex_x, ex_y, r) in enumerate(exs, 1):
+                tag = f"ex{n}"
+                v = _eq_value(m, ex_x, ex_y, md, sym, tag, lines)
+                if v is None:
+                    lines.append(f"note {m} is undefined here")
+                    fits = False
+                    break
+                lines.append(f"{tag}: eq {v} {r} = {'yes' if v == r else 'no'}")
+                if v != r:
+                    fits = False
+                    break
+            if fits and exs and compute(m, x, y, md, sym) == sol.answer:
+                keep = (md, m)  # the first reading that fits every example (the solver's answer, too)
+                break
+            if (md, m) == (mode, meaning):
+                break
+            if fits and exs:
+                earlier.append(f"{md} {m}")
+        else:
+            continue
+        break
+    if earlier:
+        lines.append(f"note {', '.join(earlier)} fit too; the solver's priors keep {mode} {meaning}")
+    mode, meaning = keep
+    lines.append(f"note keep {mode} {meaning}" if exs else f"note {sym} is never shown: guess {mode} {meaning}")
+    v = _eq_value(meaning, x, y, mode, sym, "q", lines)
+    if v is None:
+        raise ValueError("the kept reading is undefined on the query")
+    if not lines[-1].endswith(f" = {v}"):  # no marker written: the result is the difference written above
+        lines.append(f"q: copy {v}")
+    return lines
 
 
-def make_prompt(examples: list[tuple[str, str]], query: str) -> str:
-    lines = [HEADER] + [f"{lhs} = {rhs}" for lhs, rhs in examples]
-    lines.append(f"Now, determine the result for: {query}")
-    return "\n".join(lines)
+def _symbolic(prompt: str, sol: Solution) -> list[str]:
+    """The written signature search (`eqsearch.search_lines`); where it cannot give the solver's answer
+    within its bounds, the stated fallback: the solver's digit map recalled and verified (`_symbolic_recall`)."""
+    examples, query = equation_parts(prompt)
+    exs = [(p[0], p[1], p[2], rhs.strip()) for lhs, rhs in examples if (p := split_lhs(lhs))]
+    q = split_lhs(query)
+    if sol.status != "solved":  # several readings fit: no search can end in one answer
+        return [f"note fallback: the puzzle is {sol.status}"] + _symbolic_recall(prompt, sol)
+    try:
+        lines = search_lines(exs, q, _eq_value) if q and exs else None
+    except Unfit as e:
+        lines, why = None, str(e)
+    else:
+        why = "no parseable example"
+    if lines and lines[-1] == f"copy {sol.answer}":
+        return lines
+    if lines:
+        why = "the search's answer is not the solver's"
+    return [f"note fallback: {why}"] + _symbolic_recall(prompt, sol)
 
 
-SIMPLE = ["a+b", "a*b", "ab", "a-b", "mod"]
+def _symbolic_recall(prompt: str, sol: Solution) -> list[str]:
+
+    d = sol.detail or {}
+    if "s2d" not in d:
+        raise ValueError("the symbolic solver kept no digit map")
+    s2d, ops, mode = d["s2d"], dict(d["ops"]), d["mode"]
+    examples, query = equation_parts(prompt)
+    qx, qsym, qy = split_lhs(query)
+    ops.setdefault(qsym, d["meaning"])
+    lines = ["note the digit map is too large a search to write out: recall it and the meanings, verify every example",
+             f"note mode {mode}; " + "; ".join(f"{s} means {m}" for s, m in ops.items())]
+    lines += [f"let {c} = {v}" for c, v in s2d.items()]
+
+    def run(x, sym, y, tag):
+        dx, dy = "".join(s2d[c] for c in x), "".join(s2d[c] for c in y)
+        lines.append(f"{tag}: decode {x} = {dx}")
+        lines.append(f"{tag}: decode {y} = {dy}")
+        v = _eq_value(ops[sym], dx, dy, mode, sym, tag, lines)
+        if v is None:
+            raise ValueError("undefined under the recalled reading")
+        enc = "".join({dg: c for c, dg in s2d.items()}.get(ch, ch) for ch in v)
+        lines.append(f"{tag}: encode {v} = {enc}")
+        return enc
+
+    n = 0
+    for lhs, rhs in examples:
+        p = split_lhs(lhs)
+        if not p or p[1] not in ops or any(c not in s2d for c in p[0] + p[2]):
+            continue
+        n += 1
+        enc = run(p[0], p[1], p[2], f"ex{n}")
+        lines.append(f"ex{n}: eq {enc} {rhs.strip()} = {'yes' if enc == rhs.strip() else 'no'}")
+    run(qx, qsym, qy, "q")
+    return lines
 
 
-def generate_one(rng: random.Random, n_examples: int = 5, n_operators: int = 3, symbolic: float = 0.0,
-                 guess: float = 0.0, ops: str = "all", marker: str = "any", mode: str = "any", meaning: str = "any",
-                 **_):
-    """(prompt, answer, subtype). `symbolic`/`guess`: probability of that kind of puzzle; `ops`:
-    'simple' (one meaning per family: a+b, a*b, ab, a-b, mod) or 'all' (every meaning); `marker`: the
-    subtraction meaning ('any', or one of SUB, e.g. 'b-a end'); `mode`: 'any', 'plain' or 'reversed';
-    `meaning`: 'any', or the query operator's meaning. Every operator gets a meaning from its own
-    family; a guess puzzle's query operator too (a family no shown operator has)."""
-    is_sym = rng.random() < float(symbolic)
-    is_guess = rng.random() < float(guess)
-    mode = rng.choice(MODES) if mode == "any" else mode
-    if meaning != "any" and meaning not in meanings_for(mode, "+"):
-        raise ValueError(f"equation meaning {meaning!r} is not one of {MEANINGS} in {mode} mode")
-    k = max(1, min(int(n_operators), len(FAMILIES) - 1))
-    digits = rng.sample(SYMBOL_POOL, 10) if is_sym else None
-    pool = [c for c in (SYMBOL_POOL if is_sym else OPERATOR_POOL) if not is_sym or c not in digits]
-    if meaning.endswith(" end") and "-" in pool:
-        pool.remove("-")  # a '-' operator never writes its marker at the end
-    operators = rng.sample(pool, k + 1)
-    shown, hidden = operators[:k], operators[k]
-    n = max(1, int(n_examples))
-    ex_syms = (shown * n)[:n] if n >= k else rng.sample(shown, n)
-    rng.shuffle(ex_syms)
-    q_sym = hidden if is_guess else rng.choice(sorted(set(ex_syms)))
-    fams = rng.sample(list(FAMILIES), k + 1)
-    if meaning != "any":  # the query's operator gets that meaning's family
-        i, f = operators.index(q_sym), FAMILY[meaning]
-        if f in fams:
-            j = fams.index(f)
-            fams[i], fams[j] = fams[j], fams[i]
-        fams[i] = f
-    rule = {}
-    for sym, fam in zip(operators, fams):
-        choices = [m for m in FAMILIES[fam] if m in meanings_for(mode, sym)]
-        if ops == "simple":
-            choices = [m for m in choices if m in SIMPLE]
-        if fam == "sub" and marker in choices:
-            choices = [marker]
-        rule[sym] = meaning if sym == q_sym and meaning != "any" else rng.choice(choices)
-    enc = (lambda s: "".join(digits[int(ch)] if ch.isdigit() else ch for ch in s)) if is_sym else (lambda s: s)
+def derive(prompt: str, sol: Solution) -> list[str] | None:
+    if sol.status != "solved" and not sol.method:
+        return None
+    return (_symbolic if sol.subtype.startswith("symbolic") else _numeric)(prompt, sol)
 
-    def one(sym):
-        while True:
-            x, y = str(rng.randint(10, 99)), str(rng.randint(10, 99))
-            r = compute(rule[sym], x, y, mode, sym)
-            if r is not None:
-                return enc(x) + sym + enc(y), enc(r)
 
-    examples = [one(s) for s in ex_syms]
-    query, answer = one(q_sym)
-    kind = ("symbolic" if is_sym else "numeric") + ("_guess" if is_guess else "_deduce")
-    return make_prompt(examples, query), answer, kind
+# a compact line: differences, sums, products, remainders and joins are recomputed; the rest are claims
+check_line = line_rules(
+    (r"\|(\d+)-(\d+)\| = (\d+)", lambda a, b, r: abs(int(a) - int(b)) == int(r), "wrong difference"),
+    (r"(\d+)([+*])(\d+)(?:([+-])1)? = (-?\d+)", lambda a, op, b, pm, r: int(r) == {"+": 1, "-": -1, None: 0}[pm]
+     + (int(a) + int(b) if op == "+" else int(a) * int(b)), "wrong sum or product"),
+    (r"(\d+) mod (\d+) = (\d+)", lambda a, b, r: int(a) % int(b) == int(r), "wrong remainder"),
+    (r"(\d+) joined to (\d+) = (\d+)", lambda a, b, r: a + b == r, "wrong join"))
+
+
+CATEGORY = Category(NAME, KEY, "eq", "text", equation_parts, solve, generate_one, derive, check_line,
+                    subtype=equation_subtype, input="priors", learn=learn_priors, ops=OPS, branches=BRANCHES)

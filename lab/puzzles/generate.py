@@ -2,7 +2,7 @@
 
 `generate(category, n, seed, **difficulty)` -> DataFrame[id, prompt, answer, category, subtype],
 all strings; ids are `<prefix>-<seed>-<index>` (e.g. num-1234-0007) and the frame is the same for
-the same arguments. Difficulty knobs are the keyword arguments of each module's `generate_one`
+the same arguments. Difficulty knobs are the keyword arguments of each category's `generate` (`generate_one`)
 (unknown knobs are ignored). Deliberately simple: one random.Random per call, no de-duplication
 against real data.
 """
@@ -11,21 +11,18 @@ from __future__ import annotations
 
 import random
 
-from .categories import CATEGORIES, BY_NAME
+from .categories import category as lookup
 from .common import make_id
-from .solve import category_module
 
 
 def generate(category: str, n: int, seed: int = 0, **difficulty):
     import pandas as pd
 
-    if category not in CATEGORIES:
-        raise ValueError(f"unknown category {category!r}; choose from {CATEGORIES}")
+    cat = lookup(category)  # ValueError naming the known categories
     rng = random.Random(f"{category}-{seed}")
-    gen = category_module(category).generate_one
     rows = []
     for i in range(int(n)):
-        prompt, answer, subtype = gen(rng, **difficulty)
-        rows.append({"id": make_id(BY_NAME[category].prefix, seed, i), "prompt": prompt, "answer": str(answer),
+        prompt, answer, subtype = cat.generate(rng, **difficulty)
+        rows.append({"id": make_id(cat.prefix, seed, i), "prompt": prompt, "answer": str(answer),
                      "category": category, "subtype": subtype})
     return pd.DataFrame(rows, columns=["id", "prompt", "answer", "category", "subtype"], dtype=str)

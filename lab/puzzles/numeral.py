@@ -10,6 +10,7 @@ solve   -> checks that every example is the standard Roman numeral of its number
            Anything else (a non-Roman system, a number outside 1..3999) is `undetermined` with a reason.
 generate_one -> a puzzle with `n_examples` examples and values drawn from 1..`max_value`.
 
+Derivation: every example converted (place values, one numeral each, joined) and compared, then the query.
 Deliberately simple: only standard subtractive Roman numerals; no attempt to infer other systems.
 """
 
@@ -18,9 +19,10 @@ from __future__ import annotations
 import random
 import re
 
-from .common import Solution, arrow_pairs, finish, undetermined
+from .check import ROMAN, _places, line_rules
+from .common import Category, Solution, arrow_pairs, finish, missing, undetermined
 
-CATEGORY = "numeral_system"
+NAME = "numeral_system"
 HEADER = ("In Alice's Wonderland, numbers are secretly converted into a different numeral system. "
           "Some examples are given below:")
 QUERY_RE = re.compile(r"write the number\s+(\d+)\s+in the Wonderland numeral system", re.I)
@@ -76,17 +78,15 @@ def trace_lines(n: int) -> list[str]:
 
 def solve(prompt: str) -> Solution:
     examples, query = parse(prompt)
-    if query is None:
-        return undetermined(CATEGORY, "no query number found")
-    if not examples:
-        return undetermined(CATEGORY, "no examples found")
+    if (none := missing(NAME, examples, query, "no query number found", "no examples found")):
+        return none
     bad = [(n, r) for n, r in examples if not (1 <= n <= 3999 and to_roman(n) == r)]
     if bad:
-        return undetermined(CATEGORY, f"examples are not standard Roman numerals, e.g. {bad[0][0]} -> {bad[0][1]}")
+        return undetermined(NAME, f"examples are not standard Roman numerals, e.g. {bad[0][0]} -> {bad[0][1]}")
     if not 1 <= query <= 3999:
-        return undetermined(CATEGORY, f"query {query} outside the Roman range 1..3999")
+        return undetermined(NAME, f"query {query} outside the Roman range 1..3999")
     ans = to_roman(query)
-    return Solution(answer=ans, status="solved", trace=finish(trace_lines(query), ans), category=CATEGORY)
+    return Solution(answer=ans, status="solved", trace=finish(trace_lines(query), ans), category=NAME)
 
 
 def make_prompt(examples: list[tuple[int, str]], query: int) -> str:
@@ -102,3 +102,33 @@ def generate_one(rng: random.Random, max_value: int = 100, n_examples: int = 4, 
     values = rng.sample(range(1, max_value + 1), k) if k else []
     query = rng.randint(1, max_value)
     return make_prompt([(v, to_roman(v)) for v in values], query), to_roman(query), ""
+
+
+def derive(prompt: str, sol: Solution) -> list[str]:
+    ex, q = parse(prompt)
+    lines = ["note write each example in Roman numerals and compare, then the query"]
+
+    def conv(n, tag):
+        ps = parts(n)
+        lines.append(f"{tag}: places {n} = {' '.join(map(str, ps))}")
+        for p in ps:
+            lines.append(f"{tag}: roman {p} = {part_roman(p)}")
+        rs = [part_roman(p) for p in ps]
+        lines.append(f"{tag}: cat {' '.join(rs)} = {''.join(rs)}")
+        return "".join(rs)
+
+    for n, (v, r) in enumerate(ex, 1):
+        got = conv(v, f"ex{n}")
+        lines.append(f"ex{n}: eq {got} {r} = {'yes' if got == r else 'no'}")
+    conv(q, "q")
+    return lines
+
+
+# a compact line: place values, a place's numeral and the join are recomputed (by the checker's own table)
+check_line = line_rules(
+    (r"(\d+) = ([\d +]+)", lambda n, ps: _places(n) == " ".join(ps.split(" + ")), "wrong place values"),
+    (r"(\d+) -> ([IVXLCDM]+)", lambda p, r: ROMAN.get(int(p)) == r, "wrong numeral"),
+    (r"([IVXLCDM +]+) = ([IVXLCDM]+)", lambda ps, r: ps.replace(" + ", "") == r, "wrong join"))
+
+
+CATEGORY = Category(NAME, "numeral system", "num", "numeral", parse, solve, generate_one, derive, check_line)

@@ -8,6 +8,8 @@ answer is x*factor rounded like the examples. Trace:
     ...
     factor = 0.6636
     25.09*0.6636 = 16.65
+Derivation: the intervals of `factor.fit_lines` (y -+ half a unit, divided by x), their middle (or the median of
+the ratios), then the query. The compact lines are checked by `check_line`.
 Deliberately simple: a pure factor (no offset, as for temperatures); the unit name is ignored.
 """
 
@@ -16,10 +18,10 @@ from __future__ import annotations
 import random
 import re
 
-from .common import Solution, finish, undetermined
-from .gravity import decimals, estimate
+from .common import Category, Solution, finish, missing
+from .factor import check_line, fit, fit_lines
 
-CATEGORY = "unit_conversion"
+NAME = "unit_conversion"
 HEADER = "In Alice's Wonderland, a secret unit conversion is applied to measurements. For example:"
 NUM = r"(-?\d+(?:\.\d+)?)"
 EX_RE = re.compile(rf"^\s*{NUM}\s*([^\d\n]*?)\s+becomes\s+{NUM}[^\d\n]*$", re.M)  # units of any words
@@ -35,17 +37,14 @@ def parse(prompt: str):
 
 def solve(prompt: str) -> Solution:
     ex, q = parse(prompt)
-    if q is None:
-        return undetermined(CATEGORY, "no query measurement found")
     ex = [(x, y) for x, y in ex if float(x) != 0]
-    if not ex:
-        return undetermined(CATEGORY, "no 'x becomes y' examples found")
-    dec = max(decimals(y) for _, y in ex)
-    f = round(estimate([(float(x), float(y)) for x, y in ex], 0.5 * 10 ** -dec), 4)
+    if (none := missing(NAME, ex, q, "no query measurement found", "no 'x becomes y' examples found")):
+        return none
+    f, dec = fit([(float(x), y) for x, y in ex])
     ans = f"{float(q) * f:.{dec}f}"
     lines = ["factor = out/in"] + [f"{y}/{x} = {float(y) / float(x):.4f}" for x, y in ex]
     lines += [f"factor = {f:.4f}", f"{q}*{f:.4f} = {ans}"]
-    return Solution(ans, "solved", finish(lines, ans), CATEGORY)
+    return Solution(ans, "solved", finish(lines, ans), NAME)
 
 
 def make_prompt(examples: list[tuple[str, str]], query: str, unit: str) -> str:
@@ -62,3 +61,15 @@ def generate_one(rng: random.Random, n_examples: int = 5, f_min: float = 0.3, f_
     xs = [f"{rng.uniform(1.0, x_max):.2f}" for _ in range(int(n_examples) + 1)]
     q = xs.pop()
     return make_prompt([(x, f"{float(x) * f:.2f}") for x in xs], q, unit), f"{float(q) * f:.2f}", ""
+
+
+def derive(prompt: str, sol: Solution) -> list[str]:
+    ex, q = parse(prompt)
+    ex = [(x, y) for x, y in ex if float(x) != 0]
+    lines = ["note factor = out/in: each example bounds it, the output being rounded"]
+    f = fit_lines([(f"ex{n}", x, y) for n, (x, y) in enumerate(ex, 1)], lines, "ratios")
+    lines.append(f"q: mul {q} {f} = {sol.answer}")
+    return lines
+
+
+CATEGORY = Category(NAME, "unit conversion", "unit", "number", parse, solve, generate_one, derive, check_line)
