@@ -48,14 +48,13 @@ REACH_PROMPTS = 16
 
 def _family(name: str) -> str | None:
     """The lab.lora family of a packed tensor name, or None."""
-    from lab import lora, submission
+    from lab import lora, submission_check as sc
 
-    m = submission._LORA_KEY.match(name)
+    m = sc._LORA_KEY.match(name)
     if m is None:
         return None
-    module = re.sub(r"^backbone\.", "model.", submission._strip(m["module"]))
-    return next((fam.name for fam, (_, pat) in zip(lora.TABLE, submission._FAMILY_PATTERNS) if pat.search(module)),
-                None)
+    module = re.sub(r"^backbone\.", "model.", sc._strip(m["module"]))
+    return next((fam.name for fam, (_, pat) in zip(lora.TABLE, sc._FAMILY_PATTERNS) if pat.search(module)), None)
 
 
 def family_copies(adapter_dir: Path, workdir: Path) -> dict[str, Path]:

@@ -59,7 +59,7 @@ from typing import Sequence
 import pandas as pd
 
 from lab import LabError
-from lab.config import competition
+from lab.schema import COMPETITION
 from lab.paths import resolve_path
 from lab.console import Progress  # plain lines: they show in papermill logs as well as in Jupyter
 from lab.lineage import content_hash  # noqa: F401 - the lab's one file hasher (also the stage lineage's)
@@ -154,7 +154,7 @@ def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 
                   max_new_tokens: int | None = None, seed: int = 0, logprobs: bool = False,
                   lora_request=None) -> list[list[Completion]]:
     """vLLM `LLM.generate` with `SamplingParams`; `llm` comes from `vllm_engine`; `max_new_tokens` defaults to the
-    competition's completion budget (`lab.config.competition`).
+    competition's completion budget (`lab.schema.COMPETITION`).
 
     Checked against vLLM 0.33.0 (vllm/sampling_params.py, outputs.py, logprobs.py, v1/engine/__init__.py):
     `logprobs=0` returns, per generated token, a dict {token_id: Logprob} holding just the sampled
@@ -169,7 +169,7 @@ def generate_vllm(llm, prompts: Sequence[str], n: int = 1, temperature: float = 
     from vllm import SamplingParams
 
     if max_new_tokens is None:
-        max_new_tokens = competition().max_tokens
+        max_new_tokens = COMPETITION.max_tokens
     if temperature <= 0 and n > 1:
         once = generate_vllm(llm, prompts, 1, 0.0, top_p, max_new_tokens, seed, logprobs, lora_request)
         return [comps * n for comps in once]
