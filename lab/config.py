@@ -58,19 +58,22 @@ def schema_problem(e: BaseException) -> str:
     OmegaConf error (hydra/_internal/config_loader_impl.py raises ConfigCompositionException from it); OmegaConf's
     errors carry `full_key`, `value` and the refusing `child_node` (omegaconf/_utils.py, format_and_raise)."""
     from omegaconf import nodes
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ReadonlyConfigError, ValidationError
+    from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, ReadonlyConfigError,
+                                  ValidationError)
 
     kinds = {nodes.IntegerNode: "a whole number", nodes.FloatNode: "a number", nodes.BooleanNode: "true or false"}
-    known = (ValidationError, ConfigKeyError, ConfigAttributeError, ReadonlyConfigError)
+    known = (ValidationError, ConfigKeyError, ConfigAttributeError, ReadonlyConfigError, MissingMandatoryValue)
     cause = e.__cause__ if isinstance(e.__cause__, known) else e
     key = getattr(cause, "full_key", None)
+    if isinstance(cause, MissingMandatoryValue) and key:
+        return f"{key} has no value (???): set it in its conf/ file or with an override"
     if isinstance(cause, ReadonlyConfigError) and key:
         return f"{key} is fixed by the competition (lab/schema.py, CompetitionLimits): it cannot be set"
     if isinstance(cause, ValidationError) and key:
         node = getattr(cause, "child_node", None)
-        what = (f"one of {', '.join(node.enum_type.__members__)}" if isinstance(node, nodes.EnumNode)
-                else kinds.get(type(node), "of the type lab/schema.py gives it"))
-        return f"{key}={cause.value!r} must be {what}"
+        if isinstance(node, nodes.EnumNode):
+            return f"{key}={cause.value!r} is not one of {', '.join(node.enum_type.__members__)}"
+        return f"{key}={cause.value!r} must be {kinds.get(type(node), 'of the type lab/schema.py gives it')}"
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key:
         return f"{key}: no such key in {cause.object_type_str} (lab/schema.py lists every key)"
     return " ".join(str(e).split())
@@ -107,10 +110,15 @@ def load_saved(path: str | os.PathLike) -> DictConfig:
     if not path.is_file():
         raise LabError(f"{path}: file not found")
     try:
-        cfg = OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
+        saved = OmegaConf.load(path)
+        limits = saved.pop("competition", None)  # read-only in the schema: compared, not merged
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
         found = problems(cfg)
     except OmegaConfBaseException as e:
         raise LabError(f"{path}: {schema_problem(e)}") from None
+    if limits is not None and OmegaConf.to_container(limits) != OmegaConf.to_container(cfg.competition):
+        found.append(f"competition={OmegaConf.to_container(limits)} is not the competition's fixed limits "
+                     f"{OmegaConf.to_container(cfg.competition)} (lab/schema.py, CompetitionLimits)")
     if found:
         raise LabError(f"{path}: " + "; ".join(found))
     return cfg
@@ -138,9 +146,14 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
     (`schema.problems`, the dataclasses' `__post_init__`); then the paths that must exist do: `data.path` (when the
     data source reads a file and a path is given) and `model.path` when the model is not built here and names a
     local folder (`check_model_path`)."""
+    from omegaconf.errors import OmegaConfBaseException
+
     from lab.schema import problems as schema_problems
 
-    problems = schema_problems(cfg)
+    try:
+        problems = schema_problems(cfg)
+    except OmegaConfBaseException as e:  # a value left MISSING (`???`), an interpolation that does not resolve
+        raise LabError(f"{where}: {schema_problem(e)}") from None
     if not problems:  # paths only once the values are sane; a /kaggle/ path is checked on Kaggle (kernel builds)
         if cfg.data.source == "competition" and cfg.data.path and not _elsewhere(cfg.data.path):
             try:

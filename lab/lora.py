@@ -7,8 +7,8 @@ What it simplifies:
    module names a packed adapter holds for vLLM (what `lab.submission` checks).
 2. Every configured family must match something in the model (else an error naming the target and listing the
    families that exist), and after wrapping every configured family must own trainable LoRA parameters
-   (`target_table`, `check_table`). The rank, the targets and dropout are the schema's to check (lab/schema.py,
-   `LoraConfig` and `Config.rules`: the rank against `competition.max_lora_rank`), once, at compose.
+   (`target_table`, `check_table`). The rank is the schema's to check, once, at compose (lab/schema.py,
+   `rank_problem`, against `competition.max_lora_rank`).
 3. The gradient check (`GradientCheck`): at the first optimiser step every family must have a non-zero gradient;
    after training every LoRA tensor must have moved and a sample of frozen base tensors (one per layer-agnostic
    name) must NOT have moved. It compares a strided sample of each tensor (at most 65,536 values), so it stays
@@ -143,6 +143,19 @@ def _existing(avail: dict[str, int]) -> str:
     return ", ".join(f"{f} ({c})" for f, c in sorted(avail.items()) if c)
 
 
+def check_targets(cfg: DictConfig) -> list[str]:
+    """Refuse `sft.lora` targets this module cannot train, without a model (before one is loaded): none, or the
+    'experts' family with dropout. Returns the targets. (The rank is the schema's: `lab.schema.rank_problem`.)"""
+    lc = cfg.sft.lora
+    targets = [str(t) for t in lc.targets]
+    if not targets:
+        raise LabError("conf/sft: lora.targets is empty")
+    if "experts" in targets and lc.dropout > 0:
+        raise LabError(f"conf/sft: lora.dropout={lc.dropout} with the 'experts' family: PEFT's ParamWrapper (fused "
+                       "expert parameters) does not support dropout; set sft.lora.dropout=0")
+    return targets
+
+
 def lora_config(cfg: DictConfig, model):
     """A PEFT LoraConfig for exactly the configured families; unknown or unmatched families are errors.
 
@@ -153,7 +166,7 @@ def lora_config(cfg: DictConfig, model):
     from peft import LoraConfig
 
     lc = cfg.sft.lora
-    targets = [str(t) for t in lc.targets]
+    targets = check_targets(cfg)
     avail = available_families(model)
     model_type = getattr(getattr(_base(model), "config", None), "model_type", "?")
     modules, params = [], []

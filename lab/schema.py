@@ -219,16 +219,9 @@ class LoraConfig(Checked):
 
     r: int = _help("LoRA rank, 1 to competition.max_lora_rank (Kaggle's vLLM loads no more; rank_problem)")
     alpha: int = _help("LoRA scaling numerator (scale = alpha / r)", gt=0)
-    dropout: float = _help("LoRA dropout; 0 with the experts family (PEFT's ParamWrapper, the routed experts, "
-                            "supports none)", ge=0)
+    dropout: float = _help("LoRA dropout (PEFT's ParamWrapper, the routed experts, supports none: lab.lora "
+                            "refuses it with the experts family)", ge=0)
     targets: List[str] = _help("module families that get a LoRA (lab/lora.py; lm_head trains through lab.lora)")
-
-    def rules(self) -> list[str]:
-        p = [] if self.targets else ["sft.lora.targets=[] must name at least one module family (lab.lora.TABLE)"]
-        if "experts" in self.targets and self.dropout > 0:
-            p.append(f"sft.lora.dropout={self.dropout!r} must be 0 with the 'experts' family (PEFT's ParamWrapper, "
-                     "the fused expert parameters, supports no dropout)")
-        return p
 
 
 @dataclass
@@ -326,7 +319,8 @@ class GrpoConfig(Checked):
     zero_variance_warn_share: float = _help("warn when more groups than this share have zero reward variance")
     vllm_gpu_memory_utilization: float = _help(
         "vllm rollouts (colocate): GPU share of the engine (a second full copy of the base weights + its KV cache). "
-        "One 80 GB H100 cannot hold the 30B model twice (use rollout_backend=hf); models up to ~8B: 0.3-0.4")
+        "One 80 GB H100 cannot hold the 30B model twice (use rollout_backend=hf); models up to ~8B: 0.3-0.4",
+        gt=0, le=1)
     vllm_sleep_mode: bool = _help("vllm rollouts: free the engine's weights and cache during the optimiser step")
 
 
@@ -362,12 +356,12 @@ class InferConfig(Checked):
     max_model_len: int = _help("vLLM context length", ge=1)
     max_num_seqs: int = _help("vLLM concurrent sequences")
     max_lora_rank: int = _help("the largest LoRA rank the lab's vLLM engines load, 1 to competition.max_lora_rank")
-    gpu_memory_utilization: float = _help("vLLM memory share")
+    gpu_memory_utilization: float = _help("vLLM memory share", gt=0, le=1)
     local_gpu_memory_utilization: Optional[float] = _help(
         "vLLM memory share of the lab's own evaluation engines (lab.generate.vllm_engine), not a scoring setting; "
         "null: gpu_memory_utilization. On a card where the scorer's share leaves no room for the Mamba state and KV "
         "cache after the weights (an 80 GB H100: README, 'Local evaluation on a smaller card') set e.g. 0.95; the "
-        "submission's checks keep using gpu_memory_utilization")
+        "scorer's stays competition.gpu_memory_utilization", gt=0, le=1)
     tensor_parallel_size: int = _help("vLLM tensor parallel size: GPUs one evaluation engine spans (the vllm back-end; "
                                       "e.g. infer.tensor_parallel_size=4 for local evaluation on 4 GPUs); the "
                                       "scorer's is competition.tensor_parallel_size", ge=1)

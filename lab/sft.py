@@ -41,7 +41,7 @@ from lab import LabError
 from lab.io import atomic_write_csv
 from lab.paths import resolve_path
 from lab.data import category_weights, oversample, trace_styles
-from lab.lora import (GradientCheck, attach_lora, install_fused_lora_head, save_adapter,
+from lab.lora import (GradientCheck, attach_lora, check_targets, install_fused_lora_head, save_adapter,
                       trainer_accepts_head_lora)
 from lab.prompts import chat_prompt
 
@@ -223,6 +223,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     backend = cfg.sft.backend
     if backend not in ("hf", "unsloth"):
         raise LabError(f"conf/sft: backend={backend!r} is not one of hf, unsloth")
+    check_targets(cfg)
     sft_stages(cfg)  # before loading the model
     attach = attach_lora
     if backend == "unsloth":

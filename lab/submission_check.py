@@ -83,10 +83,10 @@ def lora_config_fields() -> frozenset[str]:
     return frozenset(f.name for f in dataclasses.fields(LoraConfig))
 
 
-def read_weights(path: Path) -> tuple[dict, list[str]]:
-    """A safetensors file read whole, one tensor at a time: (name -> {"dtype", "shape"}, problems). `safe_open`
-    refuses a file whose header and data disagree (safetensors' Rust `validate`); then every value must be finite
-    and below MAX_ABS."""
+def read_weights(path: Path) -> tuple[dict | None, list[str]]:
+    """A safetensors file read whole, one tensor at a time: (name -> {"dtype", "shape"}, problems); None instead of
+    the names when `safe_open` refuses a file whose header and data disagree (safetensors' Rust `validate`). Every
+    value must be finite and below MAX_ABS."""
     import torch
     from safetensors import SafetensorError, safe_open
 
@@ -107,7 +107,7 @@ def read_weights(path: Path) -> tuple[dict, list[str]]:
                 elif t.numel() and (top := float(t.abs().max())) > MAX_ABS:
                     huge.append(f"{n} (|x| up to {top:.3g})")
     except SafetensorError as e:
-        return {}, [f"{WEIGHTS_NAME} is not a valid safetensors file: truncated, with bytes no tensor owns, or with "
+        return None, [f"{WEIGHTS_NAME} is not a valid safetensors file: truncated, with bytes no tensor owns, or with "
                     f"a header that disagrees with its data ({e})"]
     p = []
     if nonfinite:
