@@ -3,37 +3,28 @@
 `conf/` holds the values (each group's YAML files, `conf/config.yaml` the root); this module says what each key is
 and what it may be. `register()` stores `Config` in Hydra's ConfigStore as `schema`, the first entry of
 `conf/config.yaml`'s defaults list, so every group's YAML is merged onto its dataclass at compose time: a value of the
-wrong type (`seed=1.5`, `sft.learning_rate=abc`), a back-end name that is not one of its Enum's
-(`grpo.rollout_backend=vlm`) or an unknown key (`sft.learnin_rate=1e-3`) fails there, naming the key. Ranges and
-cross-key rules are checked the way TRL's `GRPOConfig` checks them, in `__post_init__`: `problems(cfg)` builds the
-dataclasses with `OmegaConf.to_object` and returns what every `__post_init__` found (key, value, what it must be);
-`lab.config.compose`, `validate` and `load_saved` raise them as one LabError. Help text is each field's
-`metadata["help"]`, its range `metadata["bounds"]`: print both with `python -m lab.schema` (every key) or
-`python -m lab.schema sft` (a group).
+wrong type (`seed=1.5`), a back-end name its Enum lacks (`grpo.rollout_backend=vlm`) or an unknown key
+(`sft.learnin_rate=1e-3`) fails there, naming the key. Ranges (`_help(..., ge=1)`) and cross-key rules (`rules`) are
+checked the way TRL's `GRPOConfig` checks them, in `__post_init__`: `problems(cfg)` builds the dataclasses with
+`OmegaConf.to_object` and returns what every `__post_init__` found, which `lab.config` raises as one LabError.
+`python -m lab.schema [GROUP]` prints every key's type, help and range.
 
 The competition's fixed limits (LoRA rank 32, 7,680 completion tokens, vLLM's context of 8,192, the other scoring
-settings) are `CompetitionLimits`, a frozen dataclass whose defaults are their one home: the composed config's
-`competition` node (read-only), which conf/infer/kaggle.yaml points `infer` at, and `COMPETITION` for code that has
-no config (the submission CLI). `rank_problem` is the one check of a LoRA rank against them, for the config
-(sft.lora.r, infer.max_lora_rank) and for a packed adapter's adapter_config.json (lab.submission_check).
+settings) are the defaults of the frozen `CompetitionLimits`: the composed config's read-only `competition` node
+(conf/infer/kaggle.yaml points `infer` at it), and `COMPETITION` for code without a config. `rank_problem` is the one
+check of a LoRA rank against them, for the config and for a packed adapter (lab.submission_check).
 
 Checked against the sources in .venv:
-1. hydra/core/config_store.py: `ConfigStore.instance().store(name=..., node=...)` takes a dataclass; a config
-   stored without a group is found by name in a defaults list (`- schema`), and merging it first (before the
-   groups and `_self_`) types every key the YAML files set afterwards.
-2. omegaconf/omegaconf.py (`OmegaConf.structured`, `merge`, `get_type`, `to_object`) and omegaconf/_utils.py (field
-   types: `Optional[...]`, `List[str]`, `Dict[str, Any]`, Enums; `Union` only of primitive types, which this schema
-   does not need), omegaconf/nodes.py (an `int` field refuses 1.5 and "many"; a `float` field takes an int and stores
-   it as a float: `learning_rate: 1` reads back 1.0; an Enum field takes a member's name, so each member's name is
-   its value and a `StrEnum` member compares, hashes and prints as that string). A field's value may be an
-   interpolation (`${model.max_model_len}`, `${run_dir}/base_model`): it is checked against the field's type when
-   resolved (compose resolves it). omegaconf/dictconfig.py `_to_object`: children are built before their parent,
-   every field passed to `__init__`.
+1. hydra/core/config_store.py: a config stored without a group is found by name in a defaults list (`- schema`),
+   and merging it first types every key the YAML files set afterwards.
+2. omegaconf/nodes.py: an `int` field refuses 1.5 and "many"; a `float` field stores an int as a float; an Enum
+   field takes a member's name. An interpolation is checked against the field's type when resolved (compose
+   resolves it). omegaconf/dictconfig.py `_to_object`: children are built before their parent.
 3. A field is `MISSING` (`???`) until a YAML file sets it: the values have one home, conf/ (the competition's
-   fixed limits excepted). `OmegaConf.structured(Config)` builds each group once with every field `MISSING`
-   (omegaconf/_utils.py, `get_dataclass_data` calls the default factories): such an instance is not checked.
+   limits excepted). `OmegaConf.structured(Config)` builds each group once with every field `MISSING`
+   (omegaconf/_utils.py, `get_dataclass_data`): such an instance is not checked.
 
-What it simplifies: the library-dependent names (`sft.lr_scheduler_type`, `model.dtype`) and the paths that must
+What it simplifies: names only a library knows (`sft.lr_scheduler_type`, `model.dtype`) and the paths that must
 exist are checked in lab/config.py, where importing transformers or touching the disk belongs.
 """
 
@@ -55,27 +46,10 @@ from omegaconf import MISSING, OmegaConf
 from lab import LabError
 
 
-class GenerationBackend(StrEnum):
-    """model.generation_backend and grpo.rollout_backend: transformers' generate or vLLM (GPU only)."""
-
-    hf = "hf"
-    vllm = "vllm"
-
-
-class TrainBackend(StrEnum):
-    """model.train_backend and sft.backend: transformers + PEFT + TRL, or Unsloth (GPU only)."""
-
-    hf = "hf"
-    unsloth = "unsloth"
-
-
-class Tracker(StrEnum):
-    """report_to: transformers' tracker integrations the lab offers (lab.run.tracking_args)."""
-
-    none = "none"
-    tensorboard = "tensorboard"
-    wandb = "wandb"
-    mlflow = "mlflow"
+# back-end names: each member's name is its value (an Enum field takes a name), so a member reads as that string
+GenerationBackend = StrEnum("GenerationBackend", ["hf", "vllm"])  # model.generation_backend, grpo.rollout_backend
+TrainBackend = StrEnum("TrainBackend", ["hf", "unsloth"])  # model.train_backend, sft.backend
+Tracker = StrEnum("Tracker", ["none", "tensorboard", "wandb", "mlflow"])  # report_to (lab.run.tracking_args)
 
 
 BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le), "lt": ("<", operator.lt)}
