@@ -101,7 +101,8 @@ def unknown_keys(cfg: DictConfig) -> list[str]:
 
 def load_saved(path: str | os.PathLike) -> DictConfig:
     """A stage's saved `config.yaml` merged onto the schema (lab/schema.py), so it reads back with the types
-    `compose` gave it; a LabError names the file and the key when it no longer fits the schema."""
+    `compose` gave it; a LabError names the file and the key when it no longer fits the schema (its types; for a
+    complete file its ranges and rules too, and its `competition` node must be the competition's limits)."""
     from omegaconf.errors import OmegaConfBaseException
 
     from lab.schema import Config, problems
@@ -113,7 +114,7 @@ def load_saved(path: str | os.PathLike) -> DictConfig:
         saved = OmegaConf.load(path)
         limits = saved.pop("competition", None)  # read-only in the schema: compared, not merged
         cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
-        found = problems(cfg)
+        found = [] if OmegaConf.missing_keys(cfg) else problems(cfg)  # a partial file: its types only
     except OmegaConfBaseException as e:
         raise LabError(f"{path}: {schema_problem(e)}") from None
     if limits is not None and OmegaConf.to_container(limits) != OmegaConf.to_container(cfg.competition):
