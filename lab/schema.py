@@ -413,8 +413,8 @@ class Config(Checked):
     run_name: str = _help("name of this run, its folder under outputs/: a new time-stamped one unless set "
                           "(`make demo` sets demo)")
     run_dir: str = _help("every stage writes into <run_dir>/<stage>/ (relative to the repo root)")
-    report_to: Tracker = _help("live training curves of 02_sft / 03_grpo: none, tensorboard (<run_dir>/tensorboard), "
-                           "wandb or mlflow (TRL's integrations)")
+    report_to: Tracker = _help("live training curves of 02_sft / 03_grpo: none, tensorboard "
+                               "(<run_dir>/tensorboard), wandb or mlflow (TRL's integrations)")
 
     def rules(self) -> list[str]:
         p = [rank_problem("sft.lora.r", self.sft.lora.r, self.competition),
