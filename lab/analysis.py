@@ -65,7 +65,7 @@ import numpy as np
 import pandas as pd
 
 from lab import LabError
-from lab.config import competition
+from lab.schema import COMPETITION
 from lab.io import atomic_write_csv, atomic_write_json
 from lab.stats import wilson_interval  # also lab.analysis.wilson_interval, as before
 from lab.metric import extract_answer, read_table, verify
@@ -563,8 +563,8 @@ def departure_summary(table: pd.DataFrame) -> pd.DataFrame:
 def length_table(pred: pd.DataFrame, budget: int | None = None) -> pd.DataFrame:
     """Completion tokens per category (then 'all') and outcome (correct / wrong):
     n, mean, median, p90, max, at_budget (finish_reason 'length' or tokens >= budget; default: the competition's
-    `max_tokens`, `config.competition()`)."""
-    budget = competition().max_tokens if budget is None else budget
+    `max_tokens`, `lab.schema.COMPETITION`)."""
+    budget = COMPETITION.max_tokens if budget is None else budget
     df = normalise_predictions(pred)
     rows = []
     for cat, g in _per_category(df):
@@ -650,7 +650,7 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None =
     accuracy, lo, hi}}, taxonomy {category: {class: count}} ('all' included), truncated,
     accuracy_by_status (when the solver ran), files (names written).
     """
-    budget = competition().max_tokens if budget is None else budget
+    budget = COMPETITION.max_tokens if budget is None else budget
     df = with_failures(pred, budget=budget)
     if df.empty:
         raise LabError(f"analyse: no predictions to analyse (writing to {out_dir})")

@@ -1,7 +1,7 @@
 """The config: `compose(overrides)` builds the Hydra config from `conf/` wherever the caller's working directory is
 (a notebook run by papermill, a test, a Kaggle kernel) onto the schema of lab/schema.py (every value's type,
-unknown keys) and `validate`s it (ranges, cross-key rules, the paths it names), all before any folder is touched;
-`load_saved(path)` reads a saved config back onto the same schema.
+back-end names, unknown keys) and `validate`s it (the schema's ranges and cross-key rules, then the paths it names),
+all before any folder is touched; `load_saved(path)` reads a saved config back onto the same schema and rules.
 
 What it simplifies:
 - a notebook's `overrides` parameter may be a list or the string papermill's `-p` passes
@@ -13,7 +13,6 @@ What it simplifies:
 
 from __future__ import annotations
 
-import functools
 import os
 from pathlib import Path
 from typing import Iterable
@@ -21,7 +20,7 @@ from typing import Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
-from lab.paths import check_model_path, find_data_file, project_root, resolve_path
+from lab.paths import check_model_path, find_data_file, project_root
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:
     """Compose `conf/config.yaml` with Hydra overrides; errors name the file and the key."""
@@ -59,14 +58,22 @@ def schema_problem(e: BaseException) -> str:
     OmegaConf error (hydra/_internal/config_loader_impl.py raises ConfigCompositionException from it); OmegaConf's
     errors carry `full_key`, `value` and the refusing `child_node` (omegaconf/_utils.py, format_and_raise)."""
     from omegaconf import nodes
-    from omegaconf.errors import ConfigAttributeError, ConfigKeyError, ValidationError
+    from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, ReadonlyConfigError,
+                                  ValidationError)
 
     kinds = {nodes.IntegerNode: "a whole number", nodes.FloatNode: "a number", nodes.BooleanNode: "true or false"}
-    cause = e.__cause__ if isinstance(e.__cause__, (ValidationError, ConfigKeyError, ConfigAttributeError)) else e
+    known = (ValidationError, ConfigKeyError, ConfigAttributeError, ReadonlyConfigError, MissingMandatoryValue)
+    cause = e.__cause__ if isinstance(e.__cause__, known) else e
     key = getattr(cause, "full_key", None)
+    if isinstance(cause, MissingMandatoryValue) and key:
+        return f"{key} has no value (???): set it in its conf/ file or with an override"
+    if isinstance(cause, ReadonlyConfigError) and key:
+        return f"{key} is fixed by the competition (lab/schema.py, CompetitionLimits): it cannot be set"
     if isinstance(cause, ValidationError) and key:
-        what = kinds.get(type(getattr(cause, "child_node", None)), "of the type lab/schema.py gives it")
-        return f"{key}={cause.value!r} must be {what}"
+        node = getattr(cause, "child_node", None)
+        if isinstance(node, nodes.EnumNode):
+            return f"{key}={cause.value!r} is not one of {', '.join(node.enum_type.__members__)}"
+        return f"{key}={cause.value!r} must be {kinds.get(type(node), 'of the type lab/schema.py gives it')}"
     if isinstance(cause, (ConfigKeyError, ConfigAttributeError)) and key:
         return f"{key}: no such key in {cause.object_type_str} (lab/schema.py lists every key)"
     return " ".join(str(e).split())
@@ -94,18 +101,28 @@ def unknown_keys(cfg: DictConfig) -> list[str]:
 
 def load_saved(path: str | os.PathLike) -> DictConfig:
     """A stage's saved `config.yaml` merged onto the schema (lab/schema.py), so it reads back with the types
-    `compose` gave it; a LabError names the file and the key when it no longer fits the schema."""
+    `compose` gave it; a LabError names the file and the key when it no longer fits the schema (its types; for a
+    complete file its ranges and rules too, and its `competition` node must be the competition's limits)."""
     from omegaconf.errors import OmegaConfBaseException
 
-    from lab.schema import Config
+    from lab.schema import Config, problems
 
     path = Path(path)
     if not path.is_file():
         raise LabError(f"{path}: file not found")
     try:
-        return OmegaConf.merge(OmegaConf.structured(Config), OmegaConf.load(path))
+        saved = OmegaConf.load(path)
+        limits = saved.pop("competition", None)  # read-only in the schema: compared, not merged
+        cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
+        found = [] if OmegaConf.missing_keys(cfg) else problems(cfg)  # a partial file: its types only
     except OmegaConfBaseException as e:
         raise LabError(f"{path}: {schema_problem(e)}") from None
+    if limits is not None and OmegaConf.to_container(limits) != OmegaConf.to_container(cfg.competition):
+        found.append(f"competition={OmegaConf.to_container(limits)} is not the competition's fixed limits "
+                     f"{OmegaConf.to_container(cfg.competition)} (lab/schema.py, CompetitionLimits)")
+    if found:
+        raise LabError(f"{path}: " + "; ".join(found))
+    return cfg
 
 
 def config_data(cfg: DictConfig) -> dict:
@@ -124,120 +141,33 @@ def saved_config_matches(path: str | os.PathLike, config: dict) -> bool:
         return False
 
 
-@functools.cache
-def competition() -> DictConfig:
-    """The competition's fixed limits, read from conf/infer/kaggle.yaml (the scoring settings): `max_lora_rank` (the
-    largest LoRA rank Kaggle's vLLM loads), `max_tokens` (the completion budget) and `max_model_len` (vLLM's context
-    length). Their one home: the checks below, lab.lora, lab.submission and lab.generate read them here."""
-    from lab.schema import InferConfig
-
-    return OmegaConf.merge(OmegaConf.structured(InferConfig),
-                           OmegaConf.load(project_root() / "conf" / "infer" / "kaggle.yaml"))
-
-
-# key -> (lower bound, upper bound, bound kind): the ranges the types in lab/schema.py cannot say. Bounds are inclusive
-# except where the third field says ">" (strictly above the lower bound); a bound given as a name is that key of
-# `competition()`. A key absent from the config is skipped.
-CHECKS = {
-    "seed": (0, None, ""),
-    "sft.batch_size": (1, None, ""), "sft.grad_accum": (1, None, ""),
-    "sft.learning_rate": (0, None, ">"), "sft.max_seq_len": (1, None, ""),
-    "sft.lora.r": (1, "max_lora_rank", ""), "sft.lora.alpha": (0, None, ">"),
-    "sft.save_steps": (1, None, ""), "sft.logging_steps": (1, None, ""),
-    "sft.warmup_ratio": (0, 1, ""), "sft.weight_decay": (0, None, ""),
-    "grpo.learning_rate": (0, None, ">"), "grpo.max_steps": (1, None, ""),
-    "grpo.num_generations": (1, None, ""), "grpo.prompts_per_step": (1, None, ""),
-    "grpo.n_prompts": (1, None, ""), "grpo.pass_rate_k": (1, None, ""),
-    "grpo.temperature": (0, None, ">"), "grpo.top_p": (0, 1, ">"), "grpo.beta": (0, None, ""),
-    "grpo.save_steps": (1, None, ""), "grpo.logging_steps": (1, None, ""),
-    "infer.max_tokens": (1, None, ""), "infer.max_model_len": (1, None, ""),
-    "infer.batch_size": (1, None, ""), "infer.temperature": (0, None, ""),
-    "infer.top_p": (0, 1, ">"), "infer.max_lora_rank": (1, "max_lora_rank", ""),
-    "infer.tensor_parallel_size": (1, None, ""),
-    "model.max_model_len": (1, None, ""),
-    "vote.k": (1, None, ""), "vote.temperature": (0, None, ""), "vote.top_p": (0, 1, ">"),
-    "data.val_fraction": (0, 1, ""), "data.explore_max": (1, None, ""),
-}
-
-
-def _problem(value, lo, hi, strict: str) -> str | None:
-    # the schema types every value; a NaN (a float all the same) or a hand-built config's odd value still lands here
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or value != value:
-        return "must be a number"
-    if lo is not None and (value <= lo if strict == ">" else value < lo):
-        return f"must be {'>' if strict == '>' else '>='} {lo}"
-    if hi is not None and value > hi:
-        return f"must be <= {hi}"
-    return None
-
-
 def validate(cfg: DictConfig, where: str = "config") -> None:
     """Refuse a config whose values cannot run, before any stage folder is opened: one LabError listing every
-    problem (key, value, what it must be). Types are lab/schema.py's (checked as the config is composed or
-    loaded); ranges come from `CHECKS`; besides those, `sft.max_steps`
-    is -1 (then `sft.epochs` > 0) or >= 1; `data.val_fraction` < 1; `sft.n_train`, `data.n_train` and `data.n_val`
-    are null or >= 1; and the paths that must exist do: `data.path` (when the data source reads a file and a path
-    is given) and `model.path` when the model is not built here and names a local folder
-    (`check_model_path`)."""
-    problems = []
+    problem (key, value, what it must be). Types, back-end names, ranges and cross-key rules are lab/schema.py's
+    (`schema.problems`, the dataclasses' `__post_init__`); then the paths that must exist do: `data.path` (when the
+    data source reads a file and a path is given) and `model.path` when the model is not built here and names a
+    local folder (`check_model_path`)."""
+    from omegaconf.errors import OmegaConfBaseException
 
-    def get(key):
-        return OmegaConf.select(cfg, key, default=_ABSENT)
+    from lab.schema import problems as schema_problems
 
-    for key, (lo, hi, strict) in CHECKS.items():
-        v = get(key)
-        hi = competition()[hi] if isinstance(hi, str) else hi
-        if v is not _ABSENT and (why := _problem(v, lo, hi, strict)):
-            problems.append(f"{key}={v!r} {why}")
-    v = get("sft.max_steps")
-    if v is not _ABSENT and v != -1 and (why := _problem(v, 1, None, "")):
-        problems.append(f"sft.max_steps={v!r} {why} (or -1: train for sft.epochs)")
-    e = get("sft.epochs")
-    if v == -1 and e is not _ABSENT and (why := _problem(e, 0, None, ">")):
-        problems.append(f"sft.epochs={e!r} {why} (or set sft.max_steps >= 1)")
-    if get("data.val_fraction") == 1:
-        problems.append("data.val_fraction=1 must be < 1 (nothing left to train on)")
-    if (why := run_name_problem(get("run_name"))) is not None:
-        problems.append(why)
-    for key in ("data.n_train", "data.n_val", "sft.n_train"):
-        v = get(key)
-        if v not in (_ABSENT, None) and (why := _problem(v, 1, None, "")):
-            problems.append(f"{key}={v!r} {why} (or null)")
+    try:
+        problems = schema_problems(cfg)
+    except OmegaConfBaseException as e:  # a value left MISSING (`???`), an interpolation that does not resolve
+        raise LabError(f"{where}: {schema_problem(e)}") from None
     if not problems:  # paths only once the values are sane; a /kaggle/ path is checked on Kaggle (kernel builds)
-        if get("data.source") == "competition" and get("data.path") not in (_ABSENT, None, "") \
-                and not _elsewhere(cfg.data.path):
+        if cfg.data.source == "competition" and cfg.data.path and not _elsewhere(cfg.data.path):
             try:
                 find_data_file(cfg.data.path)
             except LabError as e:
                 problems.append(f"data.path: {e}")
-        if get("model.build_tiny") is False and not _elsewhere(cfg.model.path):
+        if cfg.model.build_tiny is False and not _elsewhere(cfg.model.path):
             try:
                 check_model_path(cfg.model.path, hub_cache=False)
             except LabError as e:
                 problems.append(f"model.path: {e}")
     if problems:
         raise LabError(f"{where}: " + "; ".join(problems) + " (nothing was run or changed)")
-
-
-_ABSENT = object()
-
-
-def run_name_problem(name) -> str | None:
-    """Why `run_name` cannot name a run folder, or None: it must be a relative path that stays strictly inside
-    outputs/ (`run_dir` defaults to outputs/<run_name>), so `../x`, `/tmp/x`, `a/../..`, `.` and an empty or blank
-    name are refused. Any other text, non-ASCII included, is a folder name (a non-ASCII value must be quoted
-    on the command line: `compose` says how)."""
-    if name is _ABSENT:
-        return None
-    text = "" if name is None else str(name)
-    if not text.strip():
-        return (f"run_name={text!r} is empty: the stage folders would land in outputs/ itself; "
-                "give the run a name, e.g. run_name=my_run")
-    norm = os.path.normpath(os.path.join("outputs", text))
-    if os.path.isabs(text) or norm == "outputs" or not norm.startswith("outputs" + os.sep):
-        return (f"run_name={text!r} leaves outputs/ (the run would write to {resolve_path(norm)}): a run name is a "
-                "folder inside outputs/, e.g. run_name=my_run; to write elsewhere set run_dir=PATH")
-    return None
 
 
 def _non_ascii_problem(overrides: list[str]) -> str | None:

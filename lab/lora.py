@@ -6,9 +6,9 @@ What it simplifies:
 1. One table of LoRA families (`TABLE`): the names `sft.lora.targets` uses, what PEFT is given for each, and the
    module names a packed adapter holds for vLLM (what `lab.submission` checks).
 2. Every configured family must match something in the model (else an error naming the target and listing the
-   families that exist), the rank is at most the competition's `max_lora_rank` (`lab.config.competition`), and
-   after wrapping every
-   configured family must own trainable LoRA parameters (`target_table`, `check_table`).
+   families that exist), and after wrapping every configured family must own trainable LoRA parameters
+   (`target_table`, `check_table`). The rank is the schema's to check, once, at compose (lab/schema.py,
+   `rank_problem`, against `competition.max_lora_rank`).
 3. The gradient check (`GradientCheck`): at the first optimiser step every family must have a non-zero gradient;
    after training every LoRA tensor must have moved and a sample of frozen base tensors (one per layer-agnostic
    name) must NOT have moved. It compares a strided sample of each tensor (at most 65,536 values), so it stays
@@ -81,7 +81,6 @@ from typing import TYPE_CHECKING
 from omegaconf import DictConfig
 
 from lab import LabError
-from lab.config import competition
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -145,12 +144,9 @@ def _existing(avail: dict[str, int]) -> str:
 
 
 def check_targets(cfg: DictConfig) -> list[str]:
-    """Validate `sft.lora` without a model: rank, dropout with experts. Returns the targets."""
+    """Refuse `sft.lora` targets this module cannot train, without a model (before one is loaded): none, or the
+    'experts' family with dropout. Returns the targets. (The rank is the schema's: `lab.schema.rank_problem`.)"""
     lc = cfg.sft.lora
-    r, max_rank = lc.r, competition().max_lora_rank
-    if not 1 <= r <= max_rank:
-        raise LabError(f"conf/sft: lora.r={r} is not allowed: Kaggle's vLLM loads LoRA rank <= {max_rank} "
-                       f"(max_lora_rank={max_rank}); use 1..{max_rank}")
     targets = [str(t) for t in lc.targets]
     if not targets:
         raise LabError("conf/sft: lora.targets is empty")
@@ -187,8 +183,8 @@ def lora_config(cfg: DictConfig, model):
 
 
 def expert_patterns(cfg: DictConfig) -> tuple[dict, dict]:
-    """PEFT rank_pattern/alpha_pattern for `gpu.experts_rank` (routed experts at a lower rank, same alpha/r scale);
-    empty when unset. PEFT matches the keys against `...mixer.experts.up_proj` (`get_pattern_key`,
+    """PEFT rank_pattern/alpha_pattern for `gpu.experts_rank` (routed experts at a lower rank, same alpha/r scale;
+    1 to sft.lora.r, lab/schema.py); empty when unset. PEFT matches the keys against `...mixer.experts.up_proj` (`get_pattern_key`,
     peft/utils/other.py), which `shared_experts.up_proj` does not match; `lab.submission.pack` rewrites them for
     vLLM's per-expert names. PEFT 0.21 warns that these keys "did not match any targeted module and were ignored"
     (`tuners_utils.py` checks module names, not targeted parameters); they are applied: rank and scale are checked
@@ -200,8 +196,6 @@ def expert_patterns(cfg: DictConfig) -> tuple[dict, dict]:
     if er is None or int(er) == lc.r or "experts" not in [str(t) for t in lc.targets]:
         return {}, {}
     er = int(er)
-    if not 1 <= er <= lc.r:
-        raise LabError(f"conf/gpu: experts_rank={er} must be between 1 and sft.lora.r={lc.r}")
     keys = [r"experts\.up_proj", r"experts\.down_proj"]
     return {k: er for k in keys}, {k: lc.alpha * er / lc.r for k in keys}
 

@@ -1,31 +1,35 @@
 """Every config group composes; bad overrides and bad paths fail with messages naming the file; manifests hold no secrets."""
 
+import dataclasses
 import json
 from pathlib import Path
 
 import pytest
+
+from omegaconf import OmegaConf
 
 from lab import LabError
 from lab.config import compose
 from lab.paths import project_root
 from lab.run import Stage, stage_output
 
-GROUPS = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in (project_root() / "conf").iterdir()
-          if p.is_dir() and p.name in {"model", "data", "sft", "grpo", "infer", "vote"}}
+# every config group on disk (a folder of conf/) and every option of it: a new group or option is covered as it lands
+GROUPS = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in sorted((project_root() / "conf").iterdir())
+          if p.is_dir()}
 
 
-def test_required_groups_exist():
-    assert {"model", "data", "sft", "grpo", "infer", "vote"} <= set(GROUPS)
-    assert "kaggle" in GROUPS["infer"] and {"tiny", "nemotron_nano"} <= set(GROUPS["model"])
-    # conf/ holds Hydra groups only (the accelerate launch files live in scripts/accelerate/)
-    folders = {p.name for p in (project_root() / "conf").iterdir() if p.is_dir()}
-    assert folders <= set(compose([])) | {"experiment"}, folders  # experiment: an optional group, no default
+def test_conf_holds_hydra_groups_only():
+    """conf/ holds Hydra groups only (the accelerate launch files live in scripts/accelerate/): each folder is a
+    group of the composed config or a group that selects others (experiment)."""
+    assert set(GROUPS) <= set(compose([])) | {"experiment"}, GROUPS
 
 
 @pytest.mark.parametrize("group,option", [(g, o) for g, opts in GROUPS.items() for o in opts])
-def test_every_group_option_composes(group, option, tmp_path):
+def test_every_option_of_every_group_composes(group, option, tmp_path):
+    """Every option composes onto the schema and passes its checks (types, back-end names, ranges, cross-key
+    rules, every field set)."""
     cfg = compose([f"{group}={option}", f"run_dir={tmp_path}"])
-    assert cfg.seed is not None and cfg[group] is not None
+    assert cfg.seed is not None and (group == "experiment" or cfg[group] is not None)
 
 
 def test_every_yaml_key_has_help_text():
@@ -64,13 +68,19 @@ def test_every_yaml_key_has_help_text():
     assert not missing, "keys without help text in lab/schema.py:\n" + "\n".join(missing)
 
 
-def test_kaggle_scoring_settings_are_the_competitions():
-    inf = compose([]).infer
-    assert (inf.temperature, inf.top_p, inf.max_tokens, inf.max_model_len) == (0.0, 1.0, 7680, 8192)
-    assert (inf.max_num_seqs, inf.max_lora_rank, inf.gpu_memory_utilization) == (64, 32, 0.85)
-    assert "n" not in inf  # one completion per puzzle is what every evaluation does; no key pretends to set it
-    real = compose(["model=nemotron_nano"])
-    assert real.model.path == "nvidia/NVIDIA-Nemotron-3-Nano-30B-A3B-BF16" and real.model.trust_remote_code is False
+def test_evaluation_uses_the_competitions_scoring_settings_unless_overridden():
+    from lab.schema import CompetitionLimits
+
+    cfg = compose([])
+    lim = OmegaConf.to_object(cfg.competition)
+    assert lim == CompetitionLimits()  # the node is the dataclass's defaults, nothing in conf/ sets it
+    scoring = {f.name for f in dataclasses.fields(CompetitionLimits)}
+    assert {k: cfg.infer[k] for k in scoring} == dataclasses.asdict(lim)
+    assert "n" not in cfg.infer  # one completion per puzzle is what every evaluation does; no key pretends to set it
+    local = compose(["infer.max_tokens=64", "infer.temperature=0.5"])
+    assert (local.infer.max_tokens, local.infer.temperature) == (64, 0.5) and local.competition == cfg.competition
+    with pytest.raises(LabError, match="competition.max_lora_rank is fixed by the competition"):
+        compose(["competition.max_lora_rank=64"])
 
 
 def test_unknown_override_names_the_file_and_key():
@@ -164,32 +174,45 @@ def test_a_run_without_a_name_gets_its_own_time_stamped_folder(monkeypatch):
         Stage("99_test", ["seed=1"])
 
 
-def test_the_competitions_limits_have_one_home(tmp_path, monkeypatch):
-    """rank limit, completion budget and context length: conf/infer/kaggle.yaml, read through lab.config.competition
-    by the config checks, lab.lora and lab.submission; the real model's context length interpolates it."""
-    import shutil
+def test_the_competitions_limits_have_one_home(tmp_path):
+    """The LoRA rank limit is the `competition` node's, checked by one function (lab.schema.rank_problem) for the
+    config (sft.lora.r, infer.max_lora_rank) and for a packed adapter's config; the real model's context length
+    interpolates the node too."""
+    from omegaconf import read_write
 
-    from lab import config, lora, submission
+    from lab.config import validate
+    from lab.schema import rank_problem
+    from lab.submission_check import config_problems
 
-    lim, inf = config.competition(), compose([]).infer
-    assert (lim.max_lora_rank, lim.max_tokens, lim.max_model_len) == (32, 7680, 8192)
-    assert (inf.max_lora_rank, inf.max_tokens, inf.max_model_len) == (32, 7680, 8192)
-    assert compose(["model=nemotron_nano"]).model.max_model_len == lim.max_model_len
-    # a copy of conf/ whose kaggle.yaml allows rank 16 at most: every check follows it
-    shutil.copytree(project_root() / "conf", tmp_path / "conf")
-    k = tmp_path / "conf" / "infer" / "kaggle.yaml"
-    k.write_text(k.read_text().replace("max_lora_rank: 32 ", "max_lora_rank: 16 "))
-    monkeypatch.setenv("LAB_ROOT", str(tmp_path))
-    config.competition.cache_clear()
-    try:
-        assert config.competition().max_lora_rank == 16
-        with pytest.raises(LabError, match=r"sft.lora.r=32 must be <= 16"):
-            compose([f"run_dir={tmp_path / 'run'}"])
-        cfg = compose([f"run_dir={tmp_path / 'run'}", "sft.lora.r=16", "infer.max_lora_rank=16"])
-        cfg.sft.lora.r = 17  # past compose's check: lab.lora refuses it on its own
-        with pytest.raises(LabError, match=r"rank <= 16"):
-            lora.check_targets(cfg)
-        assert any("above 16" in p for p in submission._check_config({"r": 17, "lora_alpha": 16,
-                                                                        "target_modules": ["q_proj"]}))
-    finally:
-        config.competition.cache_clear()
+    cfg = compose([f"run_dir={tmp_path}"])
+    assert compose(["model=nemotron_nano"]).model.max_model_len == cfg.competition.max_model_len
+    with read_write(cfg.competition):  # a competition that allowed rank 16 at most: the config checks follow it
+        cfg.competition.max_lora_rank = 16
+    with pytest.raises(LabError, match=r"sft.lora.r=32 must be <= 16.*infer.max_lora_rank=32 must be <= 16"):
+        validate(cfg)
+    adapter = {"r": 33, "lora_alpha": 16, "target_modules": ["q_proj"], "rank_pattern": {"q_proj": 0}}
+    ranks = [rank_problem("r", 33), rank_problem("rank_pattern['q_proj']", 0)]
+    assert config_problems(adapter) == [f"adapter_config.json: {why}" for why in ranks]
+    assert rank_problem("r", 33).startswith("r=33 must be <= 32") and rank_problem("r", 32) is None
+
+
+def test_every_problem_is_listed_in_one_error():
+    with pytest.raises(LabError) as e:
+        compose(["sft.grad_accum=0", "seed=-1", "vote.top_p=1.5", "gpu.experts_rank=64", "sft.max_steps=0"])
+    for message in ("sft.grad_accum=0 must be >= 1", "seed=-1 must be >= 0", "vote.top_p=1.5 must be <= 1",
+                    "gpu.experts_rank=64 must be <= sft.lora.r=32", "sft.max_steps=0 must be >= 1 (or -1"):
+        assert message in str(e.value)
+    assert "nothing was run or changed" in str(e.value)
+
+
+def test_a_group_built_by_hand_checks_itself():
+    """TRL's way: the dataclass refuses bad values when it is built, not only inside a composed config."""
+    import dataclasses as dc
+
+    from lab.schema import VoteConfig
+
+    good = OmegaConf.to_object(compose([]).vote)
+    assert dc.replace(good, k=3).k == 3
+    with pytest.raises(LabError, match=r"vote.k=0 must be >= 1"):
+        dc.replace(good, k=0)
+    assert isinstance(good, VoteConfig)

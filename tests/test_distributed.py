@@ -204,7 +204,7 @@ def test_fsdp2_on_cpu_shards_the_model_and_the_lora_head_matches(tmp_path):
 
 def test_tensor_parallel_size_reaches_vllm_and_the_scorer_keeps_one(monkeypatch):
     """`infer.tensor_parallel_size=4` (local evaluation on 4 GPUs) is what lab.generate hands vLLM's engine; the
-    scoring settings lab.config.competition() reads (conf/infer/kaggle.yaml) keep the scorer's 1; 0 is refused."""
+    scoring settings (the `competition` node, lab/schema.py) keep the scorer's 1; 0 is refused."""
     import types
 
     from lab import config, generate
@@ -215,6 +215,6 @@ def test_tensor_parallel_size_reaches_vllm_and_the_scorer_keeps_one(monkeypatch)
     monkeypatch.setitem(sys.modules, "vllm", vllm)
     generate.vllm_engine(config.compose(["infer.tensor_parallel_size=4"]), "/models/x")
     assert seen["tensor_parallel_size"] == 4 and seen["gpu_memory_utilization"] == 0.85
-    assert config.competition().tensor_parallel_size == 1
+    assert config.compose(["infer.tensor_parallel_size=4"]).competition.tensor_parallel_size == 1
     with pytest.raises(LabError, match="tensor_parallel_size"):
         config.compose(["infer.tensor_parallel_size=0"])

@@ -1,6 +1,6 @@
 """Local evaluation on a card where the scorer's gpu_memory_utilization leaves no room for the cache (issue 26,
 item 7): `infer.local_gpu_memory_utilization` sets the share of the lab's own vLLM engines; the scorer's value, what
-the submission's checks read (`lab.config.competition`), does not change. vLLM is a test-only stand-in that records
+the competition's (`cfg.competition`, what the submission's checks read), does not change. vLLM is a test-only stand-in that records
 the engine's keyword arguments (no GPU here)."""
 
 from __future__ import annotations
@@ -32,11 +32,10 @@ def test_the_scorer_share_by_default_and_the_local_one_when_set(monkeypatch):
     assert _engine_kwargs(monkeypatch, cfg)["gpu_memory_utilization"] == 0.85
     local = config.compose(["experiment=competition", "infer.local_gpu_memory_utilization=0.95"])
     assert _engine_kwargs(monkeypatch, local)["gpu_memory_utilization"] == 0.95
-    assert local.infer.gpu_memory_utilization == config.competition().gpu_memory_utilization == 0.85
+    assert local.infer.gpu_memory_utilization == local.competition.gpu_memory_utilization == 0.85
 
 
 @pytest.mark.parametrize("value", [0, 1.2])
-def test_a_share_outside_0_1_is_refused(monkeypatch, value):
-    cfg = config.compose(["experiment=competition", f"infer.local_gpu_memory_utilization={value}"])
-    with pytest.raises(LabError, match="local_gpu_memory_utilization"):
-        _engine_kwargs(monkeypatch, cfg)
+def test_a_share_outside_0_1_is_refused_at_compose(value):
+    with pytest.raises(LabError, match=rf"infer.local_gpu_memory_utilization={float(value)} must be"):
+        config.compose(["experiment=competition", f"infer.local_gpu_memory_utilization={value}"])

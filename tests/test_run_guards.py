@@ -23,6 +23,8 @@ BAD = [("sft.grad_accum=0", "sft.grad_accum=0 must be >= 1"), ("sft.batch_size=0
        ("sft.max_steps=-5", "sft.max_steps=-5 must be >= 1"), ("sft.lora.r=64", "sft.lora.r=64 must be <= 32"),
        ("sft.lora.r=0", "sft.lora.r=0 must be >= 1"), ("vote.k=0", "vote.k=0 must be >= 1"),
        ("grpo.learning_rate=-1", "grpo.learning_rate=-1.0 must be > 0"),
+       ("grpo.rollout_backend=vlm", "grpo.rollout_backend='vlm' is not one of hf, vllm"),
+       ("competition.max_lora_rank=64", "competition.max_lora_rank is fixed by the competition"),
        ("data.path=/no/such/train.csv", "data file not found")]
 
 

@@ -9,11 +9,11 @@ from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lab import LabError
 from lab.config import compose, load_saved
-from lab.paths import project_root
 from lab.schema import GROUPS, Config, help_lines
 
-OPTIONS = [[f"{g}={f.stem}"] for g in GROUPS for f in sorted((project_root() / "conf" / g).glob("*.yaml"))]
-OPTIONS += [["experiment=competition"], ["experiment=competition", "data=synthetic"]]
+# typed end to end: the default, the real model's recipe and the recipe on generated data (every option of every
+# group composes through the same schema: tests/test_config.py)
+OPTIONS = [[], ["experiment=competition"], ["experiment=competition", "data=synthetic"]]
 
 
 def dataclass_fields(cls):
@@ -70,15 +70,20 @@ def value_problems(key, value, tp) -> list[str]:
     return [] if type(value) is origin else [f"{key}={value!r} is {type(value).__name__}, declared {tp}"]
 
 
-@pytest.mark.parametrize("overrides", OPTIONS, ids=lambda o: " ".join(o))
-def test_every_option_composes_onto_the_schema(overrides, tmp_path):
+@pytest.mark.parametrize("overrides", OPTIONS, ids=lambda o: " ".join(o) or "default")
+def test_a_composed_config_is_typed_by_the_schema(overrides, tmp_path):
     cfg = compose([*overrides, f"run_dir={tmp_path}"])
     assert not check_typed(cfg), check_typed(cfg)
 
 
 def test_the_schema_types_each_value():
+    from lab.schema import GenerationBackend
+
     cfg = compose([])
     assert type(cfg.sft._get_node("learning_rate")).__name__ == "FloatNode"
+    # a back-end is an Enum member that reads, prints and serialises as its name
+    assert cfg.model.generation_backend is GenerationBackend.hf and cfg.model.generation_backend == "hf"
+    assert f"{cfg.model.generation_backend}" == "hf" and "generation_backend: hf\n" in OmegaConf.to_yaml(cfg)
     assert type(cfg._get_node("seed")).__name__ == "IntegerNode"
     assert OmegaConf.get_type(cfg.sft, "lora") is GROUPS["sft"].__dataclass_fields__["lora"].default_factory
     assert isinstance(cfg.model.architecture, DictConfig) and isinstance(cfg.sft.lora.targets, ListConfig)
@@ -95,6 +100,9 @@ def test_the_schema_types_each_value():
     ("sft.learnin_rate=1e-3", "sft.learnin_rate: no such key"),
     ("+sft.learnin_rate=1e-3", "no such key sft.learnin_rate"),
     ("grpo.rewards.format=heavy", "grpo.rewards.format='heavy' must be a number"),
+    ("grpo.rollout_backend=vlm", "grpo.rollout_backend='vlm' is not one of hf, vllm"),
+    ("model.train_backend=unslot", "model.train_backend='unslot' is not one of hf, unsloth"),
+    ("report_to=tensorbord", "report_to='tensorbord' is not one of none, tensorboard, wandb, mlflow"),
 ])
 def test_a_wrong_type_or_unknown_key_fails_at_compose_naming_the_key(override, message):
     with pytest.raises(LabError) as e:
@@ -130,6 +138,10 @@ def test_a_saved_config_that_no_longer_fits_names_file_and_key(tmp_path):
     path.write_text("seed: many\n")
     with pytest.raises(LabError, match=r"config.yaml: seed='many' must be a whole number"):
         load_saved(path)
+    good = compose([f"run_dir={tmp_path}"])
+    path.write_text(OmegaConf.to_yaml(good).replace("grad_accum: 1\n", "grad_accum: 0\n"))  # a range it breaks
+    with pytest.raises(LabError, match=r"config.yaml: sft.grad_accum=0 must be >= 1"):
+        load_saved(path)
 
 
 def test_every_field_has_help_text():
@@ -139,3 +151,6 @@ def test_every_field_has_help_text():
              for f in dataclasses.fields(cls) if not f.metadata.get("help", "").strip()]
     assert not empty, f"fields without help text: {empty}"
     assert any(line.startswith("sft.lora.r (int): LoRA rank") for line in lines)
+    assert "sft.grad_accum (int): gradient accumulation steps" in "\n".join(lines)
+    assert any(line.startswith("sft.grad_accum (int):") and line.endswith("[>= 1]") for line in lines)
+    assert any(line.startswith("model.generation_backend (hf | vllm):") for line in lines)

@@ -16,7 +16,7 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load as st_load, save as st_save  # noqa: E402
 
-from lab import config, lora, models, submission  # noqa: E402
+from lab import config, lora, models, submission, submission_check  # noqa: E402
 from lab import paths
 from lab import LabError  # noqa: E402
 from lab.submission import CONFIG_NAME, WEIGHTS_NAME, check, pack  # noqa: E402
@@ -83,7 +83,7 @@ def test_pack_writes_exactly_the_two_files_at_the_root_and_is_valid(tiny):
     assert check(tiny["zip"], base_model=tiny["base"]) == []
     files = _files(tiny["zip"])
     c = json.loads(files[CONFIG_NAME])
-    assert set(c) <= submission.LORA_CONFIG_FIELDS
+    assert set(c) <= submission_check.lora_config_fields()
     assert c["r"] == 32 and not c["use_dora"] and c["target_parameters"] is None
     assert {"up_proj", "down_proj", "out_proj", "q_proj"} <= set(c["target_modules"])
     t = st_load(files[WEIGHTS_NAME])
@@ -126,8 +126,8 @@ def test_pack_drops_unknown_fields_and_refuses_dora_and_rank_64(tiny, tmp_path):
     packed = json.loads(_files(out)[CONFIG_NAME])
     assert "unsloth_fixed" not in packed and "layer_types" not in packed and check(out) == []
     assert all(v.dtype == torch.bfloat16 for v in st_load(_files(out)[WEIGHTS_NAME]).values())
-    for edit, msg in (({"use_dora": True}, "use_dora is true"), ({"r": 64}, "r=64 > 32"),
-                      ({"rank_pattern": {"q_proj": 64}}, r"rank_pattern\['q_proj'\]=64")):
+    for edit, msg in (({"use_dora": True}, "use_dora is true"), ({"r": 64}, "r=64 must be <= 32"),
+                      ({"rank_pattern": {"q_proj": 64}}, r"rank_pattern\['q_proj'\]=64 must be <= 32")):
         (src / CONFIG_NAME).write_text(json.dumps({**c, **edit}))
         with pytest.raises(LabError, match=msg):
             pack(src, tmp_path / "bad.zip")
@@ -147,9 +147,9 @@ def _only(problems, needle):
 
 def test_check_rejects_rank_64(tiny, tmp_path):
     z = _variant(tmp_path, tiny, "r64", config_edit=lambda c: c.update(r=64))
-    _only(check(z), "LoRA rank r=64 is above 32")
+    _only(check(z), "adapter_config.json: r=64 must be <= 32")
     z = _variant(tmp_path, tiny, "rp64", config_edit=lambda c: c.update(rank_pattern={"q_proj": 64}))
-    _only(check(z), "rank_pattern gives rank 64 to 'q_proj', above 32")
+    _only(check(z), "rank_pattern['q_proj']=64 must be <= 32")
 
 
 def test_check_rejects_missing_files(tiny, tmp_path):
@@ -257,7 +257,7 @@ def test_cli_pack_and_check(tiny, tmp_path, capsys):
     bad = _variant(tmp_path, tiny, "cli_bad", config_edit=lambda c: c.update(r=64, use_dora=True))
     assert submission.main(["check", str(bad)]) == 1
     printed = capsys.readouterr().out
-    assert "r=64 is above 32" in printed and "use_dora is true" in printed
+    assert "r=64 must be <= 32" in printed and "use_dora is true" in printed
     res = subprocess.run([sys.executable, "-m", "lab.submission", "check", str(bad)], capture_output=True, text=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 1 and "use_dora is true" in res.stdout
@@ -285,14 +285,28 @@ def _data_start(st: bytes) -> int:
     return 8 + int.from_bytes(st[:8], "little")
 
 
-def test_check_rejects_a_truncated_safetensors(tiny, tmp_path):
-    cut = _variant(tmp_path, tiny, "half",
-                   files_edit=lambda f: {**f, WEIGHTS_NAME: f[WEIGHTS_NAME][:len(f[WEIGHTS_NAME]) // 2]})
-    (hit,) = _only(check(cut), "adapter_model.safetensors is truncated")
-    assert "lies past the end" in hit
-    # the opposite: bytes after the last tensor, which safetensors itself refuses
-    extra = _variant(tmp_path, tiny, "extra", files_edit=lambda f: {**f, WEIGHTS_NAME: f[WEIGHTS_NAME] + b"\0" * 64})
-    _only(check(extra), "64 bytes after its last tensor")
+def _lie(st: bytes) -> bytes:
+    """A header whose first tensor claims twice its rows: the byte ranges disagree with dtype x shape."""
+    head = json.loads(st[8:_data_start(st)])
+    name = next(k for k in head if k != "__metadata__")
+    head[name]["shape"] = [head[name]["shape"][0] * 2, head[name]["shape"][1]]
+    hb = json.dumps(head).encode()
+    return len(hb).to_bytes(8, "little") + hb + st[_data_start(st):]
+
+
+@pytest.mark.parametrize("damage", [
+    lambda st: st[:len(st) // 2],                    # truncated in the data
+    lambda st: st[:_data_start(st) - 10],            # truncated in the header
+    lambda st: st + b"\0" * 64,                      # bytes after the last tensor, which safetensors refuses
+    _lie,
+    lambda st: (10 ** 12).to_bytes(8, "little") + st[8:],  # an implausible header length
+], ids=["half", "header_cut", "trailing", "shape_lie", "header_length"])
+def test_check_rejects_a_truncated_or_corrupt_safetensors(tiny, tmp_path, damage):
+    z = _variant(tmp_path, tiny, "bad", files_edit=lambda f: {**f, WEIGHTS_NAME: damage(f[WEIGHTS_NAME])})
+    problems = check(z)
+    (hit,) = _only(problems, "adapter_model.safetensors is not a valid safetensors file")
+    assert "truncated, with bytes no tensor owns, or with a header that disagrees" in hit
+    assert problems == [hit]  # nothing is read from a file that cannot be trusted: no tensor problems follow
 
 
 @pytest.mark.parametrize("value", [float("nan"), float("inf")])
@@ -327,16 +341,6 @@ def test_check_detects_overwritten_bytes(tiny, tmp_path):
     raw[at:at + 1] = b"X" if raw[at:at + 1] != b"X" else b"Y"
     z.write_bytes(bytes(raw))
     _only(check(z), "damaged zip")
-    # a header whose byte range disagrees with dtype x shape
-    def lie(f):
-        st = f[WEIGHTS_NAME]
-        head = json.loads(st[8:_data_start(st)])
-        name = next(k for k in head if k != "__metadata__")
-        head[name]["shape"] = [head[name]["shape"][0] * 2, head[name]["shape"][1]]
-        hb = json.dumps(head).encode()
-        return {**f, WEIGHTS_NAME: len(hb).to_bytes(8, "little") + hb + st[_data_start(st):]}
-
-    _only(check(_variant(tmp_path, tiny, "lie", files_edit=lie)), "disagree with dtype x shape")
 
 
 def test_check_rejects_a_config_that_disagrees_with_the_tensors(tiny, tmp_path):
@@ -411,7 +415,7 @@ def test_rank_and_alpha_patterns_are_packed_and_accepted(tiny, tmp_path):
     for key, wrapper in ((f"model.layers.{q}.mixer.q_proj", base.model.layers[q].mixer.q_proj),
                          (f"model.layers.{q}.mixer.v_proj", base.model.layers[q].mixer.v_proj)):
         A, B = t[f"base_model.model.{key}.lora_A.weight"], t[f"base_model.model.{key}.lora_B.weight"]
-        r, alpha = submission._rank_for(key, c), submission._alpha_for(key, c)
+        r, alpha = submission.rank_for(key, c), submission.alpha_for(key, c)
         assert A.shape[0] == r
         torch.testing.assert_close(alpha / r * B @ A, wrapper.get_delta_weight("default"), rtol=1e-5, atol=1e-6)
     moe = _first(tiny, "experts")
@@ -421,14 +425,14 @@ def test_rank_and_alpha_patterns_are_packed_and_accepted(tiny, tmp_path):
         for e in range(delta.shape[0]):
             key = f"model.layers.{moe}.mixer.experts.{e}.{param}"
             A, B = t[f"base_model.model.{key}.lora_A.weight"], t[f"base_model.model.{key}.lora_B.weight"]
-            r, alpha = submission._rank_for(key, c), submission._alpha_for(key, c)
+            r, alpha = submission.rank_for(key, c), submission.alpha_for(key, c)
             assert A.shape[0] == (4 if param == "up_proj" else 16) == r
             torch.testing.assert_close(alpha / r * B @ A, delta[e], rtol=1e-5, atol=1e-6)
 
 
 def test_check_rejects_an_effective_rank_above_32_and_mixed_expert_ranks(tiny, tmp_path):
     z = _variant(tmp_path, tiny, "rp48", config_edit=lambda c: c.update(r=16, rank_pattern={"q_proj": 48}))
-    _only(check(z), "rank_pattern gives rank 48 to 'q_proj', above 32")
+    _only(check(z), "rank_pattern['q_proj']=48 must be <= 32")
     moe = _first(tiny, "experts")
     key = f"base_model.model.model.layers.{moe}.mixer.experts.1.up_proj"
 
@@ -525,7 +529,7 @@ REAL = paths.project_root().parent / "shared" / "tokenizer" / "nemotron-3-nano" 
 def test_check_against_the_real_nemotron_3_nano_config(tmp_path):
     """A rank-2 LoRA in vLLM's names on one attention, one Mamba and one MoE layer (all 128 experts) and lm_head
     of the real model, checked against its config on the meta device; then lm_head at the wrong vocabulary size."""
-    modules = submission._base_modules(REAL)
+    modules = submission_check._base_modules(REAL)
     pattern = json.loads((REAL / "config.json").read_text())["hybrid_override_pattern"]
     layers = {f"model.layers.{pattern.index(c)}." for c in "*ME"}
     g = torch.Generator().manual_seed(0)
@@ -573,6 +577,13 @@ def test_value_check_reads_every_float_dtype(tiny, tmp_path, dtype):
                           (-3e4, "far too large")):
         (hit,) = _only(check(_variant(tmp_path, tiny, "bad", tensors_edit=cast(value))), needle)
         assert k in hit
+
+
+def test_check_rejects_weights_that_are_not_floating_point(tiny, tmp_path):
+    k = f"base_model.model.model.layers.{_first(tiny, 'q_proj')}.mixer.q_proj.lora_A.weight"
+    z = _variant(tmp_path, tiny, "int", tensors_edit=lambda t: t.update({k: t[k].to(torch.int32)}))
+    (hit,) = _only(check(z), "tensors that are not floating point")
+    assert f"{k} is I32" in hit
 
 
 def test_check_reports_duplicate_and_unreadable_members(tiny, tmp_path):

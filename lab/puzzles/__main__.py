@@ -21,7 +21,7 @@ import argparse
 import sys
 
 from lab import LabError
-from lab.config import competition
+from lab.schema import COMPETITION
 from lab.io import atomic_write_csv
 
 from .eqsolve import family_table
@@ -61,7 +61,7 @@ def summary(out, has_gold: bool) -> str:
     if has_gold:
         text += f"\noverall accuracy: {out['correct'].mean():.4f} ({int(out['correct'].sum())}/{len(out)})"
     text += "\n(trace_tokens: " + ("tokenizer count)" if _TOK else "ESTIMATE, no tokenizer given)")
-    text += f"\n\ntrace tokens (budget {competition().max_tokens:,}):\n" + token_table(out).to_string(index=False)
+    text += f"\n\ntrace tokens (budget {COMPETITION.max_tokens:,}):\n" + token_table(out).to_string(index=False)
     by_method = method_table(out)
     text += "\n\nby method (what answered: bits, the rule level; cipher, the word source; equations, mode and meaning," \
         " the subtraction's marker form included):\n" \

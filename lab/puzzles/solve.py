@@ -17,7 +17,7 @@ import os
 import time
 from pathlib import Path
 
-from lab.config import competition
+from lab.schema import COMPETITION
 from lab.metric import verify
 
 from .categories import BY_NAME, classify
@@ -154,8 +154,8 @@ def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int |
 
 def token_table(out, budget: int | None = None):
     """Trace tokens per category (and `trace_style` when the frame has it): n, p50, p90, p99, max, and the
-    share over `budget` (default: the competition's `max_tokens`, `config.competition()`). The trace is the whole completion the scorer sees after `<think>\\n`."""
-    budget = competition().max_tokens if budget is None else budget
+    share over `budget` (default: the competition's `max_tokens`, `lab.schema.COMPETITION`). The trace is the whole completion the scorer sees after `<think>\\n`."""
+    budget = COMPETITION.max_tokens if budget is None else budget
     keys = ["category"] + (["trace_style"] if "trace_style" in out else [])
     g = out.groupby(keys)["trace_tokens"]
     table = g.quantile([0.5, 0.9, 0.99]).unstack().rename(columns={0.5: "p50", 0.9: "p90", 0.99: "p99"}).round(0)
