@@ -48,7 +48,6 @@ from lab.io import atomic_write_csv, is_main_process, read_json
 from lab.paths import resolve_path
 from lab.prompts import chat_prompt
 
-ROLLOUT_BACKENDS = ("hf", "vllm")  # grpo.rollout_backend (a string in lab/schema.py: checked here, `check_backend`)
 
 
 # ---- budget, prompts, schedule ----------------------------------------------------------------
@@ -167,9 +166,7 @@ def check_backend(cfg: DictConfig) -> str:
     `LoRARequest` each step (no merge) would need TRL's generation replaced, as TRL 1.15 has no hook for a LoRA
     request, so it is not offered. On one GPU use rollout_backend=hf: transformers generates from the in-memory PEFT
     model with the adapter unmerged, exactly the weights being trained."""
-    backend = cfg.grpo.rollout_backend
-    if backend not in ROLLOUT_BACKENDS:
-        raise LabError(f"conf/grpo: rollout_backend={backend!r} is not one of {', '.join(ROLLOUT_BACKENDS)}")
+    backend = cfg.grpo.rollout_backend  # hf or vllm: lab/schema.py's GenerationBackend, refused at compose otherwise
     if backend == "vllm" and base_model_type(cfg) in ("nemotron_h", None):
         raise LabError("conf/grpo: rollout_backend=vllm is refused for Nemotron-H: TRL 1.15 feeds its colocated vLLM "
                        "merged weights at every sync, and PEFT merges and unmerges the LoRA with += / -= in bf16, so "

@@ -220,9 +220,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     from lab import checkpoints, trl_cpu
     from lab.callbacks import trainer_callbacks
 
-    backend = cfg.sft.backend
-    if backend not in ("hf", "unsloth"):
-        raise LabError(f"conf/sft: backend={backend!r} is not one of hf, unsloth")
+    backend = cfg.sft.backend  # hf or unsloth: lab/schema.py's TrainBackend, refused at compose otherwise
     check_targets(cfg)
     sft_stages(cfg)  # before loading the model
     attach = attach_lora
