@@ -1,7 +1,11 @@
 """The Nemotron reasoning lab: the logic behind the notebooks.
 
-Modules, by what they do:
-  config      Hydra config, seeds, run and stage folders, report_to, manifests, atomic writes
+Modules, by what they do (top to bottom, as the import contract in pyproject.toml layers them):
+  config      compose and validate the Hydra config; schema: every key's type, help, range and cross-key rule, and
+              the competition's fixed limits (`competition`)
+  run         a run and its stages: Stage, stage inputs and outputs, the manifest, the run lock, seeding, report_to
+  paths       where the data file, the Kaggle mount and the model are; io: atomic writes
+  lineage     content hashes of what a stage read and wrote; checkpoints: resuming training safely
   metric      the competition's scorer, to the character
   prompts     the exact Kaggle prompt and chat-template rendering
   data        loading, validating and splitting puzzle files
@@ -18,7 +22,8 @@ Modules, by what they do:
   vote        inference-time voting and pass@k / maj@k
   analysis    error analysis: per-category accuracy, failure taxonomy; stats: the Wilson interval;
               cli: the small commands `score`, `compare`, `sweep` and `report`
-  submission  packing and checking the Kaggle submission.zip
+  submission  packing the Kaggle submission.zip (and its CLI); submission_check: checking one; gate: the zip served
+              by a real vLLM engine (its CPU build; vllm_cpu)
   sweep       sweeps across runs (stages run by pipeline's one stage runner); sweep_report: one report across them
   kaggle      building offline Kaggle kernels
   pipeline    the one stage runner (papermill), the five notebooks headless (`python -m lab demo`), the summary
