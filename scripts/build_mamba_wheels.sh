@@ -16,6 +16,7 @@
 #   CUDA_HOME       a CUDA toolkit whose nvcc has torch's CUDA major version [/usr/local/cuda]
 #   WORK            scratch folder (venv, sources) [/tmp/lab_mamba_build]
 #   MAX_JOBS        parallel compile jobs (torch.utils.cpp_extension / ninja) [nproc]
+#   REBUILD         1 builds a wheel again that OUT already holds [0: a rerun resumes after the last wheel built]
 #
 # Why the setup.py files are patched: both pin -std=c++17, which torch 2.14's headers refuse (C++20 or later), and
 # both hard-code their -gencode list (sm_75 ... sm_121 for CUDA 13) and ignore
@@ -119,7 +120,12 @@ if (( PREPARE_ONLY )); then
 fi
 
 for d in "$WORK"/src/causal_conv1d-1.7.0 "$WORK"/src/mamba_ssm-2.3.2.post1; do
-  echo "== building $(basename "$d")"
+  name=$(basename "$d"); whl_glob="${name%-*}-${name##*-}-cp${PYTHON_VERSION/./}-*.whl"
+  # a rerun after a failure keeps the wheel already built (REBUILD=1 builds it again)
+  if [[ "${REBUILD:-0}" != 1 ]] && compgen -G "$OUT/$whl_glob" >/dev/null; then
+    echo "== $name: kept $(basename "$(compgen -G "$OUT/$whl_glob" | head -1)") (REBUILD=1 builds it again)"; continue
+  fi
+  echo "== building $name"
   start=$(date +%s)
   "$VPY" -m pip wheel --no-build-isolation --no-deps -w "$OUT" "$d"
   echo "== $(basename "$d"): $(( $(date +%s) - start )) s"
