@@ -79,6 +79,15 @@ SUBMISSION_DTYPE = "bfloat16"
 
 # ---- the expert conversion --------------------------------------------------------------------------
 
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every member's time stamp in submission.zip: reproducible bytes
+
+
+def _member(name: str) -> zipfile.ZipInfo:
+    """A zip member with a fixed time and the mode `ZipFile.writestr` gives a plain name (0600)."""
+    info = zipfile.ZipInfo(name, ZIP_TIME)
+    info.external_attr = 0o600 << 16
+    return info
+
 def split_fused_experts(tensors: dict, config: dict, num_experts: int | None = None) -> tuple[dict, list]:
     """Rewrite PEFT `target_parameters` expert keys into the per-expert keys vLLM reads for Nemotron-H.
 
@@ -222,11 +231,13 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
 
     with atomic_file(out_zip) as tmp:  # replaces out_zip only once the packed zip passes the check
         with zipfile.ZipFile(tmp, "w") as zf:
+            # the members' time is fixed (zip's earliest), so the same adapter packs to the same bytes on every run;
             # top-level keys sorted; rank_pattern/alpha_pattern keep their order (the first matching key wins)
-            zf.writestr(CONFIG_NAME, json.dumps(dict(sorted(config.items())), indent=2) + "\n",
-                        compress_type=zipfile.ZIP_DEFLATED)
-            zf.writestr(WEIGHTS_NAME, save({k: v.contiguous() for k, v in sorted(tensors.items())},
-                                           metadata={"format": "pt"}), compress_type=zipfile.ZIP_STORED)
+            zf.writestr(_member(CONFIG_NAME), json.dumps(dict(sorted(config.items())), indent=2)
+                        + "\n", compress_type=zipfile.ZIP_DEFLATED)
+            zf.writestr(_member(WEIGHTS_NAME), save(
+                {k: v.contiguous() for k, v in sorted(tensors.items())}, metadata={"format": "pt"}),
+                compress_type=zipfile.ZIP_STORED)
         problems = _check(tmp, base_model, label=str(out_zip))
         if problems:
             raise LabError(f"{adapter_dir}: cannot be packed into {out_zip}; the packed adapter has these "

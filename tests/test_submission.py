@@ -115,6 +115,19 @@ def test_per_expert_split_reproduces_peft_expert_deltas(tiny):
         assert f"base_model.model.model.layers.{li}.mixer.experts.{E}.up_proj.lora_A.weight" not in t
 
 
+def test_the_same_adapter_packs_to_the_same_bytes(tiny, tmp_path, monkeypatch):
+    """No time stamp of the moment of packing in the zip: a rerun's submission.zip is byte for byte the same."""
+    import time
+
+    first = pack(tiny["adapter"], tmp_path / "a.zip").read_bytes()
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + 3 * 86400)  # days later, as zipfile reads the clock
+    monkeypatch.setattr(time, "localtime", lambda s=None: __import__("datetime").datetime(2031, 5, 6).timetuple())
+    assert pack(tiny["adapter"], tmp_path / "b.zip").read_bytes() == first
+    with zipfile.ZipFile(tmp_path / "b.zip") as zf:
+        assert {i.date_time for i in zf.infolist()} == {submission.ZIP_TIME}
+
+
 def test_pack_drops_unknown_fields_and_refuses_dora_and_rank_64(tiny, tmp_path):
     import shutil
 
