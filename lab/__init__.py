@@ -29,7 +29,7 @@ Modules, by what they do (top to bottom, as the import contract in pyproject.tom
   pipeline    the one stage runner (papermill), the five notebooks headless (`python -m lab demo`), the summary
   stages      one function per stage (what each notebook and its script run), the greedy evaluation cache
   plots       every plot of the lab (stages, errors, voting, sweeps) in one style, and the PNG writer
-  trl_cpu     every use of TRL 1.15's private API (the CPU log-prob head, GRPO rollout internals)
+  trl_private every use of TRL 1.15's private API (the CPU log-prob head, GRPO rollout internals)
   console     progress lines (training steps, generation) and known library warnings said once
   preflight   before a real-model stage: GPU packages, CUDA, model folder, as one list of what is missing
 """

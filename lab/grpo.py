@@ -287,7 +287,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     import torch
     from trl import GRPOTrainer
 
-    from lab import checkpoints, curriculum, trl_cpu
+    from lab import checkpoints, curriculum, trl_private
     from lab.callbacks import GroupSpread, GuardRails, trainer_callbacks, use_text_progress
     from lab.grpo_refine import refine_rollout
     from lab.lora import GradientCheck, allow_out_proj, install_fused_lora_head, save_adapter, trainer_accepts_head_lora
@@ -300,7 +300,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:
         raise LabError("conf/grpo: rollout_backend=vllm but vllm is not installed (pip install -e '.[gpu]'); "
                        "or use rollout_backend=hf")
-    trl_cpu.install()
+    trl_private.install()
     max_steps, per_step = g.max_steps, g.prompts_per_step
     if max_steps < 1:
         raise LabError(f"conf/grpo: max_steps={max_steps} must be >= 1")

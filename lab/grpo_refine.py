@@ -5,7 +5,7 @@ run's rewards as TRL would (`draft_scores`), puts the best draft of each group (
 `best_drafts`) into the prompt as `chat_prompt(tokenizer, puzzle + REFINE_SUFFIX.format(draft=DRAFT))` with the
 draft spliced in as its own token ids (`refine_prompt_ids`), and samples the group's completions from that prompt:
 the trainer trains on the refinements only. The trainer's generation is reached through TRL's private API, in
-`lab.trl_cpu` only.
+`lab.trl_private` only.
 
 What it simplifies:
 1. Drafts and refinements each cost a full rollout (no matched budget as in the paper), and they share the context:
@@ -21,7 +21,7 @@ from typing import Sequence
 
 import numpy as np
 
-from lab import LabError, trl_cpu
+from lab import LabError, trl_private
 from lab.prompts import chat_prompt
 
 REFINE_SUFFIX = ("\n\nHere is an earlier attempt at this puzzle:\n<attempt>\n{draft}\n</attempt>\n"
@@ -76,7 +76,7 @@ def refine_rollout(tokenizer, funcs, weights, rows_by_prompt: dict[str, dict], r
 
     def rollout(prompts: list, trainer) -> dict:
         group = int(trainer.num_generations)
-        draft_ids, _ = trl_cpu.generate(trainer, trl_cpu.prompt_ids(trainer, prompts), group)  # stage one: drafts
+        draft_ids, _ = trl_private.generate(trainer, trl_private.prompt_ids(trainer, prompts), group)  # stage one: drafts
         drafts = tokenizer.batch_decode(draft_ids, skip_special_tokens=True)
         rows = [rows_by_prompt[p] for p in prompts]
         scores = draft_scores(funcs, weights, prompts, drafts, draft_ids, rows)
@@ -88,11 +88,11 @@ def refine_rollout(tokenizer, funcs, weights, rows_by_prompt: dict[str, dict], r
             records.append({"step": int(trainer.state.global_step) + 1, "id": rows[b]["id"],
                             "draft_reward": scores[b], "draft_rewards": json.dumps(scores[b - b % group:][:group]),
                             "draft_tokens": len(draft_ids[b]), "draft": drafts[b]})
-        completion_ids, logprobs = trl_cpu.generate(trainer, refined, group)  # stage two: refinements
+        completion_ids, logprobs = trl_private.generate(trainer, refined, group)  # stage two: refinements
         finite = [s for s in scores if math.isfinite(s)]
         chosen = [scores[b] for b in best if math.isfinite(scores[b])]
-        trl_cpu.log_metric(trainer, "refine/draft_reward_mean", float(np.mean(finite)) if finite else math.nan)
-        trl_cpu.log_metric(trainer, "refine/best_draft_reward_mean", float(np.mean(chosen)) if chosen else math.nan)
+        trl_private.log_metric(trainer, "refine/draft_reward_mean", float(np.mean(finite)) if finite else math.nan)
+        trl_private.log_metric(trainer, "refine/best_draft_reward_mean", float(np.mean(chosen)) if chosen else math.nan)
         return {"prompt_ids": refined, "completion_ids": completion_ids, "logprobs": logprobs}
 
     return rollout

@@ -63,7 +63,7 @@ head's weights are read outside its module; TRL gathers them there, which was ne
 head reads every weight through `full_weight` (`DTensor.full_tensor()`, as TRL's head); `cast_lm_head_to_fp32`
 runs the head in float32 outside autocast, as TRL's (GRPOTrainer refuses that flag with a PEFT head itself).
 Not verified without a GPU: TRL's Triton kernel on the concatenated head (the CPU tests run the same
-computation through lab.trl_cpu).
+computation through lab.trl_private).
 """
 
 from __future__ import annotations

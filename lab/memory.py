@@ -25,7 +25,7 @@ real kernel allocates and saves, read from their sources (downloaded with `pip d
   statistics and one `[min(tokens, 4096), 32768]` tile buffer in the compute dtype; saves `hidden, weight, bias,
   targets, log_z, entropy`; backward allocates fp32 `grad_hidden`, fp32 `grad_weight` (when the head's weight needs
   a gradient: the lab's `lm_head` LoRA, `lab.lora.head_as_linear`), a tile buffer, and returns them cast back.
-  `head="torch"` uses `lab.trl_cpu`'s real PyTorch head instead (what a CPU step runs; the tiny-model test).
+  `head="torch"` uses `lab.trl_private`'s real PyTorch head instead (what a CPU step runs; the tiny-model test).
 - `bitsandbytes`' 8-bit AdamW (`bitsandbytes-0.50.2` wheel, `bitsandbytes/optim/optimizer.py`,
   `Optimizer2State.init_state`): uint8 `state1/state2` and fp32 `absmax1/absmax2` per 256 values for tensors of at
   least 4,096 values (`min_8bit_size`), fp32 states otherwise; its update is in place.
@@ -361,7 +361,7 @@ def _head_loss(pm, hidden, temperature: float, outputs: tuple[str, ...], head: s
     import torch
 
     from lab.lora import _base, head_as_linear, head_lora
-    from lab.trl_cpu import TorchLogProbFunction
+    from lab.trl_private import TorchLogProbFunction
 
     hidden = hidden[:, :-1]
     rows, n_tok = hidden.shape[0], hidden.shape[1]
@@ -457,7 +457,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
     """Run one training micro-step of `stage` and count its live storage bytes (module docstring).
 
     `mamba`: kernel (the `mamba_ssm`/`causal_conv1d` stand-ins) or torch (transformers' PyTorch path); `head`:
-    chunked (TRL's Triton head stand-in) or torch (`lab.trl_cpu`); `fake=False` runs the same step on real tensors
+    chunked (TRL's Triton head stand-in) or torch (`lab.trl_private`); `fake=False` runs the same step on real tensors
     (the test that the fake count is right); `config`: NemotronHConfig values (default: `model_config_values`);
     `unpacked=False` leaves transformers' packed-row detection alone (the [T x T] pitfall test, module docstring)."""
     import torch

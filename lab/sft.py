@@ -217,7 +217,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     Returns (metrics, peft_model, tokenizer, log_df): metrics has the example counts, loss, steps,
     the target table, the gradient check and whether the wall-clock budget stopped the run.
     """
-    from lab import checkpoints, trl_cpu
+    from lab import checkpoints, trl_private
     from lab.callbacks import trainer_callbacks
 
     backend = cfg.sft.backend  # hf or unsloth: lab/schema.py's TrainBackend, refused at compose otherwise
@@ -231,7 +231,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
         attach = sft_unsloth.attach_lora
     if model is None:
         model, tokenizer = load_model(cfg)
-    trl_cpu.install()
+    trl_private.install()
     examples, counts = sft_examples(tokenizer, train_puzzles, cfg.sft.max_seq_len, trace_styles(cfg))
     examples = oversample(examples, category_weights(cfg), cfg.seed)  # data.weights (1 each: unchanged)
     if cfg.sft.n_train:

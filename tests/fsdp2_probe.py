@@ -29,11 +29,11 @@ def main(run_dir: str) -> None:
     from torch.distributed.tensor import DTensor
     from trl.trainer.utils import add_fused_lm_head
 
-    from lab import config, lora, models, trl_cpu
+    from lab import config, lora, models, trl_private
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    trl_cpu.install()  # CPU: TRL's Triton kernel is absent (lab.trl_cpu)
+    trl_private.install()  # CPU: TRL's Triton kernel is absent (lab.trl_private)
     cfg = config.compose([f"run_dir={run_dir}", f"model.path={run_dir}/base_model",
                           "sft.lora.targets=[q_proj,in_proj,experts,lm_head]"])
     torch.manual_seed(0)

@@ -48,9 +48,9 @@ def test_trl_refuses_an_lm_head_lora_without_lab_lora(root, puzzles):
 def test_fused_lora_head_equals_the_models_own_logits_and_reaches_the_adapter(root, puzzles):
     """The fused log-probabilities equal log_softmax of the ordinary forward (which applies the LoRA head through
     PEFT's module), with a non-zero lm_head LoRA; and the loss's gradient reaches lm_head's lora_A and lora_B."""
-    from lab import trl_cpu
+    from lab import trl_private
 
-    trl_cpu.install()  # CPU: TRL's Triton kernel is absent; lab.trl_cpu puts the same computation in its slot
+    trl_private.install()  # CPU: TRL's Triton kernel is absent; lab.trl_private puts the same computation in its slot
     cfg = compose(root, "equal")
     model, tok = models.load(cfg)
     pm, table = lora.attach_lora(cfg, model)

@@ -128,7 +128,7 @@ TINY_ALL = ["model.dtype=bfloat16",  # transformers' grouped_mm experts: the met
 def test_traced_peak_equals_the_peak_of_the_same_step_on_real_tensors(mamba, head):
     """One SFT step of the tiny model (every LoRA family, lm_head too; checkpointing, fused AdamW, bf16 autocast):
     the peak counted on fake tensors is within 2% of the peak of the same step run on real CPU tensors, counted by
-    the same dispatch mode. ("torch", "torch"): transformers' PyTorch scan and lab.trl_cpu's head, the real CPU
+    the same dispatch mode. ("torch", "torch"): transformers' PyTorch scan and lab.trl_private's head, the real CPU
     path; ("kernel", "chunked"): the stand-ins for the CUDA-only kernels, run on real tensors too."""
     cfg = compose(TINY_ALL)
     fake = memory.trace(cfg, "sft", tokens=128, rows=2, mamba=mamba, head=head, fake=True)

@@ -96,7 +96,7 @@ def test_tiny_template_renders_the_real_templates_bytes(real, tiny, i, flags):
 def test_sft_examples_are_the_scorers_prompt_then_the_completion(real, puzzles, tmp_path):
     """Every SFT example (real tokenizer, every category): prompt == the scorer's prompt byte for byte; the text
     trained on is prompt + completion; the tokens TRL puts under the loss are exactly the completion's."""
-    from lab import config, lora, sft, trl_cpu
+    from lab import config, lora, sft, trl_private
 
     examples, counts = sft.sft_examples(real, puzzles, 8192)  # the competition preset's sequence budget
     assert set(examples["category"]) == set(CATEGORIES), counts
@@ -107,7 +107,7 @@ def test_sft_examples_are_the_scorers_prompt_then_the_completion(real, puzzles, 
 
     cfg = config.compose([f"run_dir={tmp_path}", "sft.batch_size=2", "sft.max_seq_len=8192"])
     model, _ = models.load(cfg)  # the tiny model: only TRL's tokenisation of the dataset is looked at
-    trl_cpu.install()
+    trl_private.install()
     pm, _ = lora.attach_lora(cfg, model)
     trainer = sft.build_trainer(cfg, tmp_path / "ck", pm, real, examples)
     assert len(trainer.train_dataset) == len(examples)

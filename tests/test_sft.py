@@ -114,9 +114,9 @@ def test_assistant_turn_renders_byte_for_byte_as_planned(root, puzzles):
         pc_ids = tok(ex["prompt"] + ex["completion"], add_special_tokens=False)["input_ids"]
         assert pc_ids[:len(p_ids)] == p_ids
     # what TRL actually trains on: the loss mask starts exactly where the prompt's tokens end
-    from lab import trl_cpu
+    from lab import trl_private
 
-    trl_cpu.install()
+    trl_private.install()
     pm, _ = lora.attach_lora(cfg, model)
     trainer = sft.build_trainer(cfg, root / "render_ck", pm, tok, examples)
     for row, (_, ex) in zip(trainer.train_dataset, examples.iterrows()):
@@ -149,9 +149,9 @@ def test_fused_mamba_kernel_is_bypassed_for_mixers_with_an_out_proj_lora(root, p
     its output, bypassing out_proj. A sentinel stands in for that kernel here."""
     import transformers.models.nemotron_h.modeling_nemotron_h as mh
 
-    from lab import trl_cpu
+    from lab import trl_private
 
-    trl_cpu.install()
+    trl_private.install()
     calls = []
 
     def sentinel(zxbcdt, *args, outproj_weight=None, **kwargs):  # mamba_ssm's fused kernel, as far as shapes go
