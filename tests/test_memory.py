@@ -171,6 +171,7 @@ def test_grpo_micro_step_is_the_trainers_micro_batch():
     assert memory.step_shape(cfg, "sft", tokens=2048) == (cfg.sft.batch_size, 2048, cfg.sft.gradient_checkpointing)
 
 
+@pytest.mark.slow  # a real-shape trace: seconds (the fast lane stays short)
 def test_check_fits_skips_the_tiny_model_and_refuses_a_step_larger_than_the_card(capsys):
     assert memory.check_fits(compose([])) is None  # the CPU demo never pays for a trace
 

@@ -77,6 +77,7 @@ def test_the_smoke_preset_yields_to_the_users_keys_and_joins_another_experiment(
     assert cfg.sft.max_steps == 2 and cfg.grpo.max_steps == 1 and cfg.data.n_val == 8
 
 
+@pytest.mark.slow  # a real-model config composed and checked end to end: seconds (the fast lane stays short)
 def test_a_notebooks_first_call_checks_the_machine_before_it_opens_the_stage(tmp_path):
     """`lab.stages.open_stage`: the real model on a machine without CUDA is refused before any folder is made."""
     import torch
