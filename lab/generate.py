@@ -436,16 +436,20 @@ SAMPLE_COLUMNS = ["id", "category", "subtype", "gold", "sample", "completion", "
                   "finish_reason", "mean_logprob"]
 
 
-def sample_key(gen: Generator, spec: Sampling, chunk: int) -> dict:
-    """Everything a cached sample table depends on: the sampling spec, every `infer` setting (batch size, metric
-    version, engine), the back-end, dtype and model length, the chunk size (chunks are seeded by position), and
-    `Generator.source()`."""
+def engine_settings(cfg, backend: str) -> dict:
+    """The settings besides the sampling spec and the weights that completions depend on: the back-end, dtype, model
+    length and every `infer` setting (batch size, metric version, engine). Part of every cache key of generations
+    (`sample_key`, `lab.stages.evaluation_key`)."""
     from omegaconf import OmegaConf
 
-    cfg = gen.cfg
-    return {**dataclasses.asdict(spec), "chunk": int(chunk), "backend": gen.backend, "dtype": cfg.model.dtype,
-            "max_model_len": cfg.model.max_model_len, "infer": OmegaConf.to_container(cfg.infer, resolve=True),
-            **gen.source()}
+    return {"backend": backend, "dtype": cfg.model.dtype, "max_model_len": cfg.model.max_model_len,
+            "infer": OmegaConf.to_container(cfg.infer, resolve=True)}
+
+
+def sample_key(gen: Generator, spec: Sampling, chunk: int) -> dict:
+    """Everything a cached sample table depends on: the sampling spec, the chunk size (chunks are seeded by
+    position), `engine_settings` and `Generator.source()`."""
+    return {**dataclasses.asdict(spec), "chunk": int(chunk), **engine_settings(gen.cfg, gen.backend), **gen.source()}
 
 
 def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:

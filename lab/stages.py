@@ -248,10 +248,9 @@ def evaluation_key(cfg, adapter, puzzles: pd.DataFrame) -> dict:
     """What a greedy evaluation's predictions depend on: the base model's content hash (`generate.model_hash`), the
     adapter's (`lineage.content_hash`; None for the base model alone), a sha256 of the puzzles (id, prompt, answer,
     category, subtype), the seed, every `infer` setting (greedy sampling, max_tokens, metric version, engine), and
-    the back-end, dtype and max_model_len. Paths are left out: 03_grpo's adapter in its working folder and the same
-    adapter read by 04_vote from the finished one are the same key."""
-    from omegaconf import OmegaConf
-
+    the back-end, dtype and max_model_len (`generate.engine_settings`, as the samples cache's key). Paths are left
+    out: 03_grpo's adapter in its working folder and the same adapter read by 04_vote from the finished one are the
+    same key."""
     from lab import generate, models
     from lab.lineage import content_hash
 
@@ -259,8 +258,7 @@ def evaluation_key(cfg, adapter, puzzles: pd.DataFrame) -> dict:
     return {"model_sha256": generate.model_hash(models.model_path(cfg)),
             "adapter_sha256": content_hash(resolve_path(adapter)) if adapter is not None else None,
             "puzzles_sha256": hashlib.sha256(puzzles[cols].astype(str).to_csv(index=False).encode()).hexdigest(),
-            "seed": cfg.seed, "infer": OmegaConf.to_container(cfg.infer, resolve=True),
-            "backend": cfg.model.generation_backend, "dtype": cfg.model.dtype, "max_model_len": cfg.model.max_model_len}
+            "seed": cfg.seed, **generate.engine_settings(cfg, cfg.model.generation_backend)}
 
 
 def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, cached: bool = True) -> pd.DataFrame:
