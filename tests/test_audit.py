@@ -131,3 +131,21 @@ def test_layout_generator_is_solved_in_the_layout():
     assert sum(s.answer == a for s, a in zip(sols, df["answer"])) >= 11
     assert all("note choose" in s.trace and replay_derivation(p, s.trace)[0]
                for s, p in zip(sols, df["prompt"]) if s.status == "solved")
+
+
+def test_anchor_bench_finds_a_known_layout_from_its_boundary_bits():
+    """bench/bits_anchors.py: at bit 7 shl reads 0 and at bit 0 shr reads 0, so each anchor reads two columns."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location("bits_anchors", Path(__file__).resolve().parents[1] / "bench" /
+                                                  "bits_anchors.py")
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    layout = (("rotl", 3), ("shl", 1), ("shr", 2))
+    assert bench.anchor_columns(layout, 7) == {2, 5} and bench.anchor_columns(layout, 0) == {3, 1}
+    assert bench.explains(["0011", "0101"], "0110") and not bench.explains(["0011"], "0110")
+    prompt, answer = _layout_puzzle(0, f=lambda r, s, t: r ^ s ^ t, shifts=(3, 1, 2), n=10)
+    row = bench.measure(prompt, answer, "rotl3 shl1 shr2")
+    assert row["last_exact"] and row["first_exact"] and row["first_fit_is_answer"]
+    assert 1 <= row["passing"] < len(bench.LAYOUTS) and row["rank"] is not None
