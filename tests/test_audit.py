@@ -1,6 +1,7 @@
 """The trace audit (lab.puzzles.audit) on literal traces, corrupted ones included, and the bits derivation in the
-competition's layout (lab.puzzles.bits._layout): it replays, reads F as a table, states its choice and
-its default, and the checker rejects a table with a clash and a default on a key an example shows."""
+competition's layout (lab.puzzles.bits._anchored): it scans the boundary bits, tries the layouts that pass them in
+order, reads F as a table with its stated default, and the checker rejects a wrong scan, a skipped or out-of-order
+layout, a table with a clash and a default on a key an example shows."""
 
 import random
 
@@ -11,6 +12,7 @@ from lab.puzzles.__main__ import main
 from lab.puzzles.audit import audit_frame, audit_trace, shape
 from lab.puzzles.bitrules import b8, make_prompt, shift_copy
 from lab.puzzles.check import replay_derivation
+from lab.puzzles.solve import replay
 
 PROMPT = "numbers 12 and 30 here, then 7"
 CLEAN = "note add them\nex1: add 12 30 = 42\nex1: mul 42 2 = 84\ncopy 30\n</think>\n\\boxed{30}"
@@ -80,24 +82,53 @@ def _layout_puzzle(seed, f=lambda r, s, t: r ^ (s & t), shifts=(3, 1, 2), n=8):
     return make_prompt([(v, rule(v)) for v in xs[:-1]], xs[-1]), b8(rule(xs[-1]))
 
 
-def test_bits_layout_derivation_replays_without_recall():
-    for seed in range(6):
-        prompt, answer = _layout_puzzle(seed)
+def _bits_replay(prompt, trace):
+    return replay("derivation", "bit_manipulation", prompt, trace)
+
+
+def _anchored(tries=1, f=lambda r, s, t: r ^ (s | t), shifts=(3, 1, 2)):
+    """A layout puzzle whose solved derivation reads its layout off the anchor scans (not stated), trying at least
+    `tries` layouts."""
+    for seed in range(40):
+        prompt, answer = _layout_puzzle(seed, f=f, shifts=shifts)
         sol = solve(prompt, style="derivation")
-        if sol.status != "solved" or sol.answer != answer:
-            continue
-        ok, line, msg, recalls = replay_derivation(prompt, sol.trace)
-        assert ok and recalls == 0, msg
-        assert "note choose" in sol.trace and "\ntable = " in sol.trace and "recall" not in sol.trace
-        a = audit_trace(prompt, sol.trace)
-        assert not a["breaks"] and a["choices"] == 1 and not a["recalls"]
-        lines = sol.trace.split("\n")
-        t = next(i for i, ln in enumerate(lines) if ln.startswith("ex2: pairs"))
-        flipped = lines[t][:-1] + ("1" if lines[t][-1] == "0" else "0")  # ex2's last pair now says the other bit
-        bad = "\n".join(lines[:t] + [flipped] + lines[t + 1:])
-        assert not replay_derivation(prompt, bad)[0]
-        return
-    raise AssertionError("no layout puzzle solved")
+        if sol.status == "solved" and sol.answer == answer and sol.trace.count("\ntry ") >= tries:
+            return prompt, sol.trace
+    raise AssertionError(f"no layout puzzle derived on the page with {tries} tries")
+
+
+def test_bits_layout_derived_from_the_boundary_bits_replays_without_recall_or_choice():
+    prompt, trace = _anchored()
+    assert _bits_replay(prompt, trace)[:3] == (True, 0, "")
+    assert "note choose" not in trace and "recall" not in trace and "\ntable = " in trace
+    lines = trace.split("\n")
+    assert lines[[i for i, ln in enumerate(lines) if ln.startswith("try ")][-1]] == "try rotl3 shl1 shr2"
+    a = audit_trace(prompt, trace, category="bit_manipulation")
+    assert not a["breaks"] and a["choices"] == 0 and not a["recalls"] and a["replay_fail"] == 0
+
+    def corrupt(pred, change):
+        i = next(i for i, ln in enumerate(lines) if pred(ln))
+        return "\n".join(lines[:i] + [change(lines[i])] + lines[i + 1:])
+
+    flip = {"yes": "no", "no": "yes"}
+    bad_scan = corrupt(lambda ln: ln.startswith("scan 7 "), lambda ln: ln.rsplit(" ", 1)[0] + " " + flip[ln.split()[-1]])
+    assert not _bits_replay(prompt, bad_scan)[0]
+    last_fill = max(i for i, ln in enumerate(lines) if ": fill " in ln)
+    bad_fill = lines[last_fill][:-1] + ("1" if lines[last_fill][-1] == "0" else "0")
+    assert not _bits_replay(prompt, "\n".join(lines[:last_fill] + [bad_fill] + lines[last_fill + 1:]))[0]
+    out_of_order = trace.replace("try rotl3 shl1 shr2", "try shl1 shr2")
+    assert not _bits_replay(prompt, out_of_order)[0]
+
+
+def test_a_rejected_layout_clashes_its_pairs_leave_the_table_and_none_is_skipped():
+    prompt, trace = _anchored(tries=2)
+    assert _bits_replay(prompt, trace)[0] and " clash\n" in trace
+    lines = trace.split("\n")
+    tries = [i for i, ln in enumerate(lines) if ln.startswith("try ")]
+    # without the last `try` line, the rejected layout's pairs stay in the table and the replay fails
+    assert not _bits_replay(prompt, "\n".join(lines[:tries[-1]] + lines[tries[-1] + 1:]))[0]
+    # skipping the first layout tried (its lines gone) is refused: it passes both anchor scans
+    assert "next layout" in _bits_replay(prompt, "\n".join(lines[:tries[0]] + lines[tries[1]:]))[2]
 
 
 def test_default_only_for_a_key_no_example_shows():
@@ -129,23 +160,28 @@ def test_layout_generator_is_solved_in_the_layout():
     df = generate("bit_manipulation", 12, seed=4, layout=1)
     sols = [solve(p, style="derivation") for p in df["prompt"]]
     assert sum(s.answer == a for s, a in zip(sols, df["answer"])) >= 11
-    assert all("note choose" in s.trace and replay_derivation(p, s.trace)[0]
-               for s, p in zip(sols, df["prompt"]) if s.status == "solved")
+    solved = [(s, p) for s, p in zip(sols, df["prompt"]) if s.status == "solved"]
+    assert all(("\ntry " in s.trace or "note choose" in s.trace) and _bits_replay(p, s.trace)[0] for s, p in solved)
+    assert sum("\ntry " in s.trace for s, _ in solved) >= len(solved) // 2  # most derive the layout on the page
 
 
-def test_anchor_bench_finds_a_known_layout_from_its_boundary_bits():
-    """bench/bits_anchors.py: at bit 7 shl reads 0 and at bit 0 shr reads 0, so each anchor reads two columns."""
+def test_anchor_scans_read_the_boundary_bits_and_the_bench_counts_the_tries():
+    """At bit 7 shl reads 0 and at bit 0 shr reads 0, so each anchor reads at most two bits of x."""
     import importlib.util
     from pathlib import Path
 
+    from lab.puzzles.bitrules import anchor_columns, anchor_scan
+
+    layout = (("rotl", 3), ("shl", 1), ("shr", 2))
+    assert anchor_columns(layout, 7) == {2, 5} and anchor_columns(layout, 0) == {3, 1}
+    xs, ys = [0b10000000, 0b00000000, 0b10000001], [0b00000001, 0b00000000, 0b00000000]
+    assert anchor_scan(xs, ys, 7, (0,)) == ("1>1 0>0 1>0 no", False)
+    assert anchor_scan(xs, ys, 7, (0, 7)) == ("10>1 00>0 11>0 yes", True)
+    assert anchor_scan(xs, ys, 0, ()) == ("0 0 0 yes", True)
     spec = importlib.util.spec_from_file_location("bits_anchors", Path(__file__).resolve().parents[1] / "bench" /
                                                   "bits_anchors.py")
     bench = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(bench)
-    layout = (("rotl", 3), ("shl", 1), ("shr", 2))
-    assert bench.anchor_columns(layout, 7) == {2, 5} and bench.anchor_columns(layout, 0) == {3, 1}
-    assert bench.explains(["0011", "0101"], "0110") and not bench.explains(["0011"], "0110")
-    prompt, answer = _layout_puzzle(0, f=lambda r, s, t: r ^ s ^ t, shifts=(3, 1, 2), n=10)
-    row = bench.measure(prompt, answer, "rotl3 shl1 shr2")
-    assert row["last_exact"] and row["first_exact"] and row["first_fit_is_answer"]
-    assert 1 <= row["passing"] < len(bench.LAYOUTS) and row["rank"] is not None
+    prompt, trace = _anchored(tries=2)
+    m = bench.measure(prompt)
+    assert m["tries"] == trace.count("\ntry ") and m["scans"] == trace.count("\nscan ") and m["passing"] >= 2

@@ -3,7 +3,8 @@
 Built on the checker's grammar (`lab.puzzles.check`: `split_trace`, `TAG_RE`, `Replay`), not a second parser.
 For each solved derivation trace, line by line:
   operands     the ARGs of `OP ARG ... = RESULT` and the VALUE of `copy`; `read` also cites each key's
-               `key:bit` pair and `table` every pair written so far. Each operand's provenance is where its
+               `key:bit` pair, `table` every pair of its table, and a bits `scan` every example of the prompt
+               (it reads them all). Each operand's provenance is where its
                nearest earlier literal occurrence is (as a whole value, by the checker's rule): `line` (an
                earlier trace line; notes do not count), `prompt`, `constant` (one character: a position, a
                bit, a digit), or `hidden` (nowhere before: a value the line computes from nothing visible).
@@ -33,7 +34,7 @@ from bisect import bisect_right
 from pathlib import Path
 
 from .categories import BY_NAME
-from .check import PAIR_RE, TAG_RE, Fail, Replay, _same_class, split_trace
+from .check import TAG_RE, Fail, Replay, _same_class, split_trace
 from .solve import replay
 
 SHAPE_DIGITS = re.compile(r"\d+")
@@ -128,9 +129,11 @@ def audit_trace(prompt: str, trace: str, tok=None, category: str = "") -> dict:
             op, *args = body.rsplit(" = ", 1)[0].split()
             ops = list(args)
             if op == "read":
-                ops += [f"{k}:{b}" for k in args for b in "01" if r.available(f"{k}:{b}")][:len(args)]
+                ops += [f"{k}:{b}" for k in args for b in "01" if r.shown(k, b)][:len(args)]
             elif op == "table":
-                ops += sorted(v for v in r.values if PAIR_RE.match(v))
+                ops += sorted(set(r.pairs))
+            elif op == "scan":  # a bits anchor scan reads every example's input and output from the prompt
+                ops += re.findall(r"\b[01]{8}\b", prompt.split("determine the output")[0])
         rec = []
         for v in ops:
             if len(v) == 1:

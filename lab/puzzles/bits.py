@@ -1,18 +1,26 @@
 """The bit-manipulation category: its Category object, its derivation trace and its compact-line checker.
 
-The rule space and the solver are `bitrules`. Derivation (`derive`): the competition's layout (`_layout`): each
-output bit is one function F of the bits at its position of up to three copies, rotl a, shl b, shr c. A `note
-choose` line states the copies (the fewest, then the smallest shifts, among the layouts no example contradicts that
-give the answer: stated, not searched on the page); per example the copies, their keys and the `key:bit` pairs;
-`table` collects F (one bit per key, checked); the query's keys are read from it, a key no example shows reading 0
-(`default`). F is never named. A puzzle no layout answers keeps the older trace: the 22 copies of
-`bitrules.T_NAMES` screened on the examples until one example rejects each; the first survivor is the rule, and when
-none survives the trace names the solver's rule (a note: recall) and verifies it on every example before applying
-it (tables of three or four copies: keys, pairs, read). Written in binary: hex would hide the bit positions the
-shifts and keys work on.
+The rule space and the solver are `bitrules`. Derivation (`derive`): the competition's layout: each output bit is
+one function F of the bits at its position of up to three copies, rotl a, shl b, shr c, read off the examples on
+the page (`_anchored`):
+- anchors: at bit 7 every shl reads 0 and at bit 0 every shr does, so y7 and y0 each read at most two bits of x.
+  `scan P I J` lines test, example by example, whether output bit P is a function of x's bits I, J (no bit, one,
+  then two; a set holding one that passed is not scanned);
+- tries: each layout whose bits at 7 and 0 hold a set that passed, in `bitrules.LAYOUTS` order (fewest copies,
+  then rotl/shl/shr, then smaller shifts): per example its copies and `fill` (each position's `key:bit`), until a
+  key shows both bits (`clash`: the next `try`) or every example fits;
+- the table: `table` collects F (one bit per key, checked); the query's keys are read from it, a key no example
+  shows reading 0 (`default`). F is never named.
+A trace that would pass `TOKEN_CAP` states its layout instead (`_layout`: `note choose`, then the same table).
+A puzzle no layout answers keeps the older trace: the 22 copies of `bitrules.T_NAMES` screened on the examples
+until one example rejects each; the first survivor is the rule, and when none survives the trace names the
+solver's rule (a note: recall) and verifies it on every example before applying it. Written in binary: hex would
+hide the bit positions the shifts and keys work on.
 Compact traces (`check_line`): the query, each named copy or expression of x, and the affine per-bit XORs are
 recomputed; the rule line and the per-bit fallback's table reads are claims.
-Simplifies: the derivation writes only lines of `check`'s shared grammar, so the checker needs no bits code.
+Simplifies: three operations of its own (`scan`, `fill`, `try`: `Category.ops`, `branches`); the rest is `check`'s
+shared grammar. The checker recomputes each scan from the prompt and refuses a `try` that is not the next layout
+passing both anchors, so the search is replayed, not taken on trust.
 """
 
 from __future__ import annotations
@@ -20,8 +28,9 @@ from __future__ import annotations
 import functools
 import re
 
-from .bitrules import (NAME, NT, T_NAMES, apply_step, apply_t, b8, generate_one, op2, op3, parse, rule_name,
-                       shift_copy, shift_name, shift_tables, solve)
+from .bitrules import (LAYOUTS, NAME, NT, T_NAMES, anchor_candidates, anchor_scan, anchor_scans, apply_step,
+                       apply_t, b8, generate_one, op2, op3, parse, rule_name, shift_copy, shift_name, shift_tables,
+                       solve)
 from .check import BITS_RE, Fail
 from .common import Category, Solution
 
@@ -103,7 +112,7 @@ def derive(prompt: str, sol: Solution) -> list[str]:
     rule = d.get("rule")
     if "xor" in d:
         rule = ("xor", *d["xor"])
-    layout = _layout(ex, q, sol.answer)
+    layout = _anchored(ex, q, sol.answer) or _layout(ex, q, sol.answer)
     if layout is not None:
         return layout
     if rule is None and sol.method in ("affine per bit", "per bit"):
@@ -208,6 +217,122 @@ def _layout(ex, q, answer: str) -> list[str] | None:
         lines.append(f"q: default {k} = {k}:0")
     lines.append(f"q: read {ks} = " + "".join(table.get(k, "0") for k in ks.split()))
     return lines
+
+
+ANCHORS = (7, 0)  # the output bits scanned first: at bit 7 every shl reads 0, at bit 0 every shr
+TOKEN_CAP = 6000  # an anchored trace estimated longer (`_tokens`) states its layout instead (`_layout`)
+LAYOUT_NOTE = ("note each output bit is one function F of the bits at its position of rotl a, shl b and shr c "
+               "(some may be absent)")
+
+
+def _anchored(ex, q, answer: str) -> list[str] | None:
+    """The layout derived on the page. At bit 7 every shl reads 0, so y7 is a function of x's bits a-1 (rotl) and
+    7-c (shr); at bit 0 every shr reads 0, so y0 is a function of x's bits a (rotl) and b (shl). Each anchor is
+    scanned (`bitrules.anchor_scans`: no bit, one bit, then two, example by example until a key shows both bits),
+    then each layout whose bits at 7 and 0 hold a set that passed is tried in `LAYOUTS` order: per example its
+    copies and the `key:bit` pairs (`fill`), until a key shows both bits (`clash`: the next layout) or every example
+    fits (the table; the query's keys read from it, a key no example shows reading 0). None when the trace would
+    pass `TOKEN_CAP` or the fit does not give `answer` (the caller states its layout instead)."""
+    xs, ys = [a for a, _ in ex], [b for _, b in ex]
+    lines = [LAYOUT_NOTE,
+             "note at bit 7 every shl reads 0: y7 reads x bits a-1 (rotl) and 7-c (shr); at bit 0 every shr reads 0: "
+             "y0 reads x bits a (rotl) and b (shl)",
+             "note scan which bits of x explain each: none, one, then two bits, skipping a set that holds one that did"]
+    scans = {}
+    for p in ANCHORS:
+        scans[p] = anchor_scans(xs, ys, p)
+        lines += [f"scan {' '.join(map(str, (p, *cols)))} = {text}" for cols, text, _ in scans[p]]
+    lines.append("note try each layout whose bits at 7 and 0 hold a set that did, in order: fewest copies, then "
+                 "rotl shl shr, then smaller shifts; a key no example shows reads 0")
+    for cps in anchor_candidates(scans):
+        if _tokens(lines) > TOKEN_CAP:
+            return None
+        names = [shift_name(kd, k) for kd, k in cps]
+        lines.append("try " + " ".join(names))
+        table, fits = {}, True
+        for n, (xv, yv) in enumerate(ex, 1):
+            vals = []
+            for nm, (kd, k) in zip(names, cps):
+                vals.append(b8(shift_copy(kd, k, xv)))
+                if nm != "x":
+                    lines.append(f"ex{n}: {nm} {b8(xv)} = {vals[-1]}")
+            text, fits = _fill(vals, b8(yv), table)
+            lines.append(f"ex{n}: fill {' '.join(vals)} {b8(yv)} = {text}")
+            if not fits:
+                break
+        if not fits:
+            continue
+        lines.append("table = " + " ".join(f"{k}:{table[k]}" for k in sorted(table)))
+        ks = _key_lines(lines, names, [functools.partial(shift_copy, kd, k) for kd, k in cps], q, "q")
+        for k in sorted({k for k in ks.split() if k not in table}):
+            lines.append(f"q: default {k} = {k}:0")
+        read = "".join(table.get(k, "0") for k in ks.split())
+        lines.append(f"q: read {ks} = {read}")
+        return lines if read == answer and _tokens(lines) <= TOKEN_CAP else None
+    return None
+
+
+def _tokens(lines: list[str]) -> int:
+    """Real-tokenizer tokens, estimated: Nemotron's tokenizer writes each digit as one token, and a space before a
+    digit as another (an estimate; `python -m lab.puzzles solve --tokenizer` measures)."""
+    return sum(len(re.findall(r"[A-Za-z]+|\d| (?=\d)|[^\w\s]", ln)) + 1 for ln in lines)
+
+
+def _fill(vals: list[str], y: str, table: dict) -> tuple[str, bool]:
+    """Each position's `key:bit` (key: the copies' bits there, bit: y's) added to `table`, up to the first key the
+    table holds with the other bit (then `clash`). -> (the text, no clash)."""
+    out = []
+    for p in range(8):
+        key = "".join(v[p] for v in vals)
+        out.append(f"{key}:{y[p]}")
+        if table.setdefault(key, y[p]) != y[p]:
+            return " ".join(out + ["clash"]), False
+    return " ".join(out), True
+
+
+def _examples(replay):
+    ex, _ = parse(replay.prompt)
+    return [a for a, _ in ex], [b for _, b in ex]
+
+
+def _scan_op(replay, args) -> str:
+    """`scan P [I [J]]`: output bit P against x's bits I, J on the prompt's examples (`bitrules.anchor_scan`)."""
+    if not 1 <= len(args) <= 3 or not all(a.isdigit() and int(a) < 8 for a in args):
+        raise Fail("`scan` takes an output bit and up to two bits of x, each 0-7")
+    p, *cols = map(int, args)
+    return anchor_scan(*_examples(replay), p, cols)[0]
+
+
+def _fill_op(replay, args) -> str:
+    """`fill COPY ... Y`: each position's `key:bit`, checked against the pairs since the last `try`."""
+    if len(args) < 2 or not all(len(a) == 8 and set(a) <= {"0", "1"} for a in args):
+        raise Fail("`fill` takes the copies and the output, 8 bits each")
+    *vals, y = args
+    table = {}
+    for pr in replay.pairs:
+        k, b = pr.split(":")
+        table[k] = b
+    return _fill(vals, y, table)[0]
+
+
+def _try(replay, args):
+    """`try LAYOUT`: the next layout, in order, whose bits at 7 and 0 hold a set that passed its scan; a new table."""
+    cps = []
+    for nm in args:
+        m = re.fullmatch(r"(rotl|shl|shr)(\d)", nm)
+        cps.append(("rotl", 0) if nm == "x" else (m.group(1), int(m.group(2))) if m else None)
+    if None in cps or tuple(cps) not in LAYOUTS:
+        raise Fail(f"{' '.join(args)!r} is not a layout of rotl a, shl b, shr c (in that order)")
+    if "cands" not in replay.state:
+        xs, ys = _examples(replay)
+        replay.state["cands"] = anchor_candidates({p: anchor_scans(xs, ys, p) for p in ANCHORS})
+        replay.state["tried"] = 0
+    cands, n = replay.state["cands"], replay.state["tried"]
+    if n >= len(cands) or cands[n] != tuple(cps):
+        want = " ".join(shift_name(*c) for c in cands[n]) if n < len(cands) else "none"
+        raise Fail(f"the next layout that passes both anchor scans is {want}")
+    replay.state["tried"] = n + 1
+    replay.reset_pairs()
 
 
 def _per_bit(sol: Solution, ex, q) -> list[str]:
@@ -346,4 +471,4 @@ def compact_answer(lines: list[str], box: str, state: dict, tail: str) -> str:
 
 
 CATEGORY = Category(NAME, "bit manipulation rule", "bit", "bits", parse, solve, generate_one, derive, check_line,
-                    compact_answer)
+                    compact_answer, ops={"scan": _scan_op, "fill": _fill_op}, branches={"try": _try})

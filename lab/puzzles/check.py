@@ -13,8 +13,9 @@ is one lowercase word and digits (`ex3:`, `q:`) that the checker ignores, and BO
                         taken from the word list); it becomes available. Counted per category.
   note TEXT             prose; checked for nothing, and nothing in it becomes available.
 Bit tables: `keys` (the copies' bits per position), `pairs` (`key:bit` per position), `table = ...` (every
-pair written so far, one bit per key, else it fails), `default KEY = KEY:0` (only for a key no pair shows) and
-`read KEYS = BITS` (each key's bit from an available pair).
+pair written since the table began, one bit per key, else it fails; a bits `try` line begins a new one),
+`default KEY = KEY:0` (only for a key no pair shows) and `read KEYS = BITS` (each key's bit from a pair of the
+table).
 
 Numbers: `add sub mul div sq mid max min median` compute exactly (fractions) and accept RESULT when it is
 the exact value rounded to RESULT's own number of decimals (`div 14.915 0.93845 = 15.89322819`). After the
@@ -220,6 +221,8 @@ class Replay:
         self.symbols: dict[str, str] = {}
         self.recalls = 0
         self.ops, self.branches = ops or {}, branches or {}
+        self.pairs: list[str] = []  # the `key:bit` pairs written since the last `reset_pairs` (a new table)
+        self.state: dict = {}       # a category's own replay state (its ops and branches)
 
     def available(self, v: str) -> bool:
         if v in self.values:
@@ -239,6 +242,14 @@ class Replay:
     def add(self, text: str):
         self.values.add(text)
         self.values.update(text.split())
+        self.pairs += [v for v in text.split() if PAIR_RE.match(v)]
+
+    def reset_pairs(self):
+        """A new table starts: the pairs written so far no longer count (a layout tried and rejected)."""
+        self.pairs = []
+
+    def shown(self, key: str, bit: str) -> bool:
+        return f"{key}:{bit}" in self.pairs
 
     def step(self, body: str) -> str | None:
         """Replays one step; returns the value it produces (None for notes and lets)."""
@@ -299,13 +310,13 @@ class Replay:
         if op == "read":  # each key's bit from an available `key:bit` pair
             out = ""
             for k in args:
-                hits = [b for b in "01" if self.available(f"{k}:{b}")]
+                hits = [b for b in "01" if self.shown(k, b)]
                 if len(hits) != 1:
                     raise Fail(f"key {k} is shown by no example (or with both bits)")
                 out += hits[0]
             return out
         if op == "table":  # every `key:bit` pair written so far, one bit per key, keys in order
-            pairs = sorted(v for v in self.values if PAIR_RE.match(v))
+            pairs = sorted(set(self.pairs))
             keys = [p.split(":")[0] for p in pairs]
             clash = sorted({k for k in keys if keys.count(k) > 1})
             if args or clash:
@@ -315,7 +326,7 @@ class Replay:
             if len(args) != 1:
                 raise Fail("`default` takes one key")
             (k,) = args
-            if any(self.available(f"{k}:{b}") for b in "01"):
+            if any(self.shown(k, b) for b in "01"):
                 raise Fail(f"key {k} is shown by an example: no default")
             return f"{k}:0"
         (s,) = args
