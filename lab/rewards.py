@@ -66,17 +66,12 @@ What it simplifies:
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Callable, Mapping, Sequence
 
 from lab import LabError
-from lab.metric import extract_answer, verify
-
-__all__ = ["REWARDS", "TRUNCATION", "Reward", "build", "correctness_reward", "format_reward",
-           "length_reward", "trace_agreement_reward", "format_score", "agreement", "is_truncated"]
+from lab.metric import boxed_candidates, extract_answer, verify
 
 THINK_END = "</think>"
-BOXED = "\\boxed{"
 TRUNCATION = ("penalise", "mask")
 
 
@@ -144,20 +139,10 @@ def correctness_reward(prompts, completions, completion_ids=None, metric_version
 
 def _box_score(answer_part: str) -> float:
     """1.0 clean final box, 0.5 readable but untidy, 0.0 no non-empty box (see the module docstring)."""
-    starts = [m.end() for m in re.finditer(re.escape(BOXED), answer_part)]
-    if not starts:
-        return 0.0
-    if len(starts) == 1:
-        tail = answer_part[starts[0]:].rstrip()
-        if tail.endswith("}") and tail[:-1].strip():
-            return 1.0
-    ends = [s - len(BOXED) for s in starts[1:]] + [len(answer_part)]
-    for s, e in zip(starts, ends):  # the metric's boxed rule: up to the last `}` before the next box
-        seg = answer_part[s:e]
-        close = seg.rfind("}")
-        if (seg[:close] if close >= 0 else seg).strip():
-            return 0.5
-    return 0.0
+    boxes = boxed_candidates(answer_part)  # what the metric's boxed rule reads from each box
+    if len(boxes) == 1 and boxes[0].strip() and answer_part.rstrip().endswith("}"):
+        return 1.0
+    return 0.5 if any(b.strip() for b in boxes) else 0.0
 
 
 def format_score(text: str) -> float:

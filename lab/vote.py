@@ -66,13 +66,6 @@ import pandas as pd
 from lab import LabError
 from lab.metric import NOT_FOUND, verify
 
-__all__ = [
-    "NOT_FOUND", "METHODS", "OPTIONS", "is_answer", "assign_classes", "weighted_vote", "majority_vote",
-    "confidence_vote", "early_stop_vote", "leader_probability", "replay", "pass_at_k", "curves",
-    "summary", "pass_rates",
-]
-
-
 # ----------------------------------------------------------------------------------------------
 # answers and classes
 # ----------------------------------------------------------------------------------------------
@@ -138,10 +131,7 @@ def weighted_vote(answers: Sequence, weights: Sequence[float], version: str = "f
 def majority_vote(answers: Sequence, version: str = "final") -> str:
     """The most frequent answer class (ties: the class seen first); NOT_FOUND only if no real answer exists."""
     answers = list(answers)
-    if not answers:
-        return NOT_FOUND
-    labels, reps = assign_classes(answers, version)
-    return reps[_winner(labels, reps)]
+    return weighted_vote(answers, [1.0] * len(answers), version)
 
 
 def _n_keep(keep_top: float, n: int) -> int:
@@ -298,8 +288,7 @@ def _prepare(samples: pd.DataFrame, need_gold: bool = False) -> pd.DataFrame:
         unlabeled = df.loc[df["gold"].isna(), "id"].unique()
         if len(unlabeled):
             raise LabError(f"{len(unlabeled)} id(s) have no gold answer, e.g. {list(unlabeled[:5])}")
-    order = {pid: i for i, pid in enumerate(pd.unique(df["id"]))}
-    df["_order"] = df["id"].map(order)
+    df["_order"] = pd.factorize(df["id"])[0]
     df = df.sort_values(["_order", "sample"], kind="stable").drop(columns="_order")
     return df.reset_index(drop=True)
 
