@@ -194,16 +194,13 @@ def gate(zip_path: str, model: str, n: int = 64, data: str | None = None, log=pr
     report["reaches_output"] = moved
     silent = [f for f in copies if not moved[f]]
     if not moved["adapter"] and report["completions_changed"] == 0:
-        report["verdict"] = "REFUSED"
-        report["why"] = ("the adapter changes nothing: vLLM serves the base model's log-probabilities and "
-                         "completions (does it target modules vLLM applies a LoRA to?)")
+        verdict, why = "REFUSED", ("the adapter changes nothing: vLLM serves the base model's log-probabilities and "
+                                   "completions (does it target modules vLLM applies a LoRA to?)")
     elif silent:
-        report["verdict"] = "FAIL"
-        report["why"] = f"families whose delta does not reach the output: {', '.join(silent)}"
+        verdict, why = "FAIL", f"families whose delta does not reach the output: {', '.join(silent)}"
     else:
-        report["verdict"] = "PASS"
-        report["why"] = "every LoRA family in the zip changes the served log-probabilities"
-    report["seconds"] = round(time.time() - t0, 1)
+        verdict, why = "PASS", "every LoRA family in the zip changes the served log-probabilities"
+    report.update(verdict=verdict, why=why, seconds=round(time.time() - t0, 1))
     log(render(report))
     return report
 

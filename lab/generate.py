@@ -235,11 +235,10 @@ def lora_checksum(model, trainable: bool = False) -> str:
     import torch
 
     h = hashlib.sha256()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if (p.requires_grad if trainable else "lora_" in n):
-                h.update(n.encode())
-                h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    for n, p in model.named_parameters():
+        if (p.requires_grad if trainable else "lora_" in n):
+            h.update(n.encode())
+            h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 

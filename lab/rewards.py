@@ -110,11 +110,10 @@ def _ids(completion_ids: Sequence | None, n: int, reward: str) -> list:
     return ids
 
 
-def _budget(max_completion_length: Any, reward: str) -> int:
-    budget = max_completion_length
+def _budget(budget: Any, reward: str) -> int:
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise LabError(f"{reward} needs max_completion_length (the completion budget in tokens, an int >= 1), "
-                       f"got {max_completion_length!r}; pass it to lab.rewards.build")
+                       f"got {budget!r}; pass it to lab.rewards.build")
     return budget
 
 

@@ -110,11 +110,7 @@ def _winner(labels: Sequence[int], reps: Sequence[str], weights: Sequence[float]
     for i, lab in enumerate(labels):
         totals[lab] += 1.0 if weights is None else float(weights[i])
     candidates = [c for c in range(len(reps)) if is_answer(reps[c])] or list(range(len(reps)))
-    best = candidates[0]
-    for c in candidates[1:]:
-        if totals[c] > totals[best]:  # strict: an equal total keeps the earlier class
-            best = c
-    return best
+    return max(candidates, key=lambda c: (totals[c], -c))  # an equal total keeps the earlier class
 
 
 def weighted_vote(answers: Sequence, weights: Sequence[float], version: str = "final") -> str:
@@ -166,12 +162,8 @@ def _can_be_overtaken(counts: Sequence[int], reps: Sequence[str], leader: int, r
     lead = counts[leader]
     if remaining > lead:  # a class not seen yet could take all remaining samples (it loses ties: seen later)
         return True
-    for c, n in enumerate(counts):
-        if c == leader or not is_answer(reps[c]):
-            continue
-        if n + remaining > lead or (n + remaining == lead and c < leader):
-            return True
-    return False
+    return any(n + remaining > lead or (n + remaining == lead and c < leader)
+               for c, n in enumerate(counts) if c != leader and is_answer(reps[c]))
 
 
 def leader_probability(lead: int, runner_up: int) -> float:
@@ -184,13 +176,8 @@ def leader_probability(lead: int, runner_up: int) -> float:
 def early_stop_vote(answers: Sequence, tokens: Sequence[int], budget: int | None = None, window: int = 4,
                     agree: float | None = 1.0, version: str = "final", stop_prob: float | None = None
                     ) -> tuple[str, int, int]:
-    """(answer, samples_used, tokens_used): vote over windows of samples in order until stopping (module docstring).
-
-    Stops after a window when the leading real answer holds at least `agree` of the samples drawn so
-    far (unless `agree` is None), when `stop_prob` is set and `leader_probability` of the leader over the
-    runner-up reaches it, or when it cannot be overtaken by the remaining budget; never draws more than
-    `budget` (default: all samples given). tokens_used sums `tokens` of every drawn sample.
-    """
+    """(answer, samples_used, tokens_used): the module docstring's ``early_stop`` over `answers` in order, drawing at
+    most `budget` samples (default: all given); tokens_used sums `tokens` of every drawn sample."""
     answers = [_norm(a) for a in answers]
     tokens = [int(t) for t in tokens]
     if len(answers) != len(tokens):
