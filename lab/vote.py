@@ -250,19 +250,15 @@ OPTIONS = ("version", "keep_top", "conf_col", "window", "agree", "stop_prob")
 RESULT_COLUMNS = ["id", "category", "answer", "samples_used", "tokens_used", "correct"]
 
 
-def _check_text_column(df: pd.DataFrame, col: str) -> None:
-    if col in df.columns and pd.api.types.is_numeric_dtype(df[col]) and df[col].notna().any():
-        raise LabError(f"samples column {col!r} is numeric ({df[col].dtype}); read answers as strings "
-                       f"(e.g. dtype=str) or binary answers such as 0101 lose their leading zeros")
-
-
 def _prepare(samples: pd.DataFrame, need_gold: bool = False) -> pd.DataFrame:
     """Checked copy, ids as str, sorted by (first appearance of id, sample); `sample` defaults to row order."""
     missing = [c for c in ("id", "answer", "tokens") if c not in samples.columns]
     if missing:
         raise LabError(f"samples table lacks column(s) {missing}; columns are {list(samples.columns)}")
     for col in ("answer", "gold"):
-        _check_text_column(samples, col)
+        if col in samples.columns and pd.api.types.is_numeric_dtype(samples[col]) and samples[col].notna().any():
+            raise LabError(f"samples column {col!r} is numeric ({samples[col].dtype}); read answers as strings "
+                           f"(e.g. dtype=str) or binary answers such as 0101 lose their leading zeros")
     df = samples.copy()
     df["id"] = df["id"].astype(str)
     if "sample" not in df.columns:
