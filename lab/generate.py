@@ -47,6 +47,7 @@ from typing import Sequence
 import pandas as pd
 
 from lab import LabError
+from lab.io import atomic_write_csv, atomic_write_text
 from lab.paths import resolve_path
 from lab.console import Progress  # plain lines: they show in papermill logs as well as in Jupyter
 from lab.lineage import content_hash  # noqa: F401 - the lab's one file hasher (also the stage lineage's)
@@ -460,8 +461,6 @@ def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:
                   flush=True)
     if lines and len(lines) == 1 + sum(len(r) for r in done.values()) and old == key:
         return done
-    from lab.io import atomic_write_text
-
     kept = [r for recs in done.values() for r in recs]
     atomic_write_text(cache, "".join(json.dumps(r) + "\n" for r in [{"key": key}, *kept]))
     return done
@@ -534,8 +533,6 @@ PREDICTION_COLUMNS = ["id", "category", "subtype", "prompt", "gold", "completion
 def predictions(gen: Generator, puzzles: pd.DataFrame, out_csv: str | Path | None = None,
                 cache: str | Path | None = None) -> pd.DataFrame:
     """One completion per puzzle with the competition's settings (greedy), scored; the table error analysis reads."""
-    from lab.io import atomic_write_csv
-
     t = sample_table(gen, puzzles, Sampling.competition(gen.cfg), cache=cache)
     t = t.merge(puzzles[["id", "prompt"]].astype({"id": str}), on="id", how="left")[PREDICTION_COLUMNS]
     if out_csv is not None:

@@ -69,7 +69,7 @@ import math
 from typing import Any, Callable, Mapping, Sequence
 
 from lab import LabError
-from lab.metric import boxed_candidates, extract_answer, verify
+from lab.metric import VERSIONS, boxed_candidates, extract_answer, verify
 
 THINK_END = "</think>"
 TRUNCATION = ("penalise", "mask")
@@ -286,8 +286,8 @@ def build(weights: Mapping[str, Any], *, max_completion_length: int | None = Non
             raise LabError(f"grpo.rewards.{n}: weight must be finite, got {w!r}")
         values.append(w)
     _check_truncation(truncation)
-    if metric_version not in ("final", "legacy"):
-        raise LabError(f"unknown metric_version {metric_version!r}; allowed: final, legacy")
+    if metric_version not in VERSIONS:
+        raise LabError(f"unknown metric_version {metric_version!r}; allowed: {', '.join(VERSIONS)}")
     eos = None if eos_token_ids is None else [int(i) for i in eos_token_ids]
     options: dict[str, dict] = {"correctness": {"metric_version": metric_version}}
     if "length" in names or truncation == "mask" or max_completion_length is not None:
