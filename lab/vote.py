@@ -66,13 +66,6 @@ import pandas as pd
 from lab import LabError
 from lab.metric import NOT_FOUND, verify
 
-__all__ = [
-    "NOT_FOUND", "METHODS", "OPTIONS", "is_answer", "assign_classes", "weighted_vote", "majority_vote",
-    "confidence_vote", "early_stop_vote", "leader_probability", "replay", "pass_at_k", "curves",
-    "summary", "pass_rates",
-]
-
-
 # ----------------------------------------------------------------------------------------------
 # answers and classes
 # ----------------------------------------------------------------------------------------------
@@ -117,11 +110,7 @@ def _winner(labels: Sequence[int], reps: Sequence[str], weights: Sequence[float]
     for i, lab in enumerate(labels):
         totals[lab] += 1.0 if weights is None else float(weights[i])
     candidates = [c for c in range(len(reps)) if is_answer(reps[c])] or list(range(len(reps)))
-    best = candidates[0]
-    for c in candidates[1:]:
-        if totals[c] > totals[best]:  # strict: an equal total keeps the earlier class
-            best = c
-    return best
+    return max(candidates, key=lambda c: (totals[c], -c))  # an equal total keeps the earlier class
 
 
 def weighted_vote(answers: Sequence, weights: Sequence[float], version: str = "final") -> str:
@@ -138,10 +127,7 @@ def weighted_vote(answers: Sequence, weights: Sequence[float], version: str = "f
 def majority_vote(answers: Sequence, version: str = "final") -> str:
     """The most frequent answer class (ties: the class seen first); NOT_FOUND only if no real answer exists."""
     answers = list(answers)
-    if not answers:
-        return NOT_FOUND
-    labels, reps = assign_classes(answers, version)
-    return reps[_winner(labels, reps)]
+    return weighted_vote(answers, [1.0] * len(answers), version)
 
 
 def _n_keep(keep_top: float, n: int) -> int:
@@ -176,12 +162,8 @@ def _can_be_overtaken(counts: Sequence[int], reps: Sequence[str], leader: int, r
     lead = counts[leader]
     if remaining > lead:  # a class not seen yet could take all remaining samples (it loses ties: seen later)
         return True
-    for c, n in enumerate(counts):
-        if c == leader or not is_answer(reps[c]):
-            continue
-        if n + remaining > lead or (n + remaining == lead and c < leader):
-            return True
-    return False
+    return any(n + remaining > lead or (n + remaining == lead and c < leader)
+               for c, n in enumerate(counts) if c != leader and is_answer(reps[c]))
 
 
 def leader_probability(lead: int, runner_up: int) -> float:
@@ -194,13 +176,8 @@ def leader_probability(lead: int, runner_up: int) -> float:
 def early_stop_vote(answers: Sequence, tokens: Sequence[int], budget: int | None = None, window: int = 4,
                     agree: float | None = 1.0, version: str = "final", stop_prob: float | None = None
                     ) -> tuple[str, int, int]:
-    """(answer, samples_used, tokens_used): vote over windows of samples in order until stopping (module docstring).
-
-    Stops after a window when the leading real answer holds at least `agree` of the samples drawn so
-    far (unless `agree` is None), when `stop_prob` is set and `leader_probability` of the leader over the
-    runner-up reaches it, or when it cannot be overtaken by the remaining budget; never draws more than
-    `budget` (default: all samples given). tokens_used sums `tokens` of every drawn sample.
-    """
+    """(answer, samples_used, tokens_used): the module docstring's ``early_stop`` over `answers` in order, drawing at
+    most `budget` samples (default: all given); tokens_used sums `tokens` of every drawn sample."""
     answers = [_norm(a) for a in answers]
     tokens = [int(t) for t in tokens]
     if len(answers) != len(tokens):
@@ -273,19 +250,15 @@ OPTIONS = ("version", "keep_top", "conf_col", "window", "agree", "stop_prob")
 RESULT_COLUMNS = ["id", "category", "answer", "samples_used", "tokens_used", "correct"]
 
 
-def _check_text_column(df: pd.DataFrame, col: str) -> None:
-    if col in df.columns and pd.api.types.is_numeric_dtype(df[col]) and df[col].notna().any():
-        raise LabError(f"samples column {col!r} is numeric ({df[col].dtype}); read answers as strings "
-                       f"(e.g. dtype=str) or binary answers such as 0101 lose their leading zeros")
-
-
 def _prepare(samples: pd.DataFrame, need_gold: bool = False) -> pd.DataFrame:
     """Checked copy, ids as str, sorted by (first appearance of id, sample); `sample` defaults to row order."""
     missing = [c for c in ("id", "answer", "tokens") if c not in samples.columns]
     if missing:
         raise LabError(f"samples table lacks column(s) {missing}; columns are {list(samples.columns)}")
     for col in ("answer", "gold"):
-        _check_text_column(samples, col)
+        if col in samples.columns and pd.api.types.is_numeric_dtype(samples[col]) and samples[col].notna().any():
+            raise LabError(f"samples column {col!r} is numeric ({samples[col].dtype}); read answers as strings "
+                           f"(e.g. dtype=str) or binary answers such as 0101 lose their leading zeros")
     df = samples.copy()
     df["id"] = df["id"].astype(str)
     if "sample" not in df.columns:
@@ -298,8 +271,7 @@ def _prepare(samples: pd.DataFrame, need_gold: bool = False) -> pd.DataFrame:
         unlabeled = df.loc[df["gold"].isna(), "id"].unique()
         if len(unlabeled):
             raise LabError(f"{len(unlabeled)} id(s) have no gold answer, e.g. {list(unlabeled[:5])}")
-    order = {pid: i for i, pid in enumerate(pd.unique(df["id"]))}
-    df["_order"] = df["id"].map(order)
+    df["_order"] = pd.factorize(df["id"])[0]
     df = df.sort_values(["_order", "sample"], kind="stable").drop(columns="_order")
     return df.reset_index(drop=True)
 
