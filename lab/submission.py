@@ -67,7 +67,7 @@ from pathlib import Path
 from lab import LabError
 from lab.io import atomic_file
 from lab.paths import project_root
-from lab.submission_check import (_FUSED, BASE_COPIES, CONFIG_NAME, EXPERT_PARAMS, WEIGHTS_NAME, _check, _strip,
+from lab.submission_check import (_FUSED, BASE_COPIES, CONFIG_NAME, EXPERT_PARAMS, WEIGHTS_NAME, _strip,
                                   alpha_for, check, config_problems, lora_config_fields, rank_for)
 
 # The dtype of a submission's LoRA tensors (02_sft, 03_grpo, `python -m lab.submission pack`): half the bytes of the
@@ -238,7 +238,7 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
             zf.writestr(_member(WEIGHTS_NAME), save(
                 {k: v.contiguous() for k, v in sorted(tensors.items())}, metadata={"format": "pt"}),
                 compress_type=zipfile.ZIP_STORED)
-        problems = _check(tmp, base_model, label=str(out_zip))
+        problems = check(tmp, base_model, label=str(out_zip))
         if problems:
             raise LabError(f"{adapter_dir}: cannot be packed into {out_zip}; the packed adapter has these "
                            "problems:\n  - " + "\n  - ".join(problems))
