@@ -151,49 +151,35 @@ def _resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, 
     folder is deleted with a note naming them. Incomplete checkpoints and those past `max_steps` are deleted with a
     note; the newest complete one left is resumed, with a note saying so. `what` names the config group."""
     notes: list[str] = []
-    if not out.is_dir():
-        return None, None, notes
-    if not resume:
-        shutil.rmtree(out, ignore_errors=True)  # a fresh run: stale checkpoints must not be resumed later
-        return None, None, notes
-    ckpts = _checkpoints(out)
-    if not ckpts:
-        shutil.rmtree(out, ignore_errors=True)
-        return None, None, notes
-    record_path = out / RUN_RECORD
-    if not record_path.is_file():
+    ckpts = _checkpoints(out) if resume else []  # resume=False: a fresh run; stale checkpoints are deleted
+    record = read_json(out / RUN_RECORD) if ckpts and (out / RUN_RECORD).is_file() else None
+    changed = diff(record.get("fingerprint", {}), fp) if record is not None else []
+    if ckpts and record is None:
         notes.append(f"{out}: checkpoints without {RUN_RECORD} (an older lab version, or another tool) cannot be "
                      "matched to this configuration: discarded, training starts afresh")
-        shutil.rmtree(out, ignore_errors=True)
-        return None, None, notes
-    record = read_json(record_path)
-    changed = diff(record.get("fingerprint", {}), fp)
-    if changed:
+    elif changed:
         if asked:
             raise LabError(f"{out}: checkpoints were written by a different {what.upper()} configuration "
                            f"({'; '.join(changed)}); set {what}.resume=false to start over (deletes them), leave "
                            f"{what}.resume unset to start afresh with a note, or use another run_dir")
         notes.append(f"{out}: checkpoints were written by a different {what.upper()} configuration ({'; '.join(changed)}): "
                      "discarded, training starts afresh")
-        shutil.rmtree(out, ignore_errors=True)
-        return None, None, notes
-    for p in ckpts:
-        why = incomplete(p)
-        if why is not None:
-            notes.append(f"{p.name} is incomplete ({why}): deleted")
-        elif max_steps is not None and step_of(p) > max_steps:
-            notes.append(f"{p.name} is past {what}.max_steps={max_steps}: deleted")
-        else:
-            continue
-        shutil.rmtree(p, ignore_errors=True)
-    left = [p for p in ckpts if p.is_dir()]
-    if not left:
+    elif ckpts:
+        for p in ckpts:
+            why = incomplete(p)
+            if why is not None:
+                notes.append(f"{p.name} is incomplete ({why}): deleted")
+            elif max_steps is not None and step_of(p) > max_steps:
+                notes.append(f"{p.name} is past {what}.max_steps={max_steps}: deleted")
+            else:
+                continue
+            shutil.rmtree(p, ignore_errors=True)
+        if left := [p for p in ckpts if p.is_dir()]:
+            notes.append(f"resuming from {left[-1]} (the newest complete checkpoint)")
+            return left[-1], record, notes
         notes.append(f"{out}: no complete checkpoint left: training starts afresh")
-        shutil.rmtree(out, ignore_errors=True)
-        return None, None, notes
-    last = left[-1]
-    notes.append(f"resuming from {last} (the newest complete checkpoint)")
-    return last, record, notes
+    shutil.rmtree(out, ignore_errors=True)
+    return None, None, notes
 
 
 def write_record(out: Path, record: dict) -> None:

@@ -26,7 +26,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.config import compose, library_problems, names_run, parse_overrides, validate
-from lab.io import atomic_write_json, atomic_write_text
+from lab.io import atomic_write_json, atomic_write_text, is_main_process, read_json
 from lab.paths import project_root, resolve_path
 
 PACKAGES = ("lab", "torch", "transformers", "trl", "peft", "datasets", "accelerate", "hydra-core",
@@ -156,7 +156,10 @@ def acquire_lock(run_dir: str | os.PathLike) -> bool:
     try:
         fl.acquire(blocking=False)
     except Timeout:
-        holder = _read_lock(lock)
+        try:
+            holder = read_json(lock)  # what the holder wrote (nothing yet when it has only just taken the lock)
+        except (LabError, OSError):
+            holder = {}
         if holder.get("token") and holder.get("token") == os.environ.get(LOCK_ENV):
             return False
         raise LabError(f"{lock}: run folder in use by process {holder.get('pid')} on {holder.get('host')} since "
@@ -169,14 +172,6 @@ def acquire_lock(run_dir: str | os.PathLike) -> bool:
         lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": _HELD[lock][1],
                                     "since": _now()}), encoding="utf-8")
     return True
-
-
-def _read_lock(lock: Path) -> dict:
-    try:
-        d = json.loads(lock.read_text(encoding="utf-8"))
-        return d if isinstance(d, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def release_lock(run_dir: str | os.PathLike) -> None:
@@ -245,7 +240,7 @@ class Stage:
         self.checkpoint_dir = self.run_dir / "checkpoints" / name
         # before anything in the folder is touched; under `accelerate launch` (torchrun sets RANK) the main
         # process's lock covers the other ranks, which open the same stage after it (scripts/_launch.py)
-        main = os.environ.get("RANK", "0") == "0"
+        main = is_main_process()
         self._own_lock = acquire_lock(self.run_dir) if main else False
         if main:
             self._recover_swap()

@@ -35,8 +35,8 @@ Not verified here: loading a packed zip into a running vLLM engine (GPU only).
 rank_pattern / alpha_pattern. vLLM 0.33 applies them per module (`PEFTHelper.get_rank_and_scaling`,
 vllm/lora/peft_helper.py, matched like PEFT's `get_pattern_key` against the names in the file)
 and refuses an adapter whose largest rank (r or any rank_pattern value) exceeds max_lora_rank.
-PEFT matched the fused name `...experts.up_proj`, vLLM matches `...experts.3.up_proj`, so
-`pack` adds one escaped key per layer where the two would differ.
+PEFT matched the fused name `...experts.up_proj`, vLLM matches `...experts.3.up_proj` (`LoRAModel.from_lora_tensors`,
+vllm/lora/lora_model.py), so `pack` adds one escaped key per layer where the two would differ.
 
 lm_head. PEFT saves `base_model.model.lm_head.lora_A.weight` (r, hidden) / `.lora_B.weight`
 (vocab, r), which is what vLLM 0.33 reads: `parse_fine_tuned_lora_name` gives module `lm_head`,
@@ -65,7 +65,7 @@ import zipfile
 from pathlib import Path
 
 from lab import LabError
-from lab.io import atomic_file
+from lab.io import atomic_file, read_json
 from lab.paths import project_root
 from lab.submission_check import (_FUSED, BASE_COPIES, CONFIG_NAME, EXPERT_PARAMS, WEIGHTS_NAME, _strip,
                                   alpha_for, check, config_problems, lora_config_fields, rank_for)
@@ -89,17 +89,10 @@ def _member(name: str) -> zipfile.ZipInfo:
     return info
 
 def split_fused_experts(tensors: dict, config: dict, num_experts: int | None = None) -> tuple[dict, list]:
-    """Rewrite PEFT `target_parameters` expert keys into the per-expert keys vLLM reads for Nemotron-H.
-
-    `...experts{.base_layer*k}.lora_A.weight` (r*E, in) / `.lora_B.weight` (out, r*E) become
-    `...experts.{e}.<param>.lora_A.weight` = A[e*r:(e+1)*r] (r, in) and
-    `...experts.{e}.<param>.lora_B.weight` = B[:, e::E] (out, r), where <param> is the targeted
-    parameter: PEFT nests the wrappers in NemotronHExperts' parameter order (up_proj, down_proj),
-    so the innermost (most `.base_layer`s) is the first targeted one. Then
-    delta_e = (alpha/r) * B_e @ A_e, exactly PEFT's `ParamWrapper.get_delta_weight` for expert e.
-    Returns (new tensors, the (fused key prefix, parameter) pairs converted). See the module docstring for the
-    vLLM source this layout comes from.
-    """
+    """Rewrite PEFT `target_parameters` expert keys into the per-expert keys vLLM reads for Nemotron-H (the layouts
+    and their sources: the module docstring): A[e*r:(e+1)*r] and B[:, e::E] for expert e, the innermost wrapper
+    (most `.base_layer`s) being the first targeted parameter. Returns (new tensors, the (fused key prefix,
+    parameter) pairs converted)."""
     tp = [str(t) for t in (config.get("target_parameters") or [])]
     targeted = [p for p in EXPERT_PARAMS if any(t in (p, f"experts.{p}") or t.endswith(f".experts.{p}") for t in tp)]
     groups: dict[tuple[str, int], dict[str, object]] = {}
@@ -138,13 +131,9 @@ def split_fused_experts(tensors: dict, config: dict, num_experts: int | None = N
 
 
 def _keep_expert_patterns(config: dict, split: list) -> None:
-    """After the split, give each per-expert module the rank and alpha PEFT gave its fused parameter.
-
-    PEFT matches rank_pattern/alpha_pattern against `...experts.up_proj`; vLLM 0.33 matches them against the
-    names in the file (`...experts.3.up_proj`; `LoRAModel.from_lora_tensors`, vllm/lora/lora_model.py), so a
-    key such as `layers.1.mixer.experts.up_proj` would no longer apply. Where the two differ, one escaped key per
-    (layer, parameter) is put first (the first match wins in both).
-    """
+    """After the split, give each per-expert module the rank and alpha PEFT gave its fused parameter (module
+    docstring, rank_pattern / alpha_pattern): where they differ, one escaped key per (layer, parameter) is put first
+    (the first match wins in PEFT and vLLM alike)."""
     orig = {"r": config["r"], "lora_alpha": config["lora_alpha"],
             "rank_pattern": dict(config.get("rank_pattern") or {}),
             "alpha_pattern": dict(config.get("alpha_pattern") or {})}
@@ -158,12 +147,6 @@ def _keep_expert_patterns(config: dict, split: list) -> None:
 
 
 # ---- pack ---------------------------------------------------------------------------------------------
-
-def clean_config(config: dict) -> dict:
-    """Only standard PEFT LoraConfig fields; inference mode."""
-    out = {k: v for k, v in config.items() if k in lora_config_fields()}
-    out["inference_mode"] = True
-    return out
 
 def _portable_name(name):
     """base_model_name_or_path without this machine's absolute path: relative to the project root (how the lab's
@@ -191,14 +174,11 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
     if not w_path.is_file():
         hint = " (adapter_model.bin found: re-save with safe_serialization)" if (adapter_dir / "adapter_model.bin").is_file() else ""
         raise LabError(f"{adapter_dir}: no {WEIGHTS_NAME}{hint}")
-    try:
-        config = json.loads(cfg_path.read_text(encoding="utf-8"))
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise LabError(f"{cfg_path}: not valid JSON ({e})") from None
+    config = read_json(cfg_path)
+    if not isinstance(config, dict):
+        raise LabError(f"{cfg_path}: not valid JSON (not a JSON object)")
     dropped = sorted(set(config) - lora_config_fields())
-    config = clean_config(config)
+    config = {k: v for k, v in config.items() if k in lora_config_fields()} | {"inference_mode": True}
     if problems := config_problems(config):
         raise LabError(f"{cfg_path}: cannot be submitted: {'; '.join(problems)}")
     if dropped:
