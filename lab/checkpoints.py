@@ -189,14 +189,12 @@ def write_record(out: Path, record: dict) -> None:
 
 # ---- a full disk -------------------------------------------------------------------------------------
 
-def checkpoint_bytes(out: Path, model=None) -> int:
+def checkpoint_bytes(out: Path, model) -> int:
     """The size of the newest complete checkpoint in `out`, else 12 bytes per trainable parameter of `model`."""
     for p in reversed(_checkpoints(out)):
         if incomplete(p) is None:
             return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-    if model is not None:
-        return 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return 0
+    return 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _mb(n: int) -> str:

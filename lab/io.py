@@ -8,8 +8,10 @@ the file is fsynced, its folder is not.
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -76,8 +78,6 @@ def atomic_dir(path: str | os.PathLike):
 
     Model and adapter folders are written this way, so a killed run never leaves a half-saved one.
     """
-    import shutil
-
     path = Path(path)
     tmp = Path(_beside(path, tempfile.mkdtemp, 0o777))
     try:
@@ -96,8 +96,6 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
 
 def atomic_write_csv(path: str | os.PathLike, df) -> Path:
     """CSV without the index; every field quoted when any text holds a lone '\\r' (pandas leaves those unquoted)."""
-    import csv
-
     has_cr = any(df[c].astype(str).str.contains("\r", regex=False).any() for c in df.columns)
     return atomic_write_text(path, df.to_csv(index=False, quoting=csv.QUOTE_ALL if has_cr else csv.QUOTE_MINIMAL))
 

@@ -37,6 +37,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 from lab import LabError
@@ -101,8 +103,6 @@ def check_model_source(handle: str) -> str:
 # ---------------------------------------------------------------------------------------------
 
 def _pyproject() -> dict:
-    import tomllib
-
     p = project_root() / "pyproject.toml"
     if not p.is_file():
         raise LabError(f"{p}: not found (the wheel and requirements.txt are built from it)")
@@ -112,28 +112,21 @@ def _pyproject() -> dict:
 def requirements(gpu_extra: bool = True) -> list[str]:
     """The lab's dependencies pinned to the versions installed here; torch keeps the pyproject's range
     (or the GPU extra's pin): Kaggle's image brings a CUDA torch, a CPU build from here would be wrong."""
-    from importlib import metadata
-
     from packaging.requirements import Requirement
 
     proj = _pyproject()["project"]
     deps = [Requirement(d) for d in proj.get("dependencies", [])]
     extra = [Requirement(d) for d in proj.get("optional-dependencies", {}).get("gpu", [])] if gpu_extra else []
-    extra_names = {r.name.lower() for r in extra}
-    lines = []
-    for r in deps:
-        if r.name.lower() in extra_names:
-            continue  # the GPU extra pins it
-        if r.name.lower() == "torch":
-            lines.append(str(r))
-            continue
+    extra_names = {r.name.lower() for r in extra}  # the GPU extra pins these
+
+    def pinned(r: Requirement) -> str:
         try:
             v = metadata.version(r.name).split("+")[0]
         except metadata.PackageNotFoundError:
-            lines.append(str(r))
-            continue
-        lines.append(f"{r.name}=={v}" if r.specifier.contains(v, prereleases=True) else str(r))
-    return lines + [str(r) for r in extra]
+            return str(r)
+        return f"{r.name}=={v}" if r.name.lower() != "torch" and r.specifier.contains(v, prereleases=True) else str(r)
+
+    return [pinned(r) for r in deps if r.name.lower() not in extra_names] + [str(r) for r in extra]
 
 
 def _build_wheel(dest: Path) -> Path:
@@ -335,13 +328,13 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
                  out: str | os.PathLike | None = None, competition: str | None = None,
                  model_source: str | None = None, dataset: str | None = None, enable_gpu: bool = True,
                  run_name: str | None = None, kernel_sources: list[str] = (), machine_shape: str | None = None,
-                 gpu_extra: bool | None = None) -> Path:
+                 gpu_extra: bool = True) -> Path:
     """Write a push-ready kernel folder: kernel-metadata.json and the parameterised notebook.
 
     `competition`, `model_source` and `machine_shape` default to `conf/kaggle` of the composed config ('' for
     none); `machine_shape` is written only for a GPU kernel. The install cell installs the lab with the extras
-    the kernel needs (`kernel_extras`: vllm, unsloth, bnb, from the config) unless `gpu_extra` is False (none)
-    or True (the whole [gpu] extra); the dataset must hold their wheels.
+    a GPU kernel needs (`kernel_extras`: vllm, unsloth, bnb, from the config) unless `gpu_extra` is False (none);
+    the dataset must hold their wheels.
     """
     import nbformat
     import papermill as pm
@@ -379,10 +372,7 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
                              kernel_name="python3", language="python")
     for k in ("input_path", "output_path"):
         nb.metadata.get("papermill", {}).pop(k, None)
-    if gpu_extra is None:
-        extras = kernel_extras(cfg, name) if enable_gpu else []
-    else:
-        extras = ["gpu"] if gpu_extra else []
+    extras = kernel_extras(cfg, name) if enable_gpu and gpu_extra else []
     package = DIST_NAME + (f"[{','.join(extras)}]" if extras else "")
     install = nbformat.v4.new_code_cell(install_cell_source(dataset.split("/", 1)[1], run_dir, package,
                                                             str(cfg.kaggle.python_version)),
@@ -453,7 +443,7 @@ def main(argv: list[str] | None = None) -> int:
                            out=args.out, competition=args.competition, model_source=args.model_source,
                            dataset=args.dataset, enable_gpu=not args.no_gpu, run_name=args.run_name,
                            kernel_sources=args.kernel_sources, machine_shape=args.machine_shape,
-                           gpu_extra=False if args.no_gpu_extra else None)
+                           gpu_extra=not args.no_gpu_extra)
         meta = json.loads((out / "kernel-metadata.json").read_text())
         acc = f" --accelerator {meta['machine_shape']}" if meta.get("machine_shape") else ""
         print(f"wrote {out}: {meta['code_file']} and kernel-metadata.json (id {meta['id']})\n"

@@ -65,13 +65,11 @@ def content_hash(path: str | Path) -> str:
         st = f.stat()
         memo = (str(f.resolve()), st.st_size, st.st_mtime_ns)
         if memo not in _HASHES:
-            fh = hashlib.sha256()
             with open(f, "rb") as fd:
                 if st.st_size <= _WHOLE:
-                    for block in iter(lambda: fd.read(1 << 20), b""):
-                        fh.update(block)
+                    fh = hashlib.file_digest(fd, "sha256")
                 else:
-                    fh.update(fd.read(_PART))
+                    fh = hashlib.sha256(fd.read(_PART))
                     fd.seek(st.st_size - _PART)
                     fh.update(fd.read(_PART))
             _HASHES[memo] = fh.hexdigest()

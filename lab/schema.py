@@ -37,6 +37,7 @@ import math
 import operator
 import os
 import sys
+import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Dict, List, Optional
@@ -459,8 +460,6 @@ def register() -> None:
 def help_lines(cls: type = Config, prefix: str = "") -> list[str]:
     """`key (type): help [bounds]` for every field of `cls`, nested dataclasses expanded (`sft.lora.r`); an Enum's
     type is its names (`hf | vllm`)."""
-    import typing
-
     out, hints = [], typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key, tp = f"{prefix}{f.name}", hints[f.name]

@@ -35,6 +35,7 @@ streams) and read one tensor at a time; the library checks the file's layout, th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -82,8 +83,6 @@ def _listed(items: list, n: int = 6, sep: str = ", ") -> str:
 def lora_config_fields() -> frozenset[str]:
     """The fields of the installed `peft.LoraConfig` (PeftConfig's included): anything else in adapter_config.json
     came from another back-end (Unsloth's, say)."""
-    import dataclasses
-
     from peft import LoraConfig
 
     return frozenset(f.name for f in dataclasses.fields(LoraConfig))
