@@ -51,9 +51,8 @@ def fingerprint(cfg: DictConfig, group: str, free_keys: Iterable[str], **extra: 
     from lab.generate import model_hash
     from lab.models import model_path
 
-    g = OmegaConf.to_container(cfg[group], resolve=True)
-    for k in free_keys:
-        g.pop(k, None)
+    free = set(free_keys)
+    g = {k: v for k, v in OmegaConf.to_container(cfg[group], resolve=True).items() if k not in free}
     return {group: g, "seed": cfg.seed, "model": cfg.model.path, "dtype": cfg.model.dtype,
             "model_sha256": model_hash(model_path(cfg)), **extra}
 

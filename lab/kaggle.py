@@ -408,35 +408,33 @@ def main(argv: list[str] | None = None) -> int:
                               "--overrides model=nemotron_nano data=competition")
     b.add_argument("--notebook", required=True, help=f"one of {', '.join(STAGES)} or {PIPELINE}")
     b.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides baked into the notebook")
-    b.add_argument("--username", default=None, help="your Kaggle username (default: $KAGGLE_USERNAME)")
-    b.add_argument("--title", default=None, help="kernel title; its slug is the kernel id (default: 'Nemotron lab NAME')")
-    b.add_argument("--out", default=None, help=f"folder to write (default: {BUILD_DIR}/NAME)")
-    b.add_argument("--competition", default=None, help="competition slug; '' for none (default: kaggle.competition)")
-    b.add_argument("--model-source", default=None,
-                   help="Kaggle Models handle owner/model/framework/instance/version; '' for none "
+    b.add_argument("--username", help="your Kaggle username (default: $KAGGLE_USERNAME)")
+    b.add_argument("--title", help="kernel title; its slug is the kernel id (default: 'Nemotron lab NAME')")
+    b.add_argument("--out", help=f"folder to write (default: {BUILD_DIR}/NAME)")
+    b.add_argument("--competition", help="competition slug; '' for none (default: kaggle.competition)")
+    b.add_argument("--model-source", help="Kaggle Models handle owner/model/framework/instance/version; '' for none "
                         "(default: kaggle.model_source in conf/kaggle/default.yaml)")
-    b.add_argument("--dataset", default=None, help="owner/slug of the dependency dataset (default: USER/"
-                                                   f"{slugify(DATASET_TITLE)})")
-    b.add_argument("--kernel-sources", nargs="*", default=[], help="other kernels (owner/slug) whose output to attach; "
-                                                                   "their outputs/<run_name> is continued")
-    b.add_argument("--run-name", default=None, help="run folder under /kaggle/working/outputs (default: the slug)")
+    b.add_argument("--dataset", help=f"owner/slug of the dependency dataset (default: USER/{slugify(DATASET_TITLE)})")
+    b.add_argument("--kernel-sources", nargs="*", default=[],
+                   help="other kernels (owner/slug) whose output to attach; their outputs/<run_name> is continued")
+    b.add_argument("--run-name", help="run folder under /kaggle/working/outputs (default: the slug)")
     b.add_argument("--no-gpu", action="store_true", help="enable_gpu: false")
-    b.add_argument("--machine-shape", default=None,
-                   help="Kaggle machine_shape (accelerator) of a GPU kernel, e.g. NvidiaTeslaT4 (default: kaggle.machine_shape)")
+    b.add_argument("--machine-shape", help="Kaggle machine_shape (accelerator) of a GPU kernel, e.g. NvidiaTeslaT4 "
+                                           "(default: kaggle.machine_shape)")
     b.add_argument("--no-gpu-extra", action="store_true",
                    help="install the lab without vllm/unsloth (default: the extras the config needs, on a GPU kernel)")
     d = sub.add_parser("dataset", help="the dataset folder with the lab's wheel, conf/notebooks and requirements.txt")
-    d.add_argument("--username", default=None, help="your Kaggle username (default: $KAGGLE_USERNAME)")
+    d.add_argument("--username", help="your Kaggle username (default: $KAGGLE_USERNAME)")
     d.add_argument("--title", default=DATASET_TITLE, help="dataset title; its slug is the dataset id (default: %(default)s)")
-    d.add_argument("--out", default=None, help=f"folder to write (default: {BUILD_DIR}/dataset)")
+    d.add_argument("--out", help=f"folder to write (default: {BUILD_DIR}/dataset)")
     d.add_argument("--license", default="other", help="Kaggle license name (default: %(default)s)")
     d.add_argument("--no-gpu-extra", action="store_true", help="leave the GPU extras (vllm, unsloth, torch pin) out")
     d.add_argument("--no-wheel", action="store_true", help="skip building the wheel (metadata and sources only)")
     d.add_argument("--fetch-wheels", action="store_true",
                    help="then fill the folder with the dependency wheels (needs internet): pip wheel for "
                         f"{', '.join(SDIST_ONLY)}, pip download --only-binary=:all: for the rest")
-    d.add_argument("--python-version", default=None,
-                   help="Kaggle's Python for --fetch-wheels (default: kaggle.python_version in conf/kaggle/default.yaml)")
+    d.add_argument("--python-version", help="Kaggle's Python for --fetch-wheels (default: kaggle.python_version in "
+                                            "conf/kaggle/default.yaml)")
     args = ap.parse_args(argv)
     if args.cmd == "build":
         out = build_kernel(args.notebook, [*args.overrides, *extra], username=args.username, title=args.title,

@@ -294,8 +294,7 @@ class Stage:
         if self.dir != self.final:
             old = self.run_dir / f".{self.name}.old"
             if self.final.exists():
-                if old.exists():
-                    shutil.rmtree(old)
+                shutil.rmtree(old, ignore_errors=True)
                 os.replace(self.final, old)
             os.replace(self.dir, self.final)
             shutil.rmtree(old, ignore_errors=True)

@@ -235,19 +235,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default=SUBMISSION_DTYPE,
                    help="cast the LoRA tensors to this torch dtype (default %(default)s, what vLLM computes in); "
                         "'keep': as the adapter saved them")
-    p.add_argument("--base-model", default=None, help="folder with the base model's config.json")
-    p.add_argument("--base-model-name", default=None,
-                   help="base_model_name_or_path to write, e.g. the Hub id (default: the adapter's, made relative)")
+    p.add_argument("--base-model", help="folder with the base model's config.json")
+    p.add_argument("--base-model-name", help="base_model_name_or_path to write, e.g. the Hub id (default: the "
+                                             "adapter's, made relative)")
     c = sub.add_parser("check", help="list every problem with ZIP; exit 0 only when valid")
     c.add_argument("zip")
-    c.add_argument("--base-model", default=None, help="folder with the base model's config.json")
+    c.add_argument("--base-model", help="folder with the base model's config.json")
     g = sub.add_parser("gate", help="serve ZIP with vLLM as the scorer does: accuracy with and without it, and "
                                     "whether each LoRA family reaches the output (lab/gate.py); exit 0 on PASS")
     g.add_argument("zip")
     g.add_argument("--model", required=True, help="the base model folder vLLM loads")
     g.add_argument("--n", type=int, default=64, help="puzzles to generate for")
-    g.add_argument("--data", default=None, help="CSV of puzzles (id, prompt, answer); default: generated ones")
-    g.add_argument("--json", default=None, help="also write the report to this JSON file")
+    g.add_argument("--data", help="CSV of puzzles (id, prompt, answer); default: generated ones")
+    g.add_argument("--json", help="also write the report to this JSON file")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "gate":  # lab.gate sits above lab.generate, which packs with this module: reached by name,

@@ -502,10 +502,8 @@ def check(path_to_zip: str | os.PathLike, base_model: str | os.PathLike | None =
         problems += config_problems(config)
     if config is not None and header is not None:
         modules, n_layers, p, w = _base_check(config, base_model)
-        problems += p
+        problems += p + _check_tensors(header, config, modules, n_layers) + _check_agreement(header, config)
         warnings += w
-        problems += _check_tensors(header, config, modules, n_layers)
-        problems += _check_agreement(header, config)
         copies = sorted(k for k in header if k.endswith(BASE_COPIES))
         if copies:
             warnings.append(f"full base-weight copies that vLLM skips (a changed lm_head/embedding would not be "
