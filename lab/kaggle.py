@@ -98,9 +98,7 @@ def check_model_source(handle: str) -> str:
     return handle
 
 
-# ---------------------------------------------------------------------------------------------
-# the dependency dataset
-# ---------------------------------------------------------------------------------------------
+# ---- the dependency dataset ----------------------------------------------------------------------------------------
 
 def _pyproject() -> dict:
     p = project_root() / "pyproject.toml"
@@ -181,7 +179,7 @@ def build_dataset(username: str | None = None, out: str | os.PathLike | None = N
     """Write the dependency dataset's folder (metadata, wheel, source tarball, requirements.txt)."""
     user = _username(username)
     slug = _check_title(title, "dataset", 6, 50)
-    out = resolve_path(out) if out else resolve_path(f"{BUILD_DIR}/dataset")
+    out = resolve_path(out or f"{BUILD_DIR}/dataset")
     out.mkdir(parents=True, exist_ok=True)
     reqs = requirements(gpu_extra)
     atomic_write_text(out / "requirements.txt", "\n".join([
@@ -227,9 +225,7 @@ def fetch_wheels(folder: str | os.PathLike, python_version: str | None = None) -
     return folder
 
 
-# ---------------------------------------------------------------------------------------------
-# the kernel
-# ---------------------------------------------------------------------------------------------
+# ---- the kernel ----------------------------------------------------------------------------------------------------
 
 def install_cell_source(dataset_slug: str, run_dir: str, package: str = DIST_NAME,
                         python_version: str | None = None) -> str:
@@ -311,8 +307,7 @@ def _pipeline_notebook():
 
 
 def _notebook_name(notebook: str) -> str:
-    name = Path(notebook).name
-    name = name[:-len(".ipynb")] if name.endswith(".ipynb") else name
+    name = Path(notebook).name.removesuffix(".ipynb")
     if name not in (*STAGES, PIPELINE):
         raise LabError(f"--notebook {notebook!r}: one of {', '.join(STAGES)} or {PIPELINE}")
     return name
@@ -380,7 +375,7 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
     nb.cells.insert(0, install)
     nbformat.validate(nb)
 
-    out = resolve_path(out) if out else resolve_path(f"{BUILD_DIR}/{name}")
+    out = resolve_path(out or f"{BUILD_DIR}/{name}")
     out.mkdir(parents=True, exist_ok=True)
     code_file = f"{name}.ipynb"
     atomic_write_text(out / code_file, nbformat.writes(nb))
@@ -395,9 +390,7 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------------------------
+# ---- command line --------------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
     argv, extra = split_at_dashes(argv)

@@ -145,8 +145,7 @@ def problems(run_dir: Path, name: str, memo: dict | None = None) -> list[str]:
     changed: dict[str, list[str]] = {}  # upstream stage (or the input itself) -> what changed there
     read_from: set[str] = set()
     for k, h in sorted(man.get("inputs", {}).items(), key=lambda kv: (stage_of(kv[0]) == kv[0], kv[0])):
-        p = Path(k) if Path(k).is_absolute() else run_dir / k
-        up = None if Path(k).is_absolute() else stage_of(k)
+        p, up = run_dir / k, stage_of(k)  # an absolute key (outside the run) stays itself and lies in no stage
         what = f"all of {k}" if up == k else k
         if not p.exists():
             changed.setdefault(up or k, []).append(f"{what} (now missing)")

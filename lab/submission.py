@@ -134,9 +134,7 @@ def _keep_expert_patterns(config: dict, split: list) -> None:
     """After the split, give each per-expert module the rank and alpha PEFT gave its fused parameter (module
     docstring, rank_pattern / alpha_pattern): where they differ, one escaped key per (layer, parameter) is put first
     (the first match wins in PEFT and vLLM alike)."""
-    orig = {"r": config["r"], "lora_alpha": config["lora_alpha"],
-            "rank_pattern": dict(config.get("rank_pattern") or {}),
-            "alpha_pattern": dict(config.get("alpha_pattern") or {})}
+    orig = dict(config)  # the loop below replaces the pattern dicts, never changes them
     for prefix, param in split:
         fused, one = f"{_strip(prefix)}.{param}", f"{_strip(prefix)}.0.{param}"
         want = (rank_for(fused, orig), alpha_for(fused, orig))
