@@ -210,14 +210,10 @@ def disk_full_guard(folder: Path, need_bytes):
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
         if isinstance(e, OSError) and e.filename:
             folder = Path(e.filename).parent  # the folder the failed write was for
-        free = None
-        probe = Path(folder)
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        try:
-            free = shutil.disk_usage(probe).free
-        except OSError:
-            pass
+        try:  # of the nearest folder that exists
+            free = shutil.disk_usage(next(p for p in (Path(folder), *Path(folder).parents) if p.exists())).free
+        except (OSError, StopIteration):
+            free = None
         need = need_bytes() if callable(need_bytes) else int(need_bytes)
         if not full and isinstance(e, RuntimeError) and free is not None and free < need:
             full = True  # torch.save's zip writer reports a failed write as a RuntimeError without errno
