@@ -47,6 +47,7 @@ from lab.io import atomic_file, atomic_write_json, atomic_write_text
 from lab.paths import KAGGLE_INPUT, project_root, resolve_path
 from lab.pipeline import STAGES
 from lab.preflight import PIPELINE, kernel_extras
+from lab.sweep import parse_overrides
 
 SDIST_ONLY = ("antlr4-python3-runtime==4.9.3",)  # dependencies PyPI has no wheel of (omegaconf's): built with pip wheel
 PIP_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64")
@@ -333,8 +334,6 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
     """
     import nbformat
     import papermill as pm
-
-    from lab.sweep import parse_overrides
 
     name = _notebook_name(notebook)
     user = _username(username)

@@ -101,15 +101,13 @@ def closed(stage) -> None:
 
 
 def consumed(path) -> None:
-    """Record `path`'s content hash as an input of the open stage (none open: nothing to do)."""
+    """Record `path`'s content hash as an input of the open stage (none open, or a path in its own folder: nothing to
+    do)."""
     if not _OPEN:
         return
     stage = _OPEN[0]
     p = Path(path).resolve()
-    for own in (stage.dir, stage.final):
-        if p == own.resolve() or own.resolve() in p.parents:
-            return
-    if p.exists():
+    if p.exists() and not any(p.is_relative_to(own.resolve()) for own in (stage.dir, stage.final)):
         stage.manifest.setdefault("inputs", {})[key(stage.run_dir, p)] = content_hash(p)
 
 

@@ -261,10 +261,10 @@ class Stage:
                     walk(v, f"{prefix}{k}.")
                 elif isinstance(v, str) and v:
                     p = resolve_path(v)
-                    if p == old or old in p.parents:
+                    if p.is_relative_to(old):
                         moved[f"{prefix}{k}"] = v
                         OmegaConf.update(self.cfg, f"{prefix}{k}", str(new / p.relative_to(old)), merge=False)
-                    elif p == new or new in p.parents:  # left so by an earlier stage on this cfg that did not finish
+                    elif p.is_relative_to(new):  # left so by an earlier stage on this cfg that did not finish
                         moved[f"{prefix}{k}"] = str(old / p.relative_to(new))
 
         walk(OmegaConf.to_container(self.cfg, resolve=True), "")

@@ -45,6 +45,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING, OmegaConf
 
 from lab import LabError
+from lab.paths import resolve_path
 
 
 # back-end names: each member's name is its value (an Enum field takes a name), so a member reads as that string
@@ -432,8 +433,6 @@ def run_name_problem(name: Any) -> str | None:
     outputs/ (`run_dir` defaults to outputs/<run_name>), so `../x`, `/tmp/x`, `a/../..`, `.` and an empty or blank
     name are refused. Any other text, non-ASCII included, is a folder name (a non-ASCII value must be quoted
     on the command line: `lab.config.compose` says how)."""
-    from lab.paths import resolve_path
-
     text = "" if name is None else str(name)
     if not text.strip():
         return (f"run_name={text!r} is empty: the stage folders would land in outputs/ itself; "
