@@ -158,12 +158,10 @@ def _source_tarball(dest: Path) -> Path:
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
         for folder in SRC_FOLDERS:
-            if not (root / folder).is_dir():
-                continue
             for p in sorted((root / folder).rglob("*")):
                 rel = p.relative_to(root)
-                if not p.is_file() or any(part in ("__pycache__", ".ipynb_checkpoints") or part.startswith(".")
-                                          for part in rel.parts) or p.suffix == ".pyc":
+                if not p.is_file() or p.suffix == ".pyc" or any(part == "__pycache__" or part.startswith(".")
+                                                                for part in rel.parts):
                     continue
                 info = tarfile.TarInfo(str(rel))
                 data = p.read_bytes()

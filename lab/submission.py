@@ -204,8 +204,7 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
                                     else sorted(set(tm) | set(params)))
         print(f"split {len(split)} fused expert LoRA pairs into per-expert tensors for vLLM")
     if dtype:
-        dt = getattr(torch, dtype)
-        tensors = {k: v.to(dt) for k, v in tensors.items()}
+        tensors = {k: v.to(getattr(torch, dtype)) for k, v in tensors.items()}
 
     with atomic_file(out_zip) as tmp:  # replaces out_zip only once the packed zip passes the check
         with zipfile.ZipFile(tmp, "w") as zf:
