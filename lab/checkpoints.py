@@ -38,8 +38,10 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
+from lab.generate import model_hash
 from lab.io import atomic_write_json, is_main_process, read_json
 from lab.lineage import diff, files
+from lab.models import model_path
 
 RUN_RECORD = "lab_run.json"
 COMPLETE = "lab_complete.json"
@@ -48,9 +50,6 @@ COMPLETE = "lab_complete.json"
 def fingerprint(cfg: DictConfig, group: str, free_keys: Iterable[str], **extra: Any) -> dict:
     """What must not change between a run and its resumption: `cfg[group]` without `free_keys`, the seed, the model
     path, dtype and content hash (`lab.generate.model_hash`), and `extra` (what the stage adds)."""
-    from lab.generate import model_hash
-    from lab.models import model_path
-
     free = set(free_keys)
     g = {k: v for k, v in OmegaConf.to_container(cfg[group], resolve=True).items() if k not in free}
     return {group: g, "seed": cfg.seed, "model": cfg.model.path, "dtype": cfg.model.dtype,

@@ -74,9 +74,9 @@ MAX_RATIO, RATIO_FROM = 100, 64 << 20  # zip bomb: > 100:1 overall once more tha
 MAX_CONFIG = 1 << 20
 
 
-def _listed(items: list, n: int = 6, sep: str = ", ") -> str:
-    """The first `n` of `items` joined, with ' ...' when there are more."""
-    return sep.join(items[:n]) + (" ..." if len(items) > n else "")
+def _listed(items: list, n: int = 6) -> str:
+    """The first `n` of `items` joined by commas, with ' ...' when there are more."""
+    return ", ".join(items[:n]) + (" ..." if len(items) > n else "")
 
 
 @functools.cache
