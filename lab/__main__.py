@@ -5,6 +5,8 @@ from __future__ import annotations
 import importlib
 import sys
 
+from lab import LabError
+
 COMMANDS = {
     "demo": ("lab.pipeline", "demo_main", "run all five notebooks on the embedded default"),
     "summary": ("lab.pipeline", "summary_main", "collect a run's stage metrics into summary.md/json"),
@@ -26,8 +28,6 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {name:<8} {help_}")
         return 0 if argv[:1] in ([], ["-h"], ["--help"]) else 2
     module, func, _ = COMMANDS[argv[0]]
-    from lab import LabError
-
     try:
         return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
     except LabError as e:

@@ -38,8 +38,10 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
+from lab.generate import model_hash
 from lab.io import atomic_write_json, is_main_process, read_json
 from lab.lineage import diff, files
+from lab.models import model_path
 
 RUN_RECORD = "lab_run.json"
 COMPLETE = "lab_complete.json"
@@ -48,12 +50,8 @@ COMPLETE = "lab_complete.json"
 def fingerprint(cfg: DictConfig, group: str, free_keys: Iterable[str], **extra: Any) -> dict:
     """What must not change between a run and its resumption: `cfg[group]` without `free_keys`, the seed, the model
     path, dtype and content hash (`lab.generate.model_hash`), and `extra` (what the stage adds)."""
-    from lab.generate import model_hash
-    from lab.models import model_path
-
-    g = OmegaConf.to_container(cfg[group], resolve=True)
-    for k in free_keys:
-        g.pop(k, None)
+    free = set(free_keys)
+    g = {k: v for k, v in OmegaConf.to_container(cfg[group], resolve=True).items() if k not in free}
     return {group: g, "seed": cfg.seed, "model": cfg.model.path, "dtype": cfg.model.dtype,
             "model_sha256": model_hash(model_path(cfg)), **extra}
 
@@ -151,49 +149,35 @@ def _resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, 
     folder is deleted with a note naming them. Incomplete checkpoints and those past `max_steps` are deleted with a
     note; the newest complete one left is resumed, with a note saying so. `what` names the config group."""
     notes: list[str] = []
-    if not out.is_dir():
-        return None, None, notes
-    if not resume:
-        shutil.rmtree(out, ignore_errors=True)  # a fresh run: stale checkpoints must not be resumed later
-        return None, None, notes
-    ckpts = _checkpoints(out)
-    if not ckpts:
-        shutil.rmtree(out, ignore_errors=True)
-        return None, None, notes
-    record_path = out / RUN_RECORD
-    if not record_path.is_file():
+    ckpts = _checkpoints(out) if resume else []  # resume=False: a fresh run; stale checkpoints are deleted
+    record = read_json(out / RUN_RECORD) if ckpts and (out / RUN_RECORD).is_file() else None
+    changed = diff(record.get("fingerprint", {}), fp) if record is not None else []
+    if ckpts and record is None:
         notes.append(f"{out}: checkpoints without {RUN_RECORD} (an older lab version, or another tool) cannot be "
                      "matched to this configuration: discarded, training starts afresh")
-        shutil.rmtree(out, ignore_errors=True)
-        return None, None, notes
-    record = read_json(record_path)
-    changed = diff(record.get("fingerprint", {}), fp)
-    if changed:
+    elif changed:
         if asked:
             raise LabError(f"{out}: checkpoints were written by a different {what.upper()} configuration "
                            f"({'; '.join(changed)}); set {what}.resume=false to start over (deletes them), leave "
                            f"{what}.resume unset to start afresh with a note, or use another run_dir")
         notes.append(f"{out}: checkpoints were written by a different {what.upper()} configuration ({'; '.join(changed)}): "
                      "discarded, training starts afresh")
-        shutil.rmtree(out, ignore_errors=True)
-        return None, None, notes
-    for p in ckpts:
-        why = incomplete(p)
-        if why is not None:
-            notes.append(f"{p.name} is incomplete ({why}): deleted")
-        elif max_steps is not None and step_of(p) > max_steps:
-            notes.append(f"{p.name} is past {what}.max_steps={max_steps}: deleted")
-        else:
-            continue
-        shutil.rmtree(p, ignore_errors=True)
-    left = [p for p in ckpts if p.is_dir()]
-    if not left:
+    elif ckpts:
+        for p in ckpts:
+            why = incomplete(p)
+            if why is not None:
+                notes.append(f"{p.name} is incomplete ({why}): deleted")
+            elif max_steps is not None and step_of(p) > max_steps:
+                notes.append(f"{p.name} is past {what}.max_steps={max_steps}: deleted")
+            else:
+                continue
+            shutil.rmtree(p, ignore_errors=True)
+        if left := [p for p in ckpts if p.is_dir()]:
+            notes.append(f"resuming from {left[-1]} (the newest complete checkpoint)")
+            return left[-1], record, notes
         notes.append(f"{out}: no complete checkpoint left: training starts afresh")
-        shutil.rmtree(out, ignore_errors=True)
-        return None, None, notes
-    last = left[-1]
-    notes.append(f"resuming from {last} (the newest complete checkpoint)")
-    return last, record, notes
+    shutil.rmtree(out, ignore_errors=True)
+    return None, None, notes
 
 
 def write_record(out: Path, record: dict) -> None:
@@ -203,14 +187,12 @@ def write_record(out: Path, record: dict) -> None:
 
 # ---- a full disk -------------------------------------------------------------------------------------
 
-def checkpoint_bytes(out: Path, model=None) -> int:
+def checkpoint_bytes(out: Path, model) -> int:
     """The size of the newest complete checkpoint in `out`, else 12 bytes per trainable parameter of `model`."""
     for p in reversed(_checkpoints(out)):
         if incomplete(p) is None:
             return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-    if model is not None:
-        return 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)
-    return 0
+    return 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)
 
 
 def _mb(n: int) -> str:
@@ -227,14 +209,10 @@ def disk_full_guard(folder: Path, need_bytes):
         full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
         if isinstance(e, OSError) and e.filename:
             folder = Path(e.filename).parent  # the folder the failed write was for
-        free = None
-        probe = Path(folder)
-        while not probe.exists() and probe != probe.parent:
-            probe = probe.parent
-        try:
-            free = shutil.disk_usage(probe).free
-        except OSError:
-            pass
+        try:  # of the nearest folder that exists
+            free = shutil.disk_usage(next(p for p in (Path(folder), *Path(folder).parents) if p.exists())).free
+        except (OSError, StopIteration):
+            free = None
         need = need_bytes() if callable(need_bytes) else int(need_bytes)
         if not full and isinstance(e, RuntimeError) and free is not None and free < need:
             full = True  # torch.save's zip writer reports a failed write as a RuntimeError without errno

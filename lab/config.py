@@ -13,27 +13,30 @@ What it simplifies:
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import sys
 from pathlib import Path
 from typing import Iterable
 
-from omegaconf import DictConfig, OmegaConf
+import yaml
+from omegaconf import DictConfig, OmegaConf, nodes
+from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, OmegaConfBaseException,
+                              ReadonlyConfigError, ValidationError)
 
-from lab import LabError
+from lab import LabError, schema
 from lab.paths import check_model_path, find_data_file, project_root
+
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:
     """Compose `conf/config.yaml` with Hydra overrides; errors name the file and the key."""
     from hydra import compose as _compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
-    from omegaconf.errors import OmegaConfBaseException
-
-    from lab.schema import register
 
     overrides = list(overrides)
     conf_dir = project_root() / "conf"
-    register()  # conf/config.yaml's first default, `schema`: every group merges onto its dataclass (lab/schema.py)
+    schema.register()  # conf/config.yaml's first default, `schema`: every group merges onto its dataclass (lab/schema.py)
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
@@ -57,10 +60,6 @@ def schema_problem(e: BaseException) -> str:
     `sft.learning_rate='abc' must be a number`, `sft.learnin_rate: no such key in SftConfig`. Hydra wraps the
     OmegaConf error (hydra/_internal/config_loader_impl.py raises ConfigCompositionException from it); OmegaConf's
     errors carry `full_key`, `value` and the refusing `child_node` (omegaconf/_utils.py, format_and_raise)."""
-    from omegaconf import nodes
-    from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, MissingMandatoryValue, ReadonlyConfigError,
-                                  ValidationError)
-
     kinds = {nodes.IntegerNode: "a whole number", nodes.FloatNode: "a number", nodes.BooleanNode: "true or false"}
     known = (ValidationError, ConfigKeyError, ConfigAttributeError, ReadonlyConfigError, MissingMandatoryValue)
     cause = e.__cause__ if isinstance(e.__cause__, known) else e
@@ -81,10 +80,6 @@ def schema_problem(e: BaseException) -> str:
 
 def unknown_keys(cfg: DictConfig) -> list[str]:
     """Keys of `cfg` that lab/schema.py's dataclasses do not declare (free-form maps excepted)."""
-    import dataclasses
-
-    from lab.schema import Config
-
     def walk(node, cls, prefix):
         fields = {f.name: f for f in dataclasses.fields(cls)}
         out = []
@@ -96,25 +91,21 @@ def unknown_keys(cfg: DictConfig) -> list[str]:
                 out += walk(node[k], f.default_factory, f"{prefix}{k}.")
         return out
 
-    return walk(cfg, Config, "")
+    return walk(cfg, schema.Config, "")
 
 
 def load_saved(path: str | os.PathLike) -> DictConfig:
     """A stage's saved `config.yaml` merged onto the schema (lab/schema.py), so it reads back with the types
     `compose` gave it; a LabError names the file and the key when it no longer fits the schema (its types; for a
     complete file its ranges and rules too, and its `competition` node must be the competition's limits)."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    from lab.schema import Config, problems
-
     path = Path(path)
     if not path.is_file():
         raise LabError(f"{path}: file not found")
     try:
         saved = OmegaConf.load(path)
         limits = saved.pop("competition", None)  # read-only in the schema: compared, not merged
-        cfg = OmegaConf.merge(OmegaConf.structured(Config), saved)
-        found = [] if OmegaConf.missing_keys(cfg) else problems(cfg)  # a partial file: its types only
+        cfg = OmegaConf.merge(OmegaConf.structured(schema.Config), saved)
+        found = [] if OmegaConf.missing_keys(cfg) else schema.problems(cfg)  # a partial file: its types only
     except OmegaConfBaseException as e:
         raise LabError(f"{path}: {schema_problem(e)}") from None
     if limits is not None and OmegaConf.to_container(limits) != OmegaConf.to_container(cfg.competition):
@@ -147,12 +138,8 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
     (`schema.problems`, the dataclasses' `__post_init__`); then the paths that must exist do: `data.path` (when the
     data source reads a file and a path is given) and `model.path` when the model is not built here and names a
     local folder (`check_model_path`)."""
-    from omegaconf.errors import OmegaConfBaseException
-
-    from lab.schema import problems as schema_problems
-
     try:
-        problems = schema_problems(cfg)
+        problems = schema.problems(cfg)
     except OmegaConfBaseException as e:  # a value left MISSING (`???`), an interpolation that does not resolve
         raise LabError(f"{where}: {schema_problem(e)}") from None
     if not problems:  # paths only once the values are sane; a /kaggle/ path is checked on Kaggle (kernel builds)
@@ -189,8 +176,6 @@ def _elsewhere(path) -> bool:
 def split_at_dashes(argv: list[str] | None) -> tuple[list[str], list[str]]:
     """A command line (default: sys.argv[1:]) split at the first `--`: (the command's own arguments, the
     Hydra overrides after it)."""
-    import sys
-
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--" not in argv:
         return argv, []
@@ -211,8 +196,6 @@ def parse_overrides(value: str | Iterable[str] | None) -> list[str]:
     if value is None:
         return []
     if isinstance(value, str):
-        import yaml
-
         text = value.strip()
         if not text:
             return []

@@ -8,8 +8,10 @@ the file is fsynced, its folder is not.
 from __future__ import annotations
 
 import contextlib
+import csv
 import json
 import os
+import shutil
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -34,11 +36,6 @@ def _beside(path: Path, make, mode: int, **kw):
     return made
 
 
-def temp_file(path: Path, suffix: str) -> tuple[int, str]:
-    """(fd, name) of a new temporary file beside `path` (`_beside`): `atomic_file` and the run lock use it."""
-    return _beside(path, tempfile.mkstemp, 0o666, suffix=suffix)
-
-
 def is_main_process() -> bool:
     """False on the ranks > 0 of a distributed launch (torchrun / accelerate set RANK); True otherwise."""
     return os.environ.get("RANK", "0") == "0"
@@ -46,13 +43,13 @@ def is_main_process() -> bool:
 
 @contextlib.contextmanager
 def atomic_file(path: str | os.PathLike, suffix: str = ".tmp"):
-    """Yield a temporary file's path beside `path` (`temp_file`: the user's normal permissions) to write; when the
+    """Yield a temporary file's path beside `path` (`_beside`: the user's normal permissions) to write; when the
     block ends without an error it is renamed to `path` (readers never see half a file), else it is removed. The
     one atomic file writer: text, JSON, CSV, PNG figures, the Kaggle source tarball and submission.zip use it.
     Under a distributed launch only the main process writes: on the other ranks (RANK > 0) the temporary file
     is removed instead of renamed, so the ranks of scripts/train_*.py run the same code and one writes."""
     path = Path(path)
-    fd, tmp = temp_file(path, suffix)
+    fd, tmp = _beside(path, tempfile.mkstemp, 0o666, suffix=suffix)
     os.close(fd)
     try:
         yield Path(tmp)
@@ -81,8 +78,6 @@ def atomic_dir(path: str | os.PathLike):
 
     Model and adapter folders are written this way, so a killed run never leaves a half-saved one.
     """
-    import shutil
-
     path = Path(path)
     tmp = Path(_beside(path, tempfile.mkdtemp, 0o777))
     try:
@@ -101,8 +96,6 @@ def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
 
 def atomic_write_csv(path: str | os.PathLike, df) -> Path:
     """CSV without the index; every field quoted when any text holds a lone '\\r' (pandas leaves those unquoted)."""
-    import csv
-
     has_cr = any(df[c].astype(str).str.contains("\r", regex=False).any() for c in df.columns)
     return atomic_write_text(path, df.to_csv(index=False, quoting=csv.QUOTE_ALL if has_cr else csv.QUOTE_MINIMAL))
 
@@ -121,5 +114,5 @@ def read_json(path: str | os.PathLike) -> Any:
         raise LabError(f"{path}: file not found")
     try:
         return json.loads(path.read_text(encoding="utf-8"))
-    except json.JSONDecodeError as e:
+    except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError
         raise LabError(f"{path}: not valid JSON ({e})") from None

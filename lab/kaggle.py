@@ -37,6 +37,8 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import tomllib
+from importlib import metadata
 from pathlib import Path
 
 from lab import LabError
@@ -45,6 +47,7 @@ from lab.io import atomic_file, atomic_write_json, atomic_write_text
 from lab.paths import KAGGLE_INPUT, project_root, resolve_path
 from lab.pipeline import STAGES
 from lab.preflight import PIPELINE, kernel_extras
+from lab.sweep import parse_overrides
 
 SDIST_ONLY = ("antlr4-python3-runtime==4.9.3",)  # dependencies PyPI has no wheel of (omegaconf's): built with pip wheel
 PIP_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64")
@@ -96,13 +99,9 @@ def check_model_source(handle: str) -> str:
     return handle
 
 
-# ---------------------------------------------------------------------------------------------
-# the dependency dataset
-# ---------------------------------------------------------------------------------------------
+# ---- the dependency dataset ----------------------------------------------------------------------------------------
 
 def _pyproject() -> dict:
-    import tomllib
-
     p = project_root() / "pyproject.toml"
     if not p.is_file():
         raise LabError(f"{p}: not found (the wheel and requirements.txt are built from it)")
@@ -112,28 +111,21 @@ def _pyproject() -> dict:
 def requirements(gpu_extra: bool = True) -> list[str]:
     """The lab's dependencies pinned to the versions installed here; torch keeps the pyproject's range
     (or the GPU extra's pin): Kaggle's image brings a CUDA torch, a CPU build from here would be wrong."""
-    from importlib import metadata
-
     from packaging.requirements import Requirement
 
     proj = _pyproject()["project"]
     deps = [Requirement(d) for d in proj.get("dependencies", [])]
     extra = [Requirement(d) for d in proj.get("optional-dependencies", {}).get("gpu", [])] if gpu_extra else []
-    extra_names = {r.name.lower() for r in extra}
-    lines = []
-    for r in deps:
-        if r.name.lower() in extra_names:
-            continue  # the GPU extra pins it
-        if r.name.lower() == "torch":
-            lines.append(str(r))
-            continue
+    extra_names = {r.name.lower() for r in extra}  # the GPU extra pins these
+
+    def pinned(r: Requirement) -> str:
         try:
             v = metadata.version(r.name).split("+")[0]
         except metadata.PackageNotFoundError:
-            lines.append(str(r))
-            continue
-        lines.append(f"{r.name}=={v}" if r.specifier.contains(v, prereleases=True) else str(r))
-    return lines + [str(r) for r in extra]
+            return str(r)
+        return f"{r.name}=={v}" if r.name.lower() != "torch" and r.specifier.contains(v, prereleases=True) else str(r)
+
+    return [pinned(r) for r in deps if r.name.lower() not in extra_names] + [str(r) for r in extra]
 
 
 def _build_wheel(dest: Path) -> Path:
@@ -166,12 +158,10 @@ def _source_tarball(dest: Path) -> Path:
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
         for folder in SRC_FOLDERS:
-            if not (root / folder).is_dir():
-                continue
             for p in sorted((root / folder).rglob("*")):
                 rel = p.relative_to(root)
-                if not p.is_file() or any(part in ("__pycache__", ".ipynb_checkpoints") or part.startswith(".")
-                                          for part in rel.parts) or p.suffix == ".pyc":
+                if not p.is_file() or p.suffix == ".pyc" or any(part == "__pycache__" or part.startswith(".")
+                                                                for part in rel.parts):
                     continue
                 info = tarfile.TarInfo(str(rel))
                 data = p.read_bytes()
@@ -188,7 +178,7 @@ def build_dataset(username: str | None = None, out: str | os.PathLike | None = N
     """Write the dependency dataset's folder (metadata, wheel, source tarball, requirements.txt)."""
     user = _username(username)
     slug = _check_title(title, "dataset", 6, 50)
-    out = resolve_path(out) if out else resolve_path(f"{BUILD_DIR}/dataset")
+    out = resolve_path(out or f"{BUILD_DIR}/dataset")
     out.mkdir(parents=True, exist_ok=True)
     reqs = requirements(gpu_extra)
     atomic_write_text(out / "requirements.txt", "\n".join([
@@ -234,9 +224,7 @@ def fetch_wheels(folder: str | os.PathLike, python_version: str | None = None) -
     return folder
 
 
-# ---------------------------------------------------------------------------------------------
-# the kernel
-# ---------------------------------------------------------------------------------------------
+# ---- the kernel ----------------------------------------------------------------------------------------------------
 
 def install_cell_source(dataset_slug: str, run_dir: str, package: str = DIST_NAME,
                         python_version: str | None = None) -> str:
@@ -318,8 +306,7 @@ def _pipeline_notebook():
 
 
 def _notebook_name(notebook: str) -> str:
-    name = Path(notebook).name
-    name = name[:-len(".ipynb")] if name.endswith(".ipynb") else name
+    name = Path(notebook).name.removesuffix(".ipynb")
     if name not in (*STAGES, PIPELINE):
         raise LabError(f"--notebook {notebook!r}: one of {', '.join(STAGES)} or {PIPELINE}")
     return name
@@ -335,18 +322,16 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
                  out: str | os.PathLike | None = None, competition: str | None = None,
                  model_source: str | None = None, dataset: str | None = None, enable_gpu: bool = True,
                  run_name: str | None = None, kernel_sources: list[str] = (), machine_shape: str | None = None,
-                 gpu_extra: bool | None = None) -> Path:
+                 gpu_extra: bool = True) -> Path:
     """Write a push-ready kernel folder: kernel-metadata.json and the parameterised notebook.
 
     `competition`, `model_source` and `machine_shape` default to `conf/kaggle` of the composed config ('' for
     none); `machine_shape` is written only for a GPU kernel. The install cell installs the lab with the extras
-    the kernel needs (`kernel_extras`: vllm, unsloth, bnb, from the config) unless `gpu_extra` is False (none)
-    or True (the whole [gpu] extra); the dataset must hold their wheels.
+    a GPU kernel needs (`kernel_extras`: vllm, unsloth, bnb, from the config) unless `gpu_extra` is False (none);
+    the dataset must hold their wheels.
     """
     import nbformat
     import papermill as pm
-
-    from lab.sweep import parse_overrides
 
     name = _notebook_name(notebook)
     user = _username(username)
@@ -379,10 +364,7 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
                              kernel_name="python3", language="python")
     for k in ("input_path", "output_path"):
         nb.metadata.get("papermill", {}).pop(k, None)
-    if gpu_extra is None:
-        extras = kernel_extras(cfg, name) if enable_gpu else []
-    else:
-        extras = ["gpu"] if gpu_extra else []
+    extras = kernel_extras(cfg, name) if enable_gpu and gpu_extra else []
     package = DIST_NAME + (f"[{','.join(extras)}]" if extras else "")
     install = nbformat.v4.new_code_cell(install_cell_source(dataset.split("/", 1)[1], run_dir, package,
                                                             str(cfg.kaggle.python_version)),
@@ -390,7 +372,7 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
     nb.cells.insert(0, install)
     nbformat.validate(nb)
 
-    out = resolve_path(out) if out else resolve_path(f"{BUILD_DIR}/{name}")
+    out = resolve_path(out or f"{BUILD_DIR}/{name}")
     out.mkdir(parents=True, exist_ok=True)
     code_file = f"{name}.ipynb"
     atomic_write_text(out / code_file, nbformat.writes(nb))
@@ -405,9 +387,7 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# command line
-# ---------------------------------------------------------------------------------------------
+# ---- command line --------------------------------------------------------------------------------------------------
 
 def main(argv: list[str] | None = None) -> int:
     argv, extra = split_at_dashes(argv)
@@ -418,42 +398,40 @@ def main(argv: list[str] | None = None) -> int:
                               "--overrides model=nemotron_nano data=competition")
     b.add_argument("--notebook", required=True, help=f"one of {', '.join(STAGES)} or {PIPELINE}")
     b.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides baked into the notebook")
-    b.add_argument("--username", default=None, help="your Kaggle username (default: $KAGGLE_USERNAME)")
-    b.add_argument("--title", default=None, help="kernel title; its slug is the kernel id (default: 'Nemotron lab NAME')")
-    b.add_argument("--out", default=None, help=f"folder to write (default: {BUILD_DIR}/NAME)")
-    b.add_argument("--competition", default=None, help="competition slug; '' for none (default: kaggle.competition)")
-    b.add_argument("--model-source", default=None,
-                   help="Kaggle Models handle owner/model/framework/instance/version; '' for none "
+    b.add_argument("--username", help="your Kaggle username (default: $KAGGLE_USERNAME)")
+    b.add_argument("--title", help="kernel title; its slug is the kernel id (default: 'Nemotron lab NAME')")
+    b.add_argument("--out", help=f"folder to write (default: {BUILD_DIR}/NAME)")
+    b.add_argument("--competition", help="competition slug; '' for none (default: kaggle.competition)")
+    b.add_argument("--model-source", help="Kaggle Models handle owner/model/framework/instance/version; '' for none "
                         "(default: kaggle.model_source in conf/kaggle/default.yaml)")
-    b.add_argument("--dataset", default=None, help="owner/slug of the dependency dataset (default: USER/"
-                                                   f"{slugify(DATASET_TITLE)})")
-    b.add_argument("--kernel-sources", nargs="*", default=[], help="other kernels (owner/slug) whose output to attach; "
-                                                                   "their outputs/<run_name> is continued")
-    b.add_argument("--run-name", default=None, help="run folder under /kaggle/working/outputs (default: the slug)")
+    b.add_argument("--dataset", help=f"owner/slug of the dependency dataset (default: USER/{slugify(DATASET_TITLE)})")
+    b.add_argument("--kernel-sources", nargs="*", default=[],
+                   help="other kernels (owner/slug) whose output to attach; their outputs/<run_name> is continued")
+    b.add_argument("--run-name", help="run folder under /kaggle/working/outputs (default: the slug)")
     b.add_argument("--no-gpu", action="store_true", help="enable_gpu: false")
-    b.add_argument("--machine-shape", default=None,
-                   help="Kaggle machine_shape (accelerator) of a GPU kernel, e.g. NvidiaTeslaT4 (default: kaggle.machine_shape)")
+    b.add_argument("--machine-shape", help="Kaggle machine_shape (accelerator) of a GPU kernel, e.g. NvidiaTeslaT4 "
+                                           "(default: kaggle.machine_shape)")
     b.add_argument("--no-gpu-extra", action="store_true",
                    help="install the lab without vllm/unsloth (default: the extras the config needs, on a GPU kernel)")
     d = sub.add_parser("dataset", help="the dataset folder with the lab's wheel, conf/notebooks and requirements.txt")
-    d.add_argument("--username", default=None, help="your Kaggle username (default: $KAGGLE_USERNAME)")
+    d.add_argument("--username", help="your Kaggle username (default: $KAGGLE_USERNAME)")
     d.add_argument("--title", default=DATASET_TITLE, help="dataset title; its slug is the dataset id (default: %(default)s)")
-    d.add_argument("--out", default=None, help=f"folder to write (default: {BUILD_DIR}/dataset)")
+    d.add_argument("--out", help=f"folder to write (default: {BUILD_DIR}/dataset)")
     d.add_argument("--license", default="other", help="Kaggle license name (default: %(default)s)")
     d.add_argument("--no-gpu-extra", action="store_true", help="leave the GPU extras (vllm, unsloth, torch pin) out")
     d.add_argument("--no-wheel", action="store_true", help="skip building the wheel (metadata and sources only)")
     d.add_argument("--fetch-wheels", action="store_true",
                    help="then fill the folder with the dependency wheels (needs internet): pip wheel for "
                         f"{', '.join(SDIST_ONLY)}, pip download --only-binary=:all: for the rest")
-    d.add_argument("--python-version", default=None,
-                   help="Kaggle's Python for --fetch-wheels (default: kaggle.python_version in conf/kaggle/default.yaml)")
+    d.add_argument("--python-version", help="Kaggle's Python for --fetch-wheels (default: kaggle.python_version in "
+                                            "conf/kaggle/default.yaml)")
     args = ap.parse_args(argv)
     if args.cmd == "build":
         out = build_kernel(args.notebook, [*args.overrides, *extra], username=args.username, title=args.title,
                            out=args.out, competition=args.competition, model_source=args.model_source,
                            dataset=args.dataset, enable_gpu=not args.no_gpu, run_name=args.run_name,
                            kernel_sources=args.kernel_sources, machine_shape=args.machine_shape,
-                           gpu_extra=False if args.no_gpu_extra else None)
+                           gpu_extra=not args.no_gpu_extra)
         meta = json.loads((out / "kernel-metadata.json").read_text())
         acc = f" --accelerator {meta['machine_shape']}" if meta.get("machine_shape") else ""
         print(f"wrote {out}: {meta['code_file']} and kernel-metadata.json (id {meta['id']})\n"

@@ -65,13 +65,11 @@ def content_hash(path: str | Path) -> str:
         st = f.stat()
         memo = (str(f.resolve()), st.st_size, st.st_mtime_ns)
         if memo not in _HASHES:
-            fh = hashlib.sha256()
             with open(f, "rb") as fd:
                 if st.st_size <= _WHOLE:
-                    for block in iter(lambda: fd.read(1 << 20), b""):
-                        fh.update(block)
+                    fh = hashlib.file_digest(fd, "sha256")
                 else:
-                    fh.update(fd.read(_PART))
+                    fh = hashlib.sha256(fd.read(_PART))
                     fd.seek(st.st_size - _PART)
                     fh.update(fd.read(_PART))
             _HASHES[memo] = fh.hexdigest()
@@ -103,15 +101,13 @@ def closed(stage) -> None:
 
 
 def consumed(path) -> None:
-    """Record `path`'s content hash as an input of the open stage (none open: nothing to do)."""
+    """Record `path`'s content hash as an input of the open stage (none open, or a path in its own folder: nothing to
+    do)."""
     if not _OPEN:
         return
     stage = _OPEN[0]
     p = Path(path).resolve()
-    for own in (stage.dir, stage.final):
-        if p == own.resolve() or own.resolve() in p.parents:
-            return
-    if p.exists():
+    if p.exists() and not any(p.is_relative_to(own.resolve()) for own in (stage.dir, stage.final)):
         stage.manifest.setdefault("inputs", {})[key(stage.run_dir, p)] = content_hash(p)
 
 
@@ -147,8 +143,7 @@ def problems(run_dir: Path, name: str, memo: dict | None = None) -> list[str]:
     changed: dict[str, list[str]] = {}  # upstream stage (or the input itself) -> what changed there
     read_from: set[str] = set()
     for k, h in sorted(man.get("inputs", {}).items(), key=lambda kv: (stage_of(kv[0]) == kv[0], kv[0])):
-        p = Path(k) if Path(k).is_absolute() else run_dir / k
-        up = None if Path(k).is_absolute() else stage_of(k)
+        p, up = run_dir / k, stage_of(k)  # an absolute key (outside the run) stays itself and lies in no stage
         what = f"all of {k}" if up == k else k
         if not p.exists():
             changed.setdefault(up or k, []).append(f"{what} (now missing)")

@@ -12,21 +12,25 @@ from __future__ import annotations
 
 import contextlib
 import datetime as _dt
+import importlib.util
 import json
 import os
 import platform
-import re
+import shutil
+import socket
 import subprocess
 import time
+import uuid
 from importlib import metadata
 from pathlib import Path
 from typing import Any, Iterable
 
 from omegaconf import DictConfig, OmegaConf
 
-from lab import LabError
+from lab import LabError, lineage
 from lab.config import compose, library_problems, names_run, parse_overrides, validate
-from lab.io import atomic_write_json, atomic_write_text
+from lab.console import quiet_known_warnings
+from lab.io import atomic_write_json, atomic_write_text, is_main_process, read_json
 from lab.paths import project_root, resolve_path
 
 PACKAGES = ("lab", "torch", "transformers", "trl", "peft", "datasets", "accelerate", "hydra-core",
@@ -38,8 +42,6 @@ def tracker(cfg: DictConfig) -> str:
     (else a LabError naming the key)."""
     name = str(cfg.get("report_to", "none") or "none")
     if name != "none":
-        import importlib.util
-
         if importlib.util.find_spec(name) is None:
             raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: report_to={name} but {name} is not installed "
                            f"(pip install {name})")
@@ -147,8 +149,6 @@ def acquire_lock(run_dir: str | os.PathLike) -> bool:
     caller releases it), False when it is held by this process's driver (the token in $LAB_RUN_LOCK: `python -m lab
     demo` and sweep jobs hold the lock while papermill runs each stage's notebook in a kernel of its own). A holder
     elsewhere is a LabError naming its process, host and start, which the holder writes into the lock file."""
-    import socket
-
     from filelock import Timeout
 
     fl = _lock(run_dir)
@@ -156,27 +156,20 @@ def acquire_lock(run_dir: str | os.PathLike) -> bool:
     try:
         fl.acquire(blocking=False)
     except Timeout:
-        holder = _read_lock(lock)
+        try:
+            holder = read_json(lock)  # what the holder wrote (nothing yet when it has only just taken the lock)
+        except (LabError, OSError):
+            holder = {}
         if holder.get("token") and holder.get("token") == os.environ.get(LOCK_ENV):
             return False
         raise LabError(f"{lock}: run folder in use by process {holder.get('pid')} on {holder.get('host')} since "
                        f"{holder.get('since')}; one run writes into one folder at a time: wait for it or use another "
                        "run_name") from None
     if fl.lock_counter == 1:  # first hold in this process: say who holds it
-        import uuid
-
         _HELD[lock] = (fl, uuid.uuid4().hex)
         lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": _HELD[lock][1],
                                     "since": _now()}), encoding="utf-8")
     return True
-
-
-def _read_lock(lock: Path) -> dict:
-    try:
-        d = json.loads(lock.read_text(encoding="utf-8"))
-        return d if isinstance(d, dict) else {}
-    except (OSError, ValueError):
-        return {}
 
 
 def release_lock(run_dir: str | os.PathLike) -> None:
@@ -221,10 +214,6 @@ class Stage:
     """
 
     def __init__(self, name: str, overrides: str | Iterable[str] = (), cfg: DictConfig | None = None):
-        import shutil
-
-        from lab import lineage
-
         self.name = name
         self.overrides = parse_overrides(overrides)
         if cfg is None and not names_run(self.overrides) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
@@ -236,8 +225,6 @@ class Stage:
         tracker(self.cfg)  # a typo in report_to fails here, not after the stage's first hour
         if problems := library_problems(self.cfg):
             raise LabError(f"stage {name}: " + "; ".join(problems) + " (nothing was run or changed)")
-        from lab.console import quiet_known_warnings
-
         quiet_known_warnings()  # expected library messages become one note each (lab.console)
         self.run_dir = resolve_path(self.cfg.run_dir)
         self.final = self.run_dir / name
@@ -245,7 +232,7 @@ class Stage:
         self.checkpoint_dir = self.run_dir / "checkpoints" / name
         # before anything in the folder is touched; under `accelerate launch` (torchrun sets RANK) the main
         # process's lock covers the other ranks, which open the same stage after it (scripts/_launch.py)
-        main = os.environ.get("RANK", "0") == "0"
+        main = is_main_process()
         self._own_lock = acquire_lock(self.run_dir) if main else False
         if main:
             self._recover_swap()
@@ -274,10 +261,10 @@ class Stage:
                     walk(v, f"{prefix}{k}.")
                 elif isinstance(v, str) and v:
                     p = resolve_path(v)
-                    if p == old or old in p.parents:
+                    if p.is_relative_to(old):
                         moved[f"{prefix}{k}"] = v
                         OmegaConf.update(self.cfg, f"{prefix}{k}", str(new / p.relative_to(old)), merge=False)
-                    elif p == new or new in p.parents:  # left so by an earlier stage on this cfg that did not finish
+                    elif p.is_relative_to(new):  # left so by an earlier stage on this cfg that did not finish
                         moved[f"{prefix}{k}"] = str(old / p.relative_to(new))
 
         walk(OmegaConf.to_container(self.cfg, resolve=True), "")
@@ -285,8 +272,6 @@ class Stage:
 
     def _recover_swap(self) -> None:
         """Finish undoing what a `finish` killed between its two renames left: the previous result is put back."""
-        import shutil
-
         old = self.run_dir / f".{self.name}.old"
         if old.exists() and not self.final.exists():
             os.replace(old, self.final)
@@ -301,10 +286,6 @@ class Stage:
         """Write metrics.json and the finished manifest (with its output hashes) into the stage's fresh folder, then
         swap that folder in for the previous result (rename the old one aside, rename the new one in, delete the
         old one)."""
-        import shutil
-
-        from lab import lineage
-
         wall = round(time.time() - self._t0, 2)
         metrics = {**metrics, "wall_seconds": wall}
         atomic_write_json(self.dir / "metrics.json", metrics)
@@ -313,8 +294,7 @@ class Stage:
         if self.dir != self.final:
             old = self.run_dir / f".{self.name}.old"
             if self.final.exists():
-                if old.exists():
-                    shutil.rmtree(old)
+                shutil.rmtree(old, ignore_errors=True)
                 os.replace(self.final, old)
             os.replace(self.dir, self.final)
             shutil.rmtree(old, ignore_errors=True)
@@ -329,7 +309,7 @@ class Stage:
 
 def stage_output(cfg: DictConfig, stage: str, *parts: str) -> Path:
     """Path to an earlier stage's output; a clear error if that stage has not finished, or is not current
-    (`lab.lineage.check`: an output edited since, or an input of it changed by a later rerun upstream). The path is
+    (`lab.lineage.problems`: an output edited since, or an input of it changed by a later rerun upstream). The path is
     recorded as an input of the stage open in this process (`lab.lineage.consumed`)."""
     d = resolve_path(cfg.run_dir) / stage
     if not (d / "metrics.json").is_file():
@@ -339,8 +319,6 @@ def stage_output(cfg: DictConfig, stage: str, *parts: str) -> Path:
     p = d.joinpath(*parts)
     if parts and not p.exists():
         raise LabError(f"{p}: expected output of stage '{stage}' is missing")
-    from lab import lineage
-
     if found := lineage.problems(d.parent, stage):  # still what its manifest recorded, and so are the stages it read
         raise LabError(f"{d}: stage '{stage}' is not current: {'; '.join(found)}")
     lineage.consumed(p)  # an input of the stage open in this process, if any
@@ -355,10 +333,8 @@ def stage_input(cfg: DictConfig, path: str | os.PathLike) -> Path:
     try:
         rel = p.relative_to(resolve_path(cfg.run_dir))
     except ValueError:
-        from lab import lineage
-
         lineage.consumed(p)  # its content hash, an input of the open stage
         return p
-    if rel.parts and re.fullmatch(r"\d\d_\w+", rel.parts[0]):
+    if lineage.stage_of(rel.as_posix()):
         return stage_output(cfg, rel.parts[0], *rel.parts[1:])
     return p

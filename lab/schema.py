@@ -37,6 +37,7 @@ import math
 import operator
 import os
 import sys
+import typing
 from dataclasses import dataclass, field
 from enum import StrEnum
 from typing import Any, Dict, List, Optional
@@ -44,6 +45,7 @@ from typing import Any, Dict, List, Optional
 from omegaconf import MISSING, OmegaConf
 
 from lab import LabError
+from lab.paths import resolve_path
 
 
 # back-end names: each member's name is its value (an Enum field takes a name), so a member reads as that string
@@ -431,8 +433,6 @@ def run_name_problem(name: Any) -> str | None:
     outputs/ (`run_dir` defaults to outputs/<run_name>), so `../x`, `/tmp/x`, `a/../..`, `.` and an empty or blank
     name are refused. Any other text, non-ASCII included, is a folder name (a non-ASCII value must be quoted
     on the command line: `lab.config.compose` says how)."""
-    from lab.paths import resolve_path
-
     text = "" if name is None else str(name)
     if not text.strip():
         return (f"run_name={text!r} is empty: the stage folders would land in outputs/ itself; "
@@ -459,8 +459,6 @@ def register() -> None:
 def help_lines(cls: type = Config, prefix: str = "") -> list[str]:
     """`key (type): help [bounds]` for every field of `cls`, nested dataclasses expanded (`sft.lora.r`); an Enum's
     type is its names (`hf | vllm`)."""
-    import typing
-
     out, hints = [], typing.get_type_hints(cls)
     for f in dataclasses.fields(cls):
         key, tp = f"{prefix}{f.name}", hints[f.name]

@@ -35,8 +35,8 @@ Not verified here: loading a packed zip into a running vLLM engine (GPU only).
 rank_pattern / alpha_pattern. vLLM 0.33 applies them per module (`PEFTHelper.get_rank_and_scaling`,
 vllm/lora/peft_helper.py, matched like PEFT's `get_pattern_key` against the names in the file)
 and refuses an adapter whose largest rank (r or any rank_pattern value) exceeds max_lora_rank.
-PEFT matched the fused name `...experts.up_proj`, vLLM matches `...experts.3.up_proj`, so
-`pack` adds one escaped key per layer where the two would differ.
+PEFT matched the fused name `...experts.up_proj`, vLLM matches `...experts.3.up_proj` (`LoRAModel.from_lora_tensors`,
+vllm/lora/lora_model.py), so `pack` adds one escaped key per layer where the two would differ.
 
 lm_head. PEFT saves `base_model.model.lm_head.lora_A.weight` (r, hidden) / `.lora_B.weight`
 (vocab, r), which is what vLLM 0.33 reads: `parse_fine_tuned_lora_name` gives module `lm_head`,
@@ -65,9 +65,9 @@ import zipfile
 from pathlib import Path
 
 from lab import LabError
-from lab.io import atomic_file
+from lab.io import atomic_file, read_json
 from lab.paths import project_root
-from lab.submission_check import (_FUSED, BASE_COPIES, CONFIG_NAME, EXPERT_PARAMS, WEIGHTS_NAME, _check, _strip,
+from lab.submission_check import (_FUSED, BASE_COPIES, CONFIG_NAME, EXPERT_PARAMS, WEIGHTS_NAME, _strip,
                                   alpha_for, check, config_problems, lora_config_fields, rank_for)
 
 # The dtype of a submission's LoRA tensors (02_sft, 03_grpo, `python -m lab.submission pack`): half the bytes of the
@@ -89,17 +89,10 @@ def _member(name: str) -> zipfile.ZipInfo:
     return info
 
 def split_fused_experts(tensors: dict, config: dict, num_experts: int | None = None) -> tuple[dict, list]:
-    """Rewrite PEFT `target_parameters` expert keys into the per-expert keys vLLM reads for Nemotron-H.
-
-    `...experts{.base_layer*k}.lora_A.weight` (r*E, in) / `.lora_B.weight` (out, r*E) become
-    `...experts.{e}.<param>.lora_A.weight` = A[e*r:(e+1)*r] (r, in) and
-    `...experts.{e}.<param>.lora_B.weight` = B[:, e::E] (out, r), where <param> is the targeted
-    parameter: PEFT nests the wrappers in NemotronHExperts' parameter order (up_proj, down_proj),
-    so the innermost (most `.base_layer`s) is the first targeted one. Then
-    delta_e = (alpha/r) * B_e @ A_e, exactly PEFT's `ParamWrapper.get_delta_weight` for expert e.
-    Returns (new tensors, the (fused key prefix, parameter) pairs converted). See the module docstring for the
-    vLLM source this layout comes from.
-    """
+    """Rewrite PEFT `target_parameters` expert keys into the per-expert keys vLLM reads for Nemotron-H (the layouts
+    and their sources: the module docstring): A[e*r:(e+1)*r] and B[:, e::E] for expert e, the innermost wrapper
+    (most `.base_layer`s) being the first targeted parameter. Returns (new tensors, the (fused key prefix,
+    parameter) pairs converted)."""
     tp = [str(t) for t in (config.get("target_parameters") or [])]
     targeted = [p for p in EXPERT_PARAMS if any(t in (p, f"experts.{p}") or t.endswith(f".experts.{p}") for t in tp)]
     groups: dict[tuple[str, int], dict[str, object]] = {}
@@ -138,16 +131,10 @@ def split_fused_experts(tensors: dict, config: dict, num_experts: int | None = N
 
 
 def _keep_expert_patterns(config: dict, split: list) -> None:
-    """After the split, give each per-expert module the rank and alpha PEFT gave its fused parameter.
-
-    PEFT matches rank_pattern/alpha_pattern against `...experts.up_proj`; vLLM 0.33 matches them against the
-    names in the file (`...experts.3.up_proj`; `LoRAModel.from_lora_tensors`, vllm/lora/lora_model.py), so a
-    key such as `layers.1.mixer.experts.up_proj` would no longer apply. Where the two differ, one escaped key per
-    (layer, parameter) is put first (the first match wins in both).
-    """
-    orig = {"r": config["r"], "lora_alpha": config["lora_alpha"],
-            "rank_pattern": dict(config.get("rank_pattern") or {}),
-            "alpha_pattern": dict(config.get("alpha_pattern") or {})}
+    """After the split, give each per-expert module the rank and alpha PEFT gave its fused parameter (module
+    docstring, rank_pattern / alpha_pattern): where they differ, one escaped key per (layer, parameter) is put first
+    (the first match wins in PEFT and vLLM alike)."""
+    orig = dict(config)  # the loop below replaces the pattern dicts, never changes them
     for prefix, param in split:
         fused, one = f"{_strip(prefix)}.{param}", f"{_strip(prefix)}.0.{param}"
         want = (rank_for(fused, orig), alpha_for(fused, orig))
@@ -158,12 +145,6 @@ def _keep_expert_patterns(config: dict, split: list) -> None:
 
 
 # ---- pack ---------------------------------------------------------------------------------------------
-
-def clean_config(config: dict) -> dict:
-    """Only standard PEFT LoraConfig fields; inference mode."""
-    out = {k: v for k, v in config.items() if k in lora_config_fields()}
-    out["inference_mode"] = True
-    return out
 
 def _portable_name(name):
     """base_model_name_or_path without this machine's absolute path: relative to the project root (how the lab's
@@ -191,14 +172,11 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
     if not w_path.is_file():
         hint = " (adapter_model.bin found: re-save with safe_serialization)" if (adapter_dir / "adapter_model.bin").is_file() else ""
         raise LabError(f"{adapter_dir}: no {WEIGHTS_NAME}{hint}")
-    try:
-        config = json.loads(cfg_path.read_text(encoding="utf-8"))
-        if not isinstance(config, dict):
-            raise ValueError("not a JSON object")
-    except (ValueError, UnicodeDecodeError) as e:
-        raise LabError(f"{cfg_path}: not valid JSON ({e})") from None
+    config = read_json(cfg_path)
+    if not isinstance(config, dict):
+        raise LabError(f"{cfg_path}: not valid JSON (not a JSON object)")
     dropped = sorted(set(config) - lora_config_fields())
-    config = clean_config(config)
+    config = {k: v for k, v in config.items() if k in lora_config_fields()} | {"inference_mode": True}
     if problems := config_problems(config):
         raise LabError(f"{cfg_path}: cannot be submitted: {'; '.join(problems)}")
     if dropped:
@@ -226,8 +204,7 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
                                     else sorted(set(tm) | set(params)))
         print(f"split {len(split)} fused expert LoRA pairs into per-expert tensors for vLLM")
     if dtype:
-        dt = getattr(torch, dtype)
-        tensors = {k: v.to(dt) for k, v in tensors.items()}
+        tensors = {k: v.to(getattr(torch, dtype)) for k, v in tensors.items()}
 
     with atomic_file(out_zip) as tmp:  # replaces out_zip only once the packed zip passes the check
         with zipfile.ZipFile(tmp, "w") as zf:
@@ -238,7 +215,7 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
             zf.writestr(_member(WEIGHTS_NAME), save(
                 {k: v.contiguous() for k, v in sorted(tensors.items())}, metadata={"format": "pt"}),
                 compress_type=zipfile.ZIP_STORED)
-        problems = _check(tmp, base_model, label=str(out_zip))
+        problems = check(tmp, base_model, label=str(out_zip))
         if problems:
             raise LabError(f"{adapter_dir}: cannot be packed into {out_zip}; the packed adapter has these "
                            "problems:\n  - " + "\n  - ".join(problems))
@@ -255,19 +232,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--dtype", default=SUBMISSION_DTYPE,
                    help="cast the LoRA tensors to this torch dtype (default %(default)s, what vLLM computes in); "
                         "'keep': as the adapter saved them")
-    p.add_argument("--base-model", default=None, help="folder with the base model's config.json")
-    p.add_argument("--base-model-name", default=None,
-                   help="base_model_name_or_path to write, e.g. the Hub id (default: the adapter's, made relative)")
+    p.add_argument("--base-model", help="folder with the base model's config.json")
+    p.add_argument("--base-model-name", help="base_model_name_or_path to write, e.g. the Hub id (default: the "
+                                             "adapter's, made relative)")
     c = sub.add_parser("check", help="list every problem with ZIP; exit 0 only when valid")
     c.add_argument("zip")
-    c.add_argument("--base-model", default=None, help="folder with the base model's config.json")
+    c.add_argument("--base-model", help="folder with the base model's config.json")
     g = sub.add_parser("gate", help="serve ZIP with vLLM as the scorer does: accuracy with and without it, and "
                                     "whether each LoRA family reaches the output (lab/gate.py); exit 0 on PASS")
     g.add_argument("zip")
     g.add_argument("--model", required=True, help="the base model folder vLLM loads")
     g.add_argument("--n", type=int, default=64, help="puzzles to generate for")
-    g.add_argument("--data", default=None, help="CSV of puzzles (id, prompt, answer); default: generated ones")
-    g.add_argument("--json", default=None, help="also write the report to this JSON file")
+    g.add_argument("--data", help="CSV of puzzles (id, prompt, answer); default: generated ones")
+    g.add_argument("--json", help="also write the report to this JSON file")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "gate":  # lab.gate sits above lab.generate, which packs with this module: reached by name,

@@ -35,6 +35,7 @@ streams) and read one tensor at a time; the library checks the file's layout, th
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import os
@@ -60,6 +61,7 @@ _FAMILY_PATTERNS = [(f.group, re.compile(("" if f.group == "head" else _LAYER) +
                     for f in lora.TABLE]
 _FUSED = re.compile(r"^(?P<prefix>.*\.experts)(?P<nest>(?:\.base_layer)*)\.(?P<ab>lora_A|lora_B)\.weight$")
 _LORA_KEY = re.compile(r"^(?P<module>.+)\.(?P<ab>lora_A|lora_B)\.weight$")
+_EXPERT = re.compile(r"^(?P<experts>.+\.experts)\.(?P<e>\d+)\.(?P<param>\w+)$")  # one routed expert's projection
 EXPERT_PARAMS = ("up_proj", "down_proj")  # NemotronHExperts' parameters in registration order (= PEFT nesting)
 # full weight copies PEFT saves when lm_head / embed_tokens are targeted; vLLM 0.33 skips exactly these
 # (`is_base_embedding_weights`, vllm/lora/utils.py)
@@ -72,12 +74,15 @@ MAX_RATIO, RATIO_FROM = 100, 64 << 20  # zip bomb: > 100:1 overall once more tha
 MAX_CONFIG = 1 << 20
 
 
+def _listed(items: list, n: int = 6) -> str:
+    """The first `n` of `items` joined by commas, with ' ...' when there are more."""
+    return ", ".join(items[:n]) + (" ..." if len(items) > n else "")
+
+
 @functools.cache
 def lora_config_fields() -> frozenset[str]:
     """The fields of the installed `peft.LoraConfig` (PeftConfig's included): anything else in adapter_config.json
     came from another back-end (Unsloth's, say)."""
-    import dataclasses
-
     from peft import LoraConfig
 
     return frozenset(f.name for f in dataclasses.fields(LoraConfig))
@@ -96,9 +101,8 @@ def read_weights(path: Path) -> tuple[dict | None, list[str]]:
                       for n in f.keys()}
             wrong = sorted(f"{n} is {h['dtype']}" for n, h in header.items() if h["dtype"] not in FLOAT_DTYPES)
             if wrong:
-                return header, [f"tensors that are not floating point ({', '.join(wrong[:4])}"
-                                 f"{' ...' if len(wrong) > 4 else ''}): LoRA weights are floating point (F32, F16, "
-                                 "BF16 or F64)"]
+                return header, [f"tensors that are not floating point ({_listed(wrong, 4)}): LoRA weights are "
+                                 "floating point (F32, F16, BF16 or F64)"]
             nonfinite, huge = [], []
             for n in header:
                 t = f.get_tensor(n)
@@ -111,11 +115,10 @@ def read_weights(path: Path) -> tuple[dict | None, list[str]]:
                     f"a header that disagrees with its data ({e})"]
     p = []
     if nonfinite:
-        p.append(f"NaN or infinite LoRA weights (vLLM would produce NaN logits): {', '.join(nonfinite[:6])}"
-                 f"{' ...' if len(nonfinite) > 6 else ''}")
+        p.append(f"NaN or infinite LoRA weights (vLLM would produce NaN logits): {_listed(nonfinite)}")
     if huge:
         p.append(f"LoRA weights far too large for a trained adapter (above {MAX_ABS:g}; the bytes look overwritten): "
-                 f"{', '.join(huge[:6])}{' ...' if len(huge) > 6 else ''}")
+                 f"{_listed(huge)}")
     return header, p
 
 # ---- base model modules -------------------------------------------------------------------------
@@ -181,25 +184,29 @@ def _find_base(adapter_config: dict, base_model) -> tuple[Path | None, list[str]
                              "every tensor against it"]
 
 
-def _base_check(cdir: Path, explicit: bool) -> tuple[dict | None, int | None, list[str], list[str]]:
-    """(modules or None, layer count or None, problems, warnings) for a base model folder."""
+def _base_check(adapter_config: dict, base_model) -> tuple[dict | None, int | None, list[str], list[str]]:
+    """(the base model's modules or None, its layer count or None, problems, warnings) for the base model
+    `_find_base` finds."""
+    cdir, problems, warnings = _find_base(adapter_config, base_model)
+    if cdir is None:
+        return None, None, problems, warnings
     try:
         bcfg = json.loads((cdir / "config.json").read_text(encoding="utf-8"))
         model_type = bcfg.get("model_type")
     except (OSError, ValueError, AttributeError) as e:
-        return None, None, [f"{cdir}/config.json cannot be read ({e})"], []
+        return None, None, [f"{cdir}/config.json cannot be read ({e})"], warnings
     if model_type != NEMOTRON_H:
         return None, None, [f"the base model at {cdir} is {model_type!r}, not Nemotron-H ({NEMOTRON_H!r}): Kaggle "
-                            "serves the adapter on Nemotron-3-Nano-30B-A3B"], []
+                            "serves the adapter on Nemotron-3-Nano-30B-A3B"], warnings
     try:
         n_layers = int(bcfg["num_hidden_layers"])
     except (KeyError, TypeError, ValueError):
         n_layers = None
     try:
-        return _base_modules(cdir), n_layers, [], []
+        return _base_modules(cdir), n_layers, [], warnings
     except Exception as e:  # a config this transformers cannot build: the family patterns and layer count remain
-        msg = f"{cdir}: cannot build the base model's module list ({type(e).__name__}: {e})"
-        return None, n_layers, ([msg] if explicit else []), ([] if explicit else [msg])
+        msg = [f"{cdir}: cannot build the base model's module list ({type(e).__name__}: {e})"]
+        return (None, n_layers, msg, warnings) if base_model is not None else (None, n_layers, [], warnings + msg)
 
 # ---- rank helpers ---------------------------------------------------------------------------------
 
@@ -294,12 +301,23 @@ def config_problems(config: dict) -> list[str]:
     return p
 
 
+def _base_dims(modules: dict, name: str) -> tuple[int, int] | None:
+    """(in_features, out_features) of the base model's linear layer `name` or routed expert projection
+    (`...experts.3.up_proj`), or None when the base model has no such module."""
+    ex = _EXPERT.match(name)
+    if ex and modules.get(ex["experts"], (None,))[0] == "experts":
+        shape = modules[ex["experts"]][1].get(ex["param"])  # (E, out, in)
+        return None if shape is None or int(ex["e"]) >= shape[0] else (shape[2], shape[1])
+    kind = modules.get(name, (None,))
+    return (kind[1], kind[2]) if kind[0] == "linear" else None
+
+
 def _check_tensors(header: dict, config: dict, modules: dict | None, n_layers: int | None = None) -> list[str]:
     p = []
     fused = sorted(k for k in header if _FUSED.match(k))
     if fused:
         p.append(f"vLLM cannot load fused expert LoRA keys (PEFT target_parameters layout) for Nemotron-H: "
-                 f"{', '.join(fused[:4])}{' ...' if len(fused) > 4 else ''}; run `python -m lab.submission pack` "
+                 f"{_listed(fused, 4)}; run `python -m lab.submission pack` "
                  f"to split them into per-expert keys (...experts.<e>.up_proj.lora_A.weight)")
     not_lora, unmatched, bad_shape, unpaired = [], [], [], []
     pairs: dict[str, dict] = {}
@@ -310,9 +328,8 @@ def _check_tensors(header: dict, config: dict, modules: dict | None, n_layers: i
         if m is None:
             not_lora.append(name)
             continue
-        module = _strip(m["module"])
-        pairs.setdefault(module, {})[m["ab"]] = info["shape"]
-        shape = info["shape"]
+        module, ab, shape = _strip(m["module"]), m["ab"], info["shape"]
+        pairs.setdefault(module, {})[ab] = shape
         try:
             r = rank_for(module, config)
         except (KeyError, TypeError, ValueError, re.error):
@@ -320,25 +337,17 @@ def _check_tensors(header: dict, config: dict, modules: dict | None, n_layers: i
         if len(shape) != 2:
             bad_shape.append(f"{name} has shape {shape}, LoRA weights are 2-D")
             continue
-        if r is not None and (shape[0] if m["ab"] == "lora_A" else shape[1]) != r:
-            want = "(r, in_features)" if m["ab"] == "lora_A" else "(out_features, r)"
-            bad_shape.append(f"{name} has shape {shape} but the rank is {r} ({m['ab']} must be {want})")
+        if r is not None and (shape[0] if ab == "lora_A" else shape[1]) != r:
+            want = "(r, in_features)" if ab == "lora_A" else "(out_features, r)"
+            bad_shape.append(f"{name} has shape {shape} but the rank is {r} ({ab} must be {want})")
         # does it target a module of the base model?
         vmod = re.sub(r"^backbone\.", "model.", module)
         if modules is not None:
-            ex = re.match(r"^(?P<experts>.+\.experts)\.(?P<e>\d+)\.(?P<param>\w+)$", vmod)
-            if ex and modules.get(ex["experts"], (None,))[0] == "experts":
-                params = modules[ex["experts"]][1]
-                if ex["param"] not in params or int(ex["e"]) >= params[ex["param"]][0]:
-                    unmatched.append(name)
-                    continue
-                _, out_f, in_f = params[ex["param"]]
-            elif modules.get(vmod, (None,))[0] == "linear":
-                _, in_f, out_f = modules[vmod]
-            else:
+            dims = _base_dims(modules, vmod)
+            if dims is None:
                 unmatched.append(name)
                 continue
-            want = (r, in_f) if m["ab"] == "lora_A" else (out_f, r)
+            want = (r, dims[0]) if ab == "lora_A" else (dims[1], r)
             if r is not None and shape != want:
                 bad_shape.append(f"{name} has shape {shape}, the base model's {vmod} needs {want} at rank {r}")
         else:
@@ -349,8 +358,7 @@ def _check_tensors(header: dict, config: dict, modules: dict | None, n_layers: i
     experts: dict[str, set] = {}
     ranks: dict[str, set] = {}
     for module, ab in pairs.items():
-        ex = re.match(r"^(?P<experts>.+\.experts)\.(?P<e>\d+)\.(?P<param>up_proj|down_proj)$", module)
-        if ex:
+        if (ex := _EXPERT.match(module)) and ex["param"] in EXPERT_PARAMS:
             experts.setdefault(ex["experts"], set()).add((int(ex["e"]), ex["param"]))
             if "lora_A" in ab and len(ab["lora_A"]) == 2:
                 ranks.setdefault(f"{ex['experts']}.{ex['param']}", set()).add(ab["lora_A"][0])
@@ -359,16 +367,13 @@ def _check_tensors(header: dict, config: dict, modules: dict | None, n_layers: i
             p.append(f"{proj}: the routed experts have different LoRA ranks {sorted(rs)}; vLLM packs the experts of "
                      "one projection into one tensor and refuses that")
     for prefix, have in sorted(experts.items()):
-        vprefix = re.sub(r"^backbone\.", "model.", prefix)
-        n = None
-        if modules is not None and modules.get(vprefix, (None,))[0] == "experts":
-            n = next(iter(modules[vprefix][1].values()))[0]
-        n = n or max(e for e, _ in have) + 1
+        kind = (modules or {}).get(re.sub(r"^backbone\.", "model.", prefix), (None,))
+        n = (kind[0] == "experts" and next(iter(kind[1].values()))[0]) or max(e for e, _ in have) + 1
         lack = sorted({(e, q) for e in range(n) for q in EXPERT_PARAMS} - have)
         if lack:
-            shown = ", ".join(f"{e}.{q}" for e, q in lack[:4]) + (" ..." if len(lack) > 4 else "")
             p.append(f"{prefix}: vLLM needs a LoRA on both up_proj and down_proj of every one of the {n} routed "
-                     f"experts (its pack_moe asserts it); missing {len(lack)}: {shown}")
+                     f"experts (its pack_moe asserts it); missing {len(lack)}: "
+                     f"{_listed([f'{e}.{q}' for e, q in lack], 4)}")
     for module, ab in pairs.items():
         if set(ab) != {"lora_A", "lora_B"}:
             unpaired.append(f"{module} has only {', '.join(sorted(ab))}")
@@ -376,12 +381,10 @@ def _check_tensors(header: dict, config: dict, modules: dict | None, n_layers: i
             bad_shape.append(f"{module}: lora_A {ab['lora_A']} and lora_B {ab['lora_B']} disagree on the rank")
     if not_lora:
         p.append(f"tensors that are not LoRA weights named <module>.lora_A.weight / <module>.lora_B.weight (the "
-                 f"only form vLLM parses): {', '.join(not_lora[:6])}"
-                 f"{' ...' if len(not_lora) > 6 else ''}")
+                 f"only form vLLM parses): {_listed(not_lora)}")
     if unmatched:
         where = "the base model" if modules is not None else "the known Nemotron-H module families"
-        p.append(f"tensor names that match no module of {where} ({len(unmatched)}): "
-                 f"{', '.join(unmatched[:6])}{' ...' if len(unmatched) > 6 else ''}")
+        p.append(f"tensor names that match no module of {where} ({len(unmatched)}): {_listed(unmatched)}")
     p += [f"tensor shape disagrees with the rank: {s}" for s in bad_shape[:10]]
     if len(bad_shape) > 10:
         p.append(f"... and {len(bad_shape) - 10} more tensors whose shapes disagree with the rank")
@@ -418,11 +421,10 @@ def _check_agreement(header: dict, config: dict) -> list[str]:
     p = []
     if uncovered:
         p.append(f"{CONFIG_NAME} does not describe the tensors: {len(uncovered)} LoRA modules are not named by "
-                 f"target_modules{'/target_parameters' if tp else ''} ({tm!r}): {', '.join(uncovered[:4])}"
-                 f"{' ...' if len(uncovered) > 4 else ''}")
+                 f"target_modules{'/target_parameters' if tp else ''} ({tm!r}): {_listed(uncovered, 4)}")
     if absent:
-        p.append(f"{CONFIG_NAME} names targets that have no tensors in the adapter: {', '.join(absent[:6])}"
-                 f"{' ...' if len(absent) > 6 else ''} (a config edited by hand, or a module this model lacks)")
+        p.append(f"{CONFIG_NAME} names targets that have no tensors in the adapter: {_listed(absent)} (a config "
+                 "edited by hand, or a module this model lacks)")
     return p
 
 
@@ -434,15 +436,14 @@ class Report(list):
         self.warnings = list(warnings)
 
 
-def check(path_to_zip: str | os.PathLike, base_model: str | os.PathLike | None = None) -> Report:
+def check(path_to_zip: str | os.PathLike, base_model: str | os.PathLike | None = None, label: str | None = None
+          ) -> Report:
     """Every problem with a submission zip, in plain words; an empty list means it is valid.
 
-    What could not be verified is printed to stderr as a warning and kept in the result's `.warnings`.
+    What could not be verified is printed to stderr as a warning (`label`: the zip's name there, default its path)
+    and kept in the result's `.warnings`.
     """
-    return _check(Path(path_to_zip), base_model)
-
-
-def _check(path: Path, base_model, label: str | None = None) -> Report:
+    path = Path(path_to_zip)
     label = label or str(path)
     if not path.is_file():
         return Report([f"{path}: file not found"])
@@ -500,15 +501,9 @@ def _check(path: Path, base_model, label: str | None = None) -> Report:
     if config is not None:
         problems += config_problems(config)
     if config is not None and header is not None:
-        cdir, p, w = _find_base(config, base_model)
-        modules = n_layers = None
-        if cdir is not None:
-            modules, n_layers, p2, w2 = _base_check(cdir, explicit=base_model is not None)
-            p, w = p + p2, w + w2
-        problems += p
+        modules, n_layers, p, w = _base_check(config, base_model)
+        problems += p + _check_tensors(header, config, modules, n_layers) + _check_agreement(header, config)
         warnings += w
-        problems += _check_tensors(header, config, modules, n_layers)
-        problems += _check_agreement(header, config)
         copies = sorted(k for k in header if k.endswith(BASE_COPIES))
         if copies:
             warnings.append(f"full base-weight copies that vLLM skips (a changed lm_head/embedding would not be "
