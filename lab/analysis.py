@@ -601,12 +601,9 @@ def compare(pred_a: pd.DataFrame, pred_b: pd.DataFrame, budget: int | None = Non
 
 
 def _jsonable(v: Any) -> Any:
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        v = float(v)
-        return None if math.isnan(v) else v
-    return v
+    """A table cell as JSON: a numpy scalar as Python's, NaN as None."""
+    v = v.item() if isinstance(v, np.generic) else v
+    return None if isinstance(v, float) and math.isnan(v) else v
 
 
 def _by(table: pd.DataFrame, key: str, cols: Iterable[str] | None = None, total: bool = False) -> dict:

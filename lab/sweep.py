@@ -311,7 +311,7 @@ def _check_sweep_file(sweep_dir: Path, p: dict) -> None:
                        f"(or delete {sweep_dir})")
 
 
-def multirun(overrides: list[str], task, config_dir: Path | None = None):
+def multirun(overrides: list[str], task):
     """Hydra's multirun (what `@hydra.main` does for `--multirun`) over conf/config.yaml with `task`."""
     from hydra import version
     from hydra._internal.hydra import Hydra
@@ -325,7 +325,7 @@ def multirun(overrides: list[str], task, config_dir: Path | None = None):
     GlobalHydra.instance().clear()
     try:
         hydra = Hydra.create_main_hydra2(task_name="job", config_search_path=create_config_search_path(
-            str(config_dir or project_root() / "conf")))
+            str(project_root() / "conf")))
         batches = hydra.multirun(config_name="config", task_function=task, overrides=list(overrides))
     finally:
         GlobalHydra.instance().clear()
