@@ -69,6 +69,7 @@ from lab.schema import COMPETITION
 from lab.io import atomic_write_csv, atomic_write_json
 from lab.stats import wilson_interval  # also lab.analysis.wilson_interval, as before
 from lab.metric import extract_answer, read_table, verify
+from lab import puzzles
 from lab.puzzles import CATEGORIES
 from lab.puzzles.categories import BY_NAME, TABLE
 
@@ -207,12 +208,6 @@ _SOLVER_MEMO: dict[tuple[str, str], dict] = {}
 SOLUTION_COLUMNS = ("prompt_sha", "fingerprint", "status", "solver_answer", "solver_trace", "solver_reason")
 
 
-def _solve_prompt(prompt: str, style: str = "compact"):
-    from lab.puzzles import solve
-
-    return solve(prompt, style=style)
-
-
 def solver_fingerprint() -> str:
     """A hash of lab/puzzles/*.py: a cached solution made by other solver code is stale."""
     h = hashlib.sha1()
@@ -247,7 +242,7 @@ def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None =
         if row is None:
             fresh = True
             try:
-                s = _solve_prompt(p, style)
+                s = puzzles.solve(p, style=style)
                 row = {"status": str(s.status), "solver_answer": "" if s.answer is None else str(s.answer),
                        "solver_trace": str(s.trace or ""), "solver_reason": str(getattr(s, "reason", "") or "")}
             except Exception as e:  # noqa: BLE001 - the solver promises not to raise; do not die if it does

@@ -108,15 +108,10 @@ def _integer_bins(values: pd.Series, max_bins: int = 30):
 
 # ---- stage plots -------------------------------------------------------------------------------------
 
-def _std_column(y: str) -> str:
-    """The log column holding the spread of `y`: `reward` -> `reward_std`, `rewards/f/mean` -> `rewards/f/std`."""
-    return y[:-len("/mean")] + "/std" if y.endswith("/mean") else f"{y}_std"
-
-
 def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = "", n: int | None = None) -> Figure:
     """One line per column of `ys` (those present) against `x`; steps and k on whole-number ticks. With `n` (the
-    values each point averages, e.g. GRPO's completions per step) and a std column beside a line (`_std_column`),
-    a band shows the 95% normal interval of that mean, mean +- 1.96 std / sqrt(n)."""
+    values each point averages, e.g. GRPO's completions per step) and a std column beside a line (`reward_std` for
+    `reward`, `rewards/f/std` for `rewards/f/mean`), a band shows the 95% normal interval of that mean, mean +- 1.96 std / sqrt(n)."""
     fig = figure()
     ax = axes(fig)
     banded = False
@@ -124,7 +119,7 @@ def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = 
         if y in df:
             mean = pd.to_numeric(df[y], errors="coerce")
             drawn = ax.plot(df[x], mean, marker="o", markersize=3, label=label(y))
-            sd = _std_column(y)
+            sd = y.removesuffix("/mean") + "/std" if y.endswith("/mean") else f"{y}_std"
             if n and sd in df:
                 half = 1.96 * pd.to_numeric(df[sd], errors="coerce") / math.sqrt(n)
                 ax.fill_between(df[x], mean - half, mean + half, color=drawn[0].get_color(), alpha=0.2, linewidth=0)
