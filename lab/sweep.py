@@ -43,6 +43,7 @@ What it simplifies:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -221,12 +222,12 @@ def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str],
         return {"job": name, "status": "finished", "wall_seconds": job["wall_seconds"]}
 
 
+@dataclasses.dataclass
 class _Job:
     """Hydra's task function for one sweep job. Plain attributes only: submitit and joblib pickle it."""
 
-    def __init__(self, stages: list[str], force: bool = False):
-        self.stages = list(stages)
-        self.force = force
+    stages: list[str]
+    force: bool = False
 
     def __call__(self, cfg) -> dict:
         from hydra.core.hydra_config import HydraConfig
