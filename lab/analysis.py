@@ -69,6 +69,7 @@ from lab.schema import COMPETITION
 from lab.io import atomic_write_csv, atomic_write_json
 from lab.stats import wilson_interval  # also lab.analysis.wilson_interval, as before
 from lab.metric import extract_answer, read_table, verify
+from lab import puzzles
 from lab.puzzles import CATEGORIES
 from lab.puzzles.categories import BY_NAME, TABLE
 
@@ -96,12 +97,8 @@ _FALSE = {"false", "0", "0.0", "no", "f", "n", ""}
 # loading and normalising
 
 
-def _blank(v: Any) -> bool:
-    return v is None or v is pd.NA or (isinstance(v, float) and math.isnan(v))
-
-
 def _text(v: Any) -> str:
-    return "" if _blank(v) else str(v)
+    return "" if pd.isna(v) else str(v)
 
 
 def _to_bool(v: Any, where: str) -> bool:
@@ -175,19 +172,18 @@ def _per_category(df: pd.DataFrame):
 # accuracy with Wilson intervals
 
 
-def accuracy_table(pred: pd.DataFrame, by: Iterable[str] = ("category",), total: bool = True,
-                   solutions: pd.DataFrame | None = None) -> pd.DataFrame:
+def accuracy_table(pred: pd.DataFrame, by: Iterable[str] = ("category",), total: bool = True) -> pd.DataFrame:
     """Columns `*by, n, correct, accuracy, lo, hi`; a last row 'all' when `total`.
 
     `by` may name `status` (the solver's solved/ambiguous/undetermined on the prompt): it is
-    added with `with_solver` (or taken from `solutions`) when the table does not have it.
+    added with `with_solver` when the table does not have it.
     """
     by = list(by)
     if not by:
         raise LabError("accuracy_table: `by` names no column")
     df = normalise_predictions(pred)
     if "status" in by and "status" not in pred.columns:
-        df = with_solver(df, solutions=solutions)
+        df = with_solver(df)
     missing = [c for c in by if c not in df.columns]
     if missing:
         raise LabError(f"accuracy_table: no column(s) {missing} to group by")
@@ -210,12 +206,6 @@ def _sort_groups(out: pd.DataFrame, by: list[str]) -> pd.DataFrame:
 
 _SOLVER_MEMO: dict[tuple[str, str], dict] = {}
 SOLUTION_COLUMNS = ("prompt_sha", "fingerprint", "status", "solver_answer", "solver_trace", "solver_reason")
-
-
-def _solve_prompt(prompt: str, style: str = "compact"):
-    from lab.puzzles import solve
-
-    return solve(prompt, style=style)
 
 
 def solver_fingerprint() -> str:
@@ -252,7 +242,7 @@ def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None =
         if row is None:
             fresh = True
             try:
-                s = _solve_prompt(p, style)
+                s = puzzles.solve(p, style=style)
                 row = {"status": str(s.status), "solver_answer": "" if s.answer is None else str(s.answer),
                        "solver_trace": str(s.trace or ""), "solver_reason": str(getattr(s, "reason", "") or "")}
             except Exception as e:  # noqa: BLE001 - the solver promises not to raise; do not die if it does
@@ -271,29 +261,25 @@ def with_solver(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
                 cache_path: str | os.PathLike | None = None, style: str = "compact") -> pd.DataFrame:
     """`pred` plus `status, solver_answer, solver_trace, solver_reason` (solved from `prompt`, trace in `style`).
 
-    `solutions`, when given, is a table aligned with `pred` by `id` (or by row when it has no
-    `id`) holding at least `status` and `solver_trace`: tests and notebooks can pass their own. Without it, a
-    `pred` that already has `status` and `solver_trace` keeps them.
+    `solutions`, when given, is a table matched to `pred` by `id` holding at least `status` (and `solver_trace`):
+    tests and notebooks can pass their own. Without it, a `pred` that already has `status` and `solver_trace`
+    keeps them.
     """
     df = normalise_predictions(pred)
-    if solutions is None and {"status", "solver_trace"} <= set(df.columns):
-        sol = df
-    elif solutions is None:
-        if (df["prompt"] == "").any():
-            raise LabError("with_solver: some rows have no prompt, so the solver cannot see the puzzle")
-        sol = solve_prompts(df["prompt"], cache_path=cache_path, style=style)
-    elif "id" in solutions.columns:
-        if "status" not in solutions.columns:
-            raise LabError(f"with_solver: solutions need a 'status' column; have {list(solutions.columns)}")
+    if solutions is not None:
+        if not {"id", "status"} <= set(solutions.columns):
+            raise LabError(f"with_solver: solutions need an 'id' and a 'status' column; have {list(solutions.columns)}")
         sol = solutions.assign(id=solutions["id"].astype(str)).drop_duplicates("id").set_index("id")
         lost = [i for i in df["id"] if i not in sol.index]
         if lost:
             raise LabError(f"with_solver: no solution for id(s) {lost[:5]}")
         sol = sol.loc[df["id"]].reset_index()
+    elif {"status", "solver_trace"} <= set(df.columns):
+        sol = df
+    elif (df["prompt"] == "").any():
+        raise LabError("with_solver: some rows have no prompt, so the solver cannot see the puzzle")
     else:
-        if len(solutions) != len(df):
-            raise LabError(f"with_solver: {len(solutions)} solutions for {len(df)} predictions")
-        sol = solutions
+        sol = solve_prompts(df["prompt"], cache_path=cache_path, style=style)
     for c in ("status", "solver_answer", "solver_trace", "solver_reason"):
         df[c] = [_text(v) for v in (sol[c] if c in sol.columns else [""] * len(df))]
     return df
@@ -305,12 +291,7 @@ def with_solver(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
 
 def _as_number(s: str) -> float | None:
     s = str(s).strip()
-    if not _NUMBER.fullmatch(s):
-        return None
-    try:
-        v = float(s)
-    except ValueError:
-        return None
+    v = float(s) if _NUMBER.fullmatch(s) else math.nan  # the pattern is a subset of float()'s syntax
     return v if math.isfinite(v) else None
 
 
@@ -343,22 +324,12 @@ def _gold_in_text(gold: str, text: str, numeric: bool) -> bool:
     if re.search(pat, text, flags=re.IGNORECASE if not numeric else 0):
         return True
     gv = _as_number(g) if numeric else None
-    if gv is not None:
-        for m in _NUMBER.finditer(text):
-            v = _as_number(m.group())
-            if v is not None and v == gv:
-                return True
-    return False
+    return gv is not None and any(_as_number(m.group()) == gv for m in _NUMBER.finditer(text))
 
 
 def _field(row: Mapping | pd.Series, name: str, default: Any = "") -> Any:
-    try:
-        v = row[name]
-    except (KeyError, IndexError):
-        return default
-    if _blank(v):
-        return default
-    return v
+    v = row.get(name)
+    return default if pd.isna(v) else v
 
 
 def classify_failure(row: Mapping | pd.Series, budget: int | None = None) -> str:
@@ -466,27 +437,25 @@ def first_departure(completion: str, solver_trace: str | None) -> int | None:
     return None
 
 
-def departure_table(pred: pd.DataFrame, solutions: pd.DataFrame | None = None,
-                    cache_path: str | os.PathLike | None = None,
-                    statuses: Iterable[str] = ("solved", "ambiguous"), style: str = "compact") -> pd.DataFrame:
-    """One row per prediction whose prompt has a solver trace with a status in `statuses`
-    (an 'undetermined' trace only says "cannot solve", so it is left out by default):
+def departure_table(pred: pd.DataFrame, solutions: pd.DataFrame | None = None) -> pd.DataFrame:
+    """One row per prediction whose prompt has a solved or ambiguous solver trace (`with_solver`; an
+    'undetermined' trace only says "cannot solve", so it is left out):
     `id, category, subtype, status, correct, trace_steps, model_steps, departure` (Int64, <NA>
     when the model followed the trace to its end), `model_step`, `trace_step` (the two lines
-    at the departure).
+    at the departure) and `kind` (`line_kind` of the trace's line there, else the model's).
     """
-    df = with_solver(pred, solutions=solutions, cache_path=cache_path, style=style)
-    df = df[(df["solver_trace"].str.strip() != "") & df["status"].isin(list(statuses))]
+    df = with_solver(pred, solutions=solutions)
+    df = df[(df["solver_trace"].str.strip() != "") & df["status"].isin(["solved", "ambiguous"])]
     rows = []
     for r in df.to_dict("records"):
         model, trace = _steps(r["completion"]), _steps(r["solver_trace"])
         d = first_departure(r["completion"], r["solver_trace"])
+        model_step = model[d - 1] if d else ""
+        trace_step = trace[d - 1] if d and d <= len(trace) else ""
         rows.append({"id": r["id"], "category": r["category"], "subtype": r["subtype"], "status": r["status"],
                      "correct": bool(r["correct"]), "trace_steps": len(trace), "model_steps": len(model),
-                     "departure": d if d is not None else pd.NA,
-                     "model_step": model[d - 1] if d else "",
-                     "trace_step": trace[d - 1] if d and d <= len(trace) else "",
-                     "kind": line_kind(trace[d - 1] if d and d <= len(trace) else model[d - 1] if d else "")})
+                     "departure": d if d is not None else pd.NA, "model_step": model_step, "trace_step": trace_step,
+                     "kind": line_kind(trace_step or model_step)})
     out = pd.DataFrame(rows, columns=["id", "category", "subtype", "status", "correct", "trace_steps",
                                       "model_steps", "departure", "model_step", "trace_step", "kind"])
     out["departure"] = out["departure"].astype("Int64")
@@ -627,28 +596,31 @@ def compare(pred_a: pd.DataFrame, pred_b: pd.DataFrame, budget: int | None = Non
 
 
 def _jsonable(v: Any) -> Any:
-    if isinstance(v, (np.integer,)):
-        return int(v)
-    if isinstance(v, (float, np.floating)):
-        v = float(v)
-        return None if math.isnan(v) else v
-    return v
+    """A table cell as JSON: a numpy scalar as Python's, NaN as None."""
+    v = v.item() if isinstance(v, np.generic) else v
+    return None if isinstance(v, float) and math.isnan(v) else v
+
+
+def _by(table: pd.DataFrame, key: str, cols: Iterable[str] | None = None, total: bool = False) -> dict:
+    """{row[key]: {column: JSON value}} over the rows of a table (the 'all' row only with `total`)."""
+    return {r[key]: {k: _jsonable(r[k]) for k in (cols or r) if k != key}
+            for r in table.to_dict("records") if total or r[key] != "all"}
 
 
 def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None = None,
-            solutions: pd.DataFrame | None = None, solver: bool = True, style: str = "compact") -> dict[str, Any]:
+            solver: bool = True, style: str = "compact") -> dict[str, Any]:
     """Write every table (CSV) and plot (PNG) into `out_dir`; return the headline metrics.
 
     Files: accuracy_by_category.csv, accuracy_by_subtype.csv, accuracy_by_status.csv,
     taxonomy.csv, failures.csv (one row per prediction with its class), departures.csv,
-    departure_summary.csv, lengths.csv, solutions.csv (the solver cache), and the plots
+    departure_summary.csv, imitation.csv, lengths.csv, solutions.csv (the solver cache), and the plots
     accuracy_by_category.png, taxonomy.png, lengths.png. With `solver=False` (or no prompts)
-    the solver-based tables are skipped. `solutions` overrides the solver (see with_solver); `style` is the
-    trace style the departures compare with (`data.trace_style`, the style the model was trained on).
+    the solver-based tables are skipped. `style` is the trace style the departures compare with
+    (`data.trace_style`, the style the model was trained on).
 
     Returned dict (JSON-serialisable): n, accuracy, accuracy_by_category {category: {n, correct,
-    accuracy, lo, hi}}, taxonomy {category: {class: count}} ('all' included), truncated,
-    accuracy_by_status (when the solver ran), files (names written).
+    accuracy, lo, hi}}, taxonomy {category: {class: count}} ('all' included), truncated, budget,
+    imitation and accuracy_by_status (when the solver ran), files (names written).
     """
     budget = COMPETITION.max_tokens if budget is None else budget
     df = with_failures(pred, budget=budget)
@@ -668,14 +640,15 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None =
     tax = taxonomy(df)
     write("taxonomy.csv", tax)
     write("lengths.csv", length_table(df, budget))
+    total, counts = acc[acc["category"] == "all"].iloc[0], _by(tax, "category", CLASSES, total=True)
+    metrics: dict[str, Any] = {
+        "n": int(total["n"]), "accuracy": _jsonable(total["accuracy"]),
+        "accuracy_by_category": _by(acc, "category", ("n", "correct", "accuracy", "lo", "hi")),
+        "taxonomy": counts, "truncated": counts["all"]["truncated"], "budget": int(budget)}
 
-    use_solver = solver and (solutions is not None or (len(df) and (df["prompt"] != "").all()))
-    status_acc = None
-    if use_solver:
-        df = with_solver(df, solutions=solutions, cache_path=None if solutions is not None else out / "solutions.csv",
-                         style=style)
-        if solutions is None:
-            files.append("solutions.csv")
+    if solver and (df["prompt"] != "").all():
+        df = with_solver(df, cache_path=out / "solutions.csv", style=style)
+        files.append("solutions.csv")
         status_acc = accuracy_table(df, ("status",))
         write("accuracy_by_status.csv", status_acc)
         dep = departure_table(df)
@@ -683,6 +656,8 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None =
         write("departure_summary.csv", departure_summary(dep))
         imitation = imitation_table(df, dep)
         write("imitation.csv", imitation)
+        metrics["imitation"] = _by(imitation, "category", total=True)
+        metrics["accuracy_by_status"] = _by(status_acc, "status", ("n", "correct", "accuracy"))
         dep_map = dict(zip(dep["id"], dep["departure"]))
         df["departure"] = pd.array([dep_map.get(i, pd.NA) for i in df["id"]], dtype="Int64")
     cols = [c for c in ("id", "category", "subtype", "gold", "answer", "correct", "failure", "tokens",
@@ -696,23 +671,6 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None =
                       ("lengths.png", plots.lengths(df, budget, _ordered_categories(df)))):
         plots.save(fig, out / name)
         files.append(name)
-
-    total = acc[acc["category"] == "all"].iloc[0]
-    metrics: dict[str, Any] = {
-        "n": int(total["n"]),
-        "accuracy": _jsonable(total["accuracy"]),
-        "accuracy_by_category": {r["category"]: {k: _jsonable(r[k]) for k in ("n", "correct", "accuracy", "lo", "hi")}
-                                 for r in acc.to_dict("records") if r["category"] != "all"},
-        "taxonomy": {r["category"]: {c: int(r[c]) for c in CLASSES} for r in tax.to_dict("records")},
-        "truncated": int(tax[tax["category"] == "all"]["truncated"].iloc[0]),
-        "budget": int(budget),
-    }
-    if use_solver:
-        metrics["imitation"] = {r["category"]: {k: _jsonable(r[k]) for k in r if k != "category"}
-                                for r in imitation.to_dict("records")}
-    if status_acc is not None:
-        metrics["accuracy_by_status"] = {r["status"]: {k: _jsonable(r[k]) for k in ("n", "correct", "accuracy")}
-                                         for r in status_acc.to_dict("records") if r["status"] != "all"}
     files.append("errors_metrics.json")
     metrics["files"] = sorted(files)
     atomic_write_json(out / "errors_metrics.json", metrics)

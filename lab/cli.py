@@ -127,9 +127,9 @@ def score_main(argv: list[str] | None = None) -> int:
     if out_col == "completion":
         table = judge(gold["answer"], pred["completion"], args.version)
     else:
-        table = pd.DataFrame({"gold": gold["answer"], "answer": pred["answer"], "source": "given"})
-        table["correct"] = [verify(g, a, args.version) for g, a in zip(table["gold"], table["answer"])]
-        table = table[["gold", "answer", "correct", "source"]]
+        table = pd.DataFrame({"gold": gold["answer"], "answer": pred["answer"],  # judge's columns, answers as given
+                              "correct": [verify(g, a, args.version) for g, a in zip(gold["answer"], pred["answer"])],
+                              "source": "given"})
     table.insert(0, "id", gold["id"].values)
 
     n, k = len(table), int(table["correct"].sum())

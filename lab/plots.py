@@ -1,8 +1,7 @@
 """Every plot of the lab, in one style: small functions that take a table and return a matplotlib Figure.
 
 Stage notebooks, the error analysis (`lab.analysis.analyse`), the voting notebook and the sweep report
-(`lab.sweep_report.report`) all draw here; `save` writes a PNG atomically and `show` also puts the figure
-into the notebook's output.
+(`lab.sweep_report.report`) all draw here; `save` writes a PNG atomically.
 
 The style, once for all: the Okabe-Ito palette (told apart with any colour vision), constrained layout,
 whole-number ticks for steps and k, readable legend names (`label` turns TRL's log keys such as
@@ -31,6 +30,7 @@ from matplotlib.figure import Figure
 from matplotlib.ticker import MaxNLocator
 
 from lab.io import atomic_file
+from lab.stats import wilson_interval
 
 # Okabe & Ito (2008), "Color Universal Design": blue, orange, bluish green, reddish purple, sky blue, vermillion,
 # yellow, black
@@ -38,10 +38,8 @@ PALETTE = ("#0072B2", "#E69F00", "#009E73", "#CC79A7", "#56B4E9", "#D55E00", "#F
 GREY = "#999999"
 DPI = 110
 
-_NAMES = {"reward": "total reward (weighted)", "reward_std": "total reward, std", "loss": "training loss",
-          "pass_at_k": "pass@k (any sample right)", "maj_at_k": "maj@k (majority vote)",
-          "frac_reward_zero_std": "groups with zero reward variance", "completions/clipped_ratio": "truncated share",
-          "grad_norm": "gradient norm", "kl": "KL to the start", "tokens_per_puzzle": "tokens per puzzle"}
+_NAMES = {"reward": "total reward (weighted)", "loss": "training loss", "pass_at_k": "pass@k (any sample right)",
+          "maj_at_k": "maj@k (majority vote)"}  # the series the stages plot
 
 
 def label(key: str) -> str:
@@ -78,17 +76,6 @@ def save(fig: Figure, path: str | os.PathLike) -> Path:
     return path
 
 
-def show(fig: Figure, path: str | os.PathLike) -> Path:
-    """`save`, then show the saved PNG in the notebook's output (nothing happens outside IPython)."""
-    path = save(fig, path)
-    try:
-        from IPython.display import Image, display
-    except ImportError:
-        return path
-    display(Image(data=path.read_bytes(), format="png"))
-    return path
-
-
 def _integer_x(ax, values) -> None:
     """Whole-number ticks: every value when there are few (a one-step run shows "1", not 0.95 ... 1.05)."""
     vals = sorted({int(v) for v in pd.to_numeric(pd.Series(list(values)), errors="coerce").dropna()})
@@ -103,8 +90,6 @@ def _integer_x(ax, values) -> None:
 def _wilson(acc, n: int) -> tuple[np.ndarray, np.ndarray]:
     """Wilson 95% bounds (lo, hi) of accuracies `acc` over `n` puzzles, each taken as round(acc * n) of n (an
     average over sample windows, maj@k and pass@k, is treated so too: the headline table's convention)."""
-    from lab.stats import wilson_interval
-
     pairs = [wilson_interval(int(round(float(a) * n)), int(n)) if n and a == a else (math.nan, math.nan)
              for a in np.atleast_1d(acc)]
     return np.array([p[0] for p in pairs]), np.array([p[1] for p in pairs])
@@ -123,15 +108,10 @@ def _integer_bins(values: pd.Series, max_bins: int = 30):
 
 # ---- stage plots -------------------------------------------------------------------------------------
 
-def _std_column(y: str) -> str:
-    """The log column holding the spread of `y`: `reward` -> `reward_std`, `rewards/f/mean` -> `rewards/f/std`."""
-    return y[:-len("/mean")] + "/std" if y.endswith("/mean") else f"{y}_std"
-
-
 def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = "", n: int | None = None) -> Figure:
     """One line per column of `ys` (those present) against `x`; steps and k on whole-number ticks. With `n` (the
-    values each point averages, e.g. GRPO's completions per step) and a std column beside a line (`_std_column`),
-    a band shows the 95% normal interval of that mean, mean +- 1.96 std / sqrt(n)."""
+    values each point averages, e.g. GRPO's completions per step) and a std column beside a line (`reward_std` for
+    `reward`, `rewards/f/std` for `rewards/f/mean`), a band shows the 95% normal interval of that mean, mean +- 1.96 std / sqrt(n)."""
     fig = figure()
     ax = axes(fig)
     banded = False
@@ -139,7 +119,7 @@ def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = 
         if y in df:
             mean = pd.to_numeric(df[y], errors="coerce")
             drawn = ax.plot(df[x], mean, marker="o", markersize=3, label=label(y))
-            sd = _std_column(y)
+            sd = y.removesuffix("/mean") + "/std" if y.endswith("/mean") else f"{y}_std"
             if n and sd in df:
                 half = 1.96 * pd.to_numeric(df[sd], errors="coerce") / math.sqrt(n)
                 ax.fill_between(df[x], mean - half, mean + half, color=drawn[0].get_color(), alpha=0.2, linewidth=0)
@@ -381,18 +361,14 @@ def sweep_against(df: pd.DataFrame, metric: str, param: str, others: list[str]) 
     for i, (key, g) in enumerate(groups):
         name = ", ".join(f"{k}={v}" for k, v in zip(others, key)) or None
         colour = PALETTE[i % len(PALETTE)]
-        pos, mean, lo, hi = [], [], [], []
         shift = (i - (len(groups) - 1) / 2) * 0.06
-        for j, x in enumerate(xs):
-            vals = pd.to_numeric(g[g[param].astype(str) == x][metric], errors="coerce").dropna()
-            if len(vals):
-                pos.append(j + shift)
-                mean.append(vals.mean())
-                lo.append(vals.mean() - vals.min())
-                hi.append(vals.max() - vals.mean())
-                ax.scatter([j + shift] * len(vals), vals, s=12, alpha=0.35, color=colour)
-        if pos:
-            ax.errorbar(pos, mean, yerr=[lo, hi], marker="o", capsize=4, label=name, color=colour)
+        jobs = pd.DataFrame({"x": g[param].astype(str).map(xs.index) + shift,
+                             "v": pd.to_numeric(g[metric], errors="coerce")}).dropna().sort_values("x", kind="stable")
+        ax.scatter(jobs["x"], jobs["v"], s=12, alpha=0.35, color=colour)
+        st = jobs.groupby("x")["v"].agg(["mean", "min", "max"])
+        if len(st):
+            ax.errorbar(st.index, st["mean"], yerr=[st["mean"] - st["min"], st["max"] - st["mean"]], marker="o",
+                        capsize=4, label=name, color=colour)
     ax.set_xticks(range(len(xs)), xs, rotation=20 if max(map(len, xs)) > 6 else 0, fontsize=8)
     _value_axis(ax, pd.to_numeric(df[metric], errors="coerce").dropna())
     ax.set_xlabel(param)

@@ -43,6 +43,7 @@ What it simplifies:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import re
@@ -104,10 +105,9 @@ def job_params(overrides: list[str], exclude_keys: Iterable[str]) -> dict[str, A
 
 
 def job_config(nb_overrides: list[str]) -> dict:
-    """The resolved config the job's notebooks compose (validated), as plain data: what a finished job or stage
-    must have been made with to be kept. The overrides alone are not enough: a default changed in conf/ since
-    the job ran gives the same overrides another config. `run_name` is left out: the job's folder is fixed by
-    `run_dir`, and a run_name left unset is a time stamp that differs at every compose."""
+    """The resolved config the job's notebooks compose (validated; `lab.config.config_data`): what a finished job
+    or stage must have been made with to be kept. The overrides alone are not enough: a default changed in conf/
+    since the job ran gives the same overrides another config."""
     from lab.config import compose, config_data
 
     return config_data(compose(nb_overrides))
@@ -135,17 +135,15 @@ def is_done(job_dir: Path, stages: list[str], overrides: list[str], key: str | N
             and all((Path(job_dir) / s / "metrics.json").is_file() for s in stages))
 
 
-def _stage_kept(job_dir: Path, stage: str, nb_overrides: list[str], config: dict | None = None) -> bool:
-    """A stage that already finished in this folder with exactly these overrides (and, when `config` is given,
-    whose config.yaml holds that resolved config)."""
+def _stage_kept(job_dir: Path, stage: str, nb_overrides: list[str], config: dict) -> bool:
+    """A stage that already finished in this folder with exactly these overrides, whose config.yaml holds this
+    resolved config."""
     d = job_dir / stage
-    if not (d / "metrics.json").is_file():
+    if not (d / "metrics.json").is_file() or not saved_config_matches(d / "config.yaml", config):
         return False
     try:
         man = read_json(d / "manifest.json")
     except LabError:
-        return False
-    if config is not None and not saved_config_matches(d / "config.yaml", config):
         return False
     return man.get("status") == "finished" and man.get("overrides") == nb_overrides
 
@@ -173,68 +171,63 @@ def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str],
     if not force and is_done(job_dir, stages, overrides, key):
         log.info(f"[{name}] finished earlier: skipped")
         return {"job": name, "status": "skipped"}
-    with run_lock(job_dir):
-        return _run_job(job_dir, name, overrides, nb_overrides, stages, params, cfg, force, config, key)
-
-
-def _run_job(job_dir: Path, name: str, overrides: list[str], nb_overrides: list[str], stages: list[str],
-             params: dict | None, cfg, force: bool, config: dict, key: str) -> dict:
-    job_dir.mkdir(parents=True, exist_ok=True)
-    (job_dir / DONE_FILE).unlink(missing_ok=True)
-    (job_dir / ERROR_FILE).unlink(missing_ok=True)
-    t0 = time.time()
-    job = {"job": name, "status": "running", "overrides": overrides, "params": params or {}, "stages": list(stages),
-           "run_dir": str(job_dir), "notebook_overrides": nb_overrides, "host": socket.gethostname(),
-           "pid": os.getpid(), "start_time": _now(), "end_time": None, "wall_seconds": None,
-           "stages_kept": [], "stages_run": []}
-    atomic_write_json(job_dir / JOB_FILE, job)
-    if cfg is not None:
-        from omegaconf import OmegaConf
-
-        cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
-        OmegaConf.update(cfg, "run_dir", str(job_dir))
-        atomic_write_text(job_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
-    stage = None
-    try:
-        keep = not force
-        for stage in stages:
-            keep = keep and _stage_kept(job_dir, stage, nb_overrides, config)
-            if keep:
-                log.info(f"[{name}] {stage}: finished earlier with the same overrides, kept")
-                job["stages_kept"].append(stage)
-                continue
-            t = time.time()
-            log.info(f"[{name}] {stage}: running")
-            execute_stage(stage, job_dir, nb_overrides, log_file=job_dir / "logs" / f"{stage}.log")
-            log.info(f"[{name}] {stage}: done in {time.time() - t:.0f} s")
-            job["stages_run"].append(stage)
-        stage = None
-        from lab.pipeline import summary
-
-        summary(job_dir)
-    except Exception as e:
-        where = stage or "summary"
-        nb = job_dir / "notebooks" / f"{where}.ipynb"
-        atomic_write_text(job_dir / ERROR_FILE, _error_text(where, nb, e))
-        first = _ANSI.sub("", str(e)).strip().splitlines()
-        job.update(status="failed", failed_stage=where, error=f"{type(e).__name__}: {first[-1] if first else ''}",
-                   end_time=_now(), wall_seconds=round(time.time() - t0, 1))
+    with run_lock(job_dir):  # makes the folder
+        (job_dir / DONE_FILE).unlink(missing_ok=True)
+        (job_dir / ERROR_FILE).unlink(missing_ok=True)
+        t0 = time.time()
+        job = {"job": name, "status": "running", "overrides": overrides, "params": params or {},
+               "stages": list(stages), "run_dir": str(job_dir), "notebook_overrides": nb_overrides,
+               "host": socket.gethostname(), "pid": os.getpid(), "start_time": _now(), "end_time": None,
+               "wall_seconds": None, "stages_kept": [], "stages_run": []}
         atomic_write_json(job_dir / JOB_FILE, job)
-        log.error(f"[{name}] {where}: FAILED ({job['error']}); see {job_dir / ERROR_FILE}")
-        return {"job": name, "status": "failed", "stage": where, "error": job["error"]}
-    job.update(status="finished", end_time=_now(), wall_seconds=round(time.time() - t0, 1))
-    atomic_write_json(job_dir / JOB_FILE, job)
-    atomic_write_json(job_dir / DONE_FILE, {"job": name, "status": "finished", "stages": list(stages),
-                                            "overrides": overrides, "config_sha256": key, "end_time": job["end_time"]})
-    return {"job": name, "status": "finished", "wall_seconds": job["wall_seconds"]}
+        if cfg is not None:
+            from omegaconf import OmegaConf
+
+            cfg = OmegaConf.create(OmegaConf.to_container(cfg, resolve=False))
+            OmegaConf.update(cfg, "run_dir", str(job_dir))
+            atomic_write_text(job_dir / "config.yaml", OmegaConf.to_yaml(cfg, resolve=True))
+        stage = None
+        try:
+            keep = not force
+            for stage in stages:
+                keep = keep and _stage_kept(job_dir, stage, nb_overrides, config)
+                if keep:
+                    log.info(f"[{name}] {stage}: finished earlier with the same overrides, kept")
+                    job["stages_kept"].append(stage)
+                    continue
+                t = time.time()
+                log.info(f"[{name}] {stage}: running")
+                execute_stage(stage, job_dir, nb_overrides, log_file=job_dir / "logs" / f"{stage}.log")
+                log.info(f"[{name}] {stage}: done in {time.time() - t:.0f} s")
+                job["stages_run"].append(stage)
+            stage = None
+            from lab.pipeline import summary
+
+            summary(job_dir)
+        except Exception as e:
+            where = stage or "summary"
+            nb = job_dir / "notebooks" / f"{where}.ipynb"
+            atomic_write_text(job_dir / ERROR_FILE, _error_text(where, nb, e))
+            first = _ANSI.sub("", str(e)).strip().splitlines()
+            job.update(status="failed", failed_stage=where, error=f"{type(e).__name__}: {first[-1] if first else ''}",
+                       end_time=_now(), wall_seconds=round(time.time() - t0, 1))
+            atomic_write_json(job_dir / JOB_FILE, job)
+            log.error(f"[{name}] {where}: FAILED ({job['error']}); see {job_dir / ERROR_FILE}")
+            return {"job": name, "status": "failed", "stage": where, "error": job["error"]}
+        job.update(status="finished", end_time=_now(), wall_seconds=round(time.time() - t0, 1))
+        atomic_write_json(job_dir / JOB_FILE, job)
+        atomic_write_json(job_dir / DONE_FILE, {"job": name, "status": "finished", "stages": list(stages),
+                                                "overrides": overrides, "config_sha256": key,
+                                                "end_time": job["end_time"]})
+        return {"job": name, "status": "finished", "wall_seconds": job["wall_seconds"]}
 
 
+@dataclasses.dataclass
 class _Job:
     """Hydra's task function for one sweep job. Plain attributes only: submitit and joblib pickle it."""
 
-    def __init__(self, stages: list[str], force: bool = False):
-        self.stages = list(stages)
-        self.force = force
+    stages: list[str]
+    force: bool = False
 
     def __call__(self, cfg) -> dict:
         from hydra.core.hydra_config import HydraConfig
@@ -319,7 +312,7 @@ def _check_sweep_file(sweep_dir: Path, p: dict) -> None:
                        f"(or delete {sweep_dir})")
 
 
-def multirun(overrides: list[str], task, config_dir: Path | None = None):
+def multirun(overrides: list[str], task):
     """Hydra's multirun (what `@hydra.main` does for `--multirun`) over conf/config.yaml with `task`."""
     from hydra import version
     from hydra._internal.hydra import Hydra
@@ -333,7 +326,7 @@ def multirun(overrides: list[str], task, config_dir: Path | None = None):
     GlobalHydra.instance().clear()
     try:
         hydra = Hydra.create_main_hydra2(task_name="job", config_search_path=create_config_search_path(
-            str(config_dir or project_root() / "conf")))
+            str(project_root() / "conf")))
         batches = hydra.multirun(config_name="config", task_function=task, overrides=list(overrides))
     finally:
         GlobalHydra.instance().clear()
@@ -393,9 +386,5 @@ def results_on_disk(sweep_dir: Path, why: str) -> list[dict]:
 
 def find_jobs(sweep_dir: Path) -> list[Path]:
     """Every job folder (holding job.json) under the sweep folder, hidden folders (.submitit, .hydra) skipped."""
-    out = []
-    for f in sorted(sweep_dir.rglob(JOB_FILE)):
-        rel = f.parent.relative_to(sweep_dir)
-        if not any(part.startswith(".") for part in rel.parts):
-            out.append(f.parent)
-    return out
+    return [f.parent for f in sorted(sweep_dir.rglob(JOB_FILE))
+            if not any(part.startswith(".") for part in f.parent.relative_to(sweep_dir).parts)]

@@ -30,10 +30,6 @@ HEADLINE = ("02_sft.accuracy_after", "03_grpo.accuracy_sft_start", "03_grpo.accu
             "04_vote.maj_at_k")
 
 
-def _scalar(v) -> bool:
-    return v is None or isinstance(v, (bool, int, float, str))
-
-
 def job_status(job_dir: Path, job: dict) -> str:
     """finished (done.json and every stage's metrics), failed (error.txt), else unfinished (running or killed)."""
     stages = job.get("stages", [])
@@ -47,7 +43,7 @@ def job_status(job_dir: Path, job: dict) -> str:
 def collect(sweep_dir: str | os.PathLike) -> tuple[pd.DataFrame, list[str]]:
     """One row per job: job, status, parameters, `<stage>.<key>` scalar metrics, error. Returns (table, params)."""
     sweep_dir = Path(sweep_dir)
-    rows, params = [], []
+    rows, params = [], set()
     for job_dir in find_jobs(sweep_dir):
         name = str(job_dir.relative_to(sweep_dir))
         try:
@@ -56,16 +52,15 @@ def collect(sweep_dir: str | os.PathLike) -> tuple[pd.DataFrame, list[str]]:
             rows.append({"job": name, "status": "unreadable", "hardware": "", "error": str(e)})
             continue
         row = {"job": name, "status": job_status(job_dir, job)}
-        for k, v in (job.get("params") or {}).items():
-            if k not in params:
-                params.append(k)
-            row[k] = v
+        row.update(job.get("params") or {})
+        params.update(job.get("params") or {})
         for stage in STAGES:
             try:  # a stage not run (or whose metrics.json is unreadable) adds no columns
                 metrics = read_json(job_dir / stage / "metrics.json")
             except LabError:
                 continue
-            row.update({f"{stage}.{k}": v for k, v in metrics.items() if _scalar(v)})
+            row.update({f"{stage}.{k}": v for k, v in metrics.items()
+                        if v is None or isinstance(v, (bool, int, float, str))})  # scalars only
         row["hardware"] = _hardware_label(job_dir)
         if row["status"] == "failed":
             err = (job_dir / ERROR_FILE).read_text(encoding="utf-8").splitlines()

@@ -2,7 +2,7 @@
 from solver traces, length tables, comparing runs, the compare CLI and analyse's files.
 
 All predictions are hand-made; the solver is replaced by hand-made solutions or a monkeypatched
-`_solve_prompt`, so nothing here depends on the solvers' quality.
+`lab.puzzles.solve`, so nothing here depends on the solvers' quality.
 """
 
 from __future__ import annotations
@@ -159,7 +159,7 @@ def fake_solver(monkeypatch):
         status = prompt.split()[0]
         return SimpleNamespace(answer="1", status=status, trace=done("step a\nstep b", "1"), reason="")
 
-    monkeypatch.setattr(errors, "_solve_prompt", solve)
+    monkeypatch.setattr(errors.puzzles, "solve", solve)
     monkeypatch.setattr(errors, "_SOLVER_MEMO", {})
     return calls
 
