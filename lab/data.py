@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -37,9 +38,9 @@ REQUIRED = ("id", "prompt")
 HASHED = ("id", "prompt", "answer")
 
 
-def _row(i: int) -> str:
-    """0-based data index -> the row a spreadsheet shows (header = row 1)."""
-    return f"row {i + 2}"
+def _bad_row(path: Path, i: int, problem: str) -> LabError:
+    """The error for 0-based data row `i`: `<file>: row i+2<problem> (spreadsheet numbering, header = row 1)`."""
+    return LabError(f"{path}: row {i + 2}{problem} (spreadsheet numbering, header = row 1)")
 
 
 # ---------------------------------------------------------------------------------------------
@@ -62,10 +63,8 @@ def _decode(path: Path) -> str:
 def _records(path: Path, text: str) -> tuple[list[str], list[list[str]]]:
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    records = []
     try:
-        for rec in reader:
-            records.append(rec)
+        records = list(reader)
     except csv.Error as e:
         raise LabError(f"{path}: malformed CSV at line {reader.line_num} of the file: {e}") from None
     header = records[0]
@@ -101,20 +100,17 @@ def load_puzzles(path: str | os.PathLike, allow_empty: bool = False) -> pd.DataF
     seen: dict[str, int] = {}
     for i, rec in enumerate(rows):
         if rec == []:
-            raise LabError(f"{p}: {_row(i)} is a blank line (spreadsheet numbering, header = row 1)")
+            raise _bad_row(p, i, " is a blank line")
         if len(rec) != width:
-            raise LabError(f"{p}: {_row(i)} has {len(rec)} field(s), the header has {width} "
-                           f"(spreadsheet numbering, header = row 1)")
+            raise _bad_row(p, i, f" has {len(rec)} field(s), the header has {width}")
         for c in checks:
             if not rec[col[c]].strip():
-                raise LabError(f"{p}: {_row(i)}: empty {c} (spreadsheet numbering, header = row 1)")
+                raise _bad_row(p, i, f": empty {c}")
         ident = rec[col["id"]]
         if ident in seen:
-            raise LabError(f"{p}: {_row(i)}: duplicate id {ident!r}, first seen in {_row(seen[ident])} "
-                           "(spreadsheet numbering, header = row 1)")
+            raise _bad_row(p, i, f": duplicate id {ident!r}, first seen in row {seen[ident] + 2}")
         seen[ident] = i
-    return pd.DataFrame(rows, columns=header, dtype=str) if rows else pd.DataFrame(
-        {c: pd.Series([], dtype=str) for c in header})
+    return pd.DataFrame(rows, columns=header, dtype=str)
 
 
 def add_categories(df: pd.DataFrame) -> pd.DataFrame:
@@ -145,7 +141,7 @@ def split(df: pd.DataFrame, val_fraction: float, seed: int) -> tuple[pd.DataFram
     `train.attrs["split"]` for `save_split`.
     """
     if not 0.0 <= float(val_fraction) < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        raise LabError(f"split: val_fraction must be in [0, 1), got {val_fraction}")
     if "id" not in df.columns:
         raise LabError(f"split: no 'id' column (columns are {list(df.columns)})")
     rng = np.random.default_rng(int(seed))
@@ -260,11 +256,12 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     folder = resolve_path(d.split_dir)
     settings = {"seed": cfg.seed, **OmegaConf.to_container(d, resolve=True)}
     settings.pop("split_dir", None)
+    settings = json.loads(json.dumps(settings))  # as it reads back from split.json
     if (folder / "split.json").is_file():
         made_with = read_json(folder / "split.json").get("settings")
-        if made_with != json_safe(settings):
+        if made_with != settings:
             raise LabError(f"{folder / 'split.json'}: this run's split was made with data settings {made_with}, "
-                           f"not {json_safe(settings)}; use another run_name (or delete {folder})")
+                           f"not {settings}; use another run_name (or delete {folder})")
         return _checked(load_split(folder), folder, need_answers)
     extra: dict[str, Any] = {}
     categories = list(d.categories) if d.categories else None
@@ -300,7 +297,7 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     else:
         raise LabError(f"conf/data: source must be 'synthetic' or 'competition', not {d.source!r}")
     save_split(train, val, folder, seed=cfg.seed, val_fraction=d.val_fraction,
-               settings=json_safe(settings), **extra)
+               settings=settings, **extra)
     return _checked(load_split(folder), folder, need_answers)
 
 
@@ -337,13 +334,6 @@ def _split_notes(df: pd.DataFrame, val: pd.DataFrame, val_fraction: float, path)
     return notes
 
 
-def json_safe(obj: Any) -> Any:
-    """The value as it reads back from JSON (tuples become lists, keys strings)."""
-    import json
-
-    return json.loads(json.dumps(obj))
-
-
 # ---- trace style and token counting (conf/data: trace_style, tokenizer_path) -------------------
 
 TRACE_STYLES = ("compact", "derivation")
@@ -352,10 +342,24 @@ TRACE_STYLES = ("compact", "derivation")
 def trace_style(cfg) -> str:
     """`data.trace_style`: 'compact' (the rule, then applied) or 'derivation' (the search written out, every line
     checked by `python -m lab.puzzles check`); the SFT and GRPO data builders and `05_errors` read it."""
-    style = cfg.data.get("trace_style", None) or "compact"
+    return _style("trace_style", cfg.data.get("trace_style", None) or "compact")
+
+
+def _style(key: str, style: str) -> str:
     if style not in TRACE_STYLES:
-        raise LabError(f"conf/data: trace_style={style!r} must be one of {', '.join(TRACE_STYLES)}")
+        raise LabError(f"conf/data: {key}={style!r} must be one of {', '.join(TRACE_STYLES)}")
     return style
+
+
+def _by_category(cfg, key: str) -> dict:
+    """`data.<key>` as a dict ({} when unset), every key checked to be a category."""
+    from lab.puzzles import CATEGORIES
+
+    per = dict(cfg.data.get(key, None) or {})
+    for cat in per:
+        if cat not in CATEGORIES:
+            raise LabError(f"conf/data: {key} has {cat!r}, not a category (one of {', '.join(CATEGORIES)})")
+    return per
 
 
 def count_tokenizer(cfg, default=None):
@@ -381,19 +385,14 @@ def category_weights(cfg) -> dict[str, float]:
     """`data.weights`: {category: weight} for the SFT examples (1 = as many as the data gives; the schema types each
     as a float); a weight below 0, or a category that does not exist, is a LabError; a weight above 3 is warned
     about (printed)."""
-    from lab.puzzles import CATEGORIES
-
-    out = {}
-    for cat, w in dict(cfg.data.weights or {}).items():
-        if cat not in CATEGORIES:
-            raise LabError(f"conf/data: weights has {cat!r}, not a category (one of {', '.join(CATEGORIES)})")
+    weights = _by_category(cfg, "weights")
+    for cat, w in weights.items():
         if not w >= 0:
             raise LabError(f"conf/data: weights.{cat}={w} must be >= 0")
         if w > OVERSAMPLE_WARN:
             print(f"WARNING: conf/data: weights.{cat}={w:g} oversamples {cat} beyond {OVERSAMPLE_WARN:g}x; "
                   "a category oversampled that far can overwrite the others", flush=True)
-        out[cat] = w
-    return out
+    return weights
 
 
 def oversample(examples: pd.DataFrame, weights: dict[str, float], seed: int) -> pd.DataFrame:
@@ -422,12 +421,7 @@ def trace_styles(cfg) -> dict[str, str]:
     from lab.puzzles import CATEGORIES
 
     default = trace_style(cfg)
-    per = dict(cfg.data.get("trace_styles", None) or {})
-    for cat, st in per.items():
-        if cat not in CATEGORIES:
-            raise LabError(f"conf/data: trace_styles has {cat!r}, not a category (one of {', '.join(CATEGORIES)})")
-        if st not in TRACE_STYLES:
-            raise LabError(f"conf/data: trace_styles.{cat}={st!r} must be one of {', '.join(TRACE_STYLES)}")
+    per = {cat: _style(f"trace_styles.{cat}", st) for cat, st in _by_category(cfg, "trace_styles").items()}
     return {c: per.get(c, default) for c in CATEGORIES}
 
 

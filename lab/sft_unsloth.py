@@ -58,11 +58,6 @@ def fast_model():
     return unsloth.FastModel
 
 
-def require() -> None:
-    """A clear error when Unsloth cannot be used on this machine."""
-    fast_model()
-
-
 def load(cfg: DictConfig):
     """(model, tokenizer) through `unsloth.FastModel.from_pretrained`, 16-bit LoRA."""
     import torch
