@@ -328,7 +328,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         print(f"WARNING: {n}" if not n.startswith("resuming from") else n)
     notes = [n for n in notes if not n.startswith("resuming from")]
 
-    if record is None:  # a fresh run: estimate pass rates, select and order the prompts, record them
+    fresh = record is None
+    if fresh:  # a fresh run: estimate pass rates, select and order the prompts, record them
         rates = pass_rate_table(cfg, model, tokenizer, pool, budget)
         atomic_write_csv(stage.path("pass_rates.csv"), rates)
         thr, unsolved = g.drop_threshold, g.drop_unsolved
@@ -345,14 +346,12 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         record = {"fingerprint": fp, "order": chosen["id"].tolist(),
                   "selection": curriculum.selection_summary(rates, threshold=thr, drop_unsolved=unsolved)}
         checkpoints.write_record(out, record)
-        for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh
-            if is_main_process():                              # stage folder gets them back from there (only the
-                shutil.copyfile(stage.path(name), out / name)  # main process writes: lab.io.atomic_file)
     else:
         print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
-        for name in ("pass_rates.csv", "prompt_order.csv"):
-            if (out / name).is_file() and is_main_process():
-                shutil.copyfile(out / name, stage.path(name))
+    for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh stage folder
+        src, dst = (stage.path(name), out / name) if fresh else (out / name, stage.path(name))  # gets them back
+        if src.is_file() and is_main_process():  # only the main process writes (lab.io.atomic_file)
+            shutil.copyfile(src, dst)
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # scripts/train_grpo.py, N processes:
         box = [record]  # every rank trains rank 0's prompt order (its own sampled pass rates could differ)
         torch.distributed.broadcast_object_list(box, src=0)
