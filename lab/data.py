@@ -250,11 +250,11 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     """
     from omegaconf import OmegaConf
 
+    from lab.lineage import consumed
     from lab.paths import resolve_path
 
-    d = cfg.data
-    folder = resolve_path(d.split_dir)
-    settings = {"seed": cfg.seed, **OmegaConf.to_container(d, resolve=True)}
+    folder = resolve_path(cfg.data.split_dir)
+    settings = {"seed": cfg.seed, **OmegaConf.to_container(cfg.data, resolve=True)}
     settings.pop("split_dir", None)
     settings = json.loads(json.dumps(settings))  # as it reads back from split.json
     if (folder / "split.json").is_file():
@@ -262,43 +262,50 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
         if made_with != settings:
             raise LabError(f"{folder / 'split.json'}: this run's split was made with data settings {made_with}, "
                            f"not {settings}; use another run_name (or delete {folder})")
-        return _checked(load_split(folder), folder, need_answers)
-    extra: dict[str, Any] = {}
+    else:
+        train, val, extra = _new_split(cfg, need_answers)
+        save_split(train, val, folder, seed=cfg.seed, val_fraction=cfg.data.val_fraction, settings=settings, **extra)
+    train, val = load_split(folder)
+    if need_answers:
+        _need_answers(train, folder / "train.csv")
+    consumed(folder)  # the split's content hash: an input of the open stage (lab.lineage)
+    return train, val
+
+
+def _new_split(cfg, need_answers: bool) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """`prepare`'s (train, val) made from `cfg.data`, and what split.json records beside them (`notes`)."""
+    d = cfg.data
     categories = list(d.categories) if d.categories else None
     if d.source == "synthetic":
         train = _generated(cfg, categories, d.n_train, cfg.seed)
-        val = _generated(cfg, categories, d.n_val, cfg.seed + 7919, exclude=train["prompt"])
-    elif d.source == "competition":
-        path = find_data_file(d.path)
-        df = add_categories(load_puzzles(path))
-        if need_answers:
-            _need_answers(df, path)
-        if categories:
-            df = df[df["category"].isin(categories)].reset_index(drop=True)
-            if df.empty:
-                raise LabError(f"{path}: no puzzle of the categories {categories} (data.categories)")
-        if d.get("synthetic_train", False):  # generated puzzles train; the whole real file validates
-            train, val = synthetic_train_split(cfg, df, categories)
-            notes = [f"{path}: synthetic_train: {len(train)} generated training puzzles; all {len(val)} real rows "
-                     "held for validation"]
-        else:
-            train, val = split(df, d.val_fraction, cfg.seed)
-            if d.n_val:
-                val = val.head(d.n_val)
-            if d.n_train:
-                train = train.head(d.n_train)
-            notes = _split_notes(df, val, d.val_fraction, path)
-        if val.empty:
-            raise LabError(f"{path}: no validation rows: {len(df)} puzzle(s), val_fraction={d.val_fraction}; every "
-                           "category needs two puzzles or more (one for training, one held out)")
-        for n in notes:
-            print(f"note: {n}", flush=True)
-        extra["notes"] = notes
-    else:
+        return train, _generated(cfg, categories, d.n_val, cfg.seed + 7919, exclude=train["prompt"]), {}
+    if d.source != "competition":
         raise LabError(f"conf/data: source must be 'synthetic' or 'competition', not {d.source!r}")
-    save_split(train, val, folder, seed=cfg.seed, val_fraction=d.val_fraction,
-               settings=settings, **extra)
-    return _checked(load_split(folder), folder, need_answers)
+    path = find_data_file(d.path)
+    df = add_categories(load_puzzles(path))
+    if need_answers:
+        _need_answers(df, path)
+    if categories:
+        df = df[df["category"].isin(categories)].reset_index(drop=True)
+        if df.empty:
+            raise LabError(f"{path}: no puzzle of the categories {categories} (data.categories)")
+    if d.get("synthetic_train", False):  # generated puzzles train; the whole real file validates
+        train, val = synthetic_train_split(cfg, df, categories)
+        notes = [f"{path}: synthetic_train: {len(train)} generated training puzzles; all {len(val)} real rows "
+                 "held for validation"]
+    else:
+        train, val = split(df, d.val_fraction, cfg.seed)
+        if d.n_val:
+            val = val.head(d.n_val)
+        if d.n_train:
+            train = train.head(d.n_train)
+        notes = _split_notes(df, val, d.val_fraction, path)
+    if val.empty:
+        raise LabError(f"{path}: no validation rows: {len(df)} puzzle(s), val_fraction={d.val_fraction}; every "
+                       "category needs two puzzles or more (one for training, one held out)")
+    for n in notes:
+        print(f"note: {n}", flush=True)
+    return train, val, {"notes": notes}
 
 
 def _need_answers(df: pd.DataFrame, path) -> None:
@@ -306,15 +313,6 @@ def _need_answers(df: pd.DataFrame, path) -> None:
         raise LabError(f"{path}: no 'answer' column (columns are {list(df.columns)}): a file without answers, like "
                        "the competition's test.csv, cannot be trained on or scored; pass the training file "
                        "(data.path=...)")
-
-
-def _checked(parts: tuple[pd.DataFrame, pd.DataFrame], folder: Path, need_answers: bool):
-    from lab.lineage import consumed
-
-    if need_answers:
-        _need_answers(parts[0], folder / "train.csv")
-    consumed(folder)  # the split's content hash: an input of the open stage (lab.lineage)
-    return parts
 
 
 def _split_notes(df: pd.DataFrame, val: pd.DataFrame, val_fraction: float, path) -> list[str]:
