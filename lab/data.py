@@ -185,14 +185,12 @@ def rows_hash(df: pd.DataFrame) -> str:
 
 
 def _per_category(train: pd.DataFrame, val: pd.DataFrame) -> dict[str, dict[str, int]]:
-    if "category" not in train.columns and "category" not in val.columns:
+    both = pd.concat({"train": train, "val": val})  # the part is the index's first level
+    if "category" not in both.columns:
         return {}
-    counts: dict[str, dict[str, int]] = {}
-    for part, df in (("train", train), ("val", val)):
-        if "category" in df.columns:
-            for c, n in df["category"].value_counts().items():
-                counts.setdefault(str(c), {"train": 0, "val": 0})[part] = int(n)
-    return dict(sorted(counts.items()))
+    table = pd.crosstab(both["category"], both.index.get_level_values(0))
+    table = table.reindex(columns=["train", "val"], fill_value=0)
+    return {str(c): {part: int(n) for part, n in row.items()} for c, row in table.iterrows()}
 
 
 def save_split(train: pd.DataFrame, val: pd.DataFrame, folder: str | os.PathLike, *,
