@@ -43,9 +43,7 @@ def _bad_row(path: Path, i: int, problem: str) -> LabError:
     return LabError(f"{path}: row {i + 2}{problem} (spreadsheet numbering, header = row 1)")
 
 
-# ---------------------------------------------------------------------------------------------
-# loading and validating
-# ---------------------------------------------------------------------------------------------
+# ---- loading and validating ------------------------------------------------------------------
 
 def _decode(path: Path) -> str:
     raw = path.read_bytes()
@@ -126,9 +124,7 @@ def add_categories(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# splitting, hashing, saving
-# ---------------------------------------------------------------------------------------------
+# ---- splitting, hashing, saving --------------------------------------------------------------
 
 def split(df: pd.DataFrame, val_fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(train, val): seeded, stratified by `category` when present, independent of row order.

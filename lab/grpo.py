@@ -404,7 +404,6 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         atomic_write_csv(stage.path("refinements.csv"), pd.DataFrame(refinements))
     after = _trainable_sample(model)
     changed = sum(float((after[n] - before[n]).abs().sum()) for n in after if n in before)
-    lab_cb = callbacks[1]
     late: list[str] = []
     sel = record.get("selection", {})
     metrics = {
@@ -412,7 +411,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         "prompts_unsolved": int(sel.get("unsolved", 0)), "prompts_trained": len(order),
         "max_completion_length": budget, "rollout_backend": backend, "refine": g.refine,
         "steps": steps, "max_steps": max_steps, "resumed_from": str(last) if last else None,
-        "already_finished": finished, "stopped_by_budget": bool(lab_cb.stopped_by_budget),
+        "already_finished": finished, "stopped_by_budget": bool(callbacks[1].stopped_by_budget),
         **step_metrics(log, [f.__name__ for f in funcs], g.beta),
         # this process's reward calls since this run (re)started: one per step without refine
         "correctness_flat_group_share_per_step": [round(x, 4) for x in spread.shares] if spread else [],
