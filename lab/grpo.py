@@ -108,13 +108,11 @@ def schedule(order: Sequence[str], n_rows: int, shuffle: bool, seed: int) -> lis
     if not order:
         raise LabError("no training prompts to schedule")
     out: list[str] = []
-    p = 0
-    while len(out) < n_rows:
+    for p in range(math.ceil(n_rows / len(order))):  # the passes over `order`
         if p and shuffle:
             out += [order[i] for i in np.random.default_rng(int(seed) + p).permutation(len(order))]
         else:
             out += order
-        p += 1
     return out[:n_rows]
 
 

@@ -153,7 +153,7 @@ def _train_drills(cfg, stage, pm, tokenizer) -> dict:
 
 # ---- trainer ------------------------------------------------------------------------------------
 
-def training_args(cfg: DictConfig, output_dir: Path, **extra):
+def training_args(cfg: DictConfig, output_dir: Path):
     """SFTConfig from `conf/sft`; every value from the config, none from library defaults that matter."""
     import torch
     from trl import SFTConfig
@@ -171,7 +171,7 @@ def training_args(cfg: DictConfig, output_dir: Path, **extra):
         data_seed=cfg.seed, **tracking_args(cfg, "02_sft"), use_cpu=not torch.cuda.is_available(),
         bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(), dataloader_num_workers=0,
         disable_tqdm=False, save_only_model=False, gradient_checkpointing=s.gradient_checkpointing,
-        **optim_args(cfg), **extra)
+        **optim_args(cfg))
 
 
 def optim_args(cfg: DictConfig) -> dict:
