@@ -199,38 +199,26 @@ def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, exam
     return trainer
 
 
-def load_model(cfg: DictConfig):
-    """(model, tokenizer) that SFT trains: Unsloth's own loader with `sft.backend=unsloth` (lab.sft_unsloth, which
-    imports unsloth before transformers/TRL/PEFT), else `lab.models.load`."""
-    from lab import models
-
-    if cfg.sft.backend == "unsloth":
-        from lab import sft_unsloth
-
-        return sft_unsloth.load(cfg)
-    return models.load(cfg)
-
-
 def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, tokenizer=None):
     """Train the SFT adapter into `cfg.sft.adapter_dir`.
 
     Returns (metrics, peft_model, tokenizer, log_df): metrics has the example counts, loss, steps,
     the target table, the gradient check and whether the wall-clock budget stopped the run.
     """
-    from lab import checkpoints, trl_private
+    from lab import checkpoints, models, trl_private
     from lab.callbacks import trainer_callbacks
 
     backend = cfg.sft.backend  # hf or unsloth: lab/schema.py's TrainBackend, refused at compose otherwise
     check_targets(cfg)
     sft_stages(cfg)  # before loading the model
-    attach = attach_lora
-    if backend == "unsloth":
+    load, attach = models.load, attach_lora
+    if backend == "unsloth":  # Unsloth's own loader, which imports unsloth before transformers/TRL/PEFT
         from lab import sft_unsloth
 
         sft_unsloth.check_targets(cfg)  # before loading 30B weights
-        attach = sft_unsloth.attach_lora
+        load, attach = sft_unsloth.load, sft_unsloth.attach_lora
     if model is None:
-        model, tokenizer = load_model(cfg)
+        model, tokenizer = load(cfg)
     trl_private.install()
     examples, counts = sft_examples(tokenizer, train_puzzles, cfg.sft.max_seq_len, trace_styles(cfg))
     examples = oversample(examples, category_weights(cfg), cfg.seed)  # data.weights (1 each: unchanged)
