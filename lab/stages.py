@@ -139,7 +139,8 @@ def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
         plots.save(_accuracy_plot(before, after, "before SFT", "after SFT", "SFT"), stage.path("accuracy.png"))
         metrics = {"accuracy_before": float(before["correct"].mean()), "accuracy_after": float(after["correct"].mean()),
                    "lift": float(after["correct"].mean() - before["correct"].mean()), "per_category": table, **metrics}
-    return _finish(stage, launch, {"submission_problems": _pack(stage, cfg.sft.adapter_dir), **metrics})
+    return stage.finish({"submission_problems": _pack(stage, cfg.sft.adapter_dir), **metrics,
+                         "processes": _processes(launch)})
 
 
 # ---- 03_grpo ----------------------------------------------------------------------------------------------------
@@ -179,7 +180,8 @@ def grpo(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
         metrics = {"accuracy_sft_start": float(sft_accuracy), "accuracy_after": acc,
                    "delta": float(acc - float(sft_accuracy)), "per_category": _per_category(sft=start, grpo=after),
                    **metrics}
-    return _finish(stage, launch, {"submission_problems": _pack(stage, cfg.grpo.adapter_dir), **metrics})
+    return stage.finish({"submission_problems": _pack(stage, cfg.grpo.adapter_dir), **metrics,
+                         "processes": _processes(launch)})
 
 
 # ---- 04_vote ----------------------------------------------------------------------------------------------------
@@ -346,7 +348,3 @@ def _main_alone(launch) -> bool:
         for k in DIST_ENV:
             os.environ.pop(k, None)
     return main
-
-
-def _finish(stage: Stage, launch, metrics: dict) -> dict:
-    return stage.finish({**metrics, "processes": _processes(launch)})
