@@ -18,7 +18,7 @@ Modules, by what they do (top to bottom, as the import contract in pyproject.tom
   memory      one training step traced on fake tensors: peak GPU memory, does it fit the gpu= card
   rewards     GRPO reward functions, a name-to-function registry
   curriculum  pass-rate selection and easy-to-hard ordering of GRPO prompts
-  grpo        reinforcement learning (TRL GRPOTrainer); grpo_resume: its fingerprint; grpo_refine: iterative refinement
+  grpo        reinforcement learning (TRL GRPOTrainer) and its resume fingerprint; grpo_refine: iterative refinement
   vote        inference-time voting and pass@k / maj@k
   analysis    error analysis: per-category accuracy, failure taxonomy; stats: the Wilson interval;
               cli: the small commands `score`, `compare`, `sweep` and `report`

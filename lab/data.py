@@ -22,6 +22,7 @@ from __future__ import annotations
 import csv
 import hashlib
 import io
+import json
 import os
 from pathlib import Path
 from typing import Any
@@ -37,14 +38,12 @@ REQUIRED = ("id", "prompt")
 HASHED = ("id", "prompt", "answer")
 
 
-def _row(i: int) -> str:
-    """0-based data index -> the row a spreadsheet shows (header = row 1)."""
-    return f"row {i + 2}"
+def _bad_row(path: Path, i: int, problem: str) -> LabError:
+    """The error for 0-based data row `i`: `<file>: row i+2<problem> (spreadsheet numbering, header = row 1)`."""
+    return LabError(f"{path}: row {i + 2}{problem} (spreadsheet numbering, header = row 1)")
 
 
-# ---------------------------------------------------------------------------------------------
-# loading and validating
-# ---------------------------------------------------------------------------------------------
+# ---- loading and validating ------------------------------------------------------------------
 
 def _decode(path: Path) -> str:
     raw = path.read_bytes()
@@ -62,10 +61,8 @@ def _decode(path: Path) -> str:
 def _records(path: Path, text: str) -> tuple[list[str], list[list[str]]]:
     csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
     reader = csv.reader(io.StringIO(text, newline=""), strict=True)
-    records = []
     try:
-        for rec in reader:
-            records.append(rec)
+        records = list(reader)
     except csv.Error as e:
         raise LabError(f"{path}: malformed CSV at line {reader.line_num} of the file: {e}") from None
     header = records[0]
@@ -101,20 +98,17 @@ def load_puzzles(path: str | os.PathLike, allow_empty: bool = False) -> pd.DataF
     seen: dict[str, int] = {}
     for i, rec in enumerate(rows):
         if rec == []:
-            raise LabError(f"{p}: {_row(i)} is a blank line (spreadsheet numbering, header = row 1)")
+            raise _bad_row(p, i, " is a blank line")
         if len(rec) != width:
-            raise LabError(f"{p}: {_row(i)} has {len(rec)} field(s), the header has {width} "
-                           f"(spreadsheet numbering, header = row 1)")
+            raise _bad_row(p, i, f" has {len(rec)} field(s), the header has {width}")
         for c in checks:
             if not rec[col[c]].strip():
-                raise LabError(f"{p}: {_row(i)}: empty {c} (spreadsheet numbering, header = row 1)")
+                raise _bad_row(p, i, f": empty {c}")
         ident = rec[col["id"]]
         if ident in seen:
-            raise LabError(f"{p}: {_row(i)}: duplicate id {ident!r}, first seen in {_row(seen[ident])} "
-                           "(spreadsheet numbering, header = row 1)")
+            raise _bad_row(p, i, f": duplicate id {ident!r}, first seen in row {seen[ident] + 2}")
         seen[ident] = i
-    return pd.DataFrame(rows, columns=header, dtype=str) if rows else pd.DataFrame(
-        {c: pd.Series([], dtype=str) for c in header})
+    return pd.DataFrame(rows, columns=header, dtype=str)
 
 
 def add_categories(df: pd.DataFrame) -> pd.DataFrame:
@@ -130,9 +124,7 @@ def add_categories(df: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
-# ---------------------------------------------------------------------------------------------
-# splitting, hashing, saving
-# ---------------------------------------------------------------------------------------------
+# ---- splitting, hashing, saving --------------------------------------------------------------
 
 def split(df: pd.DataFrame, val_fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(train, val): seeded, stratified by `category` when present, independent of row order.
@@ -145,7 +137,7 @@ def split(df: pd.DataFrame, val_fraction: float, seed: int) -> tuple[pd.DataFram
     `train.attrs["split"]` for `save_split`.
     """
     if not 0.0 <= float(val_fraction) < 1.0:
-        raise ValueError(f"val_fraction must be in [0, 1), got {val_fraction}")
+        raise LabError(f"split: val_fraction must be in [0, 1), got {val_fraction}")
     if "id" not in df.columns:
         raise LabError(f"split: no 'id' column (columns are {list(df.columns)})")
     rng = np.random.default_rng(int(seed))
@@ -189,14 +181,12 @@ def rows_hash(df: pd.DataFrame) -> str:
 
 
 def _per_category(train: pd.DataFrame, val: pd.DataFrame) -> dict[str, dict[str, int]]:
-    if "category" not in train.columns and "category" not in val.columns:
+    both = pd.concat({"train": train, "val": val})  # the part is the index's first level
+    if "category" not in both.columns:
         return {}
-    counts: dict[str, dict[str, int]] = {}
-    for part, df in (("train", train), ("val", val)):
-        if "category" in df.columns:
-            for c, n in df["category"].value_counts().items():
-                counts.setdefault(str(c), {"train": 0, "val": 0})[part] = int(n)
-    return dict(sorted(counts.items()))
+    table = pd.crosstab(both["category"], both.index.get_level_values(0))
+    table = table.reindex(columns=["train", "val"], fill_value=0)
+    return {str(c): {part: int(n) for part, n in row.items()} for c, row in table.iterrows()}
 
 
 def save_split(train: pd.DataFrame, val: pd.DataFrame, folder: str | os.PathLike, *,
@@ -254,54 +244,62 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     """
     from omegaconf import OmegaConf
 
+    from lab.lineage import consumed
     from lab.paths import resolve_path
 
-    d = cfg.data
-    folder = resolve_path(d.split_dir)
-    settings = {"seed": cfg.seed, **OmegaConf.to_container(d, resolve=True)}
+    folder = resolve_path(cfg.data.split_dir)
+    settings = {"seed": cfg.seed, **OmegaConf.to_container(cfg.data, resolve=True)}
     settings.pop("split_dir", None)
+    settings = json.loads(json.dumps(settings))  # as it reads back from split.json
     if (folder / "split.json").is_file():
         made_with = read_json(folder / "split.json").get("settings")
-        if made_with != json_safe(settings):
+        if made_with != settings:
             raise LabError(f"{folder / 'split.json'}: this run's split was made with data settings {made_with}, "
-                           f"not {json_safe(settings)}; use another run_name (or delete {folder})")
-        return _checked(load_split(folder), folder, need_answers)
-    extra: dict[str, Any] = {}
+                           f"not {settings}; use another run_name (or delete {folder})")
+    else:
+        train, val, extra = _new_split(cfg, need_answers)
+        save_split(train, val, folder, seed=cfg.seed, val_fraction=cfg.data.val_fraction, settings=settings, **extra)
+    train, val = load_split(folder)
+    if need_answers:
+        _need_answers(train, folder / "train.csv")
+    consumed(folder)  # the split's content hash: an input of the open stage (lab.lineage)
+    return train, val
+
+
+def _new_split(cfg, need_answers: bool) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """`prepare`'s (train, val) made from `cfg.data`, and what split.json records beside them (`notes`)."""
+    d = cfg.data
     categories = list(d.categories) if d.categories else None
     if d.source == "synthetic":
         train = _generated(cfg, categories, d.n_train, cfg.seed)
-        val = _generated(cfg, categories, d.n_val, cfg.seed + 7919, exclude=train["prompt"])
-    elif d.source == "competition":
-        path = find_data_file(d.path)
-        df = add_categories(load_puzzles(path))
-        if need_answers:
-            _need_answers(df, path)
-        if categories:
-            df = df[df["category"].isin(categories)].reset_index(drop=True)
-            if df.empty:
-                raise LabError(f"{path}: no puzzle of the categories {categories} (data.categories)")
-        if d.get("synthetic_train", False):  # generated puzzles train; the whole real file validates
-            train, val = synthetic_train_split(cfg, df, categories)
-            notes = [f"{path}: synthetic_train: {len(train)} generated training puzzles; all {len(val)} real rows "
-                     "held for validation"]
-        else:
-            train, val = split(df, d.val_fraction, cfg.seed)
-            if d.n_val:
-                val = val.head(d.n_val)
-            if d.n_train:
-                train = train.head(d.n_train)
-            notes = _split_notes(df, val, d.val_fraction, path)
-        if val.empty:
-            raise LabError(f"{path}: no validation rows: {len(df)} puzzle(s), val_fraction={d.val_fraction}; every "
-                           "category needs two puzzles or more (one for training, one held out)")
-        for n in notes:
-            print(f"note: {n}", flush=True)
-        extra["notes"] = notes
-    else:
+        return train, _generated(cfg, categories, d.n_val, cfg.seed + 7919, exclude=train["prompt"]), {}
+    if d.source != "competition":
         raise LabError(f"conf/data: source must be 'synthetic' or 'competition', not {d.source!r}")
-    save_split(train, val, folder, seed=cfg.seed, val_fraction=d.val_fraction,
-               settings=json_safe(settings), **extra)
-    return _checked(load_split(folder), folder, need_answers)
+    path = find_data_file(d.path)
+    df = add_categories(load_puzzles(path))
+    if need_answers:
+        _need_answers(df, path)
+    if categories:
+        df = df[df["category"].isin(categories)].reset_index(drop=True)
+        if df.empty:
+            raise LabError(f"{path}: no puzzle of the categories {categories} (data.categories)")
+    if d.get("synthetic_train", False):  # generated puzzles train; the whole real file validates
+        train, val = synthetic_train_split(cfg, df, categories)
+        notes = [f"{path}: synthetic_train: {len(train)} generated training puzzles; all {len(val)} real rows "
+                 "held for validation"]
+    else:
+        train, val = split(df, d.val_fraction, cfg.seed)
+        if d.n_val:
+            val = val.head(d.n_val)
+        if d.n_train:
+            train = train.head(d.n_train)
+        notes = _split_notes(df, val, d.val_fraction, path)
+    if val.empty:
+        raise LabError(f"{path}: no validation rows: {len(df)} puzzle(s), val_fraction={d.val_fraction}; every "
+                       "category needs two puzzles or more (one for training, one held out)")
+    for n in notes:
+        print(f"note: {n}", flush=True)
+    return train, val, {"notes": notes}
 
 
 def _need_answers(df: pd.DataFrame, path) -> None:
@@ -309,15 +307,6 @@ def _need_answers(df: pd.DataFrame, path) -> None:
         raise LabError(f"{path}: no 'answer' column (columns are {list(df.columns)}): a file without answers, like "
                        "the competition's test.csv, cannot be trained on or scored; pass the training file "
                        "(data.path=...)")
-
-
-def _checked(parts: tuple[pd.DataFrame, pd.DataFrame], folder: Path, need_answers: bool):
-    from lab.lineage import consumed
-
-    if need_answers:
-        _need_answers(parts[0], folder / "train.csv")
-    consumed(folder)  # the split's content hash: an input of the open stage (lab.lineage)
-    return parts
 
 
 def _split_notes(df: pd.DataFrame, val: pd.DataFrame, val_fraction: float, path) -> list[str]:
@@ -337,13 +326,6 @@ def _split_notes(df: pd.DataFrame, val: pd.DataFrame, val_fraction: float, path)
     return notes
 
 
-def json_safe(obj: Any) -> Any:
-    """The value as it reads back from JSON (tuples become lists, keys strings)."""
-    import json
-
-    return json.loads(json.dumps(obj))
-
-
 # ---- trace style and token counting (conf/data: trace_style, tokenizer_path) -------------------
 
 TRACE_STYLES = ("compact", "derivation")
@@ -352,10 +334,24 @@ TRACE_STYLES = ("compact", "derivation")
 def trace_style(cfg) -> str:
     """`data.trace_style`: 'compact' (the rule, then applied) or 'derivation' (the search written out, every line
     checked by `python -m lab.puzzles check`); the SFT and GRPO data builders and `05_errors` read it."""
-    style = cfg.data.get("trace_style", None) or "compact"
+    return _style("trace_style", cfg.data.get("trace_style", None) or "compact")
+
+
+def _style(key: str, style: str) -> str:
     if style not in TRACE_STYLES:
-        raise LabError(f"conf/data: trace_style={style!r} must be one of {', '.join(TRACE_STYLES)}")
+        raise LabError(f"conf/data: {key}={style!r} must be one of {', '.join(TRACE_STYLES)}")
     return style
+
+
+def _by_category(cfg, key: str) -> dict:
+    """`data.<key>` as a dict ({} when unset), every key checked to be a category."""
+    from lab.puzzles import CATEGORIES
+
+    per = dict(cfg.data.get(key, None) or {})
+    for cat in per:
+        if cat not in CATEGORIES:
+            raise LabError(f"conf/data: {key} has {cat!r}, not a category (one of {', '.join(CATEGORIES)})")
+    return per
 
 
 def count_tokenizer(cfg, default=None):
@@ -381,19 +377,14 @@ def category_weights(cfg) -> dict[str, float]:
     """`data.weights`: {category: weight} for the SFT examples (1 = as many as the data gives; the schema types each
     as a float); a weight below 0, or a category that does not exist, is a LabError; a weight above 3 is warned
     about (printed)."""
-    from lab.puzzles import CATEGORIES
-
-    out = {}
-    for cat, w in dict(cfg.data.weights or {}).items():
-        if cat not in CATEGORIES:
-            raise LabError(f"conf/data: weights has {cat!r}, not a category (one of {', '.join(CATEGORIES)})")
+    weights = _by_category(cfg, "weights")
+    for cat, w in weights.items():
         if not w >= 0:
             raise LabError(f"conf/data: weights.{cat}={w} must be >= 0")
         if w > OVERSAMPLE_WARN:
             print(f"WARNING: conf/data: weights.{cat}={w:g} oversamples {cat} beyond {OVERSAMPLE_WARN:g}x; "
                   "a category oversampled that far can overwrite the others", flush=True)
-        out[cat] = w
-    return out
+    return weights
 
 
 def oversample(examples: pd.DataFrame, weights: dict[str, float], seed: int) -> pd.DataFrame:
@@ -422,12 +413,7 @@ def trace_styles(cfg) -> dict[str, str]:
     from lab.puzzles import CATEGORIES
 
     default = trace_style(cfg)
-    per = dict(cfg.data.get("trace_styles", None) or {})
-    for cat, st in per.items():
-        if cat not in CATEGORIES:
-            raise LabError(f"conf/data: trace_styles has {cat!r}, not a category (one of {', '.join(CATEGORIES)})")
-        if st not in TRACE_STYLES:
-            raise LabError(f"conf/data: trace_styles.{cat}={st!r} must be one of {', '.join(TRACE_STYLES)}")
+    per = {cat: _style(f"trace_styles.{cat}", st) for cat, st in _by_category(cfg, "trace_styles").items()}
     return {c: per.get(c, default) for c in CATEGORIES}
 
 

@@ -6,7 +6,7 @@ with `grpo.pass_rate_k` samples (`pass_rates.csv`), drops those solved at or abo
 rewards named in `grpo.rewards` (`lab.rewards`) and saves the trained "default" LoRA to
 `grpo.adapter_dir`, with `train_log.csv` and per-step metrics. Each step's share of truncated and
 zero-variance groups is checked against `grpo.*_warn_share` and warned about in `metrics["warnings"]`.
-`grpo.resume` continues from the newest checkpoint only when the run's fingerprint matches (`lab.grpo_resume`);
+`grpo.resume` continues from the newest checkpoint only when the run's fingerprint matches (`fingerprint`);
 `grpo.refine` trains on refinements of the best of a first round of drafts (`lab.grpo_refine`); the guard rails
 are `lab.callbacks.GuardRails`; `grpo.rollout_backend` is `hf` (transformers) or `vllm` (TRL's colocate mode, which
 holds a second copy of the base weights: see the README's GRPO section; refused for Nemotron-H, `check_backend`).
@@ -26,10 +26,10 @@ What it simplifies:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib.util
 import json
 import math
-import os
 import shutil
 from pathlib import Path
 from typing import Sequence
@@ -38,16 +38,19 @@ import numpy as np
 import pandas as pd
 from omegaconf import DictConfig
 
-from lab import LabError
-from lab.checkpoints import RUN_RECORD  # the checkpoint folder's run record (lab.checkpoints)
+from lab import LabError, checkpoints
+from lab.checkpoints import RUN_RECORD  # the checkpoint folder's run record (tests read it here)
 from lab.data import trace_style
-from lab.generate import completion_budget
-from lab.grpo_refine import refine_prompt_text
-from lab.grpo_resume import fingerprint, resume_point
+from lab.generate import completion_budget, lora_checksum
+from lab.grpo_refine import refine_prompt_text, refine_rollout
 from lab.io import atomic_write_csv, is_main_process, read_json
 from lab.paths import resolve_path
 from lab.prompts import chat_prompt
 
+# grpo keys that do not change the training trajectory: a resumed run may change them
+RESUME_FREE_KEYS = ("max_steps", "save_steps", "logging_steps", "resume", "wall_clock_budget_min",
+                    "truncation_warn_share", "zero_variance_warn_share", "gradient_check", "adapter_dir",
+                    "vllm_gpu_memory_utilization", "vllm_sleep_mode")
 
 
 # ---- budget, prompts, schedule ----------------------------------------------------------------
@@ -105,13 +108,11 @@ def schedule(order: Sequence[str], n_rows: int, shuffle: bool, seed: int) -> lis
     if not order:
         raise LabError("no training prompts to schedule")
     out: list[str] = []
-    p = 0
-    while len(out) < n_rows:
+    for p in range(math.ceil(n_rows / len(order))):  # the passes over `order`
         if p and shuffle:
             out += [order[i] for i in np.random.default_rng(int(seed) + p).permutation(len(order))]
         else:
             out += order
-        p += 1
     return out[:n_rows]
 
 
@@ -132,24 +133,18 @@ def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, bu
 
 def base_model_type(cfg: DictConfig) -> str | None:
     """The base model's `model_type` without loading it: nemotron_h for the tiny model (`lab.models.build_tiny`
-    builds a NemotronHForCausalLM), else its config.json (local folder, Kaggle mount or Hub cache); None if unknown."""
+    builds a NemotronHForCausalLM), else its config.json (local folder, Kaggle mount or Hub cache: transformers'
+    `cached_file` with local_files_only, transformers/utils/hub.py); None if unknown."""
     if cfg.model.build_tiny:
         return "nemotron_h"
+    from transformers.utils import cached_file
+
     from lab.models import model_path
 
     try:
-        path = model_path(cfg)
-    except LabError:
-        return None
-    if os.path.isdir(path):
-        found = os.path.join(path, "config.json")
-    else:
-        from huggingface_hub import try_to_load_from_cache
-
-        found = try_to_load_from_cache(path, "config.json")
-    try:
-        return json.loads(Path(found).read_text()).get("model_type") if isinstance(found, str) else None
-    except (OSError, ValueError):
+        found = cached_file(model_path(cfg), "config.json", local_files_only=True)
+        return json.loads(Path(found).read_text()).get("model_type")
+    except (LabError, OSError, ValueError, TypeError):
         return None
 
 
@@ -239,20 +234,31 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, rew
         raise LabError(f"conf/grpo: TRL's GRPOConfig refuses these settings: {e}") from None
 
 
-# ---- training ------------------------------------------------------------------------------------
+# ---- resume and training ------------------------------------------------------------------------------------
+
+def fingerprint(cfg: DictConfig, pool_ids: Sequence[str], model, budget: int) -> dict:
+    """What must not change between a run and its resumption (`lab.checkpoints.fingerprint`: every trajectory-changing
+    grpo key, seed, model and its content hash); the pass rates and prompt order of a run record are reused only
+    under the same fingerprint, which adds the budget, the pool and the start adapter's checksum."""
+    return checkpoints.fingerprint(
+        cfg, "grpo", RESUME_FREE_KEYS, max_completion_length=int(budget),
+        pool_sha256=hashlib.sha256("\n".join(map(str, pool_ids)).encode()).hexdigest(),
+        start_adapter=lora_checksum(model, trainable=True))
+
+
+def resume_point(cfg: DictConfig, out: Path, fp: dict, asked: bool = True
+                 ) -> tuple[Path | None, dict | None, list[str]]:
+    """(checkpoint to resume or None, the run record to reuse or None, notes): `lab.checkpoints.resume_point` with
+    `grpo.resume` and `grpo.max_steps`; `asked=False` (resume not asked for explicitly) starts afresh with a note
+    where the fingerprint changed, instead of refusing."""
+    return checkpoints.resume_point(out, fp, resume=cfg.grpo.resume, asked=asked, what="grpo",
+                                    max_steps=cfg.grpo.max_steps)
+
 
 def _floats(log: pd.DataFrame, col: str) -> list[float | None]:
     """A logged column as JSON-safe floats; None where TRL logged nothing (e.g. every reward masked)."""
-    if col not in log:
-        return []
-    out = []
-    for x in log[col]:
-        try:
-            v = float(x)
-        except (TypeError, ValueError):
-            v = math.nan
-        out.append(None if math.isnan(v) or math.isinf(v) else round(v, 4))
-    return out
+    values = pd.to_numeric(log[col], errors="coerce").astype(float).tolist() if col in log else []
+    return [round(v, 4) if math.isfinite(v) else None for v in values]
 
 
 def step_metrics(log: pd.DataFrame, reward_names: Sequence[str], beta: float) -> dict:
@@ -287,9 +293,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     import torch
     from trl import GRPOTrainer
 
-    from lab import checkpoints, curriculum, trl_private
+    from lab import curriculum, trl_private
     from lab.callbacks import GroupSpread, GuardRails, trainer_callbacks, use_text_progress
-    from lab.grpo_refine import refine_rollout
     from lab.lora import GradientCheck, allow_out_proj, install_fused_lora_head, save_adapter, trainer_accepts_head_lora
     from lab.rewards import build
 
@@ -301,9 +306,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         raise LabError("conf/grpo: rollout_backend=vllm but vllm is not installed (pip install -e '.[gpu]'); "
                        "or use rollout_backend=hf")
     trl_private.install()
-    max_steps, per_step = g.max_steps, g.prompts_per_step
-    if max_steps < 1:
-        raise LabError(f"conf/grpo: max_steps={max_steps} must be >= 1")
+    max_steps, per_step = g.max_steps, g.prompts_per_step  # max_steps >= 1: lab/schema.py
 
     pool = train_puzzles.sample(n=min(g.n_prompts, len(train_puzzles)), random_state=cfg.seed)
     pool = pool.assign(id=pool["id"].astype(str)).reset_index(drop=True)
@@ -323,7 +326,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         print(f"WARNING: {n}" if not n.startswith("resuming from") else n)
     notes = [n for n in notes if not n.startswith("resuming from")]
 
-    if record is None:  # a fresh run: estimate pass rates, select and order the prompts, record them
+    fresh = record is None
+    if fresh:  # a fresh run: estimate pass rates, select and order the prompts, record them
         rates = pass_rate_table(cfg, model, tokenizer, pool, budget)
         atomic_write_csv(stage.path("pass_rates.csv"), rates)
         thr, unsolved = g.drop_threshold, g.drop_unsolved
@@ -340,14 +344,12 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         record = {"fingerprint": fp, "order": chosen["id"].tolist(),
                   "selection": curriculum.selection_summary(rates, threshold=thr, drop_unsolved=unsolved)}
         checkpoints.write_record(out, record)
-        for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh
-            if is_main_process():                              # stage folder gets them back from there (only the
-                shutil.copyfile(stage.path(name), out / name)  # main process writes: lab.io.atomic_file)
     else:
         print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
-        for name in ("pass_rates.csv", "prompt_order.csv"):
-            if (out / name).is_file() and is_main_process():
-                shutil.copyfile(out / name, stage.path(name))
+    for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh stage folder
+        src, dst = (stage.path(name), out / name) if fresh else (out / name, stage.path(name))  # gets them back
+        if src.is_file() and is_main_process():  # only the main process writes (lab.io.atomic_file)
+            shutil.copyfile(src, dst)
     if torch.distributed.is_available() and torch.distributed.is_initialized():  # scripts/train_grpo.py, N processes:
         box = [record]  # every rank trains rank 0's prompt order (its own sampled pass rates could differ)
         torch.distributed.broadcast_object_list(box, src=0)
@@ -400,7 +402,6 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         atomic_write_csv(stage.path("refinements.csv"), pd.DataFrame(refinements))
     after = _trainable_sample(model)
     changed = sum(float((after[n] - before[n]).abs().sum()) for n in after if n in before)
-    lab_cb = callbacks[1]
     late: list[str] = []
     sel = record.get("selection", {})
     metrics = {
@@ -408,7 +409,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         "prompts_unsolved": int(sel.get("unsolved", 0)), "prompts_trained": len(order),
         "max_completion_length": budget, "rollout_backend": backend, "refine": g.refine,
         "steps": steps, "max_steps": max_steps, "resumed_from": str(last) if last else None,
-        "already_finished": finished, "stopped_by_budget": bool(lab_cb.stopped_by_budget),
+        "already_finished": finished, "stopped_by_budget": bool(callbacks[1].stopped_by_budget),
         **step_metrics(log, [f.__name__ for f in funcs], g.beta),
         # this process's reward calls since this run (re)started: one per step without refine
         "correctness_flat_group_share_per_step": [round(x, 4) for x in spread.shares] if spread else [],

@@ -63,9 +63,9 @@ def with_smoke(overrides: list[str]) -> list[str]:
 KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 
 
-def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, out_dir: Path | None = None,
-                  log_file: Path | None = None, log_output: bool = True) -> Path:
-    """Run notebooks/<stage>.ipynb with papermill into <out_dir or run_dir/notebooks>/; returns the executed copy.
+def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: Path | None = None,
+                  log_output: bool = True) -> Path:
+    """Run notebooks/<stage>.ipynb with papermill into <run_dir>/notebooks/; returns the executed copy.
 
     The one stage runner: `run_notebooks` (demo, the Kaggle pipeline kernel) and `lab.sweep` call it. The
     kernel's output goes to `log_file` when given, else to stdout when `log_output`. A notebook that runs to
@@ -77,7 +77,7 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, out_dir: P
     src = project_root() / "notebooks" / f"{stage}.ipynb"
     if not src.is_file():
         raise LabError(f"{src}: notebook not found (stages are {', '.join(STAGES)})")
-    out = (out_dir or run_dir / "notebooks") / src.name
+    out = run_dir / "notebooks" / src.name
     out.parent.mkdir(parents=True, exist_ok=True)
     kw = dict(parameters={"overrides": list(overrides)}, cwd=str(project_root()), kernel_name="python3",
               progress_bar=False, extra_arguments=KERNEL_ARGS)
@@ -103,8 +103,7 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, out_dir: P
     return out
 
 
-def run_notebooks(overrides: list[str], stages: list[str] = STAGES, out_dir: Path | None = None,
-                  log_output: bool = True) -> Path:
+def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: bool = True) -> Path:
     """Execute the stage notebooks in order (`execute_stage`) under one run lock; returns the run directory."""
     overrides = list(overrides)
     cfg = compose(overrides)  # validated: a bad value stops here, before any stage folder is touched
@@ -115,12 +114,11 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, out_dir: Pat
         overrides.append(f"run_name={cfg.run_name}")
     run_dir = resolve_path(cfg.run_dir)
     with run_lock(run_dir):  # one writer per run folder; the notebooks' kernels inherit the lock
-        out_dir = out_dir or run_dir / "notebooks"
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
         for name in stages:
             t0 = time.time()
-            print(f"\n=== {name}: running {name}.ipynb -> {out_dir / (name + '.ipynb')}", flush=True)
-            execute_stage(name, run_dir, overrides, out_dir=out_dir, log_output=log_output)
+            print(f"\n=== {name}: running {name}.ipynb -> {run_dir / 'notebooks' / (name + '.ipynb')}", flush=True)
+            execute_stage(name, run_dir, overrides, log_output=log_output)
             print(f"=== {name}: done in {time.time() - t0:.0f} s", flush=True)
     return run_dir
 

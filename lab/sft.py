@@ -153,7 +153,7 @@ def _train_drills(cfg, stage, pm, tokenizer) -> dict:
 
 # ---- trainer ------------------------------------------------------------------------------------
 
-def training_args(cfg: DictConfig, output_dir: Path, **extra):
+def training_args(cfg: DictConfig, output_dir: Path):
     """SFTConfig from `conf/sft`; every value from the config, none from library defaults that matter."""
     import torch
     from trl import SFTConfig
@@ -171,7 +171,7 @@ def training_args(cfg: DictConfig, output_dir: Path, **extra):
         data_seed=cfg.seed, **tracking_args(cfg, "02_sft"), use_cpu=not torch.cuda.is_available(),
         bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(), dataloader_num_workers=0,
         disable_tqdm=False, save_only_model=False, gradient_checkpointing=s.gradient_checkpointing,
-        **optim_args(cfg), **extra)
+        **optim_args(cfg))
 
 
 def optim_args(cfg: DictConfig) -> dict:
@@ -199,38 +199,26 @@ def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, exam
     return trainer
 
 
-def load_model(cfg: DictConfig):
-    """(model, tokenizer) that SFT trains: Unsloth's own loader with `sft.backend=unsloth` (lab.sft_unsloth, which
-    imports unsloth before transformers/TRL/PEFT), else `lab.models.load`."""
-    from lab import models
-
-    if cfg.sft.backend == "unsloth":
-        from lab import sft_unsloth
-
-        return sft_unsloth.load(cfg)
-    return models.load(cfg)
-
-
 def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, tokenizer=None):
     """Train the SFT adapter into `cfg.sft.adapter_dir`.
 
     Returns (metrics, peft_model, tokenizer, log_df): metrics has the example counts, loss, steps,
     the target table, the gradient check and whether the wall-clock budget stopped the run.
     """
-    from lab import checkpoints, trl_private
+    from lab import checkpoints, models, trl_private
     from lab.callbacks import trainer_callbacks
 
     backend = cfg.sft.backend  # hf or unsloth: lab/schema.py's TrainBackend, refused at compose otherwise
     check_targets(cfg)
     sft_stages(cfg)  # before loading the model
-    attach = attach_lora
-    if backend == "unsloth":
+    load, attach = models.load, attach_lora
+    if backend == "unsloth":  # Unsloth's own loader, which imports unsloth before transformers/TRL/PEFT
         from lab import sft_unsloth
 
         sft_unsloth.check_targets(cfg)  # before loading 30B weights
-        attach = sft_unsloth.attach_lora
+        load, attach = sft_unsloth.load, sft_unsloth.attach_lora
     if model is None:
-        model, tokenizer = load_model(cfg)
+        model, tokenizer = load(cfg)
     trl_private.install()
     examples, counts = sft_examples(tokenizer, train_puzzles, cfg.sft.max_seq_len, trace_styles(cfg))
     examples = oversample(examples, category_weights(cfg), cfg.seed)  # data.weights (1 each: unchanged)

@@ -9,7 +9,7 @@ gradient check, resume, saving) is `lab.sft`'s, unchanged.
 
 `unsloth` is imported only when this backend is used (`fast_model()`), never at import time of the lab. Unsloth
 patches transformers, TRL and PEFT when it is imported and warns when they were imported before it;
-`lab.sft.load_model`, which `lab.sft.train` calls, loads through here (in 02_sft, `lab.stages.sft`, after the base
+`lab.sft.train` loads through here (in 02_sft, `lab.stages.sft`, after the base
 model's evaluation, which has imported transformers already).
 
 Checked here instead of trusted:
@@ -48,7 +48,7 @@ def fast_model():
     """`unsloth.FastModel`, imported now; a LabError that says what to do when Unsloth cannot be used here."""
     if "unsloth" not in sys.modules and any(m in sys.modules for m in ("transformers", "trl", "peft")):
         print("WARNING: transformers/TRL/PEFT were imported before unsloth, so Unsloth patches them only in part; "
-              "load the model with lab.sft.load_model(cfg) before anything else touches them")
+              "load the model with lab.sft_unsloth.load(cfg) before anything else touches them")
     try:
         import unsloth
     except Exception as e:  # ImportError, or Unsloth's own error on a machine without a GPU
@@ -56,11 +56,6 @@ def fast_model():
                        f"imported here ({type(e).__name__}: {e}); install the GPU extra (pip install -e '.[gpu]') "
                        "on a GPU machine, or use sft.backend=hf") from None
     return unsloth.FastModel
-
-
-def require() -> None:
-    """A clear error when Unsloth cannot be used on this machine."""
-    fast_model()
 
 
 def load(cfg: DictConfig):

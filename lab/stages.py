@@ -11,8 +11,7 @@ alone evaluates), so a notebook and its script write the same metrics.
 Every greedy evaluation goes through `evaluate`, cached in `<run_dir>/evaluations/` by its key
 (`evaluation_key`: the base model's and the adapter's content hashes, the puzzles, the sampling settings and the
 budget): 03_grpo's evaluation of its adapter and 04_vote's greedy pass of the same adapter are one pass (02_sft's
-evaluation before training is always generated: `evaluate` says why). Every `Generator` is made here
-(`_generator`): the one place a stage calls generation from.
+evaluation before training is always generated: `evaluate` says why). Every `Generator` of a stage is made here.
 
 What it simplifies:
 1. A stage runs in one process (or one accelerate launch); stages hand each other files through the run folder.
@@ -140,7 +139,8 @@ def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
         plots.save(_accuracy_plot(before, after, "before SFT", "after SFT", "SFT"), stage.path("accuracy.png"))
         metrics = {"accuracy_before": float(before["correct"].mean()), "accuracy_after": float(after["correct"].mean()),
                    "lift": float(after["correct"].mean() - before["correct"].mean()), "per_category": table, **metrics}
-    return _finish(stage, launch, {"submission_problems": _pack(stage, cfg.sft.adapter_dir), **metrics})
+    return stage.finish({"submission_problems": _pack(stage, cfg.sft.adapter_dir), **metrics,
+                         "processes": _processes(launch)})
 
 
 # ---- 03_grpo ----------------------------------------------------------------------------------------------------
@@ -180,7 +180,8 @@ def grpo(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
         metrics = {"accuracy_sft_start": float(sft_accuracy), "accuracy_after": acc,
                    "delta": float(acc - float(sft_accuracy)), "per_category": _per_category(sft=start, grpo=after),
                    **metrics}
-    return _finish(stage, launch, {"submission_problems": _pack(stage, cfg.grpo.adapter_dir), **metrics})
+    return stage.finish({"submission_problems": _pack(stage, cfg.grpo.adapter_dir), **metrics,
+                         "processes": _processes(launch)})
 
 
 # ---- 04_vote ----------------------------------------------------------------------------------------------------
@@ -196,7 +197,7 @@ def vote(stage: Stage) -> dict:
     train, val = data.prepare(cfg)
     adapter = stage_input(cfg, v.adapter)  # its stage must have finished
     print(f"voting with {v.adapter}: k={v.k}, temperature={v.temperature}")
-    with _generator(cfg, adapter) as gen:
+    with generate.Generator(cfg, adapter=adapter) as gen:
         greedy = evaluate(stage, val, adapter, "predictions.csv", gen=gen)
         spec = generate.Sampling.competition(cfg, n=v.k, temperature=v.temperature, top_p=v.top_p, logprobs=v.logprobs)
         samples = generate.sample_table(gen, val, spec, cache=stage.path("samples.jsonl"))
@@ -282,19 +283,12 @@ def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, 
         print(f"greedy evaluation: the same model, adapter, puzzles and settings as {entry}; reused, not generated")
         _copy(entry, out)
     else:
-        with contextlib.nullcontext(gen) if gen is not None else _generator(stage.cfg, adapter) as g:
+        with contextlib.nullcontext(gen) if gen is not None else generate.Generator(stage.cfg, adapter=adapter) as g:
             generate.predictions(g, puzzles, out_csv=out)
         if cached:
             atomic_write_json(entry.with_suffix(".json"), key)
             _copy(out, entry)  # the CSV last: its presence means a complete entry
     return load_predictions(out)
-
-
-def _generator(cfg, adapter=None):
-    """The stages' one way to a generation back-end (`lab.generate.Generator`); use it in a `with` block."""
-    from lab import generate
-
-    return generate.Generator(cfg, adapter=adapter)
 
 
 def _copy(src: Path, dst: Path) -> None:
@@ -354,7 +348,3 @@ def _main_alone(launch) -> bool:
         for k in DIST_ENV:
             os.environ.pop(k, None)
     return main
-
-
-def _finish(stage: Stage, launch, metrics: dict) -> dict:
-    return stage.finish({**metrics, "processes": _processes(launch)})

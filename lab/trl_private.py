@@ -49,14 +49,12 @@ class TorchLogProbFunction:
         return target_logp, entropy, lssp, mean_logits, is_top1
 
 
-def install() -> bool:
-    """Fill TRL's empty log-prob slot with the PyTorch version; True if it was needed."""
+def install() -> None:
+    """Fill TRL's empty log-prob slot with the PyTorch version (a slot TRL filled is left as it is)."""
     import trl.trainer.utils as tu
 
     if getattr(tu, "_ChunkedLogProbFunction", None) is None:
         tu._ChunkedLogProbFunction = TorchLogProbFunction
-        return True
-    return False
 
 
 def prompt_ids(trainer, prompts: list) -> list[list[int]]:

@@ -227,7 +227,7 @@ def test_split_without_category_and_edge_fractions():
     tr, va = split(df, 0.0, seed=1)
     assert (len(tr), len(va)) == (30, 0)
     for bad in (-0.1, 1.0):
-        with pytest.raises(ValueError, match="val_fraction"):
+        with pytest.raises(LabError, match="val_fraction"):
             split(df, bad, seed=1)
 
 

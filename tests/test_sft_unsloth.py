@@ -159,4 +159,4 @@ def test_lm_head_is_refused_before_unsloth_is_imported(tmp_path, monkeypatch):
 def test_without_unsloth_the_error_says_what_to_do(monkeypatch):
     monkeypatch.setitem(sys.modules, "unsloth", None)  # import unsloth -> ImportError
     with pytest.raises(LabError, match=r"backend=unsloth needs the `unsloth` package.*sft\.backend=hf"):
-        sft_unsloth.require()
+        sft_unsloth.fast_model()
