@@ -83,16 +83,15 @@ def build_dataset(tokenizer, puzzles: pd.DataFrame, style: str = "compact"):
     raw puzzle text (`refine` builds its prompts from it); one row per puzzle row, in order."""
     from datasets import Dataset
 
-    from lab.puzzles import solve
-    from lab.puzzles.cipher import vocabulary
+    from lab.puzzles import batch_inputs, solve
 
-    vocab = vocabulary(puzzles["prompt"])  # cipher puzzles share the frame's vocabulary, as in solve_frame
+    inputs = batch_inputs(puzzles["prompt"])  # each category's batch input from the frame's prompts, as in solve_frame
     cache: dict[str, dict] = {}
     rows = []
     for _, r in puzzles.iterrows():
         key = str(r["id"])
         if key not in cache:
-            sol = solve(r["prompt"], vocab, style=style)
+            sol = solve(r["prompt"], style=style, **inputs)
             cache[key] = {"prompt": chat_prompt(tokenizer, r["prompt"]), "answer": str(r["answer"]),
                           "category": str(r.get("category", "")),
                           "solver_trace": sol.trace if sol.status == "solved" else "", "id": key,
@@ -313,7 +312,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     budget = max_completion_length(cfg, tokenizer, pool["prompt"].tolist())
     out = stage.checkpoint_dir  # outside the stage folder: a rerun's fresh folder (lab.run.Stage) still finds them
     funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
-                           truncation="mask" if g.mask_truncated_completions else "penalise")
+                           truncation="mask" if g.mask_truncated_completions else "penalise",
+                           metric_version=cfg.infer.metric_version)
     spread = None
     names = [f.__name__ for f in funcs]
     if "correctness" in names:

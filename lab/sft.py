@@ -54,18 +54,17 @@ def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int,
     prompt = the exact Kaggle prompt rendered by the chat template (ends with `<think>\\n`);
     completion = the solver trace in `style` (`data.trace_style`; reasoning, `</think>`, `\\boxed{answer}`) + end-of-turn token.
     `style` may be {category: style} (`data.trace_styles`; a category it does not name: compact).
-    Returns the examples and counts of what was kept, not solved, wrong, or too long. Cipher
-    puzzles share the vocabulary of all the frame's cipher examples, as in `solve_frame`.
+    Returns the examples and counts of what was kept, not solved, wrong, or too long. Each category's batch input
+    (the cipher's pooled vocabulary, the equations' priors) comes from the frame's prompts, as in `solve_frame`.
     """
     from lab.metric import verify
-    from lab.puzzles import classify, solve
-    from lab.puzzles.cipher import vocabulary
+    from lab.puzzles import batch_inputs, classify, solve
 
-    vocab = vocabulary(puzzles["prompt"])
+    inputs = batch_inputs(puzzles["prompt"])
     rows, counts = [], {"puzzles": len(puzzles), "kept": 0, "unsolved": 0, "solver_wrong": 0, "overlong": 0}
     for _, row in puzzles.iterrows():
         cat = row.get("category", "") or classify(row["prompt"])[0]
-        sol = solve(row["prompt"], vocab, style=style if isinstance(style, str) else style.get(cat, "compact"))
+        sol = solve(row["prompt"], style=style if isinstance(style, str) else style.get(cat, "compact"), **inputs)
         if sol.status != "solved":
             counts["unsolved"] += 1
             continue

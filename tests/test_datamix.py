@@ -58,10 +58,11 @@ def test_sft_examples_use_each_categorys_style(monkeypatch):
     from lab import sft
     from lab.puzzles.common import Solution
 
-    seen = []
+    seen, inputs = [], []
 
-    def fake_solve(prompt, vocab=None, style="compact"):
+    def fake_solve(prompt, vocab=None, priors=None, style="compact"):
         seen.append((prompt, style))
+        inputs.append((vocab, priors))
         return Solution("1", "solved", "t\n</think>\n\\boxed{1}", "x", "")
 
     class Tok:
@@ -77,6 +78,12 @@ def test_sft_examples_use_each_categorys_style(monkeypatch):
     ex, counts = sft.sft_examples(Tok(), puzzles, 100, {"bit_manipulation": "compact", "gravity": "derivation"})
     assert seen == [("pa", "compact"), ("pb", "derivation")]
     assert counts["kept"] == 2 and list(ex["category"]) == ["bit_manipulation", "gravity"]
+    # every category's batch input, built from the frame's prompts as `solve_frame` does (the equations' priors too)
+    from lab.puzzles import batch_inputs
+
+    want = batch_inputs(puzzles["prompt"])
+    assert set(want) == {"vocab", "priors"} and len(inputs) == 2
+    assert all(v == want["vocab"] and vars(p) == vars(want["priors"]) for v, p in inputs)
 
 
 def test_synthetic_train_holds_the_whole_real_file_for_validation(tmp_path):

@@ -29,7 +29,7 @@ from .categories import CATEGORIES, classify
 from .common import Solution
 from .eqsolve import family_table
 from .generate import generate
-from .solve import method_table, solve, solve_frame, token_table, trace_tokens
+from .solve import batch_inputs, method_table, solve, solve_frame, token_table, trace_tokens
 
-__all__ = ["CATEGORIES", "Solution", "classify", "solve", "generate", "solve_frame", "method_table", "family_table",
-           "trace_tokens", "token_table"]
+__all__ = ["CATEGORIES", "Solution", "batch_inputs", "classify", "solve", "generate", "solve_frame", "method_table",
+           "family_table", "trace_tokens", "token_table"]
