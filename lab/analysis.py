@@ -221,13 +221,16 @@ def solver_fingerprint() -> str:
 def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None = None,
                   style: str = "compact") -> pd.DataFrame:
     """One row per prompt (in order): SOLUTION_COLUMNS, the trace in `style` (`data.trace_style`: the style the
-    model was trained on). Reuses the memo and the CSV cache (keyed by solver code and style).
+    model was trained on), each category's batch input built from these prompts as `solve_frame` does. Reuses the
+    memo and the CSV cache (keyed by solver code, style and the batch's prompts).
 
     The CSV at `cache_path` (if given) is read when present and rewritten with every solution
     this call needed; rows made with another solver fingerprint are ignored.
     """
     prompts = [str(p) for p in prompts]
-    fp = f"{solver_fingerprint()}-{style}"
+    batch = hashlib.sha1("\n".join(sorted(set(prompts))).encode("utf-8")).hexdigest()[:12]
+    fp = f"{solver_fingerprint()}-{style}-{batch}"
+    inputs = None
     cache_path = Path(cache_path) if cache_path is not None else None
     try:  # an unreadable cache is no cache
         cached = read_table(cache_path, SOLUTION_COLUMNS, "solver cache") if cache_path else None
@@ -242,7 +245,8 @@ def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None =
         if row is None:
             fresh = True
             try:
-                s = puzzles.solve(p, style=style)
+                inputs = puzzles.batch_inputs(prompts) if inputs is None else inputs
+                s = puzzles.solve(p, style=style, **inputs)
                 row = {"status": str(s.status), "solver_answer": "" if s.answer is None else str(s.answer),
                        "solver_trace": str(s.trace or ""), "solver_reason": str(getattr(s, "reason", "") or "")}
             except Exception as e:  # noqa: BLE001 - the solver promises not to raise; do not die if it does
