@@ -393,23 +393,13 @@ def head_lora(model):
     return head if isinstance(head, LoraLayer) else None
 
 
-@contextlib.contextmanager
 def trainer_accepts_head_lora(model):
-    """While a TRL trainer is constructed, `get_output_embeddings()` returns the head's frozen base layer.
-
-    TRL's refusal and `add_fused_lm_head` both run in the trainer's `__init__`; afterwards
-    `install_fused_lora_head` makes the fused head use the LoRA, so the refusal's reason no longer holds.
-    """
+    """A context (wrap the trainer's construction in it) in which `get_output_embeddings()` returns the head's frozen
+    base layer (module docstring); nothing when the head has no LoRA."""
     head = head_lora(model)
     if head is None:
-        yield
-        return
-    base = _base(model)
-    base.get_output_embeddings = lambda: head.base_layer  # an instance attribute shadows the method
-    try:
-        yield
-    finally:
-        del base.get_output_embeddings
+        return contextlib.nullcontext()
+    return mock.patch.object(_base(model), "get_output_embeddings", lambda: head.base_layer)
 
 
 def full_weight(t):
@@ -459,7 +449,6 @@ def install_fused_lora_head(model, temperature: float = 1.0,
     `temperature`, `outputs` and `cast_lm_head_to_fp32` must be the ones the trainer gave `add_fused_lm_head`
     (SFT: 1.0, log_probs/entropy/is_top1, no cast; GRPO: its sampling temperature, log_probs/entropy and
     `GRPOConfig.cast_lm_head_to_fp32`, which TRL 1.15's GRPOTrainer itself refuses for a PEFT head in `__init__`).
-    With the cast, the head runs in float32 outside autocast, as TRL's does.
     """
     import torch
     import trl.trainer.utils as tu

@@ -380,11 +380,9 @@ class Trace:
 
 def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int | None = None
                ) -> tuple[int, int, bool]:
-    """(rows, tokens per row, gradient checkpointing) of one training micro-step of `stage`.
-
-    SFT: `sft.batch_size` rows of `sft.max_seq_len` (or `tokens`); GRPO: the completions of one micro-step as
-    `lab.grpo.micro_batch` computes them for the trainer (`grpo.per_device_train_batch_size`, null: the whole
-    step's `prompts_per_step x num_generations`) of `model.max_model_len` (or `tokens`). `rows` overrides the rows."""
+    """(rows, tokens per row, gradient checkpointing) of one training micro-step of `stage`: SFT's batch of
+    `sft.max_seq_len`, GRPO's micro-batch as the trainer gets it (`lab.grpo.micro_batch`) of `model.max_model_len`;
+    `tokens` and `rows` override them."""
     if stage == "sft":
         return int(rows or cfg.sft.batch_size), int(tokens or cfg.sft.max_seq_len), bool(cfg.sft.gradient_checkpointing)
     if stage == "grpo":

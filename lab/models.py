@@ -151,10 +151,8 @@ def check_tiny_recipe(cfg: DictConfig, path: Path) -> None:
         have = None
     if have == want:
         return
-    if have is None:
-        why = f"{f} is missing or unreadable (built by an older version of the lab)"
-    else:
-        why = "; ".join(diff(have, want)) + ": built -> config"
+    why = (f"{f} is missing or unreadable (built by an older version of the lab)" if have is None
+           else "; ".join(diff(have, want)) + ": built -> config")
     raise LabError(f"{path}: this tiny base model was built from a different recipe ({why}). Delete the folder "
                    "(and the run's stage folders, whose adapters were trained on it) or use another run_name.")
 
