@@ -61,7 +61,7 @@ import time
 import weakref
 from collections import defaultdict
 from contextlib import nullcontext
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
 from unittest import mock
@@ -269,13 +269,11 @@ def _fake_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=Non
     """transformers' `mamba2_chunk_scan` signature, routed to the `mamba_ssm` stand-in (training: no cache)."""
     if initial_states is not None or return_final_states:
         raise LabError("lab.memory traces training steps only (no Mamba cache)")
-    _PATHS["mamba_ssm chunk scan (stand-in)"] += 1
     return MambaChunkScanStandIn.apply(hidden_states, dt, A, B, C, D, dt_bias, chunk_size)
 
 
 def _fake_conv1d(hidden_states, weight, bias=None, activation=None, **kwargs):
     """transformers' `causal_conv1d_fn` signature, routed to the `causal_conv1d` stand-in."""
-    _PATHS["causal_conv1d (stand-in)"] += 1
     return CausalConv1dStandIn.apply(hidden_states, weight, bias)
 
 
@@ -299,12 +297,13 @@ def _mamba_kernels(path: str):
         return run
 
     if path == "kernel":
-        return mock.patch.multiple(mh, mamba2_chunk_scan=_fake_chunk_scan, causal_conv1d_fn=_fake_conv1d)
-    if path == "torch":
-        return mock.patch.multiple(
-            mh, mamba2_chunk_scan=counted(mh.mamba2_chunk_scan, "transformers PyTorch chunk scan"),
-            causal_conv1d_fn=counted(mh.causal_conv1d_fn, "transformers causal_conv1d_fn"))
-    raise LabError(f"mamba path {path!r}: use kernel or torch")
+        scan, conv = (_fake_chunk_scan, "mamba_ssm chunk scan (stand-in)"), (_fake_conv1d, "causal_conv1d (stand-in)")
+    elif path == "torch":
+        scan = (mh.mamba2_chunk_scan, "transformers PyTorch chunk scan")
+        conv = (mh.causal_conv1d_fn, "transformers causal_conv1d_fn")
+    else:
+        raise LabError(f"mamba path {path!r}: use kernel or torch")
+    return mock.patch.multiple(mh, mamba2_chunk_scan=counted(*scan), causal_conv1d_fn=counted(*conv))
 
 
 def _head_loss(pm, hidden, temperature: float, outputs: tuple[str, ...], head: str):
@@ -367,15 +366,11 @@ class Trace:
     seconds: float
     trainable_params: int
     base_params: int
-    phase_peaks: dict = field(default_factory=dict)
+    phase_peaks: dict
 
     @property
     def peak_gib(self) -> float:
         return self.peak_bytes / GIB
-
-    @property
-    def tokens(self) -> int:
-        return self.rows * self.seq_len
 
 
 def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int | None = None
@@ -499,7 +494,7 @@ def report(t: Trace, card_gib: float | None, use: float, n_top: int = 10) -> str
 def as_json(t: Trace, card_gib: float | None, use: float) -> dict:
     return {"peak_gib": round(t.peak_gib, 3), "gpu_gib": card_gib,
             "fits": None if card_gib is None else bool(t.peak_gib <= use * card_gib),
-            "mamba_path": t.mamba_path, "experts_path": t.experts_path, "tokens": t.tokens, "rows": t.rows,
+            "mamba_path": t.mamba_path, "experts_path": t.experts_path, "tokens": t.rows * t.seq_len, "rows": t.rows,
             "seq_len": t.seq_len, "stage": t.stage, "optim": t.optim, "seconds": round(t.seconds, 1),
             "trainable_params": t.trainable_params,
             "phase_peaks_gib": {k: round(v / GIB, 3) for k, v in t.phase_peaks.items()},
