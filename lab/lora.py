@@ -136,10 +136,6 @@ def available_families(model) -> dict[str, int]:
             for fam, rules in FAMILIES.items()}
 
 
-def _existing(avail: dict[str, int]) -> str:
-    return ", ".join(f"{f} ({c})" for f, c in sorted(avail.items()) if c)
-
-
 def check_targets(cfg: DictConfig) -> list[str]:
     """Refuse `sft.lora` targets this module cannot train, without a model (before one is loaded): none, or the
     'experts' family with dropout. Returns the targets. (The rank is the schema's: `lab.schema.rank_problem`.)"""
@@ -169,8 +165,9 @@ def lora_config(cfg: DictConfig, model):
     modules, params = [], []
     for fam in targets:
         if fam not in FAMILIES or avail[fam] == 0:
+            exist = ", ".join(f"{f} ({c})" for f, c in sorted(avail.items()) if c)
             raise LabError(f"conf/sft: LoRA target '{fam}': no such module exists in this model ({model_type}); "
-                           f"the module families that exist are: {_existing(avail)}")
+                           f"the module families that exist are: {exist}")
         for kind, suffix in FAMILIES[fam]:
             (modules if kind == "module" else params).append(suffix)
     rank_pattern, alpha_pattern = expert_patterns(cfg)
@@ -274,10 +271,7 @@ def family_of(param_name: str) -> str | None:
         return None
     if ".experts." in param_name and "shared_experts" not in param_name:
         return "experts"
-    for fam in FAMILIES:
-        if fam != "experts" and f".{fam}." in param_name:
-            return fam
-    return "other"
+    return next((fam for fam in FAMILIES if fam != "experts" and f".{fam}." in param_name), "other")
 
 
 def target_table(model) -> pd.DataFrame:

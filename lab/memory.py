@@ -123,7 +123,7 @@ class LiveBytes(TorchDispatchMode):
     """A TorchDispatchMode that counts the bytes of live tensor storages.
 
     Every tensor an op returns is looked up by its storage; a storage seen for the first time adds its bytes under a
-    label (`phase/where/op`), and a weak reference subtracts them when the storage is freed. `peak` is the largest
+    label (`phase/where/op`), and a `weakref.finalize` subtracts them when the storage is freed. `peak` is the largest
     total; `at_peak` maps each label to its bytes live at that moment.
     """
 
@@ -137,18 +137,17 @@ class LiveBytes(TorchDispatchMode):
         self.where = ""
         self.ops: dict[str, int] = defaultdict(int)
         self.phase_peak: dict[str, int] = {}
-        self._refs: dict[int, Any] = {}
+        self._seen = weakref.WeakSet()  # the live storages counted
 
     def track(self, t, label: str) -> None:
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
             return
         st = t.untyped_storage()
-        key = id(st)
-        ref = self._refs.get(key)
-        if ref is not None and ref() is st:
+        if st in self._seen:
             return
+        self._seen.add(st)
         n = st.nbytes()
-        self._refs[key] = weakref.ref(st, lambda r: self._free(key, n, label, r))
+        weakref.finalize(st, self._free, n, label)
         self.live += n
         self.by_label[label] += n
         self.phase_peak[self.phase] = max(self.phase_peak.get(self.phase, 0), self.live)
@@ -156,11 +155,9 @@ class LiveBytes(TorchDispatchMode):
             self.peak = self.live
             self.at_peak = dict(self.by_label)
 
-    def _free(self, key, n, label, ref):
+    def _free(self, n, label):
         self.live -= n
         self.by_label[label] -= n
-        if self._refs.get(key) is ref:
-            del self._refs[key]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         out = func(*args, **(kwargs or {}))
