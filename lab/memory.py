@@ -72,9 +72,8 @@ from torch._subclasses.fake_tensor import FakeTensorMode
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_leaves
 
-from lab import LabError
+from lab import LabError, models  # models.missing_mamba_kernels read at call time (tests stand in for it)
 from lab.lora import _base, attach_lora, head_as_linear, head_lora
-from lab.models import missing_mamba_kernels
 from lab.trl_private import TorchLogProbFunction
 
 GIB = 1024 ** 3
@@ -509,7 +508,7 @@ def check_fits(cfg: DictConfig, stage: str = "sft") -> Trace | None:
     card, use = gpu_gib(cfg), float(cfg.gpu.max_use)
     if not 0 < use <= 1:
         raise LabError(f"conf/gpu: max_use={use} must be in (0, 1]")
-    t = trace(cfg, stage, mamba="torch" if missing_mamba_kernels() else "kernel")
+    t = trace(cfg, stage, mamba="torch" if models.missing_mamba_kernels() else "kernel")
     print(report(t, card, use))
     if card is None:
         print("  (no gpu.memory_gib and no CUDA device: nothing to check against)")
