@@ -74,9 +74,11 @@ import functools
 import re
 import sys
 import types
+from collections import defaultdict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
+from unittest import mock
 
 from omegaconf import DictConfig
 
@@ -129,18 +131,9 @@ def available_families(model) -> dict[str, int]:
     base = _base(model)
     linear = [n for n, m in base.named_modules() if isinstance(m, nn.Linear)]
     params = [n for n, _ in base.named_parameters()]
-    counts = {}
-    for fam, rules in FAMILIES.items():
-        c = 0
-        for kind, suffix in rules:
-            names = linear if kind == "module" else params
-            c += sum(1 for n in names if n == suffix or n.endswith("." + suffix))
-        counts[fam] = c
-    return counts
-
-
-def _existing(avail: dict[str, int]) -> str:
-    return ", ".join(f"{f} ({c})" for f, c in sorted(avail.items()) if c)
+    return {fam: sum(n == suffix or n.endswith("." + suffix)
+                     for kind, suffix in rules for n in (linear if kind == "module" else params))
+            for fam, rules in FAMILIES.items()}
 
 
 def check_targets(cfg: DictConfig) -> list[str]:
@@ -172,8 +165,9 @@ def lora_config(cfg: DictConfig, model):
     modules, params = [], []
     for fam in targets:
         if fam not in FAMILIES or avail[fam] == 0:
+            exist = ", ".join(f"{f} ({c})" for f, c in sorted(avail.items()) if c)
             raise LabError(f"conf/sft: LoRA target '{fam}': no such module exists in this model ({model_type}); "
-                           f"the module families that exist are: {_existing(avail)}")
+                           f"the module families that exist are: {exist}")
         for kind, suffix in FAMILIES[fam]:
             (modules if kind == "module" else params).append(suffix)
     rank_pattern, alpha_pattern = expert_patterns(cfg)
@@ -189,10 +183,7 @@ def expert_patterns(cfg: DictConfig) -> tuple[dict, dict]:
     vLLM's per-expert names. PEFT 0.21 warns that these keys "did not match any targeted module and were ignored"
     (`tuners_utils.py` checks module names, not targeted parameters); they are applied: rank and scale are checked
     on the wrapped model in tests/test_memory.py."""
-    from omegaconf import OmegaConf
-
-    er = OmegaConf.select(cfg, "gpu.experts_rank", default=None)
-    lc = cfg.sft.lora
+    er, lc = cfg.gpu.experts_rank, cfg.sft.lora
     if er is None or int(er) == lc.r or "experts" not in [str(t) for t in lc.targets]:
         return {}, {}
     er = int(er)
@@ -200,25 +191,17 @@ def expert_patterns(cfg: DictConfig) -> tuple[dict, dict]:
     return {k: er for k in keys}, {k: lc.alpha * er / lc.r for k in keys}
 
 
-class allow_out_proj:
-    """Lift PEFT's Mamba refusal for `out_proj` only (see the module docstring); `conv1d` stays refused."""
+def allow_out_proj():
+    """A context that lifts PEFT's Mamba refusal for `out_proj` only (module docstring); `conv1d` stays refused."""
+    import peft.tuners.tuners_utils as tu
 
-    def __enter__(self):
-        import peft.tuners.tuners_utils as tu
+    original = tu._check_lora_target_modules_mamba
 
-        self._tu, self._original = tu, tu._check_lora_target_modules_mamba
-        original = self._original
+    def check(peft_config, model, target_name):
+        if target_name != "out_proj":
+            original(peft_config, model, target_name)
 
-        def check(peft_config, model, target_name):
-            if target_name != "out_proj":
-                original(peft_config, model, target_name)
-
-        tu._check_lora_target_modules_mamba = check
-        return self
-
-    def __exit__(self, *exc):
-        self._tu._check_lora_target_modules_mamba = self._original
-        return False
+    return mock.patch.object(tu, "_check_lora_target_modules_mamba", check)
 
 
 # ---- the fused Mamba kernel guard ------------------------------------------------------------
@@ -228,17 +211,11 @@ _TORCH_PATH = contextvars.ContextVar("lab_mamba_out_proj_lora", default=False)
 
 
 class _FusedScanGuard:
-    """Stands in for `mamba2_split_conv1d_scan_combined` in the mixer's module.
-
-    Returns None (the mixer's documented "no kernel, use the PyTorch path" answer) while a mixer
-    whose `out_proj` has a LoRA is running; otherwise calls the function it replaced.
-    """
-
-    _lab_guard = True
+    """`mamba2_split_conv1d_scan_combined` in the mixer's module: None (the mixer's "no kernel, use the PyTorch
+    path" answer) while a mixer whose `out_proj` has a LoRA runs, else the function it replaced (module docstring)."""
 
     def __init__(self, inner):
         self.inner = inner
-        self.__wrapped__ = inner
 
     def __call__(self, *args, **kwargs):
         if _TORCH_PATH.get():
@@ -247,7 +224,7 @@ class _FusedScanGuard:
 
 
 def _has_lora(module) -> bool:
-    return hasattr(module, "lora_A") and len(getattr(module, "lora_A", {})) > 0
+    return len(getattr(module, "lora_A", ())) > 0
 
 
 def _mixer_pre_hook(module, args):
@@ -259,11 +236,9 @@ def _mixer_post_hook(module, args, output):
 
 
 def guard_fused_mamba_out_proj(model) -> int:
-    """Make every Mamba-2 mixer whose `out_proj` has a LoRA take the PyTorch path in training.
-
-    Installs `_FusedScanGuard` in the mixer class's module (once) and forward hooks on each mixer
-    (once per mixer). Returns the number of mixers whose out_proj currently has a LoRA.
-    """
+    """Make every Mamba-2 mixer whose `out_proj` has a LoRA take the PyTorch path in training: `_FusedScanGuard` in
+    the mixer class's module and forward hooks on each mixer, each installed once. Returns the number of mixers whose
+    out_proj has a LoRA now."""
     n = 0
     for _, mod in _base(model).named_modules():
         if not (type(mod).__name__.endswith("Mamba2Mixer") and hasattr(mod, "out_proj")):
@@ -280,7 +255,7 @@ def guard_fused_mamba_out_proj(model) -> int:
                                "lab.lora cannot keep its fused Mamba kernel from bypassing the out_proj LoRA; use "
                                "transformers' own Nemotron-H (model.trust_remote_code=false) or drop out_proj")
             continue
-        if not getattr(fn, "_lab_guard", False):
+        if not isinstance(fn, _FusedScanGuard):
             setattr(module, FUSED_FN, _FusedScanGuard(fn))
         mod.register_forward_pre_hook(_mixer_pre_hook)
         mod.register_forward_hook(_mixer_post_hook, always_call=True)
@@ -296,27 +271,18 @@ def family_of(param_name: str) -> str | None:
         return None
     if ".experts." in param_name and "shared_experts" not in param_name:
         return "experts"
-    for fam in FAMILIES:
-        if fam != "experts" and f".{fam}." in param_name:
-            return fam
-    return "other"
+    return next((fam for fam in FAMILIES if fam != "experts" and f".{fam}." in param_name), "other")
 
 
 def target_table(model) -> pd.DataFrame:
     """Family, number of LoRA-wrapped modules/parameters, trainable parameters."""
     import pandas as pd
 
-    rows: dict[str, dict] = {}
-    for name, p in model.named_parameters():
-        fam = family_of(name)
-        if fam is None or not p.requires_grad:
-            continue
-        r = rows.setdefault(fam, {"family": fam, "tensors": 0, "trainable_params": 0})
-        r["tensors"] += 1
-        r["trainable_params"] += p.numel()
-    df = pd.DataFrame(list(rows.values()), columns=["family", "tensors", "trainable_params"])
-    df["modules"] = df["tensors"] // 2  # one lora_A and one lora_B per wrapped module or parameter
-    return df[["family", "modules", "trainable_params"]].sort_values("family").reset_index(drop=True)
+    rows = [(fam, p.numel()) for n, p in model.named_parameters() if p.requires_grad and (fam := family_of(n))]
+    df = pd.DataFrame(rows, columns=["family", "trainable_params"]).groupby("family", as_index=False).agg(
+        modules=("trainable_params", "size"), trainable_params=("trainable_params", "sum"))
+    df["modules"] //= 2  # one lora_A and one lora_B per wrapped module or parameter
+    return df
 
 
 def check_table(cfg: DictConfig, table: pd.DataFrame, backend: str = "hf") -> None:
@@ -364,14 +330,12 @@ class GradientCheck:
     def __init__(self, model):
         self.model = model
         self.before = {n: _sample(p) for n, p in model.named_parameters() if p.requires_grad}
-        self.frozen: dict[str, object] = {}
-        seen = set()
+        first: dict[str, str] = {}  # layer-agnostic name -> the first frozen tensor of that name
         for n, p in model.named_parameters():
-            key = re.sub(r"\.\d+\.", ".N.", n)
-            if p.requires_grad or key in seen or p.numel() == 0:
-                continue
-            seen.add(key)
-            self.frozen[n] = _sample(p)
+            if not p.requires_grad and p.numel():
+                first.setdefault(re.sub(r"\.\d+\.", ".N.", n), n)
+        params = dict(model.named_parameters())
+        self.frozen = {n: _sample(params[n]) for n in first.values()}
         self.grad_norm: dict[str, float] = {}
 
     def record_grads(self):
@@ -386,16 +350,14 @@ class GradientCheck:
     def report(self) -> pd.DataFrame:
         import pandas as pd
 
-        moved: dict[str, float] = {}
-        still: dict[str, int] = {}
-        tensors: dict[str, int] = {}
+        moved, tensors, still = defaultdict(float), defaultdict(int), defaultdict(int)
         for n, p in self.model.named_parameters():
             if n in self.before:
                 fam = family_of(n) or "other"
                 d = float((_sample(p) - self.before[n]).abs().sum())
-                moved[fam] = moved.get(fam, 0.0) + d
-                tensors[fam] = tensors.get(fam, 0) + 1
-                still[fam] = still.get(fam, 0) + (d == 0.0)
+                moved[fam] += d
+                tensors[fam] += 1
+                still[fam] += d == 0.0
         fams = sorted(set(moved) | set(self.grad_norm))
         df = pd.DataFrame({"family": fams, "grad_norm_step1": [self.grad_norm.get(f, 0.0) for f in fams],
                            "weight_change": [moved.get(f, 0.0) for f in fams],
@@ -425,23 +387,13 @@ def head_lora(model):
     return head if isinstance(head, LoraLayer) else None
 
 
-@contextlib.contextmanager
 def trainer_accepts_head_lora(model):
-    """While a TRL trainer is constructed, `get_output_embeddings()` returns the head's frozen base layer.
-
-    TRL's refusal and `add_fused_lm_head` both run in the trainer's `__init__`; afterwards
-    `install_fused_lora_head` makes the fused head use the LoRA, so the refusal's reason no longer holds.
-    """
+    """A context (wrap the trainer's construction in it) in which `get_output_embeddings()` returns the head's frozen
+    base layer (module docstring); nothing when the head has no LoRA."""
     head = head_lora(model)
     if head is None:
-        yield
-        return
-    base = _base(model)
-    base.get_output_embeddings = lambda: head.base_layer  # an instance attribute shadows the method
-    try:
-        yield
-    finally:
-        del base.get_output_embeddings
+        return contextlib.nullcontext()
+    return mock.patch.object(_base(model), "get_output_embeddings", lambda: head.base_layer)
 
 
 def full_weight(t):
@@ -463,8 +415,9 @@ def head_as_linear(head, x, fp32: bool = False):
     import torch
 
     base = head.base_layer
-    w0, bias = full_weight(base.weight), None if base.bias is None else full_weight(base.bias)
+    w0 = full_weight(base.weight)
     dtype = torch.float32 if fp32 else w0.dtype
+    bias = None if base.bias is None else full_weight(base.bias).to(dtype)
     xs, ws = [x.to(dtype)], [w0.to(dtype)]
     if not (head.disable_adapters or head.merged):
         for name in head.active_adapters:
@@ -477,7 +430,6 @@ def head_as_linear(head, x, fp32: bool = False):
             ax = torch.nn.functional.linear(head.lora_dropout[name](x.to(a.dtype)), a)
             xs.append((head.scaling[name] * ax).to(dtype))
             ws.append(b.to(dtype))
-    bias = None if bias is None else bias.to(dtype)
     if len(xs) == 1:
         return xs[0], ws[0], bias
     return torch.cat(xs, -1), torch.cat(ws, 1), bias
@@ -491,7 +443,6 @@ def install_fused_lora_head(model, temperature: float = 1.0,
     `temperature`, `outputs` and `cast_lm_head_to_fp32` must be the ones the trainer gave `add_fused_lm_head`
     (SFT: 1.0, log_probs/entropy/is_top1, no cast; GRPO: its sampling temperature, log_probs/entropy and
     `GRPOConfig.cast_lm_head_to_fp32`, which TRL 1.15's GRPOTrainer itself refuses for a PEFT head in `__init__`).
-    With the cast, the head runs in float32 outside autocast, as TRL's does.
     """
     import torch
     import trl.trainer.utils as tu

@@ -55,20 +55,26 @@ What it simplifies:
 from __future__ import annotations
 
 import argparse
-import contextlib
-import functools
 import json
 import math
 import time
 import weakref
 from collections import defaultdict
-from dataclasses import dataclass, field
+from contextlib import nullcontext
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Mapping
+from unittest import mock
 
+import torch
 from omegaconf import DictConfig, OmegaConf
+from torch._subclasses.fake_tensor import FakeTensorMode
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_leaves
 
-from lab import LabError
+from lab import LabError, models  # models.missing_mamba_kernels read at call time (tests stand in for it)
+from lab.lora import _base, attach_lora, head_as_linear, head_lora
+from lab.trl_private import TorchLogProbFunction
 
 GIB = 1024 ** 3
 REAL_CONFIG = Path(__file__).resolve().parents[1].parent / "shared" / "tokenizer" / "nemotron-3-nano" / "config.json"
@@ -92,7 +98,6 @@ def model_config_values(cfg: DictConfig) -> dict:
 def meta_model(values: Mapping[str, Any], dtype=None):
     """NemotronHForCausalLM on the meta device (every shape, no storage) from config.json values (keys that are not
     NemotronHConfig fields, such as model_type and torch_dtype, ignored)."""
-    import torch
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
     skip = ("model_type", "torch_dtype", "architectures", "auto_map")
@@ -101,12 +106,10 @@ def meta_model(values: Mapping[str, Any], dtype=None):
     return model.to(dtype) if dtype is not None else model
 
 
-def lora_figures(cfg: DictConfig, values: Mapping[str, Any]) -> dict:
+def lora_figures(cfg: DictConfig, values: Mapping[str, Any], dtype=None) -> dict:
     """The configured LoRA on the meta model: per-family table (`lab.lora.attach_lora`), trainable and base
     parameters."""
-    from lab.lora import attach_lora
-
-    model = meta_model(values)
+    model = meta_model(values, dtype)
     base_params = sum(p.numel() for p in model.parameters())
     pm, table = attach_lora(cfg, model)
     return {"table": table, "model": pm, "base_params": base_params,
@@ -115,23 +118,14 @@ def lora_figures(cfg: DictConfig, values: Mapping[str, Any]) -> dict:
 
 # ---- counting live storage bytes -----------------------------------------------------------------------------------
 
-class LiveBytes:
-    """A TorchDispatchMode (built lazily: torch is imported on use) that counts the bytes of live tensor storages.
+class LiveBytes(TorchDispatchMode):
+    """A TorchDispatchMode that counts the bytes of live tensor storages.
 
     Every tensor an op returns is looked up by its storage; a storage seen for the first time adds its bytes under a
-    label (`phase/where/op`), and a weak reference subtracts them when the storage is freed. `peak` is the largest
+    label (`phase/where/op`), and a `weakref.finalize` subtracts them when the storage is freed. `peak` is the largest
     total; `at_peak` maps each label to its bytes live at that moment.
     """
 
-    def __new__(cls, *a, **k):
-        from torch.utils._python_dispatch import TorchDispatchMode
-
-        if not hasattr(cls, "_impl"):
-            cls._impl = type("LiveBytesMode", (_LiveBytesMixin, TorchDispatchMode), {})
-        return cls._impl(*a, **k)
-
-
-class _LiveBytesMixin:
     def __init__(self):
         super().__init__()
         self.live = 0
@@ -142,20 +136,17 @@ class _LiveBytesMixin:
         self.where = ""
         self.ops: dict[str, int] = defaultdict(int)
         self.phase_peak: dict[str, int] = {}
-        self._refs: dict[int, Any] = {}
+        self._seen = weakref.WeakSet()  # the live storages counted
 
     def track(self, t, label: str) -> None:
-        import torch
-
         if not isinstance(t, torch.Tensor) or t.layout != torch.strided:
             return
         st = t.untyped_storage()
-        key = id(st)
-        ref = self._refs.get(key)
-        if ref is not None and ref() is st:
+        if st in self._seen:
             return
+        self._seen.add(st)
         n = st.nbytes()
-        self._refs[key] = weakref.ref(st, functools.partial(self._free, key, n, label))
+        weakref.finalize(st, self._free, n, label)
         self.live += n
         self.by_label[label] += n
         self.phase_peak[self.phase] = max(self.phase_peak.get(self.phase, 0), self.live)
@@ -163,15 +154,11 @@ class _LiveBytesMixin:
             self.peak = self.live
             self.at_peak = dict(self.by_label)
 
-    def _free(self, key, n, label, _ref):
+    def _free(self, n, label):
         self.live -= n
         self.by_label[label] -= n
-        if self._refs.get(key) is _ref:
-            del self._refs[key]
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-        from torch.utils._pytree import tree_leaves
-
         out = func(*args, **(kwargs or {}))
         name = func.overloadpacket.__name__
         self.ops[name] += 1
@@ -183,78 +170,94 @@ class _LiveBytesMixin:
 
 # ---- stand-ins for kernels with no CPU path ------------------------------------------------------------------------
 
-_PATHS: dict[str, int] = defaultdict(int)  # which implementation each call took (read after the step)
+_PATHS: dict[str, int] = defaultdict(int)  # which Mamba implementation each call took (read after the step)
+F32 = torch.float32
 
 
-def _chunk_scan_function():
-    import torch
+class MambaChunkScanStandIn(torch.autograd.Function):
+    """Allocates and saves what `mamba_ssm`'s `MambaChunkScanCombinedFn` does (module docstring); no math."""
 
-    class MambaChunkScanStandIn(torch.autograd.Function):
-        """Allocates and saves what `mamba_ssm`'s `MambaChunkScanCombinedFn` does (module docstring); no math."""
+    @staticmethod
+    def forward(ctx, x, dt, A, B, C, D, dt_bias, chunk_size):
+        b, seqlen, h, p = x.shape
+        g, n = B.shape[2], B.shape[3]
+        c = math.ceil(seqlen / chunk_size)
+        dA_cumsum = torch.empty(b, h, c, chunk_size, dtype=F32)
+        dt_out = torch.empty(b, h, c, chunk_size, dtype=F32)
+        states = torch.empty(b, c, h, p, n, dtype=F32)
+        passed = torch.empty(b, c, h, p * n, dtype=C.dtype)
+        final = torch.empty(b, h, p * n, dtype=F32)
+        cb = torch.empty(b, c, g, chunk_size, chunk_size, dtype=F32)
+        out = torch.empty_like(x)
+        del dt_out, states, passed, final, cb
+        ctx.save_for_backward(out, x, dt, dA_cumsum, A, B, C, D, dt_bias)
+        ctx.chunk_size = chunk_size
+        return out
 
-        @staticmethod
-        def forward(ctx, x, dt, A, B, C, D, dt_bias, chunk_size):
-            b, seqlen, h, p = x.shape
-            g, n = B.shape[2], B.shape[3]
-            c = math.ceil(seqlen / chunk_size)
-            f32 = dict(device=x.device, dtype=torch.float32)
-            dA_cumsum = torch.empty(b, h, c, chunk_size, **f32)
-            dt_out = torch.empty(b, h, c, chunk_size, **f32)
-            states = torch.empty(b, c, h, p, n, **f32)
-            passed = torch.empty(b, c, h, p * n, device=x.device, dtype=C.dtype)
-            final = torch.empty(b, h, p * n, **f32)
-            cb = torch.empty(b, c, g, chunk_size, chunk_size, **f32)
-            out = torch.empty_like(x)
-            del dt_out, states, passed, final, cb
-            ctx.save_for_backward(out, x, dt, dA_cumsum, A, B, C, D, dt_bias)
-            ctx.chunk_size = chunk_size
-            return out
-
-        @staticmethod
-        def backward(ctx, dout):
-            out, x, dt, dA_cumsum, A, B, C, D, dt_bias = ctx.saved_tensors
-            b, seqlen, h, p = x.shape
-            g, n = B.shape[2], B.shape[3]
-            cs = ctx.chunk_size
-            c = math.ceil(seqlen / cs)
-            f32 = dict(device=x.device, dtype=torch.float32)
-            dB, dC, ddt = torch.empty_like(B), torch.empty_like(C), torch.empty_like(dt)
-            keep = [dt.clone(), torch.empty(b, h, c, cs, **f32), torch.empty(b, h, c, cs, **f32),
-                    torch.empty(b, c, g, cs, cs, **f32), torch.empty(b, c, h, p, n, **f32),
-                    torch.empty(b, c, h, p, n, **f32), torch.empty(b, c, h, p, n, device=x.device, dtype=x.dtype),
-                    torch.empty(b, c, g, cs, cs, **f32), torch.empty(b, h, c, cs, **f32)]
-            dx = torch.empty_like(x)
-            dA = torch.empty_like(A, dtype=torch.float32)
-            dD = None if D is None else torch.empty_like(D, dtype=torch.float32)
-            ddt_bias = None if dt_bias is None else torch.empty_like(dt_bias, dtype=torch.float32)
-            del keep
-            return dx, ddt, dA, dB, dC, dD, ddt_bias, None
-
-    return MambaChunkScanStandIn
+    @staticmethod
+    def backward(ctx, dout):
+        out, x, dt, dA_cumsum, A, B, C, D, dt_bias = ctx.saved_tensors
+        b, seqlen, h, p = x.shape
+        g, n = B.shape[2], B.shape[3]
+        cs = ctx.chunk_size
+        c = math.ceil(seqlen / cs)
+        dB, dC, ddt = torch.empty_like(B), torch.empty_like(C), torch.empty_like(dt)
+        keep = [dt.clone(), torch.empty(b, h, c, cs, dtype=F32), torch.empty(b, h, c, cs, dtype=F32),
+                torch.empty(b, c, g, cs, cs, dtype=F32), torch.empty(b, c, h, p, n, dtype=F32),
+                torch.empty(b, c, h, p, n, dtype=F32), torch.empty(b, c, h, p, n, dtype=x.dtype),
+                torch.empty(b, c, g, cs, cs, dtype=F32), torch.empty(b, h, c, cs, dtype=F32)]
+        dx = torch.empty_like(x)
+        dA = torch.empty_like(A, dtype=F32)
+        dD = None if D is None else torch.empty_like(D, dtype=F32)
+        ddt_bias = None if dt_bias is None else torch.empty_like(dt_bias, dtype=F32)
+        del keep
+        return dx, ddt, dA, dB, dC, dD, ddt_bias, None
 
 
-def _conv1d_function():
-    import torch
+class CausalConv1dStandIn(torch.autograd.Function):
+    """Allocates and saves what `causal_conv1d`'s `CausalConv1dFn` does (module docstring); no math."""
 
-    class CausalConv1dStandIn(torch.autograd.Function):
-        """Allocates and saves what `causal_conv1d`'s `CausalConv1dFn` does (module docstring); no math."""
+    @staticmethod
+    def forward(ctx, x, weight, bias):
+        if x.stride(2) != 1 and x.stride(1) != 1:
+            x = x.contiguous()
+        ctx.save_for_backward(x, weight, bias)
+        return torch.empty_like(x)
 
-        @staticmethod
-        def forward(ctx, x, weight, bias):
-            if x.stride(2) != 1 and x.stride(1) != 1:
-                x = x.contiguous()
-            ctx.save_for_backward(x, weight, bias)
-            return torch.empty_like(x)
+    @staticmethod
+    def backward(ctx, dout):
+        x, weight, bias = ctx.saved_tensors
+        dx = torch.empty_like(x)
+        dweight = torch.empty_like(weight, dtype=F32).to(weight.dtype)
+        dbias = None if bias is None else torch.empty_like(bias, dtype=F32).to(bias.dtype)
+        return dx, dweight, dbias
 
-        @staticmethod
-        def backward(ctx, dout):
-            x, weight, bias = ctx.saved_tensors
-            dx = torch.empty_like(x)
-            dweight = torch.empty_like(weight, dtype=torch.float32).to(weight.dtype)
-            dbias = None if bias is None else torch.empty_like(bias, dtype=torch.float32).to(bias.dtype)
-            return dx, dweight, dbias
 
-    return CausalConv1dStandIn
+class ChunkedLogProbStandIn(torch.autograd.Function):
+    """Allocates and saves what TRL's Triton `ChunkedLogProbFunction` does (module docstring); no math."""
+
+    @staticmethod
+    def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, outputs):
+        n = hidden.shape[0]
+        stats = [torch.empty(n, dtype=F32) for _ in range(7)]  # running_max ... target_logit
+        torch.empty(min(n, 4096), chunk_size, dtype=hidden.dtype)  # the logits tile, freed at once
+        log_z = stats[0] + torch.log(stats[1])
+        logprobs = stats[6] - log_z
+        entropy = log_z - stats[2] / stats[1] if "entropy" in outputs else None
+        is_top1 = (stats[6] >= stats[0]) if "is_top1" in outputs else None
+        ctx.save_for_backward(hidden, weight, bias, targets, log_z, log_z if entropy is None else entropy)
+        ctx.chunk_size = chunk_size
+        ctx.mark_non_differentiable(*(x for x in (is_top1,) if x is not None))
+        return logprobs, entropy, None, None, is_top1
+
+    @staticmethod
+    def backward(ctx, grad_logprobs, grad_entropy, *_):
+        hidden, weight, bias = ctx.saved_tensors[:3]
+        grads = [torch.zeros(t.shape, dtype=F32) if need else None
+                 for t, need in zip((hidden, weight, bias), ctx.needs_input_grad)]
+        torch.empty(min(hidden.shape[0], 4096), ctx.chunk_size, dtype=hidden.dtype)  # the logits tile, freed at once
+        return (*(None if g is None else g.to(t.dtype) for g, t in zip(grads, (hidden, weight, bias))),
+                None, None, None, None)
 
 
 def _fake_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None,
@@ -262,107 +265,46 @@ def _fake_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=Non
     """transformers' `mamba2_chunk_scan` signature, routed to the `mamba_ssm` stand-in (training: no cache)."""
     if initial_states is not None or return_final_states:
         raise LabError("lab.memory traces training steps only (no Mamba cache)")
-    _PATHS["mamba_ssm chunk scan (stand-in)"] += 1
-    return _chunk_scan_function().apply(hidden_states, dt, A, B, C, D, dt_bias, chunk_size)
+    return MambaChunkScanStandIn.apply(hidden_states, dt, A, B, C, D, dt_bias, chunk_size)
 
 
 def _fake_conv1d(hidden_states, weight, bias=None, activation=None, **kwargs):
     """transformers' `causal_conv1d_fn` signature, routed to the `causal_conv1d` stand-in."""
-    _PATHS["causal_conv1d (stand-in)"] += 1
-    return _conv1d_function().apply(hidden_states, weight, bias)
+    return CausalConv1dStandIn.apply(hidden_states, weight, bias)
 
 
-@contextlib.contextmanager
 def _unpacked_rows():
     """transformers' packed-sequence detection answers None, as it does for the real run's unpacked rows (the
     [T x T] mask pitfall, module docstring)."""
     import transformers.masking_utils as mu
 
-    saved = mu.find_packed_sequence_indices
-    mu.find_packed_sequence_indices = lambda position_ids: None
-    try:
-        yield
-    finally:
-        mu.find_packed_sequence_indices = saved
+    return mock.patch.object(mu, "find_packed_sequence_indices", lambda position_ids: None)
 
 
-@contextlib.contextmanager
 def _mamba_kernels(path: str):
     """`kernel`: the module-level scan and conv of transformers' Nemotron-H become the stand-ins above; `torch`:
     transformers' own functions run (the PyTorch reference scan when `mamba_ssm` is absent), counted."""
     import transformers.models.nemotron_h.modeling_nemotron_h as mh
 
-    saved = {k: getattr(mh, k) for k in ("mamba2_chunk_scan", "causal_conv1d_fn")}
+    def counted(fn, what):
+        def run(*a, **k):
+            _PATHS[what] += 1
+            return fn(*a, **k)
+        return run
+
     if path == "kernel":
-        mh.mamba2_chunk_scan, mh.causal_conv1d_fn = _fake_chunk_scan, _fake_conv1d
+        scan, conv = (_fake_chunk_scan, "mamba_ssm chunk scan (stand-in)"), (_fake_conv1d, "causal_conv1d (stand-in)")
     elif path == "torch":
-        def counted(fn, what):
-            @functools.wraps(fn)
-            def run(*a, **k):
-                _PATHS[what] += 1
-                return fn(*a, **k)
-            return run
-        mh.mamba2_chunk_scan = counted(saved["mamba2_chunk_scan"], "transformers PyTorch chunk scan")
-        mh.causal_conv1d_fn = counted(saved["causal_conv1d_fn"], "transformers causal_conv1d_fn")
+        scan = (mh.mamba2_chunk_scan, "transformers PyTorch chunk scan")
+        conv = (mh.causal_conv1d_fn, "transformers causal_conv1d_fn")
     else:
         raise LabError(f"mamba path {path!r}: use kernel or torch")
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            setattr(mh, k, v)
-
-
-def _chunked_logprob_function():
-    import torch
-
-    class ChunkedLogProbStandIn(torch.autograd.Function):
-        """Allocates and saves what TRL's Triton `ChunkedLogProbFunction` does (module docstring); no math."""
-
-        @staticmethod
-        def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, outputs):
-            n, vocab = hidden.shape[0], weight.shape[0]
-            f32 = dict(device=hidden.device, dtype=torch.float32)
-            stats = [torch.empty(n, **f32) for _ in range(7)]  # running_max ... target_logit
-            tile = torch.empty(min(n, 4096), chunk_size, device=hidden.device, dtype=hidden.dtype)
-            for t0 in range(0, n, 4096):
-                for v0 in range(0, vocab, chunk_size):
-                    h, w = hidden[t0:t0 + 4096], weight[v0:v0 + chunk_size]
-                    torch.mm(h, w.t(), out=tile[:h.shape[0], :w.shape[0]])
-            del tile
-            log_z = stats[0] + torch.log(stats[1])
-            logprobs = stats[6] - log_z
-            entropy = log_z - stats[2] / stats[1] if "entropy" in outputs else None
-            is_top1 = (stats[6] >= stats[0]) if "is_top1" in outputs else None
-            ctx.save_for_backward(hidden, weight, bias, targets, log_z, log_z if entropy is None else entropy)
-            ctx.chunk_size = chunk_size
-            ctx.mark_non_differentiable(*(x for x in (is_top1,) if x is not None))
-            return logprobs, entropy, None, None, is_top1
-
-        @staticmethod
-        def backward(ctx, grad_logprobs, grad_entropy, *_):
-            hidden, weight, bias, targets, log_z, entropy = ctx.saved_tensors
-            need_h, need_w, need_b = ctx.needs_input_grad[:3]
-            n = hidden.shape[0]
-            gh = torch.zeros(hidden.shape, device=hidden.device, dtype=torch.float32) if need_h else None
-            gw = torch.zeros(weight.shape, device=weight.device, dtype=torch.float32) if need_w else None
-            gb = torch.zeros(bias.shape, device=bias.device, dtype=torch.float32) if need_b else None
-            tile = torch.empty(min(n, 4096), ctx.chunk_size, device=hidden.device, dtype=hidden.dtype)
-            del tile
-            return (None if gh is None else gh.to(hidden.dtype), None if gw is None else gw.to(weight.dtype),
-                    None if gb is None else gb.to(bias.dtype), None, None, None, None)
-
-    return ChunkedLogProbStandIn
+    return mock.patch.multiple(mh, mamba2_chunk_scan=counted(*scan), causal_conv1d_fn=counted(*conv))
 
 
 def _head_loss(pm, hidden, temperature: float, outputs: tuple[str, ...], head: str):
     """The loss of TRL 1.15's fused head (`add_fused_lm_head`, `trl/trainer/utils.py`), with lab.lora's LoRA head
     (`lab.lora.head_as_linear`) when the head carries one: every position labelled (module docstring, 2)."""
-    import torch
-
-    from lab.lora import _base, head_as_linear, head_lora
-    from lab.trl_private import TorchLogProbFunction
-
     hidden = hidden[:, :-1]
     rows, n_tok = hidden.shape[0], hidden.shape[1]
     flat = hidden.reshape(rows * n_tok, hidden.shape[-1])
@@ -377,8 +319,7 @@ def _head_loss(pm, hidden, temperature: float, outputs: tuple[str, ...], head: s
     if head == "torch":
         per_token = TorchLogProbFunction.apply(h, w, b, targets, temperature, 32768, None, 1.0, outputs)
     else:
-        _PATHS["TRL chunked head (stand-in)"] += 1
-        per_token = _chunked_logprob_function().apply(h, w, b, targets, temperature, 32768, outputs)
+        per_token = ChunkedLogProbStandIn.apply(h, w, b, targets, temperature, 32768, outputs)
     mask = torch.ones(rows, n_tok, dtype=torch.bool, device=flat.device)
     log_probs = per_token[0].new_zeros(mask.shape).masked_scatter(mask, per_token[0])
     return -log_probs.sum() / mask.sum().clamp(min=1)
@@ -389,8 +330,6 @@ def _head_loss(pm, hidden, temperature: float, outputs: tuple[str, ...], head: s
 def _optimizer_step(params, name: str, lr: float, weight_decay: float):
     """One step of the named optimizer (transformers' `optim` names) on `params` (their `.grad` set); returns what
     holds its state."""
-    import torch
-
     if name in ("adamw_torch_fused", "adamw_torch"):
         opt = torch.optim.AdamW(params, lr=lr, weight_decay=weight_decay, fused=name == "adamw_torch_fused")
         opt.step()
@@ -423,57 +362,43 @@ class Trace:
     seconds: float
     trainable_params: int
     base_params: int
-    phase_peaks: dict = field(default_factory=dict)
+    phase_peaks: dict
 
     @property
     def peak_gib(self) -> float:
         return self.peak_bytes / GIB
 
-    @property
-    def tokens(self) -> int:
-        return self.rows * self.seq_len
-
 
 def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int | None = None
                ) -> tuple[int, int, bool]:
-    """(rows, tokens per row, gradient checkpointing) of one training micro-step of `stage`.
-
-    SFT: `sft.batch_size` rows of `sft.max_seq_len` (or `tokens`); GRPO: the completions of one micro-step as
-    `lab.grpo.micro_batch` computes them for the trainer (`grpo.per_device_train_batch_size`, null: the whole
-    step's `prompts_per_step x num_generations`) of `model.max_model_len` (or `tokens`). `rows` overrides the rows."""
+    """(rows, tokens per row, gradient checkpointing) of one training micro-step of `stage`: SFT's batch of
+    `sft.max_seq_len`, GRPO's micro-batch as the trainer gets it (`lab.grpo.micro_batch`) of `model.max_model_len`;
+    `tokens` and `rows` override them."""
     if stage == "sft":
         return int(rows or cfg.sft.batch_size), int(tokens or cfg.sft.max_seq_len), bool(cfg.sft.gradient_checkpointing)
     if stage == "grpo":
         from lab.grpo import micro_batch
 
-        g = cfg.grpo
-        return int(rows or micro_batch(cfg)[0]), int(tokens or cfg.model.max_model_len), bool(g.gradient_checkpointing)
+        return (int(rows or micro_batch(cfg)[0]), int(tokens or cfg.model.max_model_len),
+                bool(cfg.grpo.gradient_checkpointing))
     raise LabError(f"lab.memory: stage {stage!r} is not sft or grpo")
 
 
 def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba: str = "kernel",
-          head: str = "chunked", fake: bool = True, config=None, rows: int | None = None,
-          unpacked: bool = True) -> Trace:
+          head: str = "chunked", fake: bool = True, rows: int | None = None, unpacked: bool = True) -> Trace:
     """Run one training micro-step of `stage` and count its live storage bytes (module docstring).
 
     `mamba`: kernel (the `mamba_ssm`/`causal_conv1d` stand-ins) or torch (transformers' PyTorch path); `head`:
     chunked (TRL's Triton head stand-in) or torch (`lab.trl_private`); `fake=False` runs the same step on real tensors
-    (the test that the fake count is right); `config`: NemotronHConfig values (default: `model_config_values`);
-    `unpacked=False` leaves transformers' packed-row detection alone (the [T x T] pitfall test, module docstring)."""
-    import torch
-    from torch._subclasses.fake_tensor import FakeTensorMode
-
-    from lab.lora import attach_lora
-
+    (the test that the fake count is right); `unpacked=False` leaves transformers' packed-row detection alone (the
+    [T x T] pitfall test, module docstring)."""
     t0 = time.perf_counter()
     optim = cfg.gpu.optim or "adamw_torch_fused"  # transformers' default
     rows, seq_len, checkpointing = step_shape(cfg, stage, tokens, rows)
-    values = dict(config or model_config_values(cfg))
-    values["use_mamba_kernels"] = False  # the module-level functions are what the trace swaps (_mamba_kernels)
+    values = dict(model_config_values(cfg), use_mamba_kernels=False)  # the trace swaps the module-level functions
     dtype = getattr(torch, cfg.model.dtype)
-    model = meta_model(values, dtype)
-    base_params = sum(p.numel() for p in model.parameters())
-    pm, table = attach_lora(cfg, model)
+    fig = lora_figures(cfg, values, dtype)
+    pm = fig["model"]
     if checkpointing:
         pm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     pm.train()
@@ -481,45 +406,39 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
     outputs = ("log_probs", "entropy") if stage == "grpo" else ("log_probs", "entropy", "is_top1")
     _PATHS.clear()
     counter = LiveBytes()
-    where = _where_hooks(pm, counter)
+    _where_hooks(pm, counter)
     # bf16 weights: the Trainer's mixed precision (bf16=True on a GPU) runs the forward under autocast
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else contextlib.nullcontext()
-    fake_mode = FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext()
-    try:
-        with fake_mode, _mamba_kernels(mamba), (_unpacked_rows() if unpacked else contextlib.nullcontext()):
-            pm.to_empty(device="cpu")
-            if not fake:
-                with torch.no_grad():
-                    for p in pm.parameters():
-                        p.normal_(0, 0.02)
-            trainable = [p for p in pm.parameters() if p.requires_grad]
-            with counter:
-                for n, p in pm.named_parameters():
-                    counter.track(p, "weights/" + ("lora" if p.requires_grad else "base"))
-                for b in pm.buffers():
-                    counter.track(b, "weights/buffers")
-                counter.phase = "forward"
-                ids = torch.zeros(rows, seq_len, dtype=torch.long)
-                with autocast:
-                    hidden = pm.base_model.model.model(input_ids=ids, attention_mask=None,
-                                                       use_cache=False).last_hidden_state
-                    loss = _head_loss(pm, hidden, temperature, outputs, head)
-                del hidden
-                counter.phase, counter.where = "backward", ""
-                loss.backward()
-                del loss
-                counter.phase, counter.where = "optimizer", ""
-                state = _optimizer_step(trainable, optim, float(cfg.sft.learning_rate), float(cfg.sft.weight_decay))
-                del state
-    finally:
-        for h in where:
-            h.remove()
-    ops = dict(counter.ops)
+    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else nullcontext()
+    with (FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()), _mamba_kernels(mamba), \
+            (_unpacked_rows() if unpacked else nullcontext()):
+        pm.to_empty(device="cpu")
+        if not fake:
+            with torch.no_grad():
+                for p in pm.parameters():
+                    p.normal_(0, 0.02)
+        trainable = [p for p in pm.parameters() if p.requires_grad]
+        with counter:
+            for p in pm.parameters():
+                counter.track(p, "weights/" + ("lora" if p.requires_grad else "base"))
+            for b in pm.buffers():
+                counter.track(b, "weights/buffers")
+            counter.phase = "forward"
+            ids = torch.zeros(rows, seq_len, dtype=torch.long)
+            with autocast:
+                hidden = pm.base_model.model.model(input_ids=ids, attention_mask=None, use_cache=False).last_hidden_state
+                loss = _head_loss(pm, hidden, temperature, outputs, head)
+            del hidden
+            counter.phase, counter.where = "backward", ""
+            loss.backward()
+            del loss
+            counter.phase, counter.where = "optimizer", ""
+            state = _optimizer_step(trainable, optim, float(cfg.sft.learning_rate), float(cfg.sft.weight_decay))
+            del state
     top = sorted(((k, v) for k, v in counter.at_peak.items() if v > 0), key=lambda kv: -kv[1])
     return Trace(stage=stage, rows=rows, seq_len=seq_len, peak_bytes=counter.peak, top=top,
-                 mamba_path=", ".join(k for k in _PATHS if "head" not in k) or "none",
-                 experts_path=_experts_path(ops), optim=optim, seconds=time.perf_counter() - t0,
-                 trainable_params=int(table["trainable_params"].sum()), base_params=base_params,
+                 mamba_path=", ".join(_PATHS) or "none", experts_path=_experts_path(counter.ops), optim=optim,
+                 seconds=time.perf_counter() - t0, trainable_params=fig["trainable_params"],
+                 base_params=fig["base_params"],
                  phase_peaks={k: v for k, v in counter.phase_peak.items() if k != "setup"})
 
 
@@ -531,16 +450,14 @@ def _experts_path(ops: dict) -> str:
     return how
 
 
-def _where_hooks(pm, counter) -> list:
-    """Forward hooks that label what each decoder block allocates with its kind (mamba, attention, moe)."""
-    handles = []
+def _where_hooks(pm, counter) -> None:
+    """Forward hooks that label what each decoder block allocates with its kind (mamba, attention, moe); they go
+    with the traced model."""
     for m in pm.modules():
         kind = getattr(m, "block_type", None)
-        if kind is None:
-            continue
-        handles.append(m.register_forward_pre_hook(lambda mod, a, k=kind: setattr(counter, "where", k)))
-        handles.append(m.register_forward_hook(lambda mod, a, o: setattr(counter, "where", ""), always_call=True))
-    return handles
+        if kind is not None:
+            m.register_forward_pre_hook(lambda mod, a, k=kind: setattr(counter, "where", k))
+            m.register_forward_hook(lambda mod, a, o: setattr(counter, "where", ""), always_call=True)
 
 
 # ---- the gpu check, the report, the command ------------------------------------------------------------------------
@@ -549,16 +466,9 @@ def gpu_gib(cfg: DictConfig) -> float | None:
     """The card's memory: `gpu.memory_gib`, else this machine's first CUDA device, else None."""
     if cfg.gpu.memory_gib is not None:
         return float(cfg.gpu.memory_gib)
-    import torch
-
     if torch.cuda.is_available():
         return torch.cuda.get_device_properties(0).total_memory / GIB
     return None
-
-
-def max_use(cfg: DictConfig) -> float:
-    """`gpu.max_use`: the share of the card's memory one training micro-step may take."""
-    return float(cfg.gpu.max_use)
 
 
 def report(t: Trace, card_gib: float | None, use: float, n_top: int = 10) -> str:
@@ -580,7 +490,7 @@ def report(t: Trace, card_gib: float | None, use: float, n_top: int = 10) -> str
 def as_json(t: Trace, card_gib: float | None, use: float) -> dict:
     return {"peak_gib": round(t.peak_gib, 3), "gpu_gib": card_gib,
             "fits": None if card_gib is None else bool(t.peak_gib <= use * card_gib),
-            "mamba_path": t.mamba_path, "experts_path": t.experts_path, "tokens": t.tokens, "rows": t.rows,
+            "mamba_path": t.mamba_path, "experts_path": t.experts_path, "tokens": t.rows * t.seq_len, "rows": t.rows,
             "seq_len": t.seq_len, "stage": t.stage, "optim": t.optim, "seconds": round(t.seconds, 1),
             "trainable_params": t.trainable_params,
             "phase_peaks_gib": {k: round(v / GIB, 3) for k, v in t.phase_peaks.items()},
@@ -593,14 +503,12 @@ def check_fits(cfg: DictConfig, stage: str = "sft") -> Trace | None:
     model (`model.build_tiny`: the CPU demo never pays for a trace). The Mamba path is the one this machine will
     take: the kernels when `mamba_ssm` and `causal_conv1d` import (`lab.models.missing_mamba_kernels`), else
     transformers' PyTorch scan."""
-    from lab.models import missing_mamba_kernels
-
     if cfg.model.build_tiny:
         return None
-    card, use = gpu_gib(cfg), max_use(cfg)
+    card, use = gpu_gib(cfg), float(cfg.gpu.max_use)
     if not 0 < use <= 1:
         raise LabError(f"conf/gpu: max_use={use} must be in (0, 1]")
-    t = trace(cfg, stage, mamba="torch" if missing_mamba_kernels() else "kernel")
+    t = trace(cfg, stage, mamba="torch" if models.missing_mamba_kernels() else "kernel")
     print(report(t, card, use))
     if card is None:
         print("  (no gpu.memory_gib and no CUDA device: nothing to check against)")
@@ -639,7 +547,7 @@ def main(argv: list[str] | None = None) -> int:
     a = ap.parse_intermixed_args(argv)
     cfg = compose(a.overrides)
     t = trace(cfg, a.stage, a.tokens, mamba=a.mamba, rows=a.rows)
-    card, use = gpu_gib(cfg), max_use(cfg)
+    card, use = gpu_gib(cfg), float(cfg.gpu.max_use)
     print(report(t, card, use))
     if a.json:
         atomic_write_text(Path(a.json), json.dumps(as_json(t, card, use), indent=1))

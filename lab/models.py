@@ -151,10 +151,8 @@ def check_tiny_recipe(cfg: DictConfig, path: Path) -> None:
         have = None
     if have == want:
         return
-    if have is None:
-        why = f"{f} is missing or unreadable (built by an older version of the lab)"
-    else:
-        why = "; ".join(diff(have, want)) + ": built -> config"
+    why = (f"{f} is missing or unreadable (built by an older version of the lab)" if have is None
+           else "; ".join(diff(have, want)) + ": built -> config")
     raise LabError(f"{path}: this tiny base model was built from a different recipe ({why}). Delete the folder "
                    "(and the run's stage folders, whose adapters were trained on it) or use another run_name.")
 
@@ -249,13 +247,6 @@ def check_mamba_kernels(cfg: DictConfig) -> None:
                        "get them: " + MAMBA_WHEELS_HELP)
 
 
-def device(cfg: DictConfig) -> str:
-    import torch
-
-    d = cfg.model.device
-    return ("cuda" if torch.cuda.is_available() else "cpu") if d == "auto" else d
-
-
 def load_tokenizer(cfg: DictConfig):
     from transformers import AutoTokenizer
 
@@ -282,8 +273,9 @@ def load(cfg: DictConfig, adapter: str | os.PathLike | None = None, trainable: b
 
     path = model_path(cfg)
     tok = load_tokenizer(cfg)
+    device = cfg.model.device if cfg.model.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.model.dtype),
-                                                 device_map=None if is_deepspeed_zero3_enabled() else device(cfg),
+                                                 device_map=None if is_deepspeed_zero3_enabled() else device,
                                                  trust_remote_code=cfg.model.trust_remote_code)
     if adapter is not None:
         from peft import PeftModel

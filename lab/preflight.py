@@ -70,14 +70,14 @@ def checks(stage: str) -> list:
     """The checks `stage` runs, each a function of the config that raises a LabError."""
     from lab import grpo, memory, models
 
+    trains = {"02_sft": "sft", "03_grpo": "grpo"}.get(stage)  # what lab.memory calls the stage, if it trains
     return [
         functools.partial(check_gpu_extra, stage=stage),
         check_cuda,
         lambda cfg: check_model_path(str(cfg.model.path)),  # its messages name model.path
-        *([models.check_mamba_kernels] if stage in ("02_sft", "03_grpo") else []),
+        *([models.check_mamba_kernels] if trains else []),
         *([grpo.check_backend] if stage == "03_grpo" else []),
-        *([functools.partial(memory.check_fits, stage={"02_sft": "sft", "03_grpo": "grpo"}[stage])]
-          if stage in ("02_sft", "03_grpo") else []),
+        *([functools.partial(memory.check_fits, stage=trains)] if trains else []),
     ]
 
 

@@ -35,7 +35,6 @@ from __future__ import annotations
 import os
 
 _REFUSAL = "is_act_and_mul=False is supported only for CUDA, XPU and ROCm"
-_INSTALLED = False
 
 
 def cpu_environment() -> None:
@@ -90,15 +89,15 @@ def expert_matmul_standin(self, output, hidden_states, w1, w2, topk_weights, top
 
 def install_expert_matmul_standin() -> None:
     """Install the stand-in (module docstring) in this process; refuses on a machine with CUDA."""
-    global _INSTALLED
     import torch
 
     if torch.cuda.is_available():
         raise RuntimeError("the expert-matmul stand-in is for vLLM's CPU build only; a GPU runs vLLM's own kernels")
-    if _INSTALLED:
-        return
     from vllm.model_executor.layers.fused_moe.config import FusedMoEConfig
     from vllm.model_executor.layers.fused_moe.experts.triton_moe import TritonExperts
+
+    if TritonExperts.apply is expert_matmul_standin:  # installed already
+        return
 
     original = FusedMoEConfig.__post_init__
 
@@ -111,4 +110,3 @@ def install_expert_matmul_standin() -> None:
 
     FusedMoEConfig.__post_init__ = post_init
     TritonExperts.apply = expert_matmul_standin
-    _INSTALLED = True

@@ -73,4 +73,4 @@ def test_one_training_step_of_the_preset_fits_its_card(stage, monkeypatch):
     cfg = compose(["experiment=competition"])
     t = memory.check_fits(cfg, stage)
     assert t is not None and "stand-in" in t.mamba_path
-    assert t.peak_gib <= memory.max_use(cfg) * memory.gpu_gib(cfg)
+    assert t.peak_gib <= cfg.gpu.max_use * memory.gpu_gib(cfg)
