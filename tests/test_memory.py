@@ -71,6 +71,7 @@ def test_every_target_family_matches_with_the_expected_trainable_parameters(valu
     assert 31.0e9 < figures["base_params"] < 32.0e9
 
 
+@pytest.mark.slow  # builds the 30B model's LoRA on the meta device: seconds (the fast lane stays short)
 def test_packed_adapter_names_and_shapes_are_the_ones_vllm_reads(values, figures):
     """The preset's adapter, after `lab.submission.split_fused_experts` (experts split per expert), has exactly the
     names and shapes vLLM 0.33's Nemotron-H reads: per-expert `experts.{e}.up_proj/down_proj` (its expert mapping,

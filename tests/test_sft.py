@@ -144,6 +144,7 @@ def test_overlong_examples_are_counted_and_dropped_not_cut(root, puzzles):
 
 # ---- the fused Mamba kernel guard ----------------------------------------------------------------
 
+@pytest.mark.slow  # real SFTTrainer steps: seconds (the fast lane stays short)
 def test_fused_mamba_kernel_is_bypassed_for_mixers_with_an_out_proj_lora(root, puzzles, monkeypatch):
     """With mamba_ssm, training calls mamba2_split_conv1d_scan_combined(..., outproj_weight=...) and returns
     its output, bypassing out_proj. A sentinel stands in for that kernel here."""
