@@ -292,6 +292,7 @@ def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeyp
     assert m_c["resumed_from"] is None and m_c["steps"] == 1 and not (ck / "checkpoint-3").exists()
 
 
+@pytest.mark.slow  # a real SFT run that saves a checkpoint: seconds (the fast lane stays short)
 def test_wall_clock_budget_saves_and_stops_cleanly(root, puzzles):
     cfg = compose(root, "budget", "sft.max_steps=5", "sft.save_steps=100", "sft.wall_clock_budget_min=1e-6",
                   "sft.gradient_check=false")
