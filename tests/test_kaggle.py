@@ -236,6 +236,7 @@ def test_kernel_options(tmp_path, monkeypatch):
     assert json.loads((tmp_path / "cli" / "kernel-metadata.json").read_text())["id"] == "dave/nemotron-lab-01-explore"
 
 
+@pytest.mark.slow  # builds the lab's wheel in a subprocess: seconds (the fast lane stays short)
 def test_dependency_dataset(tmp_path):
     top_build = (project_root() / "build").exists()
     out = kaggle.build_dataset("alice", out=tmp_path / "ds")

@@ -79,6 +79,7 @@ def test_fused_lora_head_equals_the_models_own_logits_and_reaches_the_adapter(ro
     assert head.base_layer.weight.grad is None  # frozen
 
 
+@pytest.mark.slow  # a real SFT run of three steps: seconds (the fast lane stays short)
 def test_sft_trains_the_lm_head_lora_and_leaves_frozen_weights(root, puzzles):
     """The TRL way: after SFT, lm_head's LoRA weights changed; the frozen lm_head, embeddings and others did not."""
     cfg = compose(root, "train")

@@ -71,6 +71,7 @@ def test_every_target_family_matches_with_the_expected_trainable_parameters(valu
     assert 31.0e9 < figures["base_params"] < 32.0e9
 
 
+@pytest.mark.slow  # builds the 30B model's LoRA on the meta device: seconds (the fast lane stays short)
 def test_packed_adapter_names_and_shapes_are_the_ones_vllm_reads(values, figures):
     """The preset's adapter, after `lab.submission.split_fused_experts` (experts split per expert), has exactly the
     names and shapes vLLM 0.33's Nemotron-H reads: per-expert `experts.{e}.up_proj/down_proj` (its expert mapping,
@@ -124,7 +125,8 @@ TINY_ALL = ["model.dtype=bfloat16",  # transformers' grouped_mm experts: the met
             "shared_experts.down_proj,experts,lm_head]"]
 
 
-@pytest.mark.parametrize("mamba, head", [("torch", "torch"), ("kernel", "chunked")])
+@pytest.mark.parametrize("mamba, head", [("torch", "torch"),  # the real CPU path: fast lane; the stand-ins: slow lane
+                                         pytest.param("kernel", "chunked", marks=pytest.mark.slow)])
 def test_traced_peak_equals_the_peak_of_the_same_step_on_real_tensors(mamba, head):
     """One SFT step of the tiny model (every LoRA family, lm_head too; checkpointing, fused AdamW, bf16 autocast):
     the peak counted on fake tensors is within 2% of the peak of the same step run on real CPU tensors, counted by
@@ -140,6 +142,7 @@ def test_traced_peak_equals_the_peak_of_the_same_step_on_real_tensors(mamba, hea
     assert fake.phase_peaks.keys() == {"forward", "backward", "optimizer"}
 
 
+@pytest.mark.slow  # three SFT-step traces of 512 tokens, one on real tensors: seconds (the fast lane stays short)
 def test_the_causal_mask_pitfall_is_handled():
     """Under fake tensors transformers cannot see that a row is not packed, so it builds a [T x T] mask the real run
     skips; with the trace's answer (`_unpacked_rows`) fake and real agree, without it the fake step holds the mask."""

@@ -144,6 +144,7 @@ def test_overlong_examples_are_counted_and_dropped_not_cut(root, puzzles):
 
 # ---- the fused Mamba kernel guard ----------------------------------------------------------------
 
+@pytest.mark.slow  # real SFTTrainer steps: seconds (the fast lane stays short)
 def test_fused_mamba_kernel_is_bypassed_for_mixers_with_an_out_proj_lora(root, puzzles, monkeypatch):
     """With mamba_ssm, training calls mamba2_split_conv1d_scan_combined(..., outproj_weight=...) and returns
     its output, bypassing out_proj. A sentinel stands in for that kernel here."""
@@ -291,6 +292,7 @@ def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeyp
     assert m_c["resumed_from"] is None and m_c["steps"] == 1 and not (ck / "checkpoint-3").exists()
 
 
+@pytest.mark.slow  # a real SFT run that saves a checkpoint: seconds (the fast lane stays short)
 def test_wall_clock_budget_saves_and_stops_cleanly(root, puzzles):
     cfg = compose(root, "budget", "sft.max_steps=5", "sft.save_steps=100", "sft.wall_clock_budget_min=1e-6",
                   "sft.gradient_check=false")

@@ -159,6 +159,7 @@ def test_config_trace_style(tmp_path):
         count_tokenizer(compose([f"data.tokenizer_path={tmp_path}", f"run_dir={tmp_path}"]))
 
 
+@pytest.mark.slow  # loads the real tokenizer and solves every category: seconds (the fast lane stays short)
 @pytest.mark.skipif(not (TOKENIZER / "tokenizer.json").is_file(), reason="../shared tokenizer absent")
 def test_real_tokenizer_counts_within_budget():
     df = pd.concat([puzzles(c, 3) for c in CATEGORIES], ignore_index=True)

@@ -42,6 +42,7 @@ def test_report_to_is_checked_and_off_by_default(tmp_path):
     assert os.environ["TENSORBOARD_LOGGING_DIR"] == str(tmp_path / "tensorboard" / "03_grpo")
 
 
+@pytest.mark.slow  # real SFT and GRPO training steps: seconds (the fast lane stays short)
 def test_tensorboard_receives_the_sft_loss_and_the_grpo_reward_curves(tmp_path, monkeypatch):
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
     puzzles = generate("numeral_system", 6, 0)
