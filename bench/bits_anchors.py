@@ -5,7 +5,7 @@ The derivation (`lab.puzzles.bits._anchored`) scans the two boundary bits (at bi
 every shr), then tries, in order, each layout whose bits there hold a set that passed, until one fits every example;
 a trace that would pass `bits.TOKEN_CAP` states its layout instead (`note choose`). For every bits puzzle that some
 layout fits, this script prints how many anchor scans the trace writes, how many layouts pass both anchors (of
-`bitrules.LAYOUTS`), how many are tried before the fit, and, from the CSV, the share of solved bits traces that
+`bitlayout.LAYOUTS`), how many are tried before the fit, and, from the CSV, the share of solved bits traces that
 derive their layout, state it, or recall a rule, with their real-tokenizer lengths (`trace_tokens`).
 
 Usage: `python bench/bits_anchors.py SOLVED.csv`. Deliberately simple: counts only (figures in RESULTS.md).
@@ -17,8 +17,8 @@ import sys
 
 import pandas as pd
 
-from lab.puzzles.bitrules import LAYOUTS, parse, shift_tables
-from lab.puzzles.bitrules import anchor_candidates, anchor_scans
+from lab.puzzles.bitlayout import LAYOUTS, anchor_candidates, anchor_scans, shift_tables
+from lab.puzzles.bitrules import parse
 from lab.puzzles.bits import ANCHORS
 
 
@@ -42,7 +42,8 @@ def main(path: str) -> None:
         sys.exit(f"{path}: no bit_manipulation rows")
     r = pd.DataFrame([m for m in map(measure, bits.prompt) if m])
     print(f"{len(r)} of {len(bits)} bits puzzles in {path} fit a layout")
-    for col, what in (("scans", "anchor scans written"), ("passing", f"layouts passing both anchors (of {len(LAYOUTS)})"),
+    for col, what in (("scans", "anchor scans written"),
+                      ("passing", f"layouts passing both anchors (of {len(LAYOUTS)})"),
                       ("tries", "layouts tried up to the fit")):
         print(f"{what}: median {r[col].median():.0f}, p90 {r[col].quantile(0.9):.0f}, max {r[col].max()}")
     solved = bits[bits.status == "solved"]

@@ -10,7 +10,8 @@ import pandas as pd
 from lab.puzzles import solve
 from lab.puzzles.__main__ import main
 from lab.puzzles.audit import audit_frame, audit_trace, shape
-from lab.puzzles.bitrules import b8, make_prompt, shift_copy
+from lab.puzzles.bitlayout import b8, shift_copy
+from lab.puzzles.bitrules import make_prompt
 from lab.puzzles.check import replay_derivation
 from lab.puzzles.solve import replay
 
@@ -111,7 +112,8 @@ def test_bits_layout_derived_from_the_boundary_bits_replays_without_recall_or_ch
         return "\n".join(lines[:i] + [change(lines[i])] + lines[i + 1:])
 
     flip = {"yes": "no", "no": "yes"}
-    bad_scan = corrupt(lambda ln: ln.startswith("scan 7 "), lambda ln: ln.rsplit(" ", 1)[0] + " " + flip[ln.split()[-1]])
+    bad_scan = corrupt(lambda ln: ln.startswith("scan 7 "),
+                       lambda ln: ln.rsplit(" ", 1)[0] + " " + flip[ln.split()[-1]])
     assert not _bits_replay(prompt, bad_scan)[0]
     last_fill = max(i for i, ln in enumerate(lines) if ": fill " in ln)
     bad_fill = lines[last_fill][:-1] + ("1" if lines[last_fill][-1] == "0" else "0")
@@ -170,7 +172,7 @@ def test_anchor_scans_read_the_boundary_bits_and_the_bench_counts_the_tries():
     import importlib.util
     from pathlib import Path
 
-    from lab.puzzles.bitrules import anchor_columns, anchor_scan
+    from lab.puzzles.bitlayout import anchor_columns, anchor_scan
 
     layout = (("rotl", 3), ("shl", 1), ("shr", 2))
     assert anchor_columns(layout, 7) == {2, 5} and anchor_columns(layout, 0) == {3, 1}

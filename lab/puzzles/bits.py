@@ -1,12 +1,12 @@
 """The bit-manipulation category: its Category object, its derivation trace and its compact-line checker.
 
-The rule space and the solver are `bitrules`. Derivation (`derive`): the competition's layout: each output bit is
-one function F of the bits at its position of up to three copies, rotl a, shl b, shr c, read off the examples on
-the page (`_anchored`):
+The rule space and the solver are `bitrules`; the layout and its anchor scans `bitlayout`. Derivation (`derive`):
+the competition's layout: each output bit is one function F of the bits at its position of up to three copies,
+rotl a, shl b, shr c, read off the examples on the page (`_anchored`):
 - anchors: at bit 7 every shl reads 0 and at bit 0 every shr does, so y7 and y0 each read at most two bits of x.
   `scan P I J` lines test, example by example, whether output bit P is a function of x's bits I, J (no bit, one,
   then two; a set holding one that passed is not scanned);
-- tries: each layout whose bits at 7 and 0 hold a set that passed, in `bitrules.LAYOUTS` order (fewest copies,
+- tries: each layout whose bits at 7 and 0 hold a set that passed, in `bitlayout.LAYOUTS` order (fewest copies,
   then rotl/shl/shr, then smaller shifts): per example its copies and `fill` (each position's `key:bit`), until a
   key shows both bits (`clash`: the next `try`) or every example fits;
 - the table: `table` collects F (one bit per key, checked); the query's keys are read from it, a key no example
@@ -28,9 +28,8 @@ from __future__ import annotations
 import functools
 import re
 
-from .bitrules import (LAYOUTS, NAME, NT, T_NAMES, anchor_candidates, anchor_scan, anchor_scans, apply_step,
-                       apply_t, b8, generate_one, op2, op3, parse, rule_name, shift_copy, shift_name, shift_tables,
-                       solve)
+from .bitlayout import LAYOUTS, anchor_candidates, anchor_scan, anchor_scans, b8, shift_copy, shift_name, shift_tables
+from .bitrules import NAME, NT, T_NAMES, apply_step, apply_t, generate_one, op2, op3, parse, rule_name, solve
 from .check import BITS_RE, Fail
 from .common import Category, Solution
 
@@ -228,7 +227,7 @@ LAYOUT_NOTE = ("note each output bit is one function F of the bits at its positi
 def _anchored(ex, q, answer: str) -> list[str] | None:
     """The layout derived on the page. At bit 7 every shl reads 0, so y7 is a function of x's bits a-1 (rotl) and
     7-c (shr); at bit 0 every shr reads 0, so y0 is a function of x's bits a (rotl) and b (shl). Each anchor is
-    scanned (`bitrules.anchor_scans`: no bit, one bit, then two, example by example until a key shows both bits),
+    scanned (`bitlayout.anchor_scans`: no bit, one bit, then two, example by example until a key shows both bits),
     then each layout whose bits at 7 and 0 hold a set that passed is tried in `LAYOUTS` order: per example its
     copies and the `key:bit` pairs (`fill`), until a key shows both bits (`clash`: the next layout) or every example
     fits (the table; the query's keys read from it, a key no example shows reading 0). None when the trace would
@@ -296,7 +295,7 @@ def _examples(replay):
 
 
 def _scan_op(replay, args) -> str:
-    """`scan P [I [J]]`: output bit P against x's bits I, J on the prompt's examples (`bitrules.anchor_scan`)."""
+    """`scan P [I [J]]`: output bit P against x's bits I, J on the prompt's examples (`bitlayout.anchor_scan`)."""
     if not 1 <= len(args) <= 3 or not all(a.isdigit() and int(a) < 8 for a in args):
         raise Fail("`scan` takes an output bit and up to two bits of x, each 0-7")
     p, *cols = map(int, args)
