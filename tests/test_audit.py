@@ -187,3 +187,14 @@ def test_anchor_scans_read_the_boundary_bits_and_the_bench_counts_the_tries():
     prompt, trace = _anchored(tries=2)
     m = bench.measure(prompt)
     assert m["tries"] == trace.count("\ntry ") and m["scans"] == trace.count("\nscan ") and m["passing"] >= 2
+
+
+def test_pairs_of_bits_are_scanned_only_when_a_class_of_layouts_needs_them():
+    import re
+
+    _, two = _anchored(f=lambda r, s, t: s ^ t)  # shl1 shr2: one bit of x at bit 7 and at bit 0
+    assert "try shl1 shr2" in two and not re.search(r"^scan \d \d \d ", two, re.M) and "scan the pairs" not in two
+    _, three = _anchored()  # rotl3 shl1 shr2: pairs at both bits, bit 0 first (rotl with shl comes first)
+    assert re.search(r"^scan 0 \d \d ", three, re.M) and re.search(r"^scan 7 \d \d ", three, re.M)
+    order = [three.index(s) for s in ("at bit 0: scan the pairs", "at bit 7: scan the pairs", "try rotl3 shl1 shr2")]
+    assert order == sorted(order)

@@ -30,17 +30,27 @@ def shift_name(kind: str, k: int) -> str:
     return "x" if kind == "rotl" and k == 0 else f"{kind}{k}"
 
 
-def _layout_order(cps):
-    return len(cps), [SHIFT_KINDS.index(k) for k, _ in cps], [k for _, k in cps]
+# The classes of layouts in the derivation's order, with the output bits whose pairs of x bits must be scanned
+# before a class is tried: one copy and shl+shr read at most one bit of x at bit 7 and at bit 0, rotl+shl two at
+# bit 0, rotl+shr two at bit 7, all three two at both. Fewest copies first (a layout that fits fits with any copy
+# added); among two copies, shl+shr first, since it needs no pair scanned.
+PHASES = (((("rotl",), ("shl",), ("shr",), ("shl", "shr")), ()), ((("rotl", "shl"),), (0,)),
+          ((("rotl", "shr"),), (7,)), ((("rotl", "shl", "shr"),), (0, 7)))
+_CLASS = [kinds for classes, _ in PHASES for kinds in classes]
+
+
+def phase(cps) -> int:
+    """The index in `PHASES` of a layout's class."""
+    kinds = tuple(k for k, _ in cps)
+    return next(i for i, (classes, _) in enumerate(PHASES) if kinds in classes)
 
 
 # Every layout: a subset of (rotl a, shl b, shr c), a in 0..7 (0: x itself), b and c in 1..7, in the derivation's
-# order: fewest copies, then rotl/shl/shr, then smaller shifts (a layout that fits fits with any copy added, so the
-# fewest copies come first).
+# order: by class (`PHASES`), then smaller shifts.
 LAYOUTS = sorted({tuple(c for c in cs if c) for cs in product([None] + [("rotl", a) for a in range(8)],
                                                               [None] + [("shl", b) for b in range(1, 8)],
                                                               [None] + [("shr", c) for c in range(1, 8)])} - {()},
-                 key=_layout_order)
+                 key=lambda cps: (_CLASS.index(tuple(k for k, _ in cps)), [k for _, k in cps]))
 
 
 def anchor_columns(cps, p: int) -> set[int]:

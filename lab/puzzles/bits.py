@@ -5,10 +5,11 @@ the competition's layout: each output bit is one function F of the bits at its p
 rotl a, shl b, shr c, read off the examples on the page (`_anchored`):
 - anchors: at bit 7 every shl reads 0 and at bit 0 every shr does, so y7 and y0 each read at most two bits of x.
   `scan P I J` lines test, example by example, whether output bit P is a function of x's bits I, J (no bit, one,
-  then two; a set holding one that passed is not scanned);
-- tries: each layout whose bits at 7 and 0 hold a set that passed, in `bitlayout.LAYOUTS` order (fewest copies,
-  then rotl/shl/shr, then smaller shifts): per example its copies and `fill` (each position's `key:bit`), until a
-  key shows both bits (`clash`: the next `try`) or every example fits;
+  then two; a set holding one that passed is not scanned); pairs are scanned only when the tries reach a class of
+  layouts that reads two bits there (`bitlayout.PHASES`: rotl+shl at bit 0, rotl+shr at bit 7);
+- tries: each layout whose bits at 7 and 0 hold a set that passed, in `bitlayout.LAYOUTS` order (one copy,
+  shl+shr, rotl+shl, rotl+shr, all three; smaller shifts first): per example its copies and `fill` (each
+  position's `key:bit`), until a key shows both bits (`clash`: the next `try`) or every example fits;
 - the table: `table` collects F (one bit per key, checked); the query's keys are read from it, a key no example
   shows reading 0 (`default`). F is never named.
 A trace that would pass `TOKEN_CAP` states its layout instead (`_layout`: `note choose`, then the same table).
@@ -28,7 +29,8 @@ from __future__ import annotations
 import functools
 import re
 
-from .bitlayout import LAYOUTS, anchor_candidates, anchor_scan, anchor_scans, b8, shift_copy, shift_name, shift_tables
+from .bitlayout import (LAYOUTS, PHASES, anchor_candidates, anchor_scan, anchor_scans, b8, phase, shift_copy,
+                        shift_name, shift_tables)
 from .bitrules import NAME, NT, T_NAMES, apply_step, apply_t, generate_one, op2, op3, parse, rule_name, solve
 from .check import BITS_RE, Fail
 from .common import Category, Solution
@@ -227,48 +229,63 @@ LAYOUT_NOTE = ("note each output bit is one function F of the bits at its positi
 def _anchored(ex, q, answer: str) -> list[str] | None:
     """The layout derived on the page. At bit 7 every shl reads 0, so y7 is a function of x's bits a-1 (rotl) and
     7-c (shr); at bit 0 every shr reads 0, so y0 is a function of x's bits a (rotl) and b (shl). Each anchor is
-    scanned (`bitlayout.anchor_scans`: no bit, one bit, then two, example by example until a key shows both bits),
-    then each layout whose bits at 7 and 0 hold a set that passed is tried in `LAYOUTS` order: per example its
-    copies and the `key:bit` pairs (`fill`), until a key shows both bits (`clash`: the next layout) or every example
-    fits (the table; the query's keys read from it, a key no example shows reading 0). None when the trace would
-    pass `TOKEN_CAP` or the fit does not give `answer` (the caller states its layout instead)."""
+    scanned (`bitlayout.anchor_scans`: no bit, then one bit, example by example until a key shows both bits), then
+    each layout whose bits at 7 and 0 hold a set that passed is tried in `LAYOUTS` order: per example its copies
+    and the `key:bit` pairs (`fill`), until a key shows both bits (`clash`: the next layout) or every example fits
+    (the table; the query's keys read from it, a key no example shows reading 0). The pairs of bits are scanned
+    only when the tries reach a class of layouts that reads two bits there (`bitlayout.PHASES`). None when the
+    trace would pass `TOKEN_CAP` or the fit does not give `answer` (the caller states its layout instead)."""
     xs, ys = [a for a, _ in ex], [b for _, b in ex]
+    scans = {p: anchor_scans(xs, ys, p) for p in ANCHORS}
+
+    def scanned(p, pairs: bool):
+        return [f"scan {' '.join(map(str, (p, *cols)))} = {text}" for cols, text, _ in scans[p]
+                if (len(cols) == 2) == pairs]
+
     lines = [LAYOUT_NOTE,
              "note at bit 7 every shl reads 0: y7 reads x bits a-1 (rotl) and 7-c (shr); at bit 0 every shr reads 0: "
              "y0 reads x bits a (rotl) and b (shl)",
-             "note scan which bits of x explain each: none, one, then two bits, skipping a set that holds one that did"]
-    scans = {}
-    for p in ANCHORS:
-        scans[p] = anchor_scans(xs, ys, p)
-        lines += [f"scan {' '.join(map(str, (p, *cols)))} = {text}" for cols, text, _ in scans[p]]
-    lines.append("note try each layout whose bits at 7 and 0 hold a set that did, in order: fewest copies, then "
-                 "rotl shl shr, then smaller shifts; a key no example shows reads 0")
-    for cps in anchor_candidates(scans):
-        if _tokens(lines) > TOKEN_CAP:
-            return None
-        names = [shift_name(kd, k) for kd, k in cps]
-        lines.append("try " + " ".join(names))
-        table, fits = {}, True
-        for n, (xv, yv) in enumerate(ex, 1):
-            vals = []
-            for nm, (kd, k) in zip(names, cps):
-                vals.append(b8(shift_copy(kd, k, xv)))
-                if nm != "x":
-                    lines.append(f"ex{n}: {nm} {b8(xv)} = {vals[-1]}")
-            text, fits = _fill(vals, b8(yv), table)
-            lines.append(f"ex{n}: fill {' '.join(vals)} {b8(yv)} = {text}")
+             "note scan which bits of x explain each: none, then one bit; a set holding one that did is not scanned",
+             *scanned(7, False), *scanned(0, False),
+             "note try each layout whose bits at 7 and 0 hold a set that did, in order: one copy, shl shr, rotl shl, "
+             "rotl shr, all three, smaller shifts first; a key no example shows reads 0"]
+    cands = anchor_candidates(scans)
+    paired = set()
+    for i, (_, pair_bits) in enumerate(PHASES):
+        for p in pair_bits:
+            if p not in paired:
+                paired.add(p)
+                lines.append(f"note {PAIR_NOTES[p]} read two bits at bit {p}: scan the pairs there")
+                lines += scanned(p, True)
+        for cps in (c for c in cands if phase(c) == i):
+            if _tokens(lines) > TOKEN_CAP:
+                return None
+            names = [shift_name(kd, k) for kd, k in cps]
+            lines.append("try " + " ".join(names))
+            table, fits = {}, True
+            for n, (xv, yv) in enumerate(ex, 1):
+                vals = []
+                for nm, (kd, k) in zip(names, cps):
+                    vals.append(b8(shift_copy(kd, k, xv)))
+                    if nm != "x":
+                        lines.append(f"ex{n}: {nm} {b8(xv)} = {vals[-1]}")
+                text, fits = _fill(vals, b8(yv), table)
+                lines.append(f"ex{n}: fill {' '.join(vals)} {b8(yv)} = {text}")
+                if not fits:
+                    break
             if not fits:
-                break
-        if not fits:
-            continue
-        lines.append("table = " + " ".join(f"{k}:{table[k]}" for k in sorted(table)))
-        ks = _key_lines(lines, names, [functools.partial(shift_copy, kd, k) for kd, k in cps], q, "q")
-        for k in sorted({k for k in ks.split() if k not in table}):
-            lines.append(f"q: default {k} = {k}:0")
-        read = "".join(table.get(k, "0") for k in ks.split())
-        lines.append(f"q: read {ks} = {read}")
-        return lines if read == answer and _tokens(lines) <= TOKEN_CAP else None
+                continue
+            lines.append("table = " + " ".join(f"{k}:{table[k]}" for k in sorted(table)))
+            ks = _key_lines(lines, names, [functools.partial(shift_copy, kd, k) for kd, k in cps], q, "q")
+            for k in sorted({k for k in ks.split() if k not in table}):
+                lines.append(f"q: default {k} = {k}:0")
+            read = "".join(table.get(k, "0") for k in ks.split())
+            lines.append(f"q: read {ks} = {read}")
+            return lines if read == answer and _tokens(lines) <= TOKEN_CAP else None
     return None
+
+
+PAIR_NOTES = {0: "rotl with shl", 7: "rotl with shr"}  # the classes that first read two bits at bit 0, bit 7
 
 
 def _tokens(lines: list[str]) -> int:
