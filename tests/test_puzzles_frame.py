@@ -24,7 +24,9 @@ def test_solve_frame_columns_and_correct():
 
 def test_trace_tokens_estimate_and_tokenizer():
     t = "rule: x\nx = 00000001\n</think>\n\\boxed{00000001}"
-    assert trace_tokens(t) == max(len(t.split()), -(-len(t) * 2 // 7))
+    # without a tokenizer, an estimate: each digit 1, a space before a digit 1, a run of letters or a mark 1, each
+    # newline 1: rule : x / x = _ 8 digits / < / think > / \ boxed { 8 digits } (the real tokenizer: 31)
+    assert trace_tokens(t) == 3 + 11 + 4 + 12 + 3
 
     class Tok:  # a stand-in with the HF call signature
         def __call__(self, text, add_special_tokens=False):

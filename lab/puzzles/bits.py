@@ -33,7 +33,7 @@ from .bitlayout import (LAYOUTS, PHASES, anchor_candidates, anchor_scan, anchor_
                         shift_name, shift_tables)
 from .bitrules import NAME, NT, T_NAMES, apply_step, apply_t, generate_one, op2, op3, parse, rule_name, solve
 from .check import BITS_RE, Fail
-from .common import Category, Solution
+from .common import Category, Solution, estimate_tokens
 
 
 def _value(rule, xv: int, tag: str, lines: list[str]) -> str:
@@ -185,6 +185,17 @@ def _key_lines(lines: list[str], names: list[str], copies: list, v: int, tag: st
     lines.append(f"{tag}: keys {' '.join(vals)} = {ks}")
     return ks
 
+def _read_query(lines: list[str], names: list[str], cps, table: dict, q: int) -> str:
+    """Append F's table, the query's copies and keys, a `default` for each key no example shows and the `read`
+    line; returns the bits read (the answer)."""
+    lines.append("table = " + " ".join(f"{k}:{table[k]}" for k in sorted(table)))
+    ks = _key_lines(lines, names, [functools.partial(shift_copy, kd, k) for kd, k in cps], q, "q")
+    for k in sorted({k for k in ks.split() if k not in table}):
+        lines.append(f"q: default {k} = {k}:0")
+    read = "".join(table.get(k, "0") for k in ks.split())
+    lines.append(f"q: read {ks} = {read}")
+    return read
+
 
 def _layout(ex, q, answer: str) -> list[str] | None:
     """The competition's layout: each output bit is one function F of the bits at its position of up to
@@ -197,7 +208,7 @@ def _layout(ex, q, answer: str) -> list[str] | None:
     fits = [f for f in shift_tables([a for a, _ in ex], [b for _, b in ex], q) if f[2] == answer]
     if not fits:
         return None
-    cps, _, _, unseen = min(fits, key=lambda f: bool(f[3]))  # sorted already; a fit needing no default first
+    cps = min(fits, key=lambda f: bool(f[3]))[0]  # sorted already; a fit needing no default first
     names = [shift_name(kd, k) for kd, k in cps]
     lines = ["note each output bit is one function F of the bits at its position of rotl a, shl b and shr c "
              "(some may be absent); read F as a table from the examples; a key no example shows reads 0",
@@ -212,16 +223,12 @@ def _layout(ex, q, answer: str) -> list[str] | None:
         prs = [f"{k}:{b}" for k, b in zip(ks.split(), b8(yv))]
         lines.append(f"ex{n}: pairs {ks} {b8(yv)} = " + " ".join(prs))
         table.update(dict(p.split(":") for p in prs))
-    lines.append("table = " + " ".join(f"{k}:{table[k]}" for k in sorted(table)))
-    ks = keys(q, "q")
-    for k in unseen:
-        lines.append(f"q: default {k} = {k}:0")
-    lines.append(f"q: read {ks} = " + "".join(table.get(k, "0") for k in ks.split()))
+    _read_query(lines, names, cps, table, q)
     return lines
 
 
 ANCHORS = (7, 0)  # the output bits scanned first: at bit 7 every shl reads 0, at bit 0 every shr
-TOKEN_CAP = 6000  # an anchored trace estimated longer (`_tokens`) states its layout instead (`_layout`)
+TOKEN_CAP = 6000  # an anchored trace estimated longer (`common.estimate_tokens`) states its layout instead
 LAYOUT_NOTE = ("note each output bit is one function F of the bits at its position of rotl a, shl b and shr c "
                "(some may be absent)")
 
@@ -258,7 +265,7 @@ def _anchored(ex, q, answer: str) -> list[str] | None:
                 lines.append(f"note {PAIR_NOTES[p]} read two bits at bit {p}: scan the pairs there")
                 lines += scanned(p, True)
         for cps in (c for c in cands if phase(c) == i):
-            if _tokens(lines) > TOKEN_CAP:
+            if estimate_tokens('\n'.join(lines)) > TOKEN_CAP:
                 return None
             names = [shift_name(kd, k) for kd, k in cps]
             lines.append("try " + " ".join(names))
@@ -275,23 +282,12 @@ def _anchored(ex, q, answer: str) -> list[str] | None:
                     break
             if not fits:
                 continue
-            lines.append("table = " + " ".join(f"{k}:{table[k]}" for k in sorted(table)))
-            ks = _key_lines(lines, names, [functools.partial(shift_copy, kd, k) for kd, k in cps], q, "q")
-            for k in sorted({k for k in ks.split() if k not in table}):
-                lines.append(f"q: default {k} = {k}:0")
-            read = "".join(table.get(k, "0") for k in ks.split())
-            lines.append(f"q: read {ks} = {read}")
-            return lines if read == answer and _tokens(lines) <= TOKEN_CAP else None
+            read = _read_query(lines, names, cps, table, q)
+            return lines if read == answer and estimate_tokens('\n'.join(lines)) <= TOKEN_CAP else None
     return None
 
 
 PAIR_NOTES = {0: "rotl with shl", 7: "rotl with shr"}  # the classes that first read two bits at bit 0, bit 7
-
-
-def _tokens(lines: list[str]) -> int:
-    """Real-tokenizer tokens, estimated: Nemotron's tokenizer writes each digit as one token, and a space before a
-    digit as another (an estimate; `python -m lab.puzzles solve --tokenizer` measures)."""
-    return sum(len(re.findall(r"[A-Za-z]+|\d| (?=\d)|[^\w\s]", ln)) + 1 for ln in lines)
 
 
 def _fill(vals: list[str], y: str, table: dict) -> tuple[str, bool]:

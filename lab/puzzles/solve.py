@@ -22,7 +22,7 @@ from lab.metric import verify
 
 from .categories import BY_NAME, classify
 from .check import replay_compact, replay_derivation
-from .common import Solution, finish, undetermined
+from .common import Solution, estimate_tokens, finish, undetermined
 
 STYLES = ("compact", "derivation")
 
@@ -94,11 +94,6 @@ def trace_tokens(trace: str, tokenizer=None) -> int:
             tokenizer = _TOKENIZERS[key]
         return len(tokenizer(trace, add_special_tokens=False)["input_ids"])
     return estimate_tokens(trace)
-
-
-def estimate_tokens(text: str) -> int:
-    """Rough token count without a tokenizer (an estimate, not a measurement)."""
-    return max(len(text.split()), -(-len(text) * 2 // 7))
 
 
 def _solve_timed(prompt, inputs, style="compact"):
