@@ -2,7 +2,10 @@
 `python -m lab.puzzles solve --trace-style derivation --tokenizer ...`).
 
 The derivation (`lab.puzzles.bits._anchored`) scans the two boundary bits (at bit 7 every shl reads 0, at bit 0
-every shr; pairs of bits only once the tries reach a class of layouts that reads two there), then tries, in order, each layout whose bits there hold a set that passed, until one fits every example;
+every shr; pairs of bits only once the tries reach a class of layouts that reads two there, and only the pairs
+that class can read given the other anchor: `bitlayout.written_scans`), then tries, in order, each layout whose
+bits there hold a set that passed, until one fits every example (each example's copy written once, cited by later
+tries);
 a trace that would pass `bits.TOKEN_CAP` states its layout instead (`note choose`). For every bits puzzle that some
 layout fits, this script prints how many anchor scans the trace writes, how many layouts pass both anchors (of
 `bitlayout.LAYOUTS`), how many are tried before the fit, and, from the CSV, the share of solved bits traces that
@@ -17,7 +20,7 @@ import sys
 
 import pandas as pd
 
-from lab.puzzles.bitlayout import LAYOUTS, PHASES, anchor_candidates, anchor_scans, phase, shift_tables
+from lab.puzzles.bitlayout import LAYOUTS, anchor_candidates, anchor_scans, phase, shift_tables, written_scans
 from lab.puzzles.bitrules import parse
 from lab.puzzles.bits import ANCHORS
 
@@ -32,9 +35,7 @@ def measure(prompt: str) -> dict | None:
     scans = {p: anchor_scans(xs, ys, p) for p in ANCHORS}
     cands = anchor_candidates(scans)
     tries, fit = next((i, c) for i, c in enumerate(cands, 1) if c in fits)
-    paired = {p for _, bits in PHASES[:phase(fit) + 1] for p in bits}  # pairs are scanned when a class needs them
-    return {"scans": sum(len(c) < 2 or p in paired for p, done in scans.items() for c, _, _ in done),
-            "passing": len(cands), "tries": tries}
+    return {"scans": len(written_scans(scans, phase(fit))), "passing": len(cands), "tries": tries}
 
 
 def main(path: str) -> None:

@@ -4,6 +4,7 @@ order, reads F as a table with its stated default, and the checker rejects a wro
 layout, a table with a clash and a default on a key an example shows."""
 
 import random
+import re
 
 import pandas as pd
 
@@ -192,9 +193,47 @@ def test_anchor_scans_read_the_boundary_bits_and_the_bench_counts_the_tries():
 def test_pairs_of_bits_are_scanned_only_when_a_class_of_layouts_needs_them():
     import re
 
+    from lab.puzzles.bitlayout import anchor_scans, pairs_to_scan, written_scans
+    from lab.puzzles.bitrules import parse
+
     _, two = _anchored(f=lambda r, s, t: s ^ t)  # shl1 shr2: one bit of x at bit 7 and at bit 0
-    assert "try shl1 shr2" in two and not re.search(r"^scan \d \d \d ", two, re.M) and "scan the pairs" not in two
-    _, three = _anchored()  # rotl3 shl1 shr2: pairs at both bits, bit 0 first (rotl with shl comes first)
+    assert "try shl1 shr2" in two and not re.search(r"^scan \d \d \d ", two, re.M) and "scan at bit" not in two
+    prompt, three = _anchored()  # rotl3 shl1 shr2: pairs at both bits, bit 0 first (rotl with shl comes first)
     assert re.search(r"^scan 0 \d \d ", three, re.M) and re.search(r"^scan 7 \d \d ", three, re.M)
-    order = [three.index(s) for s in ("at bit 0: scan the pairs", "at bit 7: scan the pairs", "try rotl3 shl1 shr2")]
+    order = [three.index(s) for s in ("scan at bit 0 the pairs", "scan at bit 7 the pairs",
+                                      "scan every pair not yet scanned", "try rotl3 shl1 shr2")]
     assert order == sorted(order)
+    # rotl a with shl b reads x bit a-1 at bit 7: only the pairs at bit 0 that hold an a allowed there are scanned
+    prompt, mixed = _anchored(f=lambda r, s, t: r ^ (s & (1 - t)))  # y7 = rotl3's bit (a = 3), y0 = its XOR shl1's
+    ex, _ = parse(prompt)
+    scans = {p: anchor_scans([a for a, _ in ex], [b for _, b in ex], p) for p in (7, 0)}
+    allowed = {(c[0] + 1) % 8 for c, _, ok in scans[7] if ok and len(c) == 1}
+    need = pairs_to_scan(scans, 1, 0)
+    assert allowed == {3} and (1, 3) in need and all(set(c) & allowed for c in need) and len(need) <= 7
+    lines = mixed.split("\n")
+    after = lines[next(i for i, ln in enumerate(lines) if "scan at bit 0 the pairs" in ln) + 1:]
+    phase1 = after[:next(i for i, ln in enumerate(after) if not ln.startswith("scan"))]
+    assert [tuple(map(int, ln.split(" = ")[0].split()[2:])) for ln in phase1] == \
+        [c for p, c, _, _, i in written_scans(scans, 3) if i == 1] and "scan 0 1 3 = " in "\n".join(phase1)
+    # every pair is scanned exactly once, and fewer than the 2 x 28 an unrestricted trace would write
+    pairs = re.findall(r"^scan (\d \d \d) ", three, re.M)
+    assert len(pairs) == len(set(pairs)) < 56
+
+
+def test_each_copy_of_an_example_is_written_once_and_a_fill_must_use_the_tried_layouts_copies():
+    prompt, trace = _anchored(tries=2)
+    lines = trace.split("\n")
+    copies = [ln.split(" = ")[0] for ln in lines if re.match(r"ex\d+: (rotl|shl|shr)\d ", ln)]
+    assert len(copies) == len(set(copies))  # a later try cites the line an earlier one wrote
+    assert _bits_replay(prompt, trace)[0]
+    fills = [i for i, ln in enumerate(lines) if ": fill " in ln]
+    i = fills[-1]
+    tag, rest = lines[i].split(": fill ")
+    args, result = rest.split(" = ")
+    *vals, y = args.split()
+    other = [ln for ln in lines[:i] if re.match(r"ex\d+: (rotl|shl|shr)\d ", ln) and not ln.startswith(tag + ":")]
+    stolen = other[0].split(" = ")[1]  # a copy written earlier in the trace, but of another example
+    for bad in (f"{tag}: fill {stolen} {' '.join(vals[1:])} {y} = {result}",   # another example's copy
+                f"{tag}: fill {' '.join(vals)} {vals[0]} = {result}",           # not the example's output
+                f"ex99: fill {args} = {result}"):                              # no such example
+        assert not _bits_replay(prompt, "\n".join(lines[:i] + [bad] + lines[i + 1:]))[0], bad

@@ -147,7 +147,7 @@ def audit_trace(prompt: str, trace: str, tok=None, category: str = "") -> dict:
             rec.append(("line" if end > len(prompt) else "prompt", pos(starts[i]) - pos(end)))
         out["lines"].append({"shape": shape(ln), "kind": kind, "operands": rec})
         try:
-            r.step(body)
+            r.step(body, m and m.group(1))
         except Fail:
             out["replay_fail"] += 1
             if " = " in body:

@@ -117,6 +117,36 @@ def anchor_scans(xs: list[int], ys: list[int], p: int) -> list[tuple[tuple, str,
     return done
 
 
+def pairs_to_scan(scans: dict, i: int, p: int) -> set[tuple]:
+    """The pairs of x bits that class `i` of `PHASES` needs scanned at anchor p (`scans`: p -> `anchor_scans`): the
+    pairs its layouts read at p, among the layouts whose bits at the other anchor hold a set that passed. Rotl with
+    shl (or shr) reads one bit at the other anchor, whose scans are all written by then; all three copies read two
+    bits at both, so the first anchor of the class scans every pair and the second is restricted by the first."""
+    pair_bits = PHASES[i][1]
+    if len(pair_bits) == 2 and p == pair_bits[0]:
+        return {c for c, _, _ in scans[p] if len(c) == 2}
+    other = 7 - p
+    passed = [set(c) for c, _, ok in scans[other] if ok]
+    return {tuple(sorted(anchor_columns(cps, p))) for cps in LAYOUTS if phase(cps) == i
+            and len(anchor_columns(cps, p)) == 2 and any(c <= anchor_columns(cps, other) for c in passed)}
+
+
+def written_scans(scans: dict, upto: int) -> list[tuple[int, tuple, str, bool, int]]:
+    """The scans a derivation writes once its tries reach class `upto` of `PHASES`: every no-bit and one-bit scan
+    of both anchors first, then, as each class that reads two bits at an anchor is reached, the pairs it needs there
+    (`pairs_to_scan`) not yet written. -> [(anchor, cols, text, passed, class that writes it)]."""
+    out = [(p, c, t, ok, 0) for p in (7, 0) for c, t, ok in scans[p] if len(c) < 2]
+    done = set()
+    for i in range(upto + 1):
+        for p in PHASES[i][1]:
+            need = pairs_to_scan(scans, i, p)
+            for c, t, ok in scans[p]:
+                if len(c) == 2 and c in need and (p, c) not in done:
+                    done.add((p, c))
+                    out.append((p, c, t, ok, i))
+    return out
+
+
 def anchor_candidates(scans: dict) -> list:
     """`LAYOUTS` (in order) whose columns at each anchor bit p (`scans`: p -> `anchor_scans`) hold a passed set."""
     passed = {p: [set(c) for c, _, ok in done if ok] for p, done in scans.items()}

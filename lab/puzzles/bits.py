@@ -30,7 +30,7 @@ import functools
 import re
 
 from .bitlayout import (LAYOUTS, PHASES, anchor_candidates, anchor_scan, anchor_scans, b8, phase, shift_copy,
-                        shift_name, shift_tables)
+                        shift_name, shift_tables, written_scans)
 from .bitrules import NAME, NT, T_NAMES, apply_step, apply_t, generate_one, op2, op3, parse, rule_name, solve
 from .check import BITS_RE, Fail
 from .common import Category, Solution, estimate_tokens
@@ -244,26 +244,25 @@ def _anchored(ex, q, answer: str) -> list[str] | None:
     trace would pass `TOKEN_CAP` or the fit does not give `answer` (the caller states its layout instead)."""
     xs, ys = [a for a, _ in ex], [b for _, b in ex]
     scans = {p: anchor_scans(xs, ys, p) for p in ANCHORS}
+    written = written_scans(scans, len(PHASES) - 1)
 
-    def scanned(p, pairs: bool):
-        return [f"scan {' '.join(map(str, (p, *cols)))} = {text}" for cols, text, _ in scans[p]
-                if (len(cols) == 2) == pairs]
+    def scanned(i, pairs: bool):
+        return [f"scan {' '.join(map(str, (p, *cols)))} = {text}" for p, cols, text, _, j in written
+                if (len(cols) == 2) == pairs and (j == i or not pairs)]
 
     lines = [LAYOUT_NOTE,
              "note at bit 7 every shl reads 0: y7 reads x bits a-1 (rotl) and 7-c (shr); at bit 0 every shr reads 0: "
              "y0 reads x bits a (rotl) and b (shl)",
              "note scan which bits of x explain each: none, then one bit; a set holding one that did is not scanned",
-             *scanned(7, False), *scanned(0, False),
+             *scanned(0, False),
              "note try each layout whose bits at 7 and 0 hold a set that did, in order: one copy, shl shr, rotl shl, "
              "rotl shr, all three, smaller shifts first; a key no example shows reads 0"]
     cands = anchor_candidates(scans)
-    paired = set()
-    for i, (_, pair_bits) in enumerate(PHASES):
-        for p in pair_bits:
-            if p not in paired:
-                paired.add(p)
-                lines.append(f"note {PAIR_NOTES[p]} read two bits at bit {p}: scan the pairs there")
-                lines += scanned(p, True)
+    copied = set()  # (example, copy) written already: a later try cites its line
+    for i in range(len(PHASES)):
+        if i in PAIR_NOTES:
+            lines.append(f"note {PAIR_NOTES[i]}")
+            lines += scanned(i, True)
         for cps in (c for c in cands if phase(c) == i):
             if estimate_tokens('\n'.join(lines)) > TOKEN_CAP:
                 return None
@@ -274,7 +273,8 @@ def _anchored(ex, q, answer: str) -> list[str] | None:
                 vals = []
                 for nm, (kd, k) in zip(names, cps):
                     vals.append(b8(shift_copy(kd, k, xv)))
-                    if nm != "x":
+                    if nm != "x" and (n, nm) not in copied:
+                        copied.add((n, nm))
                         lines.append(f"ex{n}: {nm} {b8(xv)} = {vals[-1]}")
                 text, fits = _fill(vals, b8(yv), table)
                 lines.append(f"ex{n}: fill {' '.join(vals)} {b8(yv)} = {text}")
@@ -287,7 +287,13 @@ def _anchored(ex, q, answer: str) -> list[str] | None:
     return None
 
 
-PAIR_NOTES = {0: "rotl with shl", 7: "rotl with shr"}  # the classes that first read two bits at bit 0, bit 7
+# what each class that reads two bits at an anchor scans (`bitlayout.pairs_to_scan`), by its index in `PHASES`
+PAIR_NOTES = {1: "rotl a with shl b read x bit a-1 at bit 7 and bits a, b at bit 0: scan at bit 0 the pairs a, b "
+                 "(b 1-7) for each a whose a-1 holds a set that passed at bit 7",
+              2: "rotl a with shr c read x bit a at bit 0 and bits a-1, 7-c at bit 7: scan at bit 7 the pairs a-1, "
+                 "7-c (c 1-7) for each a that holds a set that passed at bit 0",
+              3: "all three read two bits at bit 7 and at bit 0: scan every pair not yet scanned at bit 0, then at "
+                 "bit 7 the pairs a-1, 7-c (c 1-7) for each a whose a, b (b 1-7) holds a set that passed at bit 0"}
 
 
 def _fill(vals: list[str], y: str, table: dict) -> tuple[str, bool]:
@@ -316,9 +322,18 @@ def _scan_op(replay, args) -> str:
 
 
 def _fill_op(replay, args) -> str:
-    """`fill COPY ... Y`: each position's `key:bit`, checked against the pairs since the last `try`."""
+    """`exN: fill COPY ... Y`: the copies of the layout last tried (`try`) on example N's input, then its output;
+    each position's `key:bit`, checked against the pairs since the last `try`."""
     if len(args) < 2 or not all(len(a) == 8 and set(a) <= {"0", "1"} for a in args):
         raise Fail("`fill` takes the copies and the output, 8 bits each")
+    m = re.fullmatch(r"ex(\d+)", replay.tag or "")
+    xs, ys = _examples(replay)
+    if not m or not 1 <= int(m.group(1)) <= len(xs) or not replay.state.get("tried"):
+        raise Fail("`fill` belongs to an example (`exN:`) of a layout tried (`try`)")
+    n, cps = int(m.group(1)) - 1, replay.state["cands"][replay.state["tried"] - 1]
+    want = [b8(shift_copy(kd, k, xs[n])) for kd, k in cps] + [b8(ys[n])]
+    if list(args) != want:
+        raise Fail(f"example {n + 1}'s copies for this layout and its output are {' '.join(want)}")
     *vals, y = args
     table = {}
     for pr in replay.pairs:

@@ -223,6 +223,7 @@ class Replay:
         self.ops, self.branches = ops or {}, branches or {}
         self.pairs: list[str] = []  # the `key:bit` pairs written since the last `reset_pairs` (a new table)
         self.state: dict = {}       # a category's own replay state (its ops and branches)
+        self.tag: str | None = None  # the tag of the line being replayed (`ex3` of `ex3: fill ...`)
 
     def available(self, v: str) -> bool:
         if v in self.values:
@@ -251,8 +252,10 @@ class Replay:
     def shown(self, key: str, bit: str) -> bool:
         return f"{key}:{bit}" in self.pairs
 
-    def step(self, body: str) -> str | None:
-        """Replays one step; returns the value it produces (None for notes and lets)."""
+    def step(self, body: str, tag: str | None = None) -> str | None:
+        """Replays one step (`tag`: its `exN:`-style tag, for the category's ops); returns the value it produces
+        (None for notes and lets)."""
+        self.tag = tag
         head, _, rest = body.partition(" ")
         if head == "note":
             return None
@@ -370,7 +373,7 @@ def replay_derivation(prompt: str, trace: str, ops: dict | None = None,
         m = TAG_RE.match(line)
         body = m.group(2) if m else line
         try:
-            v = r.step(body.strip())
+            v = r.step(body.strip(), m and m.group(1))
         except Fail as e:
             return False, i, f"{line!r}: {e}", r.recalls
         if v is not None:
