@@ -118,11 +118,13 @@ def test_roundtrip_guess_uses_an_unused_family(symbolic):
 def test_symbolic_caps_are_never_solved():
     # one concatenation example: every digit map fits (5,040 per mode), and all give the same answer
     examples, q = eq.equation_parts(prompt(["<>+[] = <>[]"], "[<+>]"))
-    full = eq.solve_symbolic(examples, q, "symbolic_deduce", cap=20_000, seconds=60)
+    full = eq.solve_symbolic(examples, q, "symbolic_deduce", cap=20_000)
     assert (full.answer, full.status) == ("[<>]", "solved")
-    for kw, why in [({"seconds": 0.0}, "time cap"), ({"cap": 100}, "solution cap")]:
+    for kw, why in [({"join_cap": 1_000}, "work cap"), ({"vote_cap": 10}, "work cap"),
+                    ({"cap": 100}, "solution cap")]:
         s = eq.solve_symbolic(examples, q, "symbolic_deduce", **kw)
-        assert s.answer == "[<>]" and s.status == "ambiguous" and why in s.reason
+        assert s.answer == "[<>]" and s.status == "ambiguous" and why in s.reason, kw
+        assert eq.solve_symbolic(examples, q, "symbolic_deduce", **kw) == s  # a count, not a clock: the same stop
 
 
 def test_generator_rejects_an_end_marker_in_plain_mode():

@@ -34,8 +34,6 @@ def solved(request):
 
 def test_styles_differ_in_trace_only(solved):
     df, a, b = solved
-    timed = a["reason"].str.contains("time cap") | b["reason"].str.contains("time cap")
-    a, b = a[~timed], b[~timed]  # a symbolic search stopped by its CPU-time cap may stop elsewhere on a rerun
     for col in ("status", "answer", "method", "category", "subtype", "correct"):
         assert a[col].tolist() == b[col].tolist(), col
     assert (a["status"] == "solved").any()

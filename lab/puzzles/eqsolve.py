@@ -34,8 +34,8 @@ Symbolic solver (per mode): each example's candidates (meaning, digits) come fro
 equality pattern of x+y+result over all 00..99 operand pairs; arc consistency prunes candidates no
 example sharing a symbol or the operator agrees with; a depth-first join (indexed on bound symbols,
 families kept distinct) enumerates every consistent symbol->digit map, up to a solution cap and a
-per-puzzle time cap (the reason says when a cap stopped it; CPU seconds of the solving process, so
-other work on a shared machine hardly moves where it stops). Every map, completed in every way
+per-puzzle work cap (`JOIN_CAP` join nodes, then `VOTE_CAP` votes: counted, never timed, so a rerun on any
+machine under any load stops at the same place; the reason says when a cap stopped it). Every map, completed in every way
 for query symbols the examples never fix, votes its weight on the query's answer; answers with a
 digit whose symbol never appears are dropped.
 Status: `solved` only when every fitting hypothesis gives the same answer (and the search was
@@ -62,7 +62,6 @@ from __future__ import annotations
 
 import random
 import re
-import time
 from collections import Counter
 from functools import lru_cache
 from itertools import permutations, product
@@ -426,8 +425,14 @@ def pattern_table(meaning: str, mode: str) -> dict:
     return table
 
 
+# The symbolic search's work per puzzle, counted, not clocked, so the answer and the trace are the same on every
+# rerun: the join's nodes (candidates tried), then the votes (a completion of a map under one reading of the query).
+JOIN_CAP = 1_000_000
+VOTE_CAP = 50_000
+
+
 def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: int = 5_000,
-                   seconds: float = 1.0) -> Solution:
+                   join_cap: int | None = None, vote_cap: int | None = None) -> Solution:
     prior = prior or default_prior()
     q = split_lhs(query)
     if not q:
@@ -436,18 +441,19 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
     if not exs:
         return undetermined(NAME, "no parseable symbolic examples", subtype)
     seen = q[1] in {e[1] for e in exs}
-    state = {"deadline": time.process_time() + seconds, "stopped": False}
+    state = {"work": 0, "budget": JOIN_CAP if join_cap is None else join_cap, "stopped": False}
     solutions = _symbolic_solutions(exs, cap, state)
     if not solutions:  # two operators of one family (rare in the real file): allow it
         solutions = _symbolic_solutions(exs, cap, state, repeat=True)
     if not solutions and seen:  # another operator's rule is outside the model: its examples only
         solutions = _symbolic_solutions([e for e in exs if e[1] == q[1]], cap, state)
     if not solutions:
-        reason = "symbolic: no digit map and known rules fit" + (" (time cap)" if state["stopped"] else "")
+        reason = "symbolic: no digit map and known rules fit" + (" (work cap)" if state["stopped"] else "")
         return undetermined(NAME, reason, subtype)
     votes, first, unwritable = Counter(), {}, 0
+    votes_cast, vote_budget = 0, VOTE_CAP if vote_cap is None else vote_cap
     for n, (mode, s2d, ops) in enumerate(solutions):
-        if n % 500 == 499 and time.process_time() > state["deadline"]:
+        if n and votes_cast >= vote_budget:
             state["stopped"] = True  # the votes so far decide
             break
         w = prior.mode(mode)
@@ -455,6 +461,7 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
             w *= prior.meaning(m, s, mode)
         readings = query_readings([(w, mode, ops)], q[1], prior)
         comps = list(_completions(s2d, q[0] + q[2]))
+        votes_cast += max(len(comps) * len(readings), 1)
         for full in comps:
             d2s = {v: k for k, v in full.items()}
             for wq, _, m, _ in readings:
@@ -476,7 +483,7 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
              f"{query} -> {d(x)}{sym}{d(y)}", *operand_lines(d(x), sym, d(y), m, mode)[1:],
              f"written: {compute(m, d(x), d(y), mode, sym)}", f"answer: {ans}"]
     method = f"{mode} {m}"
-    capped = " (search stopped at the time cap)" if state["stopped"] else (
+    capped = " (search stopped at the work cap)" if state["stopped"] else (
         " (search stopped at the solution cap)" if len(solutions) >= cap else "")
     if not seen:
         sol = undetermined(NAME, f"operator {sym!r} never appears in the examples{capped}", subtype, ans, lines)
@@ -593,7 +600,7 @@ def _order(domains):
 
 def _join(domains, i, s2d, d2s, ops, mode, solutions, cap, state):
     """Depth-first join of the examples' local (meaning, digits) candidates into one injective map,
-    operators' families distinct; stops at `cap` solutions or at state['deadline'] (state['stopped'])."""
+    operators' families distinct; stops at `cap` solutions or past state['budget'] units of work (state['stopped'])."""
     if len(solutions) >= cap or state["stopped"]:
         return
     if i == len(domains):
@@ -602,8 +609,8 @@ def _join(domains, i, s2d, d2s, ops, mode, solutions, cap, state):
     sym, s, pos, use_op, index = domains[i]
     key = (ops[sym] if use_op else None, tuple(s2d[s[j]] for j in pos))
     for meaning, digits in index.get(key, ()):
-        state["nodes"] = state.get("nodes", 0) + 1
-        if state["nodes"] % 4096 == 0 and time.process_time() > state["deadline"]:
+        state["work"] += 1
+        if state["work"] > state["budget"]:
             state["stopped"] = True
             return
         new_op = sym not in ops
