@@ -1,7 +1,8 @@
 """The competition's bit layout: each output bit p (0 = the leftmost) is one function F of the bits at p of up to three
 copies of x, rotl a, shl b and shr c (`SHIFT_KINDS`). The layouts in the derivation's order (`LAYOUTS`), the layouts
 the examples allow with their tables (`shift_tables`), the anchor scans of the boundary bits the derivation writes
-(`anchor_scan(s)`, `anchor_candidates`: at bit 7 every shl reads 0, at bit 0 every shr), and the generator's random
+(`anchor_scan(s)`, `anchor_candidates`: at bit 7 every shl reads 0, at bit 0 every shr; `pairs_to_scan` and
+`written_scans`: which of them a trace writes, and when), and the generator's random
 layout (`random_layout`, `layout_apply`). The trace is written by `bits`; the named-rule solver is `bitrules`.
 Simplifies: 8-bit values as ints, bits as strings MSB first (`b8`).
 """

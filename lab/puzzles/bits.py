@@ -6,10 +6,12 @@ rotl a, shl b, shr c, read off the examples on the page (`_anchored`):
 - anchors: at bit 7 every shl reads 0 and at bit 0 every shr does, so y7 and y0 each read at most two bits of x.
   `scan P I J` lines test, example by example, whether output bit P is a function of x's bits I, J (no bit, one,
   then two; a set holding one that passed is not scanned); pairs are scanned only when the tries reach a class of
-  layouts that reads two bits there (`bitlayout.PHASES`: rotl+shl at bit 0, rotl+shr at bit 7);
+  layouts that reads two bits there (`bitlayout.PHASES`: rotl+shl at bit 0, rotl+shr at bit 7, all three at both),
+  and only those the class can read given the other anchor's scans (`bitlayout.pairs_to_scan`, `PAIR_NOTES`);
 - tries: each layout whose bits at 7 and 0 hold a set that passed, in `bitlayout.LAYOUTS` order (one copy,
-  shl+shr, rotl+shl, rotl+shr, all three; smaller shifts first): per example its copies and `fill` (each
-  position's `key:bit`), until a key shows both bits (`clash`: the next `try`) or every example fits;
+  shl+shr, rotl+shl, rotl+shr, all three; smaller shifts first): per example its copies (each example's copy
+  written once; a later try cites that line) and `fill` (each position's `key:bit`), until a key shows both bits
+  (`clash`: the next `try`) or every example fits;
 - the table: `table` collects F (one bit per key, checked); the query's keys are read from it, a key no example
   shows reading 0 (`default`). F is never named.
 A trace that would pass `TOKEN_CAP` states its layout instead (`_layout`: `note choose`, then the same table).
@@ -21,7 +23,8 @@ Compact traces (`check_line`): the query, each named copy or expression of x, an
 recomputed; the rule line and the per-bit fallback's table reads are claims.
 Simplifies: three operations of its own (`scan`, `fill`, `try`: `Category.ops`, `branches`); the rest is `check`'s
 shared grammar. The checker recomputes each scan from the prompt and refuses a `try` that is not the next layout
-passing both anchors, so the search is replayed, not taken on trust.
+passing both anchors or a `fill` that is not that layout's copies of its own example and that example's output, so
+the search is replayed, not taken on trust.
 """
 
 from __future__ import annotations
@@ -240,7 +243,8 @@ def _anchored(ex, q, answer: str) -> list[str] | None:
     each layout whose bits at 7 and 0 hold a set that passed is tried in `LAYOUTS` order: per example its copies
     and the `key:bit` pairs (`fill`), until a key shows both bits (`clash`: the next layout) or every example fits
     (the table; the query's keys read from it, a key no example shows reading 0). The pairs of bits are scanned
-    only when the tries reach a class of layouts that reads two bits there (`bitlayout.PHASES`). None when the
+    only when the tries reach a class of layouts that reads two bits there, only those it can read
+    (`bitlayout.written_scans`); an example's copy is written once. None when the
     trace would pass `TOKEN_CAP` or the fit does not give `answer` (the caller states its layout instead)."""
     xs, ys = [a for a, _ in ex], [b for _, b in ex]
     scans = {p: anchor_scans(xs, ys, p) for p in ANCHORS}
