@@ -174,7 +174,7 @@ def _row(stage: str, metric: str, value, n=None, pred=None, before=None) -> dict
     return row
 
 
-def headline_table(run_dir: Path, stages: dict | None = None) -> list[dict]:
+def headline_table(run_dir: Path, stages: dict | None = None, stale: dict | None = None) -> list[dict]:
     """The run's headline numbers, one row each: stage, metric, value, ci95, n, fixed / broken.
 
     Accuracies carry a Wilson 95% interval over the held-out puzzles; `fixed / broken` counts puzzles
@@ -218,7 +218,7 @@ def headline_table(run_dir: Path, stages: dict | None = None) -> list[dict]:
             rows[-1]["fixed / broken"] = f"{m['fixed_since_sft']} / {m['broken_since_sft']} since SFT"
         if "truncated" in m:
             rows.append(_row("05_errors", "truncated completions", m["truncated"], m.get("n")))
-    stale = lineage_problems(run_dir)
+    stale = lineage_problems(run_dir) if stale is None else stale  # `summary` passes the one it also writes
     for r in rows:  # a stage that is not current: marked, and no fixed / broken against a stage it did not read
         if stale.get(r["stage"]):
             r["stage"] += " (not current)"
@@ -244,9 +244,10 @@ def summary(run_dir: Path) -> dict:
     stages = headline(run_dir)
     summ = {"run_dir": str(run_dir), "stages": stages,
             "total_wall_seconds": round(sum(s.get("wall_seconds", 0) for s in stages.values()), 1)}
-    rows = headline_table(run_dir, stages)
+    stale = lineage_problems(run_dir)
+    rows = headline_table(run_dir, stages, stale)
     summ["headline"] = rows
-    summ["not_current"] = lineage_problems(run_dir)
+    summ["not_current"] = stale
     atomic_write_json(run_dir / "summary.json", summ)
     text = [{**r, "value": f"{r['value']:.3f}" if isinstance(r["value"], float) else ("" if r["value"] is None else str(r["value"])),
              "n": "" if r["n"] is None else str(int(r["n"]))} for r in rows]  # before pandas turns ints into floats
