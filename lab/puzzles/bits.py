@@ -328,8 +328,6 @@ def _scan_op(replay, args) -> str:
 def _fill_op(replay, args) -> str:
     """`exN: fill COPY ... Y`: the copies of the layout last tried (`try`) on example N's input, then its output;
     each position's `key:bit`, checked against the pairs since the last `try`."""
-    if len(args) < 2 or not all(len(a) == 8 and set(a) <= {"0", "1"} for a in args):
-        raise Fail("`fill` takes the copies and the output, 8 bits each")
     m = re.fullmatch(r"ex(\d+)", replay.tag or "")
     xs, ys = _examples(replay)
     if not m or not 1 <= int(m.group(1)) <= len(xs) or not replay.state.get("tried"):

@@ -432,7 +432,7 @@ VOTE_CAP = 50_000
 
 
 def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: int = 5_000,
-                   join_cap: int | None = None, vote_cap: int | None = None) -> Solution:
+                   join_cap: int = JOIN_CAP, vote_cap: int = VOTE_CAP) -> Solution:
     prior = prior or default_prior()
     q = split_lhs(query)
     if not q:
@@ -441,7 +441,7 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
     if not exs:
         return undetermined(NAME, "no parseable symbolic examples", subtype)
     seen = q[1] in {e[1] for e in exs}
-    state = {"work": 0, "budget": JOIN_CAP if join_cap is None else join_cap, "stopped": False}
+    state = {"work": 0, "budget": join_cap, "stopped": False}
     solutions = _symbolic_solutions(exs, cap, state)
     if not solutions:  # two operators of one family (rare in the real file): allow it
         solutions = _symbolic_solutions(exs, cap, state, repeat=True)
@@ -451,9 +451,9 @@ def solve_symbolic(examples, query, subtype, prior: Prior | None = None, cap: in
         reason = "symbolic: no digit map and known rules fit" + (" (work cap)" if state["stopped"] else "")
         return undetermined(NAME, reason, subtype)
     votes, first, unwritable = Counter(), {}, 0
-    votes_cast, vote_budget = 0, VOTE_CAP if vote_cap is None else vote_cap
+    votes_cast = 0
     for n, (mode, s2d, ops) in enumerate(solutions):
-        if n and votes_cast >= vote_budget:
+        if n and votes_cast >= vote_cap:
             state["stopped"] = True  # the votes so far decide
             break
         w = prior.mode(mode)
