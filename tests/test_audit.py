@@ -130,7 +130,7 @@ def test_a_rejected_layout_clashes_its_pairs_leave_the_table_and_none_is_skipped
     tries = [i for i, ln in enumerate(lines) if ln.startswith("try ")]
     # without the last `try` line, the rejected layout's pairs stay in the table and the replay fails
     assert not _bits_replay(prompt, "\n".join(lines[:tries[-1]] + lines[tries[-1] + 1:]))[0]
-    # skipping the first layout tried (its lines gone) is refused: it passes both anchor scans
+    # skipping the first layout tried (its lines gone) is refused: it passes every anchor scan
     assert "next layout" in _bits_replay(prompt, "\n".join(lines[:tries[0]] + lines[tries[1]:]))[2]
 
 
@@ -190,34 +190,56 @@ def test_anchor_scans_read_the_boundary_bits_and_the_bench_counts_the_tries():
     assert m["tries"] == trace.count("\ntry ") and m["scans"] == trace.count("\nscan ") and m["passing"] >= 2
 
 
-def test_pairs_of_bits_are_scanned_only_when_a_class_of_layouts_needs_them():
-    import re
-
-    from lab.puzzles.bitlayout import anchor_scans, pairs_to_scan, written_scans
+def test_anchor_bits_are_scanned_just_before_the_layout_that_needs_them():
+    from lab.puzzles.bitlayout import anchor_columns, candidates, scans_before
     from lab.puzzles.bitrules import parse
 
+    # scans_before: a passed set the layout's bits hold lets it on; the failed scan of exactly its bits skips it
+    layout = (("rotl", 3), ("shr", 2))  # reads {2, 5} at bit 7, {3} at 0, {1, 4} at 6, {4} at 1
+    xs, ys = [0b00100000, 0b00000100, 0b00100100], [0b00000001, 0b00000001, 0b00000000]
+    assert scans_before(layout, {(7, (2,)): True, (0, (3,)): True, (6, (1, 4)): False}, xs, ys) == ([], False)
+    written = {(7, (2,)): True, (0, ()): True}
+    scans, tried = scans_before(layout, written, xs, ys)
+    assert [(p, c) for p, c, _ in scans] == [(6, (1, 4)), (1, (4,))][:len(scans)] and (6, (1, 4)) in written
+    assert tried == all(written[(p, c)] for p, c, _ in scans)
+
     _, two = _anchored(f=lambda r, s, t: s ^ t)  # shl1 shr2: one bit of x at bit 7 and at bit 0
-    assert "try shl1 shr2" in two and not re.search(r"^scan \d \d \d ", two, re.M) and "scan at bit" not in two
-    prompt, three = _anchored()  # rotl3 shl1 shr2: pairs at both bits, bit 0 first (rotl with shl comes first)
-    assert re.search(r"^scan 0 \d \d ", three, re.M) and re.search(r"^scan 7 \d \d ", three, re.M)
-    order = [three.index(s) for s in ("scan at bit 0 the pairs", "scan at bit 7 the pairs",
-                                      "scan every pair not yet scanned", "try rotl3 shl1 shr2")]
-    assert order == sorted(order)
-    # rotl a with shl b reads x bit a-1 at bit 7: only the pairs at bit 0 that hold an a allowed there are scanned
-    prompt, mixed = _anchored(f=lambda r, s, t: r ^ (s & (1 - t)))  # y7 = rotl3's bit (a = 3), y0 = its XOR shl1's
+    assert "try shl1 shr2" in two and not re.search(r"^scan [70] \d \d ", two, re.M)
+    prompt, trace = _anchored(tries=2)
     ex, _ = parse(prompt)
-    scans = {p: anchor_scans([a for a, _ in ex], [b for _, b in ex], p) for p in (7, 0)}
-    allowed = {(c[0] + 1) % 8 for c, _, ok in scans[7] if ok and len(c) == 1}
-    need = pairs_to_scan(scans, 1, 0)
-    assert allowed == {3} and (1, 3) in need and all(set(c) & allowed for c in need) and len(need) <= 7
-    lines = mixed.split("\n")
-    after = lines[next(i for i, ln in enumerate(lines) if "scan at bit 0 the pairs" in ln) + 1:]
-    phase1 = after[:next(i for i, ln in enumerate(after) if not ln.startswith("scan"))]
-    assert [tuple(map(int, ln.split(" = ")[0].split()[2:])) for ln in phase1] == \
-        [c for p, c, _, _, i in written_scans(scans, 3) if i == 1] and "scan 0 1 3 = " in "\n".join(phase1)
-    # every pair is scanned exactly once, and fewer than the 2 x 28 an unrestricted trace would write
-    pairs = re.findall(r"^scan (\d \d \d) ", three, re.M)
-    assert len(pairs) == len(set(pairs)) < 56
+    lines = trace.split("\n")
+    scans = [ln.split(" = ")[0] for ln in lines if ln.startswith("scan ")]
+    assert len(scans) == len(set(scans))  # no scan written twice
+    # the scans that passed just before a `try` are the tried layout's bits at their anchors
+    for i, ln in enumerate(lines):
+        if ln.startswith("try "):
+            cps = candidates([a for a, _ in ex], [b for _, b in ex])[sum(x.startswith("try ") for x in lines[:i])]
+            j = i
+            while lines[j - 1].startswith("scan ") and lines[j - 1].endswith(" yes") and "note" not in lines[j - 2]:
+                p, *cols = map(int, lines[j - 1].split(" = ")[0].split()[1:])
+                assert set(cols) == anchor_columns(cps, p), (ln, lines[j - 1])
+                j -= 1
+
+
+def test_a_fill_follows_the_clash_order_and_a_try_waits_for_a_clash():
+    prompt, trace = _anchored(tries=3, f=lambda r, s, t: (r & t) | s)
+    lines = trace.split("\n")
+    clashed = [ln.split(":")[0] for ln in lines if ln.endswith(" clash")]
+    assert set(clashed) - {"ex1"}  # the order moves
+    assert _bits_replay(prompt, trace)[0]
+    tries = [i for i, ln in enumerate(lines) if ln.startswith("try ")]
+    first_fill = [next(ln.split(":")[0] for ln in lines[i:] if ": fill " in ln) for i in tries[1:]]
+    assert first_fill == clashed  # each try fills first the example the one before clashed on
+    # a try whose fills stop before a clash: the next try is refused
+    k = next(i for i, ln in enumerate(lines) if ln.endswith(" clash"))
+    assert "not clashed" in _bits_replay(prompt, "\n".join(lines[:k] + lines[k + 1:]))[2]
+    # two of the fitting try's examples swapped, out of the clash order: refused
+    fills = [i for i in range(tries[-1], len(lines)) if ": fill " in lines[i]]
+    order = [lines[i].split(":")[0] for i in fills]
+    assert order != sorted(order, key=lambda t: int(t[2:]))
+    a, b = lines[tries[-1] + 1:fills[0] + 1], lines[fills[0] + 1:fills[1] + 1]  # two examples' copies and fill
+    swapped = lines[:tries[-1] + 1] + b + a + lines[fills[1] + 1:]
+    assert "next example to fill" in _bits_replay(prompt, "\n".join(swapped))[2]
 
 
 def test_each_copy_of_an_example_is_written_once_and_a_fill_must_use_the_tried_layouts_copies():

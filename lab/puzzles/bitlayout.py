@@ -1,8 +1,8 @@
 """The competition's bit layout: each output bit p (0 = the leftmost) is one function F of the bits at p of up to three
 copies of x, rotl a, shl b and shr c (`SHIFT_KINDS`). The layouts in the derivation's order (`LAYOUTS`), the layouts
 the examples allow with their tables (`shift_tables`), the anchor scans of the boundary bits the derivation writes
-(`anchor_scan(s)`, `anchor_candidates`: at bit 7 every shl reads 0, at bit 0 every shr; `pairs_to_scan` and
-`written_scans`: which of them a trace writes, and when), and the generator's random
+(`ANCHORS`: the output bits where a layout reads at most two bits of x; `anchor_scan`, `first_scans`; `scans_before`:
+which scans a trace writes before each try; `candidates`: the layouts it tries), and the generator's random
 layout (`random_layout`, `layout_apply`). The trace is written by `bits`; the named-rule solver is `bitrules`.
 Simplifies: 8-bit values as ints, bits as strings MSB first (`b8`).
 """
@@ -10,7 +10,7 @@ Simplifies: 8-bit values as ints, bits as strings MSB first (`b8`).
 from __future__ import annotations
 
 import random
-from itertools import combinations, product
+from itertools import product
 
 
 def b8(v: int) -> str:
@@ -31,27 +31,17 @@ def shift_name(kind: str, k: int) -> str:
     return "x" if kind == "rotl" and k == 0 else f"{kind}{k}"
 
 
-# The classes of layouts in the derivation's order, with the output bits whose pairs of x bits must be scanned
-# before a class is tried: one copy and shl+shr read at most one bit of x at bit 7 and at bit 0, rotl+shl two at
-# bit 0, rotl+shr two at bit 7, all three two at both. Fewest copies first (a layout that fits fits with any copy
-# added); among two copies, shl+shr first, since it needs no pair scanned.
-PHASES = (((("rotl",), ("shl",), ("shr",), ("shl", "shr")), ()), ((("rotl", "shl"),), (0,)),
-          ((("rotl", "shr"),), (7,)), ((("rotl", "shl", "shr"),), (0, 7)))
-_CLASS = [kinds for classes, _ in PHASES for kinds in classes]
-
-
-def phase(cps) -> int:
-    """The index in `PHASES` of a layout's class."""
-    kinds = tuple(k for k, _ in cps)
-    return next(i for i, (classes, _) in enumerate(PHASES) if kinds in classes)
+# The classes of layouts in the derivation's order: fewest copies first (a layout that fits fits with any copy
+# added); among two copies, shl+shr first (it reads one bit of x at bit 7 and at bit 0, the others two at one).
+CLASSES = (("rotl",), ("shl",), ("shr",), ("shl", "shr"), ("rotl", "shl"), ("rotl", "shr"), ("rotl", "shl", "shr"))
 
 
 # Every layout: a subset of (rotl a, shl b, shr c), a in 0..7 (0: x itself), b and c in 1..7, in the derivation's
-# order: by class (`PHASES`), then smaller shifts.
+# order: by class (`CLASSES`), then smaller shifts.
 LAYOUTS = sorted({tuple(c for c in cs if c) for cs in product([None] + [("rotl", a) for a in range(8)],
                                                               [None] + [("shl", b) for b in range(1, 8)],
                                                               [None] + [("shr", c) for c in range(1, 8)])} - {()},
-                 key=lambda cps: (_CLASS.index(tuple(k for k, _ in cps)), [k for _, k in cps]))
+                 key=lambda cps: (CLASSES.index(tuple(k for k, _ in cps)), [k for _, k in cps]))
 
 
 def anchor_columns(cps, p: int) -> set[int]:
@@ -92,7 +82,10 @@ def shift_tables(x: list[int], y: list[int], q: int):
     return out
 
 
-ANCHOR_SETS = [()] + [(i,) for i in range(8)] + list(combinations(range(8), 2))  # the order the anchors are scanned
+# The output bits where a layout reads at most two bits of x (`anchor_columns`), in the order they are checked: at
+# bit 7 every shl reads 0 and at bit 0 every shr; at bit 6 a shl past 1 and at bit 1 a shr past 1 read 0 too.
+ANCHORS = (7, 0, 6, 1)
+FIRST = (7, 0)  # the anchors scanned on no bit and on each bit before any try (`first_scans`)
 
 
 def anchor_scan(xs: list[int], ys: list[int], p: int, cols) -> tuple[str, bool]:
@@ -108,50 +101,50 @@ def anchor_scan(xs: list[int], ys: list[int], p: int, cols) -> tuple[str, bool]:
     return " ".join(out + ["yes"]), True
 
 
-def anchor_scans(xs: list[int], ys: list[int], p: int) -> list[tuple[tuple, str, bool]]:
-    """The scans of output bit p (`ANCHOR_SETS` in order), skipping a set that holds one already passed (it passes
-    too). -> [(cols, text, passed)]."""
-    done = []
-    for cols in ANCHOR_SETS:
-        if not any(ok and set(c) <= set(cols) for c, _, ok in done):
-            done.append((cols, *anchor_scan(xs, ys, p, cols)))
+def first_scans(xs: list[int], ys: list[int], p: int) -> list[tuple[tuple, str, bool]]:
+    """The scans of output bit p on no bit, then on each bit, skipping a bit when no bit passed (it passes too).
+    -> [(cols, text, passed)]."""
+    done = [((), *anchor_scan(xs, ys, p, ()))]
+    if not done[0][2]:
+        done += [((i,), *anchor_scan(xs, ys, p, (i,))) for i in range(8)]
     return done
 
 
-def pairs_to_scan(scans: dict, i: int, p: int) -> set[tuple]:
-    """The pairs of x bits that class `i` of `PHASES` needs scanned at anchor p (`scans`: p -> `anchor_scans`): the
-    pairs its layouts read at p, among the layouts whose bits at the other anchor hold a set that passed. Rotl with
-    shl (or shr) reads one bit at the other anchor, whose scans are all written by then; all three copies read two
-    bits at both, so the first anchor of the class scans every pair and the second is restricted by the first."""
-    pair_bits = PHASES[i][1]
-    if len(pair_bits) == 2 and p == pair_bits[0]:
-        return {c for c, _, _ in scans[p] if len(c) == 2}
-    other = 7 - p
-    passed = [set(c) for c, _, ok in scans[other] if ok]
-    return {tuple(sorted(anchor_columns(cps, p))) for cps in LAYOUTS if phase(cps) == i
-            and len(anchor_columns(cps, p)) == 2 and any(c <= anchor_columns(cps, other) for c in passed)}
+def scans_before(cps, written: dict, xs: list[int], ys: list[int]) -> tuple[list[tuple[int, tuple, str]], bool]:
+    """The scans a derivation writes before trying layout `cps`, given those written so far (`written`: {(anchor,
+    cols): passed}, updated): at each anchor where the layout reads at most two bits of x, a set of them that passed
+    lets it on; a written scan of exactly them that failed rules it out, with nothing scanned; else its bits there
+    are scanned, in `ANCHORS` order, until one fails. -> ([(anchor, cols, text)], whether the layout is tried)."""
+    todo = []
+    for p in ANCHORS:
+        cols = tuple(sorted(anchor_columns(cps, p)))
+        if len(cols) > 2 or any(ok and set(c) <= set(cols) for (q, c), ok in written.items() if q == p):
+            continue
+        if (p, cols) in written:
+            return [], False
+        todo.append((p, cols))
+    out = []
+    for p, cols in todo:
+        text, ok = anchor_scan(xs, ys, p, cols)
+        written[(p, cols)] = ok
+        out.append((p, cols, text))
+        if not ok:
+            return out, False
+    return out, True
 
 
-def written_scans(scans: dict, upto: int) -> list[tuple[int, tuple, str, bool, int]]:
-    """The scans a derivation writes once its tries reach class `upto` of `PHASES`: every no-bit and one-bit scan
-    of both anchors first, then, as each class that reads two bits at an anchor is reached, the pairs it needs there
-    (`pairs_to_scan`) not yet written. -> [(anchor, cols, text, passed, class that writes it)]."""
-    out = [(p, c, t, ok, 0) for p in (7, 0) for c, t, ok in scans[p] if len(c) < 2]
-    done = set()
-    for i in range(upto + 1):
-        for p in PHASES[i][1]:
-            need = pairs_to_scan(scans, i, p)
-            for c, t, ok in scans[p]:
-                if len(c) == 2 and c in need and (p, c) not in done:
-                    done.add((p, c))
-                    out.append((p, c, t, ok, i))
-    return out
+def candidates(xs: list[int], ys: list[int]) -> list:
+    """`LAYOUTS` (in order) whose bits at every anchor where they read at most two bits of x pass their scan: the
+    layouts a derivation tries, whatever scans it wrote to find them (a set holding one that passed passes too)."""
+    memo = {}
 
+    def passes(p, cols):
+        if (p, cols) not in memo:
+            memo[(p, cols)] = anchor_scan(xs, ys, p, cols)[1]
+        return memo[(p, cols)]
 
-def anchor_candidates(scans: dict) -> list:
-    """`LAYOUTS` (in order) whose columns at each anchor bit p (`scans`: p -> `anchor_scans`) hold a passed set."""
-    passed = {p: [set(c) for c, _, ok in done if ok] for p, done in scans.items()}
-    return [cps for cps in LAYOUTS if all(any(c <= anchor_columns(cps, p) for c in passed[p]) for p in passed)]
+    return [cps for cps in LAYOUTS if all(passes(p, tuple(sorted(anchor_columns(cps, p)))) for p in ANCHORS
+                                          if len(anchor_columns(cps, p)) <= 2)]
 
 
 def layout_apply(cps, table: int, v: int) -> int:

@@ -3,15 +3,15 @@
 The rule space and the solver are `bitrules`; the layout and its anchor scans `bitlayout`. Derivation (`derive`):
 the competition's layout: each output bit is one function F of the bits at its position of up to three copies,
 rotl a, shl b, shr c, read off the examples on the page (`_anchored`):
-- anchors: at bit 7 every shl reads 0 and at bit 0 every shr does, so y7 and y0 each read at most two bits of x.
-  `scan P I J` lines test, example by example, whether output bit P is a function of x's bits I, J (no bit, one,
-  then two; a set holding one that passed is not scanned); pairs are scanned only when the tries reach a class of
-  layouts that reads two bits there (`bitlayout.PHASES`: rotl+shl at bit 0, rotl+shr at bit 7, all three at both),
-  and only those the class can read given the other anchor's scans (`bitlayout.pairs_to_scan`, `PAIR_NOTES`);
-- tries: each layout whose bits at 7 and 0 hold a set that passed, in `bitlayout.LAYOUTS` order (one copy,
-  shl+shr, rotl+shl, rotl+shr, all three; smaller shifts first): per example its copies (each example's copy
-  written once; a later try cites that line) and `fill` (each position's `key:bit`), until a key shows both bits
-  (`clash`: the next `try`) or every example fits;
+- anchors: at bits 7, 0, 6 and 1 (`bitlayout.ANCHORS`) a shifted-out bit reads 0, so a layout reads at most two bits
+  of x there and the output bit is a function of them. `scan P I J` lines test, example by example, whether output
+  bit P is a function of x's bits I, J; bits 7 and 0 are scanned on no bit and on each bit first (`first_scans`);
+- tries: the layouts in `bitlayout.LAYOUTS` order (one copy, shl+shr, rotl+shl, rotl+shr, all three; smaller shifts
+  first), each skipped when a written scan of its bits at an anchor failed, else tried once its bits at every
+  anchor pass, a scan written just before it where no passed set explains them (`scans_before`). Per example its
+  copies (written once; a later try cites the line) and `fill` (each position's `key:bit`), the examples that
+  clashed before first (the latest first), until a key shows both bits (`clash`: the next `try`) or every example
+  fits;
 - the table: `table` collects F (one bit per key, checked); the query's keys are read from it, a key no example
   shows reading 0 (`default`). F is never named.
 A trace that would pass `TOKEN_CAP` states its layout instead (`_layout`: `note choose`, then the same table).
@@ -23,8 +23,9 @@ Compact traces (`check_line`): the query, each named copy or expression of x, an
 recomputed; the rule line and the per-bit fallback's table reads are claims.
 Simplifies: three operations of its own (`scan`, `fill`, `try`: `Category.ops`, `branches`); the rest is `check`'s
 shared grammar. The checker recomputes each scan from the prompt and refuses a `try` that is not the next layout
-passing both anchors or a `fill` that is not that layout's copies of its own example and that example's output, so
-the search is replayed, not taken on trust.
+passing every anchor (`bitlayout.candidates`) or comes before the last one clashed, and a `fill` that is not the
+next example in the fill order or not that layout's copies of it and its output, so the search is replayed, not
+taken on trust.
 """
 
 from __future__ import annotations
@@ -32,8 +33,8 @@ from __future__ import annotations
 import functools
 import re
 
-from .bitlayout import (LAYOUTS, PHASES, anchor_candidates, anchor_scan, anchor_scans, b8, phase, shift_copy,
-                        shift_name, shift_tables, written_scans)
+from .bitlayout import (FIRST, LAYOUTS, anchor_scan, b8, candidates, first_scans, scans_before, shift_copy,
+                        shift_name, shift_tables)
 from .bitrules import NAME, NT, T_NAMES, apply_step, apply_t, generate_one, op2, op3, parse, rule_name, solve
 from .check import BITS_RE, Fail
 from .common import Category, Solution, estimate_tokens
@@ -230,74 +231,64 @@ def _layout(ex, q, answer: str) -> list[str] | None:
     return lines
 
 
-ANCHORS = (7, 0)  # the output bits scanned first: at bit 7 every shl reads 0, at bit 0 every shr
 TOKEN_CAP = 6000  # an anchored trace estimated longer (`common.estimate_tokens`) states its layout instead
-LAYOUT_NOTE = ("note each output bit is one function F of the bits at its position of rotl a, shl b and shr c "
-               "(some may be absent)")
+LAYOUT_NOTES = ("note each output bit is one function F of the bits at its position of rotl a, shl b and shr c "
+                "(some may be absent)",
+                "note at bit p rotl a reads x bit p+a (mod 8), shl b x bit p+b and shr c x bit p-c (0 outside 0-7): at "
+                "bits 7, 0, 6 and 1 a layout reads at most two bits of x, save shl1 at 6 and shr1 at 1 with all three",
+                "note scan which bits of x explain bits 7 and 0: none, then each bit")
+TRY_NOTE = ("note try the layouts in order (one copy, shl shr, rotl shl, rotl shr, all three; smaller shifts first): "
+            "skip a layout when the scan of its bits at 7, 0, 6 or 1 failed; else scan, in that order, its bits there "
+            "that no passed set explains, skipping it at the first that fails; fill the examples that clashed first, "
+            "the latest first; a key no example shows reads 0")
 
 
 def _anchored(ex, q, answer: str) -> list[str] | None:
-    """The layout derived on the page. At bit 7 every shl reads 0, so y7 is a function of x's bits a-1 (rotl) and
-    7-c (shr); at bit 0 every shr reads 0, so y0 is a function of x's bits a (rotl) and b (shl). Each anchor is
-    scanned (`bitlayout.anchor_scans`: no bit, then one bit, example by example until a key shows both bits), then
-    each layout whose bits at 7 and 0 hold a set that passed is tried in `LAYOUTS` order: per example its copies
-    and the `key:bit` pairs (`fill`), until a key shows both bits (`clash`: the next layout) or every example fits
-    (the table; the query's keys read from it, a key no example shows reading 0). The pairs of bits are scanned
-    only when the tries reach a class of layouts that reads two bits there, only those it can read
-    (`bitlayout.written_scans`); an example's copy is written once. None when the
-    trace would pass `TOKEN_CAP` or the fit does not give `answer` (the caller states its layout instead)."""
+    """The layout derived on the page. At bits 7, 0, 6 and 1 (`bitlayout.ANCHORS`) a layout reads at most two bits
+    of x, so each output bit there is a function of those bits; bits 7 and 0 are scanned on no bit and on each bit
+    first (`first_scans`: example by example until a key shows both bits). Then the layouts are tried in `LAYOUTS`
+    order, each one only if its bits at every anchor pass, a scan written just before it where none explains them
+    (`scans_before`): per example its copies and the `key:bit` pairs (`fill`), the examples that clashed before
+    first (latest first), until a key shows both bits (`clash`: the next layout) or every example fits (the table;
+    the query's keys read from it, a key no example shows reading 0). An example's copy is written once; a later try
+    cites its line. None when the trace would pass `TOKEN_CAP` or the fit does not give `answer` (the caller states
+    its layout instead)."""
     xs, ys = [a for a, _ in ex], [b for _, b in ex]
-    scans = {p: anchor_scans(xs, ys, p) for p in ANCHORS}
-    written = written_scans(scans, len(PHASES) - 1)
-
-    def scanned(i, pairs: bool):
-        return [f"scan {' '.join(map(str, (p, *cols)))} = {text}" for p, cols, text, _, j in written
-                if (len(cols) == 2) == pairs and (j == i or not pairs)]
-
-    lines = [LAYOUT_NOTE,
-             "note at bit 7 every shl reads 0: y7 reads x bits a-1 (rotl) and 7-c (shr); at bit 0 every shr reads 0: "
-             "y0 reads x bits a (rotl) and b (shl)",
-             "note scan which bits of x explain each: none, then one bit; a set holding one that did is not scanned",
-             *scanned(0, False),
-             "note try each layout whose bits at 7 and 0 hold a set that did, in order: one copy, shl shr, rotl shl, "
-             "rotl shr, all three, smaller shifts first; a key no example shows reads 0"]
-    cands = anchor_candidates(scans)
+    lines, written = list(LAYOUT_NOTES), {}
+    for p in FIRST:
+        for cols, text, ok in first_scans(xs, ys, p):
+            written[(p, cols)] = ok
+            lines.append(f"scan {' '.join(map(str, (p, *cols)))} = {text}")
+    lines.append(TRY_NOTE)
     copied = set()  # (example, copy) written already: a later try cites its line
-    for i in range(len(PHASES)):
-        if i in PAIR_NOTES:
-            lines.append(f"note {PAIR_NOTES[i]}")
-            lines += scanned(i, True)
-        for cps in (c for c in cands if phase(c) == i):
-            if estimate_tokens('\n'.join(lines)) > TOKEN_CAP:
-                return None
-            names = [shift_name(kd, k) for kd, k in cps]
-            lines.append("try " + " ".join(names))
-            table, fits = {}, True
-            for n, (xv, yv) in enumerate(ex, 1):
-                vals = []
-                for nm, (kd, k) in zip(names, cps):
-                    vals.append(b8(shift_copy(kd, k, xv)))
-                    if nm != "x" and (n, nm) not in copied:
-                        copied.add((n, nm))
-                        lines.append(f"ex{n}: {nm} {b8(xv)} = {vals[-1]}")
-                text, fits = _fill(vals, b8(yv), table)
-                lines.append(f"ex{n}: fill {' '.join(vals)} {b8(yv)} = {text}")
-                if not fits:
-                    break
+    order = list(range(len(ex)))  # the fill order: the examples that clashed, the latest first, then the others
+    for cps in LAYOUTS:
+        scans, tried = scans_before(cps, written, xs, ys)
+        lines += [f"scan {' '.join(map(str, (p, *cols)))} = {text}" for p, cols, text in scans]
+        if not tried:
+            continue
+        if estimate_tokens('\n'.join(lines)) > TOKEN_CAP:
+            return None
+        names = [shift_name(kd, k) for kd, k in cps]
+        lines.append("try " + " ".join(names))
+        table, fits = {}, True
+        for n in order:
+            vals = []
+            for nm, (kd, k) in zip(names, cps):
+                vals.append(b8(shift_copy(kd, k, xs[n])))
+                if nm != "x" and (n, nm) not in copied:
+                    copied.add((n, nm))
+                    lines.append(f"ex{n + 1}: {nm} {b8(xs[n])} = {vals[-1]}")
+            text, fits = _fill(vals, b8(ys[n]), table)
+            lines.append(f"ex{n + 1}: fill {' '.join(vals)} {b8(ys[n])} = {text}")
             if not fits:
-                continue
-            read = _read_query(lines, names, cps, table, q)
-            return lines if read == answer and estimate_tokens('\n'.join(lines)) <= TOKEN_CAP else None
+                order = [n] + [i for i in order if i != n]
+                break
+        if not fits:
+            continue
+        read = _read_query(lines, names, cps, table, q)
+        return lines if read == answer and estimate_tokens('\n'.join(lines)) <= TOKEN_CAP else None
     return None
-
-
-# what each class that reads two bits at an anchor scans (`bitlayout.pairs_to_scan`), by its index in `PHASES`
-PAIR_NOTES = {1: "rotl a with shl b read x bit a-1 at bit 7 and bits a, b at bit 0: scan at bit 0 the pairs a, b "
-                 "(b 1-7) for each a whose a-1 holds a set that passed at bit 7",
-              2: "rotl a with shr c read x bit a at bit 0 and bits a-1, 7-c at bit 7: scan at bit 7 the pairs a-1, "
-                 "7-c (c 1-7) for each a that holds a set that passed at bit 0",
-              3: "all three read two bits at bit 7 and at bit 0: scan every pair not yet scanned at bit 0, then at "
-                 "bit 7 the pairs a-1, 7-c (c 1-7) for each a whose a, b (b 1-7) holds a set that passed at bit 0"}
 
 
 def _fill(vals: list[str], y: str, table: dict) -> tuple[str, bool]:
@@ -327,12 +318,18 @@ def _scan_op(replay, args) -> str:
 
 def _fill_op(replay, args) -> str:
     """`exN: fill COPY ... Y`: the copies of the layout last tried (`try`) on example N's input, then its output;
-    each position's `key:bit`, checked against the pairs since the last `try`."""
+    each position's `key:bit`, checked against the pairs since the last `try`. N must be the next example in the
+    fill order (those that clashed, the latest first, then the others)."""
     m = re.fullmatch(r"ex(\d+)", replay.tag or "")
     xs, ys = _examples(replay)
-    if not m or not 1 <= int(m.group(1)) <= len(xs) or not replay.state.get("tried"):
+    st = replay.state
+    if not m or not 1 <= int(m.group(1)) <= len(xs) or not st.get("tried"):
         raise Fail("`fill` belongs to an example (`exN:`) of a layout tried (`try`)")
-    n, cps = int(m.group(1)) - 1, replay.state["cands"][replay.state["tried"] - 1]
+    n, cps = int(m.group(1)) - 1, st["cands"][st["tried"] - 1]
+    order = st.setdefault("order", list(range(len(xs))))
+    if st["filled"] >= len(order) or n != order[st["filled"]]:
+        raise Fail("the next example to fill is " + (f"ex{order[st['filled']] + 1}" if st["filled"] < len(order)
+                                                      else "none: every example fits"))
     want = [b8(shift_copy(kd, k, xs[n])) for kd, k in cps] + [b8(ys[n])]
     if list(args) != want:
         raise Fail(f"example {n + 1}'s copies for this layout and its output are {' '.join(want)}")
@@ -341,26 +338,35 @@ def _fill_op(replay, args) -> str:
     for pr in replay.pairs:
         k, b = pr.split(":")
         table[k] = b
-    return _fill(vals, y, table)[0]
+    text, fits = _fill(vals, y, table)
+    st["filled"] += 1
+    if not fits:
+        st["order"] = [n] + [i for i in order if i != n]
+        st["filled"] = len(xs)  # this layout is done
+        st["open"] = False
+    return text
 
 
 def _try(replay, args):
-    """`try LAYOUT`: the next layout, in order, whose bits at 7 and 0 hold a set that passed its scan; a new table."""
+    """`try LAYOUT`: the next layout, in order, whose bits pass at every anchor (`bitlayout.candidates`), once the
+    layout before it clashed; a new table."""
     cps = []
     for nm in args:
         m = re.fullmatch(r"(rotl|shl|shr)(\d)", nm)
         cps.append(("rotl", 0) if nm == "x" else (m.group(1), int(m.group(2))) if m else None)
     if None in cps or tuple(cps) not in LAYOUTS:
         raise Fail(f"{' '.join(args)!r} is not a layout of rotl a, shl b, shr c (in that order)")
-    if "cands" not in replay.state:
-        xs, ys = _examples(replay)
-        replay.state["cands"] = anchor_candidates({p: anchor_scans(xs, ys, p) for p in ANCHORS})
-        replay.state["tried"] = 0
-    cands, n = replay.state["cands"], replay.state["tried"]
+    st = replay.state
+    if "cands" not in st:
+        st["cands"] = candidates(*_examples(replay))
+        st["tried"] = 0
+    if st.get("open"):
+        raise Fail("the layout tried before has not clashed")
+    cands, n = st["cands"], st["tried"]
     if n >= len(cands) or cands[n] != tuple(cps):
         want = " ".join(shift_name(*c) for c in cands[n]) if n < len(cands) else "none"
-        raise Fail(f"the next layout that passes both anchor scans is {want}")
-    replay.state["tried"] = n + 1
+        raise Fail(f"the next layout that passes every anchor scan is {want}")
+    st.update(tried=n + 1, filled=0, open=True)
     replay.reset_pairs()
 
 
