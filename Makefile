@@ -31,11 +31,13 @@ $(VENV)/.installed: pyproject.toml Makefile
 demo: venv
 	$(BIN)/python -m lab demo
 
-# the fast lane: every test but the end-to-end (papermill, sweep, training) ones marked `slow`
+# the fast lane: every test but the end-to-end (papermill, sweep, training) ones marked `slow`, in one process per
+# core up to 4 (pytest-xdist; tests/conftest.py keeps torch single-threaded)
 test: venv
-	$(BIN)/python -m pytest -m "not slow"
+	$(BIN)/python -m pytest -m "not slow" -n auto --maxprocesses 4
 
-# everything, the slow end-to-end tests included (what CI runs)
+# everything, the slow end-to-end tests included (what CI runs), in one process: the slow tests share one smoke run
+# of the notebooks (tests/conftest.py, a session fixture), which every xdist worker would repeat
 test-all: venv
 	$(BIN)/python -m pytest
 
