@@ -11,7 +11,7 @@ import pandas as pd
 from lab.puzzles import solve
 from lab.puzzles.__main__ import main
 from lab.puzzles.audit import audit_frame, audit_trace, shape
-from lab.puzzles.bitlayout import b8, shift_copy
+from lab.puzzles.bitlayout import LAYOUTS, b8, shift_copy
 from lab.puzzles.bitrules import make_prompt
 from lab.puzzles.check import replay_derivation
 from lab.puzzles.solve import replay
@@ -188,6 +188,10 @@ def test_anchor_scans_read_the_boundary_bits_and_the_bench_counts_the_tries():
     prompt, trace = _anchored(tries=2)
     m = bench.measure(prompt)
     assert m["tries"] == trace.count("\ntry ") and m["scans"] == trace.count("\nscan ") and m["passing"] >= 2
+    fit = LAYOUTS.index(tuple(("rotl", 0) if n == "x" else (n[:-1], int(n[-1]))
+                              for n in [ln for ln in trace.split("\n") if ln.startswith("try ")][-1].split()[1:]))
+    written = trace.split("note try the layouts")[1].count("\nscan ")  # the scans written before a layout
+    assert m["silent"] <= fit + 1 - m["tries"] and m["silent"] >= fit + 1 - m["tries"] - written
 
 
 def test_anchor_bits_are_scanned_just_before_the_layout_that_needs_them():
