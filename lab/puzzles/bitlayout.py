@@ -9,6 +9,7 @@ Simplifies: 8-bit values as ints, bits as strings MSB first (`b8`).
 
 from __future__ import annotations
 
+import functools
 import random
 from itertools import product
 
@@ -136,13 +137,7 @@ def scans_before(cps, written: dict, xs: list[int], ys: list[int]) -> tuple[list
 def candidates(xs: list[int], ys: list[int]) -> list:
     """`LAYOUTS` (in order) whose bits at every anchor where they read at most two bits of x pass their scan: the
     layouts a derivation tries, whatever scans it wrote to find them (a set holding one that passed passes too)."""
-    memo = {}
-
-    def passes(p, cols):
-        if (p, cols) not in memo:
-            memo[(p, cols)] = anchor_scan(xs, ys, p, cols)[1]
-        return memo[(p, cols)]
-
+    passes = functools.cache(lambda p, cols: anchor_scan(xs, ys, p, cols)[1])
     return [cps for cps in LAYOUTS if all(passes(p, tuple(sorted(anchor_columns(cps, p)))) for p in ANCHORS
                                           if len(anchor_columns(cps, p)) <= 2)]
 

@@ -244,15 +244,9 @@ TRY_NOTE = ("note try the layouts in order (one copy, shl shr, rotl shl, rotl sh
 
 
 def _anchored(ex, q, answer: str) -> list[str] | None:
-    """The layout derived on the page. At bits 7, 0, 6 and 1 (`bitlayout.ANCHORS`) a layout reads at most two bits
-    of x, so each output bit there is a function of those bits; bits 7 and 0 are scanned on no bit and on each bit
-    first (`first_scans`: example by example until a key shows both bits). Then the layouts are tried in `LAYOUTS`
-    order, each one only if its bits at every anchor pass, a scan written just before it where none explains them
-    (`scans_before`): per example its copies and the `key:bit` pairs (`fill`), the examples that clashed before
-    first (latest first), until a key shows both bits (`clash`: the next layout) or every example fits (the table;
-    the query's keys read from it, a key no example shows reading 0). An example's copy is written once; a later try
-    cites its line. None when the trace would pass `TOKEN_CAP` or the fit does not give `answer` (the caller states
-    its layout instead)."""
+    """The layout derived on the page, as the module docstring says (anchors, tries in clash order, the table).
+    None when the trace would pass `TOKEN_CAP` or the fit does not give `answer` (the caller states its layout
+    instead)."""
     xs, ys = [a for a, _ in ex], [b for _, b in ex]
     lines, written = list(LAYOUT_NOTES), {}
     for p in FIRST:
@@ -327,9 +321,10 @@ def _fill_op(replay, args) -> str:
         raise Fail("`fill` belongs to an example (`exN:`) of a layout tried (`try`)")
     n, cps = int(m.group(1)) - 1, st["cands"][st["tried"] - 1]
     order = st.setdefault("order", list(range(len(xs))))
-    if st["filled"] >= len(order) or n != order[st["filled"]]:
-        raise Fail("the next example to fill is " + (f"ex{order[st['filled']] + 1}" if st["filled"] < len(order)
-                                                      else "none: every example fits"))
+    if not st["open"] or st["filled"] == len(order):
+        raise Fail("this layout " + ("clashed: the next line is a `try`" if not st["open"] else "fits every example"))
+    if n != order[st["filled"]]:
+        raise Fail(f"the next example to fill is ex{order[st['filled']] + 1}")
     want = [b8(shift_copy(kd, k, xs[n])) for kd, k in cps] + [b8(ys[n])]
     if list(args) != want:
         raise Fail(f"example {n + 1}'s copies for this layout and its output are {' '.join(want)}")
@@ -342,7 +337,6 @@ def _fill_op(replay, args) -> str:
     st["filled"] += 1
     if not fits:
         st["order"] = [n] + [i for i in order if i != n]
-        st["filled"] = len(xs)  # this layout is done
         st["open"] = False
     return text
 

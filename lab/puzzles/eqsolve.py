@@ -35,8 +35,8 @@ equality pattern of x+y+result over all 00..99 operand pairs; arc consistency pr
 example sharing a symbol or the operator agrees with; a depth-first join (indexed on bound symbols,
 families kept distinct) enumerates every consistent symbol->digit map, up to a solution cap and a
 per-puzzle work cap (`JOIN_CAP` join nodes, then `VOTE_CAP` votes: counted, never timed, so a rerun on any
-machine under any load stops at the same place; the reason says when a cap stopped it). Every map, completed in every way
-for query symbols the examples never fix, votes its weight on the query's answer; answers with a
+machine under any load stops at the same place; the reason says when a cap stopped it). Every map, completed
+in every way for query symbols the examples never fix, votes its weight on the query's answer; answers with a
 digit whose symbol never appears are dropped.
 Status: `solved` only when every fitting hypothesis gives the same answer (and the search was
 complete); `ambiguous` with the best-weighted answer otherwise; `undetermined` when the query's
