@@ -182,12 +182,13 @@ class MambaChunkScanStandIn(torch.autograd.Function):
         b, seqlen, h, p = x.shape
         g, n = B.shape[2], B.shape[3]
         c = math.ceil(seqlen / chunk_size)
-        dA_cumsum = torch.empty(b, h, c, chunk_size, dtype=F32)
-        dt_out = torch.empty(b, h, c, chunk_size, dtype=F32)
-        states = torch.empty(b, c, h, p, n, dtype=F32)
-        passed = torch.empty(b, c, h, p * n, dtype=C.dtype)
-        final = torch.empty(b, h, p * n, dtype=F32)
-        cb = torch.empty(b, c, g, chunk_size, chunk_size, dtype=F32)
+        on = {"device": x.device}
+        dA_cumsum = torch.empty(b, h, c, chunk_size, dtype=F32, **on)
+        dt_out = torch.empty(b, h, c, chunk_size, dtype=F32, **on)
+        states = torch.empty(b, c, h, p, n, dtype=F32, **on)
+        passed = torch.empty(b, c, h, p * n, dtype=C.dtype, **on)
+        final = torch.empty(b, h, p * n, dtype=F32, **on)
+        cb = torch.empty(b, c, g, chunk_size, chunk_size, dtype=F32, **on)
         out = torch.empty_like(x)
         del dt_out, states, passed, final, cb
         ctx.save_for_backward(out, x, dt, dA_cumsum, A, B, C, D, dt_bias)
@@ -201,11 +202,12 @@ class MambaChunkScanStandIn(torch.autograd.Function):
         g, n = B.shape[2], B.shape[3]
         cs = ctx.chunk_size
         c = math.ceil(seqlen / cs)
+        on = {"device": x.device}
         dB, dC, ddt = torch.empty_like(B), torch.empty_like(C), torch.empty_like(dt)
-        keep = [dt.clone(), torch.empty(b, h, c, cs, dtype=F32), torch.empty(b, h, c, cs, dtype=F32),
-                torch.empty(b, c, g, cs, cs, dtype=F32), torch.empty(b, c, h, p, n, dtype=F32),
-                torch.empty(b, c, h, p, n, dtype=F32), torch.empty(b, c, h, p, n, dtype=x.dtype),
-                torch.empty(b, c, g, cs, cs, dtype=F32), torch.empty(b, h, c, cs, dtype=F32)]
+        keep = [dt.clone(), torch.empty(b, h, c, cs, dtype=F32, **on), torch.empty(b, h, c, cs, dtype=F32, **on),
+                torch.empty(b, c, g, cs, cs, dtype=F32, **on), torch.empty(b, c, h, p, n, dtype=F32, **on),
+                torch.empty(b, c, h, p, n, dtype=F32, **on), torch.empty(b, c, h, p, n, dtype=x.dtype, **on),
+                torch.empty(b, c, g, cs, cs, dtype=F32, **on), torch.empty(b, h, c, cs, dtype=F32, **on)]
         dx = torch.empty_like(x)
         dA = torch.empty_like(A, dtype=F32)
         dD = None if D is None else torch.empty_like(D, dtype=F32)
@@ -239,8 +241,8 @@ class ChunkedLogProbStandIn(torch.autograd.Function):
     @staticmethod
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, outputs):
         n = hidden.shape[0]
-        stats = [torch.empty(n, dtype=F32) for _ in range(7)]  # running_max ... target_logit
-        torch.empty(min(n, 4096), chunk_size, dtype=hidden.dtype)  # the logits tile, freed at once
+        stats = [torch.empty(n, dtype=F32, device=hidden.device) for _ in range(7)]  # running_max ... target_logit
+        torch.empty(min(n, 4096), chunk_size, dtype=hidden.dtype, device=hidden.device)  # the logits tile, freed at once
         log_z = stats[0] + torch.log(stats[1])
         logprobs = stats[6] - log_z
         entropy = log_z - stats[2] / stats[1] if "entropy" in outputs else None
@@ -253,9 +255,10 @@ class ChunkedLogProbStandIn(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_logprobs, grad_entropy, *_):
         hidden, weight, bias = ctx.saved_tensors[:3]
-        grads = [torch.zeros(t.shape, dtype=F32) if need else None
+        grads = [torch.zeros(t.shape, dtype=F32, device=t.device) if need else None
                  for t, need in zip((hidden, weight, bias), ctx.needs_input_grad)]
-        torch.empty(min(hidden.shape[0], 4096), ctx.chunk_size, dtype=hidden.dtype)  # the logits tile, freed at once
+        torch.empty(min(hidden.shape[0], 4096), ctx.chunk_size, dtype=hidden.dtype,
+                    device=hidden.device)  # the logits tile, freed at once
         return (*(None if g is None else g.to(t.dtype) for g, t in zip(grads, (hidden, weight, bias))),
                 None, None, None, None)
 
@@ -281,9 +284,36 @@ def _unpacked_rows():
     return mock.patch.object(mu, "find_packed_sequence_indices", lambda position_ids: None)
 
 
+def _real_kernels():
+    """(scan, conv) of the installed kernel packages, each with its label: `mamba_ssm`'s Triton chunk scan
+    (`mamba_ssm.ops.triton.ssd_combined.mamba_chunk_scan_combined`, the function transformers' decorator resolves
+    when the package imports) and `causal_conv1d_fn` when `causal_conv1d` imports, else transformers' PyTorch conv.
+    CUDA only; a LabError when `mamba_ssm`'s scan does not import."""
+    import importlib
+
+    import transformers.models.nemotron_h.modeling_nemotron_h as mh
+
+    try:
+        scan = importlib.import_module("mamba_ssm.ops.triton.ssd_combined").mamba_chunk_scan_combined
+    except Exception as e:
+        raise LabError(f"mamba=real needs mamba_ssm's Triton chunk scan, which does not import here "
+                       f"({type(e).__name__}: {e})") from e
+    try:
+        conv = importlib.import_module("causal_conv1d").causal_conv1d_fn
+        conv_label = "causal_conv1d (real kernel)"
+    except Exception:
+        conv, conv_label = mh.causal_conv1d_fn, "transformers causal_conv1d_fn (causal_conv1d absent)"
+
+    def conv_call(x, weight, bias=None, activation=None, **kwargs):  # transformers' signature, minus its extras
+        return conv(x, weight, bias, activation=activation)
+
+    return (scan, "mamba_ssm chunk scan (real kernel)"), (conv_call, conv_label)
+
+
 def _mamba_kernels(path: str):
     """`kernel`: the module-level scan and conv of transformers' Nemotron-H become the stand-ins above; `torch`:
-    transformers' own functions run (the PyTorch reference scan when `mamba_ssm` is absent), counted."""
+    transformers' own functions run (the PyTorch reference scan when `mamba_ssm` is absent), counted; `real`: the
+    installed kernels themselves (`_real_kernels`, CUDA only: what the stand-ins are checked against on a GPU)."""
     import transformers.models.nemotron_h.modeling_nemotron_h as mh
 
     def counted(fn, what):
@@ -297,8 +327,10 @@ def _mamba_kernels(path: str):
     elif path == "torch":
         scan = (mh.mamba2_chunk_scan, "transformers PyTorch chunk scan")
         conv = (mh.causal_conv1d_fn, "transformers causal_conv1d_fn")
+    elif path == "real":
+        scan, conv = _real_kernels()
     else:
-        raise LabError(f"mamba path {path!r}: use kernel or torch")
+        raise LabError(f"mamba path {path!r}: use kernel, torch or real")
     return mock.patch.multiple(mh, mamba2_chunk_scan=counted(*scan), causal_conv1d_fn=counted(*conv))
 
 
@@ -318,6 +350,10 @@ def _head_loss(pm, hidden, temperature: float, outputs: tuple[str, ...], head: s
         h, w, b = picked, lm.weight, lm.bias
     if head == "torch":
         per_token = TorchLogProbFunction.apply(h, w, b, targets, temperature, 32768, None, 1.0, outputs)
+    elif head == "triton":  # TRL's own kernel (CUDA): what the stand-in is checked against on a GPU
+        from trl.kernels import ChunkedLogProbFunction
+
+        per_token = ChunkedLogProbFunction.apply(h, w, b, targets, temperature, 32768, None, 1.0, outputs)
     else:
         per_token = ChunkedLogProbStandIn.apply(h, w, b, targets, temperature, 32768, outputs)
     mask = torch.ones(rows, n_tok, dtype=torch.bool, device=flat.device)
@@ -363,6 +399,8 @@ class Trace:
     trainable_params: int
     base_params: int
     phase_peaks: dict
+    device: str = "cpu"
+    device_peak_bytes: int | None = None  # a CUDA step: torch.cuda.max_memory_allocated over the step
 
     @property
     def peak_gib(self) -> float:
@@ -385,13 +423,19 @@ def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int
 
 
 def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba: str = "kernel",
-          head: str = "chunked", fake: bool = True, rows: int | None = None, unpacked: bool = True) -> Trace:
+          head: str = "chunked", fake: bool = True, rows: int | None = None, unpacked: bool = True,
+          device: str = "cpu") -> Trace:
     """Run one training micro-step of `stage` and count its live storage bytes (module docstring).
 
-    `mamba`: kernel (the `mamba_ssm`/`causal_conv1d` stand-ins) or torch (transformers' PyTorch path); `head`:
-    chunked (TRL's Triton head stand-in) or torch (`lab.trl_private`); `fake=False` runs the same step on real tensors
-    (the test that the fake count is right); `unpacked=False` leaves transformers' packed-row detection alone (the
-    [T x T] pitfall test, module docstring)."""
+    `mamba`: kernel (the `mamba_ssm`/`causal_conv1d` stand-ins), torch (transformers' PyTorch path) or real (the
+    installed kernels, CUDA); `head`: chunked (TRL's Triton head stand-in), torch (`lab.trl_private`) or triton
+    (TRL's kernel, CUDA); `fake=False` runs the same step on real tensors (the test that the fake count is right);
+    `device="cuda"` (with `fake=False`) runs it on the GPU and also records the allocator's peak
+    (`bench/gpu_memory.py`: traced against measured); `unpacked=False` leaves transformers' packed-row detection
+    alone (the [T x T] pitfall test, module docstring)."""
+    if fake and device != "cpu":
+        raise LabError(f"lab.memory: a fake-tensor trace runs on the CPU; device={device!r} needs fake=False")
+    cuda = torch.device(device).type == "cuda"
     t0 = time.perf_counter()
     optim = cfg.gpu.optim or "adamw_torch_fused"  # transformers' default
     rows, seq_len, checkpointing = step_shape(cfg, stage, tokens, rows)
@@ -408,22 +452,28 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
     counter = LiveBytes()
     _where_hooks(pm, counter)
     # bf16 weights: the Trainer's mixed precision (bf16=True on a GPU) runs the forward under autocast
-    autocast = torch.autocast("cpu", dtype=torch.bfloat16) if dtype == torch.bfloat16 else nullcontext()
+    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == torch.bfloat16 \
+        else nullcontext()
     with (FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()), _mamba_kernels(mamba), \
             (_unpacked_rows() if unpacked else nullcontext()):
-        pm.to_empty(device="cpu")
+        pm.to_empty(device=device)
         if not fake:
             with torch.no_grad():
                 for p in pm.parameters():
                     p.normal_(0, 0.02)
+                for b in pm.buffers():  # to_empty leaves them unset (the router's score-correction bias)
+                    b.zero_()
         trainable = [p for p in pm.parameters() if p.requires_grad]
+        if cuda:
+            torch.cuda.synchronize(device)
+            torch.cuda.reset_peak_memory_stats(device)
         with counter:
             for p in pm.parameters():
                 counter.track(p, "weights/" + ("lora" if p.requires_grad else "base"))
             for b in pm.buffers():
                 counter.track(b, "weights/buffers")
             counter.phase = "forward"
-            ids = torch.zeros(rows, seq_len, dtype=torch.long)
+            ids = torch.zeros(rows, seq_len, dtype=torch.long, device=device)
             with autocast:
                 hidden = pm.base_model.model.model(input_ids=ids, attention_mask=None, use_cache=False).last_hidden_state
                 loss = _head_loss(pm, hidden, temperature, outputs, head)
@@ -434,12 +484,17 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
             counter.phase, counter.where = "optimizer", ""
             state = _optimizer_step(trainable, optim, float(cfg.sft.learning_rate), float(cfg.sft.weight_decay))
             del state
+        device_peak = None
+        if cuda:
+            torch.cuda.synchronize(device)
+            device_peak = torch.cuda.max_memory_allocated(device)
     top = sorted(((k, v) for k, v in counter.at_peak.items() if v > 0), key=lambda kv: -kv[1])
     return Trace(stage=stage, rows=rows, seq_len=seq_len, peak_bytes=counter.peak, top=top,
                  mamba_path=", ".join(_PATHS) or "none", experts_path=_experts_path(counter.ops), optim=optim,
                  seconds=time.perf_counter() - t0, trainable_params=fig["trainable_params"],
                  base_params=fig["base_params"],
-                 phase_peaks={k: v for k, v in counter.phase_peak.items() if k != "setup"})
+                 phase_peaks={k: v for k, v in counter.phase_peak.items() if k != "setup"},
+                 device=device, device_peak_bytes=device_peak)
 
 
 def _experts_path(ops: dict) -> str:
