@@ -98,9 +98,16 @@ def use_text_progress(trainer) -> None:
     first frame in papermill's log. A line every few seconds shows in both places (lab.console).
     """
     from transformers.trainer_callback import ProgressCallback
-    from transformers.utils.notebook import NotebookProgressCallback
 
-    for bar in (NotebookProgressCallback, ProgressCallback):
+    bars = [ProgressCallback]
+    try:  # transformers' notebook bar imports IPython, which a plain script's environment may lack (then the
+        # Trainer never added it: transformers/trainer.py picks it only under a notebook)
+        from transformers.utils.notebook import NotebookProgressCallback
+
+        bars.append(NotebookProgressCallback)
+    except ImportError:
+        pass
+    for bar in bars:
         trainer.remove_callback(bar)
 
 

@@ -434,8 +434,9 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
     (`bench/gpu_memory.py`: traced against measured); `unpacked=False` leaves transformers' packed-row detection
     alone (the [T x T] pitfall test, module docstring)."""
     if fake and device != "cpu":
-        raise LabError(f"lab.memory: a fake-tensor trace runs on the CPU; device={device!r} needs fake=False")
-    cuda = torch.device(device).type == "cuda"
+        raise LabError(f"lab.memory: a fake-tensor trace runs on the CPU (autograd cannot run fake CUDA tensors "
+                       f"without CUDA); device={device!r} needs fake=False")
+    measure = torch.device(device).type == "cuda"  # a real step on the card: the allocator's peak too
     t0 = time.perf_counter()
     optim = cfg.gpu.optim or "adamw_torch_fused"  # transformers' default
     rows, seq_len, checkpointing = step_shape(cfg, stage, tokens, rows)
@@ -452,8 +453,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
     counter = LiveBytes()
     _where_hooks(pm, counter)
     # bf16 weights: the Trainer's mixed precision (bf16=True on a GPU) runs the forward under autocast
-    autocast = torch.autocast(torch.device(device).type, dtype=torch.bfloat16) if dtype == torch.bfloat16 \
-        else nullcontext()
+    autocast = torch.autocast(torch.device(device).type, dtype=dtype) if dtype == torch.bfloat16 else nullcontext()
     with (FakeTensorMode(allow_non_fake_inputs=True) if fake else nullcontext()), _mamba_kernels(mamba), \
             (_unpacked_rows() if unpacked else nullcontext()):
         pm.to_empty(device=device)
@@ -464,7 +464,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
                 for b in pm.buffers():  # to_empty leaves them unset (the router's score-correction bias)
                     b.zero_()
         trainable = [p for p in pm.parameters() if p.requires_grad]
-        if cuda:
+        if measure:
             torch.cuda.synchronize(device)
             torch.cuda.reset_peak_memory_stats(device)
         with counter:
@@ -485,7 +485,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
             state = _optimizer_step(trainable, optim, float(cfg.sft.learning_rate), float(cfg.sft.weight_decay))
             del state
         device_peak = None
-        if cuda:
+        if measure:
             torch.cuda.synchronize(device)
             device_peak = torch.cuda.max_memory_allocated(device)
     top = sorted(((k, v) for k, v in counter.at_peak.items() if v > 0), key=lambda kv: -kv[1])

@@ -9,7 +9,7 @@
 # Environment: OUT (default outputs/gpu_smoke: results.tgz, every log), LOGS (where the parts write; default $OUT),
 # PY (default python3, the machine's torch), PARTS (default "env memory sft tests grpo"), SFT_OVERRIDES (Hydra
 # overrides for the SFT and GRPO parts; default: the tiny demo's), and each part's limit in seconds: MEMORY_S, SFT_S,
-# TESTS_S, GRPO_S.
+# TESTS_S, GRPO_S; MEMORY_ARGS (bench/gpu_memory.py options, e.g. "--tokens 8192 --cases kernel real").
 #
 # Why these wheels: the GPU image has torch, transformers, accelerate, pandas and the rest of the numeric stack,
 # but not TRL, PEFT 0.21, datasets, Hydra/OmegaConf or mamba_ssm. mamba_ssm is built without its CUDA extensions
@@ -79,7 +79,7 @@ for m in ('transformers', 'trl', 'peft', 'accelerate', 'datasets', 'hydra', 'tri
     except Exception as e:
         print(m, 'does not import:', type(e).__name__, str(e)[:200])
 EOF" ;;
-    memory) part memory "${MEMORY_S:-220}" "$PY" bench/gpu_memory.py --out "$LOGS" ;;
+    memory) part memory "${MEMORY_S:-220}" "$PY" bench/gpu_memory.py --out "$LOGS" ${MEMORY_ARGS:-} ;;
     sft) rm -rf outputs/gpu_smoke_run
          part sft "${SFT_S:-130}" "$PY" scripts/train_sft.py run_name=gpu_smoke_run ${SFT_OVERRIDES:-}
          cp outputs/gpu_smoke_run/02_sft/metrics.json "$LOGS/sft_metrics.json" 2>/dev/null ;;

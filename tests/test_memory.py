@@ -8,6 +8,7 @@ the real file, the fixture is checked against it. The 30B traces themselves (abo
 
 from __future__ import annotations
 
+import importlib.util
 import json
 
 import pytest
@@ -222,3 +223,14 @@ def test_experts_rank_halves_the_expert_parameters_only(values, figures):
     wrappers = [m for m in low["model"].modules() if isinstance(m, ParamWrapper)]
     assert len(wrappers) == 2 * values["hybrid_override_pattern"].count("E")
     assert all(m.r["default"] == 16 and m.scaling["default"] == 1.0 for m in wrappers)  # alpha/r kept
+
+
+def test_a_fake_trace_runs_on_the_cpu_and_the_real_kernels_must_import():
+    """`device="cuda"` is for a real step on the card (bench/gpu_memory.py); a fake trace there is refused before
+    anything is built, and `mamba="real"` names the missing package instead of falling back silently."""
+    cfg = compose(TINY_ALL)
+    with pytest.raises(LabError, match="fake-tensor trace runs on the CPU"):
+        memory.trace(cfg, "sft", tokens=8, rows=1, device="cuda")
+    if importlib.util.find_spec("mamba_ssm") is None:
+        with pytest.raises(LabError, match="mamba_ssm's Triton chunk scan"):
+            memory.trace(cfg, "sft", tokens=8, rows=1, mamba="real", fake=False)

@@ -105,7 +105,7 @@ def test_per_expert_split_reproduces_peft_expert_deltas(tiny):
         wrappers = {"up_proj": outer.base_layer, "down_proj": outer}
         for param, w in wrappers.items():
             assert w.parameter_name == param
-            delta = w.get_delta_weight("default")  # (E, out, in), PEFT's own computation
+            delta = w.get_delta_weight("default").cpu()  # (E, out, in), PEFT's own; on the CPU
             for e in range(E):
                 key = f"base_model.model.model.layers.{li}.mixer.experts.{e}.{param}"
                 A, B = t[f"{key}.lora_A.weight"], t[f"{key}.lora_B.weight"]
@@ -430,11 +430,11 @@ def test_rank_and_alpha_patterns_are_packed_and_accepted(tiny, tmp_path):
         A, B = t[f"base_model.model.{key}.lora_A.weight"], t[f"base_model.model.{key}.lora_B.weight"]
         r, alpha = submission.rank_for(key, c), submission.alpha_for(key, c)
         assert A.shape[0] == r
-        torch.testing.assert_close(alpha / r * B @ A, wrapper.get_delta_weight("default"), rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(alpha / r * B @ A, wrapper.get_delta_weight("default").cpu(), rtol=1e-5, atol=1e-6)
     moe = _first(tiny, "experts")
     outer = base.model.layers[moe].mixer.experts
     for param, w in (("up_proj", outer.base_layer), ("down_proj", outer)):
-        delta = w.get_delta_weight("default")
+        delta = w.get_delta_weight("default").cpu()
         for e in range(delta.shape[0]):
             key = f"model.layers.{moe}.mixer.experts.{e}.{param}"
             A, B = t[f"base_model.model.{key}.lora_A.weight"], t[f"base_model.model.{key}.lora_B.weight"]
@@ -475,7 +475,7 @@ def test_lm_head_lora_is_packed_in_vllm_names_and_accepted(tiny, tmp_path):
     assert not any("base_layer" in k for k in t)
     assert "lm_head" in json.loads(_files(z)[CONFIG_NAME])["target_modules"]
     A, B = t["base_model.model.lm_head.lora_A.weight"], t["base_model.model.lm_head.lora_B.weight"]
-    torch.testing.assert_close(16 / 8 * B @ A, head.get_delta_weight("default"))
+    torch.testing.assert_close(16 / 8 * B @ A, head.get_delta_weight("default").cpu())
     # a zip that keeps the copy is loadable (vLLM skips it) but says so
     raw = _zip(tmp_path / "raw_head.zip", {CONFIG_NAME: (adapter / CONFIG_NAME).read_bytes(),
                                            WEIGHTS_NAME: (adapter / WEIGHTS_NAME).read_bytes()})
