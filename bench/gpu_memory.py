@@ -228,7 +228,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--torch-scan-tokens", type=int, nargs="*", default=[2048, 8192],
                     help="token counts for transformers' PyTorch scan (its backward is large)")
     ap.add_argument("--no-timing", action="store_true", help="skip the per-block seconds")
-    ap.add_argument("--cases", nargs="+", default=["kernel", "real", "torch"], help="which Mamba paths to run")
+    ap.add_argument("--cases", nargs="*", default=["kernel", "real", "torch"],
+                    help="which Mamba paths to run a step of (none: timing only)")
+    ap.add_argument("--timing-tokens", type=int, nargs="*", default=None,
+                    help="token counts for the per-block seconds (default: the largest of --tokens)")
     ap.add_argument("--out", default="outputs/bench")
     ap.add_argument("overrides", nargs="*", default=None)
     a = ap.parse_args(argv)
@@ -245,6 +248,7 @@ def main(argv: list[str] | None = None) -> int:
         triton_head = True
     except Exception as e:
         triton_head, kernels = False, kernels + f"; TRL's Triton head does not import ({type(e).__name__}: {e})"
+    kernels_ok = cuda and triton_head and "does not import" not in kernels and "not installed" not in kernels
     cfg, real_values = slice_config(overrides)
     env = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0) if cuda else None,
            "gpu_total_gib": torch.cuda.get_device_properties(0).total_memory / GIB if cuda else None,
@@ -265,7 +269,7 @@ def main(argv: list[str] | None = None) -> int:
 
     for tokens in sorted(a.tokens, reverse=True):  # the recipe's length first
         cases = [("kernel", "chunked")]
-        if cuda and triton_head and "does not import" not in kernels and "not installed" not in kernels:
+        if kernels_ok:
             cases.append(("real", "triton"))
         if tokens in a.torch_scan_tokens:
             cases.append(("torch", "triton" if cuda and triton_head else "torch"))
@@ -274,19 +278,22 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(rows[-1]), flush=True)
             save()
     if cuda and not a.no_timing:
-        tokens = max(a.tokens)
-        mamba = "real" if any(r["mamba"] == "real" and "error" not in r for r in rows) else "torch"
-        try:
-            per_block = block_seconds(cfg, tokens, mamba)
-        except Exception as e:  # noqa: BLE001
-            import traceback
+        mamba = "real" if kernels_ok else "torch"
+        result["timing"] = []
+        for tokens in a.timing_tokens or [max(a.tokens)]:
+            try:
+                per_block = block_seconds(cfg, tokens, mamba)
+            except Exception as e:  # noqa: BLE001
+                import traceback
 
-            per_block = {"error": f"{type(e).__name__}: {e}"[:500], "traceback": traceback.format_exc()[-3000:]}
-        result["timing"] = {"tokens": tokens, "mamba": mamba, "per_block": per_block}
-        if "slice_step_s" in per_block:
-            result["timing"]["projected_52_blocks"] = project(per_block, per_block["slice_step_s"],
-                                                              env["real_pattern"] or SLICE)
-        print(json.dumps(result["timing"]), flush=True)
+                per_block = {"error": f"{type(e).__name__}: {e}"[:500], "traceback": traceback.format_exc()[-3000:]}
+            timing = {"tokens": tokens, "mamba": mamba, "per_block": per_block}
+            if "slice_step_s" in per_block:
+                timing["projected_52_blocks"] = project(per_block, per_block["slice_step_s"],
+                                                        env["real_pattern"] or SLICE)
+            result["timing"].append(timing)
+            print(json.dumps(timing), flush=True)
+            save()
     print("\n".join(save()))
     return 0
 

@@ -2,8 +2,10 @@
 five notebooks that the slow end-to-end tests share. The vLLM lane (tests/vllm_lane/) is collected only where
 vLLM is installed (its own venv, `make test-vllm`); the lab's venv never has it."""
 
+import importlib.util
 import os
 from importlib import metadata
+from pathlib import Path
 
 import pytest
 
@@ -27,6 +29,18 @@ def _vllm_installed() -> bool:
 
 
 collect_ignore = [] if _vllm_installed() else ["vllm_lane"]
+
+
+@pytest.fixture(scope="session")
+def bench():
+    """`bench(NAME)`: bench/NAME.py loaded as a module (bench/ holds scripts, not a package)."""
+    def load(name: str):
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).resolve().parent.parent / "bench" /
+                                                      f"{name}.py")
+        mod = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(mod)
+        return mod
+    return load
 
 
 @pytest.fixture(scope="session")

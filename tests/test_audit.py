@@ -168,11 +168,8 @@ def test_layout_generator_is_solved_in_the_layout():
     assert sum("\ntry " in s.trace for s, _ in solved) >= len(solved) // 2  # most derive the layout on the page
 
 
-def test_anchor_scans_read_the_boundary_bits_and_the_bench_counts_the_tries():
+def test_anchor_scans_read_the_boundary_bits_and_the_bench_counts_the_tries(bench):
     """At bit 7 shl reads 0 and at bit 0 shr reads 0, so each anchor reads at most two bits of x."""
-    import importlib.util
-    from pathlib import Path
-
     from lab.puzzles.bitlayout import anchor_columns, anchor_scan
 
     layout = (("rotl", 3), ("shl", 1), ("shr", 2))
@@ -181,10 +178,7 @@ def test_anchor_scans_read_the_boundary_bits_and_the_bench_counts_the_tries():
     assert anchor_scan(xs, ys, 7, (0,)) == ("1>1 0>0 1>0 no", False)
     assert anchor_scan(xs, ys, 7, (0, 7)) == ("10>1 00>0 11>0 yes", True)
     assert anchor_scan(xs, ys, 0, ()) == ("0 0 0 yes", True)
-    spec = importlib.util.spec_from_file_location("bits_anchors", Path(__file__).resolve().parents[1] / "bench" /
-                                                  "bits_anchors.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
+    bench = bench("bits_anchors")
     prompt, trace = _anchored(tries=2)
     m = bench.measure(prompt)
     assert m["tries"] == trace.count("\ntry ") and m["scans"] == trace.count("\nscan ") and m["passing"] >= 2

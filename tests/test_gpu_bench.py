@@ -3,26 +3,14 @@ without CUDA (traced figures only, nothing claimed as measured)."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 import torch
 
-ROOT = Path(__file__).resolve().parent.parent
 
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("gpu_memory", ROOT / "bench" / "gpu_memory.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_the_slice_is_the_real_widths_with_one_block_of_each_kind():
-    bench = _bench()
-    cfg, real = bench.slice_config(["experiment=competition", "gpu=rtx_pro_6000"])
+def test_the_slice_is_the_real_widths_with_one_block_of_each_kind(bench):
+    cfg, real = bench("gpu_memory").slice_config(["experiment=competition", "gpu=rtx_pro_6000"])
     arch = cfg.model.architecture
     assert arch["hybrid_override_pattern"] == "M*E" and arch["num_hidden_layers"] == 3
     for key in ("hidden_size", "vocab_size", "n_routed_experts", "moe_intermediate_size", "mamba_num_heads"):
@@ -30,18 +18,18 @@ def test_the_slice_is_the_real_widths_with_one_block_of_each_kind():
     assert real["hybrid_override_pattern"].count("E") == 23  # the 52-block model the projection scales to
 
 
-def test_projection_adds_the_other_blocks_forward_and_backward():
+def test_projection_adds_the_other_blocks_forward_and_backward(bench):
     per_block = {"linear_attention": {"forward_backward_s": 0.02}, "full_attention": {"forward_backward_s": 0.01},
                  "moe": {"forward_backward_s": 0.05}}
-    p = _bench().project(per_block, 0.1, "MEM*E")  # 2 Mamba, 1 attention, 2 MoE: one more Mamba and one more MoE
+    p = bench("gpu_memory").project(per_block, 0.1, "MEM*E")  # 2 Mamba, 1 attention, 2 MoE: one more Mamba and one more MoE
     assert p["counts"] == {"linear_attention": 2, "full_attention": 1, "moe": 2}
     assert p["step_s"] == pytest.approx(0.1 + 0.02 + 0.05)
 
 
 @pytest.mark.slow  # builds the real-width slice twice on fake tensors: seconds
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run is scripts/gpu_smoke.sh's")
-def test_without_a_gpu_it_writes_traced_figures_only(tmp_path):
-    assert _bench().main(["--tokens", "64", "--cases", "kernel", "torch", "--torch-scan-tokens", "64",
+def test_without_a_gpu_it_writes_traced_figures_only(tmp_path, bench):
+    assert bench("gpu_memory").main(["--tokens", "64", "--cases", "kernel", "torch", "--torch-scan-tokens", "64",
                           "--out", str(tmp_path)]) == 0
     d = json.loads((tmp_path / "gpu_memory.json").read_text())
     assert d["env"]["gpu"] is None and "timing" not in d

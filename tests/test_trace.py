@@ -168,21 +168,11 @@ def test_real_tokenizer_counts_within_budget():
     assert bits.median() < 4900
 
 
-def _trace_bench():
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location("trace_bench", Path(__file__).resolve().parents[1] / "bench" /
-                                                  "trace_bench.py")
-    bench = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(bench)
-    return bench
-
-
-def test_trace_bench_tables_pool_seeds_with_wilson_intervals():
+def test_trace_bench_tables_pool_seeds_with_wilson_intervals(bench):
     """bench/trace_bench.py's tables: per job and pooled over seeds, accuracy with its Wilson interval."""
     from lab.analysis import wilson_interval
 
-    bench = _trace_bench()
+    bench = bench("trace_bench")
     common = {"probe": "equations", "capped": 1, "trace_tokens_max": 900, "max_tokens": 1125, "train_loss": 1.0,
               "steps": 150, "wall_s": 10.0}
     rows = [{**common, "style": "derivation", "seed": 1, "n": 4, "correct": 3, "trace_tokens_p50": 500},
@@ -198,11 +188,11 @@ def test_trace_bench_tables_pool_seeds_with_wilson_intervals():
 
 
 @pytest.mark.slow
-def test_trace_bench_smoke_runs_both_styles_and_reuses_finished_jobs(tmp_path):
+def test_trace_bench_smoke_runs_both_styles_and_reuses_finished_jobs(tmp_path, bench):
     """The plumbing end to end at the smallest budget: one job per style, and a rerun trains nothing again."""
     import json
 
-    bench = _trace_bench()
+    bench = bench("trace_bench")
     argv = ["--smoke", "--categories", "numerals", "--seeds", "1", "--out", str(tmp_path)]
     assert bench.main(argv) == 0
     first = json.loads((tmp_path / "trace_bench_smoke.json").read_text())

@@ -3,25 +3,13 @@ scan and config overrides."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pandas as pd
 import pytest
 from omegaconf import OmegaConf
 
-ROOT = Path(__file__).resolve().parent.parent
 
-
-def _bench():
-    spec = importlib.util.spec_from_file_location("vote_bench", ROOT / "bench" / "vote_bench.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
-
-
-def test_bench_without_adapter_exits_2(tmp_path, capsys):
-    assert _bench().main(["--adapter", str(tmp_path / "none")]) == 2
+def test_bench_without_adapter_exits_2(tmp_path, capsys, bench):
+    assert bench("vote_bench").main(["--adapter", str(tmp_path / "none")]) == 2
     assert "make demo" in capsys.readouterr().err
 
 
@@ -32,8 +20,8 @@ def _samples(answers: dict, gold: dict) -> pd.DataFrame:
                          for pid, ans in answers.items() for j, x in enumerate(ans)])
 
 
-def test_bench_vote_rows_on_a_hand_made_table():
-    bench = _bench()
+def test_bench_vote_rows_on_a_hand_made_table(bench):
+    bench = bench("vote_bench")
     samples = _samples({"a": ["1", "1", "2", "1"], "b": ["2", "3", "3", "3"], "c": ["5", "5", "5", "5"]},
                        {"a": "1", "b": "2", "c": "5"})
     out = {(r["method"], tuple(sorted(r["options"].items()))): r for r in bench.vote_rows(samples, 4, "final")}
@@ -55,8 +43,8 @@ def test_bench_vote_rows_on_a_hand_made_table():
     assert "against the sampling temperature" not in md  # no scan, no section
 
 
-def test_bench_temperature_scan_row():
-    bench = _bench()
+def test_bench_temperature_scan_row(bench):
+    bench = bench("vote_bench")
     samples = _samples({"a": ["1", "1", "1", "1"], "b": ["2", "3", "2", "3"], "c": ["4", "5", "5", "5"]},
                        {"a": "1", "b": "3", "c": "5"})
     r = bench.scan_row(samples, 4, "final", {"window": 2, "agree": 1.0})
@@ -75,8 +63,8 @@ def test_bench_temperature_scan_row():
     assert "| 0.5 | 0.750 | 0.667 | 1.000 | 0.667 | +0.0 | 0.833 | 3.3 | 0 | 0 |" in md
 
 
-def test_bench_config_overrides(tmp_path):
-    bench = _bench()
+def test_bench_config_overrides(tmp_path, bench):
+    bench = bench("vote_bench")
     stage = tmp_path / "03_grpo"
     (stage / "adapter").mkdir(parents=True)
     (stage / "config.yaml").write_text(OmegaConf.to_yaml(OmegaConf.create({"seed": 1, "infer": {"batch_size": 32}})))
