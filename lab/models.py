@@ -210,12 +210,19 @@ MAMBA_WHEELS_HELP = ("build the two wheels once with scripts/build_mamba_wheels.
 
 
 def missing_mamba_kernels() -> dict[str, str]:
-    """package -> why its fused kernels cannot be used (import error or missing function); empty when all import."""
+    """package -> why its fused kernels cannot be used (import error or missing function); empty when all import.
+
+    The package itself is imported first, as transformers does before it looks for the function: `mamba_ssm`'s
+    `__init__` needs its compiled Mamba-1 extension, and where that is missing transformers runs the PyTorch scan even
+    though `mamba_ssm.ops.triton.ssd_combined` imports once an earlier failed try has left its parents in
+    `sys.modules` (seen on a GPU machine, RESULTS.md "First contact with a GPU"): asking for the submodule alone
+    answered by the order of imports, not by what transformers will run."""
     import importlib
 
     out = {}
     for package, (module, names) in MAMBA_KERNELS.items():
         try:
+            importlib.import_module(package)
             mod = importlib.import_module(module)
         except Exception as e:  # ImportError, or an extension built against another torch/CUDA (OSError, ...)
             out[package] = f"{type(e).__name__}: {e}"

@@ -66,3 +66,30 @@ def test_build_script_agrees_with_the_lab_on_versions_and_is_valid_bash():
         assert f'"{pin}"' in text, pin
     assert f'"{kaggle.MAMBA_EXTRA_DEP}"' in text
     assert all(g.split("-")[0] in text for g in kaggle.MAMBA_WHEEL_GLOBS)  # the wheel names the install cell looks for
+
+
+def test_a_package_whose_init_fails_is_missing_even_when_its_submodule_imports(monkeypatch, tmp_path):
+    """mamba_ssm built without its CUDA extensions: the package's __init__ fails on `selective_scan_cuda`, after it
+    imported the Triton scan's module, which stays in sys.modules. transformers then runs its PyTorch scan, so the
+    check (and with it check_fits' choice of the Mamba path to trace) must say the kernels are missing, whatever
+    was imported before."""
+    pkg = tmp_path / "mamba_ssm"
+    (pkg / "ops" / "triton").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("import mamba_ssm.ops.triton.ssd_combined\nimport selective_scan_cuda\n")
+    (pkg / "ops" / "__init__.py").write_text("")
+    (pkg / "ops" / "triton" / "__init__.py").write_text("")
+    (pkg / "ops" / "triton" / "ssd_combined.py").write_text(
+        "def mamba_chunk_scan_combined(*a, **k): pass\ndef mamba_split_conv1d_scan_combined(*a, **k): pass\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    f = lambda *a, **k: None  # noqa: E731
+    _fake(monkeypatch, "causal_conv1d", causal_conv1d_fn=f, causal_conv1d_update=f)
+    assert not any(m.startswith("mamba_ssm") for m in sys.modules)
+    try:
+        with pytest.raises(ImportError):
+            import mamba_ssm  # noqa: F401  (the failed try transformers makes at its own import)
+        assert "mamba_ssm.ops.triton.ssd_combined" in sys.modules  # left behind
+        missing = models.missing_mamba_kernels()
+        assert list(missing) == ["mamba_ssm"] and "selective_scan_cuda" in missing["mamba_ssm"]
+    finally:  # the fake's modules must not outlive the test
+        for name in [m for m in sys.modules if m.startswith("mamba_ssm")]:
+            del sys.modules[name]
