@@ -1,7 +1,8 @@
 """The memory trace checked against a GPU: a real-width slice of Nemotron-3-Nano, traced on fake tensors and run.
 
-`python bench/gpu_memory.py [--tokens 2048 8192] [--out DIR] [-- OVERRIDES ...]` (on a CUDA machine; without one it
-prints the traced figures and says that nothing was measured)
+`python bench/gpu_memory.py [--tokens 2048 8192] [--cases kernel real torch] [--timing-tokens N ...] [--out DIR]
+[-- OVERRIDES ...]` (on a CUDA machine; without one it prints the traced figures and says that nothing was measured;
+scripts/gpu_smoke.sh runs it there)
 
 What it does
   The slice is the real model's config.json (`lab.memory.model_config_values`: the model folder, ../shared's copy or
@@ -17,8 +18,9 @@ What it does
   Cases: `stand-ins` (the trace's kernel stand-ins, run on the card too), `real kernels` (`mamba_ssm`'s Triton
   chunk scan and TRL's Triton log-prob head; skipped, with the reason, when they do not import), `torch scan`
   (transformers' PyTorch scan; a step the card cannot hold is recorded as out of memory).
-  Then each block kind's seconds at the largest token count (forward, and forward + backward under checkpointing,
-  median of 3 after a warm-up), the slice's whole step, and a projection to the 52-block model marked projected.
+  Then, at each `--timing-tokens` count (default: the largest of `--tokens`), each block kind's seconds (forward,
+  and forward + backward under checkpointing, median of 3 after a warm-up that also absorbs Triton's autotuning),
+  the slice's whole step, and a projection to the 52-block model marked projected.
   Writes `gpu_memory.json` and `gpu_memory.md` into `--out` (default `outputs/bench/`), atomically.
 
 What it simplifies
@@ -250,7 +252,8 @@ def main(argv: list[str] | None = None) -> int:
         triton_head, kernels = False, kernels + f"; TRL's Triton head does not import ({type(e).__name__}: {e})"
     kernels_ok = cuda and triton_head and "does not import" not in kernels and "not installed" not in kernels
     cfg, real_values = slice_config(overrides)
-    env = {"torch": torch.__version__, "cuda": torch.version.cuda, "gpu": torch.cuda.get_device_name(0) if cuda else None,
+    env = {"torch": torch.__version__, "cuda": torch.version.cuda,
+           "gpu": torch.cuda.get_device_name(0) if cuda else None,
            "gpu_total_gib": torch.cuda.get_device_properties(0).total_memory / GIB if cuda else None,
            "kernels": kernels, "overrides": overrides, "slice": SLICE,
            "real_pattern": real_values.get("hybrid_override_pattern")}

@@ -242,7 +242,8 @@ class ChunkedLogProbStandIn(torch.autograd.Function):
     def forward(ctx, hidden, weight, bias, targets, temperature, chunk_size, outputs):
         n = hidden.shape[0]
         stats = [torch.empty(n, dtype=F32, device=hidden.device) for _ in range(7)]  # running_max ... target_logit
-        torch.empty(min(n, 4096), chunk_size, dtype=hidden.dtype, device=hidden.device)  # the logits tile, freed at once
+        torch.empty(min(n, 4096), chunk_size, dtype=hidden.dtype,
+                    device=hidden.device)  # the logits tile, freed at once
         log_z = stats[0] + torch.log(stats[1])
         logprobs = stats[6] - log_z
         entropy = log_z - stats[2] / stats[1] if "entropy" in outputs else None
@@ -399,7 +400,6 @@ class Trace:
     trainable_params: int
     base_params: int
     phase_peaks: dict
-    device: str = "cpu"
     device_peak_bytes: int | None = None  # a CUDA step: torch.cuda.max_memory_allocated over the step
 
     @property
@@ -494,7 +494,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
                  seconds=time.perf_counter() - t0, trainable_params=fig["trainable_params"],
                  base_params=fig["base_params"],
                  phase_peaks={k: v for k, v in counter.phase_peak.items() if k != "setup"},
-                 device=device, device_peak_bytes=device_peak)
+                 device_peak_bytes=device_peak)
 
 
 def _experts_path(ops: dict) -> str:

@@ -63,7 +63,8 @@ part() {  # part NAME LIMIT_S COMMAND...: run it with a limit, log to $OUT/NAME.
 }
 
 pack() {  # every log and result in one file (the device tool brings back a few files only)
-  tar czf /tmp/gpu_smoke_results.tgz -C "$LOGS" --exclude results.tgz . && mv /tmp/gpu_smoke_results.tgz "$OUT/results.tgz"
+  tar czf /tmp/gpu_smoke_results.tgz -C "$LOGS" --exclude results.tgz . \
+    && mv /tmp/gpu_smoke_results.tgz "$OUT/results.tgz"
 }
 
 for p in $PARTS; do

@@ -21,7 +21,7 @@ def test_the_slice_is_the_real_widths_with_one_block_of_each_kind(bench):
 def test_projection_adds_the_other_blocks_forward_and_backward(bench):
     per_block = {"linear_attention": {"forward_backward_s": 0.02}, "full_attention": {"forward_backward_s": 0.01},
                  "moe": {"forward_backward_s": 0.05}}
-    p = bench("gpu_memory").project(per_block, 0.1, "MEM*E")  # 2 Mamba, 1 attention, 2 MoE: one more Mamba and one more MoE
+    p = bench("gpu_memory").project(per_block, 0.1, "MEM*E")  # one Mamba and one MoE more than the slice
     assert p["counts"] == {"linear_attention": 2, "full_attention": 1, "moe": 2}
     assert p["step_s"] == pytest.approx(0.1 + 0.02 + 0.05)
 
