@@ -37,3 +37,23 @@ def test_without_a_gpu_it_writes_traced_figures_only(tmp_path, bench):
     for r in d["steps"]:
         assert r["traced_gib"] > 3.8 and "allocator_gib" not in r  # more than the slice's bf16 weights; not measured
     assert "(no GPU)" in (tmp_path / "gpu_memory.md").read_text()
+
+
+# Bytes an H100 counted for one SFT step of the slice (bench/gpu_memory.py on 2026-11-27, RESULTS.md "First contact
+# with a GPU": the same dispatch mode, on the card, with mamba_ssm's Triton scan or the stand-ins, which agreed).
+CARD = {(8192, "kernel"): 9_979_332_744, (2048, "kernel"): 8_664_774_792, (2048, "torch"): 22_364_874_632}
+RECIPE_LORA = ["sft.lora.r=32", "sft.lora.alpha=32", "gpu.optim=null", "gpu.experts_rank=null",
+               "sft.lora.targets=[q_proj,k_proj,v_proj,o_proj,in_proj,out_proj,shared_experts.up_proj,"
+               "shared_experts.down_proj,experts,lm_head]"]
+
+
+@pytest.mark.slow  # three real-width traces: seconds
+@pytest.mark.parametrize("tokens, mamba", sorted(CARD))
+def test_the_trace_equals_what_an_h100_counted(bench, tokens, mamba):
+    """The fake-tensor trace of the slice, under CUDA's autocast rules (lab.memory.cuda_autocast_rules), equals to
+    the byte what the card counted for the same step. Pinned to the LoRA measured then, not to the preset."""
+    from lab import memory
+
+    cfg, _ = bench("gpu_memory").slice_config(["experiment=competition", "gpu=rtx_pro_6000", *RECIPE_LORA])
+    t = memory.trace(cfg, "sft", tokens=tokens, rows=1, mamba=mamba, head="chunked" if mamba == "kernel" else "torch")
+    assert t.peak_bytes == CARD[tokens, mamba]

@@ -234,3 +234,75 @@ def test_a_fake_trace_runs_on_the_cpu_and_the_real_kernels_must_import():
     if importlib.util.find_spec("mamba_ssm") is None:
         with pytest.raises(LabError, match="mamba_ssm's Triton chunk scan"):
             memory.trace(cfg, "sft", tokens=8, rows=1, mamba="real", fake=False)
+
+
+# ---- CUDA's autocast rules on the CPU (lab.memory.cuda_autocast_rules) -----------------------------------------------
+
+# The rest of CUDA autocast's ops without a CPU autocast kernel (torch's aten/src/ATen/autocast_mode.h): they cast
+# down to bf16 or promote to the widest input, so the CPU trace counts as much or more.
+CASTS_DOWN_OR_PROMOTES = {
+    "_convolution", "convolution", "cudnn_convolution", "cudnn_convolution_transpose", "addmv", "addr", "chain_matmul",
+    "einsum", "linalg_multi_dot", "mv", "_scaled_dot_product_flash_attention", "lstm_cell", "gru_cell",
+    "rnn_tanh_cell", "rnn_relu_cell", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell",
+    "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "index_put", "scatter_add", "tensordot", "vdot"}
+EMULATED = {*memory.CUDA_FP32, *memory.CUDA_FP32_DTYPE, *memory.CUDA_FP32_NORM}
+
+
+def test_the_rules_cover_every_op_cuda_autocast_runs_in_fp32_and_the_cpus_does_not():
+    """Every op of the installed torch with a CUDA autocast kernel and no CPU one is either emulated or casts down /
+    promotes; a torch that adds one fails here, naming it."""
+    has = torch._C._dispatch_has_kernel_for_dispatch_key
+    split = {n.removeprefix("aten::") for n in torch._C._dispatch_get_all_op_names()
+             if has(n, "AutocastCUDA") and not has(n, "AutocastCPU")}
+    assert split - EMULATED - CASTS_DOWN_OR_PROMOTES == set(), "new in CUDA autocast's lists"
+    assert (EMULATED | CASTS_DOWN_OR_PROMOTES) - split == set(), "no longer in CUDA autocast's lists"
+    assert not EMULATED & CASTS_DOWN_OR_PROMOTES
+
+
+def _samples(x3, x4, x5):
+    """Arguments for each emulated op from bf16 tensors of 3, 4 and 5 dimensions."""
+    up = {"upsample_nearest1d": (x3, [8]), "_upsample_nearest_exact1d": (x3, [8]), "upsample_linear1d": (x3, [8], False),
+          "upsample_nearest2d": (x4, [8, 8]), "_upsample_nearest_exact2d": (x4, [8, 8]),
+          "upsample_bilinear2d": (x4, [8, 8], False), "_upsample_bilinear2d_aa": (x4, [8, 8], False),
+          "upsample_bicubic2d": (x4, [8, 8], False), "_upsample_bicubic2d_aa": (x4, [8, 8], False),
+          "upsample_nearest3d": (x5, [8, 8, 8]), "_upsample_nearest_exact3d": (x5, [8, 8, 8]),
+          "upsample_trilinear3d": (x5, [8, 8, 8], False)}
+    return {**{n: (x3,) for n in ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "log2", "log1p",
+                                  "reciprocal", "rsqrt", "sinh", "tan", "softplus", "sum", "linalg_vector_norm",
+                                  "linalg_matrix_norm.str_ord")},
+            "pow.Tensor_Scalar": (x3, 2.0), "pow.Tensor_Tensor": (x3, x3), "pow.Scalar": (2.0, x3),
+            "layer_norm": (x3, [4]), "native_layer_norm": (x3, [4], None, None, 1e-5), "group_norm": (x3, 2),
+            "rms_norm": (x3, [4]), "frobenius_norm.dim": (x3, [1]), "cosine_similarity": (x3, x3), "dist": (x3, x3),
+            "renorm": (x3, 2, 0, 1.0), "logsumexp": (x3, [1]), "softmax.int": (x3, -1), "log_softmax.int": (x3, -1),
+            "cumsum": (x3, 0), "cumprod": (x3, 0), "sum.dim_IntList": (x3, [0]), "linalg_matrix_norm": (x3, 1),
+            "norm.Scalar": (x3, 2), "norm.ScalarOpt_dim": (x3, 2, [1]), **up}
+
+
+def _run(name, device):
+    """(output dtypes, bytes the call allocated) of one op on fake bf16 tensors under `device`'s autocast."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode():
+        x3, x4, x5 = (torch.empty(*[2, 4, 4, 4, 4][:d], dtype=torch.bfloat16, device=device) for d in (3, 4, 5))
+        args, counter = _samples(x3, x4, x5)[name], memory.LiveBytes()
+        torch.set_autocast_enabled(device, True)  # torch.autocast("cuda") turns itself off where CUDA is absent
+        torch.set_autocast_dtype(device, torch.bfloat16)
+        try:
+            with counter:
+                out = memory._aten(name)(*args)
+        finally:
+            torch.set_autocast_enabled(device, False)
+        outs = out if isinstance(out, tuple) else (out,)
+        return [o.dtype for o in outs], counter.peak
+
+
+@pytest.mark.parametrize("name", sorted(EMULATED - {"nuclear_norm", "nuclear_norm.dim", "pdist"}))  # these three
+def test_each_rule_does_what_cuda_autocast_does(name):  # need a CUDA device guard even on fake tensors
+    """CUDA's own autocast kernel on fake CUDA tensors, against the rule on fake CPU tensors: the same output dtypes
+    and the same bytes allocated; without the rule the CPU's autocast leaves the op in bf16."""
+    cuda = _run(name, "cuda")
+    assert torch.float32 in cuda[0]  # CUDA autocast runs it in fp32 in the installed torch
+    assert _run(name, "cpu")[0] != cuda[0]
+    with memory.cuda_autocast_rules():
+        assert _run(name, "cpu") == cuda
+    assert _run(name, "cpu")[0] != cuda[0]  # the rules are gone once closed
