@@ -50,7 +50,7 @@ RECIPE_LORA = ["sft.lora.r=32", "sft.lora.alpha=32", "gpu.optim=null", "gpu.expe
 @pytest.mark.slow  # three real-width traces: seconds
 @pytest.mark.parametrize("tokens, mamba", sorted(CARD))
 def test_the_trace_equals_what_an_h100_counted(bench, tokens, mamba):
-    """The fake-tensor trace of the slice, under CUDA's autocast rules (lab.memory.cuda_autocast_rules), equals to
+    """The fake-tensor trace of the slice, under CUDA's autocast rules (lab.autocast_rules), equals to
     the byte what the card counted for the same step. Pinned to the LoRA measured then, not to the preset."""
     from lab import memory
 

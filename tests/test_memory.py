@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 torch = pytest.importorskip("torch")
 
-from lab import memory  # noqa: E402
+from lab import autocast_rules, memory  # noqa: E402
 from lab import LabError
 from lab.config import compose  # noqa: E402
 from lab.paths import project_root  # noqa: E402
@@ -236,7 +236,7 @@ def test_a_fake_trace_runs_on_the_cpu_and_the_real_kernels_must_import():
             memory.trace(cfg, "sft", tokens=8, rows=1, mamba="real", fake=False)
 
 
-# ---- CUDA's autocast rules on the CPU (lab.memory.cuda_autocast_rules) -----------------------------------------------
+# ---- CUDA's autocast rules on the CPU (lab.autocast_rules) --------------------------------------------------------
 
 # The rest of CUDA autocast's ops without a CPU autocast kernel (torch's aten/src/ATen/autocast_mode.h): they cast
 # down to bf16 or promote to the widest input, so the CPU trace counts as much or more.
@@ -245,7 +245,7 @@ CASTS_DOWN_OR_PROMOTES = {
     "einsum", "linalg_multi_dot", "mv", "_scaled_dot_product_flash_attention", "lstm_cell", "gru_cell",
     "rnn_tanh_cell", "rnn_relu_cell", "_thnn_fused_lstm_cell", "_thnn_fused_gru_cell",
     "addcdiv", "addcmul", "atan2", "bilinear", "cross", "dot", "index_put", "scatter_add", "tensordot", "vdot"}
-EMULATED = {*memory.CUDA_FP32, *memory.CUDA_FP32_DTYPE, *memory.CUDA_FP32_NORM}
+EMULATED = {*autocast_rules.CUDA_FP32, *autocast_rules.CUDA_FP32_DTYPE, *autocast_rules.CUDA_FP32_NORM}
 
 
 def test_the_rules_cover_every_op_cuda_autocast_runs_in_fp32_and_the_cpus_does_not():
@@ -261,7 +261,8 @@ def test_the_rules_cover_every_op_cuda_autocast_runs_in_fp32_and_the_cpus_does_n
 
 def _samples(x3, x4, x5):
     """Arguments for each emulated op from bf16 tensors of 3, 4 and 5 dimensions."""
-    up = {"upsample_nearest1d": (x3, [8]), "_upsample_nearest_exact1d": (x3, [8]), "upsample_linear1d": (x3, [8], False),
+    up = {"upsample_nearest1d": (x3, [8]), "_upsample_nearest_exact1d": (x3, [8]),
+          "upsample_linear1d": (x3, [8], False),
           "upsample_nearest2d": (x4, [8, 8]), "_upsample_nearest_exact2d": (x4, [8, 8]),
           "upsample_bilinear2d": (x4, [8, 8], False), "_upsample_bilinear2d_aa": (x4, [8, 8], False),
           "upsample_bicubic2d": (x4, [8, 8], False), "_upsample_bicubic2d_aa": (x4, [8, 8], False),
@@ -289,7 +290,7 @@ def _run(name, device):
         torch.set_autocast_dtype(device, torch.bfloat16)
         try:
             with counter:
-                out = memory._aten(name)(*args)
+                out = autocast_rules._aten(name)(*args)
         finally:
             torch.set_autocast_enabled(device, False)
         outs = out if isinstance(out, tuple) else (out,)
@@ -303,6 +304,6 @@ def test_each_rule_does_what_cuda_autocast_does(name):  # need a CUDA device gua
     cuda = _run(name, "cuda")
     assert torch.float32 in cuda[0]  # CUDA autocast runs it in fp32 in the installed torch
     assert _run(name, "cpu")[0] != cuda[0]
-    with memory.cuda_autocast_rules():
+    with autocast_rules.cuda_autocast_rules():
         assert _run(name, "cpu") == cuda
     assert _run(name, "cpu")[0] != cuda[0]  # the rules are gone once closed
