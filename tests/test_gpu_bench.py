@@ -57,3 +57,24 @@ def test_the_trace_equals_what_an_h100_counted(bench, tokens, mamba):
     cfg, _ = bench("gpu_memory").slice_config(["experiment=competition", "gpu=rtx_pro_6000", *RECIPE_LORA])
     t = memory.trace(cfg, "sft", tokens=tokens, rows=1, mamba=mamba, head="chunked" if mamba == "kernel" else "torch")
     assert t.peak_bytes == CARD[tokens, mamba]
+
+
+def test_gpu_smoke_is_valid_bash_and_fetches_what_the_lab_pins():
+    """scripts/gpu_smoke.sh --fetch pins each wheel; every one the lab depends on satisfies pyproject.toml's range."""
+    import re
+    import subprocess
+    import tomllib
+
+    from packaging.requirements import Requirement
+
+    from lab.paths import project_root
+
+    script = project_root() / "scripts" / "gpu_smoke.sh"
+    subprocess.run(["bash", "-n", str(script)], check=True)
+    fetched = dict(re.findall(r"\b([A-Za-z][\w.-]*)==([\w.]+)", script.read_text()))
+    deps = tomllib.loads((project_root() / "pyproject.toml").read_text())["project"]["dependencies"]
+    pinned = {Requirement(d).name.lower(): Requirement(d).specifier for d in deps}
+    checked = [n for n in fetched if n.lower() in pinned]
+    assert {"trl", "peft", "datasets", "hydra-core", "papermill", "filelock"} <= set(checked)
+    for name in checked:
+        assert fetched[name] in pinned[name.lower()], (name, fetched[name], str(pinned[name.lower()]))
