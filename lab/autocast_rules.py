@@ -27,8 +27,8 @@ CUDA_FP32 = ("acos", "asin", "cosh", "erfinv", "exp", "expm1", "log", "log10", "
              "native_layer_norm", "group_norm", "rms_norm", "frobenius_norm.dim", "nuclear_norm", "nuclear_norm.dim",
              "cosine_similarity", "dist", "pdist", "renorm", "logsumexp", "upsample_nearest1d", "upsample_nearest2d",
              "upsample_nearest3d", "_upsample_nearest_exact1d", "_upsample_nearest_exact2d",
-             "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa", "upsample_trilinear3d",
-             "upsample_bicubic2d", "_upsample_bicubic2d_aa")
+             "_upsample_nearest_exact3d", "upsample_linear1d", "upsample_bilinear2d", "_upsample_bilinear2d_aa",
+             "upsample_trilinear3d", "upsample_bicubic2d", "_upsample_bicubic2d_aa")
 CUDA_FP32_DTYPE = ("softmax.int", "log_softmax.int", "cumsum", "cumprod", "sum", "sum.dim_IntList",
                    "linalg_vector_norm", "linalg_matrix_norm", "linalg_matrix_norm.str_ord")
 CUDA_FP32_NORM = {"norm.Scalar": "norm.ScalarOpt_dtype", "norm.ScalarOpt_dim": "norm.ScalarOpt_dim_dtype"}
