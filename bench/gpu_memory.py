@@ -49,11 +49,12 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from lab import memory  # noqa: E402
+from lab import memory, models  # noqa: E402
 from lab.config import compose  # noqa: E402
 from lab.io import atomic_write_text  # noqa: E402
 
 GIB = memory.GIB
+SCAN_MODULE = models.MAMBA_KERNELS["mamba_ssm"][0]  # the module whose chunk scan transformers resolves
 SLICE = "M*E"  # one of each block kind, in the real model's order
 
 
@@ -65,7 +66,7 @@ def load_mamba_ssm_triton() -> str:
     import importlib.util
 
     try:
-        importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
+        importlib.import_module(SCAN_MODULE)
         return "mamba_ssm's Triton scan imports" + ("" if "mamba_ssm" in sys.modules else
                                                     " (its package __init__ does not: a module left by an earlier try)")
     except Exception as first:
@@ -78,7 +79,7 @@ def load_mamba_ssm_triton() -> str:
         bare.__path__ = list(spec.submodule_search_locations)
         sys.modules["mamba_ssm"] = bare
         try:
-            importlib.import_module("mamba_ssm.ops.triton.ssd_combined")
+            importlib.import_module(SCAN_MODULE)
         except Exception as e:
             del sys.modules["mamba_ssm"]
             return f"mamba_ssm's Triton scan does not import ({type(e).__name__}: {e})"
@@ -156,12 +157,7 @@ def block_seconds(cfg, tokens: int, mamba: str) -> dict:
     fig = memory.lora_figures(cfg, values, torch.bfloat16)
     pm = fig["model"]
     pm.to_empty(device="cuda")
-    with torch.no_grad():
-        for p in pm.parameters():
-            p.normal_(0, 0.02)
-        for m in pm.modules():  # to_empty leaves buffers unset; the Mamba mixers' A_log, D, dt_bias are parameters
-            for name, b in m.named_buffers(recurse=False):
-                b.zero_()
+    memory.random_weights(pm)
     pm.train()
     out = {}
     hidden = cfg.model.architecture["hidden_size"]

@@ -300,12 +300,12 @@ def _real_kernels():
     import transformers.models.nemotron_h.modeling_nemotron_h as mh
 
     try:
-        scan = importlib.import_module("mamba_ssm.ops.triton.ssd_combined").mamba_chunk_scan_combined
+        scan = importlib.import_module(models.MAMBA_KERNELS["mamba_ssm"][0]).mamba_chunk_scan_combined
     except Exception as e:
         raise LabError(f"mamba=real needs mamba_ssm's Triton chunk scan, which does not import here "
                        f"({type(e).__name__}: {e})") from e
     try:
-        conv = importlib.import_module("causal_conv1d").causal_conv1d_fn
+        conv = importlib.import_module(models.MAMBA_KERNELS["causal_conv1d"][0]).causal_conv1d_fn
         conv_label = "causal_conv1d (real kernel)"
     except Exception:
         conv, conv_label = mh.causal_conv1d_fn, "transformers causal_conv1d_fn (causal_conv1d absent)"
@@ -314,6 +314,16 @@ def _real_kernels():
         return conv(x, weight, bias, activation=activation)
 
     return (scan, "mamba_ssm chunk scan (real kernel)"), (conv_call, conv_label)
+
+
+def random_weights(pm) -> None:
+    """Weights for a step on real tensors after `to_empty`, which leaves everything unset: parameters drawn N(0,
+    0.02), buffers (the router's score-correction bias) zero."""
+    with torch.no_grad():
+        for p in pm.parameters():
+            p.normal_(0, 0.02)
+        for b in pm.buffers():
+            b.zero_()
 
 
 def _mamba_kernels(path: str):
@@ -465,11 +475,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
             (_unpacked_rows() if unpacked else nullcontext()), rules:
         pm.to_empty(device=device)
         if not fake:
-            with torch.no_grad():
-                for p in pm.parameters():
-                    p.normal_(0, 0.02)
-                for b in pm.buffers():  # to_empty leaves them unset (the router's score-correction bias)
-                    b.zero_()
+            random_weights(pm)
         trainable = [p for p in pm.parameters() if p.requires_grad]
         if measure:
             torch.cuda.synchronize(device)
