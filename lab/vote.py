@@ -88,10 +88,8 @@ def assign_classes(answers: Iterable, version: str = "final") -> tuple[list[int]
 
     answer joins the first class with ``verify(representative, answer, version)``; see the module docstring.
     """
-    labels: list[int] = []
     reps: list[str] = []
-    for a in answers:
-        labels.append(_join(reps, _norm(a), version))
+    labels = [_join(reps, _norm(a), version) for a in answers]  # _join adds each new class to reps
     return labels, reps
 
 
@@ -193,11 +191,9 @@ def early_stop_vote(answers: Sequence, tokens: Sequence[int], budget: int | None
         return NOT_FOUND, 0, 0
     labels: list[int] = []
     reps: list[str] = []
-    used = 0
-    leader = 0
+    used = leader = 0
     while used < budget:
-        for a in answers[used:min(used + int(window), budget)]:
-            labels.append(_join(reps, a, version))
+        labels += [_join(reps, a, version) for a in answers[used:min(used + int(window), budget)]]
         used = len(labels)
         leader = _winner(labels, reps)
         if used >= budget or not is_answer(reps[leader]):  # budget spent, or no real answer yet: go on
@@ -280,7 +276,7 @@ def _gold_of(g: pd.DataFrame):
     if "gold" not in g.columns:
         return None
     gold = g["gold"].iloc[0]
-    return None if gold is None or (not isinstance(gold, str) and pd.isna(gold)) else str(gold)
+    return None if not isinstance(gold, str) and pd.isna(gold) else str(gold)  # pd.isna: None, NaN, NA
 
 
 def replay(samples: pd.DataFrame, method: str, k: int | None = None, **opts) -> pd.DataFrame:
