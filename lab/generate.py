@@ -29,7 +29,6 @@ its cached snapshot's commit.
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 import gc
 import hashlib
@@ -40,7 +39,7 @@ import sys
 import tempfile
 import time
 import zipfile
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Sequence
 
@@ -50,7 +49,7 @@ from lab import LabError
 from lab.io import atomic_write_csv, atomic_write_text
 from lab.paths import resolve_path
 from lab.console import Progress  # plain lines: they show in papermill logs as well as in Jupyter
-from lab.lineage import content_hash  # noqa: F401 - the lab's one file hasher (also the stage lineage's)
+from lab.lineage import content_hash  # the lab's one file hasher (also the stage lineage's)
 from lab.prompts import chat_prompt
 
 VLLM_MAX_RESIDENT_GB = 2.0  # CUDA memory this process may still hold when a vLLM engine starts (a model left behind)
@@ -150,10 +149,10 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], spec: Sampling, progre
             stop = eos in ids
             length = ids.index(eos) if stop else len(ids)
             text = tokenizer.decode(ids[:length], skip_special_tokens=True)
-            lp = chosen[row, :length + int(stop)].tolist() if logprobs else None
-            c = Completion(text=text, tokens=length + int(stop), finish_reason="stop" if stop else "length", logprobs=lp,
-                           token_ids=ids[:length + int(stop)])
-            results.setdefault(idx[row // n], []).append(c)
+            end = length + int(stop)  # the end-of-turn token counts as generated
+            lp = chosen[row, :end].tolist() if logprobs else None
+            results.setdefault(idx[row // n], []).append(Completion(
+                text=text, tokens=end, finish_reason="stop" if stop else "length", logprobs=lp, token_ids=ids[:end]))
         bar.update(len(idx))
     if own:
         bar.close()
@@ -430,7 +429,7 @@ def engine_settings(cfg, backend: str) -> dict:
 def sample_key(gen: Generator, spec: Sampling, chunk: int) -> dict:
     """Everything a cached sample table depends on: the sampling spec, the chunk size (chunks are seeded by
     position), `engine_settings` and `Generator.source()`."""
-    return {**dataclasses.asdict(spec), "chunk": int(chunk), **engine_settings(gen.cfg, gen.backend), **gen.source()}
+    return {**asdict(spec), "chunk": int(chunk), **engine_settings(gen.cfg, gen.backend), **gen.source()}
 
 
 def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:
@@ -447,7 +446,7 @@ def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:
     head = parse(lines[0]) if lines else None
     old = head.get("key") if isinstance(head, dict) else None
     if lines and old != key:
-        changed = sorted(k for k in set(old or {}) | set(key) if (old or {}).get(k) != key.get(k)) if old else []
+        changed = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k)) if old else []
         print(f"note: {cache}: made with other settings ({', '.join(changed) if changed else 'no key line'}); "
               f"its {len(lines) - 1} line(s) are not reused, the samples are drawn afresh", flush=True)
     elif lines:
