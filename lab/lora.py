@@ -330,12 +330,11 @@ class GradientCheck:
     def __init__(self, model):
         self.model = model
         self.before = {n: _sample(p) for n, p in model.named_parameters() if p.requires_grad}
-        first: dict[str, str] = {}  # layer-agnostic name -> the first frozen tensor of that name
+        first = {}  # layer-agnostic name -> (name, tensor) of the first frozen tensor of that name
         for n, p in model.named_parameters():
             if not p.requires_grad and p.numel():
-                first.setdefault(re.sub(r"\.\d+\.", ".N.", n), n)
-        params = dict(model.named_parameters())
-        self.frozen = {n: _sample(params[n]) for n in first.values()}
+                first.setdefault(re.sub(r"\.\d+\.", ".N.", n), (n, p))
+        self.frozen = {n: _sample(p) for n, p in first.values()}
         self.grad_norm: dict[str, float] = {}
 
     def record_grads(self):
