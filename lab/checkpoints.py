@@ -89,10 +89,10 @@ def incomplete(ckpt: Path) -> str | None:
     if not marker.is_file():
         return f"no {COMPLETE} (its save did not finish)"
     try:
-        files = read_json(marker)["files"]
+        sizes = read_json(marker)["files"]
     except (LabError, KeyError, TypeError):
         return f"{COMPLETE} unreadable"
-    for name, size in files.items():
+    for name, size in sizes.items():
         p = ckpt / name
         if not p.is_file():
             return f"{name} missing"
@@ -156,12 +156,11 @@ def _resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, 
         notes.append(f"{out}: checkpoints without {RUN_RECORD} (an older lab version, or another tool) cannot be "
                      "matched to this configuration: discarded, training starts afresh")
     elif changed:
+        differs = f"{out}: checkpoints were written by a different {what.upper()} configuration ({'; '.join(changed)})"
         if asked:
-            raise LabError(f"{out}: checkpoints were written by a different {what.upper()} configuration "
-                           f"({'; '.join(changed)}); set {what}.resume=false to start over (deletes them), leave "
+            raise LabError(f"{differs}; set {what}.resume=false to start over (deletes them), leave "
                            f"{what}.resume unset to start afresh with a note, or use another run_dir")
-        notes.append(f"{out}: checkpoints were written by a different {what.upper()} configuration ({'; '.join(changed)}): "
-                     "discarded, training starts afresh")
+        notes.append(f"{differs}: discarded, training starts afresh")
     elif ckpts:
         for p in ckpts:
             why = incomplete(p)
