@@ -95,20 +95,13 @@ def use_text_progress(trainer) -> None:
 
     Inside a Jupyter kernel the Trainer draws an HTML widget, which a headless papermill run shows as
     `<IPython.core.display.HTML object>` and never updates; its text bar (tqdm, redrawn with '\\r') shows only its
-    first frame in papermill's log. A line every few seconds shows in both places (lab.console).
+    first frame in papermill's log. A line every few seconds shows in both places (lab.console). The bar taken off is
+    the one the Trainer added, `DEFAULT_PROGRESS_CALLBACK` (transformers/trainer.py: the notebook bar under a
+    notebook, else `ProgressCallback`).
     """
-    from transformers.trainer_callback import ProgressCallback
+    from transformers.trainer import DEFAULT_PROGRESS_CALLBACK
 
-    bars = [ProgressCallback]
-    try:  # transformers' notebook bar imports IPython, which a plain script's environment may lack (then the
-        # Trainer never added it: transformers/trainer.py picks it only under a notebook)
-        from transformers.utils.notebook import NotebookProgressCallback
-
-        bars.append(NotebookProgressCallback)
-    except ImportError:
-        pass
-    for bar in bars:
-        trainer.remove_callback(bar)
+    trainer.remove_callback(DEFAULT_PROGRESS_CALLBACK)
 
 
 class GroupSpread:
