@@ -177,7 +177,6 @@ def build_tiny(cfg: DictConfig, path: Path) -> None:
     with atomic_dir(path) as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
-        model.generation_config.save_pretrained(tmp)
         (tmp / RECIPE_FILE).write_text(json.dumps(tiny_recipe(cfg), indent=1))
 
 
