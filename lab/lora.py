@@ -480,8 +480,7 @@ def install_fused_lora_head(model, temperature: float = 1.0,
             labels = shift_labels
         hidden, labels = hidden.to(head.base_layer.weight.device), labels.to(head.base_layer.weight.device)
         mask = labels != -100
-        no_autocast = torch.autocast(hidden.device.type, enabled=False) if cast_lm_head_to_fp32 else None
-        with no_autocast or contextlib.nullcontext():
+        with torch.autocast(hidden.device.type, enabled=False) if cast_lm_head_to_fp32 else contextlib.nullcontext():
             h, w, b = head_as_linear(head, hidden[mask], fp32=cast_lm_head_to_fp32)
             per_token = tu._ChunkedLogProbFunction.apply(h, w, b, labels[mask], temperature,
                                                          tu._CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, outputs)
