@@ -463,7 +463,7 @@ def check(path_to_zip: str | os.PathLike, base_model: str | os.PathLike | None =
             if dups:
                 problems.append(f"the zip holds {', '.join(dups)} more than once (which copy an unzip keeps "
                                 "is up to the tool)")
-            sub = [n for n in names if "/" in n.rstrip("/") or n.endswith("/") or "\\" in n]
+            sub = [n for n in names if "/" in n or "\\" in n]
             if sub:
                 problems.append(f"files in a subfolder: {', '.join(sub[:6])} (Kaggle expects {CONFIG_NAME} and "
                                 f"{WEIGHTS_NAME} at the zip's root, no folders)")
