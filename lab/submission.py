@@ -89,12 +89,10 @@ def split_fused_experts(tensors: dict, config: dict, num_experts: int | None = N
     groups: dict[tuple[str, int], dict[str, object]] = {}
     out = {}
     for name, t in tensors.items():
-        m = _FUSED.match(name)
-        if m is None:
+        if m := _FUSED.match(name):
+            groups.setdefault((m["prefix"], m["nest"].count(".base_layer")), {})[m["ab"]] = t
+        else:
             out[name] = t
-            continue
-        depth = m["nest"].count(".base_layer")
-        groups.setdefault((m["prefix"], depth), {})[m["ab"]] = t
     if not groups:
         return out, []
     if not targeted:
