@@ -131,7 +131,7 @@ def normalise_predictions(pred: pd.DataFrame, source: str = "predictions") -> pd
         df["answer"] = [extract_answer(c) for c in df["completion"]]
     df["answer"] = df["answer"].map(_text)
     if "correct" not in df.columns:
-        df["correct"] = [bool(verify(g, a)) for g, a in zip(df["gold"], df["answer"])]
+        df["correct"] = [verify(g, a) for g, a in zip(df["gold"], df["answer"])]
     else:
         df["correct"] = [_to_bool(v, f"{source} row {i + 1}") for i, v in enumerate(df["correct"])]
     df["correct"] = df["correct"].astype(bool)
@@ -349,7 +349,7 @@ def classify_failure(row: Mapping | pd.Series, budget: int | None = None) -> str
     answer = _field(row, "answer", None)
     answer = extract_answer(completion) if answer is None else str(answer)
     correct = _field(row, "correct", None)
-    correct = bool(verify(gold, answer)) if correct is None else _to_bool(correct, "classify_failure")
+    correct = verify(gold, answer) if correct is None else _to_bool(correct, "classify_failure")
     if correct:
         return "correct"
     finish = str(_field(row, "finish_reason")).strip().lower()
@@ -360,10 +360,9 @@ def classify_failure(row: Mapping | pd.Series, budget: int | None = None) -> str
         tokens = None
     if finish == "length" or (budget is not None and tokens is not None and tokens >= budget):
         return "truncated"
-    has_box = _BOX in completion
     if "</think>" not in completion and ("<think>" in completion or _reasoning(completion).strip()):
         return "think_unclosed"
-    if not has_box:
+    if _BOX not in completion:
         return "no_box"
     if not answer.strip():
         return "empty_box"
@@ -497,7 +496,7 @@ def imitation_table(pred: pd.DataFrame, departures: pd.DataFrame) -> pd.DataFram
     df = normalise_predictions(pred)
     if "solver_answer" not in pred.columns:
         raise LabError("imitation_table: no 'solver_answer' column (add it with errors.with_solver)")
-    df["solver_correct"] = [bool(verify(g, _text(a))) if _text(a) else False
+    df["solver_correct"] = [verify(g, _text(a)) if _text(a) else False
                             for g, a in zip(df["gold"], pred["solver_answer"])]
     rows = []
     for cat, g in _per_category(df):

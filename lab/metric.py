@@ -71,10 +71,9 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 _BINARY = re.compile(r"[01]+")
 
 
-def _check_version(version: str) -> str:
+def _check_version(version: str) -> None:
     if version not in VERSIONS:
         raise ValueError(f"unknown metric version {version!r}; allowed: {', '.join(VERSIONS)}")
-    return version
 
 
 def boxed_candidates(text: str, version: str = "final") -> list[str]:
@@ -84,12 +83,8 @@ def boxed_candidates(text: str, version: str = "final") -> list[str]:
         return _BOXED_LEGACY.findall(text)
     starts = [m.end() for m in _BOXED_START.finditer(text)]
     ends = [m.start() for m in _BOXED_START.finditer(text)][1:] + [len(text)]
-    out = []
-    for s, e in zip(starts, ends):
-        seg = text[s:e]
-        close = seg.rfind("}")
-        out.append(seg[:close] if close >= 0 else seg)
-    return out
+    segments = [text[s:e] for s, e in zip(starts, ends)]
+    return [seg[:seg.rfind("}")] if "}" in seg else seg for seg in segments]
 
 
 def _extract(text: str | None, version: str = "final") -> tuple[str, str]:
@@ -131,10 +126,8 @@ def verify(gold: str, predicted: str, version: str = "final") -> bool:
     _check_version(version)
     if not isinstance(gold, str):
         raise TypeError(f"gold answer must be a str, got {type(gold).__name__}: {gold!r}")
-    if predicted is None:
-        predicted = NOT_FOUND
     gold = gold.strip()
-    predicted = str(predicted).strip()
+    predicted = NOT_FOUND if predicted is None else str(predicted).strip()
     if version == "final" and _BINARY.fullmatch(gold):
         return predicted.lower() == gold.lower()
     g, p = _as_float(gold), _as_float(predicted)

@@ -58,7 +58,7 @@ def figure(width: float = 6.4, height: float = 3.8) -> Figure:
 
 def axes(fig: Figure, *grid) -> Axes:
     """An axes in the lab's style: palette, light grid behind the data."""
-    ax = fig.add_subplot(*grid) if grid else fig.add_subplot()
+    ax = fig.add_subplot(*grid)
     ax.set_prop_cycle(color=PALETTE)
     ax.grid(alpha=0.3)
     ax.set_axisbelow(True)
@@ -151,7 +151,6 @@ def accuracy_bars(tables: Mapping[str, pd.DataFrame], title: str, by: str = "cat
     groups = [str(g) for g in first[by]]
     fig = figure(max(6.0, 0.9 * len(groups) * max(1, len(names)) * 0.6 + 2.5), 4.0)
     ax = axes(fig)
-    ax.grid(alpha=0.3, axis="y")
     ax.grid(False, axis="x")
     w = 0.8 / len(names)
     x = np.arange(len(groups))

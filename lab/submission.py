@@ -79,15 +79,6 @@ SUBMISSION_DTYPE = "bfloat16"
 
 # ---- the expert conversion --------------------------------------------------------------------------
 
-ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every member's time stamp in submission.zip: reproducible bytes
-
-
-def _member(name: str) -> zipfile.ZipInfo:
-    """A zip member with a fixed time and the mode `ZipFile.writestr` gives a plain name (0600)."""
-    info = zipfile.ZipInfo(name, ZIP_TIME)
-    info.external_attr = 0o600 << 16
-    return info
-
 def split_fused_experts(tensors: dict, config: dict, num_experts: int | None = None) -> tuple[dict, list]:
     """Rewrite PEFT `target_parameters` expert keys into the per-expert keys vLLM reads for Nemotron-H (the layouts
     and their sources: the module docstring): A[e*r:(e+1)*r] and B[:, e::E] for expert e, the innermost wrapper
@@ -98,12 +89,10 @@ def split_fused_experts(tensors: dict, config: dict, num_experts: int | None = N
     groups: dict[tuple[str, int], dict[str, object]] = {}
     out = {}
     for name, t in tensors.items():
-        m = _FUSED.match(name)
-        if m is None:
+        if m := _FUSED.match(name):
+            groups.setdefault((m["prefix"], m["nest"].count(".base_layer")), {})[m["ab"]] = t
+        else:
             out[name] = t
-            continue
-        depth = m["nest"].count(".base_layer")
-        groups.setdefault((m["prefix"], depth), {})[m["ab"]] = t
     if not groups:
         return out, []
     if not targeted:
@@ -145,6 +134,16 @@ def _keep_expert_patterns(config: dict, split: list) -> None:
 
 
 # ---- pack ---------------------------------------------------------------------------------------------
+
+ZIP_TIME = (1980, 1, 1, 0, 0, 0)  # every member's time stamp in submission.zip: reproducible bytes
+
+
+def _member(name: str) -> zipfile.ZipInfo:
+    """A zip member with a fixed time and the mode `ZipFile.writestr` gives a plain name (0600)."""
+    info = zipfile.ZipInfo(name, ZIP_TIME)
+    info.external_attr = 0o600 << 16
+    return info
+
 
 def _portable_name(name):
     """base_model_name_or_path without this machine's absolute path: relative to the project root (how the lab's
@@ -253,8 +252,7 @@ def main(argv: list[str] | None = None) -> int:
             return importlib.import_module("lab.gate").main(args)
         if args.cmd == "pack":
             out = pack(args.adapter_dir, args.out_zip, dtype=None if args.dtype == "keep" else args.dtype,
-                       base_model=args.base_model,
-                       base_model_name=args.base_model_name)
+                       base_model=args.base_model, base_model_name=args.base_model_name)
             print(f"wrote {out}")
             return 0
         problems = check(args.zip, base_model=args.base_model)

@@ -358,6 +358,10 @@ def _check_tensors(header: dict, config: dict, modules: dict | None, n_layers: i
     experts: dict[str, set] = {}
     ranks: dict[str, set] = {}
     for module, ab in pairs.items():
+        if set(ab) != {"lora_A", "lora_B"}:
+            unpaired.append(f"{module} has only {', '.join(sorted(ab))}")
+        elif ab["lora_A"][0] != ab["lora_B"][1]:
+            bad_shape.append(f"{module}: lora_A {ab['lora_A']} and lora_B {ab['lora_B']} disagree on the rank")
         if (ex := _EXPERT.match(module)) and ex["param"] in EXPERT_PARAMS:
             experts.setdefault(ex["experts"], set()).add((int(ex["e"]), ex["param"]))
             if "lora_A" in ab and len(ab["lora_A"]) == 2:
@@ -374,11 +378,6 @@ def _check_tensors(header: dict, config: dict, modules: dict | None, n_layers: i
             p.append(f"{prefix}: vLLM needs a LoRA on both up_proj and down_proj of every one of the {n} routed "
                      f"experts (its pack_moe asserts it); missing {len(lack)}: "
                      f"{_listed([f'{e}.{q}' for e, q in lack], 4)}")
-    for module, ab in pairs.items():
-        if set(ab) != {"lora_A", "lora_B"}:
-            unpaired.append(f"{module} has only {', '.join(sorted(ab))}")
-        elif ab["lora_A"][0] != ab["lora_B"][1]:
-            bad_shape.append(f"{module}: lora_A {ab['lora_A']} and lora_B {ab['lora_B']} disagree on the rank")
     if not_lora:
         p.append(f"tensors that are not LoRA weights named <module>.lora_A.weight / <module>.lora_B.weight (the "
                  f"only form vLLM parses): {_listed(not_lora)}")
@@ -400,7 +399,7 @@ def _check_agreement(header: dict, config: dict) -> list[str]:
     target_parameters), and every name there has tensors (PEFT trains a config naming an absent module without a
     word; vLLM loads whatever the tensors say, so the config would be lying)."""
     tm, tp = config.get("target_modules"), config.get("target_parameters") or []
-    if not (isinstance(tm, str) or isinstance(tm, list)) or not isinstance(tp, list):
+    if not isinstance(tm, (str, list)) or not isinstance(tp, list):
         return []  # reported by config_problems
     mods = {_strip(m["module"]) for n in header if not _FUSED.match(n) and (m := _LORA_KEY.match(n))}
     has_fused = any(_FUSED.match(n) for n in header)
@@ -464,7 +463,7 @@ def check(path_to_zip: str | os.PathLike, base_model: str | os.PathLike | None =
             if dups:
                 problems.append(f"the zip holds {', '.join(dups)} more than once (which copy an unzip keeps "
                                 "is up to the tool)")
-            sub = [n for n in names if "/" in n.rstrip("/") or n.endswith("/") or "\\" in n]
+            sub = [n for n in names if "/" in n or "\\" in n]
             if sub:
                 problems.append(f"files in a subfolder: {', '.join(sub[:6])} (Kaggle expects {CONFIG_NAME} and "
                                 f"{WEIGHTS_NAME} at the zip's root, no folders)")
