@@ -296,6 +296,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     from lab.callbacks import GroupSpread, GuardRails, trainer_callbacks, use_text_progress
     from lab.lora import GradientCheck, allow_out_proj, install_fused_lora_head, save_adapter, trainer_accepts_head_lora
     from lab.rewards import build
+    from lab.sft import gradient_check_failures
 
     g = cfg.grpo
     backend = check_backend(cfg)
@@ -410,17 +411,13 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         "max_completion_length": budget, "rollout_backend": backend, "refine": g.refine,
         "steps": steps, "max_steps": max_steps, "resumed_from": str(last) if last else None,
         "already_finished": finished, "stopped_by_budget": bool(callbacks[1].stopped_by_budget),
-        **step_metrics(log, [f.__name__ for f in funcs], g.beta),
+        **step_metrics(log, names, g.beta),  # GroupSpread keeps the name of the reward it wraps
         # this process's reward calls since this run (re)started: one per step without refine
         "correctness_flat_group_share_per_step": [round(x, 4) for x in spread.shares] if spread else [],
         "lora_weight_change": changed,
     }
     if check is not None and not finished:
-        rep, frozen = check.report(), check.frozen_report()
-        atomic_write_csv(stage.path("gradient_check.csv"), rep)
-        atomic_write_csv(stage.path("frozen_check.csv"), frozen)
-        bad = rep.loc[~rep["ok"], "family"].tolist() + [f"frozen:{t}" for t in frozen.loc[~frozen["unchanged"], "tensor"]]
-        metrics["gradient_check_failed"] = bad
+        bad = metrics["gradient_check_failed"] = gradient_check_failures(check, stage)
         if bad:
             late.append(f"gradient check failed for: {', '.join(bad)} (see gradient_check.csv, frozen_check.csv)")
     if not finished and changed == 0.0:
