@@ -44,6 +44,8 @@ What it simplifies:
 from __future__ import annotations
 
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import re
@@ -59,7 +61,7 @@ from lab.config import saved_config_matches
 from lab.io import atomic_write_json, atomic_write_text, read_json
 from lab.paths import project_root, resolve_path
 from lab.run import _now, run_lock  # _now: the manifests' UTC time stamp, so job.json's read the same
-from lab.pipeline import STAGES, execute_stage, with_smoke
+from lab.pipeline import STAGES, execute_stage, summary, with_smoke
 
 log = logging.getLogger(__name__)
 
@@ -114,21 +116,15 @@ def job_config(nb_overrides: list[str]) -> dict:
 
 
 def config_key(config: dict) -> str:
-    import hashlib
-    import json
-
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def is_done(job_dir: Path, stages: list[str], overrides: list[str], key: str | None = None) -> bool:
     """done.json lists these stages with the same overrides (and, when `key` is given, the same resolved config:
     `config_key`), and every stage has its metrics.json."""
-    done = Path(job_dir) / DONE_FILE
-    if not done.is_file():
-        return False
     try:
-        d = read_json(done)
-    except LabError:
+        d = read_json(Path(job_dir) / DONE_FILE)
+    except LabError:  # missing or unreadable
         return False
     return (sorted(d.get("overrides", [])) == sorted(overrides) and set(stages) <= set(d.get("stages", []))
             and (key is None or d.get("config_sha256") == key)
@@ -201,8 +197,6 @@ def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str],
                 log.info(f"[{name}] {stage}: done in {time.time() - t:.0f} s")
                 job["stages_run"].append(stage)
             stage = None
-            from lab.pipeline import summary
-
             summary(job_dir)
         except Exception as e:
             where = stage or "summary"
