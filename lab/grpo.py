@@ -46,6 +46,7 @@ from lab.grpo_refine import refine_prompt_text, refine_rollout
 from lab.io import atomic_write_csv, is_main_process, read_json
 from lab.paths import resolve_path
 from lab.prompts import chat_prompt
+from lab.sft import gradient_check_failures, optim_args
 
 # grpo keys that do not change the training trajectory: a resumed run may change them
 RESUME_FREE_KEYS = ("max_steps", "save_steps", "logging_steps", "resume", "wall_clock_budget_min",
@@ -203,7 +204,6 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, rew
 
         cuda = torch.cuda.is_available()
     from lab.run import tracking_args
-    from lab.sft import optim_args
 
     g = cfg.grpo
     micro, accum = micro_batch(cfg)
@@ -296,7 +296,6 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     from lab.callbacks import GroupSpread, GuardRails, trainer_callbacks, use_text_progress
     from lab.lora import GradientCheck, allow_out_proj, install_fused_lora_head, save_adapter, trainer_accepts_head_lora
     from lab.rewards import build
-    from lab.sft import gradient_check_failures
 
     g = cfg.grpo
     backend = check_backend(cfg)

@@ -35,7 +35,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.io import atomic_write_csv
@@ -177,8 +177,6 @@ def training_args(cfg: DictConfig, output_dir: Path):
 
 def optim_args(cfg: DictConfig) -> dict:
     """`optim` for SFTConfig/GRPOConfig from `gpu.optim` (conf/gpu/); nothing when unset (transformers' default)."""
-    from omegaconf import OmegaConf
-
     name = OmegaConf.select(cfg, "gpu.optim", default=None)
     return {} if name is None else {"optim": str(name)}
 

@@ -57,7 +57,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lab import LabError
-from lab.config import saved_config_matches
+from lab.config import compose, config_data, saved_config_matches
 from lab.io import atomic_write_json, atomic_write_text, read_json
 from lab.paths import project_root, resolve_path
 from lab.run import _now, run_lock  # _now: the manifests' UTC time stamp, so job.json's read the same
@@ -110,8 +110,6 @@ def job_config(nb_overrides: list[str]) -> dict:
     """The resolved config the job's notebooks compose (validated; `lab.config.config_data`): what a finished job
     or stage must have been made with to be kept. The overrides alone are not enough: a default changed in conf/
     since the job ran gives the same overrides another config."""
-    from lab.config import compose, config_data
-
     return config_data(compose(nb_overrides))
 
 
