@@ -23,6 +23,7 @@ What it simplifies:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
@@ -166,11 +167,9 @@ def _row(stage: str, metric: str, value, n=None, pred=None, before=None) -> dict
         lo, hi = wilson_interval(int(round(value * n)), int(n))
         row["ci95"] = f"[{lo:.2f}, {hi:.2f}]"
     if pred is not None and before is not None:
-        try:
+        with contextlib.suppress(LabError):
             net = compare(before, pred)[0].set_index("category").loc["all"]
             row["fixed / broken"] = f"{int(net['fixed'])} / {int(net['broken'])}"
-        except LabError:
-            pass
     return row
 
 

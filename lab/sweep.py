@@ -43,6 +43,7 @@ What it simplifies:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import json
@@ -235,10 +236,8 @@ class _Job:
             return run_job(job_dir, overrides, self.stages, name=name, params=params, cfg=cfg, force=self.force)
         except Exception as e:  # a broken job must not stop the sweep (Hydra re-raises failed jobs)
             log.error(f"[{name}] could not run: {type(e).__name__}: {e}")
-            try:
+            with contextlib.suppress(OSError):
                 atomic_write_text(job_dir / ERROR_FILE, _error_text("setup", job_dir, e))
-            except OSError:
-                pass
             return {"job": name, "status": "failed", "stage": "setup", "error": f"{type(e).__name__}: {e}"}
 
 
