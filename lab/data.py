@@ -32,7 +32,7 @@ import pandas as pd
 
 from lab import LabError
 from lab.io import atomic_write_csv, atomic_write_json, read_json
-from lab.paths import find_data_file
+from lab.paths import find_data_file, resolve_path
 
 REQUIRED = ("id", "prompt")
 HASHED = ("id", "prompt", "answer")
@@ -197,7 +197,7 @@ def save_split(train: pd.DataFrame, val: pd.DataFrame, folder: str | os.PathLike
     arguments are stored in split.json as given. Returns the split.json contents.
     """
     folder = Path(folder)
-    recorded = train.attrs.get("split", {}) if isinstance(train.attrs, dict) else {}
+    recorded = train.attrs.get("split", {})
     info = {
         "seed": seed if seed is not None else recorded.get("seed"),
         "val_fraction": val_fraction if val_fraction is not None else recorded.get("val_fraction"),
@@ -245,7 +245,6 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     from omegaconf import OmegaConf
 
     from lab.lineage import consumed
-    from lab.paths import resolve_path
 
     folder = resolve_path(cfg.data.split_dir)
     settings = {"seed": cfg.seed, **OmegaConf.to_container(cfg.data, resolve=True)}
@@ -360,8 +359,6 @@ def count_tokenizer(cfg, default=None):
     path = cfg.data.get("tokenizer_path", None)
     if not path:
         return default
-    from lab.paths import resolve_path
-
     p = resolve_path(str(path))
     if not (p / "tokenizer.json").is_file() or not (p / "tokenizer_config.json").is_file():
         raise LabError(f"conf/data: tokenizer_path={path}: no tokenizer.json and tokenizer_config.json in {p}")

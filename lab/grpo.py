@@ -46,6 +46,7 @@ from lab.grpo_refine import refine_prompt_text, refine_rollout
 from lab.io import atomic_write_csv, is_main_process, read_json
 from lab.paths import resolve_path
 from lab.prompts import chat_prompt
+from lab.sft import gradient_check_failures, optim_args
 
 # grpo keys that do not change the training trajectory: a resumed run may change them
 RESUME_FREE_KEYS = ("max_steps", "save_steps", "logging_steps", "resume", "wall_clock_budget_min",
@@ -203,7 +204,6 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, rew
 
         cuda = torch.cuda.is_available()
     from lab.run import tracking_args
-    from lab.sft import optim_args
 
     g = cfg.grpo
     micro, accum = micro_batch(cfg)
@@ -410,17 +410,13 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         "max_completion_length": budget, "rollout_backend": backend, "refine": g.refine,
         "steps": steps, "max_steps": max_steps, "resumed_from": str(last) if last else None,
         "already_finished": finished, "stopped_by_budget": bool(callbacks[1].stopped_by_budget),
-        **step_metrics(log, [f.__name__ for f in funcs], g.beta),
+        **step_metrics(log, names, g.beta),  # GroupSpread keeps the name of the reward it wraps
         # this process's reward calls since this run (re)started: one per step without refine
         "correctness_flat_group_share_per_step": [round(x, 4) for x in spread.shares] if spread else [],
         "lora_weight_change": changed,
     }
     if check is not None and not finished:
-        rep, frozen = check.report(), check.frozen_report()
-        atomic_write_csv(stage.path("gradient_check.csv"), rep)
-        atomic_write_csv(stage.path("frozen_check.csv"), frozen)
-        bad = rep.loc[~rep["ok"], "family"].tolist() + [f"frozen:{t}" for t in frozen.loc[~frozen["unchanged"], "tensor"]]
-        metrics["gradient_check_failed"] = bad
+        bad = metrics["gradient_check_failed"] = gradient_check_failures(check, stage)
         if bad:
             late.append(f"gradient check failed for: {', '.join(bad)} (see gradient_check.csv, frozen_check.csv)")
     if not finished and changed == 0.0:

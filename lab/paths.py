@@ -6,6 +6,7 @@ What it simplifies: nothing is downloaded; a Hub id counts only when its config.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from pathlib import Path
@@ -50,10 +51,8 @@ def find_data_file(path: str | os.PathLike | None = None, name: str = "train.csv
         p = Path(os.path.expanduser(str(path)))
         tried = [p]
         if not p.is_absolute():
-            try:
+            with contextlib.suppress(LabError):
                 tried.append(project_root() / p)
-            except LabError:
-                pass
         for c in tried:
             if c.is_file():
                 return c.resolve()

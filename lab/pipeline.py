@@ -23,6 +23,7 @@ What it simplifies:
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 import time
@@ -166,11 +167,9 @@ def _row(stage: str, metric: str, value, n=None, pred=None, before=None) -> dict
         lo, hi = wilson_interval(int(round(value * n)), int(n))
         row["ci95"] = f"[{lo:.2f}, {hi:.2f}]"
     if pred is not None and before is not None:
-        try:
+        with contextlib.suppress(LabError):
             net = compare(before, pred)[0].set_index("category").loc["all"]
             row["fixed / broken"] = f"{int(net['fixed'])} / {int(net['broken'])}"
-        except LabError:
-            pass
     return row
 
 
@@ -242,12 +241,11 @@ def summary(run_dir: Path) -> dict:
 
     run_dir = Path(run_dir)
     stages = headline(run_dir)
-    summ = {"run_dir": str(run_dir), "stages": stages,
-            "total_wall_seconds": round(sum(s.get("wall_seconds", 0) for s in stages.values()), 1)}
     stale = lineage_problems(run_dir)
     rows = headline_table(run_dir, stages, stale)
-    summ["headline"] = rows
-    summ["not_current"] = stale
+    summ = {"run_dir": str(run_dir), "stages": stages,
+            "total_wall_seconds": round(sum(s.get("wall_seconds", 0) for s in stages.values()), 1),
+            "headline": rows, "not_current": stale}
     atomic_write_json(run_dir / "summary.json", summ)
     text = [{**r, "value": f"{r['value']:.3f}" if isinstance(r["value"], float) else ("" if r["value"] is None else str(r["value"])),
              "n": "" if r["n"] is None else str(int(r["n"]))} for r in rows]  # before pandas turns ints into floats
@@ -259,10 +257,10 @@ def summary(run_dir: Path) -> dict:
              f"Wall time: {summ['total_wall_seconds']:.0f} s ({walls})." if walls else "Wall time: no stage finished."]
     if missing:
         lines.append(f"Stages without a finished output: {', '.join(missing)}.")
-    if summ["not_current"]:
+    if stale:
         lines += ["", "**Not current** (an input changed after the stage read it, or an output was edited after it "
                   "finished; rerun the stage):", ""]
-        lines += [f"- {p}" for found in summ["not_current"].values() for p in found]
+        lines += [f"- {p}" for found in stale.values() for p in found]
     lines += ["", "Every metric of every stage: `summary.json`; per-step series: each stage's `train_log.csv` and plots.", ""]
     atomic_write_text(run_dir / "summary.md", "\n".join(lines))
     return summ

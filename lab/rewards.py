@@ -198,12 +198,8 @@ def _lcs(a: list[str], b: list[str]) -> int:
 
 def agreement(completion: str, solver_trace: str | None) -> float:
     """Share of the solver trace's reasoning lines the completion reproduces in order (0.0 without a trace)."""
-    if _missing(solver_trace) or not str(solver_trace).strip():
-        return 0.0
-    trace = _steps(str(solver_trace))
-    if not trace:
-        return 0.0
-    return _lcs(trace, _steps(completion)) / len(trace)
+    trace = [] if _missing(solver_trace) else _steps(str(solver_trace))  # a blank trace has no steps
+    return _lcs(trace, _steps(completion)) / len(trace) if trace else 0.0
 
 
 def trace_agreement_reward(prompts, completions, completion_ids=None, **kwargs) -> list:

@@ -41,10 +41,9 @@ def tracker(cfg: DictConfig) -> str:
     """`cfg.report_to` (one of lab/schema.py's `Tracker`, refused at compose otherwise) with its package installed
     (else a LabError naming the key)."""
     name = str(cfg.get("report_to", "none") or "none")
-    if name != "none":
-        if importlib.util.find_spec(name) is None:
-            raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: report_to={name} but {name} is not installed "
-                           f"(pip install {name})")
+    if name != "none" and importlib.util.find_spec(name) is None:
+        raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: report_to={name} but {name} is not installed "
+                       f"(pip install {name})")
     return name
 
 

@@ -35,7 +35,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.io import atomic_write_csv
@@ -46,6 +46,9 @@ from lab.lora import (GradientCheck, attach_lora, check_targets, install_fused_l
 from lab.prompts import chat_prompt
 
 # ---- data -------------------------------------------------------------------------------------
+
+EXAMPLE_COLUMNS = ["id", "category", "prompt", "completion", "tokens"]
+
 
 def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int,
                  style: str | dict = "compact") -> tuple[pd.DataFrame, dict]:
@@ -71,16 +74,20 @@ def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int,
         if "answer" in row and not verify(str(row["answer"]), sol.answer):
             counts["solver_wrong"] += 1
             continue
-        prompt = chat_prompt(tokenizer, row["prompt"])
-        completion = sol.trace + tokenizer.eos_token
-        n_tok = len(tokenizer(prompt + completion, add_special_tokens=False)["input_ids"])
+        prompt, completion, n_tok = _example(tokenizer, row["prompt"], sol.trace)
         if n_tok > max_seq_len:
             counts["overlong"] += 1
             continue
-        rows.append({"id": row["id"], "category": cat, "prompt": prompt,
-                     "completion": completion, "tokens": n_tok})
+        rows.append({"id": row["id"], "category": cat, "prompt": prompt, "completion": completion, "tokens": n_tok})
         counts["kept"] += 1
-    return pd.DataFrame(rows, columns=["id", "category", "prompt", "completion", "tokens"]), counts
+    return pd.DataFrame(rows, columns=EXAMPLE_COLUMNS), counts
+
+
+def _example(tokenizer, question: str, answer: str) -> tuple[str, str, int]:
+    """(prompt, completion, tokens): `question`'s chat prompt, `answer` + end-of-turn token, and their token count."""
+    prompt = chat_prompt(tokenizer, question)
+    completion = answer + tokenizer.eos_token
+    return prompt, completion, len(tokenizer(prompt + completion, add_special_tokens=False)["input_ids"])
 
 
 # ---- resume ------------------------------------------------------------------------------------------
@@ -105,9 +112,6 @@ def fingerprint(cfg: DictConfig, examples: pd.DataFrame) -> dict:
     return checkpoints.fingerprint(cfg, "sft", RESUME_FREE_KEYS, examples_sha256=h.hexdigest())
 
 
-SFT_STAGES = ("drills", "traces")
-
-
 def sft_stages(cfg) -> list[str]:
     """`sft.stages`: [traces] or [drills, traces] (drills first, the traces continue its adapter)."""
     stages = [str(s) for s in (cfg.sft.get("stages", None) or ["traces"])]
@@ -122,13 +126,11 @@ def drill_examples(tokenizer, n: int, seed: int, max_seq_len: int) -> pd.DataFra
 
     rows = []
     for i, (q, a) in enumerate(drills(n, seed)):
-        prompt = chat_prompt(tokenizer, q)
-        completion = a + tokenizer.eos_token
-        n_tok = len(tokenizer(prompt + completion, add_special_tokens=False)["input_ids"])
+        prompt, completion, n_tok = _example(tokenizer, q, a)
         if n_tok <= max_seq_len:
             rows.append({"id": f"drill-{seed}-{i:05d}", "category": "drill", "prompt": prompt,
                          "completion": completion, "tokens": n_tok})
-    return pd.DataFrame(rows, columns=["id", "category", "prompt", "completion", "tokens"])
+    return pd.DataFrame(rows, columns=EXAMPLE_COLUMNS)
 
 
 def _train_drills(cfg, stage, pm, tokenizer) -> dict:
@@ -175,8 +177,6 @@ def training_args(cfg: DictConfig, output_dir: Path):
 
 def optim_args(cfg: DictConfig) -> dict:
     """`optim` for SFTConfig/GRPOConfig from `gpu.optim` (conf/gpu/); nothing when unset (transformers' default)."""
-    from omegaconf import OmegaConf
-
     name = OmegaConf.select(cfg, "gpu.optim", default=None)
     return {} if name is None else {"optim": str(name)}
 
@@ -209,7 +209,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
 
     backend = cfg.sft.backend  # hf or unsloth: lab/schema.py's TrainBackend, refused at compose otherwise
     check_targets(cfg)
-    sft_stages(cfg)  # before loading the model
+    stages = sft_stages(cfg)  # before loading the model
     load, attach = models.load, attach_lora
     if backend == "unsloth":  # Unsloth's own loader, which imports unsloth before transformers/TRL/PEFT
         from lab import sft_unsloth
@@ -232,7 +232,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     print("LoRA targets:\n" + table.to_string(index=False))
     atomic_write_csv(stage.path("lora_targets.csv"), table)
 
-    drills = _train_drills(cfg, stage, pm, tokenizer) if "drills" in sft_stages(cfg) else None
+    drills = _train_drills(cfg, stage, pm, tokenizer) if "drills" in stages else None
     check = GradientCheck(pm) if cfg.sft.gradient_check else None
     out = stage.checkpoint_dir  # outside the stage folder: a rerun's fresh folder (lab.run.Stage) still finds them
     fp = fingerprint(cfg, examples)
@@ -260,11 +260,16 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     if drills is not None:
         metrics["drills"] = drills
     if check is not None:
-        rep, frozen = check.report(), check.frozen_report()
-        atomic_write_csv(stage.path("gradient_check.csv"), rep)
-        atomic_write_csv(stage.path("frozen_check.csv"), frozen)
-        bad = rep.loc[~rep["ok"], "family"].tolist() + [f"frozen:{t}" for t in frozen.loc[~frozen["unchanged"], "tensor"]]
+        bad = metrics["gradient_check_failed"] = gradient_check_failures(check, stage)
         if bad:
             print(f"WARNING: gradient check failed for: {', '.join(bad)} (see gradient_check.csv, frozen_check.csv)")
-        metrics["gradient_check_failed"] = bad
     return metrics, pm, tokenizer, log
+
+
+def gradient_check_failures(check: GradientCheck, stage) -> list[str]:
+    """Write `check`'s gradient_check.csv and frozen_check.csv into the stage folder; returns what failed: each
+    LoRA family not ok, and `frozen:<tensor>` for each frozen tensor that changed (SFT and GRPO alike)."""
+    rep, frozen = check.report(), check.frozen_report()
+    atomic_write_csv(stage.path("gradient_check.csv"), rep)
+    atomic_write_csv(stage.path("frozen_check.csv"), frozen)
+    return rep.loc[~rep["ok"], "family"].tolist() + [f"frozen:{t}" for t in frozen.loc[~frozen["unchanged"], "tensor"]]

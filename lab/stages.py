@@ -31,7 +31,7 @@ from pathlib import Path
 import pandas as pd
 
 from lab import LabError
-from lab.io import atomic_file, atomic_write_csv, atomic_write_json
+from lab.io import atomic_file, atomic_write_csv, atomic_write_json, read_json
 from lab.paths import resolve_path
 from lab.run import Stage, stage_input, stage_output
 
@@ -151,7 +151,6 @@ def grpo(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
     from lab import data, models, plots
     from lab import grpo as grpo_lib
     from lab.analysis import load_predictions
-    from lab.io import read_json
 
     cfg = stage.cfg
     train, val = data.prepare(cfg)
@@ -189,8 +188,7 @@ def grpo(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
 def vote(stage: Stage) -> dict:
     """Greedy predictions and k samples per held-out puzzle from `vote.adapter`, then every voting method of
     `lab.vote` replayed on that one sample table; accuracy against k and against tokens."""
-    from lab import data, plots
-    from lab import generate
+    from lab import data, generate, plots
     from lab import vote as vote_lib
 
     cfg, v = stage.cfg, stage.cfg.vote

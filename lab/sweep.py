@@ -43,7 +43,10 @@ What it simplifies:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import hashlib
+import json
 import logging
 import os
 import re
@@ -55,11 +58,11 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lab import LabError
-from lab.config import saved_config_matches
+from lab.config import compose, config_data, saved_config_matches
 from lab.io import atomic_write_json, atomic_write_text, read_json
 from lab.paths import project_root, resolve_path
 from lab.run import _now, run_lock  # _now: the manifests' UTC time stamp, so job.json's read the same
-from lab.pipeline import STAGES, execute_stage, with_smoke
+from lab.pipeline import STAGES, execute_stage, summary, with_smoke
 
 log = logging.getLogger(__name__)
 
@@ -108,27 +111,19 @@ def job_config(nb_overrides: list[str]) -> dict:
     """The resolved config the job's notebooks compose (validated; `lab.config.config_data`): what a finished job
     or stage must have been made with to be kept. The overrides alone are not enough: a default changed in conf/
     since the job ran gives the same overrides another config."""
-    from lab.config import compose, config_data
-
     return config_data(compose(nb_overrides))
 
 
 def config_key(config: dict) -> str:
-    import hashlib
-    import json
-
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
 
 
 def is_done(job_dir: Path, stages: list[str], overrides: list[str], key: str | None = None) -> bool:
     """done.json lists these stages with the same overrides (and, when `key` is given, the same resolved config:
     `config_key`), and every stage has its metrics.json."""
-    done = Path(job_dir) / DONE_FILE
-    if not done.is_file():
-        return False
     try:
-        d = read_json(done)
-    except LabError:
+        d = read_json(Path(job_dir) / DONE_FILE)
+    except LabError:  # missing or unreadable
         return False
     return (sorted(d.get("overrides", [])) == sorted(overrides) and set(stages) <= set(d.get("stages", []))
             and (key is None or d.get("config_sha256") == key)
@@ -201,8 +196,6 @@ def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str],
                 log.info(f"[{name}] {stage}: done in {time.time() - t:.0f} s")
                 job["stages_run"].append(stage)
             stage = None
-            from lab.pipeline import summary
-
             summary(job_dir)
         except Exception as e:
             where = stage or "summary"
@@ -243,10 +236,8 @@ class _Job:
             return run_job(job_dir, overrides, self.stages, name=name, params=params, cfg=cfg, force=self.force)
         except Exception as e:  # a broken job must not stop the sweep (Hydra re-raises failed jobs)
             log.error(f"[{name}] could not run: {type(e).__name__}: {e}")
-            try:
+            with contextlib.suppress(OSError):
                 atomic_write_text(job_dir / ERROR_FILE, _error_text("setup", job_dir, e))
-            except OSError:
-                pass
             return {"job": name, "status": "failed", "stage": "setup", "error": f"{type(e).__name__}: {e}"}
 
 

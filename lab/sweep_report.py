@@ -23,7 +23,7 @@ import pandas as pd
 from lab import LabError
 from lab.io import atomic_write_csv, atomic_write_text, read_json
 from lab.pipeline import STAGES
-from lab.plots import ordered
+from lab.plots import ordered, save, sweep_against, sweep_seeds
 from lab.sweep import DONE_FILE, ERROR_FILE, JOB_FILE, find_jobs
 
 HEADLINE = ("02_sft.accuracy_after", "03_grpo.accuracy_sft_start", "03_grpo.accuracy_after", "03_grpo.delta",
@@ -144,8 +144,6 @@ def _safe(name: str) -> str:
 
 def report(sweep_dir: str | os.PathLike, metrics: Iterable[str] = HEADLINE) -> dict:
     """Write report.csv, report.md and plots/*.png for a sweep folder; returns what was written."""
-    from lab.plots import save, sweep_against, sweep_seeds
-
     sweep_dir = Path(sweep_dir)
     df, params = collect(sweep_dir)
     headline = [m for m in dict.fromkeys(metrics) if m in df and pd.to_numeric(df[m], errors="coerce").notna().any()]
