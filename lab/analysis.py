@@ -495,7 +495,7 @@ def imitation_table(pred: pd.DataFrame, departures: pd.DataFrame) -> pd.DataFram
     line there (`line_kind`) with its count. `pred` needs `solver_answer` (`with_solver`)."""
     df = normalise_predictions(pred)
     if "solver_answer" not in pred.columns:
-        raise LabError("imitation_table: no 'solver_answer' column (add it with errors.with_solver)")
+        raise LabError("imitation_table: no 'solver_answer' column (add it with lab.analysis.with_solver)")
     df["solver_correct"] = [verify(g, _text(a)) if _text(a) else False
                             for g, a in zip(df["gold"], pred["solver_answer"])]
     rows = []

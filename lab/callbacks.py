@@ -86,7 +86,7 @@ class TrainProgress(TrainerCallback):
 
 def trainer_callbacks(check, budget_min: float) -> list:
     """[LabCallback, TrainProgress] for a trainer: `check` is a `lab.lora.GradientCheck` or None, `budget_min` 0 for
-    no budget. The trainer's own progress bar is removed (`use_text_progress`): TrainProgress prints."""
+    no budget. TrainProgress prints; the caller takes the trainer's own bar off with `use_text_progress`."""
     return [LabCallback(check, budget_min), TrainProgress()]
 
 

@@ -360,7 +360,7 @@ def _check_tensors(header: dict, config: dict, modules: dict | None, n_layers: i
     for module, ab in pairs.items():
         if set(ab) != {"lora_A", "lora_B"}:
             unpaired.append(f"{module} has only {', '.join(sorted(ab))}")
-        elif ab["lora_A"][0] != ab["lora_B"][1]:
+        elif len(ab["lora_A"]) == len(ab["lora_B"]) == 2 and ab["lora_A"][0] != ab["lora_B"][1]:  # else reported above
             bad_shape.append(f"{module}: lora_A {ab['lora_A']} and lora_B {ab['lora_B']} disagree on the rank")
         if (ex := _EXPERT.match(module)) and ex["param"] in EXPERT_PARAMS:
             experts.setdefault(ex["experts"], set()).add((int(ex["e"]), ex["param"]))

@@ -283,7 +283,7 @@ def replay(samples: pd.DataFrame, method: str, k: int | None = None, **opts) -> 
     """One row per id: id, category, answer, samples_used, tokens_used, correct (nullable bool; NA without gold).
 
     Uses the first `k` samples of each id in `sample` order (all of them when k is None).
-    `opts` go to the method: version, keep_top, conf_col (confidence), window, agree (early_stop).
+    `opts` go to the method: version, keep_top, conf_col (confidence), window, agree, stop_prob (early_stop).
     """
     if method not in METHODS:
         raise ValueError(f"unknown voting method {method!r}; known: {', '.join(METHODS)}")

@@ -227,6 +227,17 @@ def test_check_rejects_shapes_that_disagree_with_the_rank(tiny, tmp_path):
     _only(check(z), "has shape (16, 64) but the rank is 32")
 
 
+def test_check_reports_a_one_dimensional_lora_weight_instead_of_crashing(tiny, tmp_path):
+    k = f"base_model.model.model.layers.{_first(tiny, 'in_proj')}.mixer.in_proj.lora_B.weight"
+
+    def flatten(t):
+        t[k] = t[k].flatten().contiguous()
+
+    problems = check(_variant(tmp_path, tiny, "flat", tensors_edit=flatten))  # an IndexError before
+    (hit,) = _only(problems, "tensor shape disagrees with the rank")
+    assert k in hit and "LoRA weights are 2-D" in hit
+
+
 def test_check_reports_fused_expert_keys(tiny, tmp_path):
     raw = {CONFIG_NAME: (tiny["adapter"] / CONFIG_NAME).read_bytes(),
            WEIGHTS_NAME: (tiny["adapter"] / WEIGHTS_NAME).read_bytes()}
