@@ -46,7 +46,7 @@ from lab.grpo_refine import refine_prompt_text, refine_rollout
 from lab.io import atomic_write_csv, is_main_process, read_json
 from lab.paths import resolve_path
 from lab.prompts import chat_prompt
-from lab.sft import gradient_check_failures, optim_args
+from lab.sft import optim_args
 
 # grpo keys that do not change the training trajectory: a resumed run may change them
 RESUME_FREE_KEYS = ("max_steps", "save_steps", "logging_steps", "resume", "wall_clock_budget_min",
@@ -416,7 +416,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         "lora_weight_change": changed,
     }
     if check is not None and not finished:
-        bad = metrics["gradient_check_failed"] = gradient_check_failures(check, stage)
+        bad = metrics["gradient_check_failed"] = check.save(stage.dir)
         if bad:
             late.append(f"gradient check failed for: {', '.join(bad)} (see gradient_check.csv, frozen_check.csv)")
     if not finished and changed == 0.0:

@@ -375,6 +375,16 @@ class GradientCheck:
             rows.append({"tensor": n, "max_abs_change": change, "unchanged": change == 0.0})
         return pd.DataFrame(rows, columns=["tensor", "max_abs_change", "unchanged"])
 
+    def save(self, folder: Path) -> list[str]:
+        """Write gradient_check.csv (`report`) and frozen_check.csv (`frozen_report`) into `folder`; returns what
+        failed: each family not ok, and `frozen:<tensor>` for each frozen tensor that moved (SFT and GRPO alike)."""
+        from lab.io import atomic_write_csv
+
+        rep, frozen = self.report(), self.frozen_report()
+        atomic_write_csv(folder / "gradient_check.csv", rep)
+        atomic_write_csv(folder / "frozen_check.csv", frozen)
+        return rep.loc[~rep["ok"], "family"].tolist() + [f"frozen:{t}" for t in frozen.loc[~frozen["unchanged"], "tensor"]]
+
 
 # ---- the lm_head LoRA under TRL's fused head --------------------------------------------------
 

@@ -260,16 +260,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     if drills is not None:
         metrics["drills"] = drills
     if check is not None:
-        bad = metrics["gradient_check_failed"] = gradient_check_failures(check, stage)
+        bad = metrics["gradient_check_failed"] = check.save(stage.dir)
         if bad:
             print(f"WARNING: gradient check failed for: {', '.join(bad)} (see gradient_check.csv, frozen_check.csv)")
     return metrics, pm, tokenizer, log
 
-
-def gradient_check_failures(check: GradientCheck, stage) -> list[str]:
-    """Write `check`'s gradient_check.csv and frozen_check.csv into the stage folder; returns what failed: each
-    LoRA family not ok, and `frozen:<tensor>` for each frozen tensor that changed (SFT and GRPO alike)."""
-    rep, frozen = check.report(), check.frozen_report()
-    atomic_write_csv(stage.path("gradient_check.csv"), rep)
-    atomic_write_csv(stage.path("frozen_check.csv"), frozen)
-    return rep.loc[~rep["ok"], "family"].tolist() + [f"frozen:{t}" for t in frozen.loc[~frozen["unchanged"], "tensor"]]
