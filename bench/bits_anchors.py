@@ -1,5 +1,5 @@
 """How the bits derivation finds its layout on the page, measured on a solved CSV (the output of
-`python -m lab.puzzles solve --trace-style derivation --tokenizer ...`).
+`python -m lab puzzles solve --trace-style derivation --tokenizer ...`).
 
 The derivation (`lab.puzzles.bits._anchored`) scans bits 7 and 0 on no bit and on each bit, then goes through the
 layouts in order, scanning a layout's bits at the anchors 7, 0, 6, 1 just before it where no passed set explains

@@ -7,7 +7,7 @@ workers: on a machine shared with other work, wall time alone says little), how 
 equations stopped at the search's time or solution cap, and, per category, the CPU milliseconds
 per puzzle (200 solved one by one) and accuracy against the generators' answers. The real train.csv
 is not in the repository; with it, run
-`python -m lab.puzzles solve data/train.csv out.csv` for the real figures.
+`python -m lab puzzles solve data/train.csv out.csv` for the real figures.
 
 Also:
 - bit puzzles by rule complexity, 3 to 8: the named three-copy rules, 2-3 step pipelines, any
@@ -31,8 +31,8 @@ import time
 
 import pandas as pd
 
-from lab.io import atomic_write_json
-from lab.paths import project_root
+from lab.core.io import atomic_write_json
+from lab.core.paths import project_root
 from lab.puzzles import CATEGORIES, generate, solve, solve_frame
 
 N = 9500

@@ -5,10 +5,10 @@
 
 What it does
   For each probe category, each style (`data.trace_style=compact|derivation`) and seeds 1..N, one job under
-  `outputs/bench/trace_bench/<probe>/<style>/seed<k>/`: the category's synthetic puzzles (`lab.data.prepare`), a
-  fresh tiny model built with that seed, one SFT run (`lab.sft.train`, the config's recipe, the 02_sft stage's
-  folder layout and manifest), and the saved adapter scored greedily on the held-out puzzles (`lab.generate`).
-  Per job: held-out accuracy with its 95% Wilson interval (`lab.analysis.wilson_interval`), completions that hit
+  `outputs/bench/trace_bench/<probe>/<style>/seed<k>/`: the category's synthetic puzzles (`lab.data.dataset.prepare`), a
+  fresh tiny model built with that seed, one SFT run (`lab.train.sft.train`, the config's recipe, the 02_sft stage's
+  folder layout and manifest), and the saved adapter scored greedily on the held-out puzzles (`lab.model.generate`).
+  Per job: held-out accuracy with its 95% Wilson interval (`lab.eval.analysis.wilson_interval`), completions that hit
   the token cap, the training traces' p50 / max completion tokens (the model's own tokenizer), train loss and
   wall seconds; then per probe x style the accuracy pooled over seeds. Output: a printed table and
   `outputs/bench/trace_bench.json` / `trace_bench.md`, written atomically; every figure comes from the run.
@@ -58,8 +58,10 @@ def job_overrides(probe: str, style: str, seed: int, root: Path, extra: list[str
 
 def completion_cap(overrides: list[str]) -> tuple[int, list[int]]:
     """The per-style cap and the training completions' token counts, from the run's own split and tokenizer."""
-    from lab import data, models, sft
-    from lab.config import compose
+    from lab.data import dataset as data
+    from lab.model import models
+    from lab.train import sft
+    from lab.core.config import compose
 
     cfg = compose(overrides)
     train, _ = data.prepare(cfg)
@@ -73,11 +75,13 @@ def run_job(overrides: list[str], force: bool) -> dict:
     """One job: train, score the saved adapter, finish the stage; a finished job with the same config is reused."""
     import numpy as np
 
-    from lab import data, generate, sft
-    from lab.config import compose, config_data, saved_config_matches
-    from lab.io import read_json
-    from lab.paths import resolve_path
-    from lab.run import Stage
+    from lab.data import dataset as data
+    from lab.model import generate
+    from lab.train import sft
+    from lab.core.config import compose, config_data, saved_config_matches
+    from lab.core.io import read_json
+    from lab.core.paths import resolve_path
+    from lab.core.run import Stage
 
     cap, n = completion_cap(overrides)
     overrides = [*overrides, f"infer.max_tokens={cap}"]
@@ -105,7 +109,7 @@ def tables(rows: list[dict]):
     """(per job, pooled over seeds per probe x style): accuracy with its 95% Wilson interval."""
     import pandas as pd
 
-    from lab.analysis import wilson_interval
+    from lab.eval.analysis import wilson_interval
 
     def acc(k, n):
         lo, hi = wilson_interval(k, n)
@@ -120,10 +124,10 @@ def tables(rows: list[dict]):
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lab.config import split_at_dashes
-    from lab.io import atomic_write_json, atomic_write_text, read_json
-    from lab.paths import resolve_path
-    from lab.sweep_report import markdown_table
+    from lab.core.config import split_at_dashes
+    from lab.core.io import atomic_write_json, atomic_write_text, read_json
+    from lab.core.paths import resolve_path
+    from lab.runs.sweep_report import markdown_table
 
     own, extra = split_at_dashes(argv)
     ap = argparse.ArgumentParser(prog="bench/trace_bench.py")

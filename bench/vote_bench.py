@@ -4,16 +4,16 @@ What it measures
   1. Voting, on one fixed sample table. K = 32 completions per held-out puzzle are drawn once
      from the trained adapter (`outputs/demo/03_grpo/adapter`, else `02_sft`'s) with the vote
      settings of that run (temperature, top_p, seed) and per-token log-probabilities, through
-     `lab.generate.sample_table`. The table is cached in `outputs/bench/samples_K32.jsonl`
+     `lab.model.generate.sample_table`. The table is cached in `outputs/bench/samples_K32.jsonl`
      (appended chunk by chunk; an interrupted run resumes) and written as `samples_K32.csv`.
-     Every method of `lab.vote.METHODS` is then replayed on that table: greedy (the first
+     Every method of `lab.eval.vote.METHODS` is then replayed on that table: greedy (the first
      sample), majority (maj@32, the baseline), DeepConf-style confidence weighting for several
      `keep_top` shares, and early stopping for several `window`/`agree` settings. Per method:
      accuracy, its difference from maj@32 in points, tokens per puzzle and their ratio to
      maj@32's, samples drawn, the paired count of puzzles it wins / loses against maj@32, and a
      paired 95% interval for the difference (over the choice of puzzles; the draw of the samples
      adds spread of its own, gauged by maj@16 on samples 0-15 against maj@16 on samples 16-31).
-     Also maj@k and pass@k for k = 1..32 (`lab.vote.curves`) and, as the Kaggle reference,
+     Also maj@k and pass@k for k = 1..32 (`lab.eval.vote.curves`) and, as the Kaggle reference,
      the accuracy of greedy decoding (temperature 0, one completion, the competition's budget).
   2. A temperature scan: the same K-sample draw at a few more temperatures (`--temperatures`,
      default 0.1 and 0.3, each cached in `<out>/T<t>/`), and per temperature the first sample,
@@ -29,7 +29,7 @@ Output: a printed table, `outputs/bench/vote_bench.json` and `vote_bench.md` (wr
 atomically). Every figure comes from the run; nothing is hard-coded.
 
 What it simplifies
-  * Voting is replayed offline (see `lab.vote`): early stopping's token saving is what a sampler
+  * Voting is replayed offline (see `lab.eval.vote`): early stopping's token saving is what a sampler
     drawing `window` samples at a time would get; batched sampling of all 32 at once gets none.
   * One draw of 32 samples per puzzle; maj@k uses the first k. With ~100 held-out puzzles one
     puzzle is one point of accuracy, so differences of a few points are within noise (the
@@ -41,7 +41,7 @@ What it simplifies
     Tokens counted are completion tokens up to and including end-of-turn; a batch runs until its
     longest member stops, so padding steps cost time but add no tokens. With the vllm back-end
     (`--overrides model.generation_backend=vllm`, GPU) the samples come from vLLM, given the packed
-    adapter like every evaluation (`lab.generate`), and this throughput part is skipped.
+    adapter like every evaluation (`lab.model.generate`), and this throughput part is skipped.
 
 The sample cache is keyed by the adapter's and base model's weight hashes, the held-out split's
 hash and the sampling settings (`samples_K32.meta.json`); if any differs it is discarded and
@@ -97,7 +97,7 @@ def parse_args(argv=None):
 # ----------------------------------------------------------------------------------------------
 
 def find_adapter(arg: str | None) -> Path | None:
-    from lab.paths import resolve_path
+    from lab.core.paths import resolve_path
 
     if arg:
         return resolve_path(arg)
@@ -109,13 +109,13 @@ def find_adapter(arg: str | None) -> Path | None:
 
 
 def load_config(adapter: Path, overrides: list[str]):
-    """The adapter run's resolved config (`<stage>/config.yaml`, typed by lab/schema.py) with overrides; else
+    """The adapter run's resolved config (`<stage>/config.yaml`, typed by lab/core/schema.py) with overrides; else
     compose(overrides)."""
     from omegaconf import OmegaConf
     from omegaconf.errors import OmegaConfBaseException
 
     from lab import LabError
-    from lab.config import compose, load_saved, schema_problem
+    from lab.core.config import compose, load_saved, schema_problem
 
     stage_cfg = adapter.parent / "config.yaml"
     if not stage_cfg.is_file():
@@ -146,7 +146,7 @@ def folder_hash(folder: Path, pattern: str = "*.safetensors") -> str:
 
 
 def cache_key(cfg, adapter: Path, val, k: int) -> dict:
-    from lab import models
+    from lab.model import models
 
     return {
         "adapter": str(adapter), "adapter_sha": folder_hash(adapter),
@@ -165,8 +165,8 @@ def cache_key(cfg, adapter: Path, val, k: int) -> dict:
 
 def sample(gen, val, k: int, out: Path, key: dict) -> tuple[object, dict]:
     """The K-sample table at key["temperature"], drawn once and cached; returns (table, info about this call)."""
-    from lab.io import atomic_write_csv, atomic_write_json, read_json
-    from lab.generate import Sampling, sample_table
+    from lab.core.io import atomic_write_csv, atomic_write_json, read_json
+    from lab.model.generate import Sampling, sample_table
 
     out.mkdir(parents=True, exist_ok=True)
     cache, meta, csv = out / f"samples_K{k}.jsonl", out / f"samples_K{k}.meta.json", out / f"samples_K{k}.csv"
@@ -199,8 +199,8 @@ def sample(gen, val, k: int, out: Path, key: dict) -> tuple[object, dict]:
 
 def greedy_reference(gen, val, out: Path, key: dict):
     """Greedy decoding (the competition's setting), cached like the samples."""
-    from lab.io import atomic_write_json, read_json
-    from lab.generate import predictions
+    from lab.core.io import atomic_write_json, read_json
+    from lab.model.generate import predictions
 
     cache, meta = out / "greedy.jsonl", out / "greedy.meta.json"
     gkey = {x: v for x, v in key.items() if x not in ("k", "temperature")}
@@ -215,14 +215,14 @@ def greedy_reference(gen, val, out: Path, key: dict):
 # ----------------------------------------------------------------------------------------------
 
 def vote_rows(samples, k: int, version: str) -> list[dict]:
-    from lab import vote
+    from lab.eval import vote
 
     settings = [("greedy", {}), ("majority", {})]
     settings += [("confidence", {"keep_top": kt}) for kt in KEEP_TOPS]
     settings += [("early_stop", {"window": w, "agree": a}) for w, a in EARLY_STOP]
     settings += [("early_stop", {"window": w, "agree": None, "stop_prob": p}) for w, p in ADAPTIVE]
     missing = sorted(set(vote.METHODS) - {m for m, _ in settings})
-    settings += [(m, {}) for m in missing]  # a method added to lab.vote later is still replayed
+    settings += [(m, {}) for m in missing]  # a method added to lab.eval.vote later is still replayed
     results = {}
     for method, opts in settings:
         results[(method, tuple(opts.items()))] = vote.replay(samples, method, k=k, version=version, **opts)
@@ -232,10 +232,10 @@ def vote_rows(samples, k: int, version: str) -> list[dict]:
 
 
 def compare(res, base) -> dict:
-    """A replayed method (`lab.vote.replay` table) against the baseline's replay on the same ids: accuracy, its
+    """A replayed method (`lab.eval.vote.replay` table) against the baseline's replay on the same ids: accuracy, its
     difference in points with a paired 95% half-width, tokens per puzzle and their ratio, samples used, and the
     puzzles it wins / loses."""
-    from lab import vote
+    from lab.eval import vote
 
     s, b = vote.summary(res), vote.summary(base)
     base_ok = base.set_index("id")["correct"].astype(bool)
@@ -274,9 +274,9 @@ def _label(method: str, opts: dict, k: int) -> str:
 
 
 def scan_row(samples, k: int, version: str, early_stop: dict) -> dict:
-    """One temperature's headline figures: one sample's accuracy (`first_sample`: maj@1 of `lab.vote.curves`, the mean
+    """One temperature's headline figures: one sample's accuracy (`first_sample`: maj@1 of `lab.eval.vote.curves`, the mean
     over all k samples), maj@k, pass@k and the configured early stop against maj@k."""
-    from lab import vote
+    from lab.eval import vote
 
     curve = vote.curves(samples, K=k, version=version).set_index("k")
     maj = vote.replay(samples, "majority", k=k, version=version)
@@ -300,7 +300,7 @@ def throughput(model, tokenizer, prompts: list[str], batch: int, max_new_tokens:
     """
     import torch
 
-    from lab.generate import Sampling, generate_hf
+    from lab.model.generate import Sampling, generate_hf
 
     settings = (("batch_1", 1), (f"batch_{batch}", batch))
     generate_hf(model, tokenizer, prompts[:2], Sampling(max_tokens=4), progress=False, batch_size=2)
@@ -412,10 +412,12 @@ def main(argv=None) -> int:
 def _run(args, adapter: Path) -> int:
     from omegaconf import OmegaConf
 
-    from lab import data, generate, vote
-    from lab.io import atomic_write_json, atomic_write_text
-    from lab.paths import resolve_path
-    from lab.run import git_commit, hardware, package_versions, seed_everything
+    from lab.data import dataset as data
+    from lab.model import generate
+    from lab.eval import vote
+    from lab.core.io import atomic_write_json, atomic_write_text
+    from lab.core.paths import resolve_path
+    from lab.core.run import git_commit, hardware, package_versions, seed_everything
 
     t_start = time.time()
     cfg, cfg_source = load_config(adapter, args.overrides)

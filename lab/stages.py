@@ -1,7 +1,7 @@
 """One function per stage: the work of each notebook, called by the notebook and by its script alike.
 
 `open_stage(name, overrides)` is every notebook's first step: the environment (`environment`: nothing downloaded,
-quiet tokenizers), the real-model preflight (`lab.preflight`), then the stage folder (`lab.run.Stage`).
+quiet tokenizers), the real-model preflight (`lab.train.preflight`), then the stage folder (`lab.core.run.Stage`).
 `explore`, `sft`, `grpo`, `vote` and `errors` each take the open stage, do the stage's work, write its files
 (tables, plots, predictions, the adapter's submission.zip), finish the stage and return its metrics.
 notebooks/0N_*.ipynb call them and show what they wrote; scripts/train_sft.py and train_grpo.py call the same
@@ -31,9 +31,9 @@ from pathlib import Path
 import pandas as pd
 
 from lab import LabError
-from lab.io import atomic_file, atomic_write_csv, atomic_write_json, read_json
-from lab.paths import resolve_path
-from lab.run import Stage, stage_input, stage_output
+from lab.core.io import atomic_file, atomic_write_csv, atomic_write_json, read_json
+from lab.core.paths import resolve_path
+from lab.core.run import Stage, stage_input, stage_output
 
 # what torchrun / accelerate set for a process of a launch; removed once the main process evaluates alone
 DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
@@ -48,10 +48,10 @@ def environment() -> None:
 
 
 def open_stage(name: str, overrides) -> Stage:
-    """A notebook's first step: `environment`, the real-model preflight (`lab.preflight.check`: one list of what is
+    """A notebook's first step: `environment`, the real-model preflight (`lab.train.preflight.check`: one list of what is
     missing on this machine, before anything is touched), then the stage folder."""
     environment()
-    from lab import preflight
+    from lab.train import preflight
 
     preflight.check(name, overrides)
     stage = Stage(name, overrides)
@@ -65,7 +65,10 @@ def open_stage(name: str, overrides) -> Stage:
 def explore(stage: Stage) -> dict:
     """The split, puzzles per category, what the solvers answer, trace lengths in the model's tokens, the trace
     audit, and one trace per category (`trace_examples.csv`)."""
-    from lab import data, models, plots, puzzles
+    from lab.data import dataset as data
+    from lab.model import models
+    from lab.core import plots
+    from lab import puzzles
     from lab.puzzles.audit import audit_frame
 
     cfg = stage.cfg
@@ -110,13 +113,14 @@ def explore(stage: Stage) -> dict:
 # ---- 02_sft -----------------------------------------------------------------------------------------------------
 
 def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
-    """Greedy held-out accuracy of the base model, SFT (`lab.sft.train`), the saved adapter's accuracy, the
+    """Greedy held-out accuracy of the base model, SFT (`lab.train.sft.train`), the saved adapter's accuracy, the
     submission zip. `launch`: accelerate's PartialState under `accelerate launch` (scripts/train_sft.py): every
     process trains, the main process alone evaluates and finishes the stage (the others return their training
     metrics). Under several processes the base model is evaluated after training, so that no process waits through
     a long evaluation in a collective. `evaluate_adapter=False` (`--no-eval`) skips both evaluations."""
-    from lab import data, plots
-    from lab import sft as sft_lib
+    from lab.data import dataset as data
+    from lab.core import plots
+    from lab.train import sft as sft_lib
 
     cfg = stage.cfg
     train, val = data.prepare(cfg)
@@ -125,7 +129,7 @@ def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
     if evaluate_adapter and _processes(launch) == 1:  # the training model is not loaded yet (vLLM needs the GPU)
         before = evaluate(stage, val, None, "predictions_before.csv", cached=False)  # see `evaluate`
         print(f"held-out accuracy before SFT: {before['correct'].mean():.3f}")
-    metrics, model, tokenizer, log = sft_lib.train(cfg, stage, train)  # sft.backend=unsloth: lab.sft_unsloth
+    metrics, model, tokenizer, log = sft_lib.train(cfg, stage, train)  # sft.backend=unsloth: lab.train.sft_unsloth
     del model, tokenizer  # the saved adapter is scored, never the in-memory model
     if not _main_alone(launch):
         return metrics
@@ -146,11 +150,13 @@ def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
 # ---- 03_grpo ----------------------------------------------------------------------------------------------------
 
 def grpo(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
-    """GRPO from the SFT adapter (`lab.grpo.train`: pass rates, prompt order, training), the saved adapter's greedy
+    """GRPO from the SFT adapter (`lab.train.grpo.train`: pass rates, prompt order, training), the saved adapter's greedy
     held-out accuracy against the SFT start, the submission zip. `launch` and `evaluate_adapter` as in `sft`."""
-    from lab import data, models, plots
-    from lab import grpo as grpo_lib
-    from lab.analysis import load_predictions
+    from lab.data import dataset as data
+    from lab.model import models
+    from lab.core import plots
+    from lab.train import grpo as grpo_lib
+    from lab.eval.analysis import load_predictions
 
     cfg = stage.cfg
     train, val = data.prepare(cfg)
@@ -187,9 +193,11 @@ def grpo(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
 
 def vote(stage: Stage) -> dict:
     """Greedy predictions and k samples per held-out puzzle from `vote.adapter`, then every voting method of
-    `lab.vote` replayed on that one sample table; accuracy against k and against tokens."""
-    from lab import data, generate, plots
-    from lab import vote as vote_lib
+    `lab.eval.vote` replayed on that one sample table; accuracy against k and against tokens."""
+    from lab.data import dataset as data
+    from lab.model import generate
+    from lab.core import plots
+    from lab.eval import vote as vote_lib
 
     cfg, v = stage.cfg, stage.cfg.vote
     train, val = data.prepare(cfg)
@@ -220,10 +228,12 @@ def vote(stage: Stage) -> dict:
 # ---- 05_errors --------------------------------------------------------------------------------------------------
 
 def errors(stage: Stage) -> dict:
-    """Error analysis of 04_vote's greedy predictions (`lab.analysis.analyse`: every table and plot) against the
+    """Error analysis of 04_vote's greedy predictions (`lab.eval.analysis.analyse`: every table and plot) against the
     completion budget the evaluation allowed, and the puzzles fixed and broken since 02_sft."""
-    from lab import analysis, data, generate, models
-    from lab.prompts import chat_prompt
+    from lab.eval import analysis
+    from lab.data import dataset as data
+    from lab.model import generate, models
+    from lab.competition.prompts import chat_prompt
 
     cfg = stage.cfg
     pred = analysis.load_predictions(stage_output(cfg, "04_vote", "predictions.csv"))
@@ -250,8 +260,8 @@ def evaluation_key(cfg, adapter, puzzles: pd.DataFrame) -> dict:
     the back-end, dtype and max_model_len (`generate.engine_settings`, as the samples cache's key). Paths are left
     out: 03_grpo's adapter in its working folder and the same adapter read by 04_vote from the finished one are the
     same key."""
-    from lab import generate, models
-    from lab.lineage import content_hash
+    from lab.model import generate, models
+    from lab.core.lineage import content_hash
 
     cols = [c for c in ("id", "prompt", "answer", "category", "subtype") if c in puzzles.columns]
     return {"model_sha256": generate.model_hash(models.model_path(cfg)),
@@ -263,15 +273,15 @@ def evaluation_key(cfg, adapter, puzzles: pd.DataFrame) -> dict:
 def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, cached: bool = True) -> pd.DataFrame:
     """Greedy predictions (the competition's settings, `generate.predictions`) of the base model plus `adapter`
     (None: the base model alone) on `puzzles`, written to the stage's file `name` and returned as
-    `lab.analysis.load_predictions` reads them. `gen`: a Generator of that adapter already open (else one is made
+    `lab.eval.analysis.load_predictions` reads them. `gen`: a Generator of that adapter already open (else one is made
     only when needed). Cached as `<run_dir>/evaluations/<key digest>.csv` beside its key (`.json`), both written
     atomically: an evaluation with the same key is copied from there instead of generated again.
 
     `cached=False` always generates (and stores nothing): 02_sft's evaluation before training, because with the hf
     back-end `generate.generate_hf` seeds torch's global generator per batch, and the LoRA that SFT attaches next is
     initialised from that state; a reused evaluation would leave another state and train another adapter."""
-    from lab import generate
-    from lab.analysis import load_predictions
+    from lab.model import generate
+    from lab.eval.analysis import load_predictions
 
     key = evaluation_key(stage.cfg, adapter, puzzles)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -303,8 +313,8 @@ def _per_category(**preds: pd.DataFrame) -> dict:
 
 
 def _accuracy_plot(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str, by: str):
-    from lab import plots
-    from lab.analysis import accuracy_table, compare
+    from lab.core import plots
+    from lab.eval.analysis import accuracy_table, compare
 
     net = compare(a, b)[0].set_index("category").loc["all"]  # puzzles fixed and broken between the two
     return plots.accuracy_bars({name_a: accuracy_table(a), name_b: accuracy_table(b)},
@@ -314,7 +324,7 @@ def _accuracy_plot(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str, b
 
 def _pack(stage: Stage, adapter_dir) -> list[str]:
     """`<stage>/submission.zip` from the adapter (the layout vLLM loads), and `submission.check`'s problems."""
-    from lab import submission
+    from lab.model import submission
 
     zip_path = submission.pack(adapter_dir, stage.path("submission.zip"), dtype=submission.SUBMISSION_DTYPE)
     problems = submission.check(zip_path)
@@ -331,7 +341,7 @@ def _main_alone(launch) -> bool:
     processes, end the process group and the launcher's variables so that the main process evaluates alone (vLLM
     must not find the training model on the GPU, a live process group or RANK/WORLD_SIZE). True on the main
     process."""
-    from lab.generate import release_memory
+    from lab.model.generate import release_memory
 
     release_memory()
     if launch is None:

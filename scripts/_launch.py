@@ -1,7 +1,7 @@
 """What scripts/train_sft.py and train_grpo.py share under `accelerate launch` (one process per GPU).
 
 - `open_stage`: the main process opens the stage folder and makes the split and the tiny model first
-  (lab.data.prepare / lab.models.model_path write files), the other processes follow; without a GPU the
+  (lab.data.dataset.prepare / lab.model.models.model_path write files), the other processes follow; without a GPU the
   processes join one gloo group (accelerate's MULTI_CPU), and a launch that asked for several processes but
   started one is refused (`check_world`);
 - `done`: the exit status, and on the main process where the metrics went.
@@ -58,15 +58,17 @@ def check_world(env=os.environ, cuda: bool = True) -> None:
 
 def open_stage(name: str, overrides: list[str]):
     """(PartialState, Stage): the environment and the real-model preflight (lab.stages.environment,
-    lab.preflight), then the main process first (split, tiny model), then the others."""
+    lab.train.preflight), then the main process first (split, tiny model), then the others."""
     from lab.stages import environment
 
     environment()
     import torch
     from accelerate import PartialState
 
-    from lab import data, models, preflight
-    from lab.run import Stage
+    from lab.data import dataset as data
+    from lab.model import models
+    from lab.train import preflight
+    from lab.core.run import Stage
 
     check_world(cuda=torch.cuda.is_available())
     preflight.check(name, overrides)  # the real model: the notebooks' one list of what is missing, before anything
@@ -75,7 +77,7 @@ def open_stage(name: str, overrides: list[str]):
         # with torch.load(map_location=cpu:0), which torch refuses ("don't know how to restore data location ...
         # cpu:0"; transformers trainer.py, _load_optimizer_and_scheduler). Plain `cpu` is the same device.
         os.environ.setdefault("ACCELERATE_TORCH_DEVICE", "cpu")
-    # On a GPU this sets the process's CUDA device, so lab.models.load's "cuda" is the local GPU. Without one,
+    # On a GPU this sets the process's CUDA device, so lab.model.models.load's "cuda" is the local GPU. Without one,
     # cpu=True is what makes accelerate join the launched processes in a gloo group (MULTI_CPU); the
     # default would leave each process alone (DistributedType.NO), every one training and writing by itself.
     state = PartialState(cpu=not torch.cuda.is_available())

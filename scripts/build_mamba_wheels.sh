@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the fused Mamba-2 kernels' wheels once: causal-conv1d 1.7.0 and mamba-ssm 2.3.2.post1 (PyPI has them only as
 # source), against the GPU stack's torch 2.14 CUDA build, for the GPUs users have (sm_90: H100/H200; sm_120: RTX PRO
-# 6000, Kaggle's). lab.models.check_mamba_kernels refuses real-model training without them; the Kaggle kernel's
-# install cell installs them from the wheel dataset (lab.kaggle).
+# 6000, Kaggle's). lab.model.models.check_mamba_kernels refuses real-model training without them; the Kaggle kernel's
+# install cell installs them from the wheel dataset (lab.kaggle.kernel).
 #
 #   scripts/build_mamba_wheels.sh                  # wheels into kaggle_kernel/build/dataset/
 #   scripts/build_mamba_wheels.sh --prepare-only   # venv, torch, sdists, patched sources, nvcc check: no compiling
@@ -111,7 +111,7 @@ if not seen.get("ext_modules"):
 EOF
   )
 done
-# the one dependency of theirs the lab's wheel set lacks (mamba_ssm's Triton scan imports einops; lab.kaggle
+# the one dependency of theirs the lab's wheel set lacks (mamba_ssm's Triton scan imports einops; lab.kaggle.kernel
 # MAMBA_EXTRA_DEP installs it with the two wheels, --no-deps: tilelang / quack-kernels are optional imports)
 "$VPY" -m pip download -q --no-deps --only-binary=:all: -d "$OUT" "einops==0.8.2"
 if (( PREPARE_ONLY )); then

@@ -45,9 +45,9 @@ def bench():
 
 @pytest.fixture(scope="session")
 def smoke_run(tmp_path_factory):
-    """The five notebooks run once through papermill on the smoke budget (lab.pipeline.SMOKE_OVERRIDES); the slow
+    """The five notebooks run once through papermill on the smoke budget (lab.runs.pipeline.SMOKE_OVERRIDES); the slow
     tests that read a finished run share it instead of each running the pipeline again. Returns the run folder."""
-    from lab.pipeline import SMOKE_OVERRIDES, run_notebooks
+    from lab.runs.pipeline import SMOKE_OVERRIDES, run_notebooks
 
     run_dir = tmp_path_factory.mktemp("smoke_run")
     return run_notebooks(SMOKE_OVERRIDES + [f"run_dir={run_dir}"], log_output=False)

@@ -5,10 +5,10 @@
 Every rank builds the same LoRA model (the head's lora_B made non-zero), keeps an unsharded copy as the reference,
 then shards the other with `fully_shard` per NemotronH block and at the root; each rank runs its own batch, so
 the ranks route tokens to different experts (the case that hangs FSDP1 with per-expert units, pytorch #126616).
-Checked on every rank, printed as one JSON line per rank: (1) `lab.lora.head_as_linear` on the sharded head,
+Checked on every rank, printed as one JSON line per rank: (1) `lab.model.lora.head_as_linear` on the sharded head,
 outside any forward, where every weight is a DTensor shard, equals the reference (TRL's head gathers with
 `full_tensor()` there too); (2) one fused-head forward and backward (TRL's `add_fused_lm_head`, wrapped by
-`lab.lora.install_fused_lora_head`) of the sharded model gives the reference's loss and, gathered, the ranks'
+`lab.model.lora.install_fused_lora_head`) of the sharded model gives the reference's loss and, gathered, the ranks'
 mean of the reference's lm_head LoRA gradients. Not a test module itself.
 """
 
@@ -29,11 +29,13 @@ def main(run_dir: str) -> None:
     from torch.distributed.tensor import DTensor
     from trl.trainer.utils import add_fused_lm_head
 
-    from lab import config, lora, models, trl_private
+    from lab.core import config
+    from lab.model import lora, models
+    from lab.train import trl_private
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
-    trl_private.install()  # CPU: TRL's Triton kernel is absent (lab.trl_private)
+    trl_private.install()  # CPU: TRL's Triton kernel is absent (lab.train.trl_private)
     cfg = config.compose([f"run_dir={run_dir}", f"model.path={run_dir}/base_model",
                           "sft.lora.targets=[q_proj,in_proj,experts,lm_head]"])
     torch.manual_seed(0)
@@ -57,7 +59,7 @@ def main(run_dir: str) -> None:
     fully_shard(pm, mesh=mesh)
     sharded = isinstance(head.base_layer.weight, DTensor) and isinstance(head.lora_B["default"].weight, DTensor)
 
-    # (1) outside any forward: DTensor shards, gathered by lab.lora.full_weight
+    # (1) outside any forward: DTensor shards, gathered by lab.model.lora.full_weight
     h, w, _ = lora.head_as_linear(head, x)
     rh, rw, _ = lora.head_as_linear(lora.head_lora(ref), x)
     linear_diff = max((h - rh).abs().max().item(), (w - rw).abs().max().item())

@@ -7,7 +7,7 @@ Environment: PROBE_DIR (where `probe_<rank>.json` goes); PROBE_KILL_RANK / PROBE
 itself with SIGKILL when it starts that optimizer step (1-based), as a crashed or preempted process would.
 Recorded: `batches`, one list per training step of a hash for each example the rank was given (SFT: the
 unpadded token ids; GRPO: the prompt text); `replaced`, every path moved into place by `os.replace`
-(every atomic write of the lab, lab.io.atomic_file / atomic_dir, ends with one).
+(every atomic write of the lab, lab.core.io.atomic_file / atomic_dir, ends with one).
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""Error analysis (lab.analysis): taxonomy classes and their priority, Wilson intervals, departures
+"""Error analysis (lab.eval.analysis): taxonomy classes and their priority, Wilson intervals, departures
 from solver traces, length tables, comparing runs, the compare CLI and analyse's files.
 
 All predictions are hand-made; the solver is replaced by hand-made solutions or a monkeypatched
@@ -14,18 +14,18 @@ from types import SimpleNamespace
 import pandas as pd
 import pytest
 
-from lab import analysis as errors
+from lab.eval import analysis as errors
 from lab import LabError
-from lab.io import atomic_write_csv
-from lab.analysis import (CLASSES, FAILURE_PRIORITY, accuracy_table, analyse, classify_failure, compare,
+from lab.core.io import atomic_write_csv
+from lab.eval.analysis import (CLASSES, FAILURE_PRIORITY, accuracy_table, analyse, classify_failure, compare,
                           departure_table, examples, first_departure, length_table, load_predictions, taxonomy,
                           wilson_interval)
-from lab.cli import compare_main, find_predictions
+from lab.eval.cli import compare_main, find_predictions
 
 
 def row(id, category, gold, completion, correct=None, subtype="", finish_reason="stop", tokens=100, prompt=None,
         answer=None):
-    from lab.metric import extract_answer, verify
+    from lab.competition.metric import extract_answer, verify
 
     ans = extract_answer(completion) if answer is None else answer
     return {"id": id, "category": category, "subtype": subtype, "prompt": prompt or f"puzzle {id}", "gold": gold,
@@ -361,7 +361,7 @@ def test_solver_cache_keyed_by_trace_style(fake_solver):
 
 
 def test_line_kind():
-    from lab.analysis import line_kind
+    from lab.eval.analysis import line_kind
 
     assert line_kind("ex3: cands !*[{ '\"[ = none") == "cands"
     assert line_kind("q: add 12 34 = 46") == "add"
@@ -375,7 +375,7 @@ def test_line_kind():
 
 
 def test_imitation_table_on_literal_completions():
-    from lab.analysis import imitation_table, with_solver
+    from lab.eval.analysis import imitation_table, with_solver
 
     trace = done("ex1: add 1 2 = 3\nex1: eq 3 3 = yes\nq: add 2 2 = 4", "4")
     pred = pd.DataFrame([

@@ -9,7 +9,7 @@ import re
 import pandas as pd
 
 from lab.puzzles import solve
-from lab.puzzles.__main__ import main
+from lab.puzzles.cli import main
 from lab.puzzles.audit import audit_frame, audit_trace, shape
 from lab.puzzles.bitlayout import LAYOUTS, b8, shift_copy
 from lab.puzzles.bitrules import make_prompt

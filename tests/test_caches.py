@@ -1,5 +1,5 @@
 """Every artefact a rerun trusts is keyed by what produced it: 04_vote's sample cache (and every evaluation that
-passes a cache to `lab.generate.sample_table`), GRPO's run record, sweep jobs. A mismatch starts fresh (or refuses);
+passes a cache to `lab.model.generate.sample_table`), GRPO's run record, sweep jobs. A mismatch starts fresh (or refuses);
 a match is reused."""
 
 import json
@@ -7,10 +7,10 @@ import json
 import pandas as pd
 import pytest
 
-from lab import generate as G
-from lab import models
-from lab.config import compose
-from lab.io import atomic_write_json
+from lab.model import generate as G
+from lab.model import models
+from lab.core.config import compose
+from lab.core.io import atomic_write_json
 
 PUZZLE = ("In Alice's Wonderland, numbers are secretly converted into a different numeral system. Some examples are "
           "given below:\n11 -> XI\n15 -> XV\nNow, write the number 38 in the Wonderland numeral system.")
@@ -108,7 +108,7 @@ def test_a_puzzle_counts_as_done_only_with_all_its_samples(run, monkeypatch):
 
 def test_sweep_job_with_a_changed_default_is_not_done(tmp_path, monkeypatch):
     """Same overrides, another resolved config (a default in conf/ changed since): the job runs again."""
-    from lab import sweep as sw
+    from lab.runs import sweep as sw
 
     d = tmp_path / "seed=1"
     nb = ["seed=1", f"run_dir={sw.quote(d)}"]
@@ -128,7 +128,7 @@ def test_sweep_job_with_a_changed_default_is_not_done(tmp_path, monkeypatch):
 
 def test_grpo_run_record_is_keyed_by_the_base_models_content(run, tmp_path):
     """GRPO's pass rates and prompt order (its run record) are reused only from the same base model files."""
-    from lab import grpo
+    from lab.train import grpo
     from lab import LabError
 
     root, model, _ = run
@@ -140,9 +140,9 @@ def test_grpo_run_record_is_keyed_by_the_base_models_content(run, tmp_path):
     fp = grpo.fingerprint(cfg, ["a"], model, 8)
     out = tmp_path / "checkpoints"
     (out / "checkpoint-1").mkdir(parents=True)
-    from lab.checkpoints import mark_complete
+    from lab.train.checkpoints import mark_complete
 
-    mark_complete(out / "checkpoint-1")  # a checkpoint counts only when complete (lab.checkpoints)
+    mark_complete(out / "checkpoint-1")  # a checkpoint counts only when complete (lab.train.checkpoints)
     atomic_write_json(out / grpo.RUN_RECORD, {"fingerprint": fp, "order": ["a"]})
     assert grpo.resume_point(cfg, out, grpo.fingerprint(cfg, ["a"], model, 8))[1] is not None
     (base / "generation_config.json").write_text((base / "generation_config.json").read_text() + "\n")
@@ -151,8 +151,8 @@ def test_grpo_run_record_is_keyed_by_the_base_models_content(run, tmp_path):
 
 
 def test_sweep_keeps_a_finished_stage_only_under_the_same_resolved_config(tmp_path):
-    from lab import sweep as sw
-    from lab.run import Stage
+    from lab.runs import sweep as sw
+    from lab.core.run import Stage
 
     nb = ["seed=1", "sft.learning_rate=3e-3", f"run_dir={sw.quote(tmp_path)}"]
     Stage("01_explore", nb).finish({})

@@ -9,9 +9,9 @@ import pytest
 from omegaconf import OmegaConf
 
 from lab import LabError
-from lab.config import compose
-from lab.paths import project_root
-from lab.run import Stage, stage_output
+from lab.core.config import compose
+from lab.core.paths import project_root
+from lab.core.run import Stage, stage_output
 
 # every config group on disk (a folder of conf/) and every option of it: a new group or option is covered as it lands
 GROUPS = {p.name: sorted(f.stem for f in p.glob("*.yaml")) for p in sorted((project_root() / "conf").iterdir())
@@ -33,13 +33,13 @@ def test_every_option_of_every_group_composes(group, option, tmp_path):
 
 
 def test_every_yaml_key_has_help_text():
-    """TRL-style help text: every key a file in conf/ sets is a field of lab/schema.py with its help (the text the
+    """TRL-style help text: every key a file in conf/ sets is a field of lab/core/schema.py with its help (the text the
     YAML comments held before the schema); keys inside a free-form map (model.architecture) are the map's."""
     import dataclasses
 
     from omegaconf import OmegaConf
 
-    from lab.schema import GROUPS, Config
+    from lab.core.schema import GROUPS, Config
 
     def schema_field(key):
         cls, field = Config, None
@@ -65,11 +65,11 @@ def test_every_yaml_key_has_help_text():
         prefix = f"{f.parent.name}." if f.parent.name in GROUPS else ""
         missing += [f"{f.relative_to(project_root())}: {k}" for k in keys(tree, prefix)
                     if not (schema_field(k) and schema_field(k).metadata.get("help"))]
-    assert not missing, "keys without help text in lab/schema.py:\n" + "\n".join(missing)
+    assert not missing, "keys without help text in lab/core/schema.py:\n" + "\n".join(missing)
 
 
 def test_evaluation_uses_the_competitions_scoring_settings_unless_overridden():
-    from lab.schema import CompetitionLimits
+    from lab.core.schema import CompetitionLimits
 
     cfg = compose([])
     lim = OmegaConf.to_object(cfg.competition)
@@ -96,7 +96,7 @@ def test_unknown_group_option_is_clear():
 
 
 def test_missing_data_path_names_the_path(tmp_path):
-    from lab.data import prepare
+    from lab.data.dataset import prepare
 
     with pytest.raises(LabError) as e:  # since issue 19 at compose time, before any stage folder is opened
         prepare(compose(["data=competition", f"data.path={tmp_path}/nope.csv", f"run_dir={tmp_path}/run"]))
@@ -122,7 +122,7 @@ def test_stage_writes_config_and_manifest_without_secrets(tmp_path, monkeypatch)
 
 
 def test_seed_is_pinned_and_drives_the_split(tmp_path):
-    from lab.data import prepare
+    from lab.data.dataset import prepare
 
     a = prepare(compose([f"run_dir={tmp_path}/a", "data.n_train=5", "data.n_val=2"]))
     b = prepare(compose([f"run_dir={tmp_path}/b", "data.n_train=5", "data.n_val=2"]))
@@ -131,7 +131,7 @@ def test_seed_is_pinned_and_drives_the_split(tmp_path):
 
 
 def test_changed_data_settings_in_one_run_dir_is_an_error(tmp_path):
-    from lab.data import prepare
+    from lab.data.dataset import prepare
 
     prepare(compose([f"run_dir={tmp_path}", "data.n_train=5", "data.n_val=2"]))
     with pytest.raises(LabError) as e:
@@ -140,7 +140,7 @@ def test_changed_data_settings_in_one_run_dir_is_an_error(tmp_path):
 
 
 def test_overrides_parameter_accepts_papermills_string_and_lists():
-    from lab.config import parse_overrides
+    from lab.core.config import parse_overrides
 
     assert parse_overrides('["seed=7", "run_name=seed7"]') == ["seed=7", "run_name=seed7"]  # papermill -p
     assert parse_overrides("[seed=7, run_name=seed7]") == ["seed=7", "run_name=seed7"]  # YAML
@@ -160,7 +160,7 @@ def test_a_run_without_a_name_gets_its_own_time_stamped_folder(monkeypatch):
     import re
     import time
 
-    from lab.config import names_run
+    from lab.core.config import names_run
 
     a = compose([])
     time.sleep(1.05)
@@ -175,14 +175,14 @@ def test_a_run_without_a_name_gets_its_own_time_stamped_folder(monkeypatch):
 
 
 def test_the_competitions_limits_have_one_home(tmp_path):
-    """The LoRA rank limit is the `competition` node's, checked by one function (lab.schema.rank_problem) for the
+    """The LoRA rank limit is the `competition` node's, checked by one function (lab.core.schema.rank_problem) for the
     config (sft.lora.r, infer.max_lora_rank) and for a packed adapter's config; the real model's context length
     interpolates the node too."""
     from omegaconf import read_write
 
-    from lab.config import validate
-    from lab.schema import rank_problem
-    from lab.submission_check import config_problems
+    from lab.core.config import validate
+    from lab.core.schema import rank_problem
+    from lab.model.submission_check import config_problems
 
     cfg = compose([f"run_dir={tmp_path}"])
     assert compose(["model=nemotron_nano"]).model.max_model_len == cfg.competition.max_model_len
@@ -209,7 +209,7 @@ def test_a_group_built_by_hand_checks_itself():
     """TRL's way: the dataclass refuses bad values when it is built, not only inside a composed config."""
     import dataclasses as dc
 
-    from lab.schema import VoteConfig
+    from lab.core.schema import VoteConfig
 
     good = OmegaConf.to_object(compose([]).vote)
     assert dc.replace(good, k=3).k == 3

@@ -5,15 +5,15 @@ import logging
 
 import pytest
 
-from lab import console
+from lab.core import console
 
 
 def _tiny_trainer(tmp_path, steps=4):
     import torch
     from transformers import Trainer, TrainingArguments
 
-    from lab.callbacks import trainer_callbacks
-    from lab.callbacks import use_text_progress
+    from lab.train.callbacks import trainer_callbacks
+    from lab.train.callbacks import use_text_progress
 
     class Line(torch.nn.Module):
         def __init__(self):
@@ -86,7 +86,7 @@ def test_a_labs_error_inside_a_stage_is_one_message(tmp_path):
     import torch
 
     from lab import LabError
-    from lab.pipeline import execute_stage
+    from lab.runs.pipeline import execute_stage
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")

@@ -7,8 +7,8 @@ import pandas as pd
 import pytest
 
 from lab import LabError
-from lab.curriculum import SHAPES, order, select, selection_summary
-from lab.vote import pass_rates
+from lab.data.curriculum import SHAPES, order, select, selection_summary
+from lab.eval.vote import pass_rates
 
 
 def samples(rows):

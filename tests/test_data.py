@@ -1,4 +1,4 @@
-"""Loading, validating, splitting and saving puzzle files (lab.data)."""
+"""Loading, validating, splitting and saving puzzle files (lab.data.dataset)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,9 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lab import paths
+from lab.core import paths
 from lab import LabError
-from lab.data import add_categories, find_data_file, load_puzzles, load_split, rows_hash, save_split, split
+from lab.data.dataset import add_categories, find_data_file, load_puzzles, load_split, rows_hash, save_split, split
 
 FIXTURE = Path(__file__).parent / "fixtures" / "tricky.csv"
 
@@ -124,7 +124,7 @@ def isolated(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_ROOT", str(root))
     monkeypatch.delenv("LAB_DATA", raising=False)
     monkeypatch.delenv("KAGGLE_KERNEL_RUN_TYPE", raising=False)
-    monkeypatch.setattr(paths, "KAGGLE_INPUT", tmp_path / "kaggle" / "input")  # find_data_file lives in lab.paths
+    monkeypatch.setattr(paths, "KAGGLE_INPUT", tmp_path / "kaggle" / "input")  # find_data_file lives in lab.core.paths
     monkeypatch.chdir(tmp_path)
     return root
 

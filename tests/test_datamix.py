@@ -1,12 +1,12 @@
-"""The data-mix knobs of conf/data (lab.data): per-category oversampling weights, per-category trace styles and
+"""The data-mix knobs of conf/data (lab.data.dataset): per-category oversampling weights, per-category trace styles and
 synthetic-only training with the real file held for validation. Literal frames; no model."""
 
 import pandas as pd
 import pytest
 
 from lab import LabError
-from lab.config import compose
-from lab.data import category_weights, oversample, prepare, trace_styles
+from lab.core.config import compose
+from lab.data.dataset import category_weights, oversample, prepare, trace_styles
 
 
 def frame():
@@ -55,7 +55,7 @@ def test_trace_styles_per_category(tmp_path):
 
 
 def test_sft_examples_use_each_categorys_style(monkeypatch):
-    from lab import sft
+    from lab.train import sft
     from lab.puzzles.common import Solution
 
     seen, inputs = [], []
@@ -105,7 +105,7 @@ def test_synthetic_train_holds_the_whole_real_file_for_validation(tmp_path):
 
 
 def test_sft_stages_are_checked(tmp_path):
-    from lab.sft import sft_stages
+    from lab.train.sft import sft_stages
 
     assert sft_stages(compose([f"run_dir={tmp_path}"])) == ["traces"]
     assert sft_stages(compose([f"run_dir={tmp_path}", "sft.stages=[drills,traces]"])) == ["drills", "traces"]

@@ -94,7 +94,7 @@ def test_lm_head_lora_honours_cast_to_fp32():
     """`cast_lm_head_to_fp32`: a bf16 LoRA head computed in float32, equal to the float32 copy's own forward."""
     from peft import LoraConfig, get_peft_model
 
-    from lab.lora import head_as_linear
+    from lab.model.lora import head_as_linear
 
     torch.manual_seed(0)
     net = torch.nn.Module()
@@ -140,7 +140,7 @@ def test_two_processes_train_what_one_process_trains(sft_runs):
         assert sorted(b0 + b1) == sorted(one["batches"][2 * step] + one["batches"][2 * step + 1])
     run_dir = str(root / "two")
     assert not [p for p in r1["replaced"] if p.startswith(run_dir)], "rank 1 wrote outputs"
-    # a stage writes into its working folder `.02_sft.partial`, swapped in for `02_sft` when it finishes (lab.run.Stage)
+    # a stage writes into its working folder `.02_sft.partial`, swapped in for `02_sft` when it finishes (lab.core.run.Stage)
     written = {Path(p).relative_to(run_dir).as_posix().replace(".02_sft.partial/", "02_sft/")
                for p in r0["replaced"] if p.startswith(run_dir)}
     assert {"02_sft/adapter", "02_sft/metrics.json", "02_sft/train_log.csv", "02_sft/manifest.json"} <= written
@@ -154,7 +154,7 @@ def test_a_run_whose_rank_1_is_killed_resumes_to_the_same_adapter(sft_runs, tmp_
     args = [f"run_dir={run_dir}", "sft.batch_size=2", *SFT]
     dead = run("train_sft.py", args, tmp_path / "probe_dead", PROBE_KILL_RANK="1", PROBE_KILL_STEP="3")
     assert dead.returncode != 0
-    assert (run_dir / "checkpoints" / "02_sft" / "checkpoint-2").is_dir()  # outside the stage folder (lab.checkpoints)
+    assert (run_dir / "checkpoints" / "02_sft" / "checkpoint-2").is_dir()  # outside the stage folder (lab.train.checkpoints)
     assert not (run_dir / "02_sft" / "metrics.json").exists()  # the stage did not finish
     again = run("train_sft.py", args, tmp_path / "probe_again")
     assert again.returncode == 0, again.stdout[-3000:] + again.stderr[-3000:]
@@ -187,7 +187,8 @@ def test_grpo_under_two_processes(sft_runs):
 @pytest.mark.slow
 def test_fsdp2_on_cpu_shards_the_model_and_the_lora_head_matches(tmp_path):
     """torch's FSDP2 (`fully_shard`) on CPU/gloo: the lm_head LoRA's fused head equals the unsharded reference."""
-    from lab import config, models
+    from lab.core import config
+    from lab.model import models
 
     models.model_path(config.compose([f"run_dir={tmp_path}", f"model.path={tmp_path / 'base_model'}"]))
     out = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc_per_node", "2", "--master_port",
@@ -203,11 +204,12 @@ def test_fsdp2_on_cpu_shards_the_model_and_the_lora_head_matches(tmp_path):
 
 
 def test_tensor_parallel_size_reaches_vllm_and_the_scorer_keeps_one(monkeypatch):
-    """`infer.tensor_parallel_size=4` (local evaluation on 4 GPUs) is what lab.generate hands vLLM's engine; the
-    scoring settings (the `competition` node, lab/schema.py) keep the scorer's 1; 0 is refused."""
+    """`infer.tensor_parallel_size=4` (local evaluation on 4 GPUs) is what lab.model.generate hands vLLM's engine; the
+    scoring settings (the `competition` node, lab/core/schema.py) keep the scorer's 1; 0 is refused."""
     import types
 
-    from lab import config, generate
+    from lab.core import config
+    from lab.model import generate
 
     seen = {}
     vllm = types.ModuleType("vllm")

@@ -5,7 +5,7 @@ priors and the honesty of `solved` (CPU only, offline)."""
 import pandas as pd
 import pytest
 
-from lab.metric import verify
+from lab.competition.metric import verify
 from lab.puzzles import generate, solve, solve_frame
 from lab.puzzles import eqsolve as eq
 

@@ -2,7 +2,7 @@
 order and an explicit override still wins; `model=nemotron_nano` alone trains with the real model's recipe, not the
 tiny demo's; its values stay inside the competition's limits (Kaggle's scoring settings, conf/infer/kaggle.yaml);
 it runs under the sweep command; and (slow) one training step of its SFT and of its GRPO fits its card by
-lab.memory's check. The values themselves live, with their sources, in the conf/ files the preset names."""
+lab.train.memory's check. The values themselves live, with their sources, in the conf/ files the preset names."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 from omegaconf import OmegaConf
 
-from lab.config import compose
+from lab.core.config import compose
 
 PRESET = ["model=nemotron_nano", "experiment=competition", "data=competition"]
 
@@ -37,7 +37,7 @@ def test_the_real_model_alone_trains_with_the_real_recipe_not_the_tiny_demos():
 
 
 def test_the_preset_stays_inside_the_competition_limits():
-    from lab.lora import FAMILIES
+    from lab.model.lora import FAMILIES
 
     c = compose(["experiment=competition"])
     kaggle = compose(["infer=kaggle"]).infer  # Kaggle's scoring settings and limits
@@ -51,7 +51,7 @@ def test_the_preset_stays_inside_the_competition_limits():
 
 
 def test_the_preset_composes_under_the_sweep_command(tmp_path: Path):
-    from lab import sweep as sw
+    from lab.runs import sweep as sw
 
     p = sw.plan(["experiment=competition", "sft.learning_rate=1e-4,2e-4"], seeds=1)
     assert p["named"] == ["sft.learning_rate", "seed"] and "experiment" in p["fixed"]
@@ -64,10 +64,11 @@ def test_the_preset_composes_under_the_sweep_command(tmp_path: Path):
 @pytest.mark.slow  # a fake-tensor trace of the 30B model: tens of seconds each
 @pytest.mark.parametrize("stage", ["sft", "grpo"])
 def test_one_training_step_of_the_preset_fits_its_card(stage, monkeypatch):
-    """lab.memory.check_fits as 02_sft and 03_grpo call it (it raises when the step does not fit the card), on a
+    """lab.train.memory.check_fits as 02_sft and 03_grpo call it (it raises when the step does not fit the card), on a
     machine with the fused Mamba kernels real training needs; without them it refuses (tests/test_preflight.py)."""
     pytest.importorskip("torch")
-    from lab import memory, models
+    from lab.train import memory
+    from lab.model import models
 
     monkeypatch.setattr(models, "missing_mamba_kernels", lambda: {})  # as on a machine with the fused kernels
     cfg = compose(["experiment=competition"])

@@ -50,9 +50,9 @@ RECIPE_LORA = ["sft.lora.r=32", "sft.lora.alpha=32", "gpu.optim=null", "gpu.expe
 @pytest.mark.slow  # three real-width traces: seconds
 @pytest.mark.parametrize("tokens, mamba", sorted(CARD))
 def test_the_trace_equals_what_an_h100_counted(bench, tokens, mamba):
-    """The fake-tensor trace of the slice, under CUDA's autocast rules (lab.autocast_rules), equals to
+    """The fake-tensor trace of the slice, under CUDA's autocast rules (lab.train.autocast_rules), equals to
     the byte what the card counted for the same step. Pinned to the LoRA measured then, not to the preset."""
-    from lab import memory
+    from lab.train import memory
 
     cfg, _ = bench("gpu_memory").slice_config(["experiment=competition", "gpu=rtx_pro_6000", *RECIPE_LORA])
     t = memory.trace(cfg, "sft", tokens=tokens, rows=1, mamba=mamba, head="chunked" if mamba == "kernel" else "torch")
@@ -67,7 +67,7 @@ def test_gpu_smoke_is_valid_bash_and_fetches_what_the_lab_pins():
 
     from packaging.requirements import Requirement
 
-    from lab.paths import project_root
+    from lab.core.paths import project_root
 
     script = project_root() / "scripts" / "gpu_smoke.sh"
     subprocess.run(["bash", "-n", str(script)], check=True)

@@ -15,12 +15,14 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from lab import callbacks, config, grpo, grpo_refine, lora, models, rewards  # noqa: E402
-from lab import io as lab_io
-from lab import paths
+from lab.train import callbacks, grpo, grpo_refine, rewards  # noqa: E402
+from lab.core import config
+from lab.model import lora, models
+from lab.core import io as lab_io
+from lab.core import paths
 from lab import LabError
-from lab.run import Stage  # noqa: E402
-from lab.prompts import BOXED_INSTRUCTION, chat_prompt  # noqa: E402
+from lab.core.run import Stage  # noqa: E402
+from lab.competition.prompts import BOXED_INSTRUCTION, chat_prompt  # noqa: E402
 from lab.puzzles import generate  # noqa: E402
 
 
@@ -101,7 +103,7 @@ def test_grpo_args_builds_a_valid_config_for_the_pinned_trl(root, backend, tmp_p
     from trl import GRPOTrainer
 
     other = []
-    if backend == "vllm":  # refused for Nemotron-H (lab.grpo.check_backend): a model folder of another type
+    if backend == "vllm":  # refused for Nemotron-H (lab.train.grpo.check_backend): a model folder of another type
         (tmp_path / "llama").mkdir()
         (tmp_path / "llama" / "config.json").write_text('{"model_type": "llama"}')
         other = ["model.build_tiny=false", f"model.path={tmp_path / 'llama'}"]
@@ -159,11 +161,11 @@ def test_max_completion_length_is_the_competitions_budget_never_trls_default(roo
 def test_resume_point_takes_the_newest_checkpoint_within_max_steps(root, tmp_path):
     """transformers' get_last_checkpoint picks the checkpoint once those past max_steps are deleted."""
     out = tmp_path / "checkpoints"
-    from lab.checkpoints import mark_complete
+    from lab.train.checkpoints import mark_complete
 
     for step in (2, 10, 4, 6):
         (out / f"checkpoint-{step}").mkdir(parents=True)
-        mark_complete(out / f"checkpoint-{step}")  # a checkpoint counts only when complete (lab.checkpoints)
+        mark_complete(out / f"checkpoint-{step}")  # a checkpoint counts only when complete (lab.train.checkpoints)
     (out / "checkpoint-x").mkdir()
     fp = {"grpo": {"lr": 1}, "seed": 1}
     lab_io.atomic_write_json(out / grpo.RUN_RECORD, {"fingerprint": fp, "order": ["a"]})
@@ -322,7 +324,7 @@ def test_grpo_trains_the_adapter_and_generation_uses_it(root, puzzles):
     reloaded, _ = models.load(cfg, adapter=out)
     assert (trained - logits(start_model, tok, text)).abs().max() > 1e-3
     torch.testing.assert_close(logits(reloaded, tok, text), trained, rtol=1e-5, atol=1e-5)
-    from lab.generate import Sampling, generate_hf
+    from lab.model.generate import Sampling, generate_hf
 
     g_trained = generate_hf(model, tok, [text], Sampling(max_tokens=8), progress=False)[0][0].text
     assert generate_hf(reloaded, tok, [text], Sampling(max_tokens=8), progress=False)[0][0].text == g_trained
@@ -332,7 +334,7 @@ def test_grpo_trains_the_adapter_and_generation_uses_it(root, puzzles):
 def test_grpo_moves_the_policy_towards_the_reward(root, puzzles):
     """The sign is right end to end (rollouts, advantages, the CPU log-prob kernel, the optimiser): rewarding high
     token ids makes sampled completions use higher token ids."""
-    from lab.generate import Sampling, generate_hf
+    from lab.model.generate import Sampling, generate_hf
 
     cfg = compose(root, "direction", "grpo.max_steps=6", "grpo.save_steps=100", "grpo.learning_rate=5e-3",
                   "grpo.gradient_check=false")
@@ -439,7 +441,7 @@ def test_refine_trains_on_refinements_of_the_best_draft(root, puzzles, monkeypat
 
 @pytest.mark.slow
 def test_grpo_trains_an_lm_head_lora(root, puzzles):
-    """An adapter with an lm_head LoRA (the competition preset's) trains under GRPOTrainer too (lab.lora), with
+    """An adapter with an lm_head LoRA (the competition preset's) trains under GRPOTrainer too (lab.model.lora), with
     TRL's reference adapter (beta > 0); the frozen head does not move."""
     cfg = compose(root, "lm_head", "sft.lora.targets=[q_proj,lm_head]", "grpo.beta=0.04", "grpo.save_steps=10")
     stage, pm, tok = start(cfg)

@@ -9,10 +9,12 @@ from omegaconf import OmegaConf
 
 torch = pytest.importorskip("torch")
 
-from lab import config, grpo, lora, models  # noqa: E402
-from lab import paths
+from lab.core import config  # noqa: E402
+from lab.train import grpo
+from lab.model import lora, models
+from lab.core import paths
 from lab import LabError
-from lab.run import Stage  # noqa: E402
+from lab.core.run import Stage  # noqa: E402
 from lab.puzzles import generate  # noqa: E402
 
 
@@ -84,7 +86,7 @@ def test_a_config_trl_refuses_fails_before_any_sampling(root, monkeypatch):
 
 
 def test_pass_rate_sampling_uses_the_rollouts_top_p(root, monkeypatch):
-    import lab.generate as G
+    import lab.model.generate as G
 
     seen = {}
 
@@ -115,7 +117,7 @@ def test_micro_batched_step_equals_the_one_big_step(root, monkeypatch):
     taken in one forward/backward: same completions (one generation round), same loss, same update."""
     from safetensors.torch import load_file
 
-    from lab import rewards
+    from lab.train import rewards
 
     monkeypatch.setitem(rewards.REWARDS, "token_mean", token_mean_reward)
     puzzles = generate("numeral_system", 6, 0)

@@ -15,7 +15,7 @@ import sys
 
 import pytest
 
-from lab.paths import project_root
+from lab.core.paths import project_root
 
 LAB = project_root() / "lab"
 PYPROJECT = project_root() / "pyproject.toml"
@@ -74,18 +74,19 @@ def test_the_package_itself_imports_nothing_of_the_lab(graph):
 def test_the_contracts_hold_and_fail_on_a_planted_violation(graph):
     assert _check(graph) == {"layers": True, "acyclic": True}
 
-    upward = copy.deepcopy(graph)  # plumbing importing the voting code: no cycle, only the layers catch it
-    upward.add_import(importer="lab.paths", imported="lab.vote", line_number=1, line_contents="from lab import vote")
+    upward = copy.deepcopy(graph)  # plumbing importing the command table (nothing imports it back): only the layers
+    upward.add_import(importer="lab.core.paths", imported="lab.__main__", line_number=1,  # catch it
+                      line_contents="from lab.__main__ import COMMANDS")
     assert _check(upward) == {"layers": False, "acyclic": True}
 
     cycle = copy.deepcopy(graph)  # the metric must stand alone: the puzzles import it, so this closes a cycle too
-    cycle.add_import(importer="lab.metric", imported="lab.puzzles.solve", line_number=1,
+    cycle.add_import(importer="lab.competition.metric", imported="lab.puzzles.solve", line_number=1,
                      line_contents="from lab.puzzles import solve")
     assert _check(cycle) == {"layers": False, "acyclic": False}
 
     same_layer = copy.deepcopy(graph)  # a cycle inside one layer: the layers allow it, the acyclic contract does not
-    same_layer.add_import(importer="lab.lora", imported="lab.generate", line_number=1,
-                          line_contents="from lab import generate")
+    same_layer.add_import(importer="lab.model.lora", imported="lab.model.generate", line_number=1,
+                          line_contents="from lab.model import generate")
     assert _check(same_layer) == {"layers": True, "acyclic": False}
 
     unlisted = copy.deepcopy(graph)  # a new module must be put in a layer (exhaustive)
@@ -97,7 +98,7 @@ def test_the_contracts_hold_and_fail_on_a_planted_violation(graph):
 @pytest.mark.parametrize("seed", [0, 1])
 def test_every_module_imports_in_random_order_in_a_fresh_interpreter(seed):
     names = lab_modules()
-    assert {"lab", "lab.config", "lab.lora", "lab.sft", "lab.puzzles", "lab.puzzles.solve"} <= set(names)
+    assert {"lab", "lab.core.config", "lab.model.lora", "lab.train.sft", "lab.puzzles", "lab.puzzles.solve"} <= set(names)
     random.Random(seed).shuffle(names)
     code = ("import importlib, json, sys\n"
             "for n in json.loads(sys.argv[1]):\n"

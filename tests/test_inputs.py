@@ -5,8 +5,8 @@ import pandas as pd
 import pytest
 
 from lab import LabError
-from lab.config import compose
-from lab.data import prepare
+from lab.core.config import compose
+from lab.data.dataset import prepare
 from lab.puzzles import CATEGORIES, generate
 
 
@@ -50,10 +50,10 @@ def test_a_file_without_answers_is_refused_by_stages_that_score(tmp_path):
         prepare(cfg)  # the saved split is checked as well
 
 
-# ---- python -m lab.puzzles solve ---------------------------------------------------------------
+# ---- python -m lab puzzles solve ---------------------------------------------------------------
 
 def _solve(tmp_path, content: bytes, capsys):
-    from lab.puzzles.__main__ import main
+    from lab.puzzles.cli import main
 
     inp = tmp_path / "in.csv"
     inp.write_bytes(content)
@@ -77,7 +77,7 @@ def test_solve_says_when_it_numbers_rows_without_an_id_column(tmp_path, capsys):
 
 
 def test_solve_into_an_unwritable_folder_is_a_clear_error(tmp_path, capsys, monkeypatch):
-    from lab import io as lab_io
+    from lab.core import io as lab_io
 
     def refuse(*a, **k):
         raise PermissionError(13, "Permission denied")
@@ -90,7 +90,7 @@ def test_solve_into_an_unwritable_folder_is_a_clear_error(tmp_path, capsys, monk
 # ---- python -m lab score -----------------------------------------------------------------------
 
 def test_score_says_which_column_it_scores_when_both_are_present(tmp_path, capsys):
-    from lab.cli import score_main as main
+    from lab.eval.cli import score_main as main
 
     gold = tmp_path / "gold.csv"
     pred = tmp_path / "pred.csv"

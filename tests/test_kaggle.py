@@ -22,9 +22,9 @@ from pathlib import Path
 
 import pytest
 
-from lab import kaggle
+from lab.kaggle import kernel as kaggle
 from lab import LabError
-from lab.paths import project_root
+from lab.core.paths import project_root
 
 OVERRIDES = ["model=nemotron_nano", "data=competition", "sft.learning_rate=1e-4"]
 
@@ -203,7 +203,7 @@ def test_install_cell_runs_against_a_fake_kaggle_tree(tmp_path, monkeypatch):
     assert (tmp_path / "lab_root" / "conf" / "config.yaml").is_file()
     assert (tmp_path / "lab_root" / "notebooks" / "02_sft.ipynb").is_file()
     assert (root / "working" / "outputs" / "nano1" / "data" / "split.json").is_file()  # the earlier run continues
-    from lab.config import compose
+    from lab.core.config import compose
 
     assert str(compose(["run_dir=/kaggle/working/outputs/x"]).run_dir) == "/kaggle/working/outputs/x"
 
@@ -246,7 +246,7 @@ def test_dependency_dataset(tmp_path):
     wheels = list(out.glob("nemotron_reasoning_lab-*-py3-none-any.whl"))
     assert len(wheels) == 1
     names = zipfile.ZipFile(wheels[0]).namelist()
-    assert "lab/sweep.py" in names and "lab/kaggle.py" in names and not any("__pycache__" in n for n in names)
+    assert "lab/runs/sweep.py" in names and "lab/kaggle/kernel.py" in names and not any("__pycache__" in n for n in names)
     reqs = [x for x in (out / "requirements.txt").read_text().splitlines() if x and not x.startswith("#")]
     assert "transformers==5.17.0" in reqs and "trl==1.15.0" in reqs and "vllm==0.33.0" in reqs
     assert all("==" in r for r in reqs) and not any("+cpu" in r or "://" in r for r in reqs)
@@ -292,7 +292,7 @@ def test_launch_scripts_answer_help(script):
     ("02_sft", ["model=nemotron_nano", "gpu=h100_80gb"], ["vllm", "bnb"]),
 ])
 def test_install_cell_installs_only_what_the_kernel_needs(notebook, overrides, extras):
-    from lab.config import compose
+    from lab.core.config import compose
 
     assert kaggle.kernel_extras(compose(overrides), notebook) == extras
     proj = kaggle._pyproject()["project"]["optional-dependencies"]

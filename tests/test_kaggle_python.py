@@ -10,8 +10,8 @@ import sys
 
 import pytest
 
-from lab import kaggle
-from lab.config import compose
+from lab.kaggle import kernel as kaggle
+from lab.core.config import compose
 
 
 def _run_cell(tmp_path, monkeypatch, python_version, wheels=()):

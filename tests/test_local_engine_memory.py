@@ -10,7 +10,8 @@ import types
 
 import pytest
 
-from lab import config, generate
+from lab.core import config
+from lab.model import generate
 from lab import LabError
 
 

@@ -1,4 +1,4 @@
-"""The lm_head LoRA trains under TRL 1.15's fused head (lab.lora), on the tiny model, CPU."""
+"""The lm_head LoRA trains under TRL 1.15's fused head (lab.model.lora), on the tiny model, CPU."""
 
 from __future__ import annotations
 
@@ -9,9 +9,11 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
-from lab import config, lora, models, sft  # noqa: E402
-from lab import paths
-from lab.run import Stage  # noqa: E402
+from lab.core import config  # noqa: E402
+from lab.model import lora, models
+from lab.train import sft
+from lab.core import paths
+from lab.core.run import Stage  # noqa: E402
 from lab.puzzles import generate  # noqa: E402
 
 
@@ -32,7 +34,7 @@ def puzzles():
 
 
 def test_trl_refuses_an_lm_head_lora_without_lab_lora(root, puzzles):
-    """The reason lab.lora exists: TRL's own check, unchanged."""
+    """The reason lab.model.lora exists: TRL's own check, unchanged."""
     from datasets import Dataset
     from trl import SFTTrainer
 
@@ -48,9 +50,9 @@ def test_trl_refuses_an_lm_head_lora_without_lab_lora(root, puzzles):
 def test_fused_lora_head_equals_the_models_own_logits_and_reaches_the_adapter(root, puzzles):
     """The fused log-probabilities equal log_softmax of the ordinary forward (which applies the LoRA head through
     PEFT's module), with a non-zero lm_head LoRA; and the loss's gradient reaches lm_head's lora_A and lora_B."""
-    from lab import trl_private
+    from lab.train import trl_private
 
-    trl_private.install()  # CPU: TRL's Triton kernel is absent; lab.trl_private puts the same computation in its slot
+    trl_private.install()  # CPU: TRL's Triton kernel is absent; lab.train.trl_private puts the same computation in its slot
     cfg = compose(root, "equal")
     model, tok = models.load(cfg)
     pm, table = lora.attach_lora(cfg, model)
@@ -118,7 +120,7 @@ def test_sft_trains_the_lm_head_lora_and_leaves_frozen_weights(root, puzzles):
     # the submission zip carries the head's LoRA and passes the lab's own check
     import zipfile
 
-    from lab import submission
+    from lab.model import submission
 
     zp = submission.pack(cfg.sft.adapter_dir, root / "train" / "submission.zip")
     assert submission.check(zp) == []

@@ -11,7 +11,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
-from lab import config, lora, models  # noqa: E402
+from lab.core import config  # noqa: E402
+from lab.model import lora, models
 from lab import LabError  # noqa: E402
 
 

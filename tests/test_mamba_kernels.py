@@ -1,4 +1,4 @@
-"""The fused Mamba kernels are part of the real-model path (issue 26): `lab.models.check_mamba_kernels` refuses to
+"""The fused Mamba kernels are part of the real-model path (issue 26): `lab.model.models.check_mamba_kernels` refuses to
 train model=nemotron_nano where mamba_ssm / causal_conv1d do not import, and names how to get them. CPU only: the
 packages cannot import here (CUDA extensions), and the stand-in modules below are test-only fakes with the functions'
 names, nothing more."""
@@ -10,7 +10,8 @@ import types
 
 import pytest
 
-from lab import config, models
+from lab.core import config
+from lab.model import models
 from lab import LabError
 
 
@@ -56,8 +57,8 @@ def test_build_script_agrees_with_the_lab_on_versions_and_is_valid_bash():
     import re
     import subprocess
 
-    from lab import kaggle
-    from lab.paths import project_root
+    from lab.kaggle import kernel as kaggle
+    from lab.core.paths import project_root
 
     script = project_root() / "scripts" / "build_mamba_wheels.sh"
     assert subprocess.run(["bash", "-n", str(script)]).returncode == 0

@@ -1,5 +1,5 @@
 """The real model's shapes on the meta device with the competition preset's LoRA, and the traced memory of one
-training step (lab.memory): on the tiny model the fake-tensor trace equals the same step run on real tensors.
+training step (lab.train.memory): on the tiny model the fake-tensor trace equals the same step run on real tensors.
 
 The config values are a small fixture copied from the published config.json (tests/fixtures/); when ../shared holds
 the real file, the fixture is checked against it. The 30B traces themselves (about a minute each) are in the README,
@@ -16,10 +16,10 @@ from omegaconf import OmegaConf
 
 torch = pytest.importorskip("torch")
 
-from lab import autocast_rules, memory  # noqa: E402
+from lab.train import autocast_rules, memory  # noqa: E402
 from lab import LabError
-from lab.config import compose  # noqa: E402
-from lab.paths import project_root  # noqa: E402
+from lab.core.config import compose  # noqa: E402
+from lab.core.paths import project_root  # noqa: E402
 
 FIXTURE = project_root() / "tests" / "fixtures" / "nemotron_3_nano_config_values.json"
 REAL = project_root().parent / "shared" / "tokenizer" / "nemotron-3-nano" / "config.json"
@@ -74,13 +74,13 @@ def test_every_target_family_matches_with_the_expected_trainable_parameters(valu
 
 @pytest.mark.slow  # builds the 30B model's LoRA on the meta device: seconds (the fast lane stays short)
 def test_packed_adapter_names_and_shapes_are_the_ones_vllm_reads(values, figures):
-    """The preset's adapter, after `lab.submission.split_fused_experts` (experts split per expert), has exactly the
+    """The preset's adapter, after `lab.model.submission.split_fused_experts` (experts split per expert), has exactly the
     names and shapes vLLM 0.33's Nemotron-H reads: per-expert `experts.{e}.up_proj/down_proj` (its expert mapping,
     `get_expert_mapping` in vllm/model_executor/models/nemotron_h.py), q/k/v/o, in/out_proj, shared experts and
     `lm_head` (`embedding_modules`). Computed on the meta device: names and shapes only."""
     from peft import get_peft_model_state_dict
 
-    from lab.submission import split_fused_experts
+    from lab.model.submission import split_fused_experts
 
     pm = figures["model"]
     state = get_peft_model_state_dict(pm, save_embedding_layers=False)
@@ -131,7 +131,7 @@ TINY_ALL = ["model.dtype=bfloat16",  # transformers' grouped_mm experts: the met
 def test_traced_peak_equals_the_peak_of_the_same_step_on_real_tensors(mamba, head):
     """One SFT step of the tiny model (every LoRA family, lm_head too; checkpointing, fused AdamW, bf16 autocast):
     the peak counted on fake tensors is within 2% of the peak of the same step run on real CPU tensors, counted by
-    the same dispatch mode. ("torch", "torch"): transformers' PyTorch scan and lab.trl_private's head, the real CPU
+    the same dispatch mode. ("torch", "torch"): transformers' PyTorch scan and lab.train.trl_private's head, the real CPU
     path; ("kernel", "chunked"): the stand-ins for the CUDA-only kernels, run on real tensors too."""
     cfg = compose(TINY_ALL)
     fake = memory.trace(cfg, "sft", tokens=128, rows=2, mamba=mamba, head=head, fake=True)
@@ -202,7 +202,7 @@ def test_memory_command_writes_the_json(tmp_path):
 
 
 def test_experts_rank_lowers_only_the_routed_experts_rank_and_keeps_the_scale(values):
-    from lab.lora import lora_config
+    from lab.model.lora import lora_config
 
     cfg = compose([*PRESET, "gpu=h100_80gb", "gpu.experts_rank=16"])
     lc = lora_config(cfg, memory.meta_model(values))
@@ -236,7 +236,7 @@ def test_a_fake_trace_runs_on_the_cpu_and_the_real_kernels_must_import():
             memory.trace(cfg, "sft", tokens=8, rows=1, mamba="real", fake=False)
 
 
-# ---- CUDA's autocast rules on the CPU (lab.autocast_rules) --------------------------------------------------------
+# ---- CUDA's autocast rules on the CPU (lab.train.autocast_rules) --------------------------------------------------------
 
 # The rest of CUDA autocast's ops without a CPU autocast kernel (torch's aten/src/ATen/autocast_mode.h): they cast
 # down to bf16 or promote to the widest input, so the CPU trace counts as much or more.

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from lab import metric
+from lab.competition import metric
 from lab import LabError
-from lab.cli import score_main
-from lab.metric import extract_answer, judge, score, verify
+from lab.eval.cli import score_main
+from lab.competition.metric import extract_answer, judge, score, verify
 
 B = "\\boxed"
 
@@ -203,9 +203,9 @@ def test_cli_through_dispatcher(tmp_path, gold_csv, capsys):
 
 
 def test_cli_categories_from_classify(tmp_path, capsys, monkeypatch):
-    import lab.cli
+    import lab.eval.cli
 
-    monkeypatch.setattr(lab.cli, "classify", lambda prompt: ("alpha" if "A" in prompt else "beta", "x"))
+    monkeypatch.setattr(lab.eval.cli, "classify", lambda prompt: ("alpha" if "A" in prompt else "beta", "x"))
     gold = _write(tmp_path / "gold.csv", pd.DataFrame({"id": ["1", "2"], "prompt": ["A?", "B?"], "answer": ["5", "6"]}))
     pred = _write(tmp_path / "pred.csv", pd.DataFrame({"id": ["1", "2"], "answer": ["5", "7"]}))
     assert score_main([pred, "--gold", gold]) == 0

@@ -10,7 +10,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
-from lab import config, models  # noqa: E402
+from lab.core import config  # noqa: E402
+from lab.model import models
 
 
 def test_load_passes_the_device_as_device_map_and_never_moves_the_model(tmp_path, monkeypatch):

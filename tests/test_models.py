@@ -4,11 +4,11 @@ import json
 
 import pytest
 
-from lab import generate as G
-from lab import models
+from lab.model import generate as G
+from lab.model import models
 from lab import LabError
-from lab.config import compose
-from lab.prompts import BOXED_INSTRUCTION, chat_prompt, user_message
+from lab.core.config import compose
+from lab.competition.prompts import BOXED_INSTRUCTION, chat_prompt, user_message
 
 PUZZLE = ("In Alice's Wonderland, numbers are secretly converted into a different numeral system. Some examples are "
           "given below:\n11 -> XI\n15 -> XV\nNow, write the number 38 in the Wonderland numeral system.")

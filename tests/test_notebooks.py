@@ -5,8 +5,8 @@ import json
 import nbformat
 import pytest
 
-from lab.paths import project_root
-from lab.pipeline import SMOKE_OVERRIDES, STAGES, run_notebooks, summary
+from lab.core.paths import project_root
+from lab.runs.pipeline import SMOKE_OVERRIDES, STAGES, run_notebooks, summary
 
 NOTEBOOKS = [project_root() / "notebooks" / f"{s}.ipynb" for s in STAGES]
 
@@ -66,8 +66,8 @@ def test_same_seed_gives_identical_metrics(smoke_run, tmp_path):
 def test_the_smoke_preset_yields_to_the_users_keys_and_joins_another_experiment():
     """`experiment=smoke` (conf/experiment/smoke.yaml): a key the user gives wins; `with_smoke` (sweep --smoke) joins
     an experiment the user chose instead of replacing it."""
-    from lab.config import compose
-    from lab.pipeline import with_smoke
+    from lab.core.config import compose
+    from lab.runs.pipeline import with_smoke
 
     assert SMOKE_OVERRIDES == ["experiment=smoke"]
     cfg = compose(with_smoke(["sft.max_steps=5", "run_name=x"]))

@@ -3,9 +3,9 @@ skipped, named and scored wrong; the other puzzles of its batch are generated as
 
 import pandas as pd
 
-from lab import generate as G
-from lab import models
-from lab.config import compose
+from lab.model import generate as G
+from lab.model import models
+from lab.core.config import compose
 
 PUZZLE = ("In Alice's Wonderland, numbers are secretly converted into a different numeral system. Some examples are "
           "given below:\n11 -> XI\n15 -> XV\nNow, write the number 38 in the Wonderland numeral system.")

@@ -9,8 +9,8 @@ import pytest
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.collections import PolyCollection
 
-from lab import plots
-from lab.analysis import accuracy_table, length_table, taxonomy, with_failures
+from lab.core import plots
+from lab.eval.analysis import accuracy_table, length_table, taxonomy, with_failures
 
 PRED = pd.DataFrame({
     "id": [str(i) for i in range(8)], "category": ["bit_manipulation"] * 4 + ["gravity"] * 4, "subtype": "",

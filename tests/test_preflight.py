@@ -6,18 +6,18 @@ import importlib.util
 
 import pytest
 
-from lab import preflight
+from lab.train import preflight
 from lab import LabError
-from lab.config import compose
+from lab.core.config import compose
 
 
 @pytest.fixture(autouse=True)
 def _no_trace(monkeypatch, request):
-    """Test-only stand-in for lab.memory.check_fits (a 30-60 s fake-tensor trace of the real model, tested in
+    """Test-only stand-in for lab.train.memory.check_fits (a 30-60 s fake-tensor trace of the real model, tested in
     tests/test_memory.py): it records that the preflight asked for the trace, and says it does not fit."""
     if "real_trace" in request.keywords:
         return
-    from lab import memory
+    from lab.train import memory
 
     def check_fits(cfg, stage="sft"):
         raise LabError(f"{stage}: traced memory does not fit (stand-in)")
@@ -43,8 +43,8 @@ def test_wrong_machine_gets_one_list_of_everything_missing(tmp_path):
     assert "vllm not installed" in msg and "pip install -e '.[gpu]'" in msg
     assert "no CUDA device" in msg
     assert "model.path" in msg and "nemotron-3-nano" in msg
-    assert "fused Mamba kernels" in msg  # lab.models.check_mamba_kernels: training needs mamba_ssm + causal_conv1d
-    assert "sft: traced memory does not fit" in msg  # lab.memory.check_fits, asked for the SFT step
+    assert "fused Mamba kernels" in msg  # lab.model.models.check_mamba_kernels: training needs mamba_ssm + causal_conv1d
+    assert "sft: traced memory does not fit" in msg  # lab.train.memory.check_fits, asked for the SFT step
     assert msg.count("\n  - ") == 5
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
@@ -53,7 +53,7 @@ def test_wrong_machine_gets_one_list_of_everything_missing(tmp_path):
 def test_every_real_model_notebook_checks_before_it_opens_its_stage(stage):
     import json
 
-    from lab.paths import project_root
+    from lab.core.paths import project_root
 
     nb = json.loads((project_root() / "notebooks" / f"{stage}.ipynb").read_text())
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
@@ -118,7 +118,7 @@ def test_grpo_refuses_vllm_rollouts_for_nemotron_h_before_the_stage(tmp_path):
 @pytest.mark.slow
 @pytest.mark.real_trace
 def test_the_real_trace_refuses_the_pytorch_scan_on_the_competition_card(tmp_path):
-    """The real lab.memory trace inside the preflight: without mamba_ssm the SFT step takes transformers' PyTorch
+    """The real lab.train.memory trace inside the preflight: without mamba_ssm the SFT step takes transformers' PyTorch
     scan, which does not fit gpu=rtx_pro_6000 (the competition preset's card)."""
     if importlib.util.find_spec("mamba_ssm") is not None:
         pytest.skip("this machine has mamba_ssm")

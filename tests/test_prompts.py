@@ -18,8 +18,8 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from lab import models
-from lab.prompts import BOXED_INSTRUCTION, chat_prompt
+from lab.model import models
+from lab.competition.prompts import BOXED_INSTRUCTION, chat_prompt
 from lab.puzzles import CATEGORIES, generate
 
 REAL = Path(__file__).resolve().parents[1].parent / "shared" / "tokenizer" / "nemotron-3-nano"
@@ -96,7 +96,9 @@ def test_tiny_template_renders_the_real_templates_bytes(real, tiny, i, flags):
 def test_sft_examples_are_the_scorers_prompt_then_the_completion(real, puzzles, tmp_path):
     """Every SFT example (real tokenizer, every category): prompt == the scorer's prompt byte for byte; the text
     trained on is prompt + completion; the tokens TRL puts under the loss are exactly the completion's."""
-    from lab import config, lora, sft, trl_private
+    from lab.core import config
+    from lab.model import lora
+    from lab.train import sft, trl_private
 
     examples, counts = sft.sft_examples(real, puzzles, 8192)  # the competition preset's sequence budget
     assert set(examples["category"]) == set(CATEGORIES), counts
@@ -125,7 +127,7 @@ def test_sft_examples_are_the_scorers_prompt_then_the_completion(real, puzzles, 
 def test_grpo_prompts_are_the_scorers_prompt(real, puzzles):
     """GRPO trains on completions the model generates after the dataset's prompt: that prompt must be the scorer's,
     and its tokens the same whether or not special tokens are added (TRL's GRPO tokenises with the default)."""
-    from lab import grpo
+    from lab.train import grpo
 
     ds = grpo.build_dataset(real, puzzles)
     assert len(ds) == len(puzzles) and set(ds["category"]) == set(CATEGORIES)
@@ -155,7 +157,7 @@ def test_rendered_conversation_is_not_the_trained_text(real):
 def test_sft_and_grpo_data_read_the_trace_style(real, puzzles):
     """`data.trace_style: derivation`: SFT completions and the GRPO rows' solver_trace are the derivation traces
     (the answers are the solver's either way), and the derivations fit the competition's sequence budget."""
-    from lab import grpo, sft
+    from lab.train import grpo, sft
     from lab.puzzles import solve
 
     examples, counts = sft.sft_examples(real, puzzles, 8192, "derivation")

@@ -6,7 +6,7 @@ import pytest
 from lab.puzzles import CATEGORIES, Solution, classify, generate, solve
 
 try:
-    from lab.metric import verify
+    from lab.competition.metric import verify
 except Exception:  # noqa: BLE001
     def verify(gold, pred):
         return gold.strip() == pred.strip()

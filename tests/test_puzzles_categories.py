@@ -2,7 +2,7 @@
 
 A throwaway category defined in this file (mirrored words) goes through everything a real one does: generate,
 classify, solve in both styles, the replay of both, `solve_frame` + `check_frame`, and the SFT dataset builder
-(`lab.sft.sft_examples`); no file of lab/ is touched to add it. Every registered category writes a derivation
+(`lab.train.sft.sft_examples`); no file of lab/ is touched to add it. Every registered category writes a derivation
 (a category without one cannot be built, and a derivation that fails is never replaced by a compact trace)."""
 
 import ast
@@ -92,8 +92,8 @@ def test_a_new_category_goes_through_solve_derive_check_and_generate(with_toy):
 
 def test_a_new_category_becomes_sft_rows(with_toy):
     pytest.importorskip("transformers")
-    from lab.models import build_tiny_tokenizer
-    from lab.sft import sft_examples
+    from lab.model.models import build_tiny_tokenizer
+    from lab.train.sft import sft_examples
 
     tok = build_tiny_tokenizer()
     df = generate(MIRROR, 4, seed=1)

@@ -1,9 +1,9 @@
-"""solve_frame, trace_tokens and the `python -m lab.puzzles` commands (CPU only, offline)."""
+"""solve_frame, trace_tokens and the `python -m lab puzzles` commands (CPU only, offline)."""
 
 import pandas as pd
 
 from lab.puzzles import CATEGORIES, generate, solve_frame, trace_tokens
-from lab.puzzles.__main__ import main
+from lab.puzzles.cli import main
 
 
 def mixed(n=8, seed=0):

@@ -11,16 +11,18 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
-from lab import checkpoints, data, lineage  # noqa: E402
-from lab import io as lab_io
-from lab import paths
-from lab import run
+from lab.train import checkpoints  # noqa: E402
+from lab.data import dataset as data
+from lab.core import lineage
+from lab.core import io as lab_io
+from lab.core import paths
+from lab.core import run
 from lab import LabError
-from lab.config import compose  # noqa: E402
-from lab.run import stage_output  # noqa: E402
-from lab.io import atomic_write_csv
-from lab.run import Stage, stage_input
-from lab.pipeline import headline_table, summary  # noqa: E402
+from lab.core.config import compose  # noqa: E402
+from lab.core.run import stage_output  # noqa: E402
+from lab.core.io import atomic_write_csv
+from lab.core.run import Stage, stage_input
+from lab.runs.pipeline import headline_table, summary  # noqa: E402
 
 
 def preds(correct: list[bool]) -> pd.DataFrame:
@@ -185,7 +187,7 @@ def test_an_evaluation_key_follows_content_not_paths(tmp_path):
 # ---- item 4: checkpoints count only when complete; a full disk is a message -----------------------
 
 def test_resume_takes_the_newest_complete_checkpoint_and_says_so(tmp_path):
-    from lab import grpo
+    from lab.train import grpo
 
     out = tmp_path / "checkpoints"
     for step in (1, 2, 3):
@@ -249,7 +251,7 @@ def sft_cfg(root, name, *extra):
 
 
 def sft_run(cfg, overrides=()):
-    from lab import sft
+    from lab.train import sft
     from lab.puzzles import generate
 
     return sft.train(cfg, Stage("02_sft", overrides, cfg=cfg), generate("numeral_system", 6, 0))[0]
@@ -305,7 +307,8 @@ def test_sft_survives_a_full_disk_and_resumes_from_the_newest_complete_checkpoin
 def test_a_second_stage_reuses_the_greedy_evaluation_and_a_changed_key_generates_again(root, monkeypatch):
     """03_grpo's evaluation and 04_vote's greedy pass of the same model: one pass (generate.predictions counted,
     not replaced); another budget is another key, generated again."""
-    from lab import generate, stages
+    from lab.model import generate
+    from lab import stages
 
     calls = []
     real = generate.predictions

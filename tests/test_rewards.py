@@ -8,7 +8,7 @@ import pickle
 import pytest
 
 from lab import LabError
-from lab.rewards import (REWARDS, Reward, agreement, build, correctness_reward, format_reward,
+from lab.train.rewards import (REWARDS, Reward, agreement, build, correctness_reward, format_reward,
                          format_score, is_truncated, length_reward, trace_agreement_reward)
 
 GOOD = "step one\nstep two\n</think>\n\\boxed{42}"
@@ -237,7 +237,7 @@ def test_build_accepts_a_dictconfig():
 
 
 def test_build_reads_the_repo_config():
-    from lab.config import compose
+    from lab.core.config import compose
 
     cfg = compose()
     funcs, weights = build(cfg.grpo.rewards, metric_version=cfg.infer.metric_version)

@@ -9,12 +9,12 @@ from pathlib import Path
 
 import pytest
 
-from lab import io as lab_io
-from lab import run
+from lab.core import io as lab_io
+from lab.core import run
 from lab import LabError
-from lab.config import compose
-from lab.io import atomic_write_text
-from lab.run import Stage
+from lab.core.config import compose
+from lab.core.io import atomic_write_text
+from lab.core.run import Stage
 
 BAD = [("sft.grad_accum=0", "sft.grad_accum=0 must be >= 1"), ("sft.batch_size=0", "sft.batch_size=0 must be >= 1"),
        ("sft.learning_rate=abc", "sft.learning_rate='abc' must be a number"),
@@ -69,7 +69,7 @@ def test_a_rejected_run_leaves_a_finished_stage_byte_identical(tmp_path, overrid
 
 
 def test_stages_do_not_swallow_the_overrides_after_them(monkeypatch, tmp_path):
-    from lab import pipeline
+    from lab.runs import pipeline
     from lab.__main__ import main
 
     seen = []
@@ -87,7 +87,7 @@ def test_stages_do_not_swallow_the_overrides_after_them(monkeypatch, tmp_path):
 
 
 def test_unknown_stage_is_refused_before_any_stage_runs(tmp_path):
-    from lab.pipeline import run_notebooks
+    from lab.runs.pipeline import run_notebooks
 
     with pytest.raises(LabError, match="no stage notebook"):
         run_notebooks([f"run_dir={tmp_path}"], ["01_explore", "06_nothing"])
@@ -96,7 +96,7 @@ def test_unknown_stage_is_refused_before_any_stage_runs(tmp_path):
 
 # ---- one writer per run folder -----------------------------------------------------------------
 
-STAGE_IN_CHILD = ("import sys; from lab import LabError; from lab.run import Stage\n"
+STAGE_IN_CHILD = ("import sys; from lab import LabError; from lab.core.run import Stage\n"
                   "try:\n    Stage('01_explore', [f'run_dir={sys.argv[1]}'])\n"
                   "except LabError as e:\n    print(e); sys.exit(3)\n")
 
@@ -146,7 +146,7 @@ def test_a_driver_lends_its_lock_to_the_stages_it_runs(tmp_path):
 # ---- files and folders -------------------------------------------------------------------------
 
 def test_files_get_the_users_normal_permissions(tmp_path):
-    from lab import plots
+    from lab.core import plots
 
     old = os.umask(0o022)
     try:
@@ -162,7 +162,7 @@ def test_files_get_the_users_normal_permissions(tmp_path):
 
 
 def test_kaggle_source_tarball_gets_normal_permissions(tmp_path):
-    from lab import kaggle
+    from lab.kaggle import kernel as kaggle
 
     old = os.umask(0o022)
     try:
@@ -194,7 +194,7 @@ def test_a_read_only_output_folder_is_a_clear_error(tmp_path):
 
 
 def test_a_model_path_that_does_not_exist_is_a_clear_error(tmp_path):
-    from lab import models
+    from lab.model import models
 
     with pytest.raises(LabError) as e:
         compose(["model=nemotron_nano", f"model.path={tmp_path}/no_model"])
@@ -229,7 +229,7 @@ def test_kaggle_paths_are_left_for_kaggle_to_check(tmp_path):
 
 def _crashed_grpo_rerun(run_dir: Path) -> Path:
     """03_grpo's folder after a finished run and a crashed rerun: the old adapter is still there, but the rerun
-    removed metrics.json and left manifest.json "running" (lab.run.Stage)."""
+    removed metrics.json and left manifest.json "running" (lab.core.run.Stage)."""
     adapter = run_dir / "03_grpo" / "adapter"
     adapter.mkdir(parents=True)
     (adapter / "adapter_config.json").write_text("{}")
@@ -238,8 +238,8 @@ def _crashed_grpo_rerun(run_dir: Path) -> Path:
 
 
 def test_vote_adapter_of_an_unfinished_stage_is_refused(tmp_path):
-    from lab.io import atomic_write_json
-    from lab.run import stage_input
+    from lab.core.io import atomic_write_json
+    from lab.core.run import stage_input
 
     cfg = compose([f"run_dir={tmp_path}"])
     adapter = _crashed_grpo_rerun(tmp_path)
@@ -258,7 +258,7 @@ def test_04_vote_refuses_to_vote_after_a_crashed_03_grpo(tmp_path):
     """The 04_vote notebook itself, through papermill: it stops with the LabError before loading any model."""
     import papermill as pm
 
-    from lab.paths import project_root
+    from lab.core.paths import project_root
 
     _crashed_grpo_rerun(tmp_path)
     with pytest.raises(pm.PapermillExecutionError) as e:

@@ -4,8 +4,8 @@ anything is written; a non-ASCII name works when quoted and is otherwise refused
 import pytest
 
 from lab import LabError
-from lab.config import compose
-from lab.paths import resolve_path
+from lab.core.config import compose
+from lab.core.paths import resolve_path
 
 
 @pytest.mark.parametrize("name", ["../escape", "", ".", "a/../..", "/tmp/escape"])

@@ -1,4 +1,4 @@
-"""lab/schema.py types the config: every group option composes onto its dataclass, a wrong type or an unknown key fails
+"""lab/core/schema.py types the config: every group option composes onto its dataclass, a wrong type or an unknown key fails
 at compose time naming the key, a saved config reads back with the same types, every field has help text."""
 
 import dataclasses
@@ -8,8 +8,8 @@ import pytest
 from omegaconf import DictConfig, ListConfig, OmegaConf
 
 from lab import LabError
-from lab.config import compose, load_saved
-from lab.schema import GROUPS, Config, help_lines
+from lab.core.config import compose, load_saved
+from lab.core.schema import GROUPS, Config, help_lines
 
 # typed end to end: the default, the real model's recipe and the recipe on generated data (every option of every
 # group composes through the same schema: tests/test_config.py)
@@ -77,7 +77,7 @@ def test_a_composed_config_is_typed_by_the_schema(overrides, tmp_path):
 
 
 def test_the_schema_types_each_value():
-    from lab.schema import GenerationBackend
+    from lab.core.schema import GenerationBackend
 
     cfg = compose([])
     assert type(cfg.sft._get_node("learning_rate")).__name__ == "FloatNode"

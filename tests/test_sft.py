@@ -10,11 +10,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
-from lab import callbacks, config, lora, models, sft  # noqa: E402
-from lab import paths
+from lab.train import callbacks, sft  # noqa: E402
+from lab.core import config
+from lab.model import lora, models
+from lab.core import paths
 from lab import LabError
-from lab.run import Stage  # noqa: E402
-from lab.prompts import chat_prompt, user_message  # noqa: E402
+from lab.core.run import Stage  # noqa: E402
+from lab.competition.prompts import chat_prompt, user_message  # noqa: E402
 from lab.puzzles import generate, solve  # noqa: E402
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "out_proj", "shared_experts.up_proj",
@@ -114,7 +116,7 @@ def test_assistant_turn_renders_byte_for_byte_as_planned(root, puzzles):
         pc_ids = tok(ex["prompt"] + ex["completion"], add_special_tokens=False)["input_ids"]
         assert pc_ids[:len(p_ids)] == p_ids
     # what TRL actually trains on: the loss mask starts exactly where the prompt's tokens end
-    from lab import trl_private
+    from lab.train import trl_private
 
     trl_private.install()
     pm, _ = lora.attach_lora(cfg, model)
@@ -150,7 +152,7 @@ def test_fused_mamba_kernel_is_bypassed_for_mixers_with_an_out_proj_lora(root, p
     its output, bypassing out_proj. A sentinel stands in for that kernel here."""
     import transformers.models.nemotron_h.modeling_nemotron_h as mh
 
-    from lab import trl_private
+    from lab.train import trl_private
 
     trl_private.install()
     calls = []

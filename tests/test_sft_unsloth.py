@@ -20,8 +20,10 @@ from pathlib import Path
 
 import pytest
 
-from lab import LabError, config, sft, sft_unsloth
-from lab.run import Stage
+from lab import LabError
+from lab.core import config
+from lab.train import sft, sft_unsloth
+from lab.core.run import Stage
 
 FROM_PRETRAINED = (
     "model_name", "max_seq_length", "dtype", "load_in_4bit", "load_in_8bit", "load_in_16bit", "full_finetuning",
@@ -101,7 +103,7 @@ def test_the_stand_in_refuses_a_keyword_unsloth_does_not_name(calls):
 
 
 def test_unsloth_is_not_imported_with_the_lab():
-    code = "import sys, lab.sft, lab.sft_unsloth; print('unsloth' in sys.modules)"
+    code = "import sys, lab.train.sft, lab.train.sft_unsloth; print('unsloth' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "False"
 
@@ -109,7 +111,7 @@ def test_unsloth_is_not_imported_with_the_lab():
 def test_sft_loads_through_fastmodel_with_the_configs_values(tmp_path, monkeypatch, calls):
     """With no model handed in, SFT loads through FastModel.from_pretrained (16-bit LoRA), not transformers, with
     the sequence length, dtype, checkpointing and seed of the config."""
-    from lab import models
+    from lab.model import models
     from lab.puzzles import generate
 
     monkeypatch.setattr(models, "load", lambda *a, **k: pytest.fail("loaded with transformers, not Unsloth"))
@@ -132,7 +134,7 @@ def test_get_peft_model_gets_the_labs_targets(tmp_path, calls):
     pytest.importorskip("torch")
     from omegaconf import OmegaConf
 
-    from lab import memory
+    from lab.train import memory
 
     tiny = memory.meta_model(OmegaConf.to_container(config.compose([]).model.architecture))  # shapes only
     cfg = cfg_for(tmp_path, "sft.lora.targets=[q_proj,in_proj,experts]", "sft.lora.r=16", "sft.lora.alpha=8")

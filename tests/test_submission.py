@@ -16,10 +16,12 @@ torch = pytest.importorskip("torch")
 
 from safetensors.torch import load as st_load, save as st_save  # noqa: E402
 
-from lab import config, lora, models, submission, submission_check  # noqa: E402
-from lab import paths
+from lab.core import config  # noqa: E402
+from lab.__main__ import main as lab_main
+from lab.model import lora, models, submission, submission_check
+from lab.core import paths
 from lab import LabError  # noqa: E402
-from lab.submission import CONFIG_NAME, WEIGHTS_NAME, check, pack  # noqa: E402
+from lab.model.submission import CONFIG_NAME, WEIGHTS_NAME, check, pack  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -275,17 +277,17 @@ def test_check_reports_adapter_names_in_keys_and_non_lora_tensors(tiny, tmp_path
 @pytest.mark.slow  # several seconds: subprocesses or a full trace (the fast lane stays short)
 def test_cli_pack_and_check(tiny, tmp_path, capsys):
     out = tmp_path / "cli.zip"
-    assert submission.main(["pack", str(tiny["adapter"]), str(out)]) == 0
-    assert submission.main(["check", str(out), "--base-model", str(tiny["base"])]) == 0
+    assert lab_main(["pack", str(tiny["adapter"]), str(out)]) == 0
+    assert lab_main(["check", str(out), "--base-model", str(tiny["base"])]) == 0
     assert "valid" in capsys.readouterr().out
     bad = _variant(tmp_path, tiny, "cli_bad", config_edit=lambda c: c.update(r=64, use_dora=True))
-    assert submission.main(["check", str(bad)]) == 1
+    assert lab_main(["check", str(bad)]) == 1
     printed = capsys.readouterr().out
     assert "r=64 must be <= 32" in printed and "use_dora is true" in printed
-    res = subprocess.run([sys.executable, "-m", "lab.submission", "check", str(bad)], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "lab.model.submission", "check", str(bad)], capture_output=True, text=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 1 and "use_dora is true" in res.stdout
-    assert submission.main(["check", str(tmp_path / "missing.zip")]) == 1
+    assert lab_main(["check", str(tmp_path / "missing.zip")]) == 1
 
 
 def test_check_on_non_zip(tmp_path):

@@ -1,5 +1,5 @@
 """submission.zip is bf16 (issue 26, item 6): the stage notebooks and the CLI pack the LoRA tensors in
-`lab.submission.SUBMISSION_DTYPE`, half the bytes of PEFT's fp32 adapter; `pack`'s own default keeps the saved dtype."""
+`lab.model.submission.SUBMISSION_DTYPE`, half the bytes of PEFT's fp32 adapter; `pack`'s own default keeps the saved dtype."""
 
 from __future__ import annotations
 
@@ -11,7 +11,9 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
-from lab import config, lora, models, submission  # noqa: E402
+from lab.core import config  # noqa: E402
+from lab.__main__ import main as lab_main
+from lab.model import lora, models, submission
 
 
 def _dtypes(zip_path) -> set:
@@ -32,8 +34,8 @@ def test_cli_packs_bf16_by_default_and_keep_keeps_fp32(tmp_path):
     pm, _ = lora.attach_lora(cfg, model)
     adapter = lora.save_adapter(pm, tmp_path / "adapter")
     assert submission.SUBMISSION_DTYPE == "bfloat16"
-    assert submission.main(["pack", str(adapter), str(tmp_path / "bf16.zip")]) == 0
-    assert submission.main(["pack", str(adapter), str(tmp_path / "fp32.zip"), "--dtype", "keep"]) == 0
+    assert lab_main(["pack", str(adapter), str(tmp_path / "bf16.zip")]) == 0
+    assert lab_main(["pack", str(adapter), str(tmp_path / "fp32.zip"), "--dtype", "keep"]) == 0
     assert _dtypes(tmp_path / "bf16.zip") == {torch.bfloat16} and _dtypes(tmp_path / "fp32.zip") == {torch.float32}
     assert submission.check(tmp_path / "bf16.zip") == []
     assert _weights_size(tmp_path / "bf16.zip") < 0.51 * _weights_size(tmp_path / "fp32.zip")

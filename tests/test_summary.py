@@ -8,10 +8,10 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from lab import plots
-from lab.io import atomic_write_csv, atomic_write_json
-from lab.analysis import accuracy_table, wilson_interval
-from lab.pipeline import headline_table, summary
+from lab.core import plots
+from lab.core.io import atomic_write_csv, atomic_write_json
+from lab.eval.analysis import accuracy_table, wilson_interval
+from lab.runs.pipeline import headline_table, summary
 
 
 def preds(correct: list[bool]) -> pd.DataFrame:

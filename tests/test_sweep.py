@@ -1,7 +1,7 @@
 """Sweeps and reports: a real two-job sweep through Hydra + papermill (one job fails on purpose), its
 rerun, the submitit local launcher, and the report on hand-made job folders (plots, seeds, statuses).
 
-The sweeps run `python -m lab sweep` in a subprocess on the smoke budget (lab.pipeline.SMOKE_OVERRIDES)
+The sweeps run `python -m lab sweep` in a subprocess on the smoke budget (lab.runs.pipeline.SMOKE_OVERRIDES)
 with only the stages they need; everything is CPU-only and offline.
 """
 
@@ -16,13 +16,13 @@ from pathlib import Path
 
 import pytest
 
-from lab import config
-from lab import sweep as sw
-from lab import sweep_report as rp
+from lab.core import config
+from lab.runs import sweep as sw
+from lab.runs import sweep_report as rp
 from lab import LabError
-from lab.io import atomic_write_json, atomic_write_text
-from lab.paths import project_root
-from lab.pipeline import SMOKE_OVERRIDES
+from lab.core.io import atomic_write_json, atomic_write_text
+from lab.core.paths import project_root
+from lab.runs.pipeline import SMOKE_OVERRIDES
 
 ENV = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1",
        "TOKENIZERS_PARALLELISM": "false", "MPLBACKEND": "Agg", "HYDRA_FULL_ERROR": "1"}
@@ -34,7 +34,7 @@ def lab_cli(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
 
 
 # ---------------------------------------------------------------------------------------------
-# a real sweep: one job finishes, one fails (LoRA dropout on the fused experts is refused by lab.sft
+# a real sweep: one job finishes, one fails (LoRA dropout on the fused experts is refused by lab.train.sft
 # inside 02_sft; a value the config validation refuses, such as rank 64, would stop the job before any stage)
 # ---------------------------------------------------------------------------------------------
 

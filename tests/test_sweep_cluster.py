@@ -1,4 +1,4 @@
-"""Sweeps on a cluster: Hydra's submitit launchers (lab.sweep, docs/scaling.md).
+"""Sweeps on a cluster: Hydra's submitit launchers (lab.runs.sweep, docs/scaling.md).
 
 `submitit_slurm` and `submitit_local` are the same Hydra plugin class (`BaseSubmititLauncher`) over submitit's
 SLURM and local executors, so the local one runs here what a cluster runs: two jobs with different seeds, one of
@@ -18,8 +18,8 @@ import time
 import pandas as pd
 import pytest
 
-from lab import sweep as sw
-from lab.paths import project_root
+from lab.runs import sweep as sw
+from lab.core.paths import project_root
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(project_root())}
 # the README's example (README.md, "Sweeps on a SLURM cluster"), launcher keys only
@@ -33,7 +33,7 @@ def test_the_readme_slurm_sweep_composes():
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
-    from lab.schema import register
+    from lab.core.schema import register
 
     p = sw.plan(["model=nemotron_nano", "data=competition", "sft.learning_rate=1e-4,2e-4", *SLURM], seeds=2)
     overrides = [o for o in sw.hydra_overrides(p, project_root() / "outputs" / "sweeps" / "x", "submitit_slurm")

@@ -8,9 +8,9 @@ import pandas as pd
 import pytest
 
 from lab import LabError
-from lab.config import compose
+from lab.core.config import compose
 from lab.puzzles import CATEGORIES, generate, solve, solve_frame, token_table
-from lab.puzzles.__main__ import main
+from lab.puzzles.cli import main
 from lab.puzzles.check import replay_derivation, split_trace
 from lab.puzzles.solve import check_frame, replay
 
@@ -146,7 +146,7 @@ def test_token_table_columns():
 
 
 def test_config_trace_style(tmp_path):
-    from lab.data import count_tokenizer, trace_style
+    from lab.data.dataset import count_tokenizer, trace_style
 
     assert trace_style(compose([f"run_dir={tmp_path}"])) == "compact"
     assert trace_style(compose(["experiment=competition", f"run_dir={tmp_path}"])) == "derivation"
@@ -170,7 +170,7 @@ def test_real_tokenizer_counts_within_budget():
 
 def test_trace_bench_tables_pool_seeds_with_wilson_intervals(bench):
     """bench/trace_bench.py's tables: per job and pooled over seeds, accuracy with its Wilson interval."""
-    from lab.analysis import wilson_interval
+    from lab.eval.analysis import wilson_interval
 
     bench = bench("trace_bench")
     common = {"probe": "equations", "capped": 1, "trace_tokens_max": 900, "max_tokens": 1125, "train_loss": 1.0,

@@ -13,10 +13,12 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 pytest.importorskip("tensorboard")
 
-from lab import config, grpo, lora, models, sft  # noqa: E402
+from lab.core import config  # noqa: E402
+from lab.train import grpo, sft
+from lab.model import lora, models
 from lab import LabError
-from lab.run import tracking_args  # noqa: E402
-from lab.run import Stage
+from lab.core.run import tracking_args  # noqa: E402
+from lab.core.run import Stage
 from lab.puzzles import generate  # noqa: E402
 
 

@@ -1,4 +1,4 @@
-"""The vLLM generation back-end (`lab.generate`) against vLLM 0.33's real signatures (no vllm needed).
+"""The vLLM generation back-end (`lab.model.generate`) against vLLM 0.33's real signatures (no vllm needed).
 
 The name sets below were recorded from the vLLM 0.33.0 source distribution on PyPI
 (`pip download vllm==0.33.0 --no-deps --no-binary :all:`, PKG-INFO `Version: 0.33.0`):
@@ -61,8 +61,8 @@ ALLOWED = {"LLM": VLLM_LLM_PARAMS | VLLM_ENGINE_ARGS, "SamplingParams": VLLM_SAM
 
 
 def _vllm_calls() -> dict[str, list[ast.Call]]:
-    """Calls to LLM / SamplingParams / LoRARequest anywhere in lab/generate.py."""
-    tree = ast.parse((ROOT / "lab" / "generate.py").read_text(encoding="utf-8"))
+    """Calls to LLM / SamplingParams / LoRARequest anywhere in lab/model/generate.py."""
+    tree = ast.parse((ROOT / "lab" / "model" / "generate.py").read_text(encoding="utf-8"))
     calls: dict[str, list[ast.Call]] = {name: [] for name in ALLOWED}
     for node in ast.walk(tree):
         if isinstance(node, ast.Call):
@@ -76,7 +76,7 @@ def _vllm_calls() -> dict[str, list[ast.Call]]:
 def test_vllm_keyword_names_match_0_33_signatures():
     calls = _vllm_calls()
     for name, found in calls.items():
-        assert found, f"lab/generate.py no longer calls {name}"
+        assert found, f"lab/model/generate.py no longer calls {name}"
         for call in found:
             assert not call.args, f"{name}(...) at line {call.lineno}: pass keywords, not positional arguments"
             kws = {k.arg for k in call.keywords}
@@ -86,7 +86,7 @@ def test_vllm_keyword_names_match_0_33_signatures():
 
 
 def test_engine_settings_are_values_vllm_accepts():
-    from lab.config import compose
+    from lab.core.config import compose
 
     cfg = compose(["model=nemotron_nano"])
     assert int(cfg.infer.max_lora_rank) in VLLM_MAX_LORA_RANKS
@@ -152,7 +152,7 @@ def _out(text, token_ids, logprobs, reason):
 def test_generate_vllm_refuses_unfinished_requests(monkeypatch):
     """A request vLLM ends with abort/error is not a result. (Reading real outputs, logprobs, greedy with n > 1 and
     closing the engine run against a real vLLM engine in tests/vllm_lane/.)"""
-    from lab.generate import Sampling, generate_vllm
+    from lab.model.generate import Sampling, generate_vllm
 
     _fake_vllm(monkeypatch, [types.SimpleNamespace(request_id="7", outputs=[_out("", [1], None, "abort")])])
     with pytest.raises(RuntimeError, match="abort"):
@@ -160,9 +160,9 @@ def test_generate_vllm_refuses_unfinished_requests(monkeypatch):
 
 
 def test_generator_vllm_branch(monkeypatch, tmp_path):
-    from lab import generate, models
+    from lab.model import generate, models
     from lab import LabError
-    from lab.config import compose
+    from lab.core.config import compose
 
     seen = _fake_vllm(monkeypatch, [])
     monkeypatch.setattr(models, "load_tokenizer", lambda cfg: "TOK")
@@ -193,8 +193,8 @@ def test_generator_vllm_branch(monkeypatch, tmp_path):
 def test_generator_passes_the_sampling_spec_to_vllm_capped_by_the_budget(monkeypatch):
     """What the caller's `Sampling` says reaches SamplingParams; max_tokens is capped by `completion_budget`;
     greedy with n > 1 asks vLLM for one completion and repeats it."""
-    from lab import generate, models
-    from lab.config import compose
+    from lab.model import generate, models
+    from lab.core.config import compose
 
     def outputs(prompts, params, lora_request):
         return [types.SimpleNamespace(request_id=str(i), outputs=[_out("x", [1, 2], None, "stop")] * params.kw["n"])
@@ -218,9 +218,9 @@ def test_generator_passes_the_sampling_spec_to_vllm_capped_by_the_budget(monkeyp
 
 def test_vllm_never_scores_an_in_memory_model(monkeypatch):
     """vLLM loads the base model itself: a model passed in would be silently replaced, so it is refused."""
-    from lab import generate
+    from lab.model import generate
     from lab import LabError
-    from lab.config import compose
+    from lab.core.config import compose
 
     seen = _fake_vllm(monkeypatch, [])
     with pytest.raises(LabError, match="in-memory model"):
@@ -233,9 +233,9 @@ def test_vllm_never_scores_an_in_memory_model(monkeypatch):
 def test_vllm_refuses_to_start_while_a_model_holds_the_gpu(monkeypatch):
     import torch
 
-    from lab import generate
+    from lab.model import generate
     from lab import LabError
-    from lab.config import compose
+    from lab.core.config import compose
 
     seen = _fake_vllm(monkeypatch, [])
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
@@ -259,14 +259,15 @@ def _split_expert_names(folder: Path) -> tuple[set, set]:
 def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model(monkeypatch, tmp_path):
     """scripts/train_sft.py on the tiny model with the vllm back-end, vLLM replaced by a recorder: when the engine
     starts, the training model is gone (a weak reference to it is dead); the adapter vLLM is given is the folder
-    of the packed zip (experts split per expert), byte for byte what `lab.submission.pack` writes for the trained
+    of the packed zip (experts split per expert), byte for byte what `lab.model.submission.pack` writes for the trained
     adapter; the evaluation's predictions come from that engine."""
     import gc
     import weakref
     import zipfile
 
-    from lab import sft, submission
-    from lab.pipeline import SMOKE_OVERRIDES
+    from lab.train import sft
+    from lab.model import submission
+    from lab.runs.pipeline import SMOKE_OVERRIDES
 
     trained, seen = [], {}
     real_train = sft.train
@@ -310,18 +311,18 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
     assert len(pred) == 4 and set(pred["answer"].astype(str)) == {"0"}
 
     # a packed zip (what Kaggle scores) is served as it is; the unzipped folder goes away with the generator
-    from lab import generate
+    from lab.model import generate
 
-    from lab.config import load_saved
+    from lab.core.config import load_saved
 
-    cfg = load_saved(run / "02_sft" / "config.yaml")  # the stage's resolved config, typed by lab/schema.py
+    cfg = load_saved(run / "02_sft" / "config.yaml")  # the stage's resolved config, typed by lab/core/schema.py
     with generate.Generator(cfg, adapter=ref) as gen:
         served = Path(gen.lora.kw["lora_path"])
         assert {p.name: p.read_bytes() for p in served.iterdir()} == packed
     assert not served.exists()
 
     # scripts/train_grpo.py from that SFT adapter: the same order and the same packed form
-    from lab import grpo
+    from lab.train import grpo
 
     real_grpo = grpo.train
 

@@ -10,8 +10,8 @@ import pandas as pd
 import pytest
 
 from lab import LabError
-from lab.metric import NOT_FOUND, verify
-from lab.vote import (METHODS, assign_classes, confidence_vote, curves, early_stop_vote, leader_probability,
+from lab.competition.metric import NOT_FOUND, verify
+from lab.eval.vote import (METHODS, assign_classes, confidence_vote, curves, early_stop_vote, leader_probability,
                       majority_vote, pass_at_k, pass_rates, replay, summary, weighted_vote)
 
 NF = NOT_FOUND

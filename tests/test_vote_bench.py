@@ -48,7 +48,7 @@ def test_bench_temperature_scan_row(bench):
     samples = _samples({"a": ["1", "1", "1", "1"], "b": ["2", "3", "2", "3"], "c": ["4", "5", "5", "5"]},
                        {"a": "1", "b": "3", "c": "5"})
     r = bench.scan_row(samples, 4, "final", {"window": 2, "agree": 1.0})
-    # one sample (maj@1 of lab.vote.curves, the mean over all 4 samples): a 4/4, b 2/4, c 3/4; maj@4: a, c (b ties
+    # one sample (maj@1 of lab.eval.vote.curves, the mean over all 4 samples): a 4/4, b 2/4, c 3/4; maj@4: a, c (b ties
     # 2-2, the first-seen '2' wins); pass@4: all three
     assert (r["first_sample"], r["maj_at_k"], r["pass_at_k"]) == (pytest.approx(0.75), pytest.approx(2 / 3), 1.0)
     # early stop: a stops after its first window ("1","1"); b and c run to the end (no window agrees)

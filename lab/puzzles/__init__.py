@@ -15,9 +15,9 @@ short regular steps, then `</think>`, then `\boxed{answer}`.
 
 Also: trace_tokens(trace, tokenizer=None), solve_frame(df, tokenizer=None, style=...), token_table(solved)
 (p50/p90/p99/max trace tokens per category and style), method_table(solved), family_table(solved)
-(equations by kind, family and mode), and the command line `python -m lab.puzzles solve IN.csv OUT.csv
-[--trace-style derivation] [--tokenizer DIR]` / `python -m lab.puzzles check OUT.csv` /
-`python -m lab.puzzles generate --category C --n N --seed S OUT.csv`.
+(equations by kind, family and mode), and the command line `python -m lab puzzles solve IN.csv OUT.csv
+[--trace-style derivation] [--tokenizer DIR]` / `python -m lab puzzles check OUT.csv` /
+`python -m lab puzzles generate --category C --n N --seed S OUT.csv`.
 Modules: categories (the registry and `classify`: a new category is one module plus one line there),
 common (Solution, Category, trace ending), solve (dispatch: solve, derivation, replay), generate, check (the
 trace grammar and its replay, shared by every category), audit, and one per category, each defining its

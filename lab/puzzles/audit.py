@@ -1,4 +1,4 @@
-"""The trace audit: where every operand of every trace line comes from (`python -m lab.puzzles audit SOLVED.csv`).
+"""The trace audit: where every operand of every trace line comes from (`python -m lab puzzles audit SOLVED.csv`).
 
 Built on the checker's grammar (`lab.puzzles.check`: `split_trace`, `TAG_RE`, `Replay`), not a second parser.
 For each solved derivation trace, line by line:
@@ -230,7 +230,7 @@ def audit_command(path: str, tokenizer=None, show: int = 20) -> int:
     """Prints the summary per category and one shape table per category; exit 1 on a referential break."""
     import pandas as pd
 
-    from lab.metric import read_table
+    from lab.competition.metric import read_table
 
     df = read_table(path, ["prompt", "category", "status", "trace"], "solve output")
     summary, shapes, breaks = audit_frame(df, tokenizer)

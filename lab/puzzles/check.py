@@ -1,4 +1,4 @@
-"""The trace checker: replays a solver trace line by line against its prompt (`python -m lab.puzzles check SOLVED.csv`).
+"""The trace checker: replays a solver trace line by line against its prompt (`python -m lab puzzles check SOLVED.csv`).
 
 Derivation traces (`trace_style: derivation`, built by `lab.puzzles.derive`) follow one small grammar, so
 the replay is exact and the same for every category. A step line is `[tag: ]BODY`, where the optional tag

@@ -3,7 +3,7 @@
 `solve(prompt)` classifies the prompt, runs that category's solver and turns any exception into an
 `undetermined` Solution with the error as reason; with `style="derivation"` the category's `derive` rewrites
 the trace. `solve_frame(df)` does it for a DataFrame (with a tqdm bar for big frames) and, when the frame has a
-gold `answer` column, adds `correct` via lab.metric.verify (the competition metric; an error there is raised,
+gold `answer` column, adds `correct` via lab.competition.metric.verify (the competition metric; an error there is raised,
 never replaced). `solve_frame` first builds each category's batch input from the frame's prompts
 (`Category.learn`: the cipher's pooled vocabulary, so a query word its own examples never spell out can still be
 read; the equations' priors from the numeric equation prompts' examples, never a gold answer).
@@ -17,8 +17,8 @@ import os
 import time
 from pathlib import Path
 
-from lab.schema import COMPETITION
-from lab.metric import verify
+from lab.core.schema import COMPETITION
+from lab.competition.metric import verify
 
 from .categories import BY_NAME, classify
 from .check import replay_compact, replay_derivation
@@ -149,7 +149,7 @@ def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int |
 
 def token_table(out, budget: int | None = None):
     """Trace tokens per category (and `trace_style` when the frame has it): n, p50, p90, p99, max, and the
-    share over `budget` (default: the competition's `max_tokens`, `lab.schema.COMPETITION`). The trace is the whole completion the scorer sees after `<think>\\n`."""
+    share over `budget` (default: the competition's `max_tokens`, `lab.core.schema.COMPETITION`). The trace is the whole completion the scorer sees after `<think>\\n`."""
     budget = COMPETITION.max_tokens if budget is None else budget
     keys = ["category"] + (["trace_style"] if "trace_style" in out else [])
     g = out.groupby(keys)["trace_tokens"]

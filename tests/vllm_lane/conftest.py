@@ -3,9 +3,9 @@
 Runs only in the lane's own venv (`make test-vllm`, .venv-vllm): tests/conftest.py leaves this folder out of the
 collection where vLLM is not installed, so `make test` / `make test-all` never need it.
 
-Before vLLM is imported: `lab.vllm_cpu.cpu_environment()` (KV cache size, engine core in this process); then
-`lab.vllm_cpu.install_expert_matmul_standin()`, the TEST-ONLY stand-in for vLLM's routed-expert matmul (vLLM's CPU
-build has no kernel for Nemotron-H's non-gated relu2 experts; see lab/vllm_cpu.py for exactly what it replaces).
+Before vLLM is imported: `lab.model.vllm_cpu.cpu_environment()` (KV cache size, engine core in this process); then
+`lab.model.vllm_cpu.install_expert_matmul_standin()`, the TEST-ONLY stand-in for vLLM's routed-expert matmul (vLLM's CPU
+build has no kernel for Nemotron-H's non-gated relu2 experts; see lab/model/vllm_cpu.py for exactly what it replaces).
 The tiny base model is built once per session with the lab's own code; the parity table is printed at the end
 of the run (`pytest_terminal_summary`).
 """
@@ -16,7 +16,7 @@ import pytest
 
 from lane_report import PARITY_ROWS, REFUSAL_ROWS
 
-from lab import vllm_cpu
+from lab.model import vllm_cpu
 
 vllm_cpu.cpu_environment()
 
@@ -26,8 +26,9 @@ def lane(tmp_path_factory):
     """The lane's shared state: the config (tiny model, vllm back-end), the built base model, the prompts."""
     import vllm  # noqa: F401  (imported after cpu_environment)
 
-    from lab import config, models
-    from lab.prompts import chat_prompt
+    from lab.core import config
+    from lab.model import models
+    from lab.competition.prompts import chat_prompt
     from lab.puzzles.categories import CATEGORIES
     from lab.puzzles.generate import generate
 

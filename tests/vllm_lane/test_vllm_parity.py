@@ -1,14 +1,14 @@
-"""Every LoRA family the lab trains, served by a real vLLM engine exactly as `lab.generate` serves it, against
+"""Every LoRA family the lab trains, served by a real vLLM engine exactly as `lab.model.generate` serves it, against
 HF + PEFT: float32, greedy, two prompts of every puzzle category.
 
-Each adapter is built with the lab's own code (`lab.lora.attach_lora`, `lab.lora.save_adapter`), given random
-A and B large enough to change the output, then served through `lab.generate.Generator` with the vllm back-end
-(which packs it with `lab.submission.pack`, unzips it and hands it to `LoRARequest`). The reference is
-`lab.generate.generate_hf` on the same tiny model with the raw PEFT folder loaded by `lab.models.load`, one prompt
+Each adapter is built with the lab's own code (`lab.model.lora.attach_lora`, `lab.model.lora.save_adapter`), given random
+A and B large enough to change the output, then served through `lab.model.generate.Generator` with the vllm back-end
+(which packs it with `lab.model.submission.pack`, unzips it and hands it to `LoRARequest`). The reference is
+`lab.model.generate.generate_hf` on the same tiny model with the raw PEFT folder loaded by `lab.model.models.load`, one prompt
 at a time (no padding). The only accepted difference is a float32 near-tie: at the first token where the two
 disagree, HF's logits (on the common prefix) for the two tokens are within TIE of each other; it is counted
 and printed in the parity table, never silently passed. Routed experts run through the TEST-ONLY expert-matmul
-stand-in (lab/vllm_cpu.py); everything else is vLLM's own code.
+stand-in (lab/model/vllm_cpu.py); everything else is vLLM's own code.
 """
 
 from __future__ import annotations
@@ -42,7 +42,8 @@ FAMILIES["every family"] = [t for ts in FAMILIES.values() for t in ts]
 def make_adapter(lane, name: str, targets: list[str], scale: float | None, seed: int = 0):
     """A PEFT adapter folder on the lane's tiny model: B = 0 (PEFT's own init) when `scale` is None, else random
     A ~ N(0, 1/in) and B ~ N(0, scale^2/r)."""
-    from lab import config, lora, models
+    from lab.core import config
+    from lab.model import lora, models
 
     cfg = config.compose(lane["overrides"] + [f"sft.lora.targets=[{','.join(targets)}]"])
     model, _ = models.load(cfg)
@@ -63,8 +64,8 @@ def make_adapter(lane, name: str, targets: list[str], scale: float | None, seed:
 
 def hf_reference(lane, adapter):
     """(model, completions): HF + PEFT greedy with the lab's budget, one prompt at a time, with log-probabilities."""
-    from lab import models
-    from lab.generate import Sampling, completion_budget, generate_hf
+    from lab.model import models
+    from lab.model.generate import Sampling, completion_budget, generate_hf
 
     cfg = lane["cfg"]
     model, tok = models.load(cfg, adapter=adapter)
@@ -76,7 +77,7 @@ def hf_reference(lane, adapter):
 
 def served(lane, adapter):
     """vLLM's greedy ids through the lab's own path: Generator(cfg, adapter).run with the competition settings."""
-    from lab.generate import Generator, Sampling
+    from lab.model.generate import Generator, Sampling
 
     with Generator(lane["cfg"], adapter=adapter) as gen:
         outs = gen.run(lane["prompts"], Sampling.competition(lane["cfg"], logprobs=True), progress=False)
@@ -111,7 +112,7 @@ def base_ids(lane):
 
 
 def record(lane, name, model, hf, vl, base):
-    """Compare HF's and vLLM's completions (lab.generate.Completion) and add the adapter's row to the table."""
+    """Compare HF's and vLLM's completions (lab.model.generate.Completion) and add the adapter's row to the table."""
     hf_ids, vl_ids = [c.token_ids for c in hf], [c.token_ids for c in vl]
     res = compare(lane, model, hf_ids, vl_ids)
     agree = []  # log-prob differences while the context is the same (up to the first differing token)
@@ -142,7 +143,7 @@ def test_prompts_reach_vllm_as_the_same_token_ids(lane):
     """vLLM tokenizes the rendered prompt text as HF does (no special tokens added)."""
     from vllm import SamplingParams
 
-    from lab.generate import Generator
+    from lab.model.generate import Generator
 
     with Generator(lane["cfg"]) as gen:
         outs = gen.llm.generate(lane["prompts"], SamplingParams(max_tokens=1, temperature=0))
@@ -154,7 +155,7 @@ def test_prompts_reach_vllm_as_the_same_token_ids(lane):
 def test_logprobs_match_hf_and_greedy_n_repeats_one_draw(lane, base_ids):
     """generate_vllm's per-token log-probabilities (raw, before sampling) equal generate_hf's; greedy with n = 2
     draws once and repeats it (vLLM refuses n > 1 at temperature 0)."""
-    from lab.generate import Generator, Sampling, completion_budget, generate_hf
+    from lab.model.generate import Generator, Sampling, completion_budget, generate_hf
 
     model, _ = base_ids
     prompts, cfg = lane["prompts"][:4], lane["cfg"]

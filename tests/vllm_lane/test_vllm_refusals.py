@@ -1,6 +1,6 @@
 """What must never be served: the raw PEFT folder is refused by vLLM itself; a packed adapter with an expert's
 tensor missing, a rank above max_lora_rank, DoRA, or targets that match nothing are refused by
-`lab.submission check` before any engine starts (the lab's own vLLM path, `Generator`, runs that check), with a
+`lab.model.submission.check` before any engine starts (the lab's own vLLM path, `Generator`, runs that check), with a
 message naming the problem. What vLLM does with each of those zips on its own is recorded beside it."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from lab import LabError
 @pytest.fixture(scope="module")
 def adapter(lane):
     """A random adapter on every family (raw PEFT folder) and its packed zip."""
-    from lab import submission
+    from lab.model import submission
 
     folder = make_adapter(lane, "refusals", FAMILIES["every family"], SCALE, seed=11)
     return folder, submission.pack(folder, lane["root"] / "refusals.zip")
@@ -28,7 +28,7 @@ def adapter(lane):
 
 @pytest.fixture(scope="module")
 def engine(lane):
-    from lab import generate
+    from lab.model import generate
 
     llm = generate.vllm_engine(lane["cfg"], lane["base"])
     yield llm
@@ -42,7 +42,7 @@ def vllm_reaction(lane, engine, folder) -> str:
     """What vLLM itself does when asked to serve `folder`: its error, or whether the output changed."""
     from vllm.lora.request import LoRARequest
 
-    from lab.generate import Sampling, generate_vllm
+    from lab.model.generate import Sampling, generate_vllm
 
     req = LoRARequest(lora_name=folder.name, lora_int_id=next(_IDS), lora_path=str(folder))
     try:
@@ -55,7 +55,7 @@ def vllm_reaction(lane, engine, folder) -> str:
 
 
 def edited(lane, packed, name, config_edit=None, tensors_edit=None):
-    from lab.submission import CONFIG_NAME, WEIGHTS_NAME
+    from lab.model.submission import CONFIG_NAME, WEIGHTS_NAME
 
     with zipfile.ZipFile(packed) as z:
         config, tensors = json.loads(z.read(CONFIG_NAME)), st_load(z.read(WEIGHTS_NAME))
@@ -120,19 +120,19 @@ CASES = {  # case -> (config edit, tensors edit, words check's message must cont
 
 @pytest.mark.parametrize("case", list(CASES))
 def test_check_refuses_before_vllm(lane, engine, adapter, case):
-    from lab import generate, submission
+    from lab.model import generate, submission
 
     config_edit, tensors_edit, words = CASES[case]
     _, packed = adapter
     bad, folder = edited(lane, packed, case.split()[0] + "_" + str(list(CASES).index(case)), config_edit,
                          tensors_edit)
     problems = submission.check(bad, base_model=lane["base"])
-    assert problems, f"{case}: lab.submission check accepted it"
+    assert problems, f"{case}: lab.model.submission.check accepted it"
     hit = [p for p in problems if all(w in p for w in words)]
     assert hit, f"{case}: no problem names it: {problems}"
     with pytest.raises(LabError) as e:  # the lab's vLLM path refuses it before starting an engine
         generate.Generator(lane["cfg"], adapter=bad)
     assert all(w in str(e.value) for w in words)
-    REFUSAL_ROWS.append({"case": case, "by": "lab.submission check", "message": hit[0]})
+    REFUSAL_ROWS.append({"case": case, "by": "lab.model.submission.check", "message": hit[0]})
     REFUSAL_ROWS.append({"case": case, "by": "(vLLM alone, for the record)",
                          "message": vllm_reaction(lane, engine, folder)})

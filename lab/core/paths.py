@@ -1,0 +1,125 @@
+"""Where things are: the project root (conf/ lives there), relative config paths, the competition's data file
+(an explicit path, $LAB_DATA, data/, or the Kaggle input mount) and the base model's folder.
+
+What it simplifies: nothing is downloaded; a Hub id counts only when its config.json is in the local cache.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+from pathlib import Path
+
+from lab import LabError
+
+
+def project_root() -> Path:
+    """The folder holding `conf/config.yaml`: $LAB_ROOT, else the checkout this package lives in."""
+    env = os.environ.get("LAB_ROOT")
+    candidates = [Path(env)] if env else []
+    candidates += [Path(__file__).resolve().parents[2], Path.cwd(), *Path.cwd().parents]
+    for c in candidates:
+        if (c / "conf" / "config.yaml").is_file():
+            return c.resolve()
+    raise LabError(f"conf/config.yaml not found (looked in {', '.join(map(str, candidates))}); "
+                   "set LAB_ROOT to the lab's checkout")
+
+
+def resolve_path(p: str | os.PathLike) -> Path:
+    """Relative paths in the config are relative to the project root, not to the caller's cwd."""
+    p = Path(os.path.expanduser(str(p)))
+    return p if p.is_absolute() else project_root() / p
+
+
+# Where the competition data and the base model are: here, below the modules that use them, so the
+# compose-time check in `validate` needs no import of lab.data.dataset or lab.model.models (they re-export these names).
+KAGGLE_INPUT = Path("/kaggle/input")
+COMPETITION_SLUG = "nvidia-nemotron-model-reasoning-challenge"
+
+
+def find_data_file(path: str | os.PathLike | None = None, name: str = "train.csv") -> Path:
+    """Where a competition file is: `path`, else $LAB_DATA, else <project root>/data/<name>, else Kaggle.
+
+    An explicit relative `path` is tried relative to the working directory, then to the project
+    root (the config's convention). $LAB_DATA may name a folder (holding `name`) or a file (used
+    when its file name is `name`, else its folder is searched). On Kaggle (KAGGLE_KERNEL_RUN_TYPE
+    set or /kaggle/input present) /kaggle/input/*/<name> and /kaggle/input/*/*/<name> are searched;
+    the competition's own folder wins, and several other matches are an error rather than a guess.
+    """
+    if path is not None and str(path) != "":
+        p = Path(os.path.expanduser(str(path)))
+        tried = [p]
+        if not p.is_absolute():
+            with contextlib.suppress(LabError):
+                tried.append(project_root() / p)
+        for c in tried:
+            if c.is_file():
+                return c.resolve()
+        raise LabError(f"{path}: data file not found (looked at {', '.join(map(str, tried))})")
+
+    looked: list[str] = []
+    env = os.environ.get("LAB_DATA")
+    if env:
+        e = Path(os.path.expanduser(env))
+        if not e.exists():
+            raise LabError(f"{e}: $LAB_DATA points to nothing (unset it or fix the path)")
+        c = e if (e.is_file() and e.name == name) else (e / name if e.is_dir() else e.parent / name)
+        if c.is_file():
+            return c.resolve()
+        looked.append(f"{c} ($LAB_DATA)")
+    try:
+        c = project_root() / "data" / name
+        if c.is_file():
+            return c
+        looked.append(str(c))
+    except LabError as err:
+        looked.append(f"<project root>/data/{name} ({err})")
+    if os.environ.get("KAGGLE_KERNEL_RUN_TYPE") or KAGGLE_INPUT.is_dir():
+        found = sorted(p for p in {*KAGGLE_INPUT.glob(f"*/{name}"), *KAGGLE_INPUT.glob(f"*/*/{name}")} if p.is_file())
+        own = [p for p in found if COMPETITION_SLUG in str(p)]
+        if len(own) == 1 or (not own and len(found) == 1):
+            return (own or found)[0]
+        if found:
+            raise LabError(f"{KAGGLE_INPUT}: several {name} files ({', '.join(map(str, found))}); "
+                           "pass data.path=... to choose one")
+        looked.append(f"{KAGGLE_INPUT}/*/{name}")
+    raise LabError(f"{name} not found; looked in: {'; '.join(looked)}. Pass a path (data.path=...), "
+                   "set $LAB_DATA, or put the file in data/")
+
+
+def kaggle_model_dir() -> Path | None:
+    """The Nemotron-H checkpoint folder under the Kaggle input mount, when running on Kaggle."""
+    for cfg_file in sorted(KAGGLE_INPUT.glob("**/config.json")):
+        try:
+            if json.loads(cfg_file.read_text()).get("model_type") == "nemotron_h":
+                return cfg_file.parent
+        except (OSError, json.JSONDecodeError):
+            continue
+    return None
+
+
+def check_model_path(p: str, hub_cache: bool = True) -> None:
+    """A LabError unless `p` is a local model folder or a Hub id (`org/name`) whose config.json is in the local
+    Hub cache (nothing is downloaded; `hub_cache=False`, as at compose time, accepts any Hub id). Without this,
+    a path that does not exist reaches `from_pretrained` as a Hub id and fails with huggingface_hub's "Repo id
+    must be in the form ..." message. The cache is read with `huggingface_hub.try_to_load_from_cache`
+    (huggingface_hub/file_download.py: the cached file's path, else None or a "known missing" marker)."""
+    local = resolve_path(p)
+    if local.is_dir():
+        if not (local / "config.json").is_file():
+            raise LabError(f"{local}: model folder has no config.json")
+        return
+    if kaggle_model_dir() is not None:
+        return
+    if p.startswith((".", "/", "~")) or p.count("/") != 1:  # a path, not a Hub id
+        raise LabError(f"{local}: model folder not found (model.path={p!r} is neither a folder nor a Hub id "
+                       "'org/name')")
+    if not hub_cache:
+        return
+    from huggingface_hub import try_to_load_from_cache
+
+    if not isinstance(try_to_load_from_cache(p, "config.json"), str):
+        raise LabError(f"model.path={p!r}: not a local folder, and the Hub model is not in the local cache "
+                       "(nothing is downloaded at run time): download it beforehand (README, 'The real model') "
+                       "or pass its folder as model.path")

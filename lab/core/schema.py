@@ -1,0 +1,480 @@
+"""The config's schema: one dataclass per config group, each field typed, with its help text and its allowed range.
+
+`conf/` holds the values (each group's YAML files, `conf/config.yaml` the root); this module says what each key is
+and what it may be. `register()` stores `Config` in Hydra's ConfigStore as `schema`, the first entry of
+`conf/config.yaml`'s defaults list, so every group's YAML is merged onto its dataclass at compose time: a value of the
+wrong type (`seed=1.5`), a back-end name its Enum lacks (`grpo.rollout_backend=vlm`) or an unknown key
+(`sft.learnin_rate=1e-3`) fails there, naming the key. Ranges (`_help(..., ge=1)`) and cross-key rules (`rules`) are
+checked the way TRL's `GRPOConfig` checks them, in `__post_init__`: `problems(cfg)` builds the dataclasses with
+`OmegaConf.to_object` and returns what every `__post_init__` found, which `lab.core.config` raises as one LabError.
+`python -m lab schema [GROUP]` prints every key's type, help and range.
+
+The competition's fixed limits (LoRA rank 32, 7,680 completion tokens, vLLM's context of 8,192, the other scoring
+settings) are the defaults of the frozen `CompetitionLimits`: the composed config's read-only `competition` node
+(conf/infer/kaggle.yaml points `infer` at it), and `COMPETITION` for code without a config. `rank_problem` is the one
+check of a LoRA rank against them, for the config and for a packed adapter (lab.model.submission_check).
+
+Checked against the sources in .venv:
+1. hydra/core/config_store.py: a config stored without a group is found by name in a defaults list (`- schema`),
+   and merging it first types every key the YAML files set afterwards.
+2. omegaconf/nodes.py: an `int` field refuses 1.5 and "many"; a `float` field stores an int as a float; an Enum
+   field takes a member's name. An interpolation is checked against the field's type when resolved (compose
+   resolves it). omegaconf/dictconfig.py `_to_object`: children are built before their parent.
+3. A field is `MISSING` (`???`) until a YAML file sets it: the values have one home, conf/ (the competition's
+   limits excepted). `OmegaConf.structured(Config)` builds each group once with every field `MISSING`
+   (omegaconf/_utils.py, `get_dataclass_data`): such an instance is not checked.
+
+What it simplifies: names only a library knows (`sft.lr_scheduler_type`, `model.dtype`) and the paths that must
+exist are checked in lab/core/config.py, where importing transformers or touching the disk belongs.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import dataclasses
+import functools
+import math
+import operator
+import os
+import typing
+from dataclasses import dataclass, field
+from enum import StrEnum
+from typing import Any, Dict, List, Optional
+
+from omegaconf import MISSING, OmegaConf
+
+from lab import LabError
+from lab.core.paths import resolve_path
+
+
+# back-end names: each member's name is its value (an Enum field takes a name), so a member reads as that string
+GenerationBackend = StrEnum("GenerationBackend", ["hf", "vllm"])  # model.generation_backend, grpo.rollout_backend
+TrainBackend = StrEnum("TrainBackend", ["hf", "unsloth"])  # model.train_backend, sft.backend
+Tracker = StrEnum("Tracker", ["none", "tensorboard", "wandb", "mlflow"])  # report_to (lab.core.run.tracking_args)
+
+
+BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le), "lt": ("<", operator.lt)}
+
+
+def _help(text: str, default: Any = MISSING, **bounds: float) -> Any:
+    """A field whose value comes from conf/ (`MISSING` until then), with its help text and its bounds (ge, gt, le,
+    lt, in the order given: the first one broken is reported)."""
+    assert set(bounds) <= set(BOUNDS), bounds
+    return field(default=default, metadata={"help": text, "bounds": bounds})
+
+
+def bound_problem(value: Any, bounds: dict) -> str | None:
+    """What `value` must be, or None when it is within `bounds`; NaN (a float all the same) is not a number."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or math.isnan(value):
+        return "must be a number"
+    return next((f"must be {BOUNDS[op][0]} {b}" for op, b in bounds.items() if not BOUNDS[op][1](value, b)), None)
+
+
+_SINK: contextvars.ContextVar[list | None] = contextvars.ContextVar("lab_schema_problems", default=None)
+
+
+class Checked:
+    """Base of every config dataclass: `__post_init__` checks each field against its bounds and the class's own
+    `rules()`, and raises one LabError naming each key (`sft.grad_accum=0 must be >= 1`); inside `problems(cfg)` it
+    adds them to that call's list instead, so one error lists the problems of every group."""
+
+    def __post_init__(self) -> None:
+        if any(getattr(self, f.name) == MISSING for f in dataclasses.fields(self)):
+            return  # built by OmegaConf.structured to read the fields (docstring, 3.)
+        prefix, found = key_of(type(self)), []
+        for f in dataclasses.fields(self):
+            value = getattr(self, f.name)
+            if f.metadata.get("bounds") and value is not None and (why := bound_problem(value, f.metadata["bounds"])):
+                found.append(f"{prefix}{f.name}={value!r} {why}" + (" (or null)" if "Optional" in str(f.type) else ""))
+        found += self.rules()
+        if found and (sink := _SINK.get()) is not None:
+            sink.extend(found)
+        elif found:
+            raise LabError("; ".join(found))
+
+    def rules(self) -> list[str]:
+        """Problems across this class's fields (its cross-key rules); none by default."""
+        return []
+
+
+def problems(cfg) -> list[str]:
+    """Every range and cross-key problem of `cfg` (a config on this schema, resolved or resolvable), in plain
+    words: its dataclasses are built with `OmegaConf.to_object`, running every `__post_init__`."""
+    token = _SINK.set([])
+    try:
+        OmegaConf.to_object(cfg)
+        return _SINK.get()
+    finally:
+        _SINK.reset(token)
+
+
+@functools.cache
+def key_of(cls: type) -> str:
+    """The dotted prefix of `cls`'s fields in the root config (`sft.lora.` for LoraConfig, `` for Config)."""
+    def walk(c, prefix):
+        yield c, prefix
+        for f in dataclasses.fields(c):
+            if dataclasses.is_dataclass(f.default_factory):
+                yield from walk(f.default_factory, f"{prefix}{f.name}.")
+
+    return dict(walk(Config, ""))[cls]
+
+
+@dataclass(frozen=True)
+class CompetitionLimits:
+    """The competition's scoring settings (its final version): fixed by Kaggle, so their values live here, not in
+    conf/. `cfg.competition` in a composed config (read-only); `COMPETITION` below for code without one."""
+
+    temperature: float = _help("scoring sampling temperature (greedy)", 0.0)
+    top_p: float = _help("scoring nucleus sampling", 1.0)
+    max_tokens: int = _help("completion budget of the scorer's vLLM", 7680)
+    max_model_len: int = _help("context length of the scorer's vLLM (prompt + completion)", 8192)
+    max_num_seqs: int = _help("the scorer's vLLM concurrent sequences", 64)
+    max_lora_rank: int = _help("the largest LoRA rank the scorer's vLLM loads", 32)
+    gpu_memory_utilization: float = _help("the scorer's vLLM memory share", 0.85)
+    tensor_parallel_size: int = _help("GPUs the scorer's vLLM spans", 1)
+    enable_prefix_caching: bool = _help("the scorer's vLLM prefix caching", True)
+    enable_chunked_prefill: bool = _help("the scorer's vLLM chunked prefill", True)
+    metric_version: str = _help("final: the published metric; legacy: the earlier one (first `}`, binary as "
+                                "floats)", "final")
+
+
+COMPETITION = CompetitionLimits()
+
+
+def rank_problem(key: str, rank: Any, limits: CompetitionLimits = COMPETITION) -> str | None:
+    """Why `rank` (at `key`) is not a LoRA rank the scorer's vLLM loads, or None: a whole number from 1 to
+    `limits.max_lora_rank`. vLLM 0.33 refuses an adapter whose largest rank, r or any rank_pattern value, is above
+    its max_lora_rank (`PEFTHelper.validate_legal`, vllm/lora/peft_helper.py)."""
+    if isinstance(rank, bool) or not isinstance(rank, int):
+        return f"{key}={rank!r} must be a whole number"
+    if rank < 1:
+        return f"{key}={rank!r} must be >= 1"
+    if rank > limits.max_lora_rank:
+        return (f"{key}={rank!r} must be <= {limits.max_lora_rank} (competition.max_lora_rank: the largest LoRA rank "
+                "Kaggle's vLLM loads)")
+    return None
+
+
+@dataclass
+class DataConfig(Checked):
+    """conf/data: where the puzzles come from and how they are split (01_explore, every stage's data)."""
+
+    source: str = _help("synthetic: generate puzzles with lab.puzzles; competition: read the CSV at `path`")
+    path: Optional[str] = _help("competition data: the train.csv to read; null: $LAB_DATA, data/train.csv, or the "
+                                "Kaggle input mount, in that order (unused for synthetic data)")
+    categories: Optional[List[str]] = _help("categories to keep or generate (see lab.puzzles.CATEGORIES); null: "
+                                            "every category")
+    n_train: Optional[int] = _help("synthetic: puzzles per category for training; competition: null keeps all rows "
+                                   "not held out, else the first N", ge=1)
+    n_val: Optional[int] = _help("synthetic: puzzles per category held out; competition: null uses val_fraction",
+                                 ge=1)
+    difficulty: Dict[str, Any] = _help("per-category generator options, e.g. {numeral_system: {max_value: 100}} "
+                                       "(free-form; unused for competition data)")
+    split_dir: str = _help("where train.csv / val.csv and split.json (with content hashes) go")
+    explore_max: int = _help("01_explore runs the solvers on at most this many training puzzles", ge=1)
+    val_fraction: float = _help("competition data: held-out share, stratified by category (below 1: something is "
+                                 "left to train on)", ge=0, lt=1)
+    trace_style: str = _help("compact: the rule, then applied; derivation: the search written out, one checked step "
+                             "a line (each puzzle category's `derive`, lab/puzzles/<category>.py)")
+    tokenizer_path: Optional[str] = _help("a local tokenizer folder (tokenizer.json, tokenizer_config.json) that "
+                                          "counts trace tokens; null: the model's")
+    weights: Dict[str, float] = _help("per-category oversampling of the SFT examples, e.g. {bit_manipulation: 2} "
+                                      "(whole part copies, fraction a seeded sample; 0 drops; unnamed: 1); above 3 "
+                                      "is warned about (lab.data.dataset.oversample)")
+    synthetic_train: bool = _help("competition data: train on generated puzzles only (n_train per category, "
+                                  "difficulty) and hold the whole real file for validation")
+    trace_styles: Dict[str, str] = _help("per-category trace style for SFT, e.g. {bit_manipulation: compact}; "
+                                         "categories not named use trace_style")
+
+
+@dataclass
+class LoraConfig(Checked):
+    """conf/sft lora: the adapter SFT trains and GRPO continues (lab/model/lora.py)."""
+
+    r: int = _help("LoRA rank, 1 to competition.max_lora_rank (Kaggle's vLLM loads no more; rank_problem)")
+    alpha: int = _help("LoRA scaling numerator (scale = alpha / r)", gt=0)
+    dropout: float = _help("LoRA dropout (PEFT's ParamWrapper, the routed experts, supports none: lab.model.lora "
+                            "refuses it with the experts family)", ge=0)
+    targets: List[str] = _help("module families that get a LoRA (lab/model/lora.py; lm_head trains through lab.model.lora)")
+
+
+@dataclass
+class SftConfig(Checked):
+    """conf/sft: supervised warm-up (02_sft), a LoRA adapter trained on solver traces with TRL's SFTTrainer."""
+
+    backend: TrainBackend = _help("hf (transformers + PEFT + TRL) or unsloth (GPU only); follows "
+                                   "model.train_backend")
+    lora: LoraConfig = field(default_factory=LoraConfig, metadata={"help": "the LoRA adapter (r, alpha, dropout, "
+                                                                            "targets)"})
+    epochs: float = _help("passes over the training traces (used when max_steps is -1)")
+    max_steps: int = _help(">0 caps optimiser steps (overrides epochs); -1: train for epochs")
+    learning_rate: float = _help("peak learning rate, reached after warmup_ratio of the steps and then following "
+                                 "lr_scheduler_type", gt=0)
+    warmup_ratio: float = _help("share of steps spent warming up (passed as a float warmup_steps)", ge=0, le=1)
+    lr_scheduler_type: str = _help("transformers scheduler name (SchedulerType: linear, cosine, constant, ...; "
+                                   "checked when a stage opens, lab.core.config.library_problems)")
+    batch_size: int = _help("sequences per device per step", ge=1)
+    grad_accum: int = _help("gradient accumulation steps (effective batch = batch_size x grad_accum x GPUs)", ge=1)
+    max_seq_len: int = _help("sequence budget; longer examples are counted and dropped, never cut", ge=1)
+    gradient_checkpointing: bool = _help("recompute activations in the backward pass (TRL's SFTConfig default; the "
+                                         "real model needs it)")
+    weight_decay: float = _help("AdamW weight decay", ge=0)
+    logging_steps: int = _help("log the loss every N optimiser steps", ge=1)
+    save_steps: int = _help("checkpoint every N optimiser steps (for resume)", ge=1)
+    save_total_limit: int = _help("checkpoints kept (each holds the adapter and its AdamW state)")
+    resume: bool = _help("continue from the newest complete checkpoint (<run_dir>/checkpoints/02_sft) written with the "
+                         "same training settings; other settings start afresh, or are an error when "
+                         "sft.resume=true is passed explicitly; false deletes the checkpoints")
+    wall_clock_budget_min: float = _help(">0: save and stop cleanly when this many minutes have passed; 0: no budget")
+    gradient_check: bool = _help("after the first steps, check every LoRA family got a gradient and moved")
+    n_train: Optional[int] = _help("null: all training traces; else the first N (after shuffling)", ge=1)
+    adapter_dir: str = _help("where the trained adapter is saved (03_grpo reads it)")
+    stages: List[str] = _help("SFT stages in order: [traces] (the solver traces), or [drills, traces]: first recall "
+                              "drills of the symbolic signature catalog (lab.puzzles.eqsearch.drills), then the traces, "
+                              "continuing the drills' adapter (saved beside adapter_dir as drills_adapter)")
+    drill_n: int = _help("drills stage: catalog drill examples (signatures with at most eqsearch.MAX_CANDS candidates)")
+
+    def rules(self) -> list[str]:
+        if self.max_steps == -1:
+            why = bound_problem(self.epochs, {"gt": 0})
+            return [f"sft.epochs={self.epochs!r} {why} (or set sft.max_steps >= 1)"] if why else []
+        why = bound_problem(self.max_steps, {"ge": 1})
+        return [f"sft.max_steps={self.max_steps!r} {why} (or -1: train for sft.epochs)"] if why else []
+
+
+@dataclass
+class GrpoConfig(Checked):
+    """conf/grpo: reinforcement learning (03_grpo) with TRL's GRPOTrainer, from the SFT adapter (lab/train/grpo.py)."""
+
+    init_adapter: str = _help("the SFT adapter to start from")
+    adapter_dir: str = _help("where the trained adapter is saved (04_vote reads it)")
+    rollout_backend: GenerationBackend = _help("hf: transformers generate from the in-memory adapter (CPU/GPU); vllm: TRL's colocated "
+                                 "vLLM (GPU; a second copy of the base weights, fed merged weights: refused for "
+                                 "Nemotron-H, lab.train.grpo.check_backend)")
+    num_generations: int = _help("completions per prompt (the group)", ge=1)
+    prompts_per_step: int = _help("distinct prompts per optimiser step", ge=1)
+    per_device_train_batch_size: Optional[int] = _help(
+        "completions per training micro-step (one forward/backward); must divide prompts_per_step x num_generations, "
+        "and gradient accumulation makes up the rest so one optimiser step still covers every group "
+        "(lab.train.grpo.micro_batch); null: all of a step's completions in one micro-step")
+    max_steps: int = _help("optimiser steps", ge=1)
+    learning_rate: float = _help("learning rate (constant schedule, no warmup)", gt=0)
+    beta: float = _help("KL coefficient (0: no reference model, no KL term; >0: TRL keeps a frozen copy of the "
+                        "start adapter)", ge=0)
+    temperature: float = _help("rollout and pass-rate sampling temperature", gt=0)
+    top_p: float = _help("rollout nucleus sampling", gt=0, le=1)
+    max_completion_length: Optional[int] = _help("null: from the budget (model.max_model_len - longest prompt, <= "
+                                                 "infer.max_tokens; refine: half); never TRL's 512")
+    mask_truncated_completions: bool = _help("truncated completions get no reward and no loss (TRL's masking; DAPO "
+                                             "overlong filtering)")
+    gradient_checkpointing: bool = _help("recompute activations in the backward pass (needed for the 30B model; off "
+                                         "is faster on the tiny one)")
+    rewards: Dict[str, float] = _help("reward name -> weight; names from lab.train.rewards.REWARDS (correctness: 1 if the "
+                                      "boxed answer passes the competition metric; format: </think> once, one final "
+                                      "non-empty box, nothing after)")
+    n_prompts: int = _help("training prompts drawn from the train split (the pool)", ge=1)
+    pass_rate_k: int = _help("samples per pool prompt to estimate its pass rate (never re-estimated on resume)",
+                              ge=1)
+    drop_threshold: float = _help("drop prompts whose pass rate is >= this (already solved)")
+    drop_unsolved: bool = _help("also drop prompts no sample solved (pass rate 0: no correctness signal)")
+    curriculum: bool = _help("order prompts from high to low pass rate (easy -> hard); false: seeded shuffle")
+    curriculum_shape: str = _help("linear: sorted; stepped: buckets shuffled within")
+    refine: bool = _help("true: iterative refinement (iGRPO): train on refinements of the best of num_generations "
+                         "drafts")
+    logging_steps: int = _help("log every N steps", ge=1)
+    save_steps: int = _help("checkpoint every N steps", ge=1)
+    resume: bool = _help("continue from the newest complete checkpoint (<run_dir>/checkpoints/03_grpo) written with "
+                         "the same configuration; another configuration starts afresh, or is an error when "
+                         "grpo.resume=true is passed explicitly; false deletes the checkpoints")
+    wall_clock_budget_min: float = _help(">0: save and stop cleanly after this many minutes; 0: no budget")
+    gradient_check: bool = _help("after training, check every LoRA family got a gradient and moved, frozen weights "
+                                 "did not")
+    truncation_warn_share: float = _help("warn when more completions than this share are truncated")
+    zero_variance_warn_share: float = _help("warn when more groups than this share have zero reward variance")
+    vllm_gpu_memory_utilization: float = _help(
+        "vllm rollouts (colocate): GPU share of the engine (a second full copy of the base weights + its KV cache). "
+        "One 80 GB H100 cannot hold the 30B model twice (use rollout_backend=hf); models up to ~8B: 0.3-0.4",
+        gt=0, le=1)
+    vllm_sleep_mode: bool = _help("vllm rollouts: free the engine's weights and cache during the optimiser step")
+
+
+@dataclass
+class ModelConfig(Checked):
+    """conf/model: the base model, built here (tiny) or loaded (nemotron_nano)."""
+
+    name: str = _help("label used in reports")
+    path: str = _help("Hub id or local folder; for the tiny model, where it is built and saved (then reused)")
+    build_tiny: bool = _help("true: build the tiny model from `architecture` if `path` is empty; false: load `path`")
+    trust_remote_code: bool = _help("keep off: the transformers implementation of Nemotron-H is used (the repo's "
+                                    "own modeling file is older and ~20x slower to generate)")
+    dtype: str = _help("weights dtype (a torch dtype name: float32, bfloat16)")
+    device: str = _help("auto: cuda if available, else cpu")
+    max_model_len: int = _help("prompt + completion token budget for this model (Kaggle: "
+                               "competition.max_model_len)", ge=1)
+    generation_backend: GenerationBackend = _help("hf: transformers generate (CPU or GPU); vllm: GPU only")
+    train_backend: TrainBackend = _help("hf: transformers + PEFT + TRL; unsloth: GPU only")
+    head_init_std: Optional[float] = _help("std of the tiny model's random lm_head (frozen under LoRA); null when "
+                                           "the model is loaded, not built")
+    architecture: Optional[Dict[str, Any]] = _help("NemotronHConfig fields of the tiny model (free-form); null: "
+                                                   "read from the checkpoint's config.json")
+
+
+@dataclass
+class InferConfig(Checked):
+    """conf/infer: generation settings of every evaluation; kaggle.yaml points them at the competition's scoring
+    settings (`competition`, CompetitionLimits)."""
+
+    temperature: float = _help("sampling temperature (0: greedy)", ge=0)
+    top_p: float = _help("nucleus sampling (1: no truncation)", gt=0, le=1)
+    max_tokens: int = _help("completion budget; capped further by model.max_model_len - prompt length", ge=1)
+    max_model_len: int = _help("vLLM context length", ge=1)
+    max_num_seqs: int = _help("vLLM concurrent sequences")
+    max_lora_rank: int = _help("the largest LoRA rank the lab's vLLM engines load, 1 to competition.max_lora_rank")
+    gpu_memory_utilization: float = _help("vLLM memory share", gt=0, le=1)
+    local_gpu_memory_utilization: Optional[float] = _help(
+        "vLLM memory share of the lab's own evaluation engines (lab.model.generate.vllm_engine), not a scoring setting; "
+        "null: gpu_memory_utilization. On a card where the scorer's share leaves no room for the Mamba state and KV "
+        "cache after the weights (an 80 GB H100: README, 'Local evaluation on a smaller card') set e.g. 0.95; the "
+        "scorer's stays competition.gpu_memory_utilization", gt=0, le=1)
+    tensor_parallel_size: int = _help("vLLM tensor parallel size: GPUs one evaluation engine spans (the vllm back-end; "
+                                      "e.g. infer.tensor_parallel_size=4 for local evaluation on 4 GPUs); the "
+                                      "scorer's is competition.tensor_parallel_size", ge=1)
+    enable_prefix_caching: bool = _help("vLLM prefix caching")
+    enable_chunked_prefill: bool = _help("vLLM chunked prefill")
+    metric_version: str = _help("final: the published metric; legacy: the earlier one (first `}`, binary as floats)")
+    batch_size: int = _help("hf back-end: prompts per generate() call", ge=1)
+
+
+@dataclass
+class VoteConfig(Checked):
+    """conf/vote: inference-time voting (04_vote): k samples per held-out puzzle, compared with greedy."""
+
+    adapter: str = _help("the adapter whose samples are voted on")
+    k: int = _help("samples per puzzle", ge=1)
+    temperature: float = _help("sampling temperature (`make bench` scans 0.1 / 0.3 / 0.5, README)", ge=0)
+    top_p: float = _help("nucleus sampling", gt=0, le=1)
+    logprobs: bool = _help("record token log-probabilities (confidence voting needs them)")
+    methods: List[str] = _help("voting methods replayed on the samples (lab.eval.vote.METHODS)")
+    options: Dict[str, Any] = _help("per-method options passed to lab.eval.vote.replay (free-form), e.g. confidence: "
+                                    "{keep_top: 0.5}; early_stop: {window: 1, agree: null, stop_prob: 0.9}")
+
+
+@dataclass
+class KaggleConfig(Checked):
+    """conf/kaggle: kernels built by `python -m lab kaggle build` (lab/kaggle/kernel.py); the command-line flags
+    --competition / --model-source / --machine-shape override these."""
+
+    competition: Optional[str] = _help("the competition whose data is attached (/kaggle/input/<slug>); null or '': "
+                                       "none")
+    model_source: Optional[str] = _help("the base model as a Kaggle Models handle owner/model/framework/instance/"
+                                        "version (model_sources of the kernel); null or '': attach no model")
+    machine_shape: Optional[str] = _help("the accelerator of a GPU kernel (kernel-metadata.json machine_shape, as "
+                                         "`kaggle kernels push --accelerator`); null or '': Kaggle's default")
+    python_version: str = _help("the Python (major.minor) of Kaggle's image: the dependency wheels are fetched for it "
+                                "(`kaggle dataset --fetch-wheels`), scripts/build_mamba_wheels.sh builds for it, and a "
+                                "built kernel's install cell stops when the image runs another")
+
+
+@dataclass
+class GpuConfig(Checked):
+    """conf/gpu: the card training runs on, and the levers that make one training step fit it (lab.train.memory traces
+    the step; README, "Real model: shapes and memory")."""
+
+    name: str = _help("label of the card (none: no card configured; the CPU demo)")
+    memory_gib: Optional[float] = _help("the card's memory in GiB (torch.cuda.get_device_properties().total_memory "
+                                        "/ 2**30); null: this machine's first CUDA device, if any")
+    max_use: float = _help("02_sft/03_grpo refuse to start when the traced peak of one training micro-step exceeds "
+                           "this share of memory_gib (the rest: CUDA context, allocator, fragmentation)")
+    check: bool = _help("true: refuse to start when the trace does not fit; false: print the trace and go on anyway")
+    optim: Optional[str] = _help("transformers optimizer name for SFT and GRPO (adamw_torch_fused, adamw_bnb_8bit: "
+                                 "8-bit AdamW states, needs bitsandbytes); null: transformers' default")
+    experts_rank: Optional[int] = _help("LoRA rank of the routed experts (PEFT rank_pattern, alpha scaled to keep "
+                                        "alpha/r; lab.model.submission.pack keeps it for vLLM), 1 to sft.lora.r; null: "
+                                        "sft.lora.r", ge=1)
+
+
+@dataclass
+class Config(Checked):
+    """The root config (conf/config.yaml) and its groups. `experiment=competition` is a group choice, not a key: its
+    file (`# @package _global_`) sets keys of the root and the groups."""
+
+    data: DataConfig = field(default_factory=DataConfig, metadata={"help": "conf/data: the puzzles and the split"})
+    sft: SftConfig = field(default_factory=SftConfig, metadata={"help": "conf/sft: supervised warm-up (02_sft)"})
+    grpo: GrpoConfig = field(default_factory=GrpoConfig, metadata={"help": "conf/grpo: GRPO (03_grpo)"})
+    model: ModelConfig = field(default_factory=ModelConfig, metadata={"help": "conf/model: the base model"})
+    infer: InferConfig = field(default_factory=InferConfig, metadata={"help": "conf/infer: evaluation settings"})
+    vote: VoteConfig = field(default_factory=VoteConfig, metadata={"help": "conf/vote: voting (04_vote)"})
+    kaggle: KaggleConfig = field(default_factory=KaggleConfig, metadata={"help": "conf/kaggle: Kaggle kernels"})
+    competition: CompetitionLimits = field(default_factory=CompetitionLimits, metadata={
+        "help": "the competition's scoring settings and limits (fixed: lab/core/schema.py, read-only)"})
+    gpu: GpuConfig = field(default_factory=GpuConfig, metadata={"help": "conf/gpu: the training card and its "
+                                                                        "memory levers"})
+    seed: int = _help("seeds Python, NumPy, torch, the data split and all sampling", ge=0)
+    run_name: str = _help("name of this run, its folder under outputs/: a new time-stamped one unless set "
+                          "(`make demo` sets demo)")
+    run_dir: str = _help("every stage writes into <run_dir>/<stage>/ (relative to the repo root)")
+    report_to: Tracker = _help("live training curves of 02_sft / 03_grpo: none, tensorboard "
+                               "(<run_dir>/tensorboard), wandb or mlflow (TRL's integrations)")
+
+    def rules(self) -> list[str]:
+        p = [rank_problem("sft.lora.r", self.sft.lora.r, self.competition),
+             rank_problem("infer.max_lora_rank", self.infer.max_lora_rank, self.competition),
+             run_name_problem(self.run_name)]
+        er = self.gpu.experts_rank
+        if er is not None and er > self.sft.lora.r:
+            p.append(f"gpu.experts_rank={er} must be <= sft.lora.r={self.sft.lora.r} (or null)")
+        return [x for x in p if x]
+
+
+def run_name_problem(name: Any) -> str | None:
+    """Why `run_name` cannot name a run folder, or None: it must be a relative path that stays strictly inside
+    outputs/ (`run_dir` defaults to outputs/<run_name>), so `../x`, `/tmp/x`, `a/../..`, `.` and an empty or blank
+    name are refused. Any other text, non-ASCII included, is a folder name (a non-ASCII value must be quoted
+    on the command line: `lab.core.config.compose` says how)."""
+    text = "" if name is None else str(name)
+    if not text.strip():
+        return (f"run_name={text!r} is empty: the stage folders would land in outputs/ itself; "
+                "give the run a name, e.g. run_name=my_run")
+    norm = os.path.normpath(os.path.join("outputs", text))
+    if os.path.isabs(text) or norm == "outputs" or not norm.startswith("outputs" + os.sep):
+        return (f"run_name={text!r} leaves outputs/ (the run would write to {resolve_path(norm)}): a run name is a "
+                "folder inside outputs/, e.g. run_name=my_run; to write elsewhere set run_dir=PATH")
+    return None
+
+
+GROUPS = {"data": DataConfig, "sft": SftConfig, "grpo": GrpoConfig, "model": ModelConfig, "infer": InferConfig,
+          "vote": VoteConfig, "kaggle": KaggleConfig, "gpu": GpuConfig, "competition": CompetitionLimits}
+
+
+def register() -> None:
+    """Store `Config` in Hydra's ConfigStore as `schema` (conf/config.yaml's first default). Calling it again is
+    harmless: the entry is replaced."""
+    from hydra.core.config_store import ConfigStore
+
+    ConfigStore.instance().store(name="schema", node=Config)
+
+
+def help_lines(cls: type = Config, prefix: str = "") -> list[str]:
+    """`key (type): help [bounds]` for every field of `cls`, nested dataclasses expanded (`sft.lora.r`); an Enum's
+    type is its names (`hf | vllm`)."""
+    out, hints = [], typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        key, tp = f"{prefix}{f.name}", hints[f.name]
+        if dataclasses.is_dataclass(f.default_factory):  # a nested group (sft.lora)
+            out += help_lines(f.default_factory, f"{key}.")
+            continue
+        kind = " | ".join(tp.__members__) if isinstance(tp, type) and issubclass(tp, StrEnum) else f.type
+        bounds = ", ".join(f"{BOUNDS[op][0]} {b}" for op, b in f.metadata.get("bounds", {}).items())
+        out.append(f"{key} ({kind}): {f.metadata['help']}" + (f" [{bounds}]" if bounds else ""))
+    return out
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lab schema [GROUP]`: every key's type, help and range (one group's with GROUP)."""
+    argv = list(argv or [])
+    group = argv[0] if argv else None
+    if group is not None and group not in GROUPS:
+        raise LabError(f"no config group {group!r}; usage: python -m lab schema [{' | '.join(GROUPS)}]")
+    print("\n".join(help_lines(GROUPS[group], f"{group}.") if group else help_lines()))
+    return 0

@@ -1,0 +1,437 @@
+"""Loading, validating and splitting the competition's puzzle files; the data mix SFT trains on.
+
+`lab.core.paths.find_data_file` says where a file is, `load_puzzles` reads it with every value kept byte for byte as a string
+(`01010001` keeps its zeros, `NA` stays `NA`, nothing is stripped) and stops with a `LabError`
+that names the file, the row and the problem. `split` makes a seeded held-out set stratified
+by category, and `save_split` / `load_split` write and re-read it with content hashes, so a
+later stage can prove it trains and evaluates on exactly the puzzles the split named.
+
+Row numbers in messages use spreadsheet numbering: the header is row 1, the first puzzle is
+row 2 (a puzzle whose prompt spans several lines is still one row). Parse errors that happen
+before rows exist name the physical line of the file instead, and say so.
+
+Deliberate choices: the file must be UTF-8 (a leading BOM is accepted and dropped); fields are
+read with Python's `csv` module, not pandas, because pandas pads a short row with empty
+strings instead of reporting it; blank lines at the end of a file are ignored, blank lines
+between rows are an error; an id, prompt or answer that is empty or only whitespace is an
+error. Extra columns are kept, as strings.
+"""
+
+from __future__ import annotations
+
+import csv
+import hashlib
+import io
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pandas as pd
+
+from lab import LabError
+from lab.core.io import atomic_write_csv, atomic_write_json, read_json
+from lab.core.paths import find_data_file, resolve_path
+
+REQUIRED = ("id", "prompt")
+HASHED = ("id", "prompt", "answer")
+
+
+def _bad_row(path: Path, i: int, problem: str) -> LabError:
+    """The error for 0-based data row `i`: `<file>: row i+2<problem> (spreadsheet numbering, header = row 1)`."""
+    return LabError(f"{path}: row {i + 2}{problem} (spreadsheet numbering, header = row 1)")
+
+
+# ---- loading and validating ------------------------------------------------------------------
+
+def _decode(path: Path) -> str:
+    raw = path.read_bytes()
+    try:
+        text = raw.decode("utf-8-sig")
+    except UnicodeDecodeError as e:
+        line = raw[: e.start].count(b"\n") + 1
+        raise LabError(f"{path}: not UTF-8 text: byte 0x{raw[e.start]:02x} at line {line} of the file "
+                       f"(byte offset {e.start}); re-save it as UTF-8") from None
+    if not text.strip():
+        raise LabError(f"{path}: empty file (no header, no rows)")
+    return text
+
+
+def _records(path: Path, text: str) -> tuple[list[str], list[list[str]]]:
+    csv.field_size_limit(max(csv.field_size_limit(), 2**31 - 1))
+    reader = csv.reader(io.StringIO(text, newline=""), strict=True)
+    try:
+        records = list(reader)
+    except csv.Error as e:
+        raise LabError(f"{path}: malformed CSV at line {reader.line_num} of the file: {e}") from None
+    header = records[0]
+    while len(records) > 1 and records[-1] == []:
+        records.pop()
+    return header, records[1:]
+
+
+def load_puzzles(path: str | os.PathLike, allow_empty: bool = False) -> pd.DataFrame:
+    """Columns `id, prompt[, answer]` plus any extra ones, every value the file's exact string.
+
+    Errors (LabError) name the file, the row (spreadsheet numbering: header = row 1) and the
+    problem: missing file, empty file, not UTF-8, malformed CSV, missing or duplicate column,
+    no rows (unless `allow_empty`), a row with the wrong number of fields, an empty id/prompt/answer, a duplicate id.
+    """
+    p = Path(path)
+    if not p.is_file():
+        raise LabError(f"{p}: file not found" if not p.exists() else f"{p}: not a file")
+    header, rows = _records(p, _decode(p))
+
+    dup = sorted({c for c in header if header.count(c) > 1})
+    if dup:
+        raise LabError(f"{p}: duplicate column name(s) {dup} in the header")
+    missing = [c for c in REQUIRED if c not in header]
+    if missing:
+        raise LabError(f"{p}: missing column(s) {missing}; the header has {header}")
+    if not rows and not allow_empty:
+        raise LabError(f"{p}: no rows under the header")
+
+    width = len(header)
+    checks = [c for c in HASHED if c in header]
+    col = {c: header.index(c) for c in checks}
+    seen: dict[str, int] = {}
+    for i, rec in enumerate(rows):
+        if rec == []:
+            raise _bad_row(p, i, " is a blank line")
+        if len(rec) != width:
+            raise _bad_row(p, i, f" has {len(rec)} field(s), the header has {width}")
+        for c in checks:
+            if not rec[col[c]].strip():
+                raise _bad_row(p, i, f": empty {c}")
+        ident = rec[col["id"]]
+        if ident in seen:
+            raise _bad_row(p, i, f": duplicate id {ident!r}, first seen in row {seen[ident] + 2}")
+        seen[ident] = i
+    return pd.DataFrame(rows, columns=header, dtype=str)
+
+
+def add_categories(df: pd.DataFrame) -> pd.DataFrame:
+    """A copy of `df` with `category` and `subtype` from `lab.puzzles.classify(prompt)`."""
+    from lab.puzzles import classify
+
+    if "prompt" not in df.columns:
+        raise LabError(f"add_categories: no 'prompt' column (columns are {list(df.columns)})")
+    pairs = [classify(p) for p in df["prompt"]]
+    out = df.copy()
+    out["category"] = pd.Series([str(c) for c, _ in pairs], index=df.index, dtype=str)
+    out["subtype"] = pd.Series([str(s) for _, s in pairs], index=df.index, dtype=str)
+    return out
+
+
+# ---- splitting, hashing, saving --------------------------------------------------------------
+
+def split(df: pd.DataFrame, val_fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, val): seeded, stratified by `category` when present, independent of row order.
+
+    Each category's rows are put in id order, shuffled with NumPy's PCG64 seeded by `seed`
+    (categories in sorted order), and the first floor(n * val_fraction + 0.5) go to val, but at least
+    one when val_fraction > 0 and the category has two rows or more (a small file, 4 puzzles per
+    category at 0.1, still gets a validation row of every category; `prepare` notes it). Both parts
+    keep the input's row order and get a fresh index. The seed and fraction are recorded in
+    `train.attrs["split"]` for `save_split`.
+    """
+    if not 0.0 <= float(val_fraction) < 1.0:
+        raise LabError(f"split: val_fraction must be in [0, 1), got {val_fraction}")
+    if "id" not in df.columns:
+        raise LabError(f"split: no 'id' column (columns are {list(df.columns)})")
+    rng = np.random.default_rng(int(seed))
+    if "category" in df.columns:
+        groups = df.groupby("category", sort=True, dropna=False).indices
+    else:
+        groups = {None: np.arange(len(df))}
+    is_val = np.zeros(len(df), dtype=bool)
+    ids = df["id"].astype(str).to_numpy()
+    for _, pos in sorted(groups.items(), key=lambda kv: str(kv[0])):
+        pos = np.asarray(pos)[np.argsort(ids[pos], kind="stable")]
+        pos = pos[rng.permutation(len(pos))]
+        n_val = int(np.floor(len(pos) * float(val_fraction) + 0.5))
+        if n_val == 0 and float(val_fraction) > 0 and len(pos) >= 2:
+            n_val = 1
+        is_val[pos[:n_val]] = True
+    train = df[~is_val].reset_index(drop=True)
+    val = df[is_val].reset_index(drop=True)
+    info = {"seed": int(seed), "val_fraction": float(val_fraction)}
+    train.attrs = {"split": info}
+    val.attrs = {"split": info}
+    return train, val
+
+
+def rows_hash(df: pd.DataFrame) -> str:
+    """sha256 over the id, prompt and answer columns (those present), row by row, in order (a table's rows, where
+    `lab.core.lineage.content_hash` hashes files).
+
+    Each value is fed as its UTF-8 bytes preceded by their length (8 bytes, big-endian), after
+    the names of the columns hashed, so no two different tables can collide by shifting text.
+    """
+    cols = [c for c in HASHED if c in df.columns]
+    h = hashlib.sha256()
+    h.update(("\x1f".join(cols) + "\n").encode("utf-8"))
+    for row in df[cols].itertuples(index=False, name=None):
+        for v in row:
+            b = str(v).encode("utf-8")
+            h.update(len(b).to_bytes(8, "big"))
+            h.update(b)
+    return h.hexdigest()
+
+
+def _per_category(train: pd.DataFrame, val: pd.DataFrame) -> dict[str, dict[str, int]]:
+    both = pd.concat({"train": train, "val": val})  # the part is the index's first level
+    if "category" not in both.columns:
+        return {}
+    table = pd.crosstab(both["category"], both.index.get_level_values(0))
+    table = table.reindex(columns=["train", "val"], fill_value=0)
+    return {str(c): {part: int(n) for part, n in row.items()} for c, row in table.iterrows()}
+
+
+def save_split(train: pd.DataFrame, val: pd.DataFrame, folder: str | os.PathLike, *,
+               seed: int | None = None, val_fraction: float | None = None, **extra: Any) -> dict:
+    """Write train.csv, val.csv and split.json (counts, per-category counts, content hashes).
+
+    `seed` / `val_fraction` default to what `split` recorded in `train.attrs`; extra keyword
+    arguments are stored in split.json as given. Returns the split.json contents.
+    """
+    folder = Path(folder)
+    recorded = train.attrs.get("split", {})
+    info = {
+        "seed": seed if seed is not None else recorded.get("seed"),
+        "val_fraction": val_fraction if val_fraction is not None else recorded.get("val_fraction"),
+        "n_train": len(train), "n_val": len(val),
+        "train_hash": rows_hash(train), "val_hash": rows_hash(val),
+        "per_category": _per_category(train, val),
+        **extra,
+    }
+    atomic_write_csv(folder / "train.csv", train)
+    atomic_write_csv(folder / "val.csv", val)
+    atomic_write_json(folder / "split.json", info)
+    return info
+
+
+def load_split(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, val) read back from `save_split`'s folder, checked against split.json's hashes."""
+    folder = Path(folder)
+    info = read_json(folder / "split.json")
+    out = []
+    for part in ("train", "val"):
+        df = load_puzzles(folder / f"{part}.csv", allow_empty=True)
+        want, got = info.get(f"{part}_hash"), rows_hash(df)
+        if want != got:
+            raise LabError(f"{folder / f'{part}.csv'}: content hash {got[:12]}... differs from split.json's "
+                           f"{str(want)[:12]}...; the file changed after the split was saved")
+        if info.get(f"n_{part}") is not None and int(info[f"n_{part}"]) != len(df):
+            raise LabError(f"{folder / f'{part}.csv'}: {len(df)} rows, split.json says {info[f'n_{part}']}")
+        df.attrs = {"split": {k: info.get(k) for k in ("seed", "val_fraction")}}
+        out.append(df)
+    return out[0], out[1]
+
+
+def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """The run's (train, val) split: made once into `cfg.data.split_dir`, then read back hash-checked.
+
+    Every stage scores against answers, so a file without an `answer` column is refused
+    (`need_answers=False` is for a caller that never scores). A category too small for a validation
+    row, and one held out only because `split` keeps one, is noted (printed and in split.json's `notes`).
+
+    synthetic: `lab.puzzles.generate` per category (train with `seed`, val with another seed,
+    val puzzles whose prompt also occurs in train removed); competition: the CSV found by
+    `find_data_file(cfg.data.path)`, classified and split stratified by category. A split folder
+    made with other data settings is an error, so two stages of one run can never disagree.
+    """
+    from omegaconf import OmegaConf
+
+    from lab.core.lineage import consumed
+
+    folder = resolve_path(cfg.data.split_dir)
+    settings = {"seed": cfg.seed, **OmegaConf.to_container(cfg.data, resolve=True)}
+    settings.pop("split_dir", None)
+    settings = json.loads(json.dumps(settings))  # as it reads back from split.json
+    if (folder / "split.json").is_file():
+        made_with = read_json(folder / "split.json").get("settings")
+        if made_with != settings:
+            raise LabError(f"{folder / 'split.json'}: this run's split was made with data settings {made_with}, "
+                           f"not {settings}; use another run_name (or delete {folder})")
+    else:
+        train, val, extra = _new_split(cfg, need_answers)
+        save_split(train, val, folder, seed=cfg.seed, val_fraction=cfg.data.val_fraction, settings=settings, **extra)
+    train, val = load_split(folder)
+    if need_answers:
+        _need_answers(train, folder / "train.csv")
+    consumed(folder)  # the split's content hash: an input of the open stage (lab.core.lineage)
+    return train, val
+
+
+def _new_split(cfg, need_answers: bool) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
+    """`prepare`'s (train, val) made from `cfg.data`, and what split.json records beside them (`notes`)."""
+    d = cfg.data
+    categories = list(d.categories) if d.categories else None
+    if d.source == "synthetic":
+        train = _generated(cfg, categories, d.n_train, cfg.seed)
+        return train, _generated(cfg, categories, d.n_val, cfg.seed + 7919, exclude=train["prompt"]), {}
+    if d.source != "competition":
+        raise LabError(f"conf/data: source must be 'synthetic' or 'competition', not {d.source!r}")
+    path = find_data_file(d.path)
+    df = add_categories(load_puzzles(path))
+    if need_answers:
+        _need_answers(df, path)
+    if categories:
+        df = df[df["category"].isin(categories)].reset_index(drop=True)
+        if df.empty:
+            raise LabError(f"{path}: no puzzle of the categories {categories} (data.categories)")
+    if d.get("synthetic_train", False):  # generated puzzles train; the whole real file validates
+        train, val = synthetic_train_split(cfg, df, categories)
+        notes = [f"{path}: synthetic_train: {len(train)} generated training puzzles; all {len(val)} real rows "
+                 "held for validation"]
+    else:
+        train, val = split(df, d.val_fraction, cfg.seed)
+        if d.n_val:
+            val = val.head(d.n_val)
+        if d.n_train:
+            train = train.head(d.n_train)
+        notes = _split_notes(df, val, d.val_fraction, path)
+    if val.empty:
+        raise LabError(f"{path}: no validation rows: {len(df)} puzzle(s), val_fraction={d.val_fraction}; every "
+                       "category needs two puzzles or more (one for training, one held out)")
+    for n in notes:
+        print(f"note: {n}", flush=True)
+    return train, val, {"notes": notes}
+
+
+def _need_answers(df: pd.DataFrame, path) -> None:
+    if "answer" not in df.columns:
+        raise LabError(f"{path}: no 'answer' column (columns are {list(df.columns)}): a file without answers, like "
+                       "the competition's test.csv, cannot be trained on or scored; pass the training file "
+                       "(data.path=...)")
+
+
+def _split_notes(df: pd.DataFrame, val: pd.DataFrame, val_fraction: float, path) -> list[str]:
+    """What a small file does to the split, in words: categories with no validation row, or with one only
+    because `split` keeps at least one."""
+    if "category" not in df.columns or val_fraction <= 0:
+        return []
+    notes = []
+    for cat, n in sorted(df["category"].value_counts().items()):
+        n_val = int((val["category"] == cat).sum()) if len(val) else 0
+        if n_val == 0:
+            notes.append(f"{path}: category {cat} has no validation row ({n} puzzle(s); data.n_val or "
+                         "val_fraction left none): its accuracy is not measured")
+        elif np.floor(n * val_fraction + 0.5) == 0:
+            notes.append(f"{path}: category {cat} has {n} puzzle(s); val_fraction={val_fraction} would hold out "
+                         "none, so one is held out")
+    return notes
+
+
+# ---- trace style and token counting (conf/data: trace_style, tokenizer_path) -------------------
+
+TRACE_STYLES = ("compact", "derivation")
+
+
+def trace_style(cfg) -> str:
+    """`data.trace_style`: 'compact' (the rule, then applied) or 'derivation' (the search written out, every line
+    checked by `python -m lab puzzles check`); the SFT and GRPO data builders and `05_errors` read it."""
+    return _style("trace_style", cfg.data.get("trace_style", None) or "compact")
+
+
+def _style(key: str, style: str) -> str:
+    if style not in TRACE_STYLES:
+        raise LabError(f"conf/data: {key}={style!r} must be one of {', '.join(TRACE_STYLES)}")
+    return style
+
+
+def _by_category(cfg, key: str) -> dict:
+    """`data.<key>` as a dict ({} when unset), every key checked to be a category."""
+    from lab.puzzles import CATEGORIES
+
+    per = dict(cfg.data.get(key, None) or {})
+    for cat in per:
+        if cat not in CATEGORIES:
+            raise LabError(f"conf/data: {key} has {cat!r}, not a category (one of {', '.join(CATEGORIES)})")
+    return per
+
+
+def count_tokenizer(cfg, default=None):
+    """What counts trace tokens: `data.tokenizer_path` (a local folder with tokenizer.json and tokenizer_config.json)
+    when set, else `default` (the model's tokenizer). A set path that is not such a folder is a LabError."""
+    path = cfg.data.get("tokenizer_path", None)
+    if not path:
+        return default
+    p = resolve_path(str(path))
+    if not (p / "tokenizer.json").is_file() or not (p / "tokenizer_config.json").is_file():
+        raise LabError(f"conf/data: tokenizer_path={path}: no tokenizer.json and tokenizer_config.json in {p}")
+    return str(p)
+
+
+# ---- data mix (conf/data: weights, synthetic_train, trace_styles) ------------------------------
+
+OVERSAMPLE_WARN = 3.0  # the top teams saw a category oversampled beyond about 3x overwrite the others
+
+
+def category_weights(cfg) -> dict[str, float]:
+    """`data.weights`: {category: weight} for the SFT examples (1 = as many as the data gives; the schema types each
+    as a float); a weight below 0, or a category that does not exist, is a LabError; a weight above 3 is warned
+    about (printed)."""
+    weights = _by_category(cfg, "weights")
+    for cat, w in weights.items():
+        if not w >= 0:
+            raise LabError(f"conf/data: weights.{cat}={w} must be >= 0")
+        if w > OVERSAMPLE_WARN:
+            print(f"WARNING: conf/data: weights.{cat}={w:g} oversamples {cat} beyond {OVERSAMPLE_WARN:g}x; "
+                  "a category oversampled that far can overwrite the others", flush=True)
+    return weights
+
+
+def oversample(examples: pd.DataFrame, weights: dict[str, float], seed: int) -> pd.DataFrame:
+    """The examples with each category's rows repeated `weight` times: the whole part as copies, the fractional part
+    as a seeded sample of that share of the rows (weight 0 drops the category; categories not named keep weight 1).
+    Rows keep their category order, copies follow their originals' block; nothing else changes."""
+    if not weights:
+        return examples
+    if "category" not in examples.columns:
+        raise LabError("data.weights: the examples have no 'category' column to weigh by")
+    rng = np.random.default_rng(int(seed))
+    parts = []
+    for cat, g in examples.groupby("category", sort=False):
+        w = float(weights.get(str(cat), 1.0))
+        whole, frac = int(w), w - int(w)
+        parts += [g] * whole
+        k = int(np.floor(len(g) * frac + 0.5))
+        if k:
+            parts.append(g.iloc[np.sort(rng.choice(len(g), size=k, replace=False))])
+    return pd.concat(parts, ignore_index=True) if parts else examples.iloc[:0]
+
+
+def trace_styles(cfg) -> dict[str, str]:
+    """{category: style} for every category: `data.trace_styles.<category>` where set, else `data.trace_style`.
+    An unknown category or style is a LabError."""
+    from lab.puzzles import CATEGORIES
+
+    default = trace_style(cfg)
+    per = {cat: _style(f"trace_styles.{cat}", st) for cat, st in _by_category(cfg, "trace_styles").items()}
+    return {c: per.get(c, default) for c in CATEGORIES}
+
+
+def synthetic_train_split(cfg, real: pd.DataFrame, categories: list[str] | None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """`data.synthetic_train`: (train, val) with train = generated puzzles only (`n_train` per category, `difficulty`,
+    seeded by `seed`) and val = the whole real file (its first `n_val` rows when set): no real puzzle is trained on.
+    Generated puzzles whose prompt occurs in the real file are dropped."""
+    d = cfg.data
+    if not d.n_train:
+        raise LabError("conf/data: synthetic_train needs n_train (generated puzzles per category)")
+    train = _generated(cfg, categories, d.n_train, cfg.seed, exclude=real["prompt"])
+    val = real.head(d.n_val).reset_index(drop=True) if d.n_val else real.reset_index(drop=True)
+    return train, val
+
+
+def _generated(cfg, categories: list[str] | None, n: int, seed: int, exclude=()) -> pd.DataFrame:
+    """`n` puzzles of each category (all when None) from `lab.puzzles.generate` with `data.difficulty`, seeded by
+    `seed`; those whose prompt is in `exclude` dropped."""
+    from lab.puzzles import CATEGORIES, generate
+
+    difficulty = cfg.data.difficulty or {}
+    df = pd.concat([generate(c, n, seed=seed, **dict(difficulty.get(c, {}))) for c in categories or CATEGORIES],
+                   ignore_index=True)
+    return df[~df["prompt"].isin(set(exclude))].reset_index(drop=True)

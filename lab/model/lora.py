@@ -1,0 +1,539 @@
+"""LoRA for Nemotron-H: the family table, building and attaching the adapter, the guards that make every family
+really train, the gradient check, saving. `lab.train.sft`, `lab.train.sft_unsloth`, `lab.train.grpo`, `lab.model.models`, `lab.train.memory` and
+`lab.model.submission` all read `TABLE` below; "support a new model" starts here.
+
+What it simplifies:
+1. One table of LoRA families (`TABLE`): the names `sft.lora.targets` uses, what PEFT is given for each, and the
+   module names a packed adapter holds for vLLM (what `lab.model.submission` checks).
+2. Every configured family must match something in the model (else an error naming the target and listing the
+   families that exist), and after wrapping every configured family must own trainable LoRA parameters
+   (`target_table`, `check_table`). The rank is the schema's to check, once, at compose (lab/core/schema.py,
+   `rank_problem`, against `competition.max_lora_rank`).
+3. The gradient check (`GradientCheck`): at the first optimiser step every family must have a non-zero gradient;
+   after training every LoRA tensor must have moved and a sample of frozen base tensors (one per layer-agnostic
+   name) must NOT have moved. It compares a strided sample of each tensor (at most 65,536 values), so it stays
+   cheap on the 30B model.
+4. `out_proj` of the Mamba-2 mixers trains (see below), and an `lm_head` LoRA trains under TRL's fused head.
+5. `save_adapter`: only the LoRA weights, atomically, from the main process.
+
+Module families of Nemotron-H (same names in the tiny model and the real one): attention
+`q_proj/k_proj/v_proj/o_proj`, Mamba `in_proj/out_proj`, shared expert `shared_experts.up_proj/down_proj`, routed
+experts `experts` (fused 3-D parameters `experts.up_proj/down_proj`, targeted with PEFT's `target_parameters`;
+PEFT nests one ParamWrapper in the other and saves them as `experts.base_layer.lora_*` = up_proj and
+`experts.lora_*` = down_proj; `lab.model.submission` converts them for vLLM), and `lm_head`.
+
+`out_proj`: PEFT 0.21 refuses it for Nemotron-H because, in training mode, `NemotronHMamba2Mixer.forward` first
+calls the module-level function `mamba2_split_conv1d_scan_combined(..., outproj_weight=self.out_proj.weight, ...)`
+and returns its result when it is not None. With `mamba_ssm` installed that is the fused CUDA kernel, which
+multiplies by `out_proj.weight` itself: a LoRA on `out_proj` would get no gradient. Without it (CPU), the decorated
+fallback returns None and the PyTorch path calls `self.out_proj(...)`. The lab offers `out_proj` anyway (teams
+reported it as their largest single gain, and vLLM applies it at scoring): `allow_out_proj` lifts PEFT's refusal
+for `out_proj` only (never `conv1d`), and `guard_fused_mamba_out_proj` replaces that module-level function in
+`transformers.models.nemotron_h.modeling_nemotron_h` by a wrapper that returns None (so the PyTorch path runs, with
+the conv and scan kernels still used) while a mixer whose `out_proj` carries a LoRA is running, and calls the
+original otherwise. The "which mixer is running" signal is a context variable set by forward hooks on each mixer,
+so it survives deepcopy, gradient checkpointing recomputation and device moves. The gradient check proves
+`out_proj` trains. Not covered: the `trust_remote_code` modeling file (refused with a clear error when an
+`out_proj` LoRA meets a mixer class without that module-level function) and hub kernels that replace the mixer's
+whole forward (`use_kernels=True`, not used by the lab).
+
+`lm_head`: TRL 1.15's SFTTrainer and GRPOTrainer compute the per-token log-probabilities through a fused LM head
+(`trl/trainer/utils.py`, `add_fused_lm_head`): the patched forward runs the backbone and hands
+`get_output_embeddings().weight` to `ChunkedLogProbFunction` (`trl/kernels/chunked_logprob.py`), which
+tiles over the vocabulary. A PEFT LoRA on `lm_head` is a wrapper module whose `.weight` is the frozen base
+weight, so the adapter would be ignored; both trainers therefore refuse it in `__init__`
+(`isinstance(model.get_output_embeddings(), BaseTunerLayer)`, `trl/trainer/sft_trainer.py` and
+`grpo_trainer.py`).
+
+The LoRA head is itself one linear map over a wider input: `W h + s B A h = [W | B] [h ; s A h]`. So:
+- `trainer_accepts_head_lora(model)` shows the trainer the base `lm_head` while it is built (the only
+  place the refusal and the fused-head patch look at it);
+- `install_fused_lora_head(model, ...)` then wraps TRL's fused forward: when the head carries an active
+  LoRA, the hidden states of the labelled positions are extended with `s A(dropout(h))` for each active
+  adapter and the weight with the matching `B`, and the same `ChunkedLogProbFunction` runs on them. The
+  logits are still built tile by tile (never `tokens x vocabulary` at once, the extra memory is one
+  `[vocab, hidden + r]` copy of the head and its fp32 gradient), and autograd carries the gradient to `A`
+  and `B`. Without a LoRA on the head, or for ordinary (non-fused) calls, TRL's forward runs unchanged.
+
+No second loss implementation (TRL's kernel, masking and loss normalisation are reused), no full logits, and
+generation (`model.generate`, vLLM) is untouched because the module itself is not changed.
+Not supported (refused with an error): DoRA or a LoRA bias on `lm_head`, MoE router logits in the fused
+call (Nemotron-H has none), logit soft-capping or scaling (Nemotron-H uses neither), DeepSpeed ZeRO-3 (the
+head's weights are read outside its module; TRL gathers them there, which was never run here). Under FSDP2 the
+head reads every weight through `full_weight` (`DTensor.full_tensor()`, as TRL's head); `cast_lm_head_to_fp32`
+runs the head in float32 outside autocast, as TRL's (GRPOTrainer refuses that flag with a PEFT head itself).
+Not verified without a GPU: TRL's Triton kernel on the concatenated head (the CPU tests run the same
+computation through lab.train.trl_private).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import functools
+import re
+import sys
+import types
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+from unittest import mock
+
+from omegaconf import DictConfig
+
+from lab import LabError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+@dataclass(frozen=True)
+class Family:
+    """One row of the LoRA family table."""
+
+    name: str                           # what `sft.lora.targets` names; the target table's `family`
+    group: str                          # attention, mamba, moe, mlp, head
+    peft: tuple[tuple[str, str], ...]   # (kind, suffix): "module" matches nn.Linear names ending in suffix, "param"
+    #                                     fused parameters (PEFT target_parameters); empty: the lab does not train it
+    packed: str                         # regex of the module name in a packed adapter (what vLLM 0.33 loads), after
+    #                                     `(model|backbone).layers.N.mixer.`; for the head group, the whole name
+
+
+TABLE = (
+    Family("q_proj", "attention", (("module", "q_proj"),), "q_proj"),
+    Family("k_proj", "attention", (("module", "k_proj"),), "k_proj"),
+    Family("v_proj", "attention", (("module", "v_proj"),), "v_proj"),
+    Family("o_proj", "attention", (("module", "o_proj"),), "o_proj"),
+    Family("in_proj", "mamba", (("module", "in_proj"),), "in_proj"),
+    Family("out_proj", "mamba", (("module", "out_proj"),), "out_proj"),
+    Family("shared_experts.up_proj", "moe", (("module", "shared_experts.up_proj"),), r"shared_experts\.up_proj"),
+    Family("shared_experts.down_proj", "moe", (("module", "shared_experts.down_proj"),),
+           r"shared_experts\.down_proj"),
+    Family("experts", "moe", (("param", "mixer.experts.up_proj"), ("param", "mixer.experts.down_proj")),
+           r"experts\.(?P<expert>\d+)\.(?:up_proj|down_proj)"),  # packed: split per expert (lab.model.submission)
+    Family("lm_head", "head", (("module", "lm_head"),), "lm_head"),
+    # modules of other Nemotron-H variants that vLLM 0.33 serves a LoRA on; the lab trains neither
+    Family("latent_proj", "moe", (), "fc1_latent_proj|fc2_latent_proj"),
+    Family("mlp", "mlp", (), "up_proj|down_proj"),
+)
+# family name -> [(kind, suffix)]: the families the lab trains
+FAMILIES = {f.name: list(f.peft) for f in TABLE if f.peft}
+
+
+def _base(model):
+    return model.get_base_model() if hasattr(model, "get_base_model") else model
+
+
+def available_families(model) -> dict[str, int]:
+    """Family -> number of matching modules/parameters in `model` (families with 0 are absent)."""
+    import torch.nn as nn
+
+    base = _base(model)
+    linear = [n for n, m in base.named_modules() if isinstance(m, nn.Linear)]
+    params = [n for n, _ in base.named_parameters()]
+    return {fam: sum(n == suffix or n.endswith("." + suffix)
+                     for kind, suffix in rules for n in (linear if kind == "module" else params))
+            for fam, rules in FAMILIES.items()}
+
+
+def check_targets(cfg: DictConfig) -> list[str]:
+    """Refuse `sft.lora` targets this module cannot train, without a model (before one is loaded): none, or the
+    'experts' family with dropout. Returns the targets. (The rank is the schema's: `lab.core.schema.rank_problem`.)"""
+    lc = cfg.sft.lora
+    targets = [str(t) for t in lc.targets]
+    if not targets:
+        raise LabError("conf/sft: lora.targets is empty")
+    if "experts" in targets and lc.dropout > 0:
+        raise LabError(f"conf/sft: lora.dropout={lc.dropout} with the 'experts' family: PEFT's ParamWrapper (fused "
+                       "expert parameters) does not support dropout; set sft.lora.dropout=0")
+    return targets
+
+
+def lora_config(cfg: DictConfig, model):
+    """A PEFT LoraConfig for exactly the configured families; unknown or unmatched families are errors.
+
+    `target_modules` is always a list, empty when only fused parameters (the routed experts) are targeted: PEFT 0.21
+    (`LoraModel._prepare_adapter_config`, peft/tuners/lora/model.py) replaces `target_modules=None` by its default
+    targets for the model type (`TRANSFORMERS_MODELS_TO_LORA_TARGET_MODULES_MAPPING`, peft/utils/constants.py:
+    q/k/v/o_proj for nemotron_h), which would add the attention families without a word."""
+    from peft import LoraConfig
+
+    lc = cfg.sft.lora
+    targets = check_targets(cfg)
+    avail = available_families(model)
+    model_type = getattr(getattr(_base(model), "config", None), "model_type", "?")
+    modules, params = [], []
+    for fam in targets:
+        if fam not in FAMILIES or avail[fam] == 0:
+            exist = ", ".join(f"{f} ({c})" for f, c in sorted(avail.items()) if c)
+            raise LabError(f"conf/sft: LoRA target '{fam}': no such module exists in this model ({model_type}); "
+                           f"the module families that exist are: {exist}")
+        for kind, suffix in FAMILIES[fam]:
+            (modules if kind == "module" else params).append(suffix)
+    rank_pattern, alpha_pattern = expert_patterns(cfg)
+    return LoraConfig(r=lc.r, lora_alpha=lc.alpha, lora_dropout=lc.dropout,
+                      target_modules=modules, target_parameters=params or None, bias="none",
+                      task_type="CAUSAL_LM", rank_pattern=rank_pattern, alpha_pattern=alpha_pattern)
+
+
+def expert_patterns(cfg: DictConfig) -> tuple[dict, dict]:
+    """PEFT rank_pattern/alpha_pattern for `gpu.experts_rank` (routed experts at a lower rank, same alpha/r scale;
+    1 to sft.lora.r, lab/core/schema.py); empty when unset. PEFT matches the keys against `...mixer.experts.up_proj` (`get_pattern_key`,
+    peft/utils/other.py), which `shared_experts.up_proj` does not match; `lab.model.submission.pack` rewrites them for
+    vLLM's per-expert names. PEFT 0.21 warns that these keys "did not match any targeted module and were ignored"
+    (`tuners_utils.py` checks module names, not targeted parameters); they are applied: rank and scale are checked
+    on the wrapped model in tests/test_memory.py."""
+    er, lc = cfg.gpu.experts_rank, cfg.sft.lora
+    if er is None or int(er) == lc.r or "experts" not in [str(t) for t in lc.targets]:
+        return {}, {}
+    er = int(er)
+    keys = [r"experts\.up_proj", r"experts\.down_proj"]
+    return {k: er for k in keys}, {k: lc.alpha * er / lc.r for k in keys}
+
+
+def allow_out_proj():
+    """A context that lifts PEFT's Mamba refusal for `out_proj` only (module docstring); `conv1d` stays refused."""
+    import peft.tuners.tuners_utils as tu
+
+    original = tu._check_lora_target_modules_mamba
+
+    def check(peft_config, model, target_name):
+        if target_name != "out_proj":
+            original(peft_config, model, target_name)
+
+    return mock.patch.object(tu, "_check_lora_target_modules_mamba", check)
+
+
+# ---- the fused Mamba kernel guard ------------------------------------------------------------
+
+FUSED_FN = "mamba2_split_conv1d_scan_combined"
+_TORCH_PATH = contextvars.ContextVar("lab_mamba_out_proj_lora", default=False)
+
+
+class _FusedScanGuard:
+    """`mamba2_split_conv1d_scan_combined` in the mixer's module: None (the mixer's "no kernel, use the PyTorch
+    path" answer) while a mixer whose `out_proj` has a LoRA runs, else the function it replaced (module docstring)."""
+
+    def __init__(self, inner):
+        self.inner = inner
+
+    def __call__(self, *args, **kwargs):
+        if _TORCH_PATH.get():
+            return None
+        return self.inner(*args, **kwargs)
+
+
+def _has_lora(module) -> bool:
+    return len(getattr(module, "lora_A", ())) > 0
+
+
+def _mixer_pre_hook(module, args):
+    _TORCH_PATH.set(_has_lora(module.out_proj))
+
+
+def _mixer_post_hook(module, args, output):
+    _TORCH_PATH.set(False)
+
+
+def guard_fused_mamba_out_proj(model) -> int:
+    """Make every Mamba-2 mixer whose `out_proj` has a LoRA take the PyTorch path in training: `_FusedScanGuard` in
+    the mixer class's module and forward hooks on each mixer, each installed once. Returns the number of mixers whose
+    out_proj has a LoRA now."""
+    n = 0
+    for _, mod in _base(model).named_modules():
+        if not (type(mod).__name__.endswith("Mamba2Mixer") and hasattr(mod, "out_proj")):
+            continue
+        has = _has_lora(mod.out_proj)
+        n += has
+        if getattr(mod, "_lab_out_proj_hooks", False):
+            continue
+        module = sys.modules[type(mod).__module__]
+        fn = getattr(module, FUSED_FN, None)
+        if fn is None:
+            if has:
+                raise LabError(f"{type(mod).__module__}.{type(mod).__name__} has no module-level {FUSED_FN}, so "
+                               "lab.model.lora cannot keep its fused Mamba kernel from bypassing the out_proj LoRA; use "
+                               "transformers' own Nemotron-H (model.trust_remote_code=false) or drop out_proj")
+            continue
+        if not isinstance(fn, _FusedScanGuard):
+            setattr(module, FUSED_FN, _FusedScanGuard(fn))
+        mod.register_forward_pre_hook(_mixer_pre_hook)
+        mod.register_forward_hook(_mixer_post_hook, always_call=True)
+        mod._lab_out_proj_hooks = True
+    return n
+
+
+# ---- target table ------------------------------------------------------------------------------
+
+def family_of(param_name: str) -> str | None:
+    """The family a LoRA parameter belongs to, from its name."""
+    if "lora_" not in param_name:
+        return None
+    if ".experts." in param_name and "shared_experts" not in param_name:
+        return "experts"
+    return next((fam for fam in FAMILIES if fam != "experts" and f".{fam}." in param_name), "other")
+
+
+def target_table(model) -> pd.DataFrame:
+    """Family, number of LoRA-wrapped modules/parameters, trainable parameters."""
+    import pandas as pd
+
+    rows = [(fam, p.numel()) for n, p in model.named_parameters() if p.requires_grad and (fam := family_of(n))]
+    df = pd.DataFrame(rows, columns=["family", "trainable_params"]).groupby("family", as_index=False).agg(
+        modules=("trainable_params", "size"), trainable_params=("trainable_params", "sum"))
+    df["modules"] //= 2  # one lora_A and one lora_B per wrapped module or parameter
+    return df
+
+
+def check_table(cfg: DictConfig, table: pd.DataFrame, backend: str = "hf") -> None:
+    """Exactly the configured families own trainable LoRA parameters after wrapping: a configured family without
+    them, or one that got them without being asked for (e.g. a library's default targets), is a loud error."""
+    have = dict(zip(table["family"], table["trainable_params"]))
+    targets = [str(t) for t in cfg.sft.lora.targets]
+    missing = [f for f in targets if not have.get(f)]
+    extra = sorted(f for f, n in have.items() if n and f not in targets)
+    problems = ([f"configured but without trainable LoRA parameters: {', '.join(missing)}"] if missing else []) + \
+        ([f"trainable LoRA parameters on families not in sft.lora.targets: {', '.join(extra)}"] if extra else [])
+    if problems:
+        raise LabError(f"LoRA families after wrapping ({backend}) differ from sft.lora.targets={targets}: "
+                       f"{'; '.join(problems)}; what did get a LoRA:\n{table.to_string(index=False)}")
+
+
+def attach_lora(cfg: DictConfig, model):
+    """Wrap `model` with the configured LoRA; returns (peft_model, target table)."""
+    from peft import get_peft_model
+
+    config = lora_config(cfg, model)
+    with allow_out_proj():
+        pm = get_peft_model(model, config)
+    guard_fused_mamba_out_proj(pm)
+    table = target_table(pm)
+    check_table(cfg, table)
+    return pm, table
+
+
+# ---- gradient check ---------------------------------------------------------------------------
+
+_SAMPLE = 65536
+
+
+def _sample(t):
+    flat = t.detach().reshape(-1)
+    step = max(1, flat.numel() // _SAMPLE)
+    return flat[::step][:_SAMPLE].float().clone()
+
+
+class GradientCheck:
+    """Per LoRA family: gradient norm at the first optimiser step, and whether every tensor moved;
+    plus a sample of frozen base tensors (one per layer-agnostic name) that must NOT move."""
+
+    def __init__(self, model):
+        self.model = model
+        self.before = {n: _sample(p) for n, p in model.named_parameters() if p.requires_grad}
+        first = {}  # layer-agnostic name -> (name, tensor) of the first frozen tensor of that name
+        for n, p in model.named_parameters():
+            if not p.requires_grad and p.numel():
+                first.setdefault(re.sub(r"\.\d+\.", ".N.", n), (n, p))
+        self.frozen = {n: _sample(p) for n, p in first.values()}
+        self.grad_norm: dict[str, float] = {}
+
+    def record_grads(self):
+        if self.grad_norm:
+            return
+        for n, p in self.model.named_parameters():
+            if p.requires_grad:
+                fam = family_of(n) or "other"
+                g = 0.0 if p.grad is None else float(p.grad.detach().float().norm())
+                self.grad_norm[fam] = self.grad_norm.get(fam, 0.0) + g
+
+    def report(self) -> pd.DataFrame:
+        import pandas as pd
+
+        moved, tensors, still = defaultdict(float), defaultdict(int), defaultdict(int)
+        for n, p in self.model.named_parameters():
+            if n in self.before:
+                fam = family_of(n) or "other"
+                d = float((_sample(p) - self.before[n]).abs().sum())
+                moved[fam] += d
+                tensors[fam] += 1
+                still[fam] += d == 0.0
+        fams = sorted(set(moved) | set(self.grad_norm))
+        df = pd.DataFrame({"family": fams, "grad_norm_step1": [self.grad_norm.get(f, 0.0) for f in fams],
+                           "weight_change": [moved.get(f, 0.0) for f in fams],
+                           "tensors": [tensors.get(f, 0) for f in fams],
+                           "tensors_unchanged": [still.get(f, 0) for f in fams]})
+        df["ok"] = (df["grad_norm_step1"] > 0) & (df["weight_change"] > 0) & (df["tensors_unchanged"] == 0)
+        return df
+
+    def frozen_report(self) -> pd.DataFrame:
+        import pandas as pd
+
+        params = dict(self.model.named_parameters())
+        rows = []
+        for n, s in self.frozen.items():
+            change = float((_sample(params[n]) - s).abs().max()) if n in params else float("nan")
+            rows.append({"tensor": n, "max_abs_change": change, "unchanged": change == 0.0})
+        return pd.DataFrame(rows, columns=["tensor", "max_abs_change", "unchanged"])
+
+    def save(self, folder: Path) -> list[str]:
+        """Write gradient_check.csv (`report`) and frozen_check.csv (`frozen_report`) into `folder`; returns what
+        failed: each family not ok, and `frozen:<tensor>` for each frozen tensor that moved (SFT and GRPO alike)."""
+        from lab.core.io import atomic_write_csv
+
+        rep, frozen = self.report(), self.frozen_report()
+        atomic_write_csv(folder / "gradient_check.csv", rep)
+        atomic_write_csv(folder / "frozen_check.csv", frozen)
+        return rep.loc[~rep["ok"], "family"].tolist() + [f"frozen:{t}" for t in frozen.loc[~frozen["unchanged"], "tensor"]]
+
+
+# ---- the lm_head LoRA under TRL's fused head --------------------------------------------------
+
+def head_lora(model):
+    """The PEFT LoRA layer on the output head, or None when the head has no LoRA."""
+    from peft.tuners.lora import LoraLayer
+
+    head = _base(model).get_output_embeddings()
+    return head if isinstance(head, LoraLayer) else None
+
+
+def trainer_accepts_head_lora(model):
+    """A context (wrap the trainer's construction in it) in which `get_output_embeddings()` returns the head's frozen
+    base layer (module docstring); nothing when the head has no LoRA."""
+    head = head_lora(model)
+    if head is None:
+        return contextlib.nullcontext()
+    return mock.patch.object(_base(model), "get_output_embeddings", lambda: head.base_layer)
+
+
+def full_weight(t):
+    """`t` whole: an FSDP2-sharded parameter (a `DTensor`) is gathered with `full_tensor()`, as TRL's fused head does
+    (`trl/trainer/utils.py`, `add_fused_lm_head`); the gather is differentiable, so the gradient reaches the shard."""
+    from torch.distributed.tensor import DTensor
+
+    return t.full_tensor() if isinstance(t, DTensor) else t
+
+
+def head_as_linear(head, x, fp32: bool = False):
+    """(hidden, weight, bias) of one linear map equal to the LoRA head applied to `x` ([tokens, hidden]).
+
+    `W x + sum_a s_a B_a A_a drop_a(x)` = `[W | B_1 | ...] @ [x ; s_1 A_1 drop_1(x) ; ...]`; both parts in the
+    base weight's dtype (what autocast does to PEFT's own LoRA matmuls in bf16 training), or float32 with `fp32`
+    (TRL's `cast_lm_head_to_fp32`). Every weight is read through `full_weight`, and `A` is applied as a plain
+    matmul on that full weight (never through the module), so FSDP2-sharded weights give whole ones.
+    """
+    import torch
+
+    base = head.base_layer
+    w0 = full_weight(base.weight)
+    dtype = torch.float32 if fp32 else w0.dtype
+    bias = None if base.bias is None else full_weight(base.bias).to(dtype)
+    xs, ws = [x.to(dtype)], [w0.to(dtype)]
+    if not (head.disable_adapters or head.merged):
+        for name in head.active_adapters:
+            if name not in head.lora_A:
+                continue
+            if head.use_dora.get(name) or getattr(head, "lora_bias", {}).get(name):
+                raise LabError(f"lm_head LoRA adapter '{name}': DoRA and LoRA bias on lm_head are not supported by "
+                               "lab.model.lora's fused head; use a plain LoRA")
+            a, b = full_weight(head.lora_A[name].weight), full_weight(head.lora_B[name].weight)
+            ax = torch.nn.functional.linear(head.lora_dropout[name](x.to(a.dtype)), a)
+            xs.append((head.scaling[name] * ax).to(dtype))
+            ws.append(b.to(dtype))
+    if len(xs) == 1:
+        return xs[0], ws[0], bias
+    return torch.cat(xs, -1), torch.cat(ws, 1), bias
+
+
+def install_fused_lora_head(model, temperature: float = 1.0,
+                            outputs: tuple[str, ...] = ("log_probs", "entropy", "is_top1"),
+                            cast_lm_head_to_fp32: bool = False) -> bool:
+    """Wrap the fused forward TRL installed (call after building the trainer); True if the head has a LoRA.
+
+    `temperature`, `outputs` and `cast_lm_head_to_fp32` must be the ones the trainer gave `add_fused_lm_head`
+    (SFT: 1.0, log_probs/entropy/is_top1, no cast; GRPO: its sampling temperature, log_probs/entropy and
+    `GRPOConfig.cast_lm_head_to_fp32`, which TRL 1.15's GRPOTrainer itself refuses for a PEFT head in `__init__`).
+    """
+    import torch
+    import trl.trainer.utils as tu
+
+    if head_lora(model) is None:
+        return False
+    base = _base(model)
+    trl_forward = base.forward
+    if getattr(trl_forward, "_lab_lora_head", False):
+        return True
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    if is_deepspeed_zero3_enabled():
+        raise LabError("lm_head LoRA under DeepSpeed ZeRO-3: lab.model.lora reads the head's weights outside its module, "
+                       "where ZeRO-3 leaves them sharded, and its gather (TRL's maybe_gather_lm_head_ctx) was never "
+                       "run here (no DeepSpeed, no GPU); use ddp or deepspeed_zero2, or drop lm_head (docs/scaling.md)")
+    tc = base.config.get_text_config()
+    for key in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling"):
+        if getattr(tc, key, None) not in (None, 1.0):
+            raise LabError(f"lm_head LoRA: the model's config sets {key}={getattr(tc, key)!r}, which lab.model.lora's fused "
+                           "head does not apply; drop lm_head from the LoRA targets for this model")
+
+    @functools.wraps(type(base).forward)
+    def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kw):
+        head = head_lora(self)
+        if not fused_lm_head or head is None:
+            return trl_forward(*args, fused_lm_head=fused_lm_head, labels=labels, shift_labels=shift_labels,
+                               num_items_in_batch=num_items_in_batch, **kw)
+        if kw.get("output_router_logits") or getattr(tc, "output_router_logits", False):
+            raise LabError("lm_head LoRA: MoE router logits in the fused head are not supported by lab.model.lora")
+        kw["use_cache"] = False
+        hidden = self.base_model(*args, **kw).last_hidden_state
+        if shift_labels is None:
+            hidden, labels = hidden[:, :-1], labels[:, 1:]
+        else:
+            labels = shift_labels
+        hidden, labels = hidden.to(head.base_layer.weight.device), labels.to(head.base_layer.weight.device)
+        mask = labels != -100
+        with torch.autocast(hidden.device.type, enabled=False) if cast_lm_head_to_fp32 else contextlib.nullcontext():
+            h, w, b = head_as_linear(head, hidden[mask], fp32=cast_lm_head_to_fp32)
+            per_token = tu._ChunkedLogProbFunction.apply(h, w, b, labels[mask], temperature,
+                                                         tu._CHUNKED_LOGPROB_CHUNK_SIZE, None, 1.0, outputs)
+        log_probs, entropy, lssp, mean_logits, is_top1 = (
+            None if t is None else t.new_zeros(mask.shape).masked_scatter(mask, t) for t in per_token)
+        loss = -log_probs.sum() / (mask.sum().clamp(min=1) if num_items_in_batch is None else num_items_in_batch)
+        return tu.FusedCausalLMOutput(loss=loss, log_probs=log_probs, entropy=entropy, log_sum_sq_probs=lssp,
+                                      mean_logits=mean_logits, is_top1=is_top1, label_mask=mask)
+
+    forward._lab_lora_head = True
+    base.forward = types.MethodType(forward, base)
+    if hasattr(model, "save_pretrained"):
+        # PEFT's save_embedding_layers="auto" (the Trainer's checkpoints) would add the frozen lm_head
+        # (vocabulary x hidden) to every checkpoint once lm_head is a target; keep checkpoints LoRA-only.
+        model.save_pretrained = functools.partial(model.save_pretrained, save_embedding_layers=False)
+    return True
+
+
+# ---- saving --------------------------------------------------------------------------------
+
+def save_adapter(model, adapter_dir: Path) -> Path:
+    """Save only the LoRA weights (never full embedding/lm_head copies), atomically (temp folder + rename).
+
+    Under several processes (`accelerate launch`, torchrun) only the main process writes, after the
+    LoRA weights are gathered when DeepSpeed ZeRO-3 shards them; every process waits for the write.
+    """
+    import torch.distributed as dist
+    from transformers.integrations import is_deepspeed_zero3_enabled
+
+    from lab.core.io import atomic_dir
+
+    adapter_dir = Path(adapter_dir)
+    distributed = dist.is_available() and dist.is_initialized()
+    gather = contextlib.nullcontext()
+    if is_deepspeed_zero3_enabled():
+        import deepspeed
+
+        gather = deepspeed.zero.GatheredParameters([p for n, p in model.named_parameters() if "lora_" in n],
+                                                   modifier_rank=None)
+    with gather:
+        if not distributed or dist.get_rank() == 0:
+            with atomic_dir(adapter_dir) as tmp:
+                model.save_pretrained(str(tmp), save_embedding_layers=False)
+    if distributed:
+        dist.barrier()
+    return adapter_dir

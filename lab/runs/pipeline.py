@@ -1,0 +1,297 @@
+"""Running the five notebooks headless and summarising a run: `python -m lab demo` / `summary`.
+
+`execute_stage` is the lab's one stage runner: it executes one stage notebook with papermill (parameters,
+cwd, kernel, log) and checks the stage wrote its metrics.json; the sweep (`lab.runs.sweep`) and the Kaggle
+pipeline kernel run stages through it. `run_notebooks` runs notebooks/01_explore ... 05_errors in order, each
+with the same Hydra overrides (the notebooks' `parameters` cell holds `overrides`), writing the
+executed copies into `<run_dir>/notebooks/`. All five share one run folder: without `run_name`
+or `run_dir` the time-stamped name is resolved once and handed to every stage. `python -m lab demo`
+(`make demo`) runs into `outputs/demo` unless told otherwise.
+
+`summary` collects every stage's `metrics.json` into `summary.json`, and writes `summary.md`:
+one headline table (stage, metric, value, Wilson 95% interval, n, puzzles fixed / broken
+against the previous stage, from the stages' predictions files). Per-step series stay in the
+stages' CSVs and plots.
+
+What it simplifies:
+1. Stages run one after another in one process tree, under one run lock; sweeps over many runs live in
+   `lab.runs.sweep`.
+2. Each stage checks the stages it reads finished itself (`lab.core.run.stage_output` / `stage_input`), so the
+   runner only checks that each stage wrote its metrics.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import logging
+import sys
+import time
+from pathlib import Path
+
+from lab import LabError
+from lab.core.config import compose, names_run
+from lab.core.io import atomic_write_json, atomic_write_text, read_json
+from lab.core.paths import project_root, resolve_path
+from lab.core.run import run_lock
+
+STAGES = ["01_explore", "02_sft", "03_grpo", "04_vote", "05_errors"]
+
+# The smallest budget on which every stage still runs end to end (tests, sweeps' --smoke): conf/experiment/smoke.yaml.
+SMOKE_OVERRIDES = ["experiment=smoke"]
+
+
+def with_smoke(overrides: list[str]) -> list[str]:
+    """`overrides` on the smoke budget: the preset first, joined to an `experiment=X` the user chose
+    (`experiment=[X,smoke]`: Hydra merges both, in that order); the user's own keys still win over it (Hydra applies
+    command-line keys after the presets)."""
+    out = list(overrides)
+    for i, line in enumerate(out):
+        if line.startswith("experiment="):
+            value = line.split("=", 1)[1].strip()
+            if value.startswith("[") and value.endswith("]"):
+                value = value[1:-1]
+            elif "," in value:
+                raise LabError(f"{line}: the smoke budget joins one experiment or a list of them, not a sweep")
+            out[i] = f"experiment=[{','.join([*filter(None, value.split(',')), 'smoke'])}]"
+            return out
+    return [*SMOKE_OVERRIDES, *out]
+
+
+# The notebook kernel's own log: only errors. Its one warning, "Kernel is running over TCP without encryption"
+# (ipykernel/kernelapp.py), concerns the localhost sockets papermill opens to it; nbclient hands these arguments
+# to the kernel's command line (nbclient/client.py, `extra_arguments`).
+KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
+
+
+def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: Path | None = None,
+                  log_output: bool = True) -> Path:
+    """Run notebooks/<stage>.ipynb with papermill into <run_dir>/notebooks/; returns the executed copy.
+
+    The one stage runner: `run_notebooks` (demo, the Kaggle pipeline kernel) and `lab.runs.sweep` call it. The
+    kernel's output goes to `log_file` when given, else to stdout when `log_output`. A notebook that runs to
+    the end without writing <run_dir>/<stage>/metrics.json is an error. A `LabError` raised inside the stage comes
+    back as one LabError (its message and the executed notebook's path); any other error as papermill raises it.
+    """
+    import papermill as pm
+
+    src = project_root() / "notebooks" / f"{stage}.ipynb"
+    if not src.is_file():
+        raise LabError(f"{src}: notebook not found (stages are {', '.join(STAGES)})")
+    out = run_dir / "notebooks" / src.name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    kw = dict(parameters={"overrides": list(overrides)}, cwd=str(project_root()), kernel_name="python3",
+              progress_bar=False, extra_arguments=KERNEL_ARGS)
+    try:
+        if log_file is None:
+            pm.execute_notebook(str(src), str(out), log_output=log_output, **kw)
+        else:
+            log_file.parent.mkdir(parents=True, exist_ok=True)
+            with open(log_file, "w", encoding="utf-8") as f:
+                pm.execute_notebook(str(src), str(out), log_output=False, stdout_file=f, stderr_file=f, **kw)
+    except pm.PapermillExecutionError as e:
+        if e.ename != "LabError":  # a bug: papermill's traceback is what helps
+            raise
+        # the lab's own refusal: its message, once, and where the whole output is (not a 60-line traceback)
+        where = f"; log: {log_file}" if log_file is not None else ""
+        raise LabError(f"stage {stage} stopped: {e.evalue}\n(the executed notebook, with all the stage printed: "
+                       f"{out}{where})") from None
+    if not (run_dir / stage / "metrics.json").is_file():
+        raise LabError(f"{out}: the notebook ran to the end but {run_dir / stage / 'metrics.json'} was not written")
+    if (run_dir / f".{stage}.partial").exists():  # lab.core.run.Stage: the fresh folder is swapped in by finish
+        raise LabError(f"{out}: the notebook ran to the end without finishing its stage (stage.finish): "
+                       f"{run_dir / stage} still holds the previous result")
+    return out
+
+
+def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: bool = True) -> Path:
+    """Execute the stage notebooks in order (`execute_stage`) under one run lock; returns the run directory."""
+    overrides = list(overrides)
+    cfg = compose(overrides)  # validated: a bad value stops here, before any stage folder is touched
+    unknown = [s for s in stages if s not in STAGES or not (project_root() / "notebooks" / f"{s}.ipynb").is_file()]
+    if unknown:
+        raise LabError(f"{project_root() / 'notebooks'}: no stage notebook {unknown} (stages are {', '.join(STAGES)})")
+    if not names_run(overrides):  # one time stamp for all stages, not one per notebook
+        overrides.append(f"run_name={cfg.run_name}")
+    run_dir = resolve_path(cfg.run_dir)
+    with run_lock(run_dir):  # one writer per run folder; the notebooks' kernels inherit the lock
+        logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
+        for name in stages:
+            t0 = time.time()
+            print(f"\n=== {name}: running {name}.ipynb -> {run_dir / 'notebooks' / (name + '.ipynb')}", flush=True)
+            execute_stage(name, run_dir, overrides, log_output=log_output)
+            print(f"=== {name}: done in {time.time() - t0:.0f} s", flush=True)
+    return run_dir
+
+
+def stages_and_overrides(words: list[str]) -> tuple[list[str], list[str]]:
+    """Sort a command line's words into stage names and Hydra overrides, each in the order given (later overrides
+    win, as in Hydra), wherever they stand: `--stages 02_sft sft.max_steps=2` and `sft.max_steps=2 02_sft` mean
+    the same. A word that is neither a stage nor an override (`key=value`, `+key=value`, `~key`) is refused, so
+    nothing runs with settings the user did not mean."""
+    out_stages, out_over = [], []
+    for word in words:
+        if word in STAGES:
+            out_stages.append(word)
+        elif "=" in word or word.startswith("~"):
+            out_over.append(word)
+        else:
+            raise LabError(f"{word!r} is neither a stage ({', '.join(STAGES)}) nor a Hydra override (key=value)")
+    return out_stages, out_over
+
+
+def headline(run_dir: Path) -> dict:
+    """Each stage's metrics.json, keyed by stage; stages that did not finish are listed as missing."""
+    out = {}
+    for name in STAGES:
+        p = run_dir / name / "metrics.json"
+        out[name] = read_json(p) if p.is_file() else {"missing": True}
+    return out
+
+
+def _predictions(path: Path):
+    from lab.eval.analysis import load_predictions
+
+    try:
+        return load_predictions(path) if path.is_file() else None
+    except LabError:
+        return None
+
+
+def _row(stage: str, metric: str, value, n=None, pred=None, before=None) -> dict:
+    """One headline row; with predictions: the Wilson interval of their accuracy and fixed/broken against `before`."""
+    from lab.eval.analysis import compare, wilson_interval
+
+    row = {"stage": stage, "metric": metric, "value": value, "ci95": "", "n": n, "fixed / broken": ""}
+    if isinstance(value, float) and n:
+        lo, hi = wilson_interval(int(round(value * n)), int(n))
+        row["ci95"] = f"[{lo:.2f}, {hi:.2f}]"
+    if pred is not None and before is not None:
+        with contextlib.suppress(LabError):
+            net = compare(before, pred)[0].set_index("category").loc["all"]
+            row["fixed / broken"] = f"{int(net['fixed'])} / {int(net['broken'])}"
+    return row
+
+
+def headline_table(run_dir: Path, stages: dict | None = None, stale: dict | None = None) -> list[dict]:
+    """The run's headline numbers, one row each: stage, metric, value, ci95, n, fixed / broken.
+
+    Accuracies carry a Wilson 95% interval over the held-out puzzles; `fixed / broken` counts puzzles
+    right now and wrong in the previous stage's greedy predictions (and the reverse): SFT after vs
+    before, GRPO vs SFT, 04_vote's greedy vs GRPO. maj@k is an average over sample windows
+    (lab.eval.vote.curves), so its interval treats round(maj@k * n) as the count.
+    """
+    run_dir = Path(run_dir)
+    stages = stages or headline(run_dir)
+    rows: list[dict] = []
+    m = stages.get("01_explore", {})
+    if "n_train" in m:
+        rows += [_row("01_explore", "training puzzles", m["n_train"]), _row("01_explore", "held-out puzzles", m.get("n_val"))]
+        if "solver_solved_share" in m:
+            rows.append(_row("01_explore", "solver: share solved", float(m["solver_solved_share"])))
+    sft_before, sft = _predictions(run_dir / "02_sft" / "predictions_before.csv"), _predictions(run_dir / "02_sft" / "predictions.csv")
+    m = stages.get("02_sft", {})
+    if "accuracy_after" in m:
+        n = len(sft) if sft is not None else m.get("n_val") or stages.get("01_explore", {}).get("n_val")
+        if "accuracy_before" in m:
+            rows.append(_row("02_sft", "accuracy before SFT", float(m["accuracy_before"]), n))
+        rows.append(_row("02_sft", "accuracy after SFT", float(m["accuracy_after"]), n, sft, sft_before))
+    grpo = _predictions(run_dir / "03_grpo" / "predictions.csv")
+    m = stages.get("03_grpo", {})
+    if "accuracy_after" in m:
+        n = len(grpo) if grpo is not None else None
+        rows.append(_row("03_grpo", "accuracy after GRPO", float(m["accuracy_after"]), n, grpo, sft))
+    vote = _predictions(run_dir / "04_vote" / "predictions.csv")
+    m = stages.get("04_vote", {})
+    if "greedy_accuracy" in m:
+        n = len(vote) if vote is not None else None
+        k = m.get("k", "k")
+        rows.append(_row("04_vote", "greedy accuracy (Kaggle's setting)", float(m["greedy_accuracy"]), n, vote, grpo))
+        for key, name in (("maj_at_k", f"maj@{k}"), ("pass_at_k", f"pass@{k}")):
+            if key in m:
+                rows.append(_row("04_vote", name, float(m[key]), n))
+    m = stages.get("05_errors", {})
+    if "accuracy" in m:
+        rows.append(_row("05_errors", "accuracy of the final predictions", float(m["accuracy"]), m.get("n")))
+        if "fixed_since_sft" in m:
+            rows[-1]["fixed / broken"] = f"{m['fixed_since_sft']} / {m['broken_since_sft']} since SFT"
+        if "truncated" in m:
+            rows.append(_row("05_errors", "truncated completions", m["truncated"], m.get("n")))
+    stale = lineage_problems(run_dir) if stale is None else stale  # `summary` passes the one it also writes
+    for r in rows:  # a stage that is not current: marked, and no fixed / broken against a stage it did not read
+        if stale.get(r["stage"]):
+            r["stage"] += " (not current)"
+            r["fixed / broken"] = ""
+    return rows
+
+
+def lineage_problems(run_dir: Path) -> dict[str, list[str]]:
+    """{stage: why it is not current} for the run's finished stages (`lab.core.lineage.problems`; empty lists omitted)."""
+    from lab.core import lineage
+
+    memo: dict = {}
+    found = {name: lineage.problems(Path(run_dir), name, memo) for name in STAGES
+             if (Path(run_dir) / name / "metrics.json").is_file()}
+    return {k: v for k, v in found.items() if v}
+
+
+def summary(run_dir: Path) -> dict:
+    """Write summary.json (every stage's metrics) and summary.md (the headline table); returns the summary."""
+    import pandas as pd
+
+    run_dir = Path(run_dir)
+    stages = headline(run_dir)
+    stale = lineage_problems(run_dir)
+    rows = headline_table(run_dir, stages, stale)
+    summ = {"run_dir": str(run_dir), "stages": stages,
+            "total_wall_seconds": round(sum(s.get("wall_seconds", 0) for s in stages.values()), 1),
+            "headline": rows, "not_current": stale}
+    atomic_write_json(run_dir / "summary.json", summ)
+    text = [{**r, "value": f"{r['value']:.3f}" if isinstance(r["value"], float) else ("" if r["value"] is None else str(r["value"])),
+             "n": "" if r["n"] is None else str(int(r["n"]))} for r in rows]  # before pandas turns ints into floats
+    table = pd.DataFrame(text, columns=["stage", "metric", "value", "ci95", "n", "fixed / broken"])
+    table = table.rename(columns={"ci95": "95% interval", "fixed / broken": "fixed / broken vs previous stage"})
+    walls = ", ".join(f"{k} {v['wall_seconds']:.0f} s" for k, v in stages.items() if "wall_seconds" in v)
+    missing = [k for k, v in stages.items() if v.get("missing")]
+    lines = [f"# Run summary: {run_dir.name}", "", table.to_markdown(index=False, disable_numparse=True), "",
+             f"Wall time: {summ['total_wall_seconds']:.0f} s ({walls})." if walls else "Wall time: no stage finished."]
+    if missing:
+        lines.append(f"Stages without a finished output: {', '.join(missing)}.")
+    if stale:
+        lines += ["", "**Not current** (an input changed after the stage read it, or an output was edited after it "
+                  "finished; rerun the stage):", ""]
+        lines += [f"- {p}" for found in stale.values() for p in found]
+    lines += ["", "Every metric of every stage: `summary.json`; per-step series: each stage's `train_log.csv` and plots.", ""]
+    atomic_write_text(run_dir / "summary.md", "\n".join(lines))
+    return summ
+
+
+def demo_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab demo", description="run all five notebooks on the embedded default")
+    p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. seed=7 run_name=demo_seed7")
+    p.add_argument("--stages", nargs="+", default=[], help="subset of stages to run (default: all five); stage "
+                   "names and overrides may come in any order")
+    p.parse_args(argv)  # usage and help; the words are sorted below, in their command-line order
+    stages, overrides = stages_and_overrides([w for w in (sys.argv[1:] if argv is None else argv)
+                                              if w not in ("--stages", "--")])
+    t0 = time.time()
+    overrides = overrides if names_run(overrides) else ["run_name=demo", *overrides]
+    run_dir = run_notebooks(overrides, stages or STAGES)
+    summary(run_dir)
+    print(f"\nDemo finished in {time.time() - t0:.0f} s.")
+    print(f"Executed notebooks: {run_dir / 'notebooks'}")
+    print(f"Summary: {run_dir / 'summary.md'} and {run_dir / 'summary.json'}")
+    print((run_dir / "summary.md").read_text(encoding="utf-8"))
+    return 0
+
+
+def summary_main(argv: list[str] | None = None) -> int:
+    p = argparse.ArgumentParser(prog="python -m lab summary", description="collect a run's stage metrics")
+    p.add_argument("run_dir", help="a run directory, e.g. outputs/demo")
+    args = p.parse_args(argv)
+    run_dir = resolve_path(args.run_dir)
+    if not run_dir.is_dir():
+        raise LabError(f"{run_dir}: run directory not found")
+    summary(run_dir)
+    print(f"wrote {run_dir / 'summary.md'} and {run_dir / 'summary.json'}")
+    return 0

@@ -1,0 +1,223 @@
+"""Resumable training checkpoints, shared by SFT (`lab.train.sft`) and GRPO (`lab.train.grpo`): what a run may resume.
+
+- **Keyed by what produced them.** A run's checkpoint folder holds `lab_run.json` with the run's `fingerprint`
+  (the stage's config group without the keys that do not change the trajectory, the seed, the model and its
+  `lab.core.lineage.content_hash`, and what the stage adds: GRPO its budget, pool and start adapter, SFT a hash of its
+  training examples). A rerun whose fingerprint differs starts afresh with a note naming every changed key
+  (`lab.core.lineage.diff`); when the user asked to resume (`sft.resume=true` / `grpo.resume=true` among the overrides)
+  it is a LabError instead.
+- **A checkpoint counts only when complete.** The Trainer writes `checkpoint-N/` file by file; `CompleteMarker`
+  (a TrainerCallback: transformers calls `on_save` after `Trainer._save_checkpoint` returned, trainer.py
+  `_maybe_log_save_evaluate`) then writes `lab_complete.json` into it, atomically, listing every file
+  (`lab.core.lineage.files`) and its size.
+  `resume_point` takes the newest checkpoint whose marker is there and whose files are all there at those sizes,
+  says so, and deletes the incomplete ones (a crash or a full disk mid-save), so the Trainer never trips over them.
+- **A full disk is a message.** `disk_full_guard` turns `OSError` ENOSPC / EDQUOT (and torch's `RuntimeError` from
+  its zip writer, when the disk has less free space than one checkpoint) into a LabError naming the folder, the
+  space one checkpoint needs and the space left.
+
+What it simplifies:
+1. Completeness is names and sizes, not a hash of every byte: a checkpoint of the real model holds gigabytes of
+   optimiser state, and what a crash or a full disk leaves is a missing or short file.
+2. The space a checkpoint needs is the size of the newest complete one, else 12 bytes per trainable parameter
+   (fp32 weights and AdamW's two moments).
+3. Under several processes every process makes the same resume decision and deletes the same folders (deletions
+   tolerate one another); only the main process writes the completeness marker.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import os
+import re
+import shutil
+from pathlib import Path
+from typing import Any, Iterable
+
+from omegaconf import DictConfig, OmegaConf
+
+from lab import LabError
+from lab.model.generate import model_hash
+from lab.core.io import atomic_write_json, is_main_process, read_json
+from lab.core.lineage import diff, files
+from lab.model.models import model_path
+
+RUN_RECORD = "lab_run.json"
+COMPLETE = "lab_complete.json"
+
+
+def fingerprint(cfg: DictConfig, group: str, free_keys: Iterable[str], **extra: Any) -> dict:
+    """What must not change between a run and its resumption: `cfg[group]` without `free_keys`, the seed, the model
+    path, dtype and content hash (`lab.model.generate.model_hash`), and `extra` (what the stage adds)."""
+    free = set(free_keys)
+    g = {k: v for k, v in OmegaConf.to_container(cfg[group], resolve=True).items() if k not in free}
+    return {group: g, "seed": cfg.seed, "model": cfg.model.path, "dtype": cfg.model.dtype,
+            "model_sha256": model_hash(model_path(cfg)), **extra}
+
+
+def asked_to_resume(overrides: Iterable[str], key: str) -> bool:
+    """True when the overrides set `key` (e.g. `sft.resume=true`) explicitly to true."""
+    for o in overrides:
+        k, _, v = o.lstrip("+").partition("=")
+        if k.strip() == key and v.strip().lower() in ("true", "1", "yes", "on"):
+            return True
+    return False
+
+
+def step_of(path: Path) -> int:
+    m = re.fullmatch(r"checkpoint-(\d+)", path.name)
+    return int(m.group(1)) if m else -1
+
+
+def _checkpoints(out: Path) -> list[Path]:
+    """The `checkpoint-N` folders in `out`, oldest first."""
+    return sorted((p for p in out.iterdir() if p.is_dir() and step_of(p) >= 0), key=step_of) if out.is_dir() else []
+
+
+# ---- completeness ----------------------------------------------------------------------------------
+
+def mark_complete(ckpt: str | os.PathLike) -> Path:
+    """Write `lab_complete.json` into a fully written checkpoint folder: every file's relative name and size."""
+    sizes = {k: p.stat().st_size for k, p in files(ckpt, skip=(COMPLETE,)).items()}
+    return atomic_write_json(Path(ckpt) / COMPLETE, {"files": sizes})
+
+
+def incomplete(ckpt: Path) -> str | None:
+    """Why `ckpt` is not a complete checkpoint, or None when it is."""
+    marker = ckpt / COMPLETE
+    if not marker.is_file():
+        return f"no {COMPLETE} (its save did not finish)"
+    try:
+        sizes = read_json(marker)["files"]
+    except (LabError, KeyError, TypeError):
+        return f"{COMPLETE} unreadable"
+    for name, size in sizes.items():
+        p = ckpt / name
+        if not p.is_file():
+            return f"{name} missing"
+        if p.stat().st_size != size:
+            return f"{name} is {p.stat().st_size} bytes, was written as {size}"
+    return None
+
+
+def marker_callback():
+    """A TrainerCallback that marks each checkpoint complete once the Trainer has written all of it."""
+    from transformers import TrainerCallback
+    from transformers.trainer_utils import PREFIX_CHECKPOINT_DIR
+
+    class CompleteMarker(TrainerCallback):
+        def on_save(self, args, state, control, **kw):
+            ckpt = Path(args.output_dir) / f"{PREFIX_CHECKPOINT_DIR}-{state.global_step}"
+            if state.is_world_process_zero and ckpt.is_dir():
+                mark_complete(ckpt)
+
+    return CompleteMarker()
+
+
+# ---- the resume decision ---------------------------------------------------------------------------
+
+def resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, max_steps: int | None = None
+                 ) -> tuple[Path | None, dict | None, list[str]]:
+    """(checkpoint to resume or None, the run record to reuse or None, notes) for the checkpoint folder `out`
+    (`_resume_point`). Under a distributed launch only the main process decides, and deletes; the other ranks
+    receive its answer, so no rank deletes what another has just written (the run record of a fresh run)."""
+    import torch.distributed as dist
+
+    kw = dict(resume=resume, asked=asked, what=what, max_steps=max_steps)
+    if not (dist.is_available() and dist.is_initialized()):
+        return _resume_point(out, fp, **kw)
+    box = [None]
+    if is_main_process():
+        try:
+            box = [(_resume_point(out, fp, **kw), None)]
+        except LabError as e:  # every rank raises it, none waits for a broadcast that never comes
+            box = [(None, str(e))]
+    dist.broadcast_object_list(box, src=0)
+    answer, error = box[0]
+    if error is not None:
+        raise LabError(error)
+    return answer
+
+
+def _resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, max_steps: int | None = None
+                  ) -> tuple[Path | None, dict | None, list[str]]:
+    """The decision of `resume_point`, made in this process.
+
+    `resume=False`, no checkpoint, or none with a run record: the folder is deleted (a fresh run). A record whose
+    fingerprint differs from `fp`: a LabError naming the changes when `asked` (the user asked to resume), else the
+    folder is deleted with a note naming them. Incomplete checkpoints and those past `max_steps` are deleted with a
+    note; the newest complete one left is resumed, with a note saying so. `what` names the config group."""
+    notes: list[str] = []
+    ckpts = _checkpoints(out) if resume else []  # resume=False: a fresh run; stale checkpoints are deleted
+    record = read_json(out / RUN_RECORD) if ckpts and (out / RUN_RECORD).is_file() else None
+    changed = diff(record.get("fingerprint", {}), fp) if record is not None else []
+    if ckpts and record is None:
+        notes.append(f"{out}: checkpoints without {RUN_RECORD} (an older lab version, or another tool) cannot be "
+                     "matched to this configuration: discarded, training starts afresh")
+    elif changed:
+        differs = f"{out}: checkpoints were written by a different {what.upper()} configuration ({'; '.join(changed)})"
+        if asked:
+            raise LabError(f"{differs}; set {what}.resume=false to start over (deletes them), leave "
+                           f"{what}.resume unset to start afresh with a note, or use another run_dir")
+        notes.append(f"{differs}: discarded, training starts afresh")
+    elif ckpts:
+        for p in ckpts:
+            why = incomplete(p)
+            if why is not None:
+                notes.append(f"{p.name} is incomplete ({why}): deleted")
+            elif max_steps is not None and step_of(p) > max_steps:
+                notes.append(f"{p.name} is past {what}.max_steps={max_steps}: deleted")
+            else:
+                continue
+            shutil.rmtree(p, ignore_errors=True)
+        if left := [p for p in ckpts if p.is_dir()]:
+            notes.append(f"resuming from {left[-1]} (the newest complete checkpoint)")
+            return left[-1], record, notes
+        notes.append(f"{out}: no complete checkpoint left: training starts afresh")
+    shutil.rmtree(out, ignore_errors=True)
+    return None, None, notes
+
+
+def write_record(out: Path, record: dict) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    atomic_write_json(out / RUN_RECORD, record)
+
+
+# ---- a full disk -------------------------------------------------------------------------------------
+
+def checkpoint_bytes(out: Path, model) -> int:
+    """The size of the newest complete checkpoint in `out`, else 12 bytes per trainable parameter of `model`."""
+    for p in reversed(_checkpoints(out)):
+        if incomplete(p) is None:
+            return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
+    return 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+
+
+def _mb(n: int) -> str:
+    return f"{n / 2**20:,.1f} MB"
+
+
+@contextlib.contextmanager
+def disk_full_guard(folder: Path, need_bytes):
+    """Turn a full disk while training or saving into `folder` into a LabError naming the folder and the space one
+    checkpoint needs (`need_bytes`: a number or a function giving it, asked only when the disk is full)."""
+    try:
+        yield
+    except (OSError, RuntimeError) as e:
+        full = isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT)
+        if isinstance(e, OSError) and e.filename:
+            folder = Path(e.filename).parent  # the folder the failed write was for
+        try:  # of the nearest folder that exists
+            free = shutil.disk_usage(next(p for p in (Path(folder), *Path(folder).parents) if p.exists())).free
+        except (OSError, StopIteration):
+            free = None
+        need = need_bytes() if callable(need_bytes) else int(need_bytes)
+        if not full and isinstance(e, RuntimeError) and free is not None and free < need:
+            full = True  # torch.save's zip writer reports a failed write as a RuntimeError without errno
+        if not full:
+            raise
+        left = f"{_mb(free)} free there" if free is not None else "free space unknown"
+        raise LabError(f"{folder}: the disk is full ({e.strerror if isinstance(e, OSError) else e}); one checkpoint "
+                       f"needs about {_mb(need)} ({left}). Free space or point run_dir elsewhere; the incomplete "
+                       "checkpoint is skipped and a rerun resumes from the newest complete one") from None

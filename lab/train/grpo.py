@@ -1,0 +1,429 @@
+"""GRPO from the SFT adapter with TRL's GRPOTrainer: `train(cfg, stage, train_puzzles, model, tokenizer)`.
+
+What the 03_grpo notebook calls: picks a pool of `grpo.n_prompts` puzzles, estimates their pass rates
+with `grpo.pass_rate_k` samples (`pass_rates.csv`), drops those solved at or above `grpo.drop_threshold`
+(and, with `drop_unsolved`, those never solved), orders the rest (`lab.data.curriculum`), trains on the
+rewards named in `grpo.rewards` (`lab.train.rewards`) and saves the trained "default" LoRA to
+`grpo.adapter_dir`, with `train_log.csv` and per-step metrics. Each step's share of truncated and
+zero-variance groups is checked against `grpo.*_warn_share` and warned about in `metrics["warnings"]`.
+`grpo.resume` continues from the newest checkpoint only when the run's fingerprint matches (`fingerprint`);
+`grpo.refine` trains on refinements of the best of a first round of drafts (`lab.train.grpo_refine`); the guard rails
+are `lab.train.callbacks.GuardRails`; `grpo.rollout_backend` is `hf` (transformers) or `vllm` (TRL's colocate mode, which
+holds a second copy of the base weights: see the README's GRPO section; refused for Nemotron-H, `check_backend`).
+One optimiser step covers `prompts_per_step x num_generations` completions per process, `per_device_train_batch_size`
+of them per forward/backward (`micro_batch`); GRPOConfig is built, and TRL's checks run, before pass-rate sampling.
+
+What it simplifies:
+1. One adapter trained in place; TRL's reference (beta > 0) is its starting copy, deleted before saving.
+2. Pass rates are measured once, before training, on the start model, and reused on resume.
+3. The prompt order is one long dataset handed to TRL with `shuffle_dataset=False`, so a resumed run
+   skips exactly the rows already trained on.
+4. The completion budget is the competition's (`lab.model.generate.completion_budget`), never TRL's 512.
+5. Under several processes every process selects the prompts itself (same seed, same result), and rank 0's
+   prompt order is broadcast.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import importlib.util
+import json
+import math
+import shutil
+from pathlib import Path
+from typing import Sequence
+
+import numpy as np
+import pandas as pd
+from omegaconf import DictConfig
+
+from lab import LabError
+from lab.train import checkpoints
+from lab.train.checkpoints import RUN_RECORD  # the checkpoint folder's run record (tests read it here)
+from lab.data.dataset import trace_style
+from lab.model.generate import completion_budget, lora_checksum
+from lab.train.grpo_refine import refine_prompt_text, refine_rollout
+from lab.core.io import atomic_write_csv, is_main_process, read_json
+from lab.core.paths import resolve_path
+from lab.competition.prompts import chat_prompt
+from lab.train.sft import optim_args
+
+# grpo keys that do not change the training trajectory: a resumed run may change them
+RESUME_FREE_KEYS = ("max_steps", "save_steps", "logging_steps", "resume", "wall_clock_budget_min",
+                    "truncation_warn_share", "zero_variance_warn_share", "gradient_check", "adapter_dir",
+                    "vllm_gpu_memory_utilization", "vllm_sleep_mode")
+
+
+# ---- budget, prompts, schedule ----------------------------------------------------------------
+
+def max_completion_length(cfg: DictConfig, tokenizer, puzzles: Sequence[str]) -> int:
+    """GRPOConfig's `max_completion_length` for these raw puzzle texts: `lab.model.generate.completion_budget` with prompts
+    counted as TRL counts them (with the tokenizer's special tokens); with `refine` the draft and the refinement
+    share what the refinement prompt leaves, min(infer.max_tokens, (max_model_len - longest) // 2). Or
+    `grpo.max_completion_length` when set, checked against that limit."""
+    g, max_len = cfg.grpo, cfg.model.max_model_len
+    prompts = [refine_prompt_text(tokenizer, p, "") if g.refine else chat_prompt(tokenizer, p) for p in puzzles]
+    room = completion_budget(tokenizer, prompts, max_len, max_len, add_special_tokens=True)  # max_len - longest
+    limit = room // 2 if g.refine else room
+    what = f"(model.max_model_len - longest prompt) // 2 = {limit} (refine: drafts and refinements share the " \
+        "context)" if g.refine else f"model.max_model_len - longest prompt = {limit}"
+    if limit <= 0:
+        raise LabError(f"refine=true: a prompt leaves {room} token(s) under model.max_model_len={max_len}, no room "
+                       "for both a draft and a refinement")
+    if g.max_completion_length is None:
+        return min(cfg.infer.max_tokens, limit)
+    b = g.max_completion_length
+    if not 1 <= b <= limit:
+        raise LabError(f"conf/grpo: max_completion_length={b} must be between 1 and {what}")
+    return b
+
+
+def build_dataset(tokenizer, puzzles: pd.DataFrame, style: str = "compact"):
+    """Rendered Kaggle prompts plus the columns rewards read (answer, category, solver_trace in `style`, the
+    `data.trace_style` the SFT stage trained on), the id and the
+    raw puzzle text (`refine` builds its prompts from it); one row per puzzle row, in order."""
+    from datasets import Dataset
+
+    from lab.puzzles import batch_inputs, solve
+
+    inputs = batch_inputs(puzzles["prompt"])  # each category's batch input from the frame's prompts, as in solve_frame
+    cache: dict[str, dict] = {}
+    rows = []
+    for _, r in puzzles.iterrows():
+        key = str(r["id"])
+        if key not in cache:
+            sol = solve(r["prompt"], style=style, **inputs)
+            cache[key] = {"prompt": chat_prompt(tokenizer, r["prompt"]), "answer": str(r["answer"]),
+                          "category": str(r.get("category", "")),
+                          "solver_trace": sol.trace if sol.status == "solved" else "", "id": key,
+                          "puzzle": str(r["prompt"])}
+        rows.append(cache[key])
+    return Dataset.from_list(rows)
+
+
+def schedule(order: Sequence[str], n_rows: int, shuffle: bool, seed: int) -> list[str]:
+    """The ids in training order for the whole run: `order` repeated to `n_rows` rows; with `shuffle`, every
+    pass after the first is reshuffled with `np.random.default_rng(seed + pass)`."""
+    order = list(order)
+    if not order:
+        raise LabError("no training prompts to schedule")
+    out: list[str] = []
+    for p in range(math.ceil(n_rows / len(order))):  # the passes over `order`
+        if p and shuffle:
+            out += [order[i] for i in np.random.default_rng(int(seed) + p).permutation(len(order))]
+        else:
+            out += order
+    return out[:n_rows]
+
+
+def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, budget: int) -> pd.DataFrame:
+    """`grpo.pass_rate_k` samples per training prompt from the in-memory model (transformers back-end), sampled as
+    the rollouts sample (`grpo.temperature`, `grpo.top_p`, the GRPO budget) -> [id, n, correct, pass_rate]."""
+    from lab.model import generate
+    from lab.eval.vote import pass_rates
+
+    g = cfg.grpo
+    spec = generate.Sampling(max_tokens=int(budget), n=g.pass_rate_k, temperature=float(g.temperature),
+                             top_p=float(g.top_p), seed=int(cfg.seed))
+    gen = generate.Generator(cfg, model=model, tokenizer=tokenizer, backend="hf")
+    return pass_rates(generate.sample_table(gen, puzzles, spec))
+
+
+# ---- GRPOConfig -------------------------------------------------------------------------------
+
+def base_model_type(cfg: DictConfig) -> str | None:
+    """The base model's `model_type` without loading it: nemotron_h for the tiny model (`lab.model.models.build_tiny`
+    builds a NemotronHForCausalLM), else its config.json (local folder, Kaggle mount or Hub cache: transformers'
+    `cached_file` with local_files_only, transformers/utils/hub.py); None if unknown."""
+    if cfg.model.build_tiny:
+        return "nemotron_h"
+    from transformers.utils import cached_file
+
+    from lab.model.models import model_path
+
+    try:
+        found = cached_file(model_path(cfg), "config.json", local_files_only=True)
+        return json.loads(Path(found).read_text()).get("model_type")
+    except (LabError, OSError, ValueError, TypeError):
+        return None
+
+
+def check_backend(cfg: DictConfig) -> str:
+    """`grpo.rollout_backend`, refused where it cannot be exact.
+
+    vllm (TRL's colocate mode) is refused for Nemotron-H, every model this lab builds or loads (also when the model
+    type cannot be read): TRL 1.15 feeds the engine merged weights at every sync (`_iter_named_params`,
+    trl/generation/vllm_generation.py: `model.merge_adapter()`, stream every base weight, `model.unmerge_adapter()`),
+    and PEFT 0.21 merges with `weight += delta` and unmerges with `weight -= delta` in the weights' own dtype
+    (`Linear.merge` / `ParamWrapper.merge` and `unmerge`, peft/tuners/lora/layer.py). In bf16, (W + d) - d is not W:
+    every sync leaves rounding drift in the frozen base weights the trainer goes on using, and it accumulates over
+    the run (for the tiny fp32 model the drift is smaller, never zero). Handing vLLM the packed adapter through a
+    `LoRARequest` each step (no merge) would need TRL's generation replaced, as TRL 1.15 has no hook for a LoRA
+    request, so it is not offered. On one GPU use rollout_backend=hf: transformers generates from the in-memory PEFT
+    model with the adapter unmerged, exactly the weights being trained."""
+    backend = cfg.grpo.rollout_backend  # hf or vllm: lab/core/schema.py's GenerationBackend, refused at compose otherwise
+    if backend == "vllm" and base_model_type(cfg) in ("nemotron_h", None):
+        raise LabError("conf/grpo: rollout_backend=vllm is refused for Nemotron-H: TRL 1.15 feeds its colocated vLLM "
+                       "merged weights at every sync, and PEFT merges and unmerges the LoRA with += / -= in bf16, so "
+                       "each sync leaves rounding drift in the base weights the trainer keeps using (lab.train.grpo."
+                       "check_backend). Use grpo.rollout_backend=hf: transformers generates from the in-memory adapter, "
+                       "unmerged and exact, on one GPU")
+    return backend
+
+
+def micro_batch(cfg: DictConfig) -> tuple[int, int]:
+    """(completions per training micro-step, micro-steps per optimiser step) for one process.
+
+    One optimiser step covers `prompts_per_step x num_generations` completions per process (the whole group of
+    every prompt); `grpo.per_device_train_batch_size` of them go through one forward/backward (null: all at once).
+    TRL 1.15 (`GRPOConfig.__post_init__`, trl/trainer/grpo_config.py) derives `generation_batch_size =
+    per_device_train_batch_size x processes x steps_per_generation`; with `steps_per_generation =
+    gradient_accumulation_steps` = the second value here, one generation round is one optimiser step, the
+    advantages are normalised over whole groups (`_generate_and_score_completions` sees the full generation batch),
+    and the default `dapo` loss divides by the generation batch's token count rescaled to one accumulation window
+    (`_compute_loss`, trl/trainer/grpo_trainer.py), so the summed micro-steps give the loss of the one big step."""
+    g = cfg.grpo
+    group = g.prompts_per_step * g.num_generations
+    m = group if g.per_device_train_batch_size is None else int(g.per_device_train_batch_size)
+    if not 1 <= m <= group or group % m:
+        raise LabError(f"conf/grpo: per_device_train_batch_size={m} must divide prompts_per_step x num_generations "
+                       f"= {g.prompts_per_step} x {g.num_generations} = {group} (the completions of one optimiser "
+                       "step), or be null (all of them in one micro-step)")
+    return m, group // m
+
+
+def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
+              cuda: bool | None = None):
+    """GRPOConfig from `conf/grpo`: every value from the config, none left to a TRL default that matters
+    (max_completion_length, shuffling, batch shape, learning rate, seed, precision). Constructing it never imports
+    vLLM; TRL's own checks run here (`train` builds it before any sampling), and what they refuse is a LabError."""
+    from trl import GRPOConfig
+
+    if cuda is None:
+        import torch
+
+        cuda = torch.cuda.is_available()
+    from lab.core.run import tracking_args
+
+    g = cfg.grpo
+    micro, accum = micro_batch(cfg)
+    kw = dict(
+        output_dir=str(output_dir), max_steps=g.max_steps, learning_rate=g.learning_rate,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=accum, steps_per_generation=accum,
+        num_generations=g.num_generations, max_completion_length=int(max_completion_length),
+        temperature=g.temperature, top_p=g.top_p, top_k=0, beta=g.beta,
+        reward_weights=[float(w) for w in reward_weights], mask_truncated_completions=g.mask_truncated_completions,
+        shuffle_dataset=False,  # the lab's schedule is the order (see `schedule`)
+        logging_steps=g.logging_steps, save_steps=g.save_steps, save_total_limit=2, seed=cfg.seed,
+        data_seed=cfg.seed, **tracking_args(cfg, "03_grpo"), use_cpu=not cuda,
+        bf16=cfg.model.dtype == "bfloat16" and cuda, dataloader_num_workers=0,
+        gradient_checkpointing=g.gradient_checkpointing, lr_scheduler_type="constant", warmup_steps=0,
+        log_completions=False, **optim_args(cfg),
+    )
+    if check_backend(cfg) == "vllm":
+        kw.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
+                  vllm_max_model_length=cfg.model.max_model_len, vllm_enable_sleep_mode=g.vllm_sleep_mode,
+                  vllm_tensor_parallel_size=1)
+    unknown = sorted(set(kw) - {f.name for f in dataclasses.fields(GRPOConfig)})
+    if unknown:
+        raise LabError(f"the installed TRL's GRPOConfig has no field(s) {unknown}; lab.train.grpo targets trl==1.15")
+    try:
+        return GRPOConfig(**kw)
+    except ValueError as e:
+        raise LabError(f"conf/grpo: TRL's GRPOConfig refuses these settings: {e}") from None
+
+
+# ---- resume and training ------------------------------------------------------------------------------------
+
+def fingerprint(cfg: DictConfig, pool_ids: Sequence[str], model, budget: int) -> dict:
+    """What must not change between a run and its resumption (`lab.train.checkpoints.fingerprint`: every trajectory-changing
+    grpo key, seed, model and its content hash); the pass rates and prompt order of a run record are reused only
+    under the same fingerprint, which adds the budget, the pool and the start adapter's checksum."""
+    return checkpoints.fingerprint(
+        cfg, "grpo", RESUME_FREE_KEYS, max_completion_length=int(budget),
+        pool_sha256=hashlib.sha256("\n".join(map(str, pool_ids)).encode()).hexdigest(),
+        start_adapter=lora_checksum(model, trainable=True))
+
+
+def resume_point(cfg: DictConfig, out: Path, fp: dict, asked: bool = True
+                 ) -> tuple[Path | None, dict | None, list[str]]:
+    """(checkpoint to resume or None, the run record to reuse or None, notes): `lab.train.checkpoints.resume_point` with
+    `grpo.resume` and `grpo.max_steps`; `asked=False` (resume not asked for explicitly) starts afresh with a note
+    where the fingerprint changed, instead of refusing."""
+    return checkpoints.resume_point(out, fp, resume=cfg.grpo.resume, asked=asked, what="grpo",
+                                    max_steps=cfg.grpo.max_steps)
+
+
+def _floats(log: pd.DataFrame, col: str) -> list[float | None]:
+    """A logged column as JSON-safe floats; None where TRL logged nothing (e.g. every reward masked)."""
+    values = pd.to_numeric(log[col], errors="coerce").astype(float).tolist() if col in log else []
+    return [round(v, 4) if math.isfinite(v) else None for v in values]
+
+
+def step_metrics(log: pd.DataFrame, reward_names: Sequence[str], beta: float) -> dict:
+    """The per-step lists `train` returns (see the module docstring)."""
+    m = {"logged_steps": [int(s) for s in log["step"]] if "step" in log else [],
+         "reward_per_step": _floats(log, "reward"), "reward_std_per_step": _floats(log, "reward_std"),
+         "rewards_per_step": {n: {"mean": _floats(log, f"rewards/{n}/mean"), "std": _floats(log, f"rewards/{n}/std")}
+                              for n in reward_names},
+         "completion_length_per_step": _floats(log, "completions/mean_length"),
+         "truncated_share_per_step": _floats(log, "completions/clipped_ratio"),
+         "zero_variance_share_per_step": _floats(log, "frac_reward_zero_std"),
+         "grad_norm_per_step": _floats(log, "grad_norm")}
+    if "correctness" in reward_names:
+        m["correctness_per_step"] = m["rewards_per_step"]["correctness"]["mean"]
+    if beta > 0:
+        m["kl_per_step"] = _floats(log, "kl")
+    return m
+
+
+def _trainable_sample(model, size: int = 65536) -> dict:
+    """A strided sample (at most `size` values, float32) of every trainable tensor: bounded memory on the 30B model."""
+    out = {}
+    for n, p in model.named_parameters():
+        if p.requires_grad:
+            flat = p.detach().reshape(-1)
+            out[n] = flat[::max(1, flat.numel() // size)][:size].float().clone()
+    return out
+
+
+def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer):
+    """Select prompts by pass rate, run GRPO, save the adapter; returns (metrics, model, step log)."""
+    import torch
+    from trl import GRPOTrainer
+
+    from lab.data import curriculum
+    from lab.train import trl_private
+    from lab.train.callbacks import GroupSpread, GuardRails, trainer_callbacks, use_text_progress
+    from lab.model.lora import GradientCheck, allow_out_proj, install_fused_lora_head, save_adapter, trainer_accepts_head_lora
+    from lab.train.rewards import build
+
+    g = cfg.grpo
+    backend = check_backend(cfg)
+    if backend == "vllm" and not torch.cuda.is_available():
+        raise LabError("conf/grpo: rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf on CPU")
+    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
+        raise LabError("conf/grpo: rollout_backend=vllm but vllm is not installed (pip install -e '.[gpu]'); "
+                       "or use rollout_backend=hf")
+    trl_private.install()
+    max_steps, per_step = g.max_steps, g.prompts_per_step  # max_steps >= 1: lab/core/schema.py
+
+    pool = train_puzzles.sample(n=min(g.n_prompts, len(train_puzzles)), random_state=cfg.seed)
+    pool = pool.assign(id=pool["id"].astype(str)).reset_index(drop=True)
+    budget = max_completion_length(cfg, tokenizer, pool["prompt"].tolist())
+    out = stage.checkpoint_dir  # outside the stage folder: a rerun's fresh folder (lab.core.run.Stage) still finds them
+    funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
+                           truncation="mask" if g.mask_truncated_completions else "penalise",
+                           metric_version=cfg.infer.metric_version)
+    spread = None
+    names = [f.__name__ for f in funcs]
+    if "correctness" in names:
+        i = names.index("correctness")
+        funcs[i] = spread = GroupSpread(funcs[i], g.num_generations)
+    args = grpo_args(cfg, out, budget, weights)  # TRL's own checks, before the costly pass-rate sampling
+    fp = fingerprint(cfg, pool["id"].tolist(), model, budget)
+    last, record, notes = resume_point(cfg, out, fp, asked=checkpoints.asked_to_resume(stage.overrides, "grpo.resume"))
+    for n in notes:
+        print(f"WARNING: {n}" if not n.startswith("resuming from") else n)
+    notes = [n for n in notes if not n.startswith("resuming from")]
+
+    fresh = record is None
+    if fresh:  # a fresh run: estimate pass rates, select and order the prompts, record them
+        rates = pass_rate_table(cfg, model, tokenizer, pool, budget)
+        atomic_write_csv(stage.path("pass_rates.csv"), rates)
+        thr, unsolved = g.drop_threshold, g.drop_unsolved
+        kept, _ = curriculum.select(rates, threshold=thr, drop_unsolved=unsolved)
+        if not kept:
+            raise LabError(f"{stage.dir}: no training prompt has a pass rate below {thr}"
+                           + (" and above 0" if unsolved else "") + f" over {g.pass_rate_k} samples (see "
+                           f"{stage.path('pass_rates.csv')}): nothing to learn from. A start that solves nothing "
+                           "needs more SFT, not GRPO; or set grpo.drop_unsolved=false.")
+        chosen = curriculum.order(pool[pool["id"].isin(set(kept))], rates, curriculum=g.curriculum,
+                                  shape=g.curriculum_shape, seed=cfg.seed)
+        atomic_write_csv(stage.path("prompt_order.csv"), chosen[["id", "category", "pass_rate", "bucket"]]
+                         if "category" in chosen else chosen[["id", "pass_rate", "bucket"]])
+        record = {"fingerprint": fp, "order": chosen["id"].tolist(),
+                  "selection": curriculum.selection_summary(rates, threshold=thr, drop_unsolved=unsolved)}
+        checkpoints.write_record(out, record)
+    else:
+        print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
+    for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh stage folder
+        src, dst = (stage.path(name), out / name) if fresh else (out / name, stage.path(name))  # gets them back
+        if src.is_file() and is_main_process():  # only the main process writes (lab.core.io.atomic_file)
+            shutil.copyfile(src, dst)
+    if torch.distributed.is_available() and torch.distributed.is_initialized():  # scripts/train_grpo.py, N processes:
+        box = [record]  # every rank trains rank 0's prompt order (its own sampled pass rates could differ)
+        torch.distributed.broadcast_object_list(box, src=0)
+        record = box[0]
+    order = [str(i) for i in record["order"]]
+    by_id = pool.set_index("id")
+    missing = [i for i in order if i not in by_id.index]
+    if missing:
+        raise LabError(f"{out / RUN_RECORD}: prompt ids {missing[:5]} are not in this run's pool")
+    # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps
+    ids = schedule(order, max_steps * per_step * int(args.world_size), shuffle=not g.curriculum,
+                   seed=cfg.seed)
+    ds = build_dataset(tokenizer, by_id.loc[ids].reset_index(), trace_style(cfg))
+
+    check = GradientCheck(model) if g.gradient_check else None
+    guard = GuardRails(g, spread)
+    callbacks = [guard, *trainer_callbacks(check, g.wall_clock_budget_min)]  # tests wrap trainer_callbacks
+    before = _trainable_sample(model)
+    refinements: list[dict] = []
+    finished = last is not None and checkpoints.step_of(last) >= max_steps
+    if finished:  # nothing left to train: transformers would run one more step; take the checkpoint as it is
+        print(f"{last} is already at grpo.max_steps={max_steps}: loading its adapter, no further training")
+        model.load_adapter(str(last), adapter_name="default", is_trainable=True)
+        state = read_json(last / "trainer_state.json")
+        history, steps = state.get("log_history", []), int(state["global_step"])
+    else:
+        rollout = None
+        if g.refine:
+            rows_by_prompt = {r["prompt"]: r for r in ds}
+            rollout = refine_rollout(tokenizer, funcs, weights, rows_by_prompt, refinements)
+        # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included); an lm_head LoRA: see lab.model.lora
+        with allow_out_proj(), trainer_accepts_head_lora(model):
+            trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
+                                  train_dataset=ds, processing_class=tokenizer,
+                                  callbacks=[*callbacks, checkpoints.marker_callback()], rollout_func=rollout)
+        use_text_progress(trainer)  # step lines from lab.train.callbacks.TrainProgress, not an HTML widget
+        # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
+        install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
+        with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_bytes(out, model)):
+            trainer.train(resume_from_checkpoint=str(last) if last else None)
+        history, steps = trainer.state.log_history, int(trainer.state.global_step)
+    if "ref" in getattr(model, "peft_config", {}):
+        model.delete_adapter("ref")  # TRL's frozen reference copy: not part of the trained adapter
+    with checkpoints.disk_full_guard(resolve_path(g.adapter_dir), lambda: checkpoints.checkpoint_bytes(out, model)):
+        save_adapter(model, resolve_path(g.adapter_dir))
+
+    log = pd.DataFrame([h for h in history if "completions/mean_length" in h])  # per-step logs
+    atomic_write_csv(stage.path("train_log.csv"), log)
+    if refinements:
+        atomic_write_csv(stage.path("refinements.csv"), pd.DataFrame(refinements))
+    after = _trainable_sample(model)
+    changed = sum(float((after[n] - before[n]).abs().sum()) for n in after if n in before)
+    late: list[str] = []
+    sel = record.get("selection", {})
+    metrics = {
+        "prompts_pool": len(pool), "prompts_dropped": int(sel.get("dropped", 0)),
+        "prompts_unsolved": int(sel.get("unsolved", 0)), "prompts_trained": len(order),
+        "max_completion_length": budget, "rollout_backend": backend, "refine": g.refine,
+        "steps": steps, "max_steps": max_steps, "resumed_from": str(last) if last else None,
+        "already_finished": finished, "stopped_by_budget": bool(callbacks[1].stopped_by_budget),
+        **step_metrics(log, names, g.beta),  # GroupSpread keeps the name of the reward it wraps
+        # this process's reward calls since this run (re)started: one per step without refine
+        "correctness_flat_group_share_per_step": [round(x, 4) for x in spread.shares] if spread else [],
+        "lora_weight_change": changed,
+    }
+    if check is not None and not finished:
+        bad = metrics["gradient_check_failed"] = check.save(stage.dir)
+        if bad:
+            late.append(f"gradient check failed for: {', '.join(bad)} (see gradient_check.csv, frozen_check.csv)")
+    if not finished and changed == 0.0:
+        late.append("the adapter did not change: every step had zero advantage or no scorable completion")
+    for w in late:
+        print(f"WARNING: {w}")
+    metrics["warnings"] = list(notes) + guard.warnings + late
+    return metrics, model, log

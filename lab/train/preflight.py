@@ -1,0 +1,110 @@
+"""Before a real-model stage spends anything: is this machine able to run it? The lab's one list of pre-run checks.
+
+A stage that trains or scores the real model (02_sft, 03_grpo, 04_vote with `model.build_tiny=false`) runs
+`check(stage, overrides)` just before it opens its `Stage` (`lab.stages.open_stage`; scripts/_launch.py), so nothing is
+touched and no model loaded on a machine that cannot run it. It is called there, not from `lab.core.run.Stage`, because
+the checks use modules that import lab.core.config themselves, and the lab's modules form no import cycle. `checks(stage)`
+is the list: each check is a plain function of the config that lives with what it checks and raises a `LabError`
+saying what is missing and how to get it:
+- `check_gpu_extra`: the GPU packages this stage uses as configured are importable (`importlib.util.find_spec`;
+  the same rule as the Kaggle kernel's installs, `kernel_extras`, which the Kaggle kernel's install cell uses too);
+- `check_cuda`: torch sees a CUDA device;
+- `lab.core.paths.check_model_path`: `model.path` is a local model folder, the Kaggle mount, or a Hub id already in the
+  local Hub cache (nothing is downloaded at run time);
+- `lab.model.models.check_mamba_kernels` (02_sft, 03_grpo): the fused Mamba kernels import;
+- `lab.train.grpo.check_backend` (03_grpo): the rollout back-end is one that stays exact for Nemotron-H;
+- `lab.train.memory.check_fits` (02_sft, 03_grpo): one training micro-step traced on fake tensors fits `gpu=`.
+Every check runs; the failures are gathered into ONE LabError, so a user on the wrong machine learns everything at once.
+
+What it simplifies: the checks look at this machine once, when the stage opens; nothing is loaded to test them.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib.util
+
+from omegaconf import DictConfig
+
+from lab import LabError
+from lab.core.config import compose, parse_overrides
+from lab.core.paths import check_model_path
+
+REAL_MODEL_STAGES = ("02_sft", "03_grpo", "04_vote")
+EXTRA_MODULES = {"vllm": "vllm", "unsloth": "unsloth", "bnb": "bitsandbytes"}  # pyproject extra -> what it installs
+PIPELINE = "pipeline"  # the Kaggle kernel that runs every stage (lab.kaggle.kernel)
+
+
+def kernel_extras(cfg, notebook: str) -> list[str]:
+    """The lab's extras a kernel needs, from its composed config: `vllm` when the notebook generates with vLLM
+    (evaluation, voting, GRPO rollouts), `unsloth` when it trains with Unsloth, `bnb` when it trains with 8-bit AdamW
+    (`gpu.optim`); nothing else is installed."""
+    gen = {"02_sft", "03_grpo", "04_vote", PIPELINE}
+    vllm = notebook in gen and (cfg.model.generation_backend == "vllm"
+                                or (notebook in ("03_grpo", PIPELINE) and cfg.grpo.rollout_backend == "vllm"))
+    unsloth = notebook in ("02_sft", PIPELINE) and "unsloth" in (cfg.sft.backend, cfg.model.train_backend)
+    bnb = notebook in ("02_sft", "03_grpo", PIPELINE) and cfg.gpu.optim == "adamw_bnb_8bit"
+    return [x for x, need in (("vllm", vllm), ("unsloth", unsloth), ("bnb", bnb)) if need]
+
+
+def check_gpu_extra(cfg: DictConfig, stage: str) -> None:
+    missing = [x for x in kernel_extras(cfg, stage) if importlib.util.find_spec(EXTRA_MODULES[x]) is None]
+    if missing:
+        why = {"vllm": f"model.generation_backend={cfg.model.generation_backend}"
+                       + (f", grpo.rollout_backend={cfg.grpo.rollout_backend}" if stage == "03_grpo" else ""),
+               "unsloth": f"sft.backend={cfg.sft.backend}", "bnb": f"gpu.optim={cfg.gpu.optim}"}
+        raise LabError(f"{', '.join(missing)} not installed ({'; '.join(why[x] for x in missing)}): install the GPU "
+                       "extra, pip install -e '.[gpu]' (README, 'The real model')")
+
+
+def check_cuda(cfg: DictConfig) -> None:
+    import torch
+
+    if not torch.cuda.is_available():
+        build = f"torch {torch.__version__}" + ("" if torch.version.cuda else ", a CPU-only build")
+        raise LabError(f"no CUDA device ({build}): model={cfg.model.name} needs a GPU (the tiny model, model=tiny, "
+                       "runs on CPU)")
+
+
+def checks(stage: str) -> list:
+    """The checks `stage` runs, each a function of the config that raises a LabError."""
+    from lab.train import grpo, memory
+    from lab.model import models
+
+    trains = {"02_sft": "sft", "03_grpo": "grpo"}.get(stage)  # what lab.train.memory calls the stage, if it trains
+    return [
+        functools.partial(check_gpu_extra, stage=stage),
+        check_cuda,
+        lambda cfg: check_model_path(str(cfg.model.path)),  # its messages name model.path
+        *([models.check_mamba_kernels] if trains else []),
+        *([grpo.check_backend] if stage == "03_grpo" else []),
+        *([functools.partial(memory.check_fits, stage=trains)] if trains else []),
+    ]
+
+
+def applies(stage: str, cfg: DictConfig) -> bool:
+    """Whether `stage` trains or scores the real model (the tiny model is built here and runs anywhere)."""
+    return stage in REAL_MODEL_STAGES and not cfg.model.build_tiny
+
+
+def problems(stage: str, cfg: DictConfig) -> list[str]:
+    """The message of every check of `checks(stage)` that fails (empty when none does)."""
+    out = []
+    for check in checks(stage):
+        try:
+            check(cfg)
+        except LabError as e:
+            out.append(str(e))
+    return out
+
+
+def check(stage: str, overrides) -> None:
+    """Nothing for a stage that does not use the real model; else a LabError listing everything missing.
+    `overrides`: the notebook's `overrides` parameter (composed here, as `Stage` will) or a composed config."""
+    cfg = overrides if isinstance(overrides, DictConfig) else compose(parse_overrides(overrides))
+    if not applies(stage, cfg):
+        return
+    found = problems(stage, cfg)
+    if found:
+        raise LabError(f"{stage} with model={cfg.model.name} cannot run on this machine; missing:\n"
+                       + "\n".join(f"  - {p}" for p in found) + "\n(nothing was run or changed)")
