@@ -10,8 +10,9 @@
   (a TrainerCallback: transformers calls `on_save` after `Trainer._save_checkpoint` returned, trainer.py
   `_maybe_log_save_evaluate`) then writes `lab_complete.json` into it, atomically, listing every file
   (`lab.core.lineage.files`) and its size.
-  `resume_point` takes the newest checkpoint whose marker is there and whose files are all there at those sizes,
-  says so, and deletes the incomplete ones (a crash or a full disk mid-save), so the Trainer never trips over them.
+  `resume_point` deletes every checkpoint without its marker or with a file missing or short (a crash or a full
+  disk mid-save), so the Trainer never trips over them, then resumes the newest one left (transformers'
+  `get_last_checkpoint`), and says so.
 - **A full disk is a message.** `disk_full_guard` turns `OSError` ENOSPC / EDQUOT (and torch's `RuntimeError` from
   its zip writer, when the disk has less free space than one checkpoint) into a LabError naming the folder, the
   space one checkpoint needs and the space left.
@@ -71,8 +72,10 @@ def step_of(path: Path) -> int:
 
 
 def _checkpoints(out: Path) -> list[Path]:
-    """The `checkpoint-N` folders in `out`, oldest first."""
-    return sorted((p for p in out.iterdir() if p.is_dir() and step_of(p) >= 0), key=step_of) if out.is_dir() else []
+    """The `checkpoint-N` folders in `out`, oldest first (transformers' own `sort_checkpoints`, trainer_utils.py)."""
+    from transformers.trainer_utils import sort_checkpoints
+
+    return [Path(p) for p in sort_checkpoints(str(out))] if out.is_dir() else []
 
 
 # ---- completeness ----------------------------------------------------------------------------------
@@ -171,9 +174,11 @@ def _resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, 
             else:
                 continue
             shutil.rmtree(p, ignore_errors=True)
-        if left := [p for p in ckpts if p.is_dir()]:
-            notes.append(f"resuming from {left[-1]} (the newest complete checkpoint)")
-            return left[-1], record, notes
+        from transformers.trainer_utils import get_last_checkpoint
+
+        if (last := get_last_checkpoint(str(out))) is not None:  # the incomplete ones are gone: the newest is complete
+            notes.append(f"resuming from {last} (the newest complete checkpoint)")
+            return Path(last), record, notes
         notes.append(f"{out}: no complete checkpoint left: training starts afresh")
     shutil.rmtree(out, ignore_errors=True)
     return None, None, notes
