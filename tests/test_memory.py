@@ -2,8 +2,8 @@
 training step (lab.train.memory): on the tiny model the fake-tensor trace equals the same step run on real tensors.
 
 The config values are a small fixture copied from the published config.json (tests/fixtures/); when ../shared holds
-the real file, the fixture is checked against it. The 30B traces themselves (about a minute each) are in the README,
-"Real model: shapes and memory", from `python -m lab memory`.
+the real file, the fixture is checked against it. The 30B traces themselves (about a minute each) are in docs/memory.md,
+"Traced peaks of the recipe", from `python -m lab memory`.
 """
 
 from __future__ import annotations

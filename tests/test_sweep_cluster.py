@@ -3,7 +3,7 @@
 `submitit_slurm` and `submitit_local` are the same Hydra plugin class (`BaseSubmititLauncher`) over submitit's
 SLURM and local executors, so the local one runs here what a cluster runs: two jobs with different seeds, one of
 them killed mid-stage (SIGKILL, as a preempted or out-of-memory job), resumed by running the same command again,
-and `lab report` collecting both. The README's SLURM command composes (its `hydra.launcher.*` keys exist).
+and `lab report` collecting both. docs/scaling.md's SLURM command (7.1) composes (its `hydra.launcher.*` keys exist).
 """
 
 from __future__ import annotations
@@ -22,14 +22,14 @@ from lab.runs import sweep as sw
 from lab.core.paths import project_root
 
 ENV = {**os.environ, "HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false", "PYTHONPATH": str(project_root())}
-# the README's example (README.md, "Sweeps on a SLURM cluster"), launcher keys only
+# the example of docs/scaling.md, "7.1 Sweeps on a SLURM cluster", launcher keys only
 SLURM = ["hydra.launcher.partition=gpu", "hydra.launcher.gpus_per_node=1", "hydra.launcher.cpus_per_task=16",
          "hydra.launcher.mem_gb=200", "hydra.launcher.timeout_min=1440", "hydra.launcher.max_num_timeout=3",
          "hydra.launcher.constraint=h100", "+hydra.launcher.additional_parameters.exclusive=true"]
 
 
 def test_the_readme_slurm_sweep_composes():
-    """Hydra composes the README's SLURM settings onto the submitit_slurm launcher (a misspelt key is refused)."""
+    """Hydra composes docs/scaling.md's SLURM settings onto the submitit_slurm launcher (a misspelt key is refused)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 

@@ -121,5 +121,5 @@ def check_model_path(p: str, hub_cache: bool = True) -> None:
 
     if not isinstance(try_to_load_from_cache(p, "config.json"), str):
         raise LabError(f"model.path={p!r}: not a local folder, and the Hub model is not in the local cache "
-                       "(nothing is downloaded at run time): download it beforehand (README, 'The real model') "
+                       "(nothing is downloaded at run time): download it beforehand (docs/real_model.md) "
                        "or pass its folder as model.path")

@@ -335,7 +335,7 @@ class InferConfig(Checked):
     local_gpu_memory_utilization: Optional[float] = _help(
         "vLLM memory share of the lab's own evaluation engines (lab.model.generate.vllm_engine), not a scoring setting; "
         "null: gpu_memory_utilization. On a card where the scorer's share leaves no room for the Mamba state and KV "
-        "cache after the weights (an 80 GB H100: README, 'Local evaluation on a smaller card') set e.g. 0.95; the "
+        "cache after the weights (an 80 GB H100: docs/real_model.md, step 5) set e.g. 0.95; the "
         "scorer's stays competition.gpu_memory_utilization", gt=0, le=1)
     tensor_parallel_size: int = _help("vLLM tensor parallel size: GPUs one evaluation engine spans (the vllm back-end; "
                                       "e.g. infer.tensor_parallel_size=4 for local evaluation on 4 GPUs); the "
@@ -352,7 +352,7 @@ class VoteConfig(Checked):
 
     adapter: str = _help("the adapter whose samples are voted on")
     k: int = _help("samples per puzzle", ge=1)
-    temperature: float = _help("sampling temperature (`make bench` scans 0.1 / 0.3 / 0.5, README)", ge=0)
+    temperature: float = _help("sampling temperature (`make bench` scans 0.1 / 0.3 / 0.5, RESULTS.md)", ge=0)
     top_p: float = _help("nucleus sampling", gt=0, le=1)
     logprobs: bool = _help("record token log-probabilities (confidence voting needs them)")
     methods: List[str] = _help("voting methods replayed on the samples (lab.eval.vote.METHODS)")
@@ -379,7 +379,7 @@ class KaggleConfig(Checked):
 @dataclass
 class GpuConfig(Checked):
     """conf/gpu: the card training runs on, and the levers that make one training step fit it (lab.train.memory traces
-    the step; README, "Real model: shapes and memory")."""
+    the step; docs/memory.md)."""
 
     name: str = _help("label of the card (none: no card configured; the CPU demo)")
     memory_gib: Optional[float] = _help("the card's memory in GiB (torch.cuda.get_device_properties().total_memory "

@@ -1,6 +1,6 @@
 """The pre-submission gate: serve a submission.zip with vLLM as the scorer does and show that it changes the output.
 
-`python -m lab gate ZIP --model PATH [--n N] [--data CSV]` (README, "Before you submit"):
+`python -m lab gate ZIP --model PATH [--n N] [--data CSV]` (docs/vllm_lane.md, "The gate"):
 1. `lab.model.submission.check` on the zip against the base model at PATH; any problem stops here.
 2. One vLLM engine on PATH with the scorer's settings (`lab.model.generate.vllm_engine`, conf/infer/kaggle.yaml) and the
    zip served exactly as `lab.model.generate` serves it (`served_adapter`, `LoRARequest`).

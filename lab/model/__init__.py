@@ -1,0 +1,11 @@
+"""The model, its adapter and its completions.
+
+  models            loading the base model and tokenizer, or building the tiny embedded one; attaching adapters;
+                    the fused Mamba kernels' check
+  lora              the LoRA family table, attaching the adapter, the out_proj and lm_head guards, the gradient
+                    check, saving
+  generate          one generation interface for every stage: transformers (hf, CPU or GPU) or vLLM; cached samples
+  vllm_cpu          vLLM's CPU build on the tiny model, with a test-only stand-in for its expert matmul
+  submission        packing the Kaggle submission.zip (`python -m lab pack`)
+  submission_check  every problem of a submission.zip (`python -m lab check`)
+"""

@@ -236,8 +236,8 @@ def check_mamba_kernels(cfg: DictConfig) -> None:
     """Refuse to train the real model on the PyTorch reference Mamba scan (a LabError naming how to get the kernels).
 
     Without `mamba_ssm`, transformers' Nemotron-H runs its PyTorch reference `mamba2_chunk_scan`, whose backward holds
-    large fp32 temporaries a Mamba layer at a time (`python -m lab memory --mamba torch` traces it; README, "Real model:
-    shapes and memory"). transformers' other route, Hub kernels (`kernels-community/
+    large fp32 temporaries a Mamba layer at a time (`python -m lab memory --mamba torch` traces it; docs/memory.md,
+    "Traced peaks of the recipe"). transformers' other route, Hub kernels (`kernels-community/
     mamba-ssm` through the `kernels` package, integrations/hub_kernels.py), applies only to `from_pretrained(...,
     use_kernels=True)` with the Hub reachable at load time; the lab loads without it (and Kaggle kernels run
     offline), so the two packages are the route. The tiny model (built here, CPU) trains on the PyTorch path and is

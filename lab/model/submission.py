@@ -1,4 +1,4 @@
-"""Packing the Kaggle `submission.zip` (a LoRA adapter for vLLM 0.33), and the `python -m lab.model.submission` CLI.
+"""Packing the Kaggle `submission.zip` (a LoRA adapter for vLLM 0.33), and its command, `python -m lab pack`.
 
 `pack(adapter_dir, out_zip)` writes a zip with exactly two files at its root,
 `adapter_config.json` and `adapter_model.safetensors`: no folders, no nested zip. The config

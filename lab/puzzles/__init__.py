@@ -20,9 +20,11 @@ Also: trace_tokens(trace, tokenizer=None), solve_frame(df, tokenizer=None, style
 `python -m lab puzzles generate --category C --n N --seed S OUT.csv`.
 Modules: categories (the registry and `classify`: a new category is one module plus one line there),
 common (Solution, Category, trace ending), solve (dispatch: solve, derivation, replay), generate, check (the
-trace grammar and its replay, shared by every category), audit, and one per category, each defining its
-`CATEGORY`: bits (solver in bitrules), gravity and units (sharing factor), cipher, numeral, equations (solvers
-in eqsolve, the symbolic written search in eqsearch).
+trace grammar and its replay, shared by every category), audit (where every operand of a trace comes from),
+cli (`python -m lab puzzles ...`), and one per category, each defining its `CATEGORY`: bits (solver in bitrules,
+the competition's bit layout in bitlayout), gravity and units (sharing factor), cipher, numeral, equations
+(solvers in eqsolve, the symbolic written search in eqsearch). The solvers' figures and the trace styles:
+lab/puzzles/README.md.
 """
 
 from .categories import CATEGORIES, classify

@@ -41,7 +41,7 @@ from .check import Fail
 from .eqsolve import FAMILY, MEANINGS, MODES, compute, meanings_for
 
 MAX_CANDS = 150     # largest candidate list a branch point may write
-MAX_CHARS = 11_500  # trace characters before the search gives up (the real tokenizer: see README)
+MAX_CHARS = 11_500  # trace characters before the search gives up (the real tokenizer: see lab/puzzles/README.md)
 LETTERS = "ABCDEFGHIJKLMN"
 
 

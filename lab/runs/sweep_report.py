@@ -84,7 +84,7 @@ def collect(sweep_dir: str | os.PathLike) -> tuple[pd.DataFrame, list[str]]:
 
 def _hardware_label(job_dir: Path) -> str:
     """Where a job ran, from its first stage manifest: GPU name or "cpu", and torch's thread count (the tiny
-    model's outcome for one seed can change with either, see README)."""
+    model's outcome for one seed can change with either, see RESULTS.md, "The demo's headline")."""
     for stage in STAGES:
         try:
             hw = read_json(job_dir / stage / "manifest.json").get("hardware") or {}

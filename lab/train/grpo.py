@@ -9,7 +9,7 @@ zero-variance groups is checked against `grpo.*_warn_share` and warned about in 
 `grpo.resume` continues from the newest checkpoint only when the run's fingerprint matches (`fingerprint`);
 `grpo.refine` trains on refinements of the best of a first round of drafts (`lab.train.grpo_refine`); the guard rails
 are `lab.train.callbacks.GuardRails`; `grpo.rollout_backend` is `hf` (transformers) or `vllm` (TRL's colocate mode, which
-holds a second copy of the base weights: see the README's GRPO section; refused for Nemotron-H, `check_backend`).
+holds a second copy of the base weights: see docs/grpo.md; refused for Nemotron-H, `check_backend`).
 One optimiser step covers `prompts_per_step x num_generations` completions per process, `per_device_train_batch_size`
 of them per forward/backward (`micro_batch`); GRPOConfig is built, and TRL's checks run, before pass-rate sampling.
 

@@ -587,7 +587,7 @@ def check_fits(cfg: DictConfig, stage: str = "sft") -> Trace | None:
                f"gpu.max_use={use} of gpu.memory_gib={card:.1f} (gpu={cfg.gpu.name}); Mamba "
                f"path: {t.mamba_path}. "
                + ("The fused Mamba kernels (mamba_ssm, causal_conv1d) do not import here, so transformers' PyTorch "
-                  "scan would run: install them (README, real model quick start). " if "stand-in" not in t.mamba_path
+                  "scan would run: install them (docs/real_model.md, step 2). " if "stand-in" not in t.mamba_path
                   else "")
                + "Pick the preset for your card (gpu=h100_80gb, rtx_pro_6000, h200), lower the token count, or set "
                "gpu.check=false to start anyway")

@@ -54,7 +54,7 @@ def check_gpu_extra(cfg: DictConfig, stage: str) -> None:
                        + (f", grpo.rollout_backend={cfg.grpo.rollout_backend}" if stage == "03_grpo" else ""),
                "unsloth": f"sft.backend={cfg.sft.backend}", "bnb": f"gpu.optim={cfg.gpu.optim}"}
         raise LabError(f"{', '.join(missing)} not installed ({'; '.join(why[x] for x in missing)}): install the GPU "
-                       "extra, pip install -e '.[gpu]' (README, 'The real model')")
+                       "extra, pip install -e '.[gpu]' (docs/real_model.md)")
 
 
 def check_cuda(cfg: DictConfig) -> None:
