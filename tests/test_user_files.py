@@ -1,0 +1,104 @@
+"""Issue 45: nothing a user owns is deleted or overwritten, a changed input is never silently reused, an override
+means what it says. Each test reproduces one finding of the hostile probe (the item number in its docstring)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from lab import LabError
+from lab.core.config import compose
+
+
+def _cfg(tmp_path, *overrides):
+    return compose([f"run_dir={tmp_path / 'run'}", *overrides])
+
+
+# ---- item 1: a folder the lab builds into is the lab's --------------------------------------------------------
+
+def test_tiny_model_path_with_a_users_folder_is_refused_not_deleted(tmp_path):
+    """Item 1: model.path at an existing folder without config.json was deleted and replaced by the tiny model."""
+    from lab.model import models
+
+    victim = tmp_path / "victim"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("secret")
+    cfg = _cfg(tmp_path, f"model.path={victim}")
+    with pytest.raises(LabError, match="victim.*did not make"):
+        models.model_path(cfg)
+    assert (victim / "notes.txt").read_text() == "secret"
+    assert sorted(p.name for p in victim.iterdir()) == ["notes.txt"]
+
+
+def test_atomic_dir_replaces_only_what_it_made(tmp_path):
+    """Item 1 (the class): atomic_dir refuses a non-empty folder without its marker before the block runs, and
+    replaces a folder it made (its marker) or an empty one."""
+    from lab.core.io import MADE_MARKER, atomic_dir
+
+    mine = tmp_path / "mine"
+    with atomic_dir(mine) as tmp:
+        (tmp / "a.txt").write_text("1")
+    assert (mine / MADE_MARKER).is_file()
+    with atomic_dir(mine) as tmp:  # the lab's own: replaced whole
+        (tmp / "b.txt").write_text("2")
+    assert sorted(p.name for p in mine.iterdir()) == [MADE_MARKER, "b.txt"]
+
+    theirs = tmp_path / "theirs"
+    theirs.mkdir()
+    (theirs / "keep.txt").write_text("x")
+    ran = []
+    with pytest.raises(LabError, match="theirs"):
+        with atomic_dir(theirs) as tmp:
+            ran.append(tmp)
+    assert ran == [] and (theirs / "keep.txt").read_text() == "x"
+    a_file = tmp_path / "a_file"
+    a_file.write_text("y")
+    with pytest.raises(LabError, match="a_file"):
+        with atomic_dir(a_file):
+            pass
+    assert a_file.read_text() == "y"
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    with atomic_dir(empty) as tmp:
+        (tmp / "c.txt").write_text("3")
+    assert (empty / "c.txt").is_file()
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary folder left behind
+
+
+def test_save_adapter_refuses_a_users_folder(tmp_path):
+    """Item 1, sft.adapter_dir / grpo.adapter_dir pointed outside the stage: `save_adapter` (lab.model.lora, through
+    atomic_dir) and the train functions' early check refuse a folder the lab did not make."""
+    from lab.model.lora import save_adapter
+
+    victim = tmp_path / "adapter"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("secret")
+
+    class Model:
+        def save_pretrained(self, path, **_):
+            (Path(path) / "adapter_model.safetensors").write_text("w")
+
+    with pytest.raises(LabError, match="adapter"):
+        save_adapter(Model(), victim)
+    assert sorted(p.name for p in victim.iterdir()) == ["notes.txt"]
+    save_adapter(Model(), tmp_path / "fresh")
+    save_adapter(Model(), tmp_path / "fresh")  # its own folder: replaced
+    assert (tmp_path / "fresh" / "adapter_model.safetensors").is_file()
+
+
+@pytest.mark.parametrize("module,key", [("sft", "sft.adapter_dir"), ("grpo", "grpo.adapter_dir")])
+def test_train_refuses_a_users_adapter_dir_before_training(tmp_path, module, key):
+    """Item 1: the refusal comes before any training (the check opens `train`), naming the key."""
+    import importlib
+
+    victim = tmp_path / "adapter"
+    victim.mkdir()
+    (victim / "notes.txt").write_text("secret")
+    cfg = _cfg(tmp_path, f"{key}={victim}")
+    train = importlib.import_module(f"lab.train.{module}").train
+    with pytest.raises(LabError, match=key.replace(".", r"\.")):
+        train(cfg, None, pd.DataFrame({"id": [], "prompt": []}), None, None)
+    assert sorted(p.name for p in victim.iterdir()) == ["notes.txt"]
