@@ -102,3 +102,44 @@ def test_train_refuses_a_users_adapter_dir_before_training(tmp_path, module, key
     with pytest.raises(LabError, match=key.replace(".", r"\.")):
         train(cfg, None, pd.DataFrame({"id": [], "prompt": []}), None, None)
     assert sorted(p.name for p in victim.iterdir()) == ["notes.txt"]
+
+
+# ---- item 2: a run folder holds neither the data it reads nor the sources ---------------------------------------
+
+def _puzzles_csv(path: Path, n: int = 40, dup_of: int = 0) -> Path:
+    """A small competition-style file: `n` numeral puzzles (classified as numeral_system), plus `dup_of` of the
+    same prompts again under other ids."""
+    from lab.puzzles import generate
+
+    df = generate("numeral_system", n, seed=3)[["id", "prompt", "answer"]]
+    if dup_of:
+        extra = df.head(dup_of).copy()
+        extra["id"] = [f"dup{i}" for i in range(dup_of)]
+        df = pd.concat([df, extra], ignore_index=True)
+    df.to_csv(path, index=False)
+    return path
+
+
+def test_run_dir_holding_the_sources_is_refused():
+    """Item 2: `run_dir=.` rewrote notebooks/ and wrote the split over data/train.csv."""
+    from lab.core.paths import project_root
+
+    with pytest.raises(LabError, match="holds the lab's own sources"):
+        compose(["run_dir=."])
+    with pytest.raises(LabError, match="holds the lab's own sources"):
+        compose([f"run_dir={project_root().parent}"])
+    with pytest.raises(LabError, match="inside the repository's notebooks/"):
+        compose(["run_dir=notebooks/x"])
+
+
+def test_run_or_split_dir_holding_the_data_is_refused(tmp_path):
+    """Item 2: a run folder (or split folder) that holds the data file it reads would write the split over it."""
+    data = _puzzles_csv(tmp_path / "train.csv")
+    before = data.read_bytes()
+    common = ["data=competition", f"data.path={data}"]
+    with pytest.raises(LabError, match="holds the data file it reads"):
+        compose([*common, f"run_dir={tmp_path}"])
+    with pytest.raises(LabError, match=r"data\.split_dir.*holds the data file"):
+        compose([*common, f"run_dir={tmp_path / 'run'}", f"data.split_dir={tmp_path}"])
+    compose([*common, f"run_dir={tmp_path / 'run'}"])  # a folder of its own is fine
+    assert data.read_bytes() == before
