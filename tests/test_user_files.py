@@ -143,3 +143,103 @@ def test_run_or_split_dir_holding_the_data_is_refused(tmp_path):
         compose([*common, f"run_dir={tmp_path / 'run'}", f"data.split_dir={tmp_path}"])
     compose([*common, f"run_dir={tmp_path / 'run'}"])  # a folder of its own is fine
     assert data.read_bytes() == before
+
+
+# ---- items 3, 4, 5, 8 and the low items on the data: the competition split --------------------------------------
+
+def _competition(tmp_path, data, *overrides):
+    from lab.data.dataset import prepare
+
+    return prepare(_cfg(tmp_path, "data=competition", f"data.path={data}", *overrides))
+
+
+def test_repeated_prompts_never_straddle_the_split(tmp_path, capsys):
+    """Item 3: the same prompts again under other ids landed on both sides of the split, without a word."""
+    data = _puzzles_csv(tmp_path / "train.csv", n=60, dup_of=60)
+    train, val = _competition(tmp_path, data, "data.val_fraction=0.2")
+    assert len(train) + len(val) == 120 and len(val) > 0
+    assert not set(train["prompt"]) & set(val["prompt"])
+    info = json.loads((tmp_path / "run" / "data" / "split.json").read_text())
+    assert info["repeated_prompts"] == 60
+    assert "60 row(s) repeat the prompt of another row" in capsys.readouterr().out
+
+
+def test_split_without_repeats_is_unchanged():
+    """Item 3: grouping by prompt leaves a file without repeats split exactly as before (a unit is a row): the
+    held-out ids of a fixed table at a fixed seed, as the starting commit's `split` chose them."""
+    from lab.data.dataset import split
+
+    df = pd.DataFrame({"id": [f"p{i:02d}" for i in range(20)], "prompt": [f"q{i}" for i in range(20)],
+                       "category": ["a"] * 12 + ["b"] * 8})
+    _, val = split(df, 0.25, seed=5)
+    assert sorted(val["id"]) == ["p01", "p09", "p11", "p15", "p19"]
+
+
+def test_conflicting_answers_and_crlf_prompts_are_named(tmp_path, capsys):
+    """Low items: one prompt with two answers was accepted without a note; prompts with Windows line ends too."""
+    from lab.puzzles import generate
+
+    df = generate("numeral_system", 12, seed=3)[["id", "prompt", "answer"]]
+    twin = df.iloc[[0]].assign(id="twin", answer="WRONG")
+    crlf = df.iloc[[1]].assign(id="crlf", prompt=df["prompt"].iloc[1].replace("\n", "\r\n") + " ")
+    pd.concat([df, twin, crlf]).to_csv(tmp_path / "train.csv", index=False)
+    _competition(tmp_path, tmp_path / "train.csv")
+    out = capsys.readouterr().out
+    assert "one prompt has different answers" in out and "id twin -> 'WRONG'" in out
+    assert "1 prompt(s) hold carriage returns" in out
+
+
+def test_changed_data_file_is_refused_or_resplit(tmp_path):
+    """Item 4: a data file changed in place was ignored on rerun (only its path was compared): the old split with
+    the old answers was reused."""
+    from lab.data.dataset import load_puzzles
+
+    data = _puzzles_csv(tmp_path / "train.csv", n=40)
+    _competition(tmp_path, data)
+    df = load_puzzles(data).head(30)
+    df["answer"] = "changed"
+    df.to_csv(data, index=False)
+    with pytest.raises(LabError, match=r"changed since this run's split.*data\.resplit=true"):
+        _competition(tmp_path, data)
+    train, val = _competition(tmp_path, data, "data.resplit=true")
+    assert len(train) + len(val) == 30 and set(train["answer"]) == {"changed"}
+    _competition(tmp_path, data)  # the new split is now the file's: reused without resplit
+
+
+def _two_categories_sorted(path: Path) -> Path:
+    from lab.puzzles import generate
+
+    df = pd.concat([generate(c, 30, seed=4)[["id", "prompt", "answer"]] for c in ("numeral_system", "gravity")])
+    df.to_csv(path, index=False)  # sorted by category, as an exported sheet might be
+    return path
+
+
+def test_n_train_n_val_draw_from_every_category(tmp_path):
+    """Item 5: data.n_train / data.n_val took the first N rows in file order: on a file sorted by category,
+    training held one category only."""
+    data = _two_categories_sorted(tmp_path / "train.csv")
+    train, val = _competition(tmp_path, data, "data.n_train=10", "data.n_val=4", "data.val_fraction=0.3")
+    assert len(train) == 10 and len(val) == 4
+    assert train["category"].value_counts().to_dict() == {"numeral_system": 5, "gravity": 5}
+    assert val["category"].value_counts().to_dict() == {"numeral_system": 2, "gravity": 2}
+    again, _ = _competition(tmp_path / "other", data, "data.n_train=10", "data.n_val=4", "data.val_fraction=0.3")
+    assert list(again["id"]) == list(train["id"])  # seeded: the same rows in a fresh run
+
+
+def test_sample_per_category_is_seeded_and_proportional():
+    from lab.data.dataset import sample_per_category
+
+    df = pd.DataFrame({"id": [str(i) for i in range(30)], "category": ["a"] * 20 + ["b"] * 9 + ["c"]})
+    s = sample_per_category(df, 10, seed=1)
+    assert len(s) == 10 and s["category"].value_counts().to_dict() == {"a": 6, "b": 3, "c": 1}
+    assert list(s["id"]) == list(sample_per_category(df, 10, seed=1)["id"])
+    assert list(s["id"]) != list(sample_per_category(df, 10, seed=2)["id"])
+    assert list(s.index) == list(range(10)) and s["id"].astype(int).is_monotonic_increasing  # file order kept
+
+
+def test_val_fraction_leaving_no_training_row_is_refused(tmp_path):
+    """Item 8: data.val_fraction=0.99 on a small file saved a split with no training row (a raw TypeError later)."""
+    data = _puzzles_csv(tmp_path / "train.csv", n=4)
+    with pytest.raises(LabError, match="no training rows"):
+        _competition(tmp_path, data, "data.val_fraction=0.99")
+    assert not (tmp_path / "run" / "data" / "split.json").exists()

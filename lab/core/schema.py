@@ -166,9 +166,10 @@ class DataConfig(Checked):
     categories: Optional[List[str]] = _help("categories to keep or generate (see lab.puzzles.CATEGORIES); null: "
                                             "every category")
     n_train: Optional[int] = _help("synthetic: puzzles per category for training; competition: null keeps all rows "
-                                   "not held out, else the first N", ge=1)
-    n_val: Optional[int] = _help("synthetic: puzzles per category held out; competition: null uses val_fraction",
-                                 ge=1)
+                                   "not held out, else N of them drawn with the seed from every category in "
+                                   "proportion (lab.data.dataset.sample_per_category)", ge=1)
+    n_val: Optional[int] = _help("synthetic: puzzles per category held out; competition: null keeps every held-out "
+                                 "row (val_fraction), else N of them drawn like n_train", ge=1)
     difficulty: Dict[str, Any] = _help("per-category generator options, e.g. {numeral_system: {max_value: 100}} "
                                        "(free-form; unused for competition data)")
     split_dir: str = _help("where train.csv / val.csv and split.json (with content hashes) go")
@@ -186,6 +187,9 @@ class DataConfig(Checked):
                                   "difficulty) and hold the whole real file for validation")
     trace_styles: Dict[str, str] = _help("per-category trace style for SFT, e.g. {bit_manipulation: compact}; "
                                          "categories not named use trace_style")
+    resplit: bool = _help("competition data: when the data file changed since this run's split was made (split.json "
+                          "records its sha256), make the split again instead of refusing (the run's later stages then "
+                          "count as out of date); false: a changed file is an error naming the change")
 
 
 @dataclass
