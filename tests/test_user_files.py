@@ -243,3 +243,98 @@ def test_val_fraction_leaving_no_training_row_is_refused(tmp_path):
     with pytest.raises(LabError, match="no training rows"):
         _competition(tmp_path, data, "data.val_fraction=0.99")
     assert not (tmp_path / "run" / "data" / "split.json").exists()
+
+
+# ---- item 6: a dict override replaces the dict ------------------------------------------------------------------
+
+def test_dict_override_replaces_the_dict(tmp_path):
+    """Item 6: `grpo.rewards={format: 1.0}` composed to {correctness: 1.0, format: 1.0} (Hydra merges dicts)."""
+    from omegaconf import OmegaConf
+
+    cfg = _cfg(tmp_path, "grpo.rewards={format: 1.0}")
+    assert OmegaConf.to_container(cfg.grpo.rewards) == {"format": 1.0}
+    cfg = _cfg(tmp_path, "data.difficulty={numeral_system: {max_value: 50}}")
+    assert OmegaConf.to_container(cfg.data.difficulty) == {"numeral_system": {"max_value": 50}}
+    cfg = _cfg(tmp_path, "grpo.rewards.format=0.5")  # one key set: the rest kept, as Hydra says
+    assert OmegaConf.to_container(cfg.grpo.rewards) == {"correctness": 1.0, "format": 0.5}
+    cfg = _cfg(tmp_path, "grpo.rewards={format: 1.0}", "grpo.rewards.length=0.2")  # a key below the new dict
+    assert OmegaConf.to_container(cfg.grpo.rewards) == {"format": 1.0, "length": 0.2}
+
+
+def test_empty_or_unknown_rewards_are_refused_at_compose(tmp_path):
+    """Item 6: `grpo.rewards={}` kept the defaults; now it means no reward, which cannot train: refused at compose,
+    and so is a reward name that does not exist (before: a LabError only when 03_grpo built them)."""
+    with pytest.raises(LabError, match=r"grpo\.rewards is empty"):
+        _cfg(tmp_path, "grpo.rewards={}")
+    with pytest.raises(LabError, match=r"grpo\.rewards \(its keys\)='nope' is not one of"):
+        _cfg(tmp_path, "grpo.rewards={nope: 1.0}")
+
+
+# ---- items 7, 8 and the seed: enumerated values and ranges at compose -------------------------------------------
+
+@pytest.mark.parametrize("override,message", [
+    ("vote.methods=[majority,nonexistent]", r"vote\.methods='nonexistent' is not one of greedy, majority"),
+    ("vote.options={confidence: {keep_topp: 0.5}}", r"vote\.options\.confidence \(its keys\)='keep_topp'"),
+    ("infer.metric_version=foo", r"infer\.metric_version='foo' is not one of final, legacy"),
+    ("data.categories=[unknown]", r"data\.categories='unknown' is not one of bit_manipulation"),
+    ("data.weights={gravityy: 2}", r"data\.weights \(its keys\)='gravityy'"),
+    ("data.trace_style=verbose", r"data\.trace_style='verbose' is not one of compact, derivation"),
+    (f"seed={2**32}", r"seed=4294967296 must be <= 4294967295"),
+])
+def test_enumerated_values_and_ranges_are_checked_at_compose(tmp_path, override, message):
+    """Items 7 and 8, the seed low item: each passed the config check and failed later (vote.methods after every
+    sample was drawn, with a raw ValueError; data.categories=[unknown] with a raw EmptyDataError; a seed of 2**32
+    in numpy)."""
+    with pytest.raises(LabError, match=message):
+        _cfg(tmp_path, override)
+
+
+def test_schema_name_lists_match_their_owners():
+    """The names compose checks (lab/core/schema.py, which may not import the packages above it) are the owners'."""
+    from lab.competition import metric
+    from lab.core import schema
+    from lab.data import dataset
+    from lab.eval import vote
+    from lab.puzzles import CATEGORIES
+    from lab.train import rewards
+
+    assert schema.VOTE_METHODS == tuple(vote.METHODS)
+    assert schema.VOTE_OPTIONS == tuple(vote.OPTIONS)
+    assert schema.METRIC_VERSIONS == tuple(metric.VERSIONS)
+    assert schema.REWARD_NAMES == tuple(rewards.REWARDS)
+    assert schema.CATEGORIES == tuple(CATEGORIES)
+    assert schema.TRACE_STYLES == tuple(dataset.TRACE_STYLES)
+
+
+def test_failed_stage_keeps_its_samples_for_the_rerun(tmp_path):
+    """Item 7: a stage that failed after drawing its samples lost them with its folder, so the rerun drew every
+    sample again. The keyed samples cache is carried into the rerun's fresh folder while the inputs the failed
+    attempt read are unchanged; anything else it left is not."""
+    from lab.core import lineage
+    from lab.core.run import Stage, release_lock
+
+    run = tmp_path / "run"
+    (run / "inputs").mkdir(parents=True)
+    src = run / "inputs" / "val.csv"
+    src.write_text("id\n1\n")
+
+    def attempt(fail_with: str | None = None):
+        st = Stage("04_vote", [f"run_dir={run}"])
+        lineage.consumed(src)
+        if fail_with is not None:  # the samples are drawn, then the stage dies
+            st.path("samples.jsonl").write_text(fail_with)
+            st.path("curves.csv").write_text("half")
+            release_lock(run)
+            lineage.closed(st)
+        return st
+
+    attempt("drawn once\n")
+    st = attempt()
+    assert st.path("samples.jsonl").read_text() == "drawn once\n" and not st.path("curves.csv").exists()
+    st.path("samples.jsonl").write_text("drawn twice\n")
+    release_lock(run)
+    lineage.closed(st)
+    src.write_text("id\n2\n")  # the input changed: the samples are not trusted
+    st = attempt()
+    assert not st.path("samples.jsonl").exists()
+    release_lock(run)

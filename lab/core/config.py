@@ -13,6 +13,7 @@ What it simplifies:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -30,7 +31,8 @@ from lab.core.paths import check_model_path, find_data_file, project_root, resol
 
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:
-    """Compose `conf/config.yaml` with Hydra overrides; errors name the file and the key."""
+    """Compose `conf/config.yaml` with Hydra overrides; errors name the file and the key. A dict override replaces
+    the key's dict (`_replace_dicts`), where Hydra alone would merge it into the default."""
     from hydra import compose as _compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -39,9 +41,11 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
     conf_dir = project_root() / "conf"
     schema.register()  # conf/config.yaml's first default, `schema`: every group merges onto its dataclass (lab/core/schema.py)
     GlobalHydra.instance().clear()
+    hydra_overrides, dicts = _dict_overrides(overrides)
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = _compose(config_name="config", overrides=overrides)
+            cfg = _compose(config_name="config", overrides=hydra_overrides)
+        _replace_dicts(cfg, dicts)
     except (HydraException, OmegaConfBaseException) as e:
         why = _non_ascii_problem(overrides) or schema_problem(e)
         raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: {why}") from None
@@ -54,6 +58,51 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
                        f"{', '.join(unknown)} (lab/core/schema.py lists every key)")
     validate(cfg, where=f"{conf_dir / 'config.yaml'} with overrides {overrides}")
     return cfg
+
+
+def _dict_overrides(overrides: list[str]) -> tuple[list[str], list[tuple[str, object]]]:
+    """(what Hydra applies, [(key, value)] that `_replace_dicts` applies after it): a dict given on the command line
+    replaces the key's dict, where Hydra would merge it into the default (`_apply_overrides_to_config`,
+    hydra/_internal/config_loader_impl.py, calls `OmegaConf.update(..., merge=True)`): `grpo.rewards={format: 1.0}`
+    means format alone, `grpo.rewards={}` means none. An override Hydra's grammar cannot parse is left to Hydra,
+    which reports it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # noqa: BLE001 - Hydra's compose reports the same error in its words
+        return overrides, []
+    rest, dicts, below = [], [], []
+    for line, o in zip(overrides, parsed):
+        plain = not o.is_delete() and not o.is_sweep_override() and o.package is None
+        if plain and isinstance(o.value(), dict):
+            dicts.append((o.key_or_group, o.value()))
+        elif plain and any(o.key_or_group.startswith(k + ".") for k, _ in dicts):
+            below.append((o.key_or_group, o.value()))  # `grpo.rewards.length=0.2` after `grpo.rewards={...}`
+        else:
+            rest.append(line)
+    return rest, dicts + [(k, _Below(v)) for k, v in below]
+
+
+class _Below:
+    """A value set below a dict that an earlier override replaced (`_dict_overrides`)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _replace_dicts(cfg: DictConfig, dicts: list[tuple[str, object]]) -> None:
+    """Set each (key, dict) of `_dict_overrides` whole (`merge=False`; OmegaConf checks it against the key's type),
+    then each key set below one of them (the replaced dict is the user's: a new key may be added to it)."""
+    from omegaconf import open_dict
+
+    for key, value in dicts:
+        if isinstance(value, _Below):
+            parent = OmegaConf.select(cfg, key.rsplit(".", 1)[0], default=None)
+            with open_dict(parent) if isinstance(parent, DictConfig) else contextlib.nullcontext():
+                OmegaConf.update(cfg, key, value.value, merge=True)  # a missing parent: the no-such-key error
+        else:
+            OmegaConf.update(cfg, key, value, merge=False)
 
 
 def schema_problem(e: BaseException) -> str:
