@@ -338,3 +338,68 @@ def test_failed_stage_keeps_its_samples_for_the_rerun(tmp_path):
     st = attempt()
     assert not st.path("samples.jsonl").exists()
     release_lock(run)
+
+
+# ---- item 9 and the low items on commands: no command writes over its inputs ------------------------------------
+
+def test_score_details_over_an_input_is_refused(tmp_path):
+    """Item 9: `lab score PRED --gold GOLD --details GOLD` replaced the gold file with the details table."""
+    from lab.eval.cli import score_main
+
+    gold = tmp_path / "gold.csv"
+    gold.write_text("id,answer\na,1\nb,2\n")
+    pred = tmp_path / "pred.csv"
+    pred.write_text("id,answer\na,1\nb,3\n")
+    for target in (gold, pred):
+        before = target.read_bytes()
+        with pytest.raises(LabError, match="which this command reads"):
+            score_main([str(pred), "--gold", str(gold), "--details", str(target)])
+        assert target.read_bytes() == before
+    (tmp_path / "link.csv").symlink_to(gold)  # the same file under another name
+    with pytest.raises(LabError, match="which this command reads"):
+        score_main([str(pred), "--gold", str(gold), "--details", str(tmp_path / "link.csv")])
+    assert score_main([str(pred), "--gold", str(gold), "--details", str(tmp_path / "details.csv")]) == 0
+
+
+def test_pack_into_the_adapter_is_refused(tmp_path):
+    """Item 9: `lab pack ADAPTER ADAPTER/adapter_model.safetensors` overwrote the trained weights with a zip."""
+    from lab.model.submission import pack_main
+
+    adapter = tmp_path / "adapter"
+    adapter.mkdir()
+    (adapter / "adapter_config.json").write_text("{}")
+    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
+    for out in (adapter / "adapter_model.safetensors", adapter / "submission.zip", adapter):
+        with pytest.raises(LabError, match="which this command reads"):
+            pack_main([str(adapter), str(out)])
+    assert (adapter / "adapter_model.safetensors").read_bytes() == b"weights"
+    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+
+
+def test_puzzles_solve_over_its_input_is_refused(tmp_path, capsys):
+    """Item 9: `python -m lab puzzles solve IN.csv IN.csv` replaced the gold answers."""
+    from lab.puzzles.cli import main
+
+    data = _puzzles_csv(tmp_path / "in.csv", n=3)
+    before = data.read_bytes()
+    assert main(["solve", str(data), str(data)]) == 2
+    assert "which this command reads" in capsys.readouterr().err
+    assert data.read_bytes() == before
+
+
+def test_puzzles_generate_refuses_a_negative_count(tmp_path, capsys):
+    """Low item: `lab.puzzles generate --n -3` wrote 0 puzzles with exit 0."""
+    from lab.puzzles.cli import main
+
+    assert main(["generate", "--category", "gravity", "--n", "-3", str(tmp_path / "out.csv")]) == 2
+    assert "--n -3" in capsys.readouterr().err and not (tmp_path / "out.csv").exists()
+
+
+def test_summary_refuses_a_folder_that_is_not_a_run(tmp_path):
+    """Low item: `lab summary` on a foreign folder overwrote a summary.md there."""
+    from lab.runs.pipeline import summary_main
+
+    (tmp_path / "summary.md").write_text("my notes")
+    with pytest.raises(LabError, match="not a run folder"):
+        summary_main([str(tmp_path)])
+    assert (tmp_path / "summary.md").read_text() == "my notes"

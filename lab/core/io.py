@@ -117,6 +117,21 @@ def atomic_dir(path: str | os.PathLike, what: str = "folder"):
         raise
 
 
+def check_not_input(out: str | os.PathLike, *inputs: str | os.PathLike | None, what: str = "output") -> None:
+    """A LabError when the output path `out` is one of the command's `inputs` (the same file, through a link too) or
+    lies inside one of them (an input folder): no command writes over what it reads. None inputs are skipped."""
+    o = Path(out).expanduser().resolve()
+    for i in inputs:
+        if i is None or str(i) == "":
+            continue
+        p = Path(i).expanduser().resolve()
+        same = o == p or (o.exists() and p.exists() and os.path.samefile(o, p))
+        if same or (p.is_dir() and o.is_relative_to(p)):
+            where = "is" if same else "lies inside"
+            raise LabError(f"{out}: the {what} {where} {i}, which this command reads; it would be written over, so "
+                           "nothing was written: choose another output path")
+
+
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:
     return atomic_write_text(path, json.dumps(obj, indent=2, sort_keys=True, default=_json_default) + "\n")
 

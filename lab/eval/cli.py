@@ -20,7 +20,7 @@ import pandas as pd
 
 from lab import LabError
 from lab.eval.analysis import compare, load_predictions
-from lab.core.io import atomic_write_csv
+from lab.core.io import atomic_write_csv, check_not_input
 from lab.competition.metric import VERSIONS, judge, read_table, verify
 from lab.core.paths import resolve_path
 from lab.puzzles import classify
@@ -98,6 +98,8 @@ def score_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--column", choices=("completion", "answer"), default=None,
                     help="which predictions column to score when both are present (default: completion)")
     args = ap.parse_args(argv)
+    if args.details:
+        check_not_input(args.details, args.predictions, args.gold, what="--details file")
 
     pred = read_table(args.predictions, ["id"], "predictions")
     have = [c for c in ("completion", "answer") if c in pred.columns]
