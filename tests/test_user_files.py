@@ -403,3 +403,22 @@ def test_summary_refuses_a_folder_that_is_not_a_run(tmp_path):
     with pytest.raises(LabError, match="not a run folder"):
         summary_main([str(tmp_path)])
     assert (tmp_path / "summary.md").read_text() == "my notes"
+
+
+def test_hydra_settings_are_refused_not_ignored(tmp_path):
+    """Low item: `hydra.run.dir=...` was accepted and did nothing (the lab runs no Hydra app)."""
+    with pytest.raises(LabError, match=r"hydra\.run\.dir=/tmp/elsewhere: .*run_dir=PATH"):
+        _cfg(tmp_path, "hydra.run.dir=/tmp/elsewhere")
+
+
+def test_compare_warns_of_a_correct_column_the_metric_contradicts(tmp_path, capsys):
+    """Low item: `compare` trusted a `correct` column that `score` contradicts, without a word."""
+    from lab.eval.cli import compare_main
+
+    rows = ("id,category,gold,completion,answer,correct\na,gravity,1.5,\\boxed{{1.5}},1.5,True\n"
+            "b,gravity,2.0,\\boxed{{7.0}},7.0,{b}\n")
+    (tmp_path / "a.csv").write_text(rows.format(b="False"))
+    (tmp_path / "b.csv").write_text(rows.format(b="True"))  # b is wrong, the file says right
+    assert compare_main([str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--examples", "0"]) == 0
+    out = capsys.readouterr().out
+    assert "WARNING: B:" in out and "ids b;" in out and "WARNING: A:" not in out

@@ -41,6 +41,10 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
     conf_dir = project_root() / "conf"
     schema.register()  # conf/config.yaml's first default, `schema`: every group merges onto its dataclass (lab/core/schema.py)
     GlobalHydra.instance().clear()
+    if hydra_keys := [o for o in overrides if o.lstrip("+~").split("=", 1)[0].strip().split(".")[0] == "hydra"]:
+        raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: {', '.join(hydra_keys)}: the "
+                       "lab composes the config with Hydra's compose API and runs no Hydra app, so hydra.* settings "
+                       "would do nothing; the run folder is run_dir=PATH (or run_name=NAME)")
     hydra_overrides, dicts = _dict_overrides(overrides)
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
