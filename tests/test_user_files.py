@@ -422,3 +422,23 @@ def test_compare_warns_of_a_correct_column_the_metric_contradicts(tmp_path, caps
     assert compare_main([str(tmp_path / "a.csv"), str(tmp_path / "b.csv"), "--examples", "0"]) == 0
     out = capsys.readouterr().out
     assert "WARNING: B:" in out and "ids b;" in out and "WARNING: A:" not in out
+
+
+def test_report_does_not_average_over_an_unreadable_job(tmp_path, capsys):
+    """Low item: `lab report` silently averaged over a job whose metrics.json was unreadable."""
+    from lab.core.io import atomic_write_json
+    from lab.runs.sweep_report import collect
+
+    for seed, acc in ((1, 0.5), (2, 0.7)):
+        d = tmp_path / f"seed={seed}"
+        atomic_write_json(d / "02_sft" / "metrics.json", {"accuracy_after": acc})
+        atomic_write_json(d / "03_grpo" / "metrics.json", {"accuracy_after": acc})
+        atomic_write_json(d / "job.json", {"job": d.name, "status": "finished", "params": {"seed": seed},
+                                           "stages": ["02_sft", "03_grpo"], "overrides": [f"seed={seed}"]})
+        atomic_write_json(d / "done.json", {"stages": ["02_sft", "03_grpo"], "overrides": [f"seed={seed}"]})
+    (tmp_path / "seed=2" / "03_grpo" / "metrics.json").write_text("{not json")
+    df, _ = collect(tmp_path)
+    bad = df.set_index("job").loc["seed=2"]
+    assert bad["status"] == "unreadable" and "not valid JSON" in bad["error"]
+    assert pd.isna(bad["02_sft.accuracy_after"])  # its readable stage is not averaged in either
+    assert "job seed=2 is reported as unreadable" in capsys.readouterr().out
