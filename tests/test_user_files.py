@@ -442,3 +442,12 @@ def test_report_does_not_average_over_an_unreadable_job(tmp_path, capsys):
     assert bad["status"] == "unreadable" and "not valid JSON" in bad["error"]
     assert pd.isna(bad["02_sft.accuracy_after"])  # its readable stage is not averaged in either
     assert "job seed=2 is reported as unreadable" in capsys.readouterr().out
+
+
+def test_sweep_value_leaving_the_sweep_folder_is_refused():
+    """Low item: a swept `model.name=../../..` made a job folder outside the sweep folder."""
+    from lab.runs.sweep import plan
+
+    with pytest.raises(LabError, match=r"'\.\./\.\./\.\.' would put its job folder .* outside the sweep folder"):
+        plan(["model.name=../../..,tiny"])
+    assert plan(["model.name=a,b"])["named"] == ["model.name"]

@@ -272,6 +272,10 @@ def plan(overrides: list[str], seeds: int | None = None, smoke: bool = False) ->
             raise LabError(f"{line}: not allowed in a sweep: {RESERVED[key]}")
         lab.append(line)
         if o.is_sweep_override() or (key == "seed" and seeds is not None):
+            if o.is_sweep_override() and (up := [v for v in o.sweep_string_iterator() if ".." in v.split("/")]):
+                raise LabError(f"{line}: the swept value {up[0]!r} would put its job folder (named after the swept "
+                               "values, Hydra's override_dirname) outside the sweep folder; sweep values without a "
+                               "'..' path part")
             named.append(key)
         else:
             fixed.append(key)
