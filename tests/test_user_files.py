@@ -276,7 +276,7 @@ def test_empty_or_unknown_rewards_are_refused_at_compose(tmp_path):
     ("vote.methods=[majority,nonexistent]", r"vote\.methods='nonexistent' is not one of greedy, majority"),
     ("vote.options={confidence: {keep_topp: 0.5}}", r"vote\.options\.confidence \(its keys\)='keep_topp'"),
     ("infer.metric_version=foo", r"infer\.metric_version='foo' is not one of final, legacy"),
-    ("data.categories=[unknown]", r"data\.categories='unknown' is not one of bit_manipulation"),
+    ("data.categories=[unknown]", r"data\.categories='unknown' is not a category, one of bit_manipulation"),
     ("data.weights={gravityy: 2}", r"data\.weights \(its keys\)='gravityy'"),
     ("data.trace_style=verbose", r"data\.trace_style='verbose' is not one of compact, derivation"),
     (f"seed={2**32}", r"seed=4294967296 must be <= 4294967295"),

@@ -100,13 +100,14 @@ def _replace_dicts(cfg: DictConfig, dicts: list[tuple[str, object]]) -> None:
     then each key set below one of them (the replaced dict is the user's: a new key may be added to it)."""
     from omegaconf import open_dict
 
-    for key, value in dicts:
-        if isinstance(value, _Below):
-            parent = OmegaConf.select(cfg, key.rsplit(".", 1)[0], default=None)
-            with open_dict(parent) if isinstance(parent, DictConfig) else contextlib.nullcontext():
-                OmegaConf.update(cfg, key, value.value, merge=True)  # a missing parent: the no-such-key error
-        else:
-            OmegaConf.update(cfg, key, value, merge=False)
+    for key, value in dicts:  # a new key (`+data.difficulty.gravity={...}`) goes into its parent like Hydra's `+`;
+        # one that is no field of the schema is refused after (`unknown_keys`), a missing parent here
+        parent = OmegaConf.select(cfg, key.rsplit(".", 1)[0], default=None) if "." in key else cfg
+        with open_dict(parent) if isinstance(parent, DictConfig) else contextlib.nullcontext():
+            if isinstance(value, _Below):
+                OmegaConf.update(cfg, key, value.value, merge=True)
+            else:
+                OmegaConf.update(cfg, key, value, merge=False)
 
 
 def schema_problem(e: BaseException) -> str:

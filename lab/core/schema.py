@@ -65,10 +65,11 @@ TRACE_STYLES = ("compact", "derivation")  # lab.data.dataset.TRACE_STYLES
 SEED_MAX = 2**32 - 1  # numpy.random.seed (transformers.set_seed calls it) takes 0 .. 2**32 - 1
 
 
-def choice_problems(key: str, values: Any, allowed: tuple[str, ...]) -> list[str]:
-    """`key=value is not one of ...` for each of `values` (one value or a list) outside `allowed`."""
+def choice_problems(key: str, values: Any, allowed: tuple[str, ...], what: str = "") -> list[str]:
+    """`key=value is not [what, ]one of ...` for each of `values` (one value or a list) outside `allowed`."""
     values = [values] if isinstance(values, str) else list(values or [])
-    return [f"{key}={v!r} is not one of {', '.join(allowed)}" for v in values if v not in allowed]
+    return [f"{key}={v!r} is not {what + ', ' if what else ''}one of {', '.join(allowed)}" for v in values
+            if v not in allowed]
 
 
 BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le), "lt": ("<", operator.lt)}
@@ -210,9 +211,10 @@ class DataConfig(Checked):
                           "count as out of date); false: a changed file is an error naming the change")
 
     def rules(self) -> list[str]:
-        return (choice_problems("data.categories", self.categories, CATEGORIES)
-                + choice_problems("data.weights (its keys)", list(self.weights or {}), CATEGORIES)
-                + choice_problems("data.trace_styles (its keys)", list(self.trace_styles or {}), CATEGORIES)
+        return (choice_problems("data.categories", self.categories, CATEGORIES, "a category")
+                + choice_problems("data.weights (its keys)", list(self.weights or {}), CATEGORIES, "a category")
+                + choice_problems("data.trace_styles (its keys)", list(self.trace_styles or {}), CATEGORIES,
+                                  "a category")
                 + choice_problems("data.trace_style", self.trace_style, TRACE_STYLES)
                 + [p for k, v in (self.trace_styles or {}).items()
                    for p in choice_problems(f"data.trace_styles.{k}", v, TRACE_STYLES)])
