@@ -359,18 +359,26 @@ def test_score_details_over_an_input_is_refused(tmp_path):
 
 
 def test_pack_into_the_adapter_is_refused(tmp_path):
-    """Item 9: `lab pack ADAPTER ADAPTER/adapter_model.safetensors` overwrote the trained weights with a zip."""
+    """Item 9: `lab pack ADAPTER ADAPTER/adapter_model.safetensors` overwrote the trained weights with a zip. A real
+    (tiny) adapter, so that before the fix the command does write; its folder's marker is not packed."""
+    import zipfile
+
+    from lab.model import lora, models
     from lab.model.submission import pack_main
 
-    adapter = tmp_path / "adapter"
-    adapter.mkdir()
-    (adapter / "adapter_config.json").write_text("{}")
-    (adapter / "adapter_model.safetensors").write_bytes(b"weights")
-    for out in (adapter / "adapter_model.safetensors", adapter / "submission.zip", adapter):
+    cfg = _cfg(tmp_path)
+    model, _ = models.load(cfg)
+    pm, _ = lora.attach_lora(cfg, model)
+    adapter = lora.save_adapter(pm, tmp_path / "adapter")
+    weights = adapter / "adapter_model.safetensors"
+    before = weights.read_bytes()
+    for out in (weights, adapter / "submission.zip", adapter):
         with pytest.raises(LabError, match="which this command reads"):
             pack_main([str(adapter), str(out)])
-    assert (adapter / "adapter_model.safetensors").read_bytes() == b"weights"
-    assert sorted(p.name for p in adapter.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    assert weights.read_bytes() == before and not (adapter / "submission.zip").exists()
+    assert pack_main([str(adapter), str(tmp_path / "submission.zip")]) == 0
+    assert sorted(zipfile.ZipFile(tmp_path / "submission.zip").namelist()) == ["adapter_config.json",
+                                                                              "adapter_model.safetensors"]
 
 
 def test_puzzles_solve_over_its_input_is_refused(tmp_path, capsys):
