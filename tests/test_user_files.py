@@ -456,3 +456,31 @@ def test_sweep_value_leaving_the_sweep_folder_is_refused():
     with pytest.raises(LabError, match=r"'\.\./\.\./\.\.' would put its job folder .* outside the sweep folder"):
         plan(["model.name=../../..,tiny"])
     assert plan(["model.name=a,b"])["named"] == ["model.name"]
+
+
+def test_second_sweep_into_a_busy_folder_is_refused(tmp_path, monkeypatch):
+    """Low item: two sweeps of one name ran at once: error.txt appeared inside the first one's finished job and
+    sweep.json was last-writer-wins. The sweep now holds its folder's lock; a second one is refused before writing.
+    The first sweep is another process holding that lock (in one process the lock is re-entrant)."""
+    import os
+    import subprocess
+    import sys
+
+    from lab.runs import sweep as sweep_mod
+
+    folder = tmp_path / "s"
+    folder.mkdir()
+    (folder / "sweep.json").write_text('{"fixed_overrides": [], "first": true}')
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from lab.core.run import acquire_lock; acquire_lock(sys.argv[1]); "
+         "print('held', flush=True); time.sleep(60)", str(folder)],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(Path(__file__).parents[1])})
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        monkeypatch.setattr(sweep_mod, "multirun", lambda *a, **k: pytest.fail("the second sweep ran its jobs"))
+        with pytest.raises(LabError, match="in use by process"):
+            sweep_mod.sweep([], sweep_dir=str(folder))
+        assert (folder / "sweep.json").read_text() == '{"fixed_overrides": [], "first": true}'
+    finally:
+        holder.kill()
+        holder.wait()
