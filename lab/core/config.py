@@ -13,6 +13,7 @@ What it simplifies:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import os
 import sys
@@ -26,11 +27,12 @@ from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, MissingManda
 
 from lab import LabError
 from lab.core import schema
-from lab.core.paths import check_model_path, find_data_file, project_root
+from lab.core.paths import check_model_path, find_data_file, project_root, resolve_path
 
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:
-    """Compose `conf/config.yaml` with Hydra overrides; errors name the file and the key."""
+    """Compose `conf/config.yaml` with Hydra overrides; errors name the file and the key. A dict override replaces
+    the key's dict (`_replace_dicts`), where Hydra alone would merge it into the default."""
     from hydra import compose as _compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
     from hydra.errors import HydraException
@@ -39,9 +41,15 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
     conf_dir = project_root() / "conf"
     schema.register()  # conf/config.yaml's first default, `schema`: every group merges onto its dataclass (lab/core/schema.py)
     GlobalHydra.instance().clear()
+    if hydra_keys := [o for o in overrides if o.lstrip("+~").split("=", 1)[0].strip().split(".")[0] == "hydra"]:
+        raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: {', '.join(hydra_keys)}: the "
+                       "lab composes the config with Hydra's compose API and runs no Hydra app, so hydra.* settings "
+                       "would do nothing; the run folder is run_dir=PATH (or run_name=NAME)")
+    hydra_overrides, dicts = _dict_overrides(overrides)
     try:
         with initialize_config_dir(config_dir=str(conf_dir), version_base="1.3"):
-            cfg = _compose(config_name="config", overrides=overrides)
+            cfg = _compose(config_name="config", overrides=hydra_overrides)
+        _replace_dicts(cfg, dicts)
     except (HydraException, OmegaConfBaseException) as e:
         why = _non_ascii_problem(overrides) or schema_problem(e)
         raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: {why}") from None
@@ -54,6 +62,52 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
                        f"{', '.join(unknown)} (lab/core/schema.py lists every key)")
     validate(cfg, where=f"{conf_dir / 'config.yaml'} with overrides {overrides}")
     return cfg
+
+
+def _dict_overrides(overrides: list[str]) -> tuple[list[str], list[tuple[str, object]]]:
+    """(what Hydra applies, [(key, value)] that `_replace_dicts` applies after it): a dict given on the command line
+    replaces the key's dict, where Hydra would merge it into the default (`_apply_overrides_to_config`,
+    hydra/_internal/config_loader_impl.py, calls `OmegaConf.update(..., merge=True)`): `grpo.rewards={format: 1.0}`
+    means format alone, `grpo.rewards={}` means none. An override Hydra's grammar cannot parse is left to Hydra,
+    which reports it."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    try:
+        parsed = OverridesParser.create().parse_overrides(overrides)
+    except Exception:  # noqa: BLE001 - Hydra's compose reports the same error in its words
+        return overrides, []
+    rest, dicts, below = [], [], []
+    for line, o in zip(overrides, parsed):
+        plain = not o.is_delete() and not o.is_sweep_override() and o.package is None
+        if plain and isinstance(o.value(), dict):
+            dicts.append((o.key_or_group, o.value()))
+        elif plain and any(o.key_or_group.startswith(k + ".") for k, _ in dicts):
+            below.append((o.key_or_group, o.value()))  # `grpo.rewards.length=0.2` after `grpo.rewards={...}`
+        else:
+            rest.append(line)
+    return rest, dicts + [(k, _Below(v)) for k, v in below]
+
+
+class _Below:
+    """A value set below a dict that an earlier override replaced (`_dict_overrides`)."""
+
+    def __init__(self, value):
+        self.value = value
+
+
+def _replace_dicts(cfg: DictConfig, dicts: list[tuple[str, object]]) -> None:
+    """Set each (key, dict) of `_dict_overrides` whole (`merge=False`; OmegaConf checks it against the key's type),
+    then each key set below one of them (the replaced dict is the user's: a new key may be added to it)."""
+    from omegaconf import open_dict
+
+    for key, value in dicts:  # a new key (`+data.difficulty.gravity={...}`) goes into its parent like Hydra's `+`;
+        # one that is no field of the schema is refused after (`unknown_keys`), a missing parent here
+        parent = OmegaConf.select(cfg, key.rsplit(".", 1)[0], default=None) if "." in key else cfg
+        with open_dict(parent) if isinstance(parent, DictConfig) else contextlib.nullcontext():
+            if isinstance(value, _Below):
+                OmegaConf.update(cfg, key, value.value, merge=True)
+            else:
+                OmegaConf.update(cfg, key, value, merge=False)
 
 
 def schema_problem(e: BaseException) -> str:
@@ -149,6 +203,7 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
                 find_data_file(cfg.data.path)
             except LabError as e:
                 problems.append(f"data.path: {e}")
+        problems += run_dir_problems(cfg)
         if cfg.model.build_tiny is False and not _elsewhere(cfg.model.path):
             try:
                 check_model_path(cfg.model.path, hub_cache=False)
@@ -156,6 +211,38 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
                 problems.append(f"model.path: {e}")
     if problems:
         raise LabError(f"{where}: " + "; ".join(problems) + " (nothing was run or changed)")
+
+
+SOURCE_FOLDERS = ("lab", "conf", "notebooks", "tests", "scripts", "bench", "docs", ".git")
+
+
+def run_dir_problems(cfg: DictConfig) -> list[str]:
+    """Why the run folder (or the split folder) may not be written: it holds the repository's sources (`run_dir=.`
+    would rewrite notebooks/ and conf/), lies inside one of its source folders, or holds the data file it reads
+    (`run_dir=.` or `data.split_dir=data` would write the split over data/train.csv)."""
+    problems = []
+    run = resolve_path(cfg.run_dir).resolve()
+    root = project_root()
+    if root.is_relative_to(run):
+        problems.append(f"run_dir={cfg.run_dir!r} ({run}) holds the lab's own sources ({root}): the stages would "
+                        "write their folders, notebooks and split among them; choose a folder of its own, e.g. "
+                        "run_dir=outputs/NAME (or run_name=NAME)")
+    elif inside := next((root / f for f in SOURCE_FOLDERS if run.is_relative_to(root / f)), None):
+        problems.append(f"run_dir={cfg.run_dir!r} ({run}) is inside the repository's {inside.name}/ folder; choose a "
+                        "folder of its own, e.g. run_dir=outputs/NAME (or run_name=NAME)")
+    if cfg.data.source == "competition" and not _elsewhere(cfg.data.path or ""):
+        try:
+            data = find_data_file(cfg.data.path).resolve()
+        except LabError:
+            data = None  # no file yet: the data stage says where it looked
+        split = resolve_path(cfg.data.split_dir).resolve()
+        for key, folder in (("run_dir", run), ("data.split_dir", split)):
+            if data is not None and data.is_relative_to(folder):
+                problems.append(f"{key}={OmegaConf.select(cfg, key)!r} ({folder}) holds the data file it reads "
+                                f"({data}): the split would be written over it; choose a folder of its own, e.g. "
+                                "run_dir=outputs/NAME")
+                break
+    return problems
 
 
 def _non_ascii_problem(overrides: list[str]) -> str | None:

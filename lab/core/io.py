@@ -72,22 +72,64 @@ def atomic_write_text(path: str | os.PathLike, text: str) -> Path:
     return path
 
 
+MADE_MARKER = ".lab-made"  # in every folder atomic_dir made: the lab may replace that folder, and only such a folder
+
+
+def made_by_lab(path: str | os.PathLike) -> bool:
+    """Whether `path` is a folder `atomic_dir` made (it holds the `MADE_MARKER` file)."""
+    return (Path(path) / MADE_MARKER).is_file()
+
+
+def check_replaceable(path: str | os.PathLike, what: str = "folder") -> None:
+    """A LabError unless `path` is absent, an empty folder, or a folder the lab made (`made_by_lab`): the lab never
+    deletes a folder it did not make (a half-downloaded model, the user's notes, an adapter from elsewhere)."""
+    path = Path(path)
+    if not path.exists() and not path.is_symlink():
+        return
+    if path.is_dir() and not path.is_symlink() and (made_by_lab(path) or not any(path.iterdir())):
+        return
+    kind = "a file" if path.is_file() else "a link" if path.is_symlink() else "a folder the lab did not make"
+    raise LabError(f"{path}: the {what} would be written here, but this is {kind} (no {MADE_MARKER} marker); the lab "
+                   "replaces only what it made, so nothing was changed: move it away, or point the setting at "
+                   "another path")
+
+
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike):
+def atomic_dir(path: str | os.PathLike, what: str = "folder"):
     """Yield a temporary folder beside `path`; on success it replaces `path` whole, on error it is removed.
 
-    Model and adapter folders are written this way, so a killed run never leaves a half-saved one.
-    """
+    Model and adapter folders are written this way, so a killed run never leaves a half-saved one. The folder gets
+    the `MADE_MARKER` file; an existing `path` is replaced only when it is empty or has that marker, else a LabError
+    names it before anything is written (`check_replaceable`)."""
     path = Path(path)
+    check_replaceable(path, what)
     tmp = Path(_beside(path, tempfile.mkdtemp, 0o777))
     try:
         yield tmp
+        (tmp / MADE_MARKER).write_text("made by the lab (lab.core.io.atomic_dir): the lab may replace this folder\n",
+                                       encoding="utf-8")
         if path.exists():
+            check_replaceable(path, what)  # unchanged since the start, still the lab's
             shutil.rmtree(path)
         os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def check_not_input(out: str | os.PathLike, *inputs: str | os.PathLike | None, what: str = "output") -> None:
+    """A LabError when the output path `out` is one of the command's `inputs` (the same file, through a link too) or
+    lies inside one of them (an input folder): no command writes over what it reads. None inputs are skipped."""
+    o = Path(out).expanduser().resolve()
+    for i in inputs:
+        if i is None or str(i) == "":
+            continue
+        p = Path(i).expanduser().resolve()
+        same = o == p or (o.exists() and p.exists() and os.path.samefile(o, p))
+        if same or (p.is_dir() and o.is_relative_to(p)):
+            where = "is" if same else "lies inside"
+            raise LabError(f"{out}: the {what} {where} {i}, which this command reads; it would be written over, so "
+                           "nothing was written: choose another output path")
 
 
 def atomic_write_json(path: str | os.PathLike, obj: Any) -> Path:

@@ -17,8 +17,8 @@ It is also the lab's one home for "what a rerun may trust": `files` (the files o
 
 What it simplifies:
 1. `content_hash` is memoised per process by path, size and modification time; a file over 1 GiB contributes its
-   size and its first and last 64 MiB. This module imports nothing from the lab, so `lab.core.run` (Stage,
-   stage_output) can use it without an import cycle.
+   size and its first and last 64 MiB. This module imports nothing from the lab but `lab.core.io` (which imports
+   nothing back), so `lab.core.run` (Stage, stage_output) can use it without an import cycle.
 2. A stage finished by an older lab version (no `outputs` in its manifest) has unknown lineage: nothing is said.
 3. Files added to a finished stage folder are not flagged, only files changed or removed.
 """
@@ -109,6 +109,10 @@ def consumed(path) -> None:
     p = Path(path).resolve()
     if p.exists() and not any(p.is_relative_to(own.resolve()) for own in (stage.dir, stage.final)):
         stage.manifest.setdefault("inputs", {})[key(stage.run_dir, p)] = content_hash(p)
+        if (stage.dir / "manifest.json").is_file():  # the running stage's manifest says what it read so far: a rerun
+            from lab.core.io import atomic_write_json  # after a failure compares it (lab.core.run.Stage)
+
+            atomic_write_json(stage.dir / "manifest.json", stage.manifest)
 
 
 def outputs(folder: Path) -> dict[str, str]:

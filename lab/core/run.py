@@ -199,6 +199,11 @@ def run_lock(run_dir: str | os.PathLike):
             release_lock(run_dir)
 
 
+# Files a stage writes in its folder that are keyed by what made them (a changed input starts them afresh), so a
+# rerun after a failure may carry them over: 04_vote's samples (lab.model.generate.sample_table's cache).
+KEYED_CACHES = ("samples.jsonl",)
+
+
 class Stage:
     """One notebook's output folder: `<run_dir>/<name>/` with config.yaml, manifest.json, metrics.json.
 
@@ -236,8 +241,8 @@ class Stage:
         self._own_lock = acquire_lock(self.run_dir) if main else False
         if main:
             self._recover_swap()
-            if self.dir.exists():
-                shutil.rmtree(self.dir)  # what a stage that died left: never resumed (checkpoints live elsewhere)
+            if self.dir.exists():  # what a stage that died left: never resumed (checkpoints live elsewhere) ...
+                self._fresh_keeping_caches()  # ... but for its keyed caches (KEYED_CACHES)
         self.dir.mkdir(parents=True, exist_ok=True)
         seed_everything(self.cfg.seed)
         self._t0 = time.time()
@@ -250,6 +255,43 @@ class Stage:
         atomic_write_json(self.dir / "manifest.json", self.manifest)
         self._moved = self._point_into(self.final, self.dir)
         lineage.opened(self)
+
+    def _fresh_keeping_caches(self) -> None:
+        """Replace the folder a stage that died left (`dir`) by an empty one holding only its `KEYED_CACHES`: the
+        expensive work it finished (04_vote's samples) is not drawn again by the rerun, which reuses a cache only
+        under the same key (`lab.model.generate.sample_table`: another key starts afresh)."""
+        kept = [self.dir / n for n in KEYED_CACHES if (self.dir / n).is_file()]
+        if kept and (why := self._inputs_changed()):
+            print(f"note: {self.dir}: not keeping {', '.join(f.name for f in kept)} from the attempt that did not "
+                  f"finish: {why}", flush=True)
+            kept = []
+        if not kept:
+            shutil.rmtree(self.dir)
+            return
+        fresh = self.run_dir / f".{self.name}.partial.new"
+        shutil.rmtree(fresh, ignore_errors=True)
+        fresh.mkdir(parents=True)
+        for f in kept:
+            os.replace(f, fresh / f.name)
+        shutil.rmtree(self.dir)
+        os.replace(fresh, self.dir)
+        print(f"note: {self.dir}: kept {', '.join(f.name for f in kept)} from the attempt that did not finish "
+              "(reused where its key matches)", flush=True)
+
+    def _inputs_changed(self) -> str | None:
+        """Why the dead attempt in `dir` read other inputs than the run now holds (its manifest records each input's
+        content hash as it is read: `lab.core.lineage.consumed`), or None when every one is unchanged."""
+        try:
+            inputs = read_json(self.dir / "manifest.json").get("inputs") or {}
+        except (LabError, AttributeError):
+            return "its manifest is unreadable"
+        if not inputs:
+            return "it recorded no input"
+        for k, h in sorted(inputs.items()):
+            p = Path(k) if Path(k).is_absolute() else self.run_dir / k
+            if not p.exists() or lineage.content_hash(p) != h:
+                return f"its input {k} changed since"
+        return None
 
     def _point_into(self, old: Path, new: Path) -> dict[str, str]:
         """Point every string of `cfg` that is a path inside `old` into `new` instead; {key: previous value}."""

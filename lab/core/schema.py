@@ -53,6 +53,25 @@ TrainBackend = StrEnum("TrainBackend", ["hf", "unsloth"])  # model.train_backend
 Tracker = StrEnum("Tracker", ["none", "tensorboard", "wandb", "mlflow"])  # report_to (lab.core.run.tracking_args)
 
 
+# Names owned by packages above lab/core, which may not import them (pyproject.toml's layers contract), repeated here
+# so that compose checks them before anything runs; tests/test_user_files.py holds each list to its owner.
+VOTE_METHODS = ("greedy", "majority", "confidence", "early_stop")  # lab.eval.vote.METHODS
+VOTE_OPTIONS = ("version", "keep_top", "conf_col", "window", "agree", "stop_prob")  # lab.eval.vote.OPTIONS
+METRIC_VERSIONS = ("final", "legacy")  # lab.competition.metric.VERSIONS
+REWARD_NAMES = ("correctness", "format", "length", "trace_agreement")  # lab.train.rewards.REWARDS
+CATEGORIES = ("bit_manipulation", "gravity", "unit_conversion", "text_cipher", "numeral_system",
+              "equation_transformation")  # lab.puzzles.CATEGORIES
+TRACE_STYLES = ("compact", "derivation")  # lab.data.dataset.TRACE_STYLES
+SEED_MAX = 2**32 - 1  # numpy.random.seed (transformers.set_seed calls it) takes 0 .. 2**32 - 1
+
+
+def choice_problems(key: str, values: Any, allowed: tuple[str, ...], what: str = "") -> list[str]:
+    """`key=value is not [what, ]one of ...` for each of `values` (one value or a list) outside `allowed`."""
+    values = [values] if isinstance(values, str) else list(values or [])
+    return [f"{key}={v!r} is not {what + ', ' if what else ''}one of {', '.join(allowed)}" for v in values
+            if v not in allowed]
+
+
 BOUNDS = {"ge": (">=", operator.ge), "gt": (">", operator.gt), "le": ("<=", operator.le), "lt": ("<", operator.lt)}
 
 
@@ -166,9 +185,10 @@ class DataConfig(Checked):
     categories: Optional[List[str]] = _help("categories to keep or generate (see lab.puzzles.CATEGORIES); null: "
                                             "every category")
     n_train: Optional[int] = _help("synthetic: puzzles per category for training; competition: null keeps all rows "
-                                   "not held out, else the first N", ge=1)
-    n_val: Optional[int] = _help("synthetic: puzzles per category held out; competition: null uses val_fraction",
-                                 ge=1)
+                                   "not held out, else N of them drawn with the seed from every category in "
+                                   "proportion (lab.data.dataset.sample_per_category)", ge=1)
+    n_val: Optional[int] = _help("synthetic: puzzles per category held out; competition: null keeps every held-out "
+                                 "row (val_fraction), else N of them drawn like n_train", ge=1)
     difficulty: Dict[str, Any] = _help("per-category generator options, e.g. {numeral_system: {max_value: 100}} "
                                        "(free-form; unused for competition data)")
     split_dir: str = _help("where train.csv / val.csv and split.json (with content hashes) go")
@@ -186,6 +206,18 @@ class DataConfig(Checked):
                                   "difficulty) and hold the whole real file for validation")
     trace_styles: Dict[str, str] = _help("per-category trace style for SFT, e.g. {bit_manipulation: compact}; "
                                          "categories not named use trace_style")
+    resplit: bool = _help("competition data: when the data file changed since this run's split was made (split.json "
+                          "records its sha256), make the split again instead of refusing (the run's later stages then "
+                          "count as out of date); false: a changed file is an error naming the change")
+
+    def rules(self) -> list[str]:
+        return (choice_problems("data.categories", self.categories, CATEGORIES, "a category")
+                + choice_problems("data.weights (its keys)", list(self.weights or {}), CATEGORIES, "a category")
+                + choice_problems("data.trace_styles (its keys)", list(self.trace_styles or {}), CATEGORIES,
+                                  "a category")
+                + choice_problems("data.trace_style", self.trace_style, TRACE_STYLES)
+                + [p for k, v in (self.trace_styles or {}).items()
+                   for p in choice_problems(f"data.trace_styles.{k}", v, TRACE_STYLES)])
 
 
 @dataclass
@@ -298,6 +330,14 @@ class GrpoConfig(Checked):
         gt=0, le=1)
     vllm_sleep_mode: bool = _help("vllm rollouts: free the engine's weights and cache during the optimiser step")
 
+    def rules(self) -> list[str]:
+        # the names themselves are checked where they are built (lab.train.rewards.build, before any rollout), whose
+        # table a test may extend with a reward of its own
+        if not self.rewards:
+            return [f"grpo.rewards is empty: name at least one reward ({', '.join(REWARD_NAMES)}), e.g. "
+                    "grpo.rewards={correctness: 1.0}"]
+        return []
+
 
 @dataclass
 class ModelConfig(Checked):
@@ -345,6 +385,9 @@ class InferConfig(Checked):
     metric_version: str = _help("final: the published metric; legacy: the earlier one (first `}`, binary as floats)")
     batch_size: int = _help("hf back-end: prompts per generate() call", ge=1)
 
+    def rules(self) -> list[str]:
+        return choice_problems("infer.metric_version", self.metric_version, METRIC_VERSIONS)
+
 
 @dataclass
 class VoteConfig(Checked):
@@ -358,6 +401,16 @@ class VoteConfig(Checked):
     methods: List[str] = _help("voting methods replayed on the samples (lab.eval.vote.METHODS)")
     options: Dict[str, Any] = _help("per-method options passed to lab.eval.vote.replay (free-form), e.g. confidence: "
                                     "{keep_top: 0.5}; early_stop: {window: 1, agree: null, stop_prob: 0.9}")
+
+    def rules(self) -> list[str]:
+        found = choice_problems("vote.methods", self.methods, VOTE_METHODS)
+        found += choice_problems("vote.options (its keys)", list(self.options or {}), VOTE_METHODS)
+        for method, opts in (self.options or {}).items():
+            if isinstance(opts, dict):
+                found += choice_problems(f"vote.options.{method} (its keys)", list(opts), VOTE_OPTIONS)
+            else:
+                found.append(f"vote.options.{method}={opts!r} must be a mapping of options, e.g. {{keep_top: 0.5}}")
+        return found
 
 
 @dataclass
@@ -410,7 +463,8 @@ class Config(Checked):
         "help": "the competition's scoring settings and limits (fixed: lab/core/schema.py, read-only)"})
     gpu: GpuConfig = field(default_factory=GpuConfig, metadata={"help": "conf/gpu: the training card and its "
                                                                         "memory levers"})
-    seed: int = _help("seeds Python, NumPy, torch, the data split and all sampling", ge=0)
+    seed: int = _help("seeds Python, NumPy, torch, the data split and all sampling (numpy.random.seed's range)", ge=0,
+                      le=SEED_MAX)
     run_name: str = _help("name of this run, its folder under outputs/: a new time-stamped one unless set "
                           "(`make demo` sets demo)")
     run_dir: str = _help("every stage writes into <run_dir>/<stage>/ (relative to the repo root)")

@@ -129,12 +129,13 @@ def add_categories(df: pd.DataFrame) -> pd.DataFrame:
 def split(df: pd.DataFrame, val_fraction: float, seed: int) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(train, val): seeded, stratified by `category` when present, independent of row order.
 
-    Each category's rows are put in id order, shuffled with NumPy's PCG64 seeded by `seed`
-    (categories in sorted order), and the first floor(n * val_fraction + 0.5) go to val, but at least
-    one when val_fraction > 0 and the category has two rows or more (a small file, 4 puzzles per
-    category at 0.1, still gets a validation row of every category; `prepare` notes it). Both parts
-    keep the input's row order and get a fresh index. The seed and fraction are recorded in
-    `train.attrs["split"]` for `save_split`.
+    Rows with the same prompt (exact duplicates under other ids) are one unit: they land on one side together, so a
+    held-out prompt is never also trained on. Each category's units are put in order of their first id, shuffled
+    with NumPy's PCG64 seeded by `seed` (categories in sorted order), and the first floor(n * val_fraction + 0.5) of
+    its n units go to val, but at least one when val_fraction > 0 and the category has two units or more (a small
+    file, 4 puzzles per category at 0.1, still gets a validation row of every category; `prepare` notes it). Without
+    duplicates a unit is a row. Both parts keep the input's row order and get a fresh index. The seed and fraction
+    are recorded in `train.attrs["split"]` for `save_split`.
     """
     if not 0.0 <= float(val_fraction) < 1.0:
         raise LabError(f"split: val_fraction must be in [0, 1), got {val_fraction}")
@@ -147,13 +148,22 @@ def split(df: pd.DataFrame, val_fraction: float, seed: int) -> tuple[pd.DataFram
         groups = {None: np.arange(len(df))}
     is_val = np.zeros(len(df), dtype=bool)
     ids = df["id"].astype(str).to_numpy()
+    prompts = df["prompt"].astype(str).to_numpy() if "prompt" in df.columns else None
     for _, pos in sorted(groups.items(), key=lambda kv: str(kv[0])):
         pos = np.asarray(pos)[np.argsort(ids[pos], kind="stable")]
-        pos = pos[rng.permutation(len(pos))]
-        n_val = int(np.floor(len(pos) * float(val_fraction) + 0.5))
-        if n_val == 0 and float(val_fraction) > 0 and len(pos) >= 2:
+        if prompts is None:
+            units = [[p] for p in pos]
+        else:  # rows of one prompt together, in order of their first id
+            by_prompt: dict[str, list[int]] = {}
+            for p in pos:
+                by_prompt.setdefault(prompts[p], []).append(p)
+            units = list(by_prompt.values())
+        units = [units[i] for i in rng.permutation(len(units))]
+        n_val = int(np.floor(len(units) * float(val_fraction) + 0.5))
+        if n_val == 0 and float(val_fraction) > 0 and len(units) >= 2:
             n_val = 1
-        is_val[pos[:n_val]] = True
+        for unit in units[:n_val]:
+            is_val[unit] = True
     train = df[~is_val].reset_index(drop=True)
     val = df[is_val].reset_index(drop=True)
     info = {"seed": int(seed), "val_fraction": float(val_fraction)}
@@ -240,7 +250,9 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     synthetic: `lab.puzzles.generate` per category (train with `seed`, val with another seed,
     val puzzles whose prompt also occurs in train removed); competition: the CSV found by
     `find_data_file(cfg.data.path)`, classified and split stratified by category. A split folder
-    made with other data settings is an error, so two stages of one run can never disagree.
+    made with other data settings is an error, so two stages of one run can never disagree. split.json records the
+    data file's content hash (`data_file_record`): a file changed since is an error naming the change, or a new
+    split with `data.resplit=true`.
     """
     from omegaconf import OmegaConf
 
@@ -249,20 +261,60 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     folder = resolve_path(cfg.data.split_dir)
     settings = {"seed": cfg.seed, **OmegaConf.to_container(cfg.data, resolve=True)}
     settings.pop("split_dir", None)
+    settings.pop("resplit", None)  # what to do about a changed file, not what the split is made of
     settings = json.loads(json.dumps(settings))  # as it reads back from split.json
-    if (folder / "split.json").is_file():
-        made_with = read_json(folder / "split.json").get("settings")
+    source = data_file_record(cfg)
+    fresh = not (folder / "split.json").is_file()
+    if not fresh:
+        info = read_json(folder / "split.json")
+        made_with = info.get("settings")
         if made_with != settings:
             raise LabError(f"{folder / 'split.json'}: this run's split was made with data settings {made_with}, "
                            f"not {settings}; use another run_name (or delete {folder})")
-    else:
+        fresh = _data_file_changed(info.get("data_file"), source, folder, bool(cfg.data.get("resplit", False)))
+    if fresh:
         train, val, extra = _new_split(cfg, need_answers)
+        if source is not None:
+            extra["data_file"] = source
         save_split(train, val, folder, seed=cfg.seed, val_fraction=cfg.data.val_fraction, settings=settings, **extra)
     train, val = load_split(folder)
     if need_answers:
         _need_answers(train, folder / "train.csv")
     consumed(folder)  # the split's content hash: an input of the open stage (lab.core.lineage)
     return train, val
+
+
+def data_file_record(cfg) -> dict | None:
+    """{path, sha256, bytes} of the data file the split reads (competition data; None for generated puzzles): what
+    split.json records, so a file changed in place is noticed on a rerun (its path alone would not change)."""
+    if cfg.data.source != "competition":
+        return None
+    path = find_data_file(cfg.data.path)
+    with open(path, "rb") as f:  # read whole every time (lineage's hash memo goes by size and mtime)
+        digest = hashlib.file_digest(f, "sha256").hexdigest()
+    return {"path": str(path), "sha256": digest, "bytes": path.stat().st_size}
+
+
+def _data_file_changed(made: dict | None, now: dict | None, folder: Path, resplit: bool) -> bool:
+    """True when the split must be made again: the data file changed since split.json recorded it and
+    `data.resplit=true`; a LabError naming the change when it changed without it."""
+    if now is None:
+        return False
+    if made is None:
+        print(f"note: {folder / 'split.json'}: made by an older version of the lab, without the data file's content "
+              f"hash; {now['path']} is not compared with what it held then", flush=True)
+        return False
+    if made.get("sha256") == now["sha256"]:
+        return False
+    what = (f"{now['path']} changed since this run's split was made from {made.get('path')} "
+            f"(sha256 {str(made.get('sha256'))[:12]}..., {made.get('bytes')} bytes -> {now['sha256'][:12]}..., "
+            f"{now['bytes']} bytes)")
+    if not resplit:
+        raise LabError(f"{folder / 'split.json'}: {what}; the old split is not reused. Start a new run "
+                       "(run_name=NEW) or make a new split in this one with data.resplit=true (its later stages then "
+                       "count as out of date)")
+    print(f"note: {what}; data.resplit=true: the split is made again", flush=True)
+    return True
 
 
 def _new_split(cfg, need_answers: bool) -> tuple[pd.DataFrame, pd.DataFrame, dict]:
@@ -289,16 +341,79 @@ def _new_split(cfg, need_answers: bool) -> tuple[pd.DataFrame, pd.DataFrame, dic
     else:
         train, val = split(df, d.val_fraction, cfg.seed)
         if d.n_val:
-            val = val.head(d.n_val)
+            val = sample_per_category(val, d.n_val, cfg.seed)
         if d.n_train:
-            train = train.head(d.n_train)
+            train = sample_per_category(train, d.n_train, cfg.seed)
         notes = _split_notes(df, val, d.val_fraction, path)
+    notes += _repeat_notes(df, path)
     if val.empty:
         raise LabError(f"{path}: no validation rows: {len(df)} puzzle(s), val_fraction={d.val_fraction}; every "
                        "category needs two puzzles or more (one for training, one held out)")
+    if train.empty:
+        raise LabError(f"{path}: no training rows: {len(df)} puzzle(s), val_fraction={d.val_fraction} holds every "
+                       "one out; lower data.val_fraction or pass a larger file")
     for n in notes:
         print(f"note: {n}", flush=True)
-    return train, val, {"notes": notes}
+    extra = {"notes": notes, "repeated_prompts": int(df["prompt"].duplicated().sum())}
+    return train, val, extra
+
+
+def sample_per_category(df: pd.DataFrame, n: int, seed: int) -> pd.DataFrame:
+    """`n` rows of `df` (all when it has no more), drawn with `seed` from every category in proportion to its size
+    (largest remainders; each category keeps at least one row while `n` allows), in `df`'s row order: not the first
+    `n` rows, which on a file sorted by category would be one category only."""
+    n = int(n)
+    if n >= len(df):
+        return df.reset_index(drop=True)
+    rng = np.random.default_rng(int(seed))
+    cats = df["category"].astype(str) if "category" in df.columns else pd.Series("", index=df.index)
+    sizes = cats.value_counts().sort_index()
+    share = sizes / sizes.sum() * n
+    take = np.floor(share).astype(int)
+    if n >= len(sizes):
+        take = take.clip(lower=1)
+    left = n - int(take.sum())
+    if left > 0:  # largest remainders first, ties by category name
+        order = sorted(sizes.index, key=lambda c: (-(share[c] - np.floor(share[c])), c))
+        for c in order:
+            if left == 0:
+                break
+            if take[c] < sizes[c]:
+                take[c] += 1
+                left -= 1
+    while int(take.sum()) > n:  # the at-least-one rule overshot: trim the largest
+        take[take.idxmax()] -= 1
+    keep = []
+    for c in sizes.index:
+        pos = np.flatnonzero((cats == c).to_numpy())
+        keep += list(rng.choice(pos, size=int(min(take[c], len(pos))), replace=False))
+    return df.iloc[sorted(keep)].reset_index(drop=True)
+
+
+def _repeat_notes(df: pd.DataFrame, path) -> list[str]:
+    """Repeated prompts in words: how many rows repeat another row's prompt (kept on one side of the split by
+    `split`), the prompts given different answers (named by their ids), and prompts with Windows line ends
+    (the competition's test prompts have none)."""
+    notes = []
+    if "prompt" not in df.columns:
+        return notes
+    repeats = int(df["prompt"].duplicated().sum())
+    if repeats:
+        notes.append(f"{path}: {repeats} row(s) repeat the prompt of another row under another id; each prompt's "
+                     "rows stay on one side of the split (split.json: repeated_prompts)")
+    if "answer" in df.columns and repeats:
+        answers = df.groupby("prompt", sort=False)["answer"].nunique()
+        for prompt in answers[answers > 1].index[:20]:
+            rows = df[df["prompt"] == prompt]
+            notes.append(f"{path}: one prompt has different answers: " +
+                         ", ".join(f"id {i} -> {a!r}" for i, a in zip(rows["id"], rows["answer"])))
+        if (answers > 1).sum() > 20:
+            notes.append(f"{path}: {int((answers > 1).sum()) - 20} more prompt(s) with different answers")
+    crlf = int(df["prompt"].str.contains("\r", regex=False).sum())
+    if crlf:
+        notes.append(f"{path}: {crlf} prompt(s) hold carriage returns (Windows line ends, kept as they are); the "
+                     "competition's prompts have none, so these differ from what the model is scored on")
+    return notes
 
 
 def _need_answers(df: pd.DataFrame, path) -> None:
@@ -416,13 +531,14 @@ def trace_styles(cfg) -> dict[str, str]:
 
 def synthetic_train_split(cfg, real: pd.DataFrame, categories: list[str] | None) -> tuple[pd.DataFrame, pd.DataFrame]:
     """`data.synthetic_train`: (train, val) with train = generated puzzles only (`n_train` per category, `difficulty`,
-    seeded by `seed`) and val = the whole real file (its first `n_val` rows when set): no real puzzle is trained on.
+    seeded by `seed`) and val = the whole real file (`n_val` of its rows when set, drawn per category with the seed:
+    `sample_per_category`): no real puzzle is trained on.
     Generated puzzles whose prompt occurs in the real file are dropped."""
     d = cfg.data
     if not d.n_train:
         raise LabError("conf/data: synthetic_train needs n_train (generated puzzles per category)")
     train = _generated(cfg, categories, d.n_train, cfg.seed, exclude=real["prompt"])
-    val = real.head(d.n_val).reset_index(drop=True) if d.n_val else real.reset_index(drop=True)
+    val = sample_per_category(real, d.n_val, cfg.seed) if d.n_val else real.reset_index(drop=True)
     return train, val
 
 

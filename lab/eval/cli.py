@@ -20,7 +20,7 @@ import pandas as pd
 
 from lab import LabError
 from lab.eval.analysis import compare, load_predictions
-from lab.core.io import atomic_write_csv
+from lab.core.io import atomic_write_csv, check_not_input
 from lab.competition.metric import VERSIONS, judge, read_table, verify
 from lab.core.paths import resolve_path
 from lab.puzzles import classify
@@ -64,8 +64,14 @@ def compare_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--budget", type=int, default=None, help="token budget: rows at or over it count as truncated")
     args = ap.parse_args(argv)
     pa, pb = find_predictions(args.run_a), find_predictions(args.run_b)
-    summary, ex = compare(load_predictions(pa), load_predictions(pb), budget=args.budget)
+    a, b = load_predictions(pa), load_predictions(pb)
+    summary, ex = compare(a, b, budget=args.budget)
     print(f"A: {pa}\nB: {pb}\n")
+    for name, path, df in (("A", pa, a), ("B", pb, b)):
+        if bad := contradicted(df):
+            print(f"WARNING: {name}: {path}: {len(bad)} row(s) whose 'correct' column the competition metric "
+                  f"contradicts on their gold and answer (every metric version), e.g. ids {', '.join(bad[:5])}; "
+                  f"the comparison counts the file's column: check it with `python -m lab score`\n")
     with pd.option_context("display.width", 200, "display.max_columns", 20):
         print(summary.to_string(index=False, float_format=lambda v: f"{v:.3f}"))
         only_a, only_b = summary.attrs.get("only_a", []), summary.attrs.get("only_b", [])
@@ -75,6 +81,14 @@ def compare_main(argv: list[str] | None = None) -> int:
             print(f"\nchanged puzzles (first {min(args.examples, len(ex))} of {len(ex)}):")
             print(ex.head(args.examples).to_string(index=False, max_colwidth=40))
     return 0
+
+
+def contradicted(pred: pd.DataFrame) -> list[str]:
+    """Ids of the rows (with a gold answer) whose `correct` value no version of the competition metric gives their
+    gold and answer: a hand-edited or foreign predictions file."""
+    rows = pred[pred["gold"].astype(str).str.strip() != ""]
+    return [str(i) for i, g, a, c in zip(rows["id"], rows["gold"], rows["answer"], rows["correct"])
+            if all(bool(verify(g, a, v)) != bool(c) for v in VERSIONS)]
 
 
 def _categories(gold: pd.DataFrame, pred: pd.DataFrame) -> pd.Series | None:
@@ -98,6 +112,8 @@ def score_main(argv: list[str] | None = None) -> int:
     ap.add_argument("--column", choices=("completion", "answer"), default=None,
                     help="which predictions column to score when both are present (default: completion)")
     args = ap.parse_args(argv)
+    if args.details:
+        check_not_input(args.details, args.predictions, args.gold, what="--details file")
 
     pred = read_table(args.predictions, ["id"], "predictions")
     have = [c for c in ("completion", "answer") if c in pred.columns]

@@ -532,7 +532,7 @@ def save_adapter(model, adapter_dir: Path) -> Path:
                                                    modifier_rank=None)
     with gather:
         if not distributed or dist.get_rank() == 0:
-            with atomic_dir(adapter_dir) as tmp:
+            with atomic_dir(adapter_dir, "adapter") as tmp:
                 model.save_pretrained(str(tmp), save_embedding_layers=False)
     if distributed:
         dist.barrier()

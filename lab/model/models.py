@@ -31,7 +31,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
-from lab.core.io import atomic_dir
+from lab.core.io import atomic_dir, check_replaceable
 from lab.core.lineage import diff
 from lab.core.paths import check_model_path, kaggle_model_dir, resolve_path
 
@@ -174,7 +174,7 @@ def build_tiny(cfg: DictConfig, path: Path) -> None:
         # The 0.02 init suits a 4096-wide model; at width 64 it caps every logit near +-1, so a frozen
         # head could never be confident (the LoRA cannot reach lm_head: TRL 1.15's SFTTrainer refuses it).
         torch.nn.init.normal_(model.lm_head.weight, std=cfg.model.head_init_std)
-    with atomic_dir(path) as tmp:
+    with atomic_dir(path, "tiny model (model.path)") as tmp:
         model.save_pretrained(tmp)
         tok.save_pretrained(tmp)
         (tmp / RECIPE_FILE).write_text(json.dumps(tiny_recipe(cfg), indent=1))
@@ -186,6 +186,9 @@ def model_path(cfg: DictConfig) -> str:
     local = resolve_path(p)
     if cfg.model.build_tiny:
         if not (local / "config.json").is_file():
+            # built only into a missing or empty folder, or one the lab built (lab.core.io.atomic_dir): a folder of
+            # the user's without config.json (a half-downloaded model, a typo) is refused, never deleted
+            check_replaceable(local, "tiny model (model.path)")
             build_tiny(cfg, local)
         check_tiny_recipe(cfg, local)
         return str(local)

@@ -64,7 +64,7 @@ import zipfile
 from pathlib import Path
 
 from lab import LabError
-from lab.core.io import atomic_file, read_json
+from lab.core.io import atomic_file, check_not_input, read_json
 from lab.core.paths import project_root
 from lab.model.submission_check import (_FUSED, BASE_COPIES, CONFIG_NAME, EXPERT_PARAMS, WEIGHTS_NAME, _strip,
                                   alpha_for, check, config_problems, lora_config_fields, rank_for)
@@ -164,6 +164,7 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
     from safetensors.torch import load_file, save
 
     adapter_dir, out_zip = Path(adapter_dir), Path(out_zip)
+    check_not_input(out_zip, adapter_dir, base_model, what="submission zip")  # never over the trained weights
     cfg_path, w_path = adapter_dir / CONFIG_NAME, adapter_dir / WEIGHTS_NAME
     if not cfg_path.is_file():
         raise LabError(f"{adapter_dir}: no {CONFIG_NAME}; not a PEFT adapter folder")

@@ -22,7 +22,7 @@ import sys
 
 from lab import LabError
 from lab.core.schema import COMPETITION
-from lab.core.io import atomic_write_csv
+from lab.core.io import atomic_write_csv, check_not_input
 
 from .eqsolve import family_table
 from .solve import method_table, token_table
@@ -119,6 +119,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "solve":
             from .solve import solve_frame
 
+            check_not_input(args.out, args.inp, args.tokenizer, what="solved CSV")
             df = _read_csv(args.inp)
             _TOK = args.tokenizer
             out = solve_frame(df, tokenizer=args.tokenizer, style=args.trace_style)
@@ -136,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
         else:
             from .generate import generate
 
+            if args.n < 1:
+                raise LabError(f"generate --n {args.n}: the number of puzzles must be 1 or more")
             knobs = {}
             for kv in args.set:
                 k, _, v = kv.partition("=")

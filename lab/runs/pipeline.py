@@ -33,6 +33,7 @@ from lab import LabError
 from lab.core.config import compose, names_run
 from lab.core.io import atomic_write_json, atomic_write_text, read_json
 from lab.core.paths import project_root, resolve_path
+from lab.core import lineage
 from lab.core.run import run_lock
 
 STAGES = ["01_explore", "02_sft", "03_grpo", "04_vote", "05_errors"]
@@ -292,6 +293,10 @@ def summary_main(argv: list[str] | None = None) -> int:
     run_dir = resolve_path(args.run_dir)
     if not run_dir.is_dir():
         raise LabError(f"{run_dir}: run directory not found")
+    if not any(lineage.stage_of(d.name) == d.name and (d / "manifest.json").is_file() for d in run_dir.iterdir()):
+        raise LabError(f"{run_dir}: not a run folder (no stage folder such as 01_explore/ with a manifest.json); "
+                       "summary.md and summary.json would be written into it, so nothing was written: pass a run "
+                       "folder, e.g. outputs/demo")
     summary(run_dir)
     print(f"wrote {run_dir / 'summary.md'} and {run_dir / 'summary.json'}")
     return 0

@@ -272,6 +272,10 @@ def plan(overrides: list[str], seeds: int | None = None, smoke: bool = False) ->
             raise LabError(f"{line}: not allowed in a sweep: {RESERVED[key]}")
         lab.append(line)
         if o.is_sweep_override() or (key == "seed" and seeds is not None):
+            if o.is_sweep_override() and (up := [v for v in o.sweep_string_iterator() if ".." in v.split("/")]):
+                raise LabError(f"{line}: the swept value {up[0]!r} would put its job folder (named after the swept "
+                               "values, Hydra's override_dirname) outside the sweep folder; sweep values without a "
+                               "'..' path part")
             named.append(key)
         else:
             fixed.append(key)
@@ -341,22 +345,24 @@ def sweep(overrides: list[str], *, name: str = "default", sweep_dir: str | os.Pa
     p = plan(overrides, seeds=seeds, smoke=smoke)
     _check_sweep_file(sweep_dir, p)
     sweep_dir.mkdir(parents=True, exist_ok=True)
-    info = {"name": name, "sweep_dir": str(sweep_dir), "stages": stages, "launcher": launcher, "seeds": seeds,
-            "overrides": p["lab"], "hydra_overrides": p["hydra"], "swept_keys": p["named"],
-            "fixed_overrides": p["fixed_overrides"], "started": _now(), "command": sys.argv}
-    atomic_write_json(sweep_dir / SWEEP_FILE, info)
-    print(f"sweep {name}: {sweep_dir}\n  stages: {' '.join(stages)}\n  launcher: {launcher}\n"
-          f"  swept: {', '.join(p['named']) or '(nothing: one job)'}", flush=True)
-    try:
-        results = multirun(hydra_overrides(p, sweep_dir, launcher), _Job(stages, force=force))
-    except (HydraException, OmegaConfBaseException) as e:
-        raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: the sweep could not start: {e}") from None
-    except Exception as e:  # submitit: a job process that died (killed, preempted, out of memory) returned nothing
-        if type(e).__name__ != "UncompletedJobError":
-            raise
-        results = results_on_disk(sweep_dir, str(e).strip().splitlines()[0])
-    info.update(finished=_now(), results=results)
-    atomic_write_json(sweep_dir / SWEEP_FILE, info)
+    with run_lock(sweep_dir):  # one sweep per folder at a time: a second one of the same name is refused here,
+        # before it writes error.txt into the first one's jobs or its own sweep.json over the first one's
+        info = {"name": name, "sweep_dir": str(sweep_dir), "stages": stages, "launcher": launcher, "seeds": seeds,
+                "overrides": p["lab"], "hydra_overrides": p["hydra"], "swept_keys": p["named"],
+                "fixed_overrides": p["fixed_overrides"], "started": _now(), "command": sys.argv}
+        atomic_write_json(sweep_dir / SWEEP_FILE, info)
+        print(f"sweep {name}: {sweep_dir}\n  stages: {' '.join(stages)}\n  launcher: {launcher}\n"
+              f"  swept: {', '.join(p['named']) or '(nothing: one job)'}", flush=True)
+        try:
+            results = multirun(hydra_overrides(p, sweep_dir, launcher), _Job(stages, force=force))
+        except (HydraException, OmegaConfBaseException) as e:
+            raise LabError(f"{project_root() / 'conf' / 'config.yaml'}: the sweep could not start: {e}") from None
+        except Exception as e:  # submitit: a job process that died (killed, preempted, out of memory) returned nothing
+            if type(e).__name__ != "UncompletedJobError":
+                raise
+            results = results_on_disk(sweep_dir, str(e).strip().splitlines()[0])
+        info.update(finished=_now(), results=results)
+        atomic_write_json(sweep_dir / SWEEP_FILE, info)
     return sweep_dir, results
 
 

@@ -31,7 +31,8 @@ HEADLINE = ("02_sft.accuracy_after", "03_grpo.accuracy_sft_start", "03_grpo.accu
 
 
 def job_status(job_dir: Path, job: dict) -> str:
-    """finished (done.json and every stage's metrics), failed (error.txt), else unfinished (running or killed)."""
+    """finished (done.json and every stage's metrics), failed (error.txt), else unfinished (running or killed);
+    `collect` marks a job whose metrics.json cannot be read `unreadable`."""
     stages = job.get("stages", [])
     if (job_dir / DONE_FILE).is_file() and all((job_dir / s / "metrics.json").is_file() for s in stages):
         return "finished"
@@ -55,12 +56,17 @@ def collect(sweep_dir: str | os.PathLike) -> tuple[pd.DataFrame, list[str]]:
         row.update(job.get("params") or {})
         params.update(job.get("params") or {})
         for stage in STAGES:
-            try:  # a stage not run (or whose metrics.json is unreadable) adds no columns
+            try:  # a stage not run adds no columns
                 metrics = read_json(job_dir / stage / "metrics.json")
-            except LabError:
+            except LabError as e:
+                if (job_dir / stage / "metrics.json").exists():  # there but unreadable: the job is not averaged in
+                    row.update(status="unreadable", error=str(e))  # silently as if it had finished
+                    print(f"WARNING: {e}: job {name} is reported as unreadable, not finished", flush=True)
                 continue
             row.update({f"{stage}.{k}": v for k, v in metrics.items()
                         if v is None or isinstance(v, (bool, int, float, str))})  # scalars only
+        if row["status"] == "unreadable":  # what its readable stages hold would skew the averages: left out
+            row = {k: v for k, v in row.items() if "." not in k or k in (job.get("params") or {})}
         row["hardware"] = _hardware_label(job_dir)
         if row["status"] == "failed":
             err = (job_dir / ERROR_FILE).read_text(encoding="utf-8").splitlines()

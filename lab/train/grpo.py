@@ -44,7 +44,7 @@ from lab.train.checkpoints import RUN_RECORD  # the checkpoint folder's run reco
 from lab.data.dataset import trace_style
 from lab.model.generate import completion_budget, lora_checksum
 from lab.train.grpo_refine import refine_prompt_text, refine_rollout
-from lab.core.io import atomic_write_csv, is_main_process, read_json
+from lab.core.io import atomic_write_csv, check_replaceable, is_main_process, read_json
 from lab.core.paths import resolve_path
 from lab.competition.prompts import chat_prompt
 from lab.train.sft import optim_args
@@ -300,6 +300,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     from lab.train.rewards import build
 
     g = cfg.grpo
+    # an adapter_dir pointed outside the stage at a folder the lab did not make is refused before training, not after
+    check_replaceable(resolve_path(g.adapter_dir), "adapter (grpo.adapter_dir)")
     backend = check_backend(cfg)
     if backend == "vllm" and not torch.cuda.is_available():
         raise LabError("conf/grpo: rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf on CPU")

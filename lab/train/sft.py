@@ -38,7 +38,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
-from lab.core.io import atomic_write_csv
+from lab.core.io import atomic_write_csv, check_replaceable
 from lab.core.paths import resolve_path
 from lab.data.dataset import category_weights, oversample, trace_styles
 from lab.model.lora import (GradientCheck, attach_lora, check_targets, install_fused_lora_head, save_adapter,
@@ -209,6 +209,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     from lab.train.callbacks import trainer_callbacks
 
     backend = cfg.sft.backend  # hf or unsloth: lab/core/schema.py's TrainBackend, refused at compose otherwise
+    # an adapter_dir pointed outside the stage at a folder the lab did not make is refused before training, not after
+    check_replaceable(resolve_path(cfg.sft.adapter_dir), "adapter (sft.adapter_dir)")
     check_targets(cfg)
     stages = sft_stages(cfg)  # before loading the model
     load, attach = models.load, attach_lora
