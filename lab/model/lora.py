@@ -309,7 +309,21 @@ def attach_lora(cfg: DictConfig, model):
     guard_fused_mamba_out_proj(pm)
     table = target_table(pm)
     check_table(cfg, table)
+    switch_experts_lora(cfg, pm)
     return pm, table
+
+
+def switch_experts_lora(cfg: DictConfig, model) -> str:
+    """Put the routed experts' LoRA on `sft.lora.experts_path` (routed: `lab.model.experts_lora`; fold: PEFT's own),
+    checking every MoE layer's experts module was switched; prints and returns the path taken ("none" without an
+    experts LoRA)."""
+    from lab.model import experts_lora
+
+    path, n = experts_lora.apply(str(cfg.sft.lora.get("experts_path", "routed")), model)
+    if n:
+        print(f"experts LoRA: {path} on {n} MoE layers" + (" (lab.model.experts_lora: routed tokens only)"
+                                                           if path == "routed" else " (PEFT's fold: W + B@A stacks)"))
+    return path
 
 
 # ---- gradient check ---------------------------------------------------------------------------
