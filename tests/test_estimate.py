@@ -32,7 +32,7 @@ def test_tiny_default_runs(tmp_path, capsys):
 def test_real_model_on_h100(tmp_path):
     sft = run(tmp_path, *REAL, "--assume-rows")
     assert KEYS <= set(sft) and sft["card"] == "h100_80gb" and sft["projected"] is True
-    assert sft["experts_lora"] == "routed" and sft["mamba_path"] == "unfused"
+    assert sft["experts_lora"] == "routed" and sft["mamba_path"] == "fused"
     assert sft["packing"]["enabled"] is False and sft["tokens_per_s"] == sft["unpacked"]["tokens_per_s"]
     # packing shares the fixed per-micro-step cost over many rows
     assert sft["packed"]["tokens_per_s"] > 3 * sft["unpacked"]["tokens_per_s"]

@@ -31,7 +31,9 @@ step plus 22 Mamba-2, 5 attention and 22 MoE blocks more) gives 1.12 s at 1,024 
    measured MoE fixed part less this is what the routed path keeps.
 4. Another card (no measurement): the per-token part scales with the published bf16 dense peak, the fixed part with
    the published memory bandwidth where it is lower than the H100's (never faster: launch latency does not scale).
-   The fused Mamba kernel is not measured: a run that takes it is projected with the unfused figures (an upper bound).
+   The fused Mamba kernel is not measured (the measured run had the out_proj LoRA guard's unfused mixer): a run
+   that takes it, as the lab's now does with an out_proj LoRA too, is projected with the unfused figures (an upper
+   bound on its fixed part).
 5. Rows: unpacked, `sft.batch_size` rows per micro-step padded to the longest; packed (`sft.packing`, read with a
    default of false until the schema has it), rows best-fit-decreasing into micro-steps of up to `sft.max_seq_len`
    tokens. Both are printed. The optimizer step keeps the recipe's rows (`batch_size x grad_accum`), so seconds per
@@ -378,14 +380,20 @@ def experts_lora_path(cfg: DictConfig) -> str:
 
 
 def mamba_path(cfg: DictConfig, values: dict) -> str:
-    """Which Mamba-2 implementation SFT runs (lab.model.lora guard_fused_mamba_out_proj; lab.model.models
-    check_mamba_kernels)."""
+    """Which Mamba-2 implementation SFT runs (lab.model.lora `_FusedScanGuard`; lab.model.models
+    check_mamba_kernels: the real model trains only with mamba_ssm and causal_conv1d)."""
+    from lab.model import lora
+
     if not values.get("use_mamba_kernels", True) or cfg.model.get("build_tiny"):
         return "torch: transformers' PyTorch path (no kernels; the tiny CPU model)"
-    if "out_proj" in [str(t) for t in cfg.sft.lora.targets]:
-        return ("unfused: the mixer's PyTorch path with mamba_ssm's chunk scan and causal_conv1d (the out_proj LoRA "
-                "guard, lab.model.lora)")
-    return "fused: mamba_split_conv1d_scan_combined (no out_proj LoRA; not measured, projected as unfused)"
+    note = "the measured run was unfused; projected with its figures, an upper bound"
+    if "out_proj" in [str(t) for t in cfg.sft.lora.targets] and cfg.sft.backend == "hf":
+        if not lora.FUSED_OUT_PROJ:
+            return ("unfused: the mixer's PyTorch path with mamba_ssm's chunk scan and causal_conv1d (the out_proj "
+                    "LoRA guard, lab.model.lora.FUSED_OUT_PROJ=False)")
+        return ("fused: mamba_split_conv1d_scan_combined without out_proj, then the out_proj LoRA (lab.model.lora; not "
+                f"yet run on a GPU; {note})")
+    return f"fused: mamba_split_conv1d_scan_combined ({note})"
 
 
 def _figures(model: Model, steps: list[int], rows: int, rows_per_step: int, capacity: int) -> dict:
