@@ -304,3 +304,17 @@ def test_gradient_check_proves_every_family_trained_on_the_routed_path():
     rep = check.report()
     assert "experts" in set(rep["family"]) and rep["ok"].all(), rep
     assert check.frozen_report()["unchanged"].all()
+
+
+def test_memory_trace_names_the_path():
+    """lab.train.memory traces whichever path attach_lora took: the fold's baddbmm stacks on the fold, none on the
+    routed path, whose peak is not higher (the tiny model in bf16, fake tensors; its peak is in a Mamba backward, so
+    equal here: the real model's peaks are `python -m lab memory`'s, in the report of issue 42)."""
+    from lab.train import memory
+
+    traces = {p: memory.trace(config.compose(["model.dtype=bfloat16", f"sft.lora.experts_path={p}"]), "sft",
+                              tokens=128, rows=2, mamba="torch", head="torch")
+              for p in ("routed", "fold")}
+    assert "baddbmm" in traces["fold"].experts_path and "routed tokens" not in traces["fold"].experts_path
+    assert "routed tokens" in traces["routed"].experts_path and "baddbmm" not in traces["routed"].experts_path
+    assert traces["routed"].peak_bytes <= traces["fold"].peak_bytes
