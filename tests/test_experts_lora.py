@@ -187,6 +187,18 @@ def test_small_rank_uses_the_fallback_op():
     assert compare(run_experts(*case, params), fold) <= TOL
 
 
+def test_experts_rank_pattern():
+    """gpu.experts_rank (PEFT rank_pattern/alpha_pattern on the experts only, lab.model.lora.expert_patterns): the
+    routed path reads each wrapper's own rank and scaling."""
+    _, pm = build("sft.lora.targets=[experts,q_proj]", "gpu.experts_rank=8", "sft.lora.experts_path=fold")
+    params = lora_params(pm)
+    assert moe(pm).experts.lora_A["default"].weight.shape[0] == 4 * 8  # E x experts_rank
+    case = experts_case(pm)
+    fold = run_experts(*case, params)
+    el.enable(pm)
+    assert compare(run_experts(*case, params), fold) <= TOL
+
+
 def test_gradient_checkpointing():
     """Training mode, non-reentrant checkpointing (as TRL and lab.train.memory run it): the same grads as the fold."""
     _, pm = build(EXPERTS_ONLY, "sft.lora.experts_path=fold")
