@@ -21,6 +21,7 @@ COMMANDS = {
     # the config and the GPU plan
     "schema": ("lab.core.schema", "main", "every config key's type, help and range [GROUP]"),
     "memory": ("lab.train.memory", "main", "trace one training step on fake tensors: peak GPU memory, does it fit"),
+    "estimate": ("lab.train.estimate", "main", "projected SFT tokens/s, step seconds, hours per epoch on the gpu= card"),
     # the submission and Kaggle
     "pack": ("lab.model.submission", "pack_main", "ADAPTER_DIR OUT.zip: pack a Kaggle submission.zip"),
     "check": ("lab.model.submission", "check_main", "ZIP: every problem of a submission.zip; exit 0 when valid"),

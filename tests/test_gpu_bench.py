@@ -42,7 +42,9 @@ def test_without_a_gpu_it_writes_traced_figures_only(tmp_path, bench):
 # Bytes an H100 counted for one SFT step of the slice (bench/gpu_memory.py on 2026-11-27, RESULTS.md "First contact
 # with a GPU": the same dispatch mode, on the card, with mamba_ssm's Triton scan or the stand-ins, which agreed).
 CARD = {(8192, "kernel"): 9_979_332_744, (2048, "kernel"): 8_664_774_792, (2048, "torch"): 22_364_874_632}
-RECIPE_LORA = ["sft.lora.r=32", "sft.lora.alpha=32", "gpu.optim=null", "gpu.experts_rank=null",
+# the card ran PEFT's fold of the experts' LoRA (before lab.model.experts_lora): sft.lora.experts_path=fold
+RECIPE_LORA = ["sft.lora.r=32", "sft.lora.alpha=32", "sft.lora.experts_path=fold", "gpu.optim=null",
+               "gpu.experts_rank=null",
                "sft.lora.targets=[q_proj,k_proj,v_proj,o_proj,in_proj,out_proj,shared_experts.up_proj,"
                "shared_experts.down_proj,experts,lm_head]"]
 

@@ -50,6 +50,7 @@ from lab.core.paths import resolve_path
 # back-end names: each member's name is its value (an Enum field takes a name), so a member reads as that string
 GenerationBackend = StrEnum("GenerationBackend", ["hf", "vllm"])  # model.generation_backend, grpo.rollout_backend
 TrainBackend = StrEnum("TrainBackend", ["hf", "unsloth"])  # model.train_backend, sft.backend
+ExpertsPath = StrEnum("ExpertsPath", ["routed", "fold"])  # sft.lora.experts_path (lab.model.experts_lora)
 Tracker = StrEnum("Tracker", ["none", "tensorboard", "wandb", "mlflow"])  # report_to (lab.core.run.tracking_args)
 
 
@@ -229,6 +230,10 @@ class LoraConfig(Checked):
     dropout: float = _help("LoRA dropout (PEFT's ParamWrapper, the routed experts, supports none: lab.model.lora "
                             "refuses it with the experts family)", ge=0)
     targets: List[str] = _help("module families that get a LoRA (lab/model/lora.py; lm_head trains through lab.model.lora)")
+    experts_path: ExpertsPath = _help("how the routed experts' LoRA runs: routed (each expert's LoRA on the tokens "
+                                      "routed to it, lab.model.experts_lora) or fold (PEFT's own W + B@A stack at "
+                                      "every forward: ~1.2 GiB temporaries per MoE layer on the real model, +62% "
+                                      "experts FLOPs); the same parameters and saved adapter either way")
 
 
 @dataclass

@@ -29,9 +29,11 @@ multiplies by `out_proj.weight` itself: a LoRA on `out_proj` would get no gradie
 fallback returns None and the PyTorch path calls `self.out_proj(...)`. The lab offers `out_proj` anyway (teams
 reported it as their largest single gain, and vLLM applies it at scoring): `allow_out_proj` lifts PEFT's refusal
 for `out_proj` only (never `conv1d`), and `guard_fused_mamba_out_proj` replaces that module-level function in
-`transformers.models.nemotron_h.modeling_nemotron_h` by a wrapper that returns None (so the PyTorch path runs, with
-the conv and scan kernels still used) while a mixer whose `out_proj` carries a LoRA is running, and calls the
-original otherwise. The "which mixer is running" signal is a context variable set by forward hooks on each mixer,
+`transformers.models.nemotron_h.modeling_nemotron_h` by a wrapper that, while a mixer whose `out_proj` carries a
+LoRA is running, calls the fused kernel without its out_proj (`outproj_weight=None`) and then the mixer's own
+`out_proj` module, LoRA included (issue 42; where the kernel is absent, the CPU, it returns None and the mixer's
+PyTorch path runs as before), and calls the original otherwise. The fused-then-out_proj path has not run on a GPU
+(`_FusedScanGuard`); `FUSED_OUT_PROJ = False` gives the earlier whole-PyTorch-path guard back. The "which mixer is running" signal is a context variable set by forward hooks on each mixer,
 so it survives deepcopy, gradient checkpointing recomputation and device moves. The gradient check proves
 `out_proj` trains. Not covered: the `trust_remote_code` modeling file (refused with a clear error when an
 `out_proj` LoRA meets a mixer class without that module-level function) and hub kernels that replace the mixer's
@@ -207,20 +209,35 @@ def allow_out_proj():
 # ---- the fused Mamba kernel guard ------------------------------------------------------------
 
 FUSED_FN = "mamba2_split_conv1d_scan_combined"
-_TORCH_PATH = contextvars.ContextVar("lab_mamba_out_proj_lora", default=False)
+_RUNNING = contextvars.ContextVar("lab_mamba_out_proj_lora", default=None)  # the running mixer whose out_proj has a LoRA
+FUSED_OUT_PROJ = True  # False: such a mixer takes the whole PyTorch path (the guard before issue 42)
 
 
 class _FusedScanGuard:
-    """`mamba2_split_conv1d_scan_combined` in the mixer's module: None (the mixer's "no kernel, use the PyTorch
-    path" answer) while a mixer whose `out_proj` has a LoRA runs, else the function it replaced (module docstring)."""
+    """`mamba2_split_conv1d_scan_combined` in the mixer's module (module docstring). While a mixer whose `out_proj`
+    has a LoRA runs: the fused kernel WITHOUT its out_proj (`outproj_weight=None`), then the mixer's own `out_proj`
+    module (base + LoRA); None (the mixer's "no kernel: PyTorch path" answer) where the kernel is absent (the CPU) or
+    `FUSED_OUT_PROJ` is off. Otherwise the function it replaced, unchanged.
+
+    Rests on mamba_ssm 2.3.2's `mamba_ssm/ops/triton/ssd_combined.py`, `MambaSplitConv1dScanCombinedFn` (not installed
+    here; read in its published source): with `outproj_weight=None` (and `outproj_bias=None`, which it asserts) forward
+    returns the gated, group-RMS-normed scan output [batch, seq, d_inner] that it would otherwise multiply by
+    out_proj, and backward skips the out_proj step (`if outproj_weight is not None: dout = F.linear(dout, W.t())`).
+    NOT RUN ON A GPU: the CPU tests check the plumbing with a stand-in for the kernel (tests/test_sft.py)."""
 
     def __init__(self, inner):
         self.inner = inner
 
     def __call__(self, *args, **kwargs):
-        if _TORCH_PATH.get():
+        mixer = _RUNNING.get()
+        if mixer is None:
+            return self.inner(*args, **kwargs)
+        if not FUSED_OUT_PROJ:
             return None
-        return self.inner(*args, **kwargs)
+        if kwargs.get("return_final_states"):
+            return None  # the final states come back beside the output: leave that case to the PyTorch path
+        out = self.inner(*args, **{**kwargs, "outproj_weight": None, "outproj_bias": None})
+        return None if out is None else mixer.out_proj(out)
 
 
 def _has_lora(module) -> bool:
@@ -228,15 +245,16 @@ def _has_lora(module) -> bool:
 
 
 def _mixer_pre_hook(module, args):
-    _TORCH_PATH.set(_has_lora(module.out_proj))
+    _RUNNING.set(module if _has_lora(module.out_proj) else None)
 
 
 def _mixer_post_hook(module, args, output):
-    _TORCH_PATH.set(False)
+    _RUNNING.set(None)
 
 
 def guard_fused_mamba_out_proj(model) -> int:
-    """Make every Mamba-2 mixer whose `out_proj` has a LoRA take the PyTorch path in training: `_FusedScanGuard` in
+    """Make every Mamba-2 mixer whose `out_proj` has a LoRA apply it in training (fused kernel without out_proj, then
+    `out_proj`; the PyTorch path without the kernel): `_FusedScanGuard` in
     the mixer class's module and forward hooks on each mixer, each installed once. Returns the number of mixers whose
     out_proj has a LoRA now."""
     n = 0
@@ -309,7 +327,21 @@ def attach_lora(cfg: DictConfig, model):
     guard_fused_mamba_out_proj(pm)
     table = target_table(pm)
     check_table(cfg, table)
+    switch_experts_lora(cfg, pm)
     return pm, table
+
+
+def switch_experts_lora(cfg: DictConfig, model) -> str:
+    """Put the routed experts' LoRA on `sft.lora.experts_path` (routed: `lab.model.experts_lora`; fold: PEFT's own),
+    checking every MoE layer's experts module was switched; prints and returns the path taken ("none" without an
+    experts LoRA)."""
+    from lab.model import experts_lora
+
+    path, n = experts_lora.apply(str(cfg.sft.lora.get("experts_path", "routed")), model)
+    if n:
+        print(f"experts LoRA: {path} on {n} MoE layers" + (" (lab.model.experts_lora: routed tokens only)"
+                                                           if path == "routed" else " (PEFT's fold: W + B@A stacks)"))
+    return path
 
 
 # ---- gradient check ---------------------------------------------------------------------------

@@ -31,7 +31,8 @@ real kernel allocates and saves, read from their sources (downloaded with `pip d
   least 4,096 values (`min_8bit_size`), fp32 states otherwise; its update is in place.
 Which Mamba path ran (the stand-ins above, or transformers' PyTorch reference `mamba2_chunk_scan`) and which experts
 path ran (transformers' `grouped_mm` or its eager loop, and PEFT's fold of the expert LoRA into the weight stack,
-`_LoraFactorsProxy` -> `baddbmm`) are read from the ops the step ran.
+`_LoraFactorsProxy` -> `baddbmm`, or the routed path of `lab.model.experts_lora`, `sft.lora.experts_path`) are read
+from the ops the step ran and the model.
 
 Pitfall handled: under fake tensors transformers cannot look at the data, so it builds an explicit [T x T] causal mask
 that the real run skips. With `attention_mask=None` its mask code still checks `position_ids` for packed sequences
@@ -504,18 +505,22 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
             device_peak = torch.cuda.max_memory_allocated(device)
     top = sorted(((k, v) for k, v in counter.at_peak.items() if v > 0), key=lambda kv: -kv[1])
     return Trace(stage=stage, rows=rows, seq_len=seq_len, peak_bytes=counter.peak, top=top,
-                 mamba_path=", ".join(_PATHS) or "none", experts_path=_experts_path(counter.ops), optim=optim,
+                 mamba_path=", ".join(_PATHS) or "none", experts_path=_experts_path(counter.ops, pm), optim=optim,
                  seconds=time.perf_counter() - t0, trainable_params=fig["trainable_params"],
                  base_params=fig["base_params"],
                  phase_peaks={k: v for k, v in counter.phase_peak.items() if k != "setup"},
                  device_peak_bytes=device_peak)
 
 
-def _experts_path(ops: dict) -> str:
+def _experts_path(ops: dict, model=None) -> str:
+    from lab.model import experts_lora
+
     how = "grouped_mm" if ops.get("_grouped_mm") or ops.get("grouped_mm") else "eager loop" if ops.get("index_add_") \
         else "none"
     if ops.get("baddbmm"):
         how += ", LoRA folded into the expert stack (PEFT _LoraFactorsProxy: baddbmm)"
+    elif model is not None and experts_lora.path_of(model) == "routed":
+        how += ", LoRA on routed tokens only (lab.model.experts_lora)"
     return how
 
 

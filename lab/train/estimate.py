@@ -1,0 +1,497 @@
+"""`python -m lab estimate [OVERRIDES...] [--json PATH]`: how fast SFT of the composed config will run on the `gpu=` card,
+projected before anything is loaded (no model, no GPU): tokens/s, seconds per optimizer step, hours per epoch on the
+configured data, the packing efficiency, and which experts-LoRA and Mamba paths the run takes. Every figure is a
+projection from one measured run plus stated derivations; nothing here is measured by this command.
+
+**Measured** (RESULTS.md, "First contact with a GPU": one H100 80GB HBM3, 2026-11-27, `bench/gpu_memory.py`, a
+real-width slice with one Mamba-2, one attention and one MoE block, bf16, the experiment=competition LoRA: rank 32 on
+every family with `lm_head`, non-reentrant checkpointing, one row per micro-step; mamba_ssm's Triton chunk scan,
+`causal_conv1d` absent, PEFT's fold of the experts' LoRA, the Mamba mixer unfused by the out_proj LoRA guard):
+forward + backward per block at 1,024 / 8,192 tokens, Mamba-2 16.3 / 18.1 ms, attention 10.7 / 12.0 ms, MoE 30.0 /
+48.8 ms, the whole slice step 0.050 / 0.117 s (`MEASURED`). The bench's projection to the 52-block model (the slice
+step plus 22 Mamba-2, 5 attention and 22 MoE blocks more) gives 1.12 s at 1,024 tokens and 1.65 s at 8,192: about
+1.04 s per micro-step whatever its length plus about 74 us per token.
+
+**Derived** (here; each step printed with its arithmetic):
+1. Each block kind's time is a line through its two measured points (fixed + per-token); the rest of the slice step
+   (embedding, head, optimizer; the slice step less its three blocks) too. The model's step = rest + sum over its
+   blocks (the bench's `project`, continuous in the token count).
+2. The per-token part runs at the measured model's FLOPs per token over its measured per-token seconds (an effective
+   rate, ~300 TFLOP/s on the H100). FLOPs per token = 6 x active matmul parameters (forward, checkpoint recompute,
+   input-gradient backward; computed from config.json) + the experts' LoRA path's own: PEFT's fold also computes the
+   full weight gradient of each folded stack (2 x 2 x top_k x H x I per MoE layer and token), the routed path adds
+   16 x top_k x r x (H + I) (lab.model.experts_lora's prototype). Other families' LoRA FLOPs (~1-2%) and attention's
+   quadratic term (inside the measured slope) are not modelled separately.
+3. The fold's fixed memory traffic per MoE layer and micro-step (peft/tuners/lora/layer.py `_activate_lora` +
+   `_LoraFactorsProxy`; torch/nn/utils/parametrize.py `register_parametrization` evaluates the parametrization once
+   to check it, lines 586-588 in the installed torch): per projection stack P = E x I x H x 2 bytes, each forward
+   (twice under checkpointing) runs `baddbmm` twice (the check and the cached value), reading W and writing W' (4P);
+   the backward writes the stack's full gradient and reads it for each factor (3P): 11P per projection, 22P per MoE
+   layer (28.1 GB on the real model) over the card's published bandwidth (an optimistic, i.e. smallest, time). The
+   measured MoE fixed part less this is what the routed path keeps.
+4. Another card (no measurement): the per-token part scales with the published bf16 dense peak, the fixed part with
+   the published memory bandwidth where it is lower than the H100's (never faster: launch latency does not scale).
+   The fused Mamba kernel is not measured (the measured run had the out_proj LoRA guard's unfused mixer): a run
+   that takes it, as the lab's now does with an out_proj LoRA too, is projected with the unfused figures (an upper
+   bound on its fixed part).
+5. Rows: unpacked, `sft.batch_size` rows per micro-step padded to the longest; packed (`sft.packing`, read with a
+   default of false until the schema has it), rows best-fit-decreasing into micro-steps of up to `sft.max_seq_len`
+   tokens. Both are printed. The optimizer step keeps the recipe's rows (`batch_size x grad_accum`), so seconds per
+   step = epoch seconds / ceil(rows / (batch_size x grad_accum)).
+
+The JSON (`--json`): {"sft": {"tokens_per_s", "hours_per_epoch", "step_seconds", "packing", "experts_lora",
+"mamba_path", "packed": {...}, "unpacked": {...}, "card", "rows", "notes"}} for the configured packing; more
+sections join through `SECTIONS` (below).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import math
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+from omegaconf import DictConfig
+
+from lab import LabError
+
+SHARED = Path(__file__).resolve().parents[2].parent / "shared"
+SHARED_DATA = SHARED / "data" / "train_dev.csv"
+SHARED_TOKENIZER = SHARED / "tokenizer" / "nemotron-3-nano"
+CACHE: Path | None = None  # where counted token lengths are kept; None: <project root>/outputs/.cache/estimate
+
+# ---- the measured run (RESULTS.md, "First contact with a GPU"; module docstring) ------------------------------------
+
+MEASURED = {
+    "source": "RESULTS.md, 'First contact with a GPU' (one H100 80GB HBM3, 2026-11-27, bench/gpu_memory.py)",
+    "card": "h100_80gb",
+    "tokens": (1024, 8192),
+    "block_ms": {"mamba": (16.3, 18.1), "attention": (10.7, 12.0), "moe": (30.0, 48.8)},  # fwd+bwd, checkpointed
+    "slice_step_s": (0.050, 0.117),  # embed, one block of each kind, head, backward, AdamW
+    "experts_lora": "fold",
+    "mamba_path": "unfused",
+}
+
+
+@dataclass(frozen=True)
+class Card:
+    bf16_tflops: float   # published dense bf16 tensor peak
+    tb_per_s: float      # published memory bandwidth
+    source: str
+    measured: bool = False
+
+
+CARDS = {
+    "h100_80gb": Card(989.0, 3.35, "H100 SXM5 80GB datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3", measured=True),
+    "h200": Card(989.0, 4.8, "H200 SXM datasheet: 989 TFLOP/s bf16 dense (the H100's die), 4.8 TB/s HBM3e"),
+    "rtx_pro_6000": Card(500.0, 1.792, "RTX PRO 6000 Blackwell: 1,792 GB/s (512-bit GDDR7 at 28 Gbps, published); bf16 "
+                                       "dense ~500 TFLOP/s ASSUMED (NVIDIA publishes 4,000 AI TOPS = FP4 with 2:4 "
+                                       "sparsity; /2 dense, /4 for bf16); no bf16 datasheet figure"),
+}
+
+
+# ---- the model's shape ---------------------------------------------------------------------------------------------
+
+KIND = {"M": "mamba", "mamba": "mamba", "linear_attention": "mamba", "*": "attention", "attention": "attention",
+        "full_attention": "attention", "E": "moe", "moe": "moe"}
+
+
+def block_kinds(values: dict) -> list[str]:
+    """The model's blocks as mamba / attention / moe, from `hybrid_override_pattern` (config.json) or
+    `layers_block_type` (the tiny architecture)."""
+    seq = values.get("layers_block_type") or list(values.get("hybrid_override_pattern") or "")
+    bad = sorted({str(s) for s in seq if s not in KIND})
+    if bad or not seq:
+        raise LabError(f"lab.train.estimate: block types {bad or 'none'} are not Mamba-2, attention or MoE blocks of "
+                       "Nemotron-H; the cost model knows only those")
+    return [KIND[s] for s in seq]
+
+
+def active_params(values: dict) -> dict:
+    """Matmul parameters each token passes through, per block kind (one block) and for the head: Mamba-2 in_proj and
+    out_proj, attention q/k/v/o, MoE top-k routed experts + shared experts + router, lm_head (shapes as
+    transformers' modeling_nemotron_h.py builds them from these config keys)."""
+    H = values["hidden_size"]
+    d_in = values["mamba_num_heads"] * values["mamba_head_dim"]
+    in_proj = H * (2 * d_in + 2 * values["n_groups"] * values["ssm_state_size"] + values["mamba_num_heads"])
+    hd = values.get("head_dim") or H // values["num_attention_heads"]
+    q = values["num_attention_heads"] * hd
+    kv = values["num_key_value_heads"] * hd
+    k, inter = values["num_experts_per_tok"], values["moe_intermediate_size"]
+    shared = values.get("n_shared_experts", 1) * values["moe_shared_expert_intermediate_size"]
+    return {"mamba": in_proj + d_in * H, "attention": 2 * H * q + 2 * H * kv,
+            "moe": k * 2 * H * inter + 2 * H * shared + H * values["n_routed_experts"],
+            "head": H * values["vocab_size"]}
+
+
+def experts_dims(values: dict) -> dict:
+    return {"E": values["n_routed_experts"], "H": values["hidden_size"], "I": values["moe_intermediate_size"],
+            "k": values["num_experts_per_tok"]}
+
+
+def fold_bytes(values: dict, itemsize: int = 2) -> float:
+    """PEFT's fold traffic per MoE layer and micro-step: 22 x E x I x H x bytes (module docstring, 3.)."""
+    d = experts_dims(values)
+    return 22.0 * d["E"] * d["I"] * d["H"] * itemsize
+
+
+def flops_per_token(values: dict, experts_lora: str, experts_rank: int) -> float:
+    """6 x active matmul parameters + the experts' LoRA path's own FLOPs (module docstring, 2.)."""
+    kinds, p, d = block_kinds(values), active_params(values), experts_dims(values)
+    base = 6.0 * (sum(p[kind] for kind in kinds) + p["head"])
+    n_moe = kinds.count("moe")
+    if experts_lora == "fold":
+        return base + n_moe * 4.0 * d["k"] * d["H"] * d["I"]
+    if experts_lora == "routed":
+        return base + n_moe * 16.0 * d["k"] * experts_rank * (d["H"] + d["I"])
+    return base
+
+
+# ---- the cost model ------------------------------------------------------------------------------------------------
+
+def _line(points_s):
+    """(fixed seconds, seconds per token) of the line through the two measured points."""
+    (t1, t2), (y1, y2) = MEASURED["tokens"], points_s
+    per = (y2 - y1) / (t2 - t1)
+    return y1 - t1 * per, per
+
+
+def measured_lines() -> dict:
+    """Each block kind's and the slice rest's (fixed s, s/token) on the measured card (module docstring, 1.)."""
+    lines = {kind: _line((a / 1e3, b / 1e3)) for kind, (a, b) in MEASURED["block_ms"].items()}
+    step = _line(MEASURED["slice_step_s"])
+    lines["rest"] = (step[0] - sum(v[0] for v in lines.values()), step[1] - sum(v[1] for v in lines.values()))
+    return lines
+
+
+def measured_values() -> dict:
+    """The measured model's config.json values (lab.train.memory: ../shared's copy, else the test fixture)."""
+    from lab.train.memory import FIXTURE_CONFIG, REAL_CONFIG
+
+    for p in (REAL_CONFIG, FIXTURE_CONFIG):
+        if p.is_file():
+            return json.loads(p.read_text())
+    raise LabError(f"lab.train.estimate: the measured model's config.json is at neither {REAL_CONFIG} nor "
+                   f"{FIXTURE_CONFIG}")
+
+
+@dataclass
+class Model:
+    """A micro-step costs `fixed_s + per_token_s x tokens` (projected), with the arithmetic that made it."""
+    fixed_s: float
+    per_token_s: float
+    lines: list[str]
+
+
+def cost_model(values: dict, card: str, experts_lora: str, experts_rank: int) -> Model:
+    """The projected per-micro-step line for `values`' model on `card` (module docstring, 1.-4.)."""
+    meas, c, h100 = measured_values(), CARDS[card], CARDS[MEASURED["card"]]
+    lines_m = measured_lines()
+    kinds_m, kinds = block_kinds(meas), block_kinds(values)
+    n_m = {kind: kinds_m.count(kind) for kind in ("mamba", "attention", "moe")}
+    n = {kind: kinds.count(kind) for kind in ("mamba", "attention", "moe")}
+    fixed_m = lines_m["rest"][0] + sum(n_m[k] * lines_m[k][0] for k in n_m)
+    per_m = lines_m["rest"][1] + sum(n_m[k] * lines_m[k][1] for k in n_m)
+    flops_m = flops_per_token(meas, MEASURED["experts_lora"], 32)
+    rate = flops_m / per_m
+    fold_s_m = fold_bytes(meas) / (h100.tb_per_s * 1e12)
+    moe_keep = lines_m["moe"][0] - fold_s_m
+    out = [f"measured ({MEASURED['source']}): per block fwd+bwd at {MEASURED['tokens'][0]:,} / "
+           f"{MEASURED['tokens'][1]:,} tokens: " + ", ".join(f"{k} {a} / {b} ms" for k, (a, b) in
+                                                           MEASURED["block_ms"].items())
+           + f"; slice step {MEASURED['slice_step_s'][0]} / {MEASURED['slice_step_s'][1]} s",
+           "derived lines (fixed ms + us/token): " + ", ".join(f"{k} {a * 1e3:.2f} + {b * 1e6:.3f}"
+                                                              for k, (a, b) in lines_m.items()),
+           "  (the rest's negative fixed part: the slice step was timed as one step, its blocks one by one; the "
+           "difference is within that measurement, and the whole-model line below is the bench's own projection)",
+           f"measured model ({n_m['mamba']} Mamba-2, {n_m['attention']} attention, {n_m['moe']} MoE blocks; fold, "
+           f"unfused Mamba): {fixed_m:.3f} s + {per_m * 1e6:.1f} us/token per micro-step",
+           f"derived effective rate: {flops_m / 1e9:.2f} GFLOP/token (6 x active + fold's stack gradients) / "
+           f"{per_m * 1e6:.1f} us = {rate / 1e12:.0f} TFLOP/s",
+           f"derived fold traffic: 22 x {experts_dims(meas)['E']} x {experts_dims(meas)['I']} x "
+           f"{experts_dims(meas)['H']} x 2 B = {fold_bytes(meas) / 1e9:.1f} GB per MoE layer / {h100.tb_per_s} TB/s "
+           f"= {fold_s_m * 1e3:.2f} ms of the measured MoE fixed {lines_m['moe'][0] * 1e3:.2f} ms "
+           f"({n_m['moe']} layers: {n_m['moe'] * fold_s_m:.3f} s of {fixed_m:.3f} s)"]
+    flops = flops_per_token(values, experts_lora, experts_rank)
+    per = flops / (rate * c.bf16_tflops / h100.bf16_tflops)
+    bw_scale = max(1.0, h100.tb_per_s / c.tb_per_s)
+    fixed = (lines_m["rest"][0] + n["mamba"] * lines_m["mamba"][0] + n["attention"] * lines_m["attention"][0]
+             + n["moe"] * moe_keep) * bw_scale
+    fold_s = n["moe"] * fold_bytes(values) / (c.tb_per_s * 1e12) if experts_lora == "fold" else 0.0
+    out += [f"this model: {n['mamba']} Mamba-2, {n['attention']} attention, {n['moe']} MoE blocks; experts LoRA "
+            f"{experts_lora}: {flops / 1e9:.3f} GFLOP/token",
+            f"card {card}{' (measured)' if c.measured else ' (NOT measured: scaled by published figures)'}: "
+            f"{c.source}",
+            f"projected fixed: (rest {lines_m['rest'][0] * 1e3:.1f} + {n['mamba']} x {lines_m['mamba'][0] * 1e3:.2f} "
+            f"+ {n['attention']} x {lines_m['attention'][0] * 1e3:.2f} + {n['moe']} x {moe_keep * 1e3:.2f}) ms"
+            f" x {bw_scale:.2f} (bandwidth)" + (f" + fold {n['moe']} x {fold_bytes(values) / 1e9:.1f} GB / "
+                                               f"{c.tb_per_s} TB/s" if fold_s else "")
+            + f" = {fixed + fold_s:.3f} s per micro-step",
+            f"projected per token: {flops / 1e9:.3f} GFLOP / ({rate / 1e12:.0f} x {c.bf16_tflops:g}/"
+            f"{h100.bf16_tflops:g} TFLOP/s) = {per * 1e6:.1f} us"]
+    return Model(fixed + fold_s, per, out)
+
+
+# ---- rows and packing ----------------------------------------------------------------------------------------------
+
+def pack_bfd(tokens: list[int], capacity: int) -> list[int]:
+    """Best-fit decreasing: each row, longest first, into the fullest micro-step it fits; the micro-steps' token
+    counts."""
+    import bisect
+
+    free: list[tuple[int, int]] = []  # (free tokens, bin index), sorted
+    bins: list[int] = []
+    for t in sorted(tokens, reverse=True):
+        if t > capacity:
+            raise LabError(f"lab.train.estimate: a row of {t} tokens exceeds sft.max_seq_len={capacity}")
+        i = bisect.bisect_left(free, (t, -1))
+        if i == len(free):
+            bins.append(t)
+            bisect.insort(free, (capacity - t, len(bins) - 1))
+        else:
+            room, b = free.pop(i)
+            bins[b] += t
+            bisect.insort(free, (room - t, b))
+    return bins
+
+
+def unpacked_steps(tokens: list[int], batch_size: int, seed: int) -> list[int]:
+    """Tokens each unpacked micro-step computes: `batch_size` rows (seeded shuffle), padded to the longest."""
+    order = np.random.default_rng(seed).permutation(len(tokens))
+    t = np.asarray(tokens)[order]
+    return [int(batch_size * t[i:i + batch_size].max()) for i in range(0, len(t), batch_size)]
+
+
+# an assumed row-length distribution when the data or tokenizer is absent: RESULTS.md, "First contact with a GPU"
+# (1,837 development rows, derivation traces, real tokenizer: p50 823, mean 1,209, max 6,679): a log-normal with that
+# median and mean (sigma = sqrt(2 ln(mean / median))), clipped to the max
+ASSUMED = {"rows": 1837, "median": 823, "mean": 1209, "max": 6679}
+
+
+def assumed_tokens(max_seq_len: int) -> list[int]:
+    a = ASSUMED
+    sigma = math.sqrt(2 * math.log(a["mean"] / a["median"]))
+    t = np.random.default_rng(0).lognormal(math.log(a["median"]), sigma, a["rows"])
+    return [int(x) for x in np.clip(np.rint(t), 1, min(a["max"], max_seq_len))]
+
+
+def _sha(path: Path) -> str:
+    return hashlib.sha256(path.read_bytes()).hexdigest()
+
+
+def data_sources(cfg: DictConfig) -> tuple[Path | None, Path | None, str]:
+    """(data file, tokenizer folder, why not) for real token counts: data=competition's file (`data.path`, $LAB_DATA,
+    data/train.csv, Kaggle; else ../shared/data/train_dev.csv) and the tokenizer (`data.tokenizer_path`, a local
+    model folder, else ../shared/tokenizer/nemotron-3-nano)."""
+    from lab.core.paths import find_data_file, resolve_path
+
+    if cfg.data.source != "competition":
+        return None, None, f"data={cfg.data.source} (generated puzzles): no counted tokens"
+    if cfg.data.get("synthetic_train"):
+        return None, None, "data.synthetic_train=true (generated training puzzles): no counted tokens"
+    try:
+        data = find_data_file(cfg.data.path)
+    except LabError:
+        data = SHARED_DATA if SHARED_DATA.is_file() else None
+    tok = None
+    for p in (cfg.data.get("tokenizer_path"), cfg.model.path):
+        if p and (resolve_path(str(p)) / "tokenizer.json").is_file():
+            tok = resolve_path(str(p))
+            break
+    if tok is None and (SHARED_TOKENIZER / "tokenizer.json").is_file():
+        tok = SHARED_TOKENIZER
+    why = "" if data and tok else ("no competition data file" if not data else "no local tokenizer")
+    return data, tok, why
+
+
+def counted_tokens(cfg: DictConfig, data: Path, tok: Path, sample: int | None) -> tuple[list[int], str]:
+    """Token counts of the SFT rows the run would train (the lab's split, solver traces the metric accepts,
+    `sft.max_seq_len`, `data.weights`, `sft.n_train`), as lab.train.sft builds them; cached under
+    outputs/.cache/estimate keyed by the data file's and tokenizer's bytes and every setting that changes them.
+    `sample`: only that many training puzzles (seeded), the epoch scaled to all of them."""
+    import pandas as pd
+    from omegaconf import OmegaConf
+
+    from lab.core.io import atomic_write_json, read_json
+    from lab.core.paths import project_root
+    from lab.data import dataset
+
+    styles = dataset.trace_styles(cfg)
+    key_src = {"data": _sha(data), "tokenizer": _sha(tok / "tokenizer.json"), "styles": styles,
+               "max_seq_len": int(cfg.sft.max_seq_len), "seed": int(cfg.seed),
+               "val_fraction": float(cfg.data.val_fraction), "n_train": cfg.sft.n_train, "sample": sample,
+               "weights": OmegaConf.to_container(cfg.data.weights, resolve=True), "version": 1}
+    key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
+    cache = (CACHE or project_root() / "outputs" / ".cache" / "estimate") / f"tokens_{key}.json"
+    if cache.is_file():
+        got = read_json(cache)
+        return got["tokens"], got["source"] + " (cached: " + str(cache) + ")"
+    from transformers import AutoTokenizer
+
+    from lab.train.sft import sft_examples
+
+    df = dataset.add_categories(dataset.load_puzzles(data))
+    train, _ = dataset.split(df, cfg.data.val_fraction, cfg.seed)
+    n_all = len(train)
+    if sample and sample < n_all:
+        train = train.sample(n=sample, random_state=cfg.seed).reset_index(drop=True)
+    tokenizer = AutoTokenizer.from_pretrained(str(tok))
+    print(f"counting tokens: solving {len(train)} training puzzles of {data} with the tokenizer {tok} ...", flush=True)
+    examples, counts = sft_examples(tokenizer, train, int(cfg.sft.max_seq_len), styles)
+    examples = dataset.oversample(examples, dataset.category_weights(cfg), cfg.seed)
+    tokens = [int(t) for t in examples["tokens"]]
+    if sample and sample < n_all and tokens:
+        scale = n_all / len(train)
+        tokens = [tokens[i % len(tokens)] for i in range(int(round(len(tokens) * scale)))]
+    if cfg.sft.n_train:
+        tokens = tokens[:int(cfg.sft.n_train)]
+    source = (f"counted: {data.name} ({len(df)} puzzles, {n_all} in the training split"
+              + (f", {len(train)} sampled and scaled to all" if sample and sample < n_all else "")
+              + f"), tokenizer {tok.name}, trace styles {sorted(set(styles.values()))}: {counts}")
+    atomic_write_json(cache, {"key": key_src, "tokens": tokens, "source": source})
+    return tokens, source
+
+
+def row_tokens(cfg: DictConfig, sample: int | None = None, assume: bool = False) -> tuple[list[int], str]:
+    """The SFT rows' token counts and where they come from (counted, or the stated assumption)."""
+    data, tok, why = (None, None, "--assume-rows") if assume else data_sources(cfg)
+    if data is not None and tok is not None:
+        return counted_tokens(cfg, data, tok, sample)
+    a = ASSUMED
+    return assumed_tokens(int(cfg.sft.max_seq_len)), (
+        f"ASSUMED ({why}): {a['rows']:,} rows, log-normal with median {a['median']} and mean {a['mean']:,} tokens, "
+        f"clipped to {min(a['max'], int(cfg.sft.max_seq_len)):,} (RESULTS.md, 'First contact with a GPU': the "
+        "development rows' derivation traces)")
+
+
+# ---- the SFT section -----------------------------------------------------------------------------------------------
+
+def experts_lora_path(cfg: DictConfig) -> str:
+    """routed | fold: the path lab.model.lora.attach_lora puts the experts' LoRA on (lab.model.experts_lora); "none"
+    without an experts LoRA."""
+    if "experts" not in [str(t) for t in cfg.sft.lora.targets]:
+        return "none"
+    if cfg.sft.backend != "hf":
+        return "fold"  # sft_unsloth attaches through Unsloth: lab.model.experts_lora is not switched on there
+    return str(cfg.sft.lora.get("experts_path", "routed"))
+
+
+def mamba_path(cfg: DictConfig, values: dict) -> str:
+    """Which Mamba-2 implementation SFT runs (lab.model.lora `_FusedScanGuard`; lab.model.models
+    check_mamba_kernels: the real model trains only with mamba_ssm and causal_conv1d)."""
+    from lab.model import lora
+
+    if not values.get("use_mamba_kernels", True) or cfg.model.get("build_tiny"):
+        return "torch: transformers' PyTorch path (no kernels; the tiny CPU model)"
+    note = "the measured run was unfused; projected with its figures, an upper bound"
+    if "out_proj" in [str(t) for t in cfg.sft.lora.targets] and cfg.sft.backend == "hf":
+        if not lora.FUSED_OUT_PROJ:
+            return ("unfused: the mixer's PyTorch path with mamba_ssm's chunk scan and causal_conv1d (the out_proj "
+                    "LoRA guard, lab.model.lora.FUSED_OUT_PROJ=False)")
+        return ("fused: mamba_split_conv1d_scan_combined without out_proj, then the out_proj LoRA (lab.model.lora; not "
+                f"yet run on a GPU; {note})")
+    return f"fused: mamba_split_conv1d_scan_combined ({note})"
+
+
+def _figures(model: Model, steps: list[int], rows: int, rows_per_step: int, capacity: int) -> dict:
+    seconds = sum(model.fixed_s + model.per_token_s * t for t in steps)
+    n_opt = math.ceil(rows / rows_per_step)
+    return {"micro_steps": len(steps), "tokens_computed": int(sum(steps)), "seconds_per_epoch": seconds,
+            "hours_per_epoch": seconds / 3600, "optimizer_steps": n_opt, "step_seconds": seconds / max(1, n_opt),
+            "fill": sum(steps) / (len(steps) * capacity) if steps else 0.0}
+
+
+def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: bool = False) -> tuple[dict, list[str]]:
+    """The SFT projection (module docstring) as (JSON dict, printed lines)."""
+    from lab.train.memory import model_config_values
+
+    values = model_config_values(cfg)
+    el, mp = experts_lora_path(cfg), mamba_path(cfg, values)
+    rank = int(cfg.gpu.experts_rank or cfg.sft.lora.r)
+    model = cost_model(values, card, el if el != "none" else "none", rank)
+    tokens, source = row_tokens(cfg, sample, assume)
+    if not tokens:
+        raise LabError(f"lab.train.estimate: no SFT rows ({source})")
+    cap, bs, ga = int(cfg.sft.max_seq_len), int(cfg.sft.batch_size), int(cfg.sft.grad_accum)
+    real = sum(tokens)
+    unpacked = _figures(model, unpacked_steps(tokens, bs, int(cfg.seed)), len(tokens), bs * ga, cap)
+    packed = _figures(model, pack_bfd(tokens, cap), len(tokens), bs * ga, cap)
+    for f in (unpacked, packed):
+        f["tokens_per_s"] = real / f["seconds_per_epoch"]
+    packing = bool(cfg.sft.get("packing", False))
+    chosen = packed if packing else unpacked
+    t = np.asarray(tokens)
+    notes = [f"rows: {source}",
+             f"rows: {len(tokens):,}, {real:,} tokens (median {int(np.median(t)):,}, mean {t.mean():,.0f}, max "
+             f"{t.max():,})", *model.lines,
+             "not modelled: evaluation, checkpoint saves, data loading, a trained router's imbalance"]
+    if card != str(cfg.gpu.name):
+        notes.insert(0, f"gpu={cfg.gpu.name}: no card configured; projected for {card}")
+    out = {"tokens_per_s": chosen["tokens_per_s"], "hours_per_epoch": chosen["hours_per_epoch"],
+           "step_seconds": chosen["step_seconds"],
+           "packing": {"enabled": packing, "efficiency": packed["fill"], "unpacked_fill": unpacked["fill"],
+                       "micro_steps_packed": packed["micro_steps"], "micro_steps_unpacked": unpacked["micro_steps"]},
+           "experts_lora": el, "mamba_path": mp.split(":")[0], "card": card, "projected": True,
+           "fixed_s_per_micro_step": model.fixed_s, "us_per_token": model.per_token_s * 1e6,
+           "rows": len(tokens), "tokens": real, "packed": packed, "unpacked": unpacked, "notes": notes}
+    lines = [f"SFT on {card}, all figures PROJECTED (lab.train.estimate; not measured by this command)",
+             f"  experts LoRA: {el}    Mamba path: {mp}", *("  " + n for n in notes),
+             f"  a micro-step: {model.fixed_s:.3f} s + {model.per_token_s * 1e6:.1f} us x tokens"]
+    for name, f in (("unpacked", unpacked), ("packed", packed)):
+        mark = " <- sft.packing" if (name == "packed") == packing else ""
+        lines.append(f"  {name:8s}: {f['micro_steps']:,} micro-steps x {model.fixed_s:.3f} s + "
+                     f"{f['tokens_computed']:,} tokens x {model.per_token_s * 1e6:.1f} us = "
+                     f"{f['seconds_per_epoch']:,.0f} s: {f['tokens_per_s']:,.0f} tokens/s, "
+                     f"{f['hours_per_epoch']:.3f} h/epoch, {f['step_seconds']:.2f} s per optimizer step "
+                     f"({f['optimizer_steps']} steps of {bs * ga} rows), fill {f['fill']:.1%} of "
+                     f"{cap:,}-token micro-steps{mark}")
+    return out, lines
+
+
+# ---- sections: each (cfg, card, **options) -> (JSON dict, printed lines), under its name in the JSON -----------------
+# GRPO, evaluation and voting join HERE: lab.eval's `eval_hours_per_1000(cfg, card)`, `vote_hours`,
+# `grpo_step_minutes`, `pass_rate_hours` (another change), each wrapped as a section function and appended below.
+SECTIONS = {"sft": sft_section}
+
+
+def card_of(cfg: DictConfig) -> str:
+    name = str(cfg.gpu.name)
+    if name == "none":
+        return MEASURED["card"]
+    if name not in CARDS:
+        raise LabError(f"gpu={name}: lab.train.estimate knows the cards {', '.join(CARDS)}; add its published bf16 "
+                       "peak and bandwidth to CARDS")
+    return name
+
+
+def estimate(cfg: DictConfig, sample: int | None = None, assume: bool = False) -> tuple[dict, list[str]]:
+    card = card_of(cfg)
+    out, lines = {}, []
+    for name, fn in SECTIONS.items():
+        d, text = fn(cfg, card, sample=sample, assume=assume)
+        out[name] = d
+        lines += text
+    return out, lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lab estimate [OVERRIDES...] [--json PATH] [--sample N] [--assume-rows]`"""
+    from lab.core.config import compose
+    from lab.core.io import atomic_write_text
+
+    ap = argparse.ArgumentParser(prog="python -m lab estimate", description="project SFT speed on the gpu= card "
+                                 "before anything is loaded (module docstring of lab/train/estimate.py)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=nemotron_nano experiment=competition")
+    ap.add_argument("--json", default=None, help="write the figures as JSON here")
+    ap.add_argument("--sample", type=int, default=None, help="count tokens on N training puzzles (seeded), scaled")
+    ap.add_argument("--assume-rows", action="store_true", help="skip counting: the stated assumed row lengths")
+    a = ap.parse_intermixed_args(argv)
+    cfg = compose(a.overrides)
+    out, lines = estimate(cfg, a.sample, a.assume_rows)
+    print("\n".join(lines))
+    if a.json:
+        atomic_write_text(Path(a.json), json.dumps(out, indent=1, default=float))
+    return 0

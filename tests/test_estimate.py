@@ -1,0 +1,99 @@
+"""`python -m lab estimate` (lab.train.estimate): the projection's arithmetic against the measured run it starts from,
+its JSON, and the directions it must get right (packing and the routed experts' LoRA are faster), with negative
+controls. Nothing here needs a GPU or a model; the counted-token case needs ../shared and skips without it."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from lab import LabError
+from lab.core import config
+from lab.train import estimate as est
+
+REAL = ["model=nemotron_nano", "experiment=competition", "data=competition", "gpu=h100_80gb"]
+KEYS = {"tokens_per_s", "hours_per_epoch", "step_seconds", "packing", "experts_lora", "mamba_path"}
+
+
+def run(tmp_path, *args):
+    path = tmp_path / "estimate.json"
+    assert est.main([*args, "--json", str(path)]) == 0
+    return json.loads(path.read_text())["sft"]
+
+
+def test_tiny_default_runs(tmp_path, capsys):
+    sft = run(tmp_path)
+    assert KEYS <= set(sft) and sft["experts_lora"] == "routed" and sft["mamba_path"] == "torch"
+    out = capsys.readouterr().out
+    assert "PROJECTED" in out and "ASSUMED" in out and "gpu=none: no card configured; projected for h100_80gb" in out
+
+
+def test_real_model_on_h100(tmp_path):
+    sft = run(tmp_path, *REAL, "--assume-rows")
+    assert KEYS <= set(sft) and sft["card"] == "h100_80gb" and sft["projected"] is True
+    assert sft["experts_lora"] == "routed" and sft["mamba_path"] == "fused"
+    assert sft["packing"]["enabled"] is False and sft["tokens_per_s"] == sft["unpacked"]["tokens_per_s"]
+    # packing shares the fixed per-micro-step cost over many rows
+    assert sft["packed"]["tokens_per_s"] > 3 * sft["unpacked"]["tokens_per_s"]
+    assert 0.9 < sft["packing"]["efficiency"] <= 1.0 and sft["packing"]["unpacked_fill"] < 0.3
+    fold = run(tmp_path, *REAL, "--assume-rows", "sft.lora.experts_path=fold")
+    assert fold["experts_lora"] == "fold"
+    assert sft["packed"]["tokens_per_s"] > fold["packed"]["tokens_per_s"]
+    assert sft["fixed_s_per_micro_step"] < fold["fixed_s_per_micro_step"]
+    assert sft["us_per_token"] < fold["us_per_token"]
+
+
+def test_the_measured_configuration_reproduces_the_measured_projection():
+    """fold, the real model, the H100: the cost model gives back the bench's own 52-block projection (RESULTS.md:
+    1.12 s at 1,024 tokens, 1.65 s at 8,192), i.e. the derivations only move what they claim to."""
+    m = est.cost_model(est.measured_values(), "h100_80gb", "fold", 32)
+    assert m.fixed_s + 1024 * m.per_token_s == pytest.approx(1.122, abs=1e-3)
+    assert m.fixed_s + 8192 * m.per_token_s == pytest.approx(1.649, abs=1e-3)
+    routed = est.cost_model(est.measured_values(), "h100_80gb", "routed", 32)
+    assert m.fixed_s - routed.fixed_s == pytest.approx(23 * 28.1e9 / 3.35e12, rel=1e-2)  # the fold's traffic, derived
+
+
+def test_an_unmeasured_card_is_scaled_by_its_published_figures():
+    vals = est.measured_values()
+    h100, h200, rtx = (est.cost_model(vals, c, "routed", 32) for c in ("h100_80gb", "h200", "rtx_pro_6000"))
+    assert h200.per_token_s == pytest.approx(h100.per_token_s) and h200.fixed_s <= h100.fixed_s
+    assert rtx.per_token_s == pytest.approx(h100.per_token_s * 989 / 500)
+    assert rtx.fixed_s == pytest.approx(h100.fixed_s * 3.35 / 1.792)
+
+
+def test_packing_gains_nothing_when_every_row_fills_a_micro_step(monkeypatch, tmp_path):
+    """Negative control of the packing direction: rows of sft.max_seq_len tokens pack one per micro-step."""
+    monkeypatch.setattr(est, "assumed_tokens", lambda cap: [cap] * 40)
+    sft = run(tmp_path, *REAL, "--assume-rows")
+    assert sft["packed"]["tokens_per_s"] == pytest.approx(sft["unpacked"]["tokens_per_s"])
+    assert sft["packing"]["efficiency"] == 1.0
+
+
+def test_best_fit_decreasing():
+    rows = [5000, 4000, 3000, 2000, 1500, 800, 800, 100]
+    bins = est.pack_bfd(rows, 8192)
+    assert sum(bins) == sum(rows) and max(bins) <= 8192 and len(bins) == 3
+    assert est.pack_bfd([8192, 1], 8192) == [8192, 1]
+    with pytest.raises(LabError, match="exceeds"):
+        est.pack_bfd([9000], 8192)
+
+
+def test_refusals():
+    with pytest.raises(LabError, match="knows the cards"):
+        est.card_of(config.compose(["gpu.name=a100"]))
+    with pytest.raises(LabError, match="block types"):
+        est.block_kinds({"hybrid_override_pattern": "M-E"})
+
+
+@pytest.mark.skipif(not (est.SHARED_DATA.is_file() and (est.SHARED_TOKENIZER / "tokenizer.json").is_file()),
+                    reason="../shared (development data and the real tokenizer) is absent")
+def test_counted_tokens_from_shared(tmp_path, monkeypatch):
+    """data=competition with ../shared: the rows' tokens are counted with the real tokenizer (a 30-puzzle sample),
+    cached by what produced them, and read back from the cache."""
+    monkeypatch.setattr(est, "CACHE", tmp_path / "cache")
+    cfg = config.compose(REAL)
+    tokens, source = est.row_tokens(cfg, sample=30)
+    assert source.startswith("counted") and len(tokens) > 30 and 100 < sorted(tokens)[len(tokens) // 2] < 8192
+    again, source2 = est.row_tokens(cfg, sample=30)
+    assert again == tokens and "cached" in source2 and len(list((tmp_path / "cache").iterdir())) == 1
