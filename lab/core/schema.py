@@ -217,6 +217,11 @@ class SftConfig(Checked):
     batch_size: int = _help("sequences per device per step", ge=1)
     grad_accum: int = _help("gradient accumulation steps (effective batch = batch_size x grad_accum x GPUs)", ge=1)
     max_seq_len: int = _help("sequence budget; longer examples are counted and dropped, never cut", ge=1)
+    packing: bool = _help("pack rows into micro-batches of up to max_seq_len tokens (TRL's best-fit-decreasing "
+                          "packing, rows never cut; batch_size then counts packs, grad_accum packs per step), exact: "
+                          "each row's Mamba state and attention start at its own first token and the loss is "
+                          "token-weighted over the step as unpacked (lab/model/packed_rows.py); the real model "
+                          "needs the mamba_ssm and causal_conv1d kernels for it")
     gradient_checkpointing: bool = _help("recompute activations in the backward pass (TRL's SFTConfig default; the "
                                          "real model needs it)")
     weight_decay: float = _help("AdamW weight decay", ge=0)
@@ -236,11 +241,15 @@ class SftConfig(Checked):
     drill_n: int = _help("drills stage: catalog drill examples (signatures with at most eqsearch.MAX_CANDS candidates)")
 
     def rules(self) -> list[str]:
+        p = []
+        if self.packing and str(self.backend) == "unsloth":
+            p.append("sft.packing=true is for sft.backend=hf (lab/model/packed_rows.py wraps transformers' "
+                     "Nemotron-H, not Unsloth's): set sft.packing=false")
         if self.max_steps == -1:
             why = bound_problem(self.epochs, {"gt": 0})
-            return [f"sft.epochs={self.epochs!r} {why} (or set sft.max_steps >= 1)"] if why else []
+            return p + ([f"sft.epochs={self.epochs!r} {why} (or set sft.max_steps >= 1)"] if why else [])
         why = bound_problem(self.max_steps, {"ge": 1})
-        return [f"sft.max_steps={self.max_steps!r} {why} (or -1: train for sft.epochs)"] if why else []
+        return p + ([f"sft.max_steps={self.max_steps!r} {why} (or -1: train for sft.epochs)"] if why else [])
 
 
 @dataclass
