@@ -30,13 +30,13 @@ def compose(root, *extra):
 
 
 def build(root, seed=1):
-    """The tiny model with the lab's LoRA (conf/sft/default.yaml's families), lora_B drawn N(0, 0.05) instead of
-    PEFT's zeros so that every LoRA tensor, A included, has a gradient."""
+    """The tiny model with the lab's LoRA (conf/sft/default.yaml's families), seeded, lora_B drawn N(0, 0.05) instead
+    of PEFT's zeros so that every LoRA tensor, A included, has a gradient."""
     cfg = compose(root)
     model, _ = models.load(cfg)
-    pm, _ = lora.attach_lora(cfg, model)
     with torch.random.fork_rng(), torch.no_grad():
-        torch.manual_seed(seed)
+        torch.manual_seed(seed)  # PEFT draws lora_A from the global generator: every build starts the same
+        pm, _ = lora.attach_lora(cfg, model)
         for n, p in pm.named_parameters():
             if "lora_B" in n:
                 p.normal_(0.0, 0.05)
