@@ -252,7 +252,7 @@ def test_kernel_path_hands_seq_idx_to_the_kernels(root, monkeypatch):
     assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
 
 
-def test_real_model_packing_refuses_without_kernels(root):
+def test_real_model_packing_refuses_without_kernels(root, monkeypatch):
     """On this machine (no CUDA, no mamba_ssm / causal_conv1d): real-model SFT with packing refuses before loading
     anything, and the check on a loaded model refuses too; the tiny model is not checked."""
     from lab.train import sft
@@ -264,11 +264,21 @@ def test_real_model_packing_refuses_without_kernels(root):
         sft.check_packing(cfg)
     with pytest.raises(LabError, match=r"sft.packing=true with the real model .* set sft.packing=false"):
         packed_rows.require_kernels()
-    with pytest.raises(LabError, match=r"here (mamba2_split_conv1d_scan_combined, causal_conv1d_fn, mamba2_chunk_scan would drop seq_idx|there "
-                       r"is no CUDA device)"):
+    dropped = "mamba2_split_conv1d_scan_combined, causal_conv1d_fn, mamba2_chunk_scan would drop seq_idx"
+    with pytest.raises(LabError, match=f"here ({dropped}|there is no CUDA device)"):
         packed_rows.require_kernels(build(root))
     sft.check_packing(compose(root, "sft.packing=true"))  # the tiny model: the CPU path
     sft.check_packing(config.compose(["model=nemotron_nano", "sft.packing=false"]))
+    # the preflight's own line: silent here (check_cuda / check_mamba_kernels name what is missing), but where the
+    # packages import and a GPU is seen while transformers resolved its fallbacks (seq_idx dropped), it refuses
+    from lab.train import preflight
+
+    preflight.check_packing(cfg)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(models, "missing_mamba_kernels", lambda: {})
+    with pytest.raises(LabError, match=f"here {dropped}"):
+        preflight.check_packing(cfg)
+    preflight.check_packing(config.compose(["model=nemotron_nano", "sft.packing=false"]))
 
 
 def test_packing_config_and_fingerprint(root):
@@ -292,7 +302,7 @@ def test_packing_config_and_fingerprint(root):
 
 
 @pytest.mark.slow  # real SFTTrainer runs: tens of seconds on this CPU
-def test_sft_with_packing_trains_through_the_lab_and_matches_unpacked(root):
+def test_sft_with_packing_trains_through_the_lab_and_matches_unpacked(root, monkeypatch):
     """Through the lab's own SFT path: (1) `sft.train` with sft.packing=true on the tiny model trains and its gradient
     check passes; (2) one optimizer step of `sft.build_trainer` (TRL's SFTTrainer, bfd packing, padding-free collator,
     fused LM head) on the same rows gives the unpacked step's LoRA gradients (batch 1, grad_accum = rows)."""
@@ -304,9 +314,19 @@ def test_sft_with_packing_trains_through_the_lab_and_matches_unpacked(root):
 
     puzzles = generate("numeral_system", 6, 0)
     cfg = compose(root, "sft.packing=true", "sft.max_steps=2", "sft.batch_size=1", "sft.grad_accum=1",
-                  "sft.save_steps=100", "sft.resume=false")
+                  "sft.save_steps=100", "sft.resume=false", "sft.warmup_ratio=0")  # no step at lr 0
+    rows_seen, seq_idx_of = [], packed_rows.seq_idx_from_position_ids
+
+    def spy(position_ids):  # what the backbone hook derives: how many rows each packed micro-step held
+        out = seq_idx_of(position_ids)
+        rows_seen.append(int(out.max()) + 1)
+        return out
+
+    monkeypatch.setattr(packed_rows, "seq_idx_from_position_ids", spy)
     metrics, pm, *_ = sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles)
+    monkeypatch.undo()
     assert metrics["steps"] == 2 and metrics["gradient_check_failed"] == []
+    assert rows_seen and max(rows_seen) > 1  # packs of several rows reached the model
 
     trl_private.install()
     cfg0 = compose(root)

@@ -68,8 +68,9 @@ def check_cuda(cfg: DictConfig) -> None:
 
 
 def check_packing(cfg: DictConfig) -> None:
-    """`sft.packing=true`: the Mamba kernels transformers resolved take `seq_idx` (`lab.model.packed_rows.require_kernels`).
-    Silent when the kernels do not import or there is no GPU: `check_mamba_kernels` and `check_cuda` say so."""
+    """`sft.packing=true`: the Mamba kernels transformers resolved take `seq_idx`
+    (`lab.model.packed_rows.require_kernels`). Silent when the kernels do not import or there is no GPU:
+    `check_mamba_kernels` and `check_cuda` say so."""
     import torch
 
     from lab.model import models, packed_rows

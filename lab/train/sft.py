@@ -204,8 +204,9 @@ def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, exam
 
 
 def check_packing(cfg: DictConfig) -> None:
-    """`sft.packing=true` with the real model: refuse before loading it unless the Mamba kernels import (lab.model.models
-    `check_mamba_kernels`, the preflight's check) and take each row's boundaries (`lab.model.packed_rows`)."""
+    """`sft.packing=true` with the real model: refuse before loading it unless the Mamba kernels import
+    (`lab.model.models.check_mamba_kernels`, the preflight's check) and take each row's boundaries
+    (`lab.model.packed_rows.require_kernels`)."""
     if cfg.sft.packing and not cfg.model.build_tiny:
         from lab.model import models, packed_rows
 
