@@ -283,7 +283,7 @@ def test_real_model_packing_refuses_without_kernels(root, monkeypatch):
 
 def test_packing_config_and_fingerprint(root):
     """sft.packing: false for the demo, true for the real model; TRL gets bfd (rows whole); a checkpoint written
-    with other packing is not resumed (it is in the fingerprint); Unsloth is refused at compose."""
+    with other packing is not resumed (it is in the fingerprint); Unsloth is refused before loading."""
     from lab.train import sft
 
     demo, real = compose(root), config.compose(["experiment=competition"])
@@ -298,7 +298,7 @@ def test_packing_config_and_fingerprint(root):
     fp_off, fp_on = sft.fingerprint(demo, ex), sft.fingerprint(compose(root, "sft.packing=true"), ex)
     assert fp_off["sft"]["packing"] is False and fp_on["sft"]["packing"] is True and fp_off != fp_on
     with pytest.raises(LabError, match="sft.packing=true is for sft.backend=hf"):
-        compose(root, "sft.packing=true", "sft.backend=unsloth")
+        sft.check_packing(compose(root, "sft.packing=true", "sft.backend=unsloth"))  # before anything loads
 
 
 @pytest.mark.slow  # real SFTTrainer runs: tens of seconds on this CPU

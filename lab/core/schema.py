@@ -221,7 +221,7 @@ class SftConfig(Checked):
                           "packing, rows never cut; batch_size then counts packs, grad_accum packs per step), exact: "
                           "each row's Mamba state and attention start at its own first token and the loss is "
                           "token-weighted over the step as unpacked (lab/model/packed_rows.py); the real model "
-                          "needs the mamba_ssm and causal_conv1d kernels for it")
+                          "needs the mamba_ssm and causal_conv1d kernels for it; sft.backend=hf only")
     gradient_checkpointing: bool = _help("recompute activations in the backward pass (TRL's SFTConfig default; the "
                                          "real model needs it)")
     weight_decay: float = _help("AdamW weight decay", ge=0)
@@ -241,15 +241,11 @@ class SftConfig(Checked):
     drill_n: int = _help("drills stage: catalog drill examples (signatures with at most eqsearch.MAX_CANDS candidates)")
 
     def rules(self) -> list[str]:
-        p = []
-        if self.packing and str(self.backend) == "unsloth":
-            p.append("sft.packing=true is for sft.backend=hf (lab/model/packed_rows.py wraps transformers' "
-                     "Nemotron-H, not Unsloth's): set sft.packing=false")
         if self.max_steps == -1:
             why = bound_problem(self.epochs, {"gt": 0})
-            return p + ([f"sft.epochs={self.epochs!r} {why} (or set sft.max_steps >= 1)"] if why else [])
+            return [f"sft.epochs={self.epochs!r} {why} (or set sft.max_steps >= 1)"] if why else []
         why = bound_problem(self.max_steps, {"ge": 1})
-        return p + ([f"sft.max_steps={self.max_steps!r} {why} (or -1: train for sft.epochs)"] if why else [])
+        return [f"sft.max_steps={self.max_steps!r} {why} (or -1: train for sft.epochs)"] if why else []
 
 
 @dataclass

@@ -204,9 +204,13 @@ def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, exam
 
 
 def check_packing(cfg: DictConfig) -> None:
-    """`sft.packing=true` with the real model: refuse before loading it unless the Mamba kernels import
-    (`lab.model.models.check_mamba_kernels`, the preflight's check) and take each row's boundaries
+    """`sft.packing=true`: refused with Unsloth; with the real model, refused before loading it unless the Mamba
+    kernels import (`lab.model.models.check_mamba_kernels`, the preflight's check) and take each row's boundaries
     (`lab.model.packed_rows.require_kernels`)."""
+    if cfg.sft.packing and cfg.sft.backend == "unsloth":
+        raise LabError("sft.packing=true is for sft.backend=hf (lab.model.packed_rows wraps transformers' Nemotron-H "
+                       "under TRL's SFTTrainer; with Unsloth it is untested): set sft.packing=false, and sft.grad_accum "
+                       "to the rows a step should hold (16 in issue 16's recipe), since grad_accum counts packs")
     if cfg.sft.packing and not cfg.model.build_tiny:
         from lab.model import models, packed_rows
 
@@ -227,13 +231,13 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     backend = cfg.sft.backend  # hf or unsloth: lab/core/schema.py's TrainBackend, refused at compose otherwise
     check_targets(cfg)
     stages = sft_stages(cfg)  # before loading the model
-    check_packing(cfg)
     load, attach = models.load, attach_lora
     if backend == "unsloth":  # Unsloth's own loader, which imports unsloth before transformers/TRL/PEFT
         from lab.train import sft_unsloth
 
         sft_unsloth.check_targets(cfg)  # before loading 30B weights
         load, attach = sft_unsloth.load, sft_unsloth.attach_lora
+    check_packing(cfg)  # before loading the model
     if model is None:
         model, tokenizer = load(cfg)
     trl_private.install()
