@@ -15,6 +15,8 @@ Modules, by what they do (top to bottom, as the import contract in pyproject.tom
   sft         the supervised warm-up (TRL SFTTrainer + PEFT LoRA); sft_unsloth: the GPU back-end
   lora        the LoRA family table, attaching the adapter, the out_proj and lm_head guards, the gradient check,
               saving; callbacks: the trainer callbacks SFT and GRPO share
+  packed_rows packed SFT rows made exact for Nemotron-H: each row's Mamba state and attention start at its own
+              first token (seq_idx to the kernels on GPU, one mixer call per row on CPU)
   memory      one training step traced on fake tensors: peak GPU memory, does it fit the gpu= card
   rewards     GRPO reward functions, a name-to-function registry
   curriculum  pass-rate selection and easy-to-hard ordering of GRPO prompts
