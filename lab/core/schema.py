@@ -254,6 +254,11 @@ class SftConfig(Checked):
     batch_size: int = _help("sequences per device per step", ge=1)
     grad_accum: int = _help("gradient accumulation steps (effective batch = batch_size x grad_accum x GPUs)", ge=1)
     max_seq_len: int = _help("sequence budget; longer examples are counted and dropped, never cut", ge=1)
+    packing: bool = _help("pack rows into micro-batches of up to max_seq_len tokens (TRL's best-fit-decreasing "
+                          "packing, rows never cut; batch_size then counts packs, grad_accum packs per step), exact: "
+                          "each row's Mamba state and attention start at its own first token and the loss is "
+                          "token-weighted over the step as unpacked (lab/model/packed_rows.py); the real model "
+                          "needs the mamba_ssm and causal_conv1d kernels for it; sft.backend=hf only")
     gradient_checkpointing: bool = _help("recompute activations in the backward pass (TRL's SFTConfig default; the "
                                          "real model needs it)")
     weight_decay: float = _help("AdamW weight decay", ge=0)

@@ -12,6 +12,7 @@ saying what is missing and how to get it:
 - `lab.core.paths.check_model_path`: `model.path` is a local model folder, the Kaggle mount, or a Hub id already in the
   local Hub cache (nothing is downloaded at run time);
 - `lab.model.models.check_mamba_kernels` (02_sft, 03_grpo): the fused Mamba kernels import;
+- `check_packing` (02_sft with `sft.packing=true`): those kernels take each packed row's boundaries (`seq_idx`);
 - `lab.train.grpo.check_backend` (03_grpo): the rollout back-end is one that stays exact for Nemotron-H;
 - `lab.train.memory.check_fits` (02_sft, 03_grpo): one training micro-step traced on fake tensors fits `gpu=`.
 Every check runs; the failures are gathered into ONE LabError, so a user on the wrong machine learns everything at once.
@@ -66,6 +67,18 @@ def check_cuda(cfg: DictConfig) -> None:
                        "runs on CPU)")
 
 
+def check_packing(cfg: DictConfig) -> None:
+    """`sft.packing=true`: the Mamba kernels transformers resolved take `seq_idx`
+    (`lab.model.packed_rows.require_kernels`). Silent when the kernels do not import or there is no GPU:
+    `check_mamba_kernels` and `check_cuda` say so."""
+    import torch
+
+    from lab.model import models, packed_rows
+
+    if cfg.sft.packing and torch.cuda.is_available() and not models.missing_mamba_kernels():
+        packed_rows.require_kernels()
+
+
 def checks(stage: str) -> list:
     """The checks `stage` runs, each a function of the config that raises a LabError."""
     from lab.train import grpo, memory
@@ -77,6 +90,7 @@ def checks(stage: str) -> list:
         check_cuda,
         lambda cfg: check_model_path(str(cfg.model.path)),  # its messages name model.path
         *([models.check_mamba_kernels] if trains else []),
+        *([check_packing] if stage == "02_sft" else []),
         *([grpo.check_backend] if stage == "03_grpo" else []),
         *([functools.partial(memory.check_fits, stage=trains)] if trains else []),
     ]

@@ -25,7 +25,11 @@ TRL 1.15's SFTTrainer refuses an `lm_head` LoRA because its fused head computes 
 
 What it simplifies:
 1. One adapter; one dataset per stage (`sft.stages`: the drills stage, when on, trains the same LoRA first).
-2. No packing.
+2. Packing (`sft.packing`): TRL's best-fit-decreasing packing, rows never cut (the lab drops overlong rows first), made
+   exact for Nemotron-H by `lab.model.packed_rows` (each row's Mamba state and attention start at its first token;
+   TRL's loss is already token-weighted over the optimizer step, packed or not). `batch_size` and `grad_accum` then
+   count packs of up to `max_seq_len` tokens, not rows: conf/sft/nemotron_nano.yaml derives its `grad_accum` so a
+   step still holds about 16 rows. The real model packs only with the Mamba kernels (`check_packing`).
 """
 
 from __future__ import annotations
@@ -168,7 +172,8 @@ def training_args(cfg: DictConfig, output_dir: Path):
         lr_scheduler_type=s.lr_scheduler_type, per_device_train_batch_size=s.batch_size,
         gradient_accumulation_steps=s.grad_accum, weight_decay=s.weight_decay,
         logging_steps=s.logging_steps, save_steps=s.save_steps, save_total_limit=s.save_total_limit,
-        max_length=s.max_seq_len, completion_only_loss=True, packing=False, seed=cfg.seed,
+        max_length=s.max_seq_len, completion_only_loss=True, seed=cfg.seed,
+        packing=bool(s.packing), packing_strategy="bfd",  # rows kept whole (bfd_split/wrapped would cut them)
         data_seed=cfg.seed, **tracking_args(cfg, "02_sft"), use_cpu=not torch.cuda.is_available(),
         bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(), dataloader_num_workers=0,
         disable_tqdm=False, save_only_model=False, gradient_checkpointing=s.gradient_checkpointing,
@@ -198,6 +203,21 @@ def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, exam
     return trainer
 
 
+def check_packing(cfg: DictConfig) -> None:
+    """`sft.packing=true`: refused with Unsloth; with the real model, refused before loading it unless the Mamba
+    kernels import (`lab.model.models.check_mamba_kernels`, the preflight's check) and take each row's boundaries
+    (`lab.model.packed_rows.require_kernels`)."""
+    if cfg.sft.packing and cfg.sft.backend == "unsloth":
+        raise LabError("sft.packing=true is for sft.backend=hf (lab.model.packed_rows wraps transformers' Nemotron-H "
+                       "under TRL's SFTTrainer; with Unsloth it is untested): set sft.packing=false, and sft.grad_accum "
+                       "to the rows a step should hold (16 in issue 16's recipe), since grad_accum counts packs")
+    if cfg.sft.packing and not cfg.model.build_tiny:
+        from lab.model import models, packed_rows
+
+        models.check_mamba_kernels(cfg)
+        packed_rows.require_kernels()
+
+
 def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, tokenizer=None):
     """Train the SFT adapter into `cfg.sft.adapter_dir`.
 
@@ -219,6 +239,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
 
         sft_unsloth.check_targets(cfg)  # before loading 30B weights
         load, attach = sft_unsloth.load, sft_unsloth.attach_lora
+    check_packing(cfg)  # before loading the model
     if model is None:
         model, tokenizer = load(cfg)
     trl_private.install()
@@ -233,6 +254,12 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
 
     pm, table = attach(cfg, model)
     print("LoRA targets:\n" + table.to_string(index=False))
+    if cfg.sft.packing:
+        from lab.model import packed_rows
+
+        if not cfg.model.build_tiny:
+            packed_rows.require_kernels(pm)  # the loaded model's own mixers
+        packed_rows.install(pm)
     atomic_write_csv(stage.path("lora_targets.csv"), table)
 
     drills = _train_drills(cfg, stage, pm, tokenizer) if "drills" in stages else None

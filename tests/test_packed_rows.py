@@ -1,0 +1,369 @@
+"""Packed rows are exact (lab/model/packed_rows.py): the tiny Nemotron-H with the lab's LoRA, fp32, CPU.
+
+"Rows one by one" is what the recipe trains without packing: each row alone (batch 1), the step's loss the summed
+NLL of every completion token over the number of those tokens (transformers' Trainer `num_items_in_batch` and TRL's
+`SFTTrainer.compute_loss`: a token-weighted mean over the optimizer step). Packed: the same rows concatenated in one
+sequence with `position_ids` restarting at 0 per row, as TRL's padding-free collator builds it; the row's first
+label is never a target in either case. Tolerances (issue 42): per-token log-probs 1e-5 absolute, loss 1e-6
+relative, every LoRA gradient tensor 1e-5 relative (||g_packed - g_rows|| / ||g_rows||).
+"""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+torch = pytest.importorskip("torch")
+
+from lab import LabError  # noqa: E402
+from lab.core import config  # noqa: E402
+from lab.model import lora, models, packed_rows  # noqa: E402
+
+LENGTHS = [37, 90, 13, 70]  # 210 tokens: rows shorter and longer than the tiny model's chunk_size 64
+LOGP_TOL, LOSS_TOL, GRAD_TOL = 1e-5, 1e-6, 1e-5
+
+
+def compose(root, *extra):
+    return config.compose([f"run_dir={root / 'run'}", f"model.path={root / 'base_model'}", *extra])
+
+
+def build(root, seed=1):
+    """The tiny model with the lab's LoRA (conf/sft/default.yaml's families), seeded, lora_B drawn N(0, 0.05) instead
+    of PEFT's zeros so that every LoRA tensor, A included, has a gradient."""
+    cfg = compose(root)
+    model, _ = models.load(cfg)
+    with torch.random.fork_rng(), torch.no_grad():
+        torch.manual_seed(seed)  # PEFT draws lora_A from the global generator: every build starts the same
+        pm, _ = lora.attach_lora(cfg, model)
+        for n, p in pm.named_parameters():
+            if "lora_B" in n:
+                p.normal_(0.0, 0.05)
+    pm.train()
+    return pm
+
+
+@pytest.fixture(scope="module")
+def root(tmp_path_factory):
+    return tmp_path_factory.mktemp("packed")
+
+
+@pytest.fixture(scope="module")
+def pm(root):
+    return build(root)
+
+
+def make_rows(lengths, seed=0, prompt_frac=0.4):
+    """SFT-like rows: (input_ids, labels) with the prompt's labels at -100."""
+    g = torch.Generator().manual_seed(seed)
+    rows = []
+    for n in lengths:
+        ids = torch.randint(5, 300, (n,), generator=g)
+        labels = ids.clone()
+        labels[:max(1, int(n * prompt_frac))] = -100
+        rows.append((ids, labels))
+    return rows
+
+
+def n_items(rows):
+    return sum(int((lab[1:] != -100).sum()) for _, lab in rows)
+
+
+def token_logp(logits, ids):
+    return torch.log_softmax(logits[0, :-1].float(), -1).gather(-1, ids[1:, None])[:, 0]
+
+
+def nll(logp, labels, n):
+    return -(logp * (labels[1:] != -100)).sum() / n
+
+
+def grads(model):
+    return {n: p.grad.detach().clone() for n, p in model.named_parameters() if p.requires_grad}
+
+
+def run_rows(model, rows):
+    """Each row alone, gradients accumulated: per-row log-probs, the step's loss, the LoRA gradients."""
+    model.zero_grad(set_to_none=True)
+    n, loss, logps = n_items(rows), 0.0, []
+    for ids, labels in rows:
+        logp = token_logp(model(input_ids=ids[None], use_cache=False).logits, ids)
+        step = nll(logp, labels, n)
+        step.backward()
+        loss += step.item()
+        logps.append(logp.detach())
+    return logps, loss, grads(model)
+
+
+def run_packed(model, rows, position_ids=True):
+    """The rows in one sequence, position_ids restarting per row (TRL's padding-free collator)."""
+    model.zero_grad(set_to_none=True)
+    ids = torch.cat([r[0] for r in rows])
+    pos = torch.cat([torch.arange(len(r[0])) for r in rows])
+    kw = {"position_ids": pos[None]} if position_ids else {}
+    logits = model(input_ids=ids[None], use_cache=False, **kw).logits
+    logps, loss, start = [], 0.0, 0
+    for r_ids, labels in rows:
+        k = len(r_ids)
+        logps.append(token_logp(logits[:, start:start + k], r_ids))
+        start += k
+    loss = sum(nll(lp, lab, n_items(rows)) for lp, (_, lab) in zip(logps, rows))
+    loss.backward()
+    return [lp.detach() for lp in logps], loss.item(), grads(model)
+
+
+def compare(ref, got):
+    """(max |dlogp|, loss relative difference, largest per-tensor gradient relative difference)."""
+    logp = max((a - b).abs().max().item() for a, b in zip(ref[0], got[0]))
+    loss = abs(got[1] - ref[1]) / abs(ref[1])
+    grad = max(((got[2][n] - g).norm() / g.norm()).item() for n, g in ref[2].items())
+    return logp, loss, grad
+
+
+def installed(model, fn, **kw):
+    h = packed_rows.install(model, **kw)
+    try:
+        return fn()
+    finally:
+        h.remove()
+
+
+def test_seq_idx_follows_transformers_packed_rule():
+    from transformers.masking_utils import find_packed_sequence_indices
+
+    pos = torch.tensor([[0, 1, 2, 0, 1, 0, 0, 1, 2, 3], [0, 1, 2, 3, 4, 0, 1, 2, 0, 1]])
+    seq_idx = packed_rows.seq_idx_from_position_ids(pos)
+    assert seq_idx.dtype == torch.int32 and seq_idx.is_contiguous()  # what causal_conv1d's C++ requires
+    assert torch.equal(seq_idx.long(), find_packed_sequence_indices(pos))
+    assert packed_rows.segments(seq_idx[0]) == [(0, 3), (3, 5), (5, 6), (6, 10)]
+
+
+def test_packed_equals_rows_one_by_one(pm):
+    rows = make_rows(LENGTHS)
+    ref = run_rows(pm, rows)
+    assert all(g.norm() > 0 for g in ref[2].values())  # every LoRA tensor has a gradient to compare
+    logp, loss, grad = compare(ref, installed(pm, lambda: run_packed(pm, rows)))
+    print(f"\npacked: max |dlogp| {logp:.2e}, loss rel {loss:.2e}, max grad rel {grad:.2e}")
+    assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
+
+
+def test_negative_control_without_row_boundaries(pm):
+    """The same packed sequence without the mechanism (position_ids restart: transformers' attention is block-diagonal,
+    but the Mamba conv and scan state flows into the next row), and without position_ids at all: both must fail."""
+    rows = make_rows(LENGTHS)
+    ref = run_rows(pm, rows)
+    for with_pos in (True, False):
+        got = run_packed(pm, rows, position_ids=with_pos)
+        logp, loss, grad = compare(ref, got)
+        print(f"\nno boundaries (position_ids={with_pos}): max |dlogp| {logp:.2e}, loss rel {loss:.2e}, "
+              f"max grad rel {grad:.2e}")
+        assert logp > LOGP_TOL and loss > LOSS_TOL and grad > GRAD_TOL
+        # the first row has nothing before it: only the rows after it are wrong
+        assert (ref[0][0] - got[0][0]).abs().max() < LOGP_TOL and (ref[0][1] - got[0][1]).abs().max() > 1e-2
+
+
+def test_gradient_checkpointing_recomputes_with_the_boundaries(root):
+    """Checkpointed blocks are recomputed in backward, after model.forward returned: seq_idx travels in the
+    checkpointed keyword arguments (transformers' GradientCheckpointingLayer), so the recomputation splits too."""
+    model = build(root)
+    model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.base_model.model.enable_input_require_grads()
+    rows = make_rows([40, 60, 25, 75], seed=2)
+    ref = run_rows(model, rows)
+    logp, loss, grad = compare(ref, installed(model, lambda: run_packed(model, rows)))
+    assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
+
+
+def test_masks_cache_and_remove(pm):
+    """An all-ones attention_mask is dropped (it would switch transformers' block-diagonal mask off); a mask with
+    padding, or one row per batch row, is left alone; install twice hooks once; remove restores the model."""
+    rows = make_rows(LENGTHS)
+    ids = torch.cat([r[0] for r in rows])[None]
+    pos = torch.cat([torch.arange(len(r[0])) for r in rows])[None]
+    seen = []
+    mixer = next(m for m in pm.modules() if type(m).__name__ == packed_rows.MIXER_CLASS)
+    spy = mixer.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("seq_idx")), with_kwargs=True)
+    h1, h2 = packed_rows.install(pm), packed_rows.install(pm)
+    assert len(h1.hooks) == 1 and h2.hooks == [] and h2.mixers == []
+    try:
+        with torch.no_grad():
+            ones = pm(input_ids=ids, position_ids=pos, attention_mask=torch.ones_like(ids)).logits
+            none = pm(input_ids=ids, position_ids=pos).logits
+            padded = torch.ones_like(ids)
+            padded[0, :3] = 0
+            pm(input_ids=ids, position_ids=pos, attention_mask=padded)
+            pm(input_ids=ids)  # one row: nothing packed
+    finally:
+        h1.remove()
+        h2.remove()
+    spy.remove()
+    assert torch.equal(ones, none)
+    assert seen[0] is not None and seen[1] is not None and seen[2] is None and seen[3] is None
+    assert torch.equal(seen[0], packed_rows.seq_idx_from_position_ids(pos))
+    assert "forward" not in mixer.__dict__ and not pm.base_model.model.model._forward_pre_hooks
+
+
+def _conv_with_seq_idx(hidden_states, weight, bias=None, activation=None, seq_idx=None, **kwargs):
+    """Depthwise causal conv whose taps never cross a change of seq_idx: causal-conv1d 1.7.0's documented seq_idx
+    semantics (its causal_conv1d_ref), in PyTorch."""
+    B, _, L = hidden_states.shape
+    w = weight.shape[-1]
+    seq_idx = torch.zeros(B, L, dtype=torch.int32) if seq_idx is None else seq_idx
+    win = torch.nn.functional.pad(hidden_states.to(weight.dtype), (w - 1, 0)).unfold(-1, w, 1)  # (B, C, L, W)
+    s = torch.nn.functional.pad(seq_idx, (w - 1, 0), value=-1).unfold(-1, w, 1)  # (B, L, W)
+    out = (win * (s == seq_idx[..., None])[:, None] * weight[None, :, None, :]).sum(-1)
+    out = out if bias is None else out + bias[None, :, None]
+    return torch.nn.functional.silu(out) if activation in ("silu", "swish") else out
+
+
+def test_kernel_path_hands_seq_idx_to_the_kernels(root, monkeypatch):
+    """The GPU path on CPU: stand-ins that take seq_idx replace the kernel functions the mixer calls (mamba_ssm's and
+    causal_conv1d's signatures do), and the kernel path is forced: seq_idx must arrive through transformers' own
+    kwargs (int32, contiguous, (batch, seq)), in the recomputation under checkpointing too, and the result be exact."""
+    import transformers.models.nemotron_h.modeling_nemotron_h as mnh
+
+    torch_scan, seen = mnh.mamba2_chunk_scan, []
+
+    def scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None, dt_softplus=False,
+             dt_limit=(0.0, float("inf")), return_final_states=False, seq_idx=None, **kwargs):
+        kw = dict(D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
+        if seq_idx is None:
+            return torch_scan(hidden_states, dt, A, B, C, chunk_size, **kw)
+        seen.append((seq_idx.dtype, seq_idx.is_contiguous(), tuple(seq_idx.shape)))
+        return torch.cat([torch.cat([torch_scan(hidden_states[b:b + 1, s:e], dt[b:b + 1, s:e], A, B[b:b + 1, s:e],
+                                                C[b:b + 1, s:e], chunk_size, **kw)
+                                     for s, e in packed_rows.segments(seq_idx[b])], 1)
+                          for b in range(hidden_states.shape[0])])
+
+    assert packed_rows.kernel_functions_without_seq_idx(build(root).base_model.model.model.layers[0].mixer) \
+        == list(packed_rows.KERNEL_FUNCTIONS)  # this CPU: the PyTorch fallbacks drop seq_idx
+    monkeypatch.setattr(mnh, "causal_conv1d_fn", _conv_with_seq_idx)
+    monkeypatch.setattr(mnh, "mamba2_chunk_scan", scan)
+    monkeypatch.setattr(mnh, "mamba2_split_conv1d_scan_combined", lambda *a, seq_idx=None, **k: None)  # unfused
+    model = build(root)
+    model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    mixers = [m for m in model.modules() if type(m).__name__ == packed_rows.MIXER_CLASS]
+    assert all(packed_rows.kernel_functions_without_seq_idx(m) == [] for m in mixers)
+    rows = make_rows(LENGTHS, seed=3)
+    ref = run_rows(model, rows)
+    seen.clear()
+    logp, loss, grad = compare(ref, installed(model, lambda: run_packed(model, rows), force_kernel_path=True))
+    assert seen == [(torch.int32, True, (1, sum(LENGTHS)))] * (2 * len(mixers))  # forward + recomputation
+    assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
+
+
+def test_real_model_packing_refuses_without_kernels(root, monkeypatch):
+    """On this machine (no CUDA, no mamba_ssm / causal_conv1d): real-model SFT with packing refuses before loading
+    anything, and the check on a loaded model refuses too; the tiny model is not checked."""
+    from lab.train import sft
+
+    if torch.cuda.is_available() and not models.missing_mamba_kernels():
+        pytest.skip("the kernels are here")
+    cfg = config.compose(["model=nemotron_nano", "sft.packing=true"])
+    with pytest.raises(LabError, match="fused Mamba kernels|sft.packing=true with the real model"):
+        sft.check_packing(cfg)
+    with pytest.raises(LabError, match=r"sft.packing=true with the real model .* set sft.packing=false"):
+        packed_rows.require_kernels()
+    dropped = "mamba2_split_conv1d_scan_combined, causal_conv1d_fn, mamba2_chunk_scan would drop seq_idx"
+    with pytest.raises(LabError, match=f"here ({dropped}|there is no CUDA device)"):
+        packed_rows.require_kernels(build(root))
+    sft.check_packing(compose(root, "sft.packing=true"))  # the tiny model: the CPU path
+    sft.check_packing(config.compose(["model=nemotron_nano", "sft.packing=false"]))
+    # the preflight's own line: silent here (check_cuda / check_mamba_kernels name what is missing), but where the
+    # packages import and a GPU is seen while transformers resolved its fallbacks (seq_idx dropped), it refuses
+    from lab.train import preflight
+
+    preflight.check_packing(cfg)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(models, "missing_mamba_kernels", lambda: {})
+    with pytest.raises(LabError, match=f"here {dropped}"):
+        preflight.check_packing(cfg)
+    preflight.check_packing(config.compose(["model=nemotron_nano", "sft.packing=false"]))
+
+
+def test_packing_config_and_fingerprint(root):
+    """sft.packing: false for the demo, true for the real model; TRL gets bfd (rows whole); a checkpoint written
+    with other packing is not resumed (it is in the fingerprint); Unsloth is refused before loading."""
+    from lab.train import sft
+
+    demo, real = compose(root), config.compose(["experiment=competition"])
+    assert demo.sft.packing is False and real.sft.packing is True
+    args = sft.training_args(compose(root, "sft.packing=true"), root / "ck")
+    assert args.packing and args.packing_strategy == "bfd" and args.max_length == demo.sft.max_seq_len
+    assert not sft.training_args(demo, root / "ck").packing
+    models.load(demo)  # the fingerprint hashes the built tiny model
+    import pandas as pd
+
+    ex = pd.DataFrame({"prompt": ["a"], "completion": ["b"]})
+    fp_off, fp_on = sft.fingerprint(demo, ex), sft.fingerprint(compose(root, "sft.packing=true"), ex)
+    assert fp_off["sft"]["packing"] is False and fp_on["sft"]["packing"] is True and fp_off != fp_on
+    with pytest.raises(LabError, match="sft.packing=true is for sft.backend=hf"):
+        sft.check_packing(compose(root, "sft.packing=true", "sft.backend=unsloth"))  # before anything loads
+
+
+@pytest.mark.slow  # real SFTTrainer runs: tens of seconds on this CPU
+def test_sft_with_packing_trains_through_the_lab_and_matches_unpacked(root, monkeypatch):
+    """Through the lab's own SFT path: (1) `sft.train` with sft.packing=true on the tiny model trains and its gradient
+    check passes; (2) one optimizer step of `sft.build_trainer` (TRL's SFTTrainer, bfd packing, padding-free collator,
+    fused LM head) on the same rows gives the unpacked step's LoRA gradients (batch 1, grad_accum = rows)."""
+    from transformers import TrainerCallback
+
+    from lab.core.run import Stage
+    from lab.puzzles import generate
+    from lab.train import sft, trl_private
+
+    puzzles = generate("numeral_system", 6, 0)
+    cfg = compose(root, "sft.packing=true", "sft.max_steps=2", "sft.batch_size=1", "sft.grad_accum=1",
+                  "sft.save_steps=100", "sft.resume=false", "sft.warmup_ratio=0")  # no step at lr 0
+    rows_seen, seq_idx_of = [], packed_rows.seq_idx_from_position_ids
+
+    def spy(position_ids):  # what the backbone hook derives: how many rows each packed micro-step held
+        out = seq_idx_of(position_ids)
+        rows_seen.append(int(out.max()) + 1)
+        return out
+
+    monkeypatch.setattr(packed_rows, "seq_idx_from_position_ids", spy)
+    metrics, pm, *_ = sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles)
+    monkeypatch.undo()
+    assert metrics["steps"] == 2 and metrics["gradient_check_failed"] == []
+    assert rows_seen and max(rows_seen) > 1  # packs of several rows reached the model
+
+    trl_private.install()
+    cfg0 = compose(root)
+    _, tok = models.load(cfg0)
+    examples, _ = sft.sft_examples(tok, puzzles, 10_000)
+    n, total = len(examples), int(examples["tokens"].sum())
+    step = {}
+
+    def one_step(packing):
+        over = ["sft.max_steps=1", "sft.batch_size=1", "sft.warmup_ratio=0", "sft.gradient_check=false",
+                f"sft.max_seq_len={total}", f"sft.packing={str(packing).lower()}",
+                f"sft.grad_accum={1 if packing else n}"]
+        c = compose(root, *over)
+        model = build(root)
+        if packing:
+            packed_rows.install(model)
+        got, shapes = {}, []
+
+        class Grab(TrainerCallback):
+            def on_pre_optimizer_step(self, args, state, control, **kw):
+                got.update(grads(model))
+
+        trainer = sft.build_trainer(c, root / f"ck_{packing}", model, tok, examples, [Grab()])
+        orig = trainer.compute_loss
+
+        def compute_loss(m, inputs, **kw):
+            shapes.append(tuple(inputs["input_ids"].shape))
+            return orig(m, inputs, **kw)
+
+        trainer.compute_loss = compute_loss
+        trainer.args.max_grad_norm = 0.0  # the raw gradients (clipping would rescale both the same, but be plain)
+        step[packing] = (trainer.train().training_loss, got, shapes)
+
+    one_step(False)
+    one_step(True)
+    assert step[True][2] == [(1, total)] and len(step[False][2]) == n  # one pack vs one row per micro-step
+    (l0, g0, _), (l1, g1, _) = step[False], step[True]
+    grad = max(((g1[k] - g).norm() / g.norm()).item() for k, g in g0.items() if g.norm() > 0)
+    print(f"\nSFTTrainer step, {n} rows: packed loss {l1:.6f} vs unpacked {l0:.6f}, max grad rel {grad:.2e}")
+    assert abs(l1 - l0) / l0 < LOSS_TOL and grad < GRAD_TOL, (l0, l1, grad)
