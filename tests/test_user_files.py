@@ -273,8 +273,6 @@ def test_empty_rewards_are_refused_at_compose(tmp_path):
     ("vote.methods=[majority,nonexistent]", r"vote\.methods='nonexistent' is not one of greedy, majority"),
     ("vote.options={confidence: {keep_topp: 0.5}}", r"vote\.options\.confidence \(its keys\)='keep_topp'"),
     ("infer.metric_version=foo", r"infer\.metric_version='foo' is not one of final, legacy"),
-    ("data.categories=[unknown]", r"data\.categories='unknown' is not a category, one of bit_manipulation"),
-    ("data.weights={gravityy: 2}", r"data\.weights \(its keys\)='gravityy'"),
     ("data.trace_style=verbose", r"data\.trace_style='verbose' is not one of compact, derivation"),
     (f"seed={2**32}", r"seed=4294967296 must be <= 4294967295"),
 ])
@@ -286,20 +284,33 @@ def test_enumerated_values_and_ranges_are_checked_at_compose(tmp_path, override,
         _cfg(tmp_path, override)
 
 
+@pytest.mark.parametrize("override,message", [
+    ("data.categories=[unknown]", r"data\.categories='unknown' is not a category, one of bit_manipulation"),
+    ("data.weights={gravityy: 2}", r"data\.weights \(its keys\)='gravityy'"),
+])
+def test_unknown_categories_are_refused_before_the_split(tmp_path, override, message):
+    """Item 8: data.categories=[unknown] ended in a raw EmptyDataError. Category names are checked against
+    lab.puzzles.CATEGORIES (their one list) when the split is prepared, before any file is read or written."""
+    from lab.data import dataset
+
+    cfg = _cfg(tmp_path, override)
+    with pytest.raises(LabError, match=message):
+        dataset.prepare(cfg)
+    assert not (tmp_path / "run").exists()
+
+
 def test_schema_name_lists_match_their_owners():
     """The names compose checks (lab/core/schema.py, which may not import the packages above it) are the owners'."""
     from lab.competition import metric
     from lab.core import schema
     from lab.data import dataset
     from lab.eval import vote
-    from lab.puzzles import CATEGORIES
     from lab.train import rewards
 
     assert schema.VOTE_METHODS == tuple(vote.METHODS)
     assert schema.VOTE_OPTIONS == tuple(vote.OPTIONS)
     assert schema.METRIC_VERSIONS == tuple(metric.VERSIONS)
     assert schema.REWARD_NAMES == tuple(rewards.REWARDS)
-    assert schema.CATEGORIES == tuple(CATEGORIES)
     assert schema.TRACE_STYLES == tuple(dataset.TRACE_STYLES)
 
 

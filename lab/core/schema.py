@@ -60,8 +60,6 @@ VOTE_METHODS = ("greedy", "majority", "confidence", "early_stop")  # lab.eval.vo
 VOTE_OPTIONS = ("version", "keep_top", "conf_col", "window", "agree", "stop_prob")  # lab.eval.vote.OPTIONS
 METRIC_VERSIONS = ("final", "legacy")  # lab.competition.metric.VERSIONS
 REWARD_NAMES = ("correctness", "format", "length", "trace_agreement")  # lab.train.rewards.REWARDS
-CATEGORIES = ("bit_manipulation", "gravity", "unit_conversion", "text_cipher", "numeral_system",
-              "equation_transformation")  # lab.puzzles.CATEGORIES
 TRACE_STYLES = ("compact", "derivation")  # lab.data.dataset.TRACE_STYLES
 SEED_MAX = 2**32 - 1  # numpy.random.seed (transformers.set_seed calls it) takes 0 .. 2**32 - 1
 
@@ -212,11 +210,8 @@ class DataConfig(Checked):
                           "count as out of date); false: a changed file is an error naming the change")
 
     def rules(self) -> list[str]:
-        return (choice_problems("data.categories", self.categories, CATEGORIES, "a category")
-                + choice_problems("data.weights (its keys)", list(self.weights or {}), CATEGORIES, "a category")
-                + choice_problems("data.trace_styles (its keys)", list(self.trace_styles or {}), CATEGORIES,
-                                  "a category")
-                + choice_problems("data.trace_style", self.trace_style, TRACE_STYLES)
+        # category names are checked by lab.data.dataset.category_problems, beside their one list (lab.puzzles)
+        return (choice_problems("data.trace_style", self.trace_style, TRACE_STYLES)
                 + [p for k, v in (self.trace_styles or {}).items()
                    for p in choice_problems(f"data.trace_styles.{k}", v, TRACE_STYLES)])
 

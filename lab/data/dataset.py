@@ -240,6 +240,18 @@ def load_split(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
     return out[0], out[1]
 
 
+def category_problems(cfg) -> list[str]:
+    """`data.categories` and the keys of `data.weights` / `data.trace_styles` that name no category of
+    `lab.puzzles.CATEGORIES` (the one list: a new category is one puzzles module and one TABLE line)."""
+    from lab.core.schema import choice_problems
+    from lab.puzzles import CATEGORIES
+
+    d, known = cfg.data, tuple(CATEGORIES)
+    return (choice_problems("data.categories", d.categories, known, "a category")
+            + choice_problems("data.weights (its keys)", list(d.get("weights") or {}), known, "a category")
+            + choice_problems("data.trace_styles (its keys)", list(d.get("trace_styles") or {}), known, "a category"))
+
+
 def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
     """The run's (train, val) split: made once into `cfg.data.split_dir`, then read back hash-checked.
 
@@ -254,6 +266,8 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     data file's content hash (`data_file_record`): a file changed since is an error naming the change, or a new
     split with `data.resplit=true`.
     """
+    if found := category_problems(cfg):  # before any file is read or written
+        raise LabError("; ".join(found))
     from omegaconf import OmegaConf
 
     from lab.core.lineage import consumed
