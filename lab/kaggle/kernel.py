@@ -289,8 +289,10 @@ FILLED = ("# ---- FILLED by `python -m lab kaggle build`", "# ---- end of FILLED
 
 
 def template(name: str) -> str:
-    """The text of kaggle_kernel/NAME."""
-    p = project_root() / TEMPLATES / name
+    """The text of kaggle_kernel/NAME: of the checkout this package lives in, else of the project root ($LAB_ROOT)."""
+    p = Path(__file__).resolve().parents[2] / TEMPLATES / name
+    if not p.is_file():
+        p = project_root() / TEMPLATES / name
     if not p.is_file():
         raise LabError(f"{p}: kernel template not found (kaggle_kernel/ is part of the lab's checkout)")
     return p.read_text(encoding="utf-8")
@@ -350,6 +352,15 @@ def check_run_dir(run_dir: str) -> str:
     return norm
 
 
+def check_run_name(run_name: str) -> str:
+    """A LabError unless `--run-name` is a relative folder name that stays inside /kaggle/working/outputs."""
+    norm = os.path.normpath(os.path.join("outputs", str(run_name)))
+    if not str(run_name).strip() or os.path.isabs(str(run_name)) or not norm.startswith("outputs" + os.sep):
+        raise LabError(f"--run-name {run_name!r} leaves {KAGGLE_WORKING}/outputs (the run folder would be "
+                       f"{os.path.normpath(os.path.join(KAGGLE_WORKING, norm))}): a run name is a folder name, e.g. comp1")
+    return run_name
+
+
 _PATHISH = re.compile(r"^(~|\.{1,2}/|/)")
 
 
@@ -361,7 +372,7 @@ def local_paths(overrides: list[str]) -> list[str]:
     found = []
     for o in overrides:
         key, eq, value = o.partition("=")
-        if not eq:
+        if not eq or key.strip().lstrip("+~") == "run_dir":  # run_dir: check_run_dir
             continue
         for atom in re.split(r"[,\[\]]", value):
             v = atom.strip().strip("'\"")
@@ -414,6 +425,8 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
             raise LabError(f"{what}; point it at the kernel's own files or pass --allow-local-paths")
         print(f"warning: {what}", file=sys.stderr)
     keys = {o.key_or_group for o in parse_overrides(overrides)}
+    if run_name is not None:
+        check_run_name(run_name)
     run_name = run_name or slug
     if "run_dir" not in keys:
         overrides.append(f"run_dir={check_run_dir(f'{KAGGLE_WORKING}/outputs/{run_name}')}")
@@ -472,8 +485,7 @@ def build_chain(stages: list[str], overrides: list[str] = (), username: str | No
     if names != sorted(names, key=STAGES.index):
         raise LabError(f"--chain {','.join(stages)}: stages must come in the pipeline's order ({', '.join(STAGES)})")
     user = _username(username)
-    run_name = run_name or "chain"
-    check_run_dir(f"{KAGGLE_WORKING}/outputs/{run_name}")
+    run_name = check_run_name(run_name or "chain")
     root = resolve_path(out or f"{BUILD_DIR}/chain-{slugify(run_name) or 'run'}")
     extra = list(overrides)
     keys = {o.key_or_group for o in parse_overrides(extra)}
