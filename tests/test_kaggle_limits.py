@@ -274,3 +274,33 @@ def test_install_cell_copies_back_only_what_the_stage_reads(tmp_path, monkeypatc
             assert kept == ["outputs/c1/data/split.json"]
             assert (root / "temp" / "outputs" / "c1" / "checkpoints" / "02_sft" / "checkpoint-7" / "optimizer.pt").is_file()
     assert float(os.environ["LAB_KERNEL_START"]) <= time.time()
+
+
+# ---- the wheel set --------------------------------------------------------------------------------------------------
+
+def test_wheel_platforms_cover_every_manylinux_up_to_kaggles_glibc(tmp_path):
+    """pip does not widen --platform manylinux_2_28 to older manylinux_2_x tags, so bitsandbytes 0.50.2 (a
+    manylinux_2_24 wheel only) had no match with manylinux_2_28 + manylinux2014 (resolved against the package index
+    for Python 3.12 on the development machine: "No matching distribution found for bitsandbytes==0.50.2")."""
+    (tmp_path / "requirements.txt").write_text("bitsandbytes==0.50.2\n")
+    download = kaggle.wheel_commands(tmp_path, "3.12")[1]
+    plats = {a.split("=", 1)[1] for a in download if a.startswith("--platform=")}
+    assert {f"manylinux_2_{m}_x86_64" for m in range(17, 36)} <= plats
+    assert {"manylinux2014_x86_64", "manylinux_2_5_x86_64"} <= plats and "manylinux_2_36_x86_64" not in plats
+
+
+def test_fetch_wheels_names_the_pin_without_a_wheel(tmp_path, monkeypatch, capsys):
+    import types
+
+    (tmp_path / "requirements.txt").write_text("bitsandbytes==0.50.2\n")
+    (tmp_path / "a-1.0-py3-none-any.whl").write_bytes(b"x" * 2_000_000)
+    answers = iter([types.SimpleNamespace(returncode=0, stdout="", stderr=""),
+                    types.SimpleNamespace(returncode=1, stdout="", stderr="ERROR: No matching distribution found for "
+                                                                          "bitsandbytes==0.50.2\n")])
+    monkeypatch.setattr(subprocess, "run", lambda cmd, **kw: next(answers))
+    with pytest.raises(LabError, match=r"no binary wheel of bitsandbytes==0\.50\.2 for Python 3\.12"):
+        kaggle.fetch_wheels(tmp_path, "3.12")
+    answers = iter([types.SimpleNamespace(returncode=0, stdout="", stderr="")] * 2)
+    kaggle.fetch_wheels(tmp_path, "3.12")
+    assert "1 wheels, 0.00 GB in all:" in capsys.readouterr().out and "2.0 MB  a-1.0-py3-none-any.whl" in \
+        kaggle.wheel_list(tmp_path)
