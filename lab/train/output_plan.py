@@ -127,7 +127,7 @@ def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None)
     """The plan of `stage` under `cfg`: {"working": {item: bytes}, "scratch": {item: bytes}, "limit": bytes,
     "lines": [the arithmetic, one line per item], "params": P}. `params`: P when known (else counted)."""
     gpu_stage = stage in ("02_sft", "03_grpo", "04_vote")
-    P = params if params is not None else (trainable_params(cfg) if stage != "01_explore" else 0)
+    P = 0 if stage in ("01_explore", "05_errors") else params if params is not None else trainable_params(cfg)
     adapter = 4 * P
     rows, rows_how = val_rows(cfg)
     tokens = int(cfg.infer.max_tokens)
@@ -135,8 +135,9 @@ def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None)
     working: dict[str, int] = {}
     scratch: dict[str, int] = {}
     lines = [] if not P else [f"P = {P:,} trainable parameters ({', '.join(cfg.sft.lora.targets)}; r={cfg.sft.lora.r})"]
-    lines.append(f"held-out rows = {rows:,} ({rows_how}); one evaluation pass <= rows x infer.max_tokens {tokens:,} x "
-                 f"{TEXT_BYTES_PER_TOKEN} B = {_gb(per_pass)}")
+    if stage != "01_explore":
+        lines.append(f"held-out rows = {rows:,} ({rows_how}); one evaluation pass <= rows x infer.max_tokens "
+                     f"{tokens:,} x {TEXT_BYTES_PER_TOKEN} B = {_gb(per_pass)}")
     for name in stage_reads(cfg, stage):
         if name == _stage_folder_of(cfg, cfg.data.split_dir):
             working[f"copied back: {name}/ (the split)"] = data_bytes(cfg)
