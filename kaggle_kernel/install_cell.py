@@ -73,11 +73,17 @@ os.environ["LAB_ROOT"] = LAB_ROOT
 
 
 def _copy(src, dst):
-    if os.path.isdir(src):
-        shutil.copytree(src, dst, dirs_exist_ok=True)
-    else:
+    """Copy a file or folder from the read-only input mount: contents only (shutil.copyfile), so the copies are
+    writable files of this kernel and not read-only like their source."""
+    if not os.path.isdir(src):
         os.makedirs(os.path.dirname(dst), exist_ok=True)
-        shutil.copy2(src, dst)
+        shutil.copyfile(src, dst)
+        return
+    for _root, _dirs, _files in os.walk(src):
+        _to = os.path.join(dst, os.path.relpath(_root, src))
+        os.makedirs(_to, exist_ok=True)
+        for _f in _files:
+            shutil.copyfile(os.path.join(_root, _f), os.path.join(_to, _f))
 
 
 if RUN_DIR.startswith(KAGGLE_WORKING + "/"):

@@ -44,7 +44,7 @@ from pathlib import Path
 from lab import LabError
 from lab.core.config import compose, split_at_dashes
 from lab.core.io import atomic_file, atomic_write_json, atomic_write_text
-from lab.core.paths import KAGGLE_INPUT, project_root, resolve_path
+from lab.core.paths import project_root, resolve_path
 from lab.runs.pipeline import STAGES
 from lab.train.preflight import PIPELINE, kernel_extras
 from lab.runs.sweep import parse_overrides
@@ -64,6 +64,7 @@ DATASET_TITLE = "Nemotron reasoning lab deps"
 BUILD_DIR = "kaggle_kernel/build"
 SRC_TARBALL = "lab_src.tar.gz"
 SRC_FOLDERS = ("conf", "notebooks", "scripts")
+KAGGLE_INPUT = "/kaggle/input"  # a built kernel's paths are Kaggle's, whatever $LAB_KAGGLE_ROOT says here
 KAGGLE_WORKING = "/kaggle/working"
 LAB_ROOT_ON_KAGGLE = "/tmp/lab_root"
 INSTALL_TAG = "lab-offline-install"
@@ -314,7 +315,7 @@ def install_cell_source(dataset_slug: str, run_dir: str, package: str = DIST_NAM
         raise LabError(f"{project_root() / TEMPLATES / 'install_cell.py'}: the FILLED markers are missing")
     values = {"LAB_DATASET": dataset_slug, "RUN_DIR": run_dir, "PACKAGE": package, "PYTHON_VERSION": python_version,
               "COPY_BACK": copy_back, "RESUME": resume, "SCRATCH_DIR": scratch_dir or None,
-              "KAGGLE_INPUT": str(KAGGLE_INPUT), "KAGGLE_WORKING": KAGGLE_WORKING, "LAB_ROOT": LAB_ROOT_ON_KAGGLE,
+              "KAGGLE_INPUT": KAGGLE_INPUT, "KAGGLE_WORKING": KAGGLE_WORKING, "LAB_ROOT": LAB_ROOT_ON_KAGGLE,
               "WHEEL_GLOB": WHEEL_GLOB, "MAMBA_WHEEL_GLOBS": list(MAMBA_WHEEL_GLOBS),
               "MAMBA_EXTRA_DEP": MAMBA_EXTRA_DEP, "SRC_TARBALL": SRC_TARBALL}
     block = "\n".join(f"{k} = {'None' if v is None else json.dumps(v)}" for k, v in values.items())
