@@ -23,7 +23,8 @@ import pytest
 
 from lab.kaggle import kernel as kaggle
 
-OVERRIDES = ["experiment=smoke", "sft.max_steps=3", "sft.save_steps=1", "sft.save_total_limit=1"]
+OVERRIDES = ["experiment=smoke", "sft.max_steps=3", "sft.save_steps=1", "sft.save_total_limit=1",
+             "kaggle.python_version='%d.%d'" % sys.version_info[:2]]  # the install cell checks the image's Python
 
 
 def _files(folder: Path) -> dict[str, int]:

@@ -10,7 +10,8 @@ The figures (P = trainable LoRA parameters of the configured model and targets, 
 - the submission zip: P x 2 bytes (`lab.model.submission.SUBMISSION_DTYPE`, bf16; deflate barely shrinks weights);
 - one checkpoint (`checkpoint_bytes`): the fp32 adapter (4 P) and the optimizer's states: AdamW (transformers'
   default, `adamw_torch_fused`) two fp32 moments, 8 P; 8-bit AdamW (`adamw_bnb_8bit`, bitsandbytes
-  `Optimizer2State`) two uint8 states and an fp32 absmax per 256 values, 2 P + 8 P / 256;
+  `Optimizer2State`) two uint8 states and an fp32 absmax per 256 values, 2 P + 8 P / 256 (tensors under 4,096
+  values keep fp32 states, `min_8bit_size`: none of the recipe's LoRA matrices is that small);
 - text outputs: every evaluation pass writes at most one completion of `infer.max_tokens` per held-out puzzle, at
   `TEXT_BYTES_PER_TOKEN` bytes of text per token; 04_vote writes k samples twice (samples.jsonl, samples.csv);
 - what the kernel copied back from the kernel before it (`stage_reads`): the split (about the data file's size) and
