@@ -115,7 +115,10 @@ def test_three_kernels_under_a_made_up_kaggle_layout(tmp_path, monkeypatch):
     monkeypatch.setenv("LAB_KAGGLE_ROOT", str(tmp_path / "kaggle"))
     monkeypatch.setenv("KAGGLE_KERNEL_RUN_TYPE", "Batch")
     monkeypatch.delenv("LAB_KERNEL_START", raising=False)
-    k, left, _ = run_chain(tmp_path)
+    assert not Path("/kaggle").exists(), "a real /kaggle here: this test lays out its own"
+    k, left, scratch = run_chain(tmp_path)
+    assert not Path("/kaggle").exists()  # nothing escaped the made-up tree
+    assert scratch["02_sft_stopped"] > 0 and scratch["02_sft"] > 0 and scratch["04_vote"] == 0
     explore, stopped, resumed, vote = (left[f"alice/nemotron-lab-c1-{s}"]
                                        for s in ("01-explore", "02-sft-stopped", "02-sft", "04-vote"))
     run = "outputs/c1/"
@@ -128,7 +131,8 @@ def test_three_kernels_under_a_made_up_kaggle_layout(tmp_path, monkeypatch):
     assert m["stopped_by_budget"] and m["steps"] == 1 and "--kernel-sources" in m["resume_note"]
     # the resumed kernel continued at step 1 and finished; no checkpoint in its working folder
     m = json.loads((k.input / "nemotron-lab-c1-02-sft" / run / "02_sft" / "metrics.json").read_text())
-    assert m["resumed_from"].endswith("checkpoint-1") and m["steps"] == 3 and not m["stopped_by_budget"]
+    assert m["resumed_from"] == str(k.temp / run / "checkpoints" / "02_sft" / "checkpoint-1")  # scratch, copied back
+    assert m["steps"] == 3 and not m["stopped_by_budget"]
     assert not any("checkpoints" in f for f in resumed)
     # 04_vote found 02_sft's adapter (copied back whole) and the split, and nothing else came back
     assert {f.split("/")[2] for f in vote} == {"data", "02_sft", "04_vote"}

@@ -41,6 +41,14 @@ KAGGLE_WORKING = KAGGLE_ROOT / "working"  # what Kaggle keeps of a kernel (its o
 COMPETITION_SLUG = "nvidia-nemotron-model-reasoning-challenge"
 
 
+def kaggle_path(p: str | os.PathLike) -> Path:
+    """`p`, with a leading /kaggle standing for the Kaggle tree `KAGGLE_ROOT` (a made-up one under $LAB_KAGGLE_ROOT)."""
+    text = str(p)
+    if text == "/kaggle" or text.startswith("/kaggle/"):
+        return KAGGLE_ROOT / text[len("/kaggle"):].lstrip("/")
+    return Path(text)
+
+
 def on_kaggle() -> bool:
     """True inside a Kaggle kernel: $KAGGLE_KERNEL_RUN_TYPE set (Kaggle's image sets it) or the input mount present."""
     return bool(os.environ.get("KAGGLE_KERNEL_RUN_TYPE")) or KAGGLE_INPUT.is_dir()
@@ -60,7 +68,7 @@ def checkpoint_root(run_dir: str | os.PathLike, scratch_dir: str | os.PathLike |
         except ValueError:
             rel = None
         if rel is not None:
-            return Path(str(scratch_dir)) / rel / "checkpoints"
+            return kaggle_path(scratch_dir) / rel / "checkpoints"
     return run / "checkpoints"
 
 
