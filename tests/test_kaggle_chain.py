@@ -106,7 +106,7 @@ def run_chain(tmp: Path) -> tuple[FakeKaggle, dict[str, dict[str, int]], dict[st
     scratch = {}
     for folder in (chain[0], stop, resumed, chain[2]):
         k.run(folder)
-        scratch[folder.name + ("_stopped" if folder == stop else "")] = sum(_files(k.temp).values())
+        scratch[folder.name] = sum(_files(k.temp).values())
     return k, k.left, scratch
 
 
