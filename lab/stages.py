@@ -54,6 +54,13 @@ def open_stage(name: str, overrides) -> Stage:
     from lab.train import preflight
 
     preflight.check(name, overrides)
+    from lab.core.paths import on_kaggle
+
+    if on_kaggle():  # the planned output against Kaggle's kept 20 GB, before anything is written (lab.train.output_plan)
+        from lab.core.config import compose, parse_overrides
+        from lab.train import output_plan
+
+        output_plan.check(compose(parse_overrides(overrides)), name)
     stage = Stage(name, overrides)
     print(f"run_dir = {stage.run_dir}   seed = {stage.cfg.seed}   model = {stage.cfg.model.name}   "
           f"data = {stage.cfg.data.source}")
@@ -130,6 +137,7 @@ def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
         before = evaluate(stage, val, None, "predictions_before.csv", cached=False)  # see `evaluate`
         print(f"held-out accuracy before SFT: {before['correct'].mean():.3f}")
     metrics, model, tokenizer, log = sft_lib.train(cfg, stage, train)  # sft.backend=unsloth: lab.train.sft_unsloth
+    _stopped_note(stage, metrics, "sft")
     del model, tokenizer  # the saved adapter is scored, never the in-memory model
     if not _main_alone(launch):
         return metrics
@@ -170,6 +178,7 @@ def grpo(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
     print(f"starting from {cfg.grpo.init_adapter}"
           + (f" (held-out accuracy {sft_accuracy:.3f})" if sft_accuracy is not None else ""))
     metrics, model, log = grpo_lib.train(cfg, stage, train, model, tokenizer)
+    _stopped_note(stage, metrics, "grpo")
     del model, tokenizer  # the saved adapter is scored, never the in-memory model
     if not _main_alone(launch):
         return metrics
@@ -330,6 +339,22 @@ def _pack(stage: Stage, adapter_dir) -> list[str]:
     problems = submission.check(zip_path)
     print(zip_path, "valid" if not problems else problems)
     return problems
+
+
+def _stopped_note(stage: Stage, metrics: dict, group: str) -> None:
+    """A training stage stopped by its wall-clock budget: the newest checkpoint kept where the next run finds it (on
+    Kaggle copied from scratch into /kaggle/working, `lab.train.checkpoints.keep_for_resume`) and the note saying
+    how to resume, printed and kept in the metrics (`resume_note`)."""
+    from lab.core.io import is_main_process
+    from lab.train import checkpoints
+
+    if not metrics.get("stopped_by_budget") or not is_main_process():
+        return
+
+    note = checkpoints.keep_for_resume(stage.checkpoint_dir, stage.run_dir / "checkpoints" / stage.name, stage.name,
+                                       group)
+    print(f"NOTE: {note}", flush=True)
+    metrics["resume_note"] = note
 
 
 def _processes(launch) -> int:

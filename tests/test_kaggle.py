@@ -216,7 +216,7 @@ def test_kernel_options(tmp_path, monkeypatch):
     assert meta["id"] == "bob/full-pipeline-seed-7" and meta["enable_gpu"] is False and "machine_shape" not in meta
     assert meta["model_sources"] == [] and meta["dataset_sources"] == ["carol/lab-deps"]
     nb = cells(out / "pipeline.ipynb")
-    assert '"nemotron-reasoning-lab"]' in src(nb[0]) and 'LAB_DATASET = "lab-deps"' in src(nb[0])
+    assert 'PACKAGE = "nemotron-reasoning-lab"\n' in src(nb[0]) and 'LAB_DATASET = "lab-deps"' in src(nb[0])
     assert "overrides = [\"run_dir=/kaggle/working/mine\", \"seed=7\"]" in src(tagged(nb, "injected-parameters")[0])
     assert "run_notebooks(overrides, stages)" in "".join(src(c) for c in nb)
     with pytest.raises(LabError, match="learning_rat"):

@@ -14,13 +14,18 @@ from lab.kaggle import kernel as kaggle
 from lab.core.config import compose
 
 
+_FILES = []
+
+
 def _run_cell(tmp_path, monkeypatch, python_version, wheels=()):
+    monkeypatch.setenv("LAB_ROOT", "unset")  # an earlier cell in this process pointed it at its fake LAB_ROOT
     root = tmp_path / "kaggle"
     deps = root / "input" / "lab-deps"
     deps.mkdir(parents=True)
     for w in ("nemotron_reasoning_lab-0.1.0-py3-none-any.whl", *wheels):
         (deps / w).write_bytes(b"")
-    kaggle._source_tarball(deps)
+    _FILES[:] = _FILES or kaggle.tracked_files()  # git ls-files, before subprocess.run is replaced below
+    kaggle._source_tarball(deps, _FILES)
     code = kaggle.install_cell_source("lab-deps", "/kaggle/working/outputs/x", python_version=python_version)
     code = code.replace("/kaggle/", f"{root}/").replace(kaggle.LAB_ROOT_ON_KAGGLE, str(tmp_path / "lab_root"))
     calls = []
@@ -56,4 +61,4 @@ def test_a_built_kernel_checks_the_configured_python(tmp_path):
     out = kaggle.build_kernel("02_sft", ["kaggle.python_version='3.13'"], username="bob", out=tmp_path / "k")
     cell = json.loads((out / "02_sft.ipynb").read_text())["cells"][0]
     code = "".join(cell["source"])
-    assert 'if _py != "3.13":' in code and "kaggle.python_version" in code
+    assert 'PYTHON_VERSION = "3.13"\n' in code and "kaggle.python_version" in code

@@ -34,8 +34,42 @@ def resolve_path(p: str | os.PathLike) -> Path:
 
 # Where the competition data and the base model are: here, below the modules that use them, so the
 # compose-time check in `validate` needs no import of lab.data.dataset or lab.model.models (they re-export these names).
-KAGGLE_INPUT = Path("/kaggle/input")
+# $LAB_KAGGLE_ROOT (default /kaggle) lets a test lay out a made-up Kaggle tree (tests/test_kaggle_chain.py)
+KAGGLE_ROOT = Path(os.environ.get("LAB_KAGGLE_ROOT") or "/kaggle")
+KAGGLE_INPUT = KAGGLE_ROOT / "input"
+KAGGLE_WORKING = KAGGLE_ROOT / "working"  # what Kaggle keeps of a kernel (its output, 20 GB at most)
 COMPETITION_SLUG = "nvidia-nemotron-model-reasoning-challenge"
+
+
+def kaggle_path(p: str | os.PathLike) -> Path:
+    """`p`, with a leading /kaggle standing for the Kaggle tree `KAGGLE_ROOT` (a made-up one under $LAB_KAGGLE_ROOT)."""
+    text = str(p)
+    if text == "/kaggle" or text.startswith("/kaggle/"):
+        return KAGGLE_ROOT / text[len("/kaggle"):].lstrip("/")
+    return Path(text)
+
+
+def on_kaggle() -> bool:
+    """True inside a Kaggle kernel: $KAGGLE_KERNEL_RUN_TYPE set (Kaggle's image sets it) or the input mount present."""
+    return bool(os.environ.get("KAGGLE_KERNEL_RUN_TYPE")) or KAGGLE_INPUT.is_dir()
+
+
+def checkpoint_root(run_dir: str | os.PathLike, scratch_dir: str | os.PathLike | None) -> Path:
+    """Where a run's training checkpoints live: `<run_dir>/checkpoints`, except on Kaggle for a run folder inside
+    /kaggle/working, where they go to `<scratch_dir>/<run folder relative to /kaggle/working>/checkpoints`
+    (`kaggle.scratch_dir`, /kaggle/temp by default: disk that Kaggle does not keep and does not count against the
+    20 GB of /kaggle/working). A stage stopped by its wall-clock budget copies its newest checkpoint back into
+    `<run_dir>/checkpoints/<stage>` (`lab.train.checkpoints.keep_for_resume`); the next kernel's install cell puts it
+    into the scratch folder again (kaggle_kernel/install_cell.py, RESUME)."""
+    run = resolve_path(run_dir)
+    if scratch_dir and on_kaggle():
+        try:
+            rel = run.relative_to(KAGGLE_WORKING)
+        except ValueError:
+            rel = None
+        if rel is not None:
+            return kaggle_path(scratch_dir) / rel / "checkpoints"
+    return run / "checkpoints"
 
 
 def find_data_file(path: str | os.PathLike | None = None, name: str = "train.csv") -> Path:

@@ -32,7 +32,7 @@ from lab.core import lineage
 from lab.core.config import compose, library_problems, names_run, parse_overrides, validate
 from lab.core.console import quiet_known_warnings
 from lab.core.io import atomic_write_json, atomic_write_text, is_main_process, read_json
-from lab.core.paths import project_root, resolve_path
+from lab.core.paths import checkpoint_root, project_root, resolve_path
 
 PACKAGES = ("lab", "torch", "transformers", "trl", "peft", "datasets", "accelerate", "hydra-core",
             "papermill", "pandas", "numpy", "vllm", "unsloth")
@@ -234,7 +234,8 @@ class Stage:
         self.run_dir = resolve_path(self.cfg.run_dir)
         self.final = self.run_dir / name
         self.dir = self.run_dir / f".{name}.partial"
-        self.checkpoint_dir = self.run_dir / "checkpoints" / name
+        # <run_dir>/checkpoints, on Kaggle a scratch folder outside /kaggle/working (lab.core.paths.checkpoint_root)
+        self.checkpoint_dir = checkpoint_root(self.run_dir, OmegaConf.select(self.cfg, "kaggle.scratch_dir")) / name
         # before anything in the folder is touched; under `accelerate launch` (torchrun sets RANK) the main
         # process's lock covers the other ranks, which open the same stage after it (scripts/_launch.py)
         main = is_main_process()

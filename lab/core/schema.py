@@ -432,6 +432,17 @@ class KaggleConfig(Checked):
     python_version: str = _help("the Python (major.minor) of Kaggle's image: the dependency wheels are fetched for it "
                                 "(`kaggle dataset --fetch-wheels`), scripts/build_mamba_wheels.sh builds for it, and a "
                                 "built kernel's install cell stops when the image runs another")
+    scratch_dir: Optional[str] = _help("on Kaggle, where training checkpoints go for a run inside /kaggle/working "
+                                       "(disk Kaggle does not keep, outside the output limit; lab.core.paths."
+                                       "checkpoint_root); null or '': <run_dir>/checkpoints")
+    output_limit_gb: float = _help("what Kaggle keeps of a kernel's /kaggle/working, in GB (10^9 bytes): a stage on "
+                                   "Kaggle prints its planned output against it and refuses a plan over it "
+                                   "(lab.train.output_plan; `python -m lab kaggle plan`)", gt=0)
+    run_limit_h: float = _help("the longest a Kaggle kernel runs, in hours: on Kaggle a training stage's "
+                               "wall-clock budget (sft/grpo.wall_clock_budget_min: 0) defaults to this minus "
+                               "budget_margin_min minus the time since the kernel started", gt=0)
+    budget_margin_min: float = _help("minutes kept free at the end of a Kaggle run for what follows training: saving "
+                                     "the adapter and the resumable state, the held-out evaluation, the zip", ge=0)
 
 
 @dataclass

@@ -1,27 +1,38 @@
-"""Offline Kaggle kernels: `python -m lab kaggle dataset` and `python -m lab kaggle build`.
+"""Offline Kaggle kernels: `python -m lab kaggle dataset`, `python -m lab kaggle build` and `python -m lab kaggle plan`
+(the quick start: kaggle_kernel/README.md).
 
 Kaggle runs competition kernels without internet, so the lab reaches a kernel as a Kaggle dataset the kernel
 installs from:
-- `dataset` (`build_dataset`) writes `kaggle_kernel/build/dataset/`: dataset-metadata.json, the lab's wheel (built
-  offline from a copy of pyproject.toml + lab/), `lab_src.tar.gz` (conf/, notebooks/, scripts/: the notebooks compose
-  from `$LAB_ROOT/conf`) and requirements.txt pinned to the versions installed here (torch as the pyproject's range:
-  Kaggle's image brings a CUDA torch). It downloads nothing; `--fetch-wheels` (`wheel_commands`) then fills the
-  folder with wheels for Kaggle's Python on a machine with internet.
-- `build --notebook 02_sft --overrides ...` (`build_kernel`) writes `kaggle_kernel/build/02_sft/`: kernel-metadata.json
-  (internet off, private, GPU and `machine_shape`, sources from `conf/kaggle`) and the notebook with its parameters
-  baked in by papermill's prepare-only mode, behind a first cell (`install_cell_source`) that checks the image's
-  Python, installs the lab offline with only the extras the config needs (`kernel_extras`) and the fused Mamba
-  kernels' wheels when the dataset holds them, unpacks the sources and continues a run attached with
-  `--kernel-sources`. The overrides are composed here, so a typo fails now and not an hour into a Kaggle session;
-  `run_dir` defaults to `/kaggle/working/outputs/<run_name>`. `--notebook pipeline` is one kernel that runs every
-  stage through `lab.runs.pipeline.run_notebooks`.
+- `dataset` (`build_dataset`) writes `kaggle_kernel/build/dataset/`: dataset-metadata.json (kaggle_kernel/
+  dataset-metadata.json filled), the lab's wheel (built offline from a copy of pyproject.toml + the tracked files of
+  lab/), `lab_src.tar.gz` (the tracked files of conf/, notebooks/, scripts/: the notebooks compose from
+  `$LAB_ROOT/conf`) and requirements.txt pinned to the versions installed here (torch as the pyproject's range:
+  Kaggle's image brings a CUDA torch). Only files git tracks go in (`tracked_files`), or an explicit list. It
+  downloads nothing; `--fetch-wheels` (`wheel_commands`) then fills the folder with binary wheels for Kaggle's
+  Python and every manylinux tag up to Kaggle's glibc (`PIP_PLATFORMS`) and lists them with sizes (`wheel_list`).
+- `build --notebook 02_sft -- OVERRIDES` (`build_kernel`) writes `kaggle_kernel/build/02_sft/`: kernel-metadata.json
+  (kaggle_kernel/kernel-metadata.json filled: internet off, private, GPU and `machine_shape`, sources from
+  `conf/kaggle`) and the notebook with its parameters baked in by papermill's prepare-only mode, behind a first cell
+  (kaggle_kernel/install_cell.py filled, `install_cell_source`) that checks the image's Python, installs the lab
+  offline with only the extras the config needs (`kernel_extras`) and the fused Mamba kernels' wheels when the
+  dataset holds them, unpacks the sources, and from a kernel attached with `--kernel-sources` copies back only what
+  the stage reads (`lab.train.output_plan.stage_reads`) and a stopped stage's checkpoint (into scratch). The
+  overrides are composed here, so a typo fails now and not an hour into a Kaggle session; `run_dir` is
+  `/kaggle/working/outputs/<run_name>` and must stay inside /kaggle/working (`check_run_dir`, `check_run_name`); an
+  override naming a path on this machine is refused (`local_paths`). `--chain 01_explore,02_sft,04_vote`
+  (`build_chain`) writes one kernel per stage, each attaching the one before, and prints the push commands in order.
+  `--notebook pipeline` is one kernel that runs every stage through `lab.runs.pipeline.run_notebooks`.
+- `plan OVERRIDES` (`plan_main`): each stage's planned bytes in /kaggle/working and in scratch, with the arithmetic
+  (`lab.train.output_plan`; a stage on Kaggle prints the same and refuses a plan over `kaggle.output_limit_gb`).
 
 What it simplifies:
 1. One dependency dataset for every kernel.
-2. No calls to the Kaggle API: push with the `kaggle` command-line tool (docs/scaling.md, section 6); the model source
+2. No calls to the Kaggle API: push with the `kaggle` command-line tool (kaggle_kernel/README.md); the model source
    is checked with the rule kaggle 2.2.5 applies on push (`check_model_source`), and tests/test_kaggle.py runs
    kaggle's own push validation on a built kernel where the package is installed.
 3. The username comes from --username or $KAGGLE_USERNAME, never from credential files.
+4. A chain's kernels must be pushed one after the other, each once the one before has finished (a kernel attaches
+   the latest output of its sources): the commands are printed, not run.
 """
 
 from __future__ import annotations
@@ -44,19 +55,27 @@ from pathlib import Path
 from lab import LabError
 from lab.core.config import compose, split_at_dashes
 from lab.core.io import atomic_file, atomic_write_json, atomic_write_text
-from lab.core.paths import KAGGLE_INPUT, project_root, resolve_path
+from lab.core.paths import project_root, resolve_path
 from lab.runs.pipeline import STAGES
 from lab.train.preflight import PIPELINE, kernel_extras
 from lab.runs.sweep import parse_overrides
 
 SDIST_ONLY = ("antlr4-python3-runtime==4.9.3",)  # dependencies PyPI has no wheel of (omegaconf's): built with pip wheel
-PIP_PLATFORMS = ("manylinux_2_28_x86_64", "manylinux2014_x86_64")
+# Kaggle's image is built on Colab's, Ubuntu 22.04 (glibc 2.35; not checked against a live kernel here): every
+# manylinux tag up to glibc 2.35 runs there. pip does not widen `--platform manylinux_2_28_x86_64` to the older
+# manylinux_2_x tags (pip/_internal/utils/compatibility_tags.py `_get_custom_platforms` widens only manylinux2014 and
+# manylinux2010), so each is named: nvidia-cublas 13 ships manylinux_2_27 only, llguidance manylinux_2_31, debugpy
+# and cryptography manylinux_2_34 (resolved with this list for Python 3.12).
+KAGGLE_GLIBC = (2, 35)
+PIP_PLATFORMS = (*(f"manylinux_2_{m}_x86_64" for m in range(KAGGLE_GLIBC[1], 16, -1)), "manylinux2014_x86_64",
+                 "manylinux_2_12_x86_64", "manylinux_2_5_x86_64")
 DIST_NAME = "nemotron-reasoning-lab"
 WHEEL_GLOB = "nemotron_reasoning_lab-*.whl"
 DATASET_TITLE = "Nemotron reasoning lab deps"
 BUILD_DIR = "kaggle_kernel/build"
 SRC_TARBALL = "lab_src.tar.gz"
 SRC_FOLDERS = ("conf", "notebooks", "scripts")
+KAGGLE_INPUT = "/kaggle/input"  # a built kernel's paths are Kaggle's, whatever $LAB_KAGGLE_ROOT says here
 KAGGLE_WORKING = "/kaggle/working"
 LAB_ROOT_ON_KAGGLE = "/tmp/lab_root"
 INSTALL_TAG = "lab-offline-install"
@@ -128,16 +147,45 @@ def requirements(gpu_extra: bool = True) -> list[str]:
     return [pinned(r) for r in deps if r.name.lower() not in extra_names] + [str(r) for r in extra]
 
 
-def _build_wheel(dest: Path) -> Path:
-    """`pip wheel --no-deps --no-build-isolation --no-index` on a temporary copy of the package (offline)."""
+def tracked_files(files: list[str] | None = None) -> list[str]:
+    """The project's files that may go into the dataset, relative to the project root: `files` when given (an
+    explicit list, for a copy that is not a git checkout), else what git tracks (`git ls-files`), never what lies
+    untracked beside it (a conf/private/secrets.yaml, scratch notebooks). A tracked file deleted here is left out."""
     root = project_root()
+    if files is None:
+        out = subprocess.run(["git", "-C", str(root), "ls-files", "-z", "--cached"], capture_output=True)
+        if out.returncode != 0:
+            raise LabError(f"{root}: not a git checkout (git ls-files: {out.stderr.decode(errors='replace').strip()}); "
+                           "pass the files to pack explicitly (`python -m lab kaggle dataset --files-from LIST`)")
+        files = [f for f in out.stdout.decode().split("\0") if f]
+    chosen = []
+    for f in files:
+        rel = Path(f)
+        if rel.is_absolute() or ".." in rel.parts:
+            raise LabError(f"{f}: the dataset packs files inside {root} only, named relative to it")
+        if (root / rel).is_file():
+            chosen.append(rel.as_posix())
+    return sorted(set(chosen))
+
+
+def _under(files: list[str], folder: str) -> list[str]:
+    return [f for f in files if f.startswith(folder + "/") and "__pycache__" not in f and not f.endswith(".pyc")]
+
+
+def _build_wheel(dest: Path, files: list[str] | None = None) -> Path:
+    """`pip wheel --no-deps --no-build-isolation --no-index` on a temporary copy of pyproject.toml and the tracked
+    files of lab/ (`tracked_files`; offline)."""
+    root = project_root()
+    files = tracked_files() if files is None else files
     for old in dest.glob(WHEEL_GLOB):
         old.unlink()
     with tempfile.TemporaryDirectory(prefix="lab_wheel_") as tmp:
         src = Path(tmp) / "src"
         src.mkdir()
         shutil.copy2(root / "pyproject.toml", src / "pyproject.toml")
-        shutil.copytree(root / "lab", src / "lab", ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+        for f in _under(files, "lab"):
+            (src / f).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(root / f, src / f)
         readme = root / "README.md"
         (src / "README.md").write_text(readme.read_text(encoding="utf-8") if readme.is_file() else "", encoding="utf-8")
         cmd = [sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "--no-index",
@@ -152,19 +200,19 @@ def _build_wheel(dest: Path) -> Path:
     return wheels[-1]
 
 
-def _source_tarball(dest: Path) -> Path:
-    """conf/, notebooks/, scripts/ as a reproducible .tar.gz (sorted, no timestamps or owners), written atomically."""
+def _source_tarball(dest: Path, files: list[str] | None = None) -> Path:
+    """The tracked files of conf/, notebooks/, scripts/ (`tracked_files`) as a reproducible .tar.gz (sorted, no
+    timestamps or owners), written atomically."""
     root = project_root()
+    files = tracked_files() if files is None else files
     buf = io.BytesIO()
     with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:
         for folder in SRC_FOLDERS:
-            for p in sorted((root / folder).rglob("*")):
-                rel = p.relative_to(root)
-                if not p.is_file() or p.suffix == ".pyc" or any(part == "__pycache__" or part.startswith(".")
-                                                                for part in rel.parts):
+            for rel in _under(files, folder):
+                if any(part.startswith(".") for part in Path(rel).parts):
                     continue
-                info = tarfile.TarInfo(str(rel))
-                data = p.read_bytes()
+                info = tarfile.TarInfo(rel)
+                data = (root / rel).read_bytes()
                 info.size, info.mtime, info.mode = len(data), 0, 0o644
                 tar.addfile(info, io.BytesIO(data))
     path = dest / SRC_TARBALL
@@ -174,8 +222,11 @@ def _source_tarball(dest: Path) -> Path:
 
 
 def build_dataset(username: str | None = None, out: str | os.PathLike | None = None, title: str = DATASET_TITLE,
-                  license_name: str = "other", gpu_extra: bool = True, wheel: bool = True) -> Path:
-    """Write the dependency dataset's folder (metadata, wheel, source tarball, requirements.txt)."""
+                  license_name: str = "other", gpu_extra: bool = True, wheel: bool = True,
+                  files: list[str] | None = None) -> Path:
+    """Write the dependency dataset's folder (metadata, wheel, source tarball, requirements.txt) from the files git
+    tracks, or from `files` (`tracked_files`)."""
+    files = tracked_files(files)
     user = _username(username)
     slug = _check_title(title, "dataset", 6, 50)
     out = resolve_path(out or f"{BUILD_DIR}/dataset")
@@ -189,12 +240,11 @@ def build_dataset(username: str | None = None, out: str | os.PathLike | None = N
         "# Kaggle installs them offline: pip install --no-index --find-links <this folder> nemotron-reasoning-lab",
         *reqs, ""]))
     if wheel:
-        _build_wheel(out)
-    _source_tarball(out)
-    atomic_write_json(out / "dataset-metadata.json", {
-        "title": title, "id": f"{user}/{slug}", "licenses": [{"name": license_name}],
-        "description": "The nemotron-reasoning-lab wheel, its pinned dependencies as wheels (requirements.txt) and "
-                       f"the lab's conf/ and notebooks/ ({SRC_TARBALL}), for offline Kaggle kernels."})
+        _build_wheel(out, files)
+    _source_tarball(out, files)
+    meta = json.loads(template("dataset-metadata.json"))
+    meta.update({"title": title, "id": f"{user}/{slug}", "licenses": [{"name": license_name}]})
+    atomic_write_json(out / "dataset-metadata.json", meta)
     return out
 
 
@@ -213,96 +263,80 @@ def wheel_commands(folder: str | os.PathLike, python_version: str | None = None)
 
 
 def fetch_wheels(folder: str | os.PathLike, python_version: str | None = None) -> Path:
-    """Run `wheel_commands` (needs internet; tests never call it)."""
+    """Run `wheel_commands` (needs the package index; tests never call it), then print every wheel in the folder with
+    its size and the total. A pin with no binary wheel for Kaggle's Python and platform is a LabError naming it."""
     folder = resolve_path(folder)
     if not (folder / "requirements.txt").is_file():
         raise LabError(f"{folder}: no requirements.txt (run `python -m lab kaggle dataset` first)")
     for cmd in wheel_commands(folder, python_version):
         print("+", " ".join(cmd), flush=True)
-        if subprocess.run(cmd).returncode != 0:
-            raise LabError(f"{folder}: `{' '.join(cmd[2:4])}` failed (output above)")
+        out = subprocess.run(cmd, capture_output=True, text=True)
+        stdout, stderr = getattr(out, "stdout", None) or "", getattr(out, "stderr", None) or ""
+        sys.stdout.write(stdout[-4000:])
+        if out.returncode != 0:
+            log = stdout + stderr
+            missing = re.findall(r"No matching distribution found for ([^\s]+)", log)
+            py = python_version or str(compose([]).kaggle.python_version)
+            if missing:
+                raise LabError(f"{folder}: no binary wheel of {', '.join(sorted(set(missing)))} for Python {py} on "
+                               f"{PIP_PLATFORMS[0]} or older manylinux (`pip {cmd[3]}` --only-binary=:all:): pin a "
+                               "version that has one, or build it with `pip wheel` into this folder first")
+            raise LabError(f"{folder}: `pip {cmd[3]}` failed:\n{log[-3000:]}")
+    print(wheel_list(folder))
     return folder
+
+
+def wheel_list(folder: str | os.PathLike) -> str:
+    """Every wheel in `folder` with its size, largest first, and the total."""
+    wheels = sorted(Path(folder).glob("*.whl"), key=lambda p: (-p.stat().st_size, p.name))
+    total = sum(p.stat().st_size for p in wheels)
+    return "\n".join([f"{len(wheels)} wheels, {total / 1e9:.2f} GB in all:",
+                      *(f"{p.stat().st_size / 1e6:10.1f} MB  {p.name}" for p in wheels)])
 
 
 # ---- the kernel ----------------------------------------------------------------------------------------------------
 
-def install_cell_source(dataset_slug: str, run_dir: str, package: str = DIST_NAME,
-                        python_version: str | None = None) -> str:
-    """The first cell of a built kernel: the image's Python checked against `python_version` (the wheel set's,
-    `kaggle.python_version`; None: not checked), offline install from the attached dataset (and the fused Mamba
-    kernels' wheels when the dataset holds them, `MAMBA_WHEEL_GLOBS`), LAB_ROOT, earlier outputs."""
-    check = "" if python_version is None else f'''
-_py = "%d.%d" % sys.version_info[:2]
-if _py != "{python_version}":
-    raise RuntimeError("this image runs Python " + _py + ", but the kernel and its wheel dataset were built for "
-                       "{python_version} (kaggle.python_version): rebuild the dataset with `python -m lab kaggle dataset "
-                       "--fetch-wheels --python-version " + _py + "` (and scripts/build_mamba_wheels.sh with "
-                       "PYTHON_VERSION=" + _py + "), then the kernel with kaggle.python_version=" + _py)
-'''
-    return f'''# Offline setup, inserted by `python -m lab kaggle build`: this kernel has no internet access.
-# Installs the lab and its pinned dependencies from the attached dataset ({dataset_slug}) and, when it holds them,
-# the fused Mamba kernels' wheels; unpacks the lab's conf/ and notebooks/ to {LAB_ROOT_ON_KAGGLE} (LAB_ROOT) and,
-# when another kernel's output with this run is attached, copies it to RUN_DIR so this stage continues that run.
-import glob, importlib, os, shutil, subprocess, sys, tarfile
-{check}
-LAB_DATASET = "{dataset_slug}"
-RUN_DIR = "{run_dir}"
-_wheels = (sorted(glob.glob("{KAGGLE_INPUT}/" + LAB_DATASET + "/{WHEEL_GLOB}"))
-           or sorted(glob.glob("{KAGGLE_INPUT}/**/{WHEEL_GLOB}", recursive=True)))
-if not _wheels:
-    raise FileNotFoundError("no {WHEEL_GLOB} under {KAGGLE_INPUT}: attach the dataset " + LAB_DATASET
-                            + " (built by `python -m lab kaggle dataset`)")
-LAB_DEPS = os.path.dirname(_wheels[-1])
-subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", LAB_DEPS,
-                "{package}"], check=True)
-_mamba = [w for g in {list(MAMBA_WHEEL_GLOBS)!r} for w in sorted(glob.glob(os.path.join(LAB_DEPS, g)))[-1:]]
-if _mamba:  # scripts/build_mamba_wheels.sh: no deps resolved (tilelang, quack-kernels are optional), einops is imported
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-index", "--find-links", LAB_DEPS, "--no-deps",
-                    *_mamba, "{MAMBA_EXTRA_DEP}"], check=True)
-importlib.invalidate_caches()
+TEMPLATES = "kaggle_kernel"  # the install cell, the metadata and the pipeline notebook, as files (kaggle_kernel/README.md)
+FILLED = ("# ---- FILLED by `python -m lab kaggle build`", "# ---- end of FILLED ----")
 
-LAB_ROOT = "{LAB_ROOT_ON_KAGGLE}"
-_src = os.path.join(LAB_DEPS, "{SRC_TARBALL}")
-if os.path.isfile(_src):
-    with tarfile.open(_src) as _t:
-        try:
-            _t.extractall(LAB_ROOT, filter="data")
-        except TypeError:  # Python without extraction filters
-            _t.extractall(LAB_ROOT)
-else:  # Kaggle unpacked the archive into a folder
-    _conf = sorted(glob.glob(LAB_DEPS + "/**/conf/config.yaml", recursive=True))
-    if not _conf:
-        raise FileNotFoundError("neither {SRC_TARBALL} nor conf/config.yaml in " + LAB_DEPS)
-    LAB_ROOT = os.path.dirname(os.path.dirname(_conf[0]))
-os.environ["LAB_ROOT"] = LAB_ROOT
 
-if RUN_DIR.startswith("{KAGGLE_WORKING}/"):
-    for _prev in sorted(glob.glob("{KAGGLE_INPUT}/*/" + os.path.relpath(RUN_DIR, "{KAGGLE_WORKING}"))):
-        print("continuing the run in", _prev)
-        shutil.copytree(_prev, RUN_DIR, dirs_exist_ok=True)
-print("lab installed from", LAB_DEPS, "| LAB_ROOT =", LAB_ROOT, "| run_dir =", RUN_DIR)
-'''
+def template(name: str) -> str:
+    """The text of kaggle_kernel/NAME: of the checkout this package lives in, else of the project root ($LAB_ROOT)."""
+    p = Path(__file__).resolve().parents[2] / TEMPLATES / name
+    if not p.is_file():
+        p = project_root() / TEMPLATES / name
+    if not p.is_file():
+        raise LabError(f"{p}: kernel template not found (kaggle_kernel/ is part of the lab's checkout)")
+    return p.read_text(encoding="utf-8")
+
+
+def install_cell_source(dataset_slug: str, run_dir: str, package: str = DIST_NAME, python_version: str | None = None,
+                        copy_back: list[str] | None = None, resume: str | None = None,
+                        scratch_dir: str | None = "/kaggle/temp") -> str:
+    """The first cell of a built kernel: kaggle_kernel/install_cell.py with its FILLED block set to these values:
+    the image's Python checked against `python_version` (the wheel set's, `kaggle.python_version`; None: not
+    checked), offline install from the attached dataset (and the fused Mamba kernels' wheels when the dataset holds
+    them, `MAMBA_WHEEL_GLOBS`), LAB_ROOT, and from an attached earlier kernel the paths of the run `copy_back`
+    (None: the whole run but its checkpoints) into RUN_DIR and the resumable state `resume` (checkpoints/<stage>)
+    into the scratch folder (`lab.core.paths.checkpoint_root`)."""
+    text = template("install_cell.py")
+    head, mark, rest = text.partition(FILLED[0])
+    _, end, tail = rest.partition(FILLED[1])
+    if not mark or not end:
+        raise LabError(f"{project_root() / TEMPLATES / 'install_cell.py'}: the FILLED markers are missing")
+    values = {"LAB_DATASET": dataset_slug, "RUN_DIR": run_dir, "PACKAGE": package, "PYTHON_VERSION": python_version,
+              "COPY_BACK": copy_back, "RESUME": resume, "SCRATCH_DIR": scratch_dir or None,
+              "KAGGLE_INPUT": KAGGLE_INPUT, "KAGGLE_WORKING": KAGGLE_WORKING, "LAB_ROOT": LAB_ROOT_ON_KAGGLE,
+              "WHEEL_GLOB": WHEEL_GLOB, "MAMBA_WHEEL_GLOBS": list(MAMBA_WHEEL_GLOBS),
+              "MAMBA_EXTRA_DEP": MAMBA_EXTRA_DEP, "SRC_TARBALL": SRC_TARBALL}
+    block = "\n".join(f"{k} = {'None' if v is None else json.dumps(v)}" for k, v in values.items())
+    return f"{head}{mark} (values of this kernel) ----\n{block}\n{end}{tail}"
 
 
 def _pipeline_notebook():
     import nbformat
 
-    nb = nbformat.v4.new_notebook()
-    nb.metadata["kernelspec"] = {"display_name": "Python 3", "language": "python", "name": "python3"}
-    nb.metadata["language_info"] = {"name": "python"}
-    nb.cells = [
-        nbformat.v4.new_markdown_cell(
-            "# Nemotron reasoning lab: every stage\n\nRuns the lab's stage notebooks in order with papermill "
-            "(`lab.runs.pipeline.run_notebooks`), each with the same overrides; the executed notebooks, every stage's "
-            "outputs and `summary.md` land in the run folder under /kaggle/working."),
-        nbformat.v4.new_code_cell("# Hydra overrides for this run; the kernel builder bakes them in.\n"
-                                  "overrides: list[str] = []\nstages: list[str] = " + json.dumps(STAGES),
-                                  metadata={"tags": ["parameters"]}),
-        nbformat.v4.new_code_cell("from lab.runs.pipeline import run_notebooks, summary\n\n"
-                                  "run_dir = run_notebooks(overrides, stages)\nsummary(run_dir)\n"
-                                  "print(open(run_dir / 'summary.md').read())"),
-    ]
-    return nb
+    return nbformat.reads(template("pipeline.ipynb"), as_version=4)
 
 
 def _notebook_name(notebook: str) -> str:
@@ -318,20 +352,72 @@ def _from_config(value: str | None, default) -> str | None:
     return str(value) if value else None
 
 
+def check_run_dir(run_dir: str) -> str:
+    """`run_dir` normalised; a LabError unless it lies strictly inside /kaggle/working (what Kaggle keeps of a
+    kernel, and where the next kernel finds the run): `--run-name ../../etc` or `run_dir=/tmp/x` are refused."""
+    norm = os.path.normpath(str(run_dir))
+    if not norm.startswith(KAGGLE_WORKING + "/"):
+        raise LabError(f"run_dir={run_dir} (normalised {norm}) is not inside {KAGGLE_WORKING}: Kaggle keeps only that "
+                       "folder of a kernel, so the run would be lost and the next kernel could not continue it; "
+                       f"use --run-name NAME (a folder name: {KAGGLE_WORKING}/outputs/NAME) or run_dir="
+                       f"{KAGGLE_WORKING}/...")
+    return norm
+
+
+def check_run_name(run_name: str) -> str:
+    """A LabError unless `--run-name` is a relative folder name that stays inside /kaggle/working/outputs."""
+    norm = os.path.normpath(os.path.join("outputs", str(run_name)))
+    if not str(run_name).strip() or os.path.isabs(str(run_name)) or not norm.startswith("outputs" + os.sep):
+        raise LabError(f"--run-name {run_name!r} leaves {KAGGLE_WORKING}/outputs (the run folder would be "
+                       f"{os.path.normpath(os.path.join(KAGGLE_WORKING, norm))}): a run name is a folder name, e.g. comp1")
+    return run_name
+
+
+_PATHISH = re.compile(r"^(~|\.{1,2}/|/)")
+
+
+def local_paths(overrides: list[str]) -> list[str]:
+    """The overrides whose value names a path on this machine, which a Kaggle kernel cannot read: an absolute path
+    outside /kaggle, a path starting with ~ or ./ or ../, or a relative path that exists here outside the folders
+    the dataset ships (conf/, notebooks/, scripts/: unpacked to LAB_ROOT on Kaggle). Values of lists are checked one
+    by one; interpolations (${...}) are not paths."""
+    found = []
+    for o in overrides:
+        key, eq, value = o.partition("=")
+        if not eq or key.strip().lstrip("+~") == "run_dir":  # run_dir: check_run_dir
+            continue
+        for atom in re.split(r"[,\[\]]", value):
+            v = atom.strip().strip("'\"")
+            if not v or "${" in v or v.startswith("/kaggle/"):
+                continue
+            shipped = v.split("/")[0] in SRC_FOLDERS
+            if _PATHISH.match(v) or ("/" in v and not shipped and resolve_path(v).exists()):
+                found.append(o)
+                break
+    return found
+
+
 def build_kernel(notebook: str, overrides: list[str] = (), username: str | None = None, title: str | None = None,
                  out: str | os.PathLike | None = None, competition: str | None = None,
                  model_source: str | None = None, dataset: str | None = None, enable_gpu: bool = True,
                  run_name: str | None = None, kernel_sources: list[str] = (), machine_shape: str | None = None,
-                 gpu_extra: bool = True) -> Path:
-    """Write a push-ready kernel folder: kernel-metadata.json and the parameterised notebook.
+                 gpu_extra: bool = True, allow_local_paths: bool = False, plan: bool = False) -> Path:
+    """Write a push-ready kernel folder: kernel-metadata.json (kaggle_kernel/kernel-metadata.json filled) and the
+    parameterised notebook behind the install cell (kaggle_kernel/install_cell.py filled).
 
     `competition`, `model_source` and `machine_shape` default to `conf/kaggle` of the composed config ('' for
     none); `machine_shape` is written only for a GPU kernel. The install cell installs the lab with the extras
     a GPU kernel needs (`kernel_extras`: vllm, unsloth, bnb, from the config) unless `gpu_extra` is False (none);
-    the dataset must hold their wheels.
+    the dataset must hold their wheels. The run folder must lie inside /kaggle/working (`check_run_dir`); an override
+    naming a path on this machine is refused (`local_paths`) unless `allow_local_paths`, then named in a warning.
+    From an attached earlier kernel the install cell copies back only what this stage reads
+    (`lab.train.output_plan.stage_reads`) and its own resumable state (checkpoints/<stage>). `plan`: print the
+    stage's planned output against kaggle.output_limit_gb and refuse one over it (`lab.train.output_plan.check`).
     """
     import nbformat
     import papermill as pm
+
+    from lab.train import output_plan
 
     name = _notebook_name(notebook)
     user = _username(username)
@@ -344,20 +430,27 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
         if not re.fullmatch(r"[^/]+/[^/]{5,}(/[^/]+)?", k):
             raise LabError(f"--kernel-sources {k!r}: expected owner/kernel-slug (slug of at least 5 characters)")
     overrides = list(overrides)
+    if local := local_paths(overrides):
+        what = (f"{', '.join(local)}: a path on this machine, which the Kaggle kernel cannot read (it sees "
+                f"{KAGGLE_INPUT}/<source>/..., {KAGGLE_WORKING} and LAB_ROOT/conf)")
+        if not allow_local_paths:
+            raise LabError(f"{what}; point it at the kernel's own files or pass --allow-local-paths")
+        print(f"warning: {what}", file=sys.stderr)
     keys = {o.key_or_group for o in parse_overrides(overrides)}
+    if run_name is not None:
+        check_run_name(run_name)
     run_name = run_name or slug
     if "run_dir" not in keys:
-        overrides.append(f"run_dir={KAGGLE_WORKING}/outputs/{run_name}")
+        overrides.append(f"run_dir={check_run_dir(f'{KAGGLE_WORKING}/outputs/{run_name}')}")
     cfg = compose(overrides)  # fails here, with the key named, rather than on Kaggle
-    run_dir = cfg.run_dir
-    if not run_dir.startswith("/kaggle/"):
-        print(f"warning: run_dir={run_dir} is not under {KAGGLE_WORKING}; outputs elsewhere are not kept by Kaggle",
-              file=sys.stderr)
+    run_dir = check_run_dir(cfg.run_dir)
     competition = _from_config(competition, cfg.kaggle.competition)
     model_source = _from_config(model_source, cfg.kaggle.model_source)
     if model_source:
         check_model_source(model_source)
     machine_shape = _from_config(machine_shape, cfg.kaggle.machine_shape) if enable_gpu else None
+    if plan and name != PIPELINE:
+        output_plan.check(cfg, name, force=True)
 
     src = _pipeline_notebook() if name == PIPELINE else str(project_root() / "notebooks" / f"{name}.ipynb")
     nb = pm.execute_notebook(src, None, parameters={"overrides": overrides}, prepare_only=True, progress_bar=False,
@@ -366,8 +459,11 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
         nb.metadata.get("papermill", {}).pop(k, None)
     extras = kernel_extras(cfg, name) if enable_gpu and gpu_extra else []
     package = DIST_NAME + (f"[{','.join(extras)}]" if extras else "")
+    copy_back = None if name == PIPELINE else output_plan.stage_reads(cfg, name)
+    resume = f"checkpoints/{name}" if name in output_plan.TRAINING else None
     install = nbformat.v4.new_code_cell(install_cell_source(dataset.split("/", 1)[1], run_dir, package,
-                                                            str(cfg.kaggle.python_version)),
+                                                            str(cfg.kaggle.python_version), copy_back, resume,
+                                                            cfg.kaggle.scratch_dir),
                                         metadata={"tags": [INSTALL_TAG]})
     nb.cells.insert(0, install)
     nbformat.validate(nb)
@@ -376,43 +472,110 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
     out.mkdir(parents=True, exist_ok=True)
     code_file = f"{name}.ipynb"
     atomic_write_text(out / code_file, nbformat.writes(nb))
-    meta = {"id": f"{user}/{slug}", "title": title, "code_file": code_file, "language": "python",
-            "kernel_type": "notebook", "is_private": True, "enable_gpu": bool(enable_gpu), "enable_tpu": False,
-            "enable_internet": False, "dataset_sources": [dataset],
-            "competition_sources": [competition] if competition else [],
-            "kernel_sources": list(kernel_sources), "model_sources": [model_source] if model_source else []}
+    meta = json.loads(template("kernel-metadata.json"))
+    meta.update({"id": f"{user}/{slug}", "title": title, "code_file": code_file, "enable_gpu": bool(enable_gpu),
+                 "dataset_sources": [dataset], "competition_sources": [competition] if competition else [],
+                 "kernel_sources": list(kernel_sources), "model_sources": [model_source] if model_source else []})
     if machine_shape:
         meta["machine_shape"] = machine_shape
     atomic_write_json(out / "kernel-metadata.json", meta)
     return out
 
 
+def build_chain(stages: list[str], overrides: list[str] = (), username: str | None = None,
+                run_name: str | None = None, out: str | os.PathLike | None = None, title_prefix: str = "Nemotron lab",
+                **kw) -> list[Path]:
+    """One kernel per stage of `stages` (in order), under `out` (default kaggle_kernel/build/chain-RUN), sharing one
+    run folder (`run_name`, default 'chain'): each kernel attaches the one before it (`kernel_sources`), so its install
+    cell copies back what it reads; 04_vote after a chain without 03_grpo votes with 02_sft's adapter
+    (vote.adapter=${sft.adapter_dir}). Returns the kernel folders in push order."""
+    if not stages:
+        raise LabError("--chain: name the stages, e.g. --chain 01_explore,02_sft,04_vote")
+    names = [_notebook_name(s) for s in stages]
+    if PIPELINE in names or len(set(names)) != len(names):
+        raise LabError(f"--chain {','.join(stages)}: each stage once, the pipeline kernel not among them")
+    if names != sorted(names, key=STAGES.index):
+        raise LabError(f"--chain {','.join(stages)}: stages must come in the pipeline's order ({', '.join(STAGES)})")
+    user = _username(username)
+    run_name = check_run_name(run_name or "chain")
+    root = resolve_path(out or f"{BUILD_DIR}/chain-{slugify(run_name) or 'run'}")
+    extra = list(overrides)
+    keys = {o.key_or_group for o in parse_overrides(extra)}
+    if "04_vote" in names and "03_grpo" not in names and "vote.adapter" not in keys:
+        extra.append("vote.adapter=${sft.adapter_dir}")
+    folders, previous = [], None
+    for n in names:
+        title = f"{title_prefix} {run_name} {n}"
+        folders.append(build_kernel(n, extra, username=user, title=title, out=root / n, run_name=run_name,
+                                    kernel_sources=[previous] if previous else [], **kw))
+        previous = f"{user}/{_check_title(title, 'kernel', 5, 50)}"
+    return folders
+
+
+def push_commands(folders: list[Path]) -> list[str]:
+    """`kaggle kernels push` for each kernel folder, in order, with its accelerator."""
+    cmds = []
+    for f in folders:
+        meta = json.loads((Path(f) / "kernel-metadata.json").read_text())
+        acc = f" --accelerator {meta['machine_shape']}" if meta.get("machine_shape") else ""
+        cmds.append(f"kaggle kernels push -p {f}{acc}")
+    return cmds
+
+
 # ---- command line --------------------------------------------------------------------------------------------------
+
+def plan_main(overrides: list[str], stages: list[str]) -> str:
+    """`python -m lab kaggle plan OVERRIDES`: each stage's planned bytes in /kaggle/working and in scratch, with the
+    arithmetic (`lab.train.output_plan`), for a run inside /kaggle/working."""
+    from lab.train import output_plan
+
+    keys = {o.key_or_group for o in parse_overrides(overrides)}
+    extra = [] if "run_dir" in keys else [f"run_dir={KAGGLE_WORKING}/outputs/plan"]
+    cfg = compose([*overrides, *extra])
+    params = output_plan.trainable_params(cfg) if any(s != "01_explore" for s in stages) else 0
+    reports = []
+    for s in stages:
+        plan = output_plan.planned_output_bytes(cfg, _notebook_name(s), params)
+        reports.append(output_plan.report(plan))
+    return "\n\n".join(reports)
+
 
 def main(argv: list[str] | None = None) -> int:
     argv, extra = split_at_dashes(argv)
-    ap = argparse.ArgumentParser(prog="python -m lab kaggle", description="offline Kaggle kernels and their dataset")
+    ap = argparse.ArgumentParser(prog="python -m lab kaggle", description="offline Kaggle kernels and their dataset "
+                                 "(quick start: kaggle_kernel/README.md)")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="a push-ready kernel folder for one notebook (or the whole pipeline)",
-                       epilog="example: python -m lab kaggle build --notebook 02_sft --username me "
-                              "--overrides model=nemotron_nano data=competition")
-    b.add_argument("--notebook", required=True, help=f"one of {', '.join(STAGES)} or {PIPELINE}")
+    b = sub.add_parser("build", help="a push-ready kernel folder for one notebook, a chain of them, or the pipeline",
+                       epilog="examples: python -m lab kaggle build --notebook 02_sft --username me "
+                              "--overrides experiment=competition | python -m lab kaggle build --chain "
+                              "01_explore,02_sft,04_vote --run-name comp1 --username me -- experiment=competition")
+    which = b.add_mutually_exclusive_group(required=True)
+    which.add_argument("--notebook", help=f"one of {', '.join(STAGES)} or {PIPELINE}")
+    which.add_argument("--chain", help="comma-separated stages in order, one kernel each, each attaching the one "
+                                       "before it (e.g. 01_explore,02_sft,04_vote)")
     b.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides baked into the notebook")
     b.add_argument("--username", help="your Kaggle username (default: $KAGGLE_USERNAME)")
-    b.add_argument("--title", help="kernel title; its slug is the kernel id (default: 'Nemotron lab NAME')")
-    b.add_argument("--out", help=f"folder to write (default: {BUILD_DIR}/NAME)")
+    b.add_argument("--title", help="kernel title; its slug is the kernel id (default: 'Nemotron lab NAME'; --chain: "
+                                   "the prefix, default 'Nemotron lab', + RUN + STAGE)")
+    b.add_argument("--out", help=f"folder to write (default: {BUILD_DIR}/NAME, --chain: {BUILD_DIR}/chain-RUN)")
     b.add_argument("--competition", help="competition slug; '' for none (default: kaggle.competition)")
     b.add_argument("--model-source", help="Kaggle Models handle owner/model/framework/instance/version; '' for none "
                         "(default: kaggle.model_source in conf/kaggle/default.yaml)")
     b.add_argument("--dataset", help=f"owner/slug of the dependency dataset (default: USER/{slugify(DATASET_TITLE)})")
     b.add_argument("--kernel-sources", nargs="*", default=[],
-                   help="other kernels (owner/slug) whose output to attach; their outputs/<run_name> is continued")
-    b.add_argument("--run-name", help="run folder under /kaggle/working/outputs (default: the slug)")
+                   help="other kernels (owner/slug) whose output to attach; what this stage reads of their "
+                        "outputs/<run_name> is copied back and the run continues (--chain sets it)")
+    b.add_argument("--run-name", help="run folder under /kaggle/working/outputs (default: the slug; --chain: chain); "
+                                      "a name leaving /kaggle/working is refused")
     b.add_argument("--no-gpu", action="store_true", help="enable_gpu: false")
     b.add_argument("--machine-shape", help="Kaggle machine_shape (accelerator) of a GPU kernel, e.g. NvidiaTeslaT4 "
                                            "(default: kaggle.machine_shape)")
     b.add_argument("--no-gpu-extra", action="store_true",
                    help="install the lab without vllm/unsloth (default: the extras the config needs, on a GPU kernel)")
+    b.add_argument("--allow-local-paths", action="store_true",
+                   help="build even when an override names a path on this machine (named in a warning)")
+    b.add_argument("--plan", action="store_true", help="print each stage's planned output (`kaggle plan`) and refuse "
+                                                       "a plan over kaggle.output_limit_gb")
     d = sub.add_parser("dataset", help="the dataset folder with the lab's wheel, conf/notebooks and requirements.txt")
     d.add_argument("--username", help="your Kaggle username (default: $KAGGLE_USERNAME)")
     d.add_argument("--title", default=DATASET_TITLE, help="dataset title; its slug is the dataset id (default: %(default)s)")
@@ -420,32 +583,60 @@ def main(argv: list[str] | None = None) -> int:
     d.add_argument("--license", default="other", help="Kaggle license name (default: %(default)s)")
     d.add_argument("--no-gpu-extra", action="store_true", help="leave the GPU extras (vllm, unsloth, torch pin) out")
     d.add_argument("--no-wheel", action="store_true", help="skip building the wheel (metadata and sources only)")
+    d.add_argument("--files-from", help="a file listing the project files to pack, one path a line (default: what "
+                                        "git tracks, `git ls-files`; needed outside a git checkout)")
     d.add_argument("--fetch-wheels", action="store_true",
-                   help="then fill the folder with the dependency wheels (needs internet): pip wheel for "
-                        f"{', '.join(SDIST_ONLY)}, pip download --only-binary=:all: for the rest")
+                   help="then fill the folder with the dependency wheels (needs the package index): pip wheel for "
+                        f"{', '.join(SDIST_ONLY)}, pip download --only-binary=:all: for the rest; prints them with sizes")
     d.add_argument("--python-version", help="Kaggle's Python for --fetch-wheels (default: kaggle.python_version in "
                                             "conf/kaggle/default.yaml)")
+    pl = sub.add_parser("plan", help="each stage's planned bytes in /kaggle/working and scratch, with the arithmetic",
+                        epilog="example: python -m lab kaggle plan experiment=competition gpu=rtx_pro_6000")
+    pl.add_argument("overrides", nargs="*", help="Hydra overrides")
+    pl.add_argument("--stages", default=",".join(STAGES), help="comma-separated stages (default: all)")
     args = ap.parse_args(argv)
-    if args.cmd == "build":
-        out = build_kernel(args.notebook, [*args.overrides, *extra], username=args.username, title=args.title,
-                           out=args.out, competition=args.competition, model_source=args.model_source,
-                           dataset=args.dataset, enable_gpu=not args.no_gpu, run_name=args.run_name,
-                           kernel_sources=args.kernel_sources, machine_shape=args.machine_shape,
-                           gpu_extra=not args.no_gpu_extra)
-        meta = json.loads((out / "kernel-metadata.json").read_text())
-        acc = f" --accelerator {meta['machine_shape']}" if meta.get("machine_shape") else ""
-        print(f"wrote {out}: {meta['code_file']} and kernel-metadata.json (id {meta['id']})\n"
-              f"push it with: kaggle kernels push -p {out}{acc}")
+    if args.cmd == "plan":
+        print(plan_main([*args.overrides, *extra], [s for s in args.stages.split(",") if s]))
+    elif args.cmd == "build":
+        kw = dict(competition=args.competition, model_source=args.model_source, dataset=args.dataset,
+                  enable_gpu=not args.no_gpu, machine_shape=args.machine_shape, gpu_extra=not args.no_gpu_extra,
+                  allow_local_paths=args.allow_local_paths, plan=args.plan)
+        if args.chain:
+            if args.kernel_sources:
+                raise LabError("--chain sets each kernel's --kernel-sources itself")
+            folders = build_chain(args.chain.split(","), [*args.overrides, *extra], username=args.username,
+                                  run_name=args.run_name, out=args.out, title_prefix=args.title or "Nemotron lab",
+                                  **kw)
+        else:
+            folders = [build_kernel(args.notebook, [*args.overrides, *extra], username=args.username,
+                                    title=args.title, out=args.out, run_name=args.run_name,
+                                    kernel_sources=args.kernel_sources, **kw)]
+        ids = [json.loads((f / "kernel-metadata.json").read_text())["id"] for f in folders]
+        print("\n".join(f"wrote {f}: {f.name}.ipynb and kernel-metadata.json (id {i})" for f, i in zip(folders, ids)))
+        cmds = push_commands(folders)
+        if len(cmds) == 1:
+            print(f"push it with: {cmds[0]}")
+        else:
+            print("push them in this order, each after the one before has finished (kaggle kernels status ID: "
+                  "a kernel attaches the latest output of the one before it):")
+            for i, (c, k) in enumerate(zip(cmds, ids), 1):
+                print(f"  {i}. {c}    # then wait: kaggle kernels status {k}")
     else:
         if extra:
             raise LabError(f"`kaggle dataset` takes no overrides (got {extra})")
+        files = None
+        if args.files_from:
+            lst = resolve_path(args.files_from)
+            if not lst.is_file():
+                raise LabError(f"--files-from {lst}: not found")
+            files = [x.strip() for x in lst.read_text(encoding="utf-8").splitlines() if x.strip()]
         out = build_dataset(args.username, args.out, args.title, args.license, gpu_extra=not args.no_gpu_extra,
-                            wheel=not args.no_wheel)
+                            wheel=not args.no_wheel, files=files)
         if args.fetch_wheels:
             fetch_wheels(out, args.python_version)
         meta = json.loads((out / "dataset-metadata.json").read_text())
         todo = "" if args.fetch_wheels else ("fill it with wheels on a machine with internet (`python -m lab kaggle "
-                                              "dataset --fetch-wheels`, see docs/scaling.md, section 6), then: ")
+                                              "dataset --fetch-wheels`, kaggle_kernel/README.md), then: ")
         print(f"wrote {out} (id {meta['id']}): " + ", ".join(sorted(p.name for p in out.iterdir()))[:2000] +
               f"\nnext: {todo}kaggle datasets create -p {out}")
     return 0

@@ -226,3 +226,68 @@ def disk_full_guard(folder: Path, need_bytes):
         raise LabError(f"{folder}: the disk is full ({e.strerror if isinstance(e, OSError) else e}); one checkpoint "
                        f"needs about {_mb(need)} ({left}). Free space or point run_dir elsewhere; the incomplete "
                        "checkpoint is skipped and a rerun resumes from the newest complete one") from None
+
+
+# ---- Kaggle: the 12-hour run and the state a next kernel resumes from -------------------------------------------
+
+KERNEL_START_ENV = "LAB_KERNEL_START"  # set by the kernel's install cell (kaggle_kernel/install_cell.py): time.time()
+
+
+def wall_clock_budget(cfg: DictConfig, group: str) -> float:
+    """The wall-clock budget in minutes of the `group` ('sft', 'grpo') trainer: `<group>.wall_clock_budget_min` when
+    it is above 0; else, on Kaggle (`lab.core.paths.on_kaggle`), `kaggle.run_limit_h` hours minus
+    `kaggle.budget_margin_min` minus what this kernel already ran (since its install cell, $LAB_KERNEL_START), said in
+    one line; else 0 (no budget). A LabError when that leaves no time to train."""
+    import time
+
+    from lab.core.paths import on_kaggle
+
+    own = float(cfg[group].wall_clock_budget_min)
+    if own > 0 or not on_kaggle():
+        return own
+    k = cfg.kaggle
+    try:
+        ran = max(0.0, (time.time() - float(os.environ.get(KERNEL_START_ENV, "")))) / 60
+    except ValueError:
+        ran = 0.0
+    budget = float(k.run_limit_h) * 60 - float(k.budget_margin_min) - ran
+    if budget <= 1:
+        raise LabError(f"{group}: no time left to train in this Kaggle run (kaggle.run_limit_h={k.run_limit_h} h - "
+                       f"kaggle.budget_margin_min={k.budget_margin_min} min - {ran:.0f} min this kernel already ran); "
+                       f"run the stage in a kernel of its own (`python -m lab kaggle build --chain ...`)")
+    print(f"{group}: wall-clock budget {budget:.0f} min = kaggle.run_limit_h {k.run_limit_h:g} h - "
+          f"kaggle.budget_margin_min {k.budget_margin_min:g} min - {ran:.0f} min this kernel already ran "
+          f"({group}.wall_clock_budget_min=N sets it)", flush=True)
+    return budget
+
+
+def keep_for_resume(checkpoint_dir: str | os.PathLike, keep_dir: str | os.PathLike, stage: str, group: str) -> str:
+    """After a wall-clock budget stop: copy the newest complete checkpoint of `checkpoint_dir` (on Kaggle a scratch
+    folder Kaggle does not keep) and its run record into `keep_dir` (`<run_dir>/checkpoints/<stage>` in
+    /kaggle/working), replacing what an earlier stop kept there, and return the note that says how to resume.
+    The checkpoint holds the fp32 adapter and the optimizer's state (`lab.train.output_plan.checkpoint_bytes`): the
+    next kernel resumes at the same step with the same moments and schedule."""
+    src, dst = Path(checkpoint_dir), Path(keep_dir)
+    done = [p for p in _checkpoints(src) if incomplete(p) is None]
+    if not done:
+        return (f"{stage}: stopped by its wall-clock budget, but {src} holds no complete checkpoint: nothing kept to "
+                "resume from (a next run starts afresh)")
+    newest = done[-1]
+    if src.resolve() == dst.resolve():
+        return (f"{stage}: stopped by its wall-clock budget at step {step_of(newest)}; rerun it with the same run_dir "
+                f"and {group}.resume=true (the default) to continue from {newest}")
+    if True:
+        tmp = dst.with_name(f".{dst.name}.partial")
+        shutil.rmtree(tmp, ignore_errors=True)
+        shutil.copytree(newest, tmp / newest.name)
+        if (src / RUN_RECORD).is_file():
+            shutil.copy2(src / RUN_RECORD, tmp / RUN_RECORD)
+        shutil.rmtree(dst, ignore_errors=True)
+        tmp.rename(dst)
+    size = sum(f.stat().st_size for f in (dst / newest.name).rglob("*") if f.is_file())
+    return (f"{stage}: stopped by its wall-clock budget at step {step_of(newest)}. Kept to resume: {dst / newest.name} "
+            f"({size / 1e9:.2f} GB: the adapter and the optimizer state) and {RUN_RECORD}. To resume, build the same "
+            f"stage with the same overrides and run name, attaching this kernel: python -m lab kaggle build --notebook "
+            f"{stage} --run-name RUN --kernel-sources OWNER/THIS-KERNEL --title '... resumed' -- OVERRIDES, and push "
+            f"it; its install cell copies checkpoints/{dst.name}/ into the scratch folder and {group}.resume=true "
+            f"(the default) continues from step {step_of(newest)}")

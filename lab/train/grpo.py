@@ -370,7 +370,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
 
     check = GradientCheck(model) if g.gradient_check else None
     guard = GuardRails(g, spread)
-    callbacks = [guard, *trainer_callbacks(check, g.wall_clock_budget_min)]  # tests wrap trainer_callbacks
+    callbacks = [guard, *trainer_callbacks(check, checkpoints.wall_clock_budget(cfg, "grpo"))]  # tests wrap trainer_callbacks
     before = _trainable_sample(model)
     refinements: list[dict] = []
     finished = last is not None and checkpoints.step_of(last) >= max_steps

@@ -149,7 +149,7 @@ def _train_drills(cfg, stage, pm, tokenizer) -> dict:
     out = stage.checkpoint_dir.with_name(stage.checkpoint_dir.name + "_drills")
     if out.exists():
         shutil.rmtree(out)
-    trainer = build_trainer(cfg, out, pm, tokenizer, examples, trainer_callbacks(None, cfg.sft.wall_clock_budget_min))
+    trainer = build_trainer(cfg, out, pm, tokenizer, examples, trainer_callbacks(None, checkpoints.wall_clock_budget(cfg, "sft")))
     result = trainer.train()
     save_adapter(pm, resolve_path(cfg.sft.adapter_dir).parent / "drills_adapter")
     return {"examples": len(examples), "train_loss": float(result.training_loss),
@@ -272,7 +272,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
         print(n if n.startswith("resuming from") else f"WARNING: {n}")
     if last is None:
         checkpoints.write_record(out, {"fingerprint": fp})
-    callbacks = trainer_callbacks(check, cfg.sft.wall_clock_budget_min)
+    callbacks = trainer_callbacks(check, checkpoints.wall_clock_budget(cfg, "sft"))
     trainer = build_trainer(cfg, out, pm, tokenizer, examples, [*callbacks, checkpoints.marker_callback()])
     need = lambda: checkpoints.checkpoint_bytes(out, pm)  # noqa: E731 - asked only when the disk is full
     with checkpoints.disk_full_guard(out, need):

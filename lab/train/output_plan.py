@@ -1,0 +1,208 @@
+"""What a stage will leave in Kaggle's kept output folder (/kaggle/working, 20 GB) and in scratch, planned from the config
+before the stage starts: `planned_output_bytes(cfg, stage)`, `check(cfg, stage)` (a stage on Kaggle prints the plan
+and refuses one over `kaggle.output_limit_gb`), `stage_reads(cfg, stage)` (what a kernel copies back from the kernel
+before it: lab/kaggle/kernel.py) and `python -m lab kaggle plan OVERRIDES` (lab/kaggle/kernel.py `plan_main`).
+
+The figures (P = trainable LoRA parameters of the configured model and targets, counted on the meta model by
+`lab.train.memory.lora_figures`, the same table `lab.model.lora.attach_lora` prints):
+- the adapter: P x 4 bytes (the LoRA weights train, and are saved by `save_pretrained`, in fp32); the drills stage
+  (`sft.stages` with drills) saves a second one beside it;
+- the submission zip: P x 2 bytes (`lab.model.submission.SUBMISSION_DTYPE`, bf16; deflate barely shrinks weights);
+- one checkpoint (`checkpoint_bytes`): the fp32 adapter (4 P) and the optimizer's states: AdamW (transformers'
+  default, `adamw_torch_fused`) two fp32 moments, 8 P; 8-bit AdamW (`adamw_bnb_8bit`, bitsandbytes
+  `Optimizer2State`) two uint8 states and an fp32 absmax per 256 values, 2 P + 8 P / 256 (tensors under 4,096
+  values keep fp32 states, `min_8bit_size`: none of the recipe's LoRA matrices is that small);
+- text outputs: every evaluation pass writes at most one completion of `infer.max_tokens` per held-out puzzle, at
+  `TEXT_BYTES_PER_TOKEN` bytes of text per token; 04_vote writes k samples twice (samples.jsonl, samples.csv);
+- what the kernel copied back from the kernel before it (`stage_reads`): the split (about the data file's size) and
+  the adapter the stage starts from.
+In /kaggle/working a training stage plans for the adapter, the zip, its text outputs, what it copied back and one
+checkpoint (the resumable state it keeps there when its wall-clock budget stops it). Scratch holds the checkpoints
+the Trainer keeps while training (`sft.save_total_limit`, GRPO's 2, plus the one being written).
+
+What it simplifies:
+1. Upper bounds from shapes: no file is measured; config.yaml, manifest.json, metrics, plots and tracker logs are
+   `SMALL_FILES` in all.
+2. The held-out puzzles are `data.n_val`, else `data.val_fraction` of the data file's rows when the file is found
+   here, else of `COMPETITION_ROWS`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from pathlib import Path
+
+from omegaconf import DictConfig, OmegaConf
+
+from lab import LabError
+from lab.core.paths import find_data_file, on_kaggle, resolve_path
+
+GB = 10 ** 9
+SMALL_FILES = 64 * 2 ** 20  # config, manifest, metrics, plots, logs of one stage
+TEXT_BYTES_PER_TOKEN = 4  # a completion's text, about 4 characters a token (an upper bound for these puzzles)
+COMPETITION_ROWS = 9500  # rows of the competition's train.csv, when the file is not here to count
+TRAINING = {"02_sft": "sft", "03_grpo": "grpo"}
+
+
+def trainable_params(cfg: DictConfig) -> int:
+    """The configured LoRA's trainable parameters on the configured model (meta device: no weights read)."""
+    from lab.train.memory import lora_figures, model_config_values
+
+    return int(lora_figures(cfg, model_config_values(cfg))["trainable_params"])
+
+
+def optimizer_bytes_per_param(cfg: DictConfig) -> tuple[float, str]:
+    """(bytes of optimizer state per trainable parameter, how): `gpu.optim`."""
+    name = str(OmegaConf.select(cfg, "gpu.optim", default=None) or "adamw_torch_fused")
+    if "8bit" in name:
+        return 2 + 8 / 256, f"{name}: two uint8 states + fp32 absmax per 256 values = 2.03 B"
+    if "adamw" in name or "adam" in name:
+        return 8.0, f"{name}: two fp32 moments = 8 B"
+    if "sgd" in name or "adafactor" in name:
+        return 4.0, f"{name}: one fp32 state (upper bound) = 4 B"
+    raise LabError(f"gpu.optim={name!r}: no output plan for this optimizer (lab/train/output_plan.py)")
+
+
+def checkpoint_bytes(cfg: DictConfig, params: int) -> tuple[int, str]:
+    per, how = optimizer_bytes_per_param(cfg)
+    return int(params * (4 + per)), f"P x (4 B fp32 adapter + {how})"
+
+
+def val_rows(cfg: DictConfig) -> tuple[int, str]:
+    d = cfg.data
+    if d.n_val:
+        return int(d.n_val), "data.n_val"
+    if d.source == "synthetic":
+        return 0, "synthetic"
+    rows, where = COMPETITION_ROWS, f"{COMPETITION_ROWS} rows assumed (the data file is not here)"
+    with contextlib.suppress(LabError, OSError):
+        path = find_data_file(d.path)
+        with open(path, "rb") as f:
+            rows, where = max(sum(1 for _ in f) - 1, 0), f"{path.name}'s rows"
+    return int(rows * float(d.val_fraction)) + 1, f"val_fraction {d.val_fraction} of {rows} ({where})"
+
+
+def data_bytes(cfg: DictConfig) -> int:
+    """The split folder (train.csv, val.csv, split.json): about the data file's size."""
+    if cfg.data.source == "synthetic":
+        return 2 ** 20
+    with contextlib.suppress(LabError, OSError):
+        return find_data_file(cfg.data.path).stat().st_size + 2 ** 20
+    return 64 * 2 ** 20
+
+
+def _rel(cfg: DictConfig, path) -> str | None:
+    """`path` relative to the run folder, or None when it lies outside it."""
+    try:
+        return os.path.relpath(resolve_path(str(path)), resolve_path(cfg.run_dir)).replace(os.sep, "/")
+    except ValueError:
+        return None
+
+
+def _stage_folder_of(cfg: DictConfig, path) -> str | None:
+    rel = _rel(cfg, path)
+    return None if rel is None or rel.startswith("..") else rel.split("/")[0]
+
+
+def stage_reads(cfg: DictConfig, stage: str) -> list[str]:
+    """The paths inside the run folder that `stage` reads from earlier stages: what a kernel copies back from the
+    kernel before it (the split folder, the adapter's stage folder: manifest and config with the adapter, which
+    `lab.core.lineage.stage_input` checks)."""
+    if stage == "01_explore":
+        return []  # it makes the split
+    split = _stage_folder_of(cfg, cfg.data.split_dir)
+    reads = [split] if split else []
+    adapter = {"03_grpo": "grpo.init_adapter", "04_vote": "vote.adapter"}.get(stage)
+    if adapter is not None:
+        value = OmegaConf.select(cfg, adapter, default=None)
+        folder = _stage_folder_of(cfg, value) if value else None
+        if folder:
+            reads.append(folder)
+    if stage == "05_errors":
+        reads.append("04_vote")
+    return reads
+
+
+def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None) -> dict:
+    """The plan of `stage` under `cfg`: {"working": {item: bytes}, "scratch": {item: bytes}, "limit": bytes,
+    "lines": [the arithmetic, one line per item], "params": P}. `params`: P when known (else counted)."""
+    gpu_stage = stage in ("02_sft", "03_grpo", "04_vote")
+    P = 0 if stage in ("01_explore", "05_errors") else params if params is not None else trainable_params(cfg)
+    adapter = 4 * P
+    rows, rows_how = val_rows(cfg)
+    tokens = int(cfg.infer.max_tokens)
+    per_pass = rows * tokens * TEXT_BYTES_PER_TOKEN
+    working: dict[str, int] = {}
+    scratch: dict[str, int] = {}
+    lines = [] if not P else [f"P = {P:,} trainable parameters ({', '.join(cfg.sft.lora.targets)}; r={cfg.sft.lora.r})"]
+    if stage != "01_explore":
+        lines.append(f"held-out rows = {rows:,} ({rows_how}); one evaluation pass <= rows x infer.max_tokens "
+                     f"{tokens:,} x {TEXT_BYTES_PER_TOKEN} B = {_gb(per_pass)}")
+    for name in stage_reads(cfg, stage):
+        if name == _stage_folder_of(cfg, cfg.data.split_dir):
+            working[f"copied back: {name}/ (the split)"] = data_bytes(cfg)
+        elif name == "04_vote":
+            working["copied back: 04_vote/ (predictions, samples)"] = (1 + 2 * int(cfg.vote.k)) * per_pass
+        else:
+            # the whole stage folder: lab.core.lineage.problems refuses a stage whose recorded outputs went missing
+            working[f"copied back: {name}/ (its adapter, fp32, + zip)"] = adapter + 2 * P
+            lines.append(f"copied back {name}/ (whole: lineage checks every recorded output): adapter P x 4 B + zip "
+                         f"P x 2 B = {_gb(6 * P)}")
+    if stage == "01_explore":
+        working["01_explore/ + the split"] = data_bytes(cfg)
+    elif stage in TRAINING:
+        group = TRAINING[stage]
+        ckpt, how = checkpoint_bytes(cfg, P)
+        drills = stage == "02_sft" and "drills" in list(cfg.sft.stages)
+        working[f"{stage}/adapter (fp32)"] = adapter
+        if drills:
+            working[f"{stage}/drills_adapter (fp32)"] = adapter
+        working[f"{stage}/submission.zip (bf16)"] = 2 * P
+        passes = 2 if stage == "02_sft" else 1
+        working[f"{stage}/predictions ({passes} evaluation passes)"] = passes * per_pass
+        working[f"checkpoints/{stage}: the resumable state, kept when the budget stops the stage (one checkpoint)"] = ckpt
+        keep = int(cfg.sft.save_total_limit) if group == "sft" else 2  # lab.train.grpo.grpo_args: save_total_limit=2
+        scratch[f"checkpoints/{stage}: {keep} kept + 1 being written"] = (keep + 1) * ckpt
+        if drills:
+            scratch[f"checkpoints/{stage}_drills: {keep} kept + 1 being written"] = (keep + 1) * ckpt
+        lines += [f"adapter = P x 4 B (fp32) = {_gb(adapter)}", f"submission.zip = P x 2 B (bf16) = {_gb(2 * P)}",
+                  f"one checkpoint = {how} = P x {ckpt / max(P, 1):.2f} B = {_gb(ckpt)}",
+                  f"scratch: ({keep} kept ({group}.save_total_limit) + 1 being written) x {_gb(ckpt)} = "
+                  f"{_gb((keep + 1) * ckpt)}"]
+    elif stage == "04_vote":
+        working["04_vote/ predictions + samples.jsonl + samples.csv"] = (1 + 2 * int(cfg.vote.k)) * per_pass
+        lines.append(f"04_vote: (1 greedy + 2 x k={cfg.vote.k} samples) passes x {_gb(per_pass)}")
+    working[f"{stage}/ config, manifest, metrics, plots, logs"] = SMALL_FILES
+    limit = int(float(cfg.kaggle.output_limit_gb) * GB)
+    return {"stage": stage, "working": working, "scratch": scratch, "limit": limit, "lines": lines, "params": P,
+            "gpu": gpu_stage}
+
+
+def _gb(n: float) -> str:
+    return f"{n / GB:,.2f} GB"
+
+
+def report(plan: dict) -> str:
+    total, scratch = sum(plan["working"].values()), sum(plan["scratch"].values())
+    out = [f"{plan['stage']}: planned /kaggle/working {_gb(total)} of {_gb(plan['limit'])} "
+           f"({'fits' if total <= plan['limit'] else 'OVER THE LIMIT'}); scratch {_gb(scratch)}"]
+    out += [f"  working  {_gb(b):>12}  {k}" for k, b in plan["working"].items()]
+    out += [f"  scratch  {_gb(b):>12}  {k}" for k, b in plan["scratch"].items()]
+    out += [f"  | {x}" for x in plan["lines"]]
+    return "\n".join(out)
+
+
+def check(cfg: DictConfig, stage: str, force: bool = False) -> dict | None:
+    """On Kaggle (or with `force`): print the plan of `stage` and refuse (LabError) one over `kaggle.output_limit_gb`.
+    Elsewhere: None, nothing printed."""
+    if not (force or on_kaggle()):
+        return None
+    plan = planned_output_bytes(cfg, stage)
+    print(report(plan), flush=True)
+    total = sum(plan["working"].values())
+    if total > plan["limit"]:
+        raise LabError(f"{stage}: the planned output, {_gb(total)}, is over Kaggle's {_gb(plan['limit'])} "
+                       "(kaggle.output_limit_gb): an 8-bit optimizer (gpu.optim=adamw_bnb_8bit) makes a checkpoint a "
+                       "third as large, fewer LoRA targets or a lower rank shrink the adapter (nothing was run)")
+    return plan
