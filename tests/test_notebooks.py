@@ -155,3 +155,148 @@ def test_two_interactive_runs_with_defaults_get_two_folders_and_leave_the_demo_a
         assert json.loads((root / "outputs" / r / "01_explore" / "metrics.json").read_text())["n_train"] == 16
     assert sorted(p.name for p in demo.iterdir()) == ["summary.md"] and (demo / "summary.md").read_text() == \
         "the demo's own summary"
+
+
+# ---- the notebooks' cells are the stage functions' steps (issue 41) ------------------------------------------------
+
+STEPPED = {"01_explore": "explore", "02_sft": "sft", "03_grpo": "grpo", "05_errors": "errors"}
+
+
+@pytest.mark.parametrize("notebook", list(STEPPED))
+def test_each_notebook_runs_the_steps_its_stage_function_runs_in_the_same_order(notebook, monkeypatch):
+    """`lab.stages.<stage>` (what scripts/train_*.py and a headless caller run) is its public steps in order, and the
+    notebook's cells call those same steps in that same order: the two write the same files and metrics. The stage
+    function is run with every public step replaced by a recorder."""
+    import inspect
+    from unittest import mock
+
+    from lab import stages
+
+    steps = [n for n, f in vars(stages).items() if inspect.isfunction(f) and f.__module__ == stages.__name__
+             and not n.startswith("_") and n not in STEPPED.values()]
+    ran = []
+
+    def recorder(name):
+        def step(*args, **kwargs):
+            ran.append(name)
+            return mock.MagicMock(name=name)
+        return step
+
+    for name in steps:
+        monkeypatch.setattr(stages, name, recorder(name))
+    getattr(stages, STEPPED[notebook])(mock.MagicMock(name="stage"))
+    assert len(ran) >= 4, ran  # a stage of steps, not one call
+    in_notebook = [c for c in _cell_calls(project_root() / "notebooks" / f"{notebook}.ipynb") if c in set(ran)]
+    assert in_notebook == ran
+
+
+def _cell_calls(path) -> list[str]:
+    import ast
+
+    out = []
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code" or "parameters" in cell.metadata.get("tags", []):
+            continue
+        found = [(n.lineno, n.col_offset, n.func.attr) for n in ast.walk(ast.parse(cell.source))
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and isinstance(n.func.value, ast.Name) and n.func.value.id == "stages"]
+        out += [name for *_, name in sorted(found)]
+    return out
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=STAGES)
+def test_notebooks_reach_the_lab_through_stages_and_draw_figures_from_their_objects(path):
+    """A notebook imports `lab.stages` alone (05_errors used to reach into lab.core.run and a module that no longer
+    exists); the stepped notebooks draw figures from the figure objects the steps return (`stages.show`), not by
+    reading the PNGs back."""
+    import ast
+
+    code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "lab":
+            assert node.module == "lab" and [a.name for a in node.names] == ["stages"], ast.unparse(node)
+        if isinstance(node, ast.Import):
+            assert not any(a.name.split(".")[0] == "lab" for a in node.names), ast.unparse(node)
+    if path.stem in STEPPED:
+        assert ".png" not in code and "Image(" not in code
+        assert "stages.show(" in code
+
+
+# ---- progress: the Trainer's live table in Jupyter, plain lines under papermill ----------------------------------
+
+@pytest.mark.parametrize("kernel, session, setting, live", [
+    (True, "notebooks/02_sft.ipynb", None, True),   # a notebook open in Jupyter: its server set JPY_SESSION_NAME
+    (True, None, None, False),                       # papermill's kernel: no Jupyter server
+    (False, "x.ipynb", None, False),                 # not a kernel (a script started from a Jupyter terminal)
+    (True, "notebooks/02_sft.ipynb", "plain", False),  # LAB_PROGRESS decides when set
+    (True, None, "live", True),
+])
+def test_live_progress_is_for_a_notebook_open_in_jupyter(monkeypatch, kernel, session, setting, live):
+    from lab.core import console
+
+    monkeypatch.setattr(console, "in_kernel", lambda: kernel)
+    for var, value in (("JPY_SESSION_NAME", session), ("LAB_PROGRESS", setting)):
+        if value is None:
+            monkeypatch.delenv(var, raising=False)
+        else:
+            monkeypatch.setenv(var, value)
+    assert console.live_progress() is live
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_the_trainer_keeps_its_own_progress_only_where_it_is_live(tmp_path, monkeypatch, live):
+    """Live: the Trainer's DEFAULT_PROGRESS_CALLBACK (NotebookProgressCallback inside a notebook) stays and the plain
+    lines are off; otherwise it is taken off and TrainProgress prints (lab.train.callbacks)."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+    from transformers.trainer import DEFAULT_PROGRESS_CALLBACK
+
+    from lab.train import callbacks
+
+    monkeypatch.setattr(callbacks, "live_progress", lambda: live)
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, report_to="none", use_cpu=True,
+                             save_strategy="no", disable_tqdm=False)
+    trainer = Trainer(model=torch.nn.Linear(1, 1), args=args, callbacks=callbacks.trainer_callbacks(None, 0))
+    callbacks.use_text_progress(trainer)
+    kinds = {type(cb) for cb in trainer.callback_handler.callbacks}
+    assert (DEFAULT_PROGRESS_CALLBACK in kinds) is live and (callbacks.TrainProgress in kinds) is not live
+    assert callbacks.LabCallback in kinds
+
+
+@pytest.mark.slow
+def test_under_papermill_figures_are_inline_and_progress_is_plain_lines(smoke_run):
+    """The executed notebooks of the shared smoke run: each figure drawn inline as a PNG output (from the figure
+    object), the training steps as plain lines, and no HTML progress table (papermill's log shows none)."""
+    expected = {"01_explore": 1, "02_sft": 2, "03_grpo": 2, "05_errors": 3}
+    for stage, n in expected.items():
+        outputs = [o for c in nbformat.read(smoke_run / "notebooks" / f"{stage}.ipynb", as_version=4).cells
+                   for o in c.get("outputs", [])]
+        assert sum("image/png" in o.get("data", {}) for o in outputs) == n, stage
+        assert not any("text/html" in o.get("data", {}) and "progress" in str(o["data"]["text/html"])
+                       for o in outputs), stage
+        text = "".join(o.get("text", "") for o in outputs)
+        if stage == "02_sft":
+            assert "SFT step 2/2" in text
+        if stage == "03_grpo":
+            assert "GRPO step 1/1" in text
+
+
+@pytest.mark.slow
+def test_the_stage_functions_write_what_the_notebooks_write(smoke_run, tmp_path):
+    """`stages.sft` and `stages.grpo` called in one process (as scripts/train_sft.py and train_grpo.py call them)
+    write the same metrics (timings and paths aside), predictions and submission.zip bytes as the notebooks' cells
+    did in the shared smoke run."""
+    from lab import stages
+
+    def same(run_dir, stage):
+        m = json.loads((run_dir / stage / "metrics.json").read_text())
+        return {k: v for k, v in m.items() if "seconds" not in k and k != "resumed_from"}
+
+    run = tmp_path / "run"
+    for stage, fn in (("02_sft", stages.sft), ("03_grpo", stages.grpo)):
+        fn(stages.open_stage(stage, SMOKE_OVERRIDES + [f"run_dir={run}"]))
+        assert same(run, stage) == same(smoke_run, stage), stage
+        for name in ("predictions.csv", "submission.zip", "train_log.csv"):
+            assert (run / stage / name).read_bytes() == (smoke_run / stage / name).read_bytes(), (stage, name)
+    assert (run / "02_sft" / "predictions_before.csv").read_bytes() == \
+        (smoke_run / "02_sft" / "predictions_before.csv").read_bytes()
