@@ -238,6 +238,15 @@ class Trainee:
     def release(self) -> None:
         self.model = self.tokenizer = None
 
+    def take(self, step: str) -> tuple:
+        """(model, tokenizer), emptying this holder; a holder already trained is refused."""
+        if self.model is None:
+            raise LabError(f"{step}: this model was already trained (its holder is emptied by the training step); "
+                           f"make a fresh one first (stages.sft_model / stages.grpo_model)")
+        model, tokenizer = self.model, self.tokenizer
+        self.release()
+        return model, tokenizer
+
     def __repr__(self) -> str:
         state = "released" if self.model is None else type(self.model).__name__
         return f"Trainee({state}; LoRA on:\n{self.table.to_string(index=False)})"
@@ -262,8 +271,7 @@ def sft_train(stage: Stage, train: pd.DataFrame, trainee: Trainee, launch=None):
     from lab.core import plots
     from lab.train import sft as sft_lib
 
-    lora = (trainee.model, trainee.tokenizer, trainee.table)
-    trainee.release()
+    lora = (*trainee.take("sft_train"), trainee.table)
     metrics, model, tokenizer, log = sft_lib.train(stage.cfg, stage, train, lora=lora)  # unsloth: lab.train.sft_unsloth
     del model, tokenizer, lora  # the saved adapter is scored, never the in-memory model
     main = _main_alone(launch)
@@ -365,8 +373,7 @@ def grpo_train(stage: Stage, train: pd.DataFrame, trainee: Trainee, launch=None)
     from lab.train import grpo as grpo_lib
 
     cfg = stage.cfg
-    model, tokenizer = trainee.model, trainee.tokenizer
-    trainee.release()
+    model, tokenizer = trainee.take("grpo_train")
     metrics, model, log = grpo_lib.train(cfg, stage, train, model, tokenizer)
     del model, tokenizer  # the saved adapter is scored, never the in-memory model
     main = _main_alone(launch)

@@ -306,3 +306,19 @@ def test_the_stage_functions_write_what_the_notebooks_write(smoke_run, tmp_path)
             assert (run / stage / name).read_bytes() == (smoke_run / stage / name).read_bytes(), (stage, name)
     assert (run / "02_sft" / "predictions_before.csv").read_bytes() == \
         (smoke_run / "02_sft" / "predictions_before.csv").read_bytes()
+
+
+def test_a_trained_model_holder_is_empty_and_training_it_again_is_refused():
+    """The training steps empty the notebook's `lora` (the saved adapter is scored, not a model a notebook variable
+    keeps in memory); running the training cell again without a fresh model is a clear error, not a crash."""
+    import pandas as pd
+
+    from lab import LabError
+    from lab.stages import Trainee
+
+    holder = Trainee(object(), object(), pd.DataFrame({"family": ["q_proj"], "modules": [2]}))
+    model, tok = holder.take("sft_train")
+    assert model is not None and holder.model is None and holder.tokenizer is None
+    with pytest.raises(LabError, match="already trained.*stages.sft_model"):
+        holder.take("sft_train")
+    assert "released" in repr(holder) and "q_proj" in repr(holder)
