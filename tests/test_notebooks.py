@@ -322,3 +322,54 @@ def test_a_trained_model_holder_is_empty_and_training_it_again_is_refused():
     with pytest.raises(LabError, match="already trained.*stages.sft_model"):
         holder.take("sft_train")
     assert "released" in repr(holder) and "q_proj" in repr(holder)
+
+
+TRAIN_CELL = '''
+import torch
+from transformers import Trainer, TrainingArguments
+from lab.train.callbacks import trainer_callbacks, use_text_progress
+
+class Line(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x, labels=None):
+        return {"loss": ((self.w * x - labels) ** 2).mean()}
+
+data = [{"x": torch.tensor([1.0]), "labels": torch.tensor([2.0])}] * 8
+args = TrainingArguments(output_dir=OUT, max_steps=4, per_device_train_batch_size=2, logging_steps=2,
+                         report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=False)
+trainer = Trainer(model=Line(), args=args, train_dataset=data, callbacks=trainer_callbacks(None, 0))
+use_text_progress(trainer)
+trainer.train()
+'''
+
+
+@pytest.mark.slow  # two Jupyter kernels
+@pytest.mark.parametrize("session", [None, "notebooks/02_sft.ipynb"], ids=["papermill", "jupyter"])
+def test_a_kernel_a_jupyter_server_started_shows_the_live_table_papermills_prints_lines(tmp_path, monkeypatch,
+                                                                                       session):
+    """A real kernel trains a few steps with the lab's callbacks: started as papermill starts it, the steps come as
+    plain lines and no HTML table; with the variable a Jupyter server gives its kernels (JPY_SESSION_NAME), the
+    Trainer's own NotebookProgressCallback draws its HTML table (a <progress> bar) and no plain lines print."""
+    import papermill as pm
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    monkeypatch.delenv("LAB_PROGRESS", raising=False)
+    if session is None:
+        monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    else:
+        monkeypatch.setenv("JPY_SESSION_NAME", session)
+    monkeypatch.setenv("PYTHONPATH", str(project_root()))
+    nb = new_notebook(cells=[new_code_cell(f"OUT = {str(tmp_path / 'out')!r}\n" + TRAIN_CELL)])
+    nbformat.write(nb, tmp_path / "train.ipynb")
+    pm.execute_notebook(str(tmp_path / "train.ipynb"), str(tmp_path / "done.ipynb"), kernel_name="python3",
+                        progress_bar=False, cwd=str(project_root()))
+    outputs = [o for c in nbformat.read(tmp_path / "done.ipynb", as_version=4).cells for o in c.get("outputs", [])]
+    html = [str(o["data"]["text/html"]) for o in outputs if "text/html" in o.get("data", {})]
+    lines = [ln for o in outputs for ln in o.get("text", "").splitlines() if ln.startswith("train step")]
+    if session is None:
+        assert not html and lines and lines[-1].startswith("train step 4/4")
+    else:
+        assert any("<progress" in h for h in html) and not lines
