@@ -290,22 +290,33 @@ def test_under_papermill_figures_are_inline_and_progress_is_plain_lines(smoke_ru
 @pytest.mark.slow
 def test_the_stage_functions_write_what_the_notebooks_write(smoke_run, tmp_path):
     """`stages.sft` and `stages.grpo` called in one process (as scripts/train_sft.py and train_grpo.py call them)
-    write the same metrics (timings and paths aside), predictions and submission.zip bytes as the notebooks' cells
-    did in the shared smoke run."""
+    write the same metrics (timings and paths aside), predictions, LoRA table and submission.zip members (the
+    config's base-model path aside) as the notebooks' cells did in the shared smoke run."""
     from lab import stages
 
     def same(run_dir, stage):
         m = json.loads((run_dir / stage / "metrics.json").read_text())
         return {k: v for k, v in m.items() if "seconds" not in k and k != "resumed_from"}
 
+    def packed(run_dir, stage):
+        """The zip's members; the config without base_model_name_or_path, which names the run folder's tiny model
+        (made relative to the project root by `pack`, absolute here: both runs live outside it)."""
+        import zipfile
+
+        with zipfile.ZipFile(run_dir / stage / "submission.zip") as z:
+            members = {n: z.read(n) for n in z.namelist()}
+        config = json.loads(members.pop("adapter_config.json"))
+        assert config.pop("base_model_name_or_path").endswith("base_model")
+        return members, config
+
     run = tmp_path / "run"
     for stage, fn in (("02_sft", stages.sft), ("03_grpo", stages.grpo)):
         fn(stages.open_stage(stage, SMOKE_OVERRIDES + [f"run_dir={run}"]))
         assert same(run, stage) == same(smoke_run, stage), stage
-        for name in ("predictions.csv", "submission.zip", "train_log.csv"):
-            assert (run / stage / name).read_bytes() == (smoke_run / stage / name).read_bytes(), (stage, name)
-    assert (run / "02_sft" / "predictions_before.csv").read_bytes() == \
-        (smoke_run / "02_sft" / "predictions_before.csv").read_bytes()
+        assert (run / stage / "predictions.csv").read_bytes() == (smoke_run / stage / "predictions.csv").read_bytes()
+        assert packed(run, stage) == packed(smoke_run, stage), stage
+    for name in ("02_sft/train_log.csv", "02_sft/predictions_before.csv", "02_sft/lora_targets.csv"):
+        assert (run / name).read_bytes() == (smoke_run / name).read_bytes(), name  # (GRPO's log has step times)
 
 
 def test_a_trained_model_holder_is_empty_and_training_it_again_is_refused():
