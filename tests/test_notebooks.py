@@ -384,3 +384,25 @@ def test_a_kernel_a_jupyter_server_started_shows_the_live_table_papermills_print
         assert not html and lines and lines[-1].startswith("train step 4/4")
     else:
         assert any("<progress" in h for h in html) and not lines
+
+
+def test_the_stage_runner_asks_its_kernels_for_plain_lines_even_inside_a_jupyter_kernel(monkeypatch):
+    """`lab.runs.pipeline.execute_stage` run from a notebook open in Jupyter (a Kaggle notebook running the pipeline):
+    its papermill kernels inherit JPY_SESSION_NAME, so it sets LAB_PROGRESS=plain while they start (a value the
+    caller set wins) and restores the environment after."""
+    import os
+
+    from lab.core import console
+    from lab.runs.pipeline import plain_progress
+
+    monkeypatch.setattr(console, "in_kernel", lambda: True)
+    monkeypatch.setenv("JPY_SESSION_NAME", "pipeline.ipynb")
+    monkeypatch.delenv("LAB_PROGRESS", raising=False)
+    assert console.live_progress()
+    with plain_progress():
+        assert os.environ["LAB_PROGRESS"] == "plain" and not console.live_progress()
+    assert "LAB_PROGRESS" not in os.environ
+    monkeypatch.setenv("LAB_PROGRESS", "live")
+    with plain_progress():
+        assert console.live_progress()
+    assert os.environ["LAB_PROGRESS"] == "live"
