@@ -1,12 +1,21 @@
-"""One function per stage: the work of each notebook, called by the notebook and by its script alike.
+"""One function per stage, made of public steps: the work of each notebook, called by the notebook cell by cell and
+by the stage function (and its script) in the same order, so a notebook and its script write the same files and
+metrics.
 
 `open_stage(name, overrides)` is every notebook's first step: the environment (`environment`: nothing downloaded,
 quiet tokenizers), the real-model preflight (`lab.train.preflight`), then the stage folder (`lab.core.run.Stage`).
 `explore`, `sft`, `grpo`, `vote` and `errors` each take the open stage, do the stage's work, write its files
-(tables, plots, predictions, the adapter's submission.zip), finish the stage and return its metrics.
-notebooks/0N_*.ipynb call them and show what they wrote; scripts/train_sft.py and train_grpo.py call the same
-`sft` / `grpo` under `accelerate launch` (with accelerate's state: every process trains, the main process
-alone evaluates), so a notebook and its script write the same metrics.
+(tables, plots, predictions, the adapter's submission.zip), finish the stage and return its metrics. Each is its
+steps in order, and notebooks/0N_*.ipynb call those steps as cells:
+  01_explore  explore_split, explore_solvers, explore_audit, explore_finish
+  02_sft      split, score_base, sft_model, sft_train, (gradient_check), score_adapter, sft_scores, pack_adapter,
+              finish_training
+  03_grpo     split, grpo_start, grpo_model, grpo_train, (gradient_check), score_adapter, grpo_scores,
+              pack_adapter, finish_training
+  05_errors   final_predictions, error_budget, analyse_errors, (failure_examples), changes_since_sft, errors_finish
+A step that draws a plot saves its PNG and returns the matplotlib figure; `show(fig)` draws it inline in a notebook.
+scripts/train_sft.py and train_grpo.py call the same `sft` / `grpo` under `accelerate launch` (with accelerate's
+state: every process trains, the main process alone evaluates).
 
 Every greedy evaluation goes through `evaluate`, cached in `<run_dir>/evaluations/` by its key
 (`evaluation_key`: the base model's and the adapter's content hashes, the puzzles, the sampling settings and the
@@ -17,6 +26,8 @@ What it simplifies:
 1. A stage runs in one process (or one accelerate launch); stages hand each other files through the run folder.
 2. The cache is keyed by content and never pruned: a changed adapter, model, puzzle or setting is another key, so
    another file; old entries stay until the run folder is deleted.
+3. A notebook's steps are meant to run once each, in order (as "Run all" does); a step run again rewrites its
+   files, and training twice in one kernel trains from a fresh model only through `sft_model` / `grpo_model`.
 """
 
 from __future__ import annotations
@@ -67,53 +78,124 @@ def open_stage(name: str, overrides) -> Stage:
     return stage
 
 
+# ---- shared steps -----------------------------------------------------------------------------------------------
+
+def split(stage: Stage) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """(train, val): the run's split (`lab.data.dataset.prepare`: made once per run folder under `<run_dir>/data/`,
+    read back with its content hashes checked, so every stage sees the same puzzles)."""
+    from lab.data import dataset as data
+
+    train, val = data.prepare(stage.cfg)
+    print(f"{len(train)} training puzzles, {len(val)} held out; model: {stage.cfg.model.name}")
+    return train, val
+
+
+def show(*figures) -> None:
+    """Draw figures (returned by the step that saved them as PNG) inline in a notebook; nothing outside one
+    (`lab.core.console.show_figure`)."""
+    from lab.core.console import show_figure
+
+    for fig in figures:
+        if fig is not None:
+            show_figure(fig)
+
+
+def _save(stage: Stage, fig, name: str):
+    """`lab.core.plots.save` into the stage folder; returns the figure (for `show`)."""
+    from lab.core import plots
+
+    plots.save(fig, stage.path(name))
+    return fig
+
+
 # ---- 01_explore -------------------------------------------------------------------------------------------------
 
 def explore(stage: Stage) -> dict:
     """The split, puzzles per category, what the solvers answer, trace lengths in the model's tokens, the trace
-    audit, and one trace per category (`trace_examples.csv`)."""
-    from lab.data import dataset as data
-    from lab.model import models
-    from lab.core import plots
-    from lab import puzzles
-    from lab.puzzles.audit import audit_frame
+    audit, and one trace per category (`trace_examples.csv`): `explore_split`, `explore_solvers`, `explore_audit`,
+    `explore_finish`, the cells of notebooks/01_explore.ipynb."""
+    train, val, counts = explore_split(stage)
+    solved = explore_solvers(stage, train)
+    audit = explore_audit(stage, solved)
+    return explore_finish(stage, train, val, counts, solved, audit)
 
-    cfg = stage.cfg
-    train, val = data.prepare(cfg)
+
+def explore_split(stage: Stage) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """(train, val, counts): the split (`split`) and its puzzles per category, subtype and split
+    (`categories.csv`)."""
+    train, val = split(stage)
     counts = (pd.concat([train.assign(split="train"), val.assign(split="val")])
               .groupby(["category", "subtype", "split"]).size().unstack("split", fill_value=0).reset_index())
     atomic_write_csv(stage.path("categories.csv"), counts)
+    return train, val, counts
 
+
+def explore_solvers(stage: Stage, train: pd.DataFrame):
+    """The solvers over at most `data.explore_max` training puzzles, with trace lengths in tokens of the model's
+    tokenizer (`data.tokenizer_path` when set). Writes `solver_status.csv`, `solver_methods.csv`,
+    `solver_equation_families.csv`, `trace_tokens.png`, `trace_tokens.csv` (both trace styles, against the budget).
+    Returns a namespace: sample, solved (one row per puzzle), style, counter (the tokenizer counted with), status,
+    methods, families, tokens (tables) and figure (the trace-length histogram)."""
+    from types import SimpleNamespace
+
+    from lab import puzzles
+    from lab.core import plots
+    from lab.data import dataset as data
+    from lab.model import models
+
+    cfg = stage.cfg
     tokenizer = models.load_tokenizer(cfg)
     counter = data.count_tokenizer(cfg, tokenizer)  # data.tokenizer_path when set, else the model's own tokenizer
     style = data.trace_style(cfg)  # the style SFT trains on
     sample = train.sample(n=min(cfg.data.explore_max, len(train)), random_state=cfg.seed)
     solved = puzzles.solve_frame(sample, tokenizer=counter, style=style)
-    status = solved.groupby(["category", "status"]).size().unstack("status", fill_value=0)
-    atomic_write_csv(stage.path("solver_status.csv"), status.reset_index())
-    atomic_write_csv(stage.path("solver_methods.csv"), puzzles.method_table(solved))
-    atomic_write_csv(stage.path("solver_equation_families.csv"), puzzles.family_table(solved))
-    plots.save(plots.histogram(solved, "trace_tokens", "category", "Solver trace length", "tokens (model tokenizer)"),
-               stage.path("trace_tokens.png"))
+    status = solved.groupby(["category", "status"]).size().unstack("status", fill_value=0).reset_index()
+    methods, families = puzzles.method_table(solved), puzzles.family_table(solved)
+    atomic_write_csv(stage.path("solver_status.csv"), status)
+    atomic_write_csv(stage.path("solver_methods.csv"), methods)
+    atomic_write_csv(stage.path("solver_equation_families.csv"), families)
+    fig = _save(stage, plots.histogram(solved, "trace_tokens", "category", "Solver trace length",
+                                       "tokens (model tokenizer)"), "trace_tokens.png")
     # both styles, counted as the completion the scorer sees, against the budget
     other = "compact" if style == "derivation" else "derivation"
     both = pd.concat([solved.assign(trace_style=style),
                       puzzles.solve_frame(sample, tokenizer=counter, style=other).assign(trace_style=other)])
-    atomic_write_csv(stage.path("trace_tokens.csv"), puzzles.token_table(both))
-    audit, shapes, breaks = audit_frame(solved.assign(prompt=sample["prompt"].tolist(), trace_style=style), counter)
+    tokens = puzzles.token_table(both)
+    atomic_write_csv(stage.path("trace_tokens.csv"), tokens)
+    return SimpleNamespace(sample=sample, solved=solved, style=style, counter=counter, status=status,
+                           methods=methods, families=families, tokens=tokens, figure=fig)
+
+
+def explore_audit(stage: Stage, solved):
+    """The trace audit of `explore_solvers`' traces (`lab.puzzles.audit.audit_frame`; `python -m lab puzzles audit`
+    prints the same) and one trace per category. Writes `trace_audit.csv`, `trace_shapes.csv`,
+    `trace_examples.csv`. Returns a namespace: audit, shapes, breaks (referential breaks), examples."""
+    from types import SimpleNamespace
+
+    from lab.puzzles.audit import audit_frame
+
+    audit, shapes, breaks = audit_frame(solved.solved.assign(prompt=solved.sample["prompt"].tolist(),
+                                                             trace_style=solved.style), solved.counter)
     atomic_write_csv(stage.path("trace_audit.csv"), audit)
     atomic_write_csv(stage.path("trace_shapes.csv"), shapes)
-    atomic_write_csv(stage.path("trace_examples.csv"),
-                     solved.groupby("category").head(1)[["category", "status", "trace"]].sort_values("category"))
+    examples = solved.solved.groupby("category").head(1)[["category", "status", "trace"]].sort_values("category")
+    atomic_write_csv(stage.path("trace_examples.csv"), examples)
+    return SimpleNamespace(audit=audit, shapes=shapes, breaks=breaks, examples=examples)
+
+
+def explore_finish(stage: Stage, train: pd.DataFrame, val: pd.DataFrame, counts: pd.DataFrame, solved,
+                   audit) -> dict:
+    """01_explore's metrics.json from the steps' results; finishes the stage."""
+    s = solved.solved
     metrics = {
         "n_train": len(train), "n_val": len(val),
         "per_category": counts.groupby("category")[["train", "val"]].sum().to_dict("index"),
-        "solver_solved_share": float((solved["status"] == "solved").mean()),
-        "trace_tokens_mean": float(solved["trace_tokens"].mean()),
-        "trace_ref_breaks": len(breaks),
+        "solver_solved_share": float((s["status"] == "solved").mean()),
+        "trace_tokens_mean": float(s["trace_tokens"].mean()),
+        "trace_ref_breaks": len(audit.breaks),
     }
-    if "correct" in solved:
-        metrics["solver_accuracy"] = float(solved["correct"].mean())
+    if "correct" in s:
+        metrics["solver_accuracy"] = float(s["correct"].mean())
     return stage.finish(metrics)
 
 
@@ -121,37 +203,123 @@ def explore(stage: Stage) -> dict:
 
 def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
     """Greedy held-out accuracy of the base model, SFT (`lab.train.sft.train`), the saved adapter's accuracy, the
-    submission zip. `launch`: accelerate's PartialState under `accelerate launch` (scripts/train_sft.py): every
-    process trains, the main process alone evaluates and finishes the stage (the others return their training
-    metrics). Under several processes the base model is evaluated after training, so that no process waits through
-    a long evaluation in a collective. `evaluate_adapter=False` (`--no-eval`) skips both evaluations."""
-    from lab.data import dataset as data
+    submission zip: the steps `split`, `score_base`, `sft_model`, `sft_train`, `score_adapter`, `sft_scores`,
+    `pack_adapter`, `finish_training`, in that order (the cells of notebooks/02_sft.ipynb).
+
+    `launch`: accelerate's PartialState under `accelerate launch` (scripts/train_sft.py): every process trains, the
+    main process alone evaluates and finishes the stage (the others return their training metrics). Under several
+    processes the base model is evaluated after training, so that no process waits through a long evaluation in a
+    collective. `evaluate_adapter=False` (`--no-eval`) skips both evaluations."""
+    cfg = stage.cfg
+    train, val = split(stage)
+    before = None
+    if evaluate_adapter and _processes(launch) == 1:  # the training model is not loaded yet (vLLM needs the GPU)
+        before = score_base(stage, val)
+    trained = sft_train(stage, train, sft_model(stage), launch)
+    if not trained.main:
+        return trained.metrics
+    scores = None
+    if evaluate_adapter:
+        if before is None:
+            before = score_base(stage, val, cached=True)
+        scores = sft_scores(stage, before, score_adapter(stage, val, cfg.sft.adapter_dir))
+    return finish_training(stage, trained, scores, pack_adapter(stage, cfg.sft.adapter_dir), launch)
+
+
+def score_base(stage: Stage, val: pd.DataFrame, cached: bool = False) -> pd.DataFrame:
+    """The base model's greedy predictions on the held-out puzzles (`predictions_before.csv`, through `evaluate`).
+    Before training it is always generated (`cached=False`: `evaluate` says why)."""
+    before = evaluate(stage, val, None, "predictions_before.csv", cached=cached)
+    print(f"held-out accuracy before training: {before['correct'].mean():.3f}")
+    return before
+
+
+class Trainee:
+    """The model a training step trains, with its tokenizer and the table of what carries a LoRA (family, modules,
+    trainable parameters). The training step empties it (`release`): the saved adapter is scored afterwards, never
+    the in-memory model, and a notebook variable must not keep that model's memory alive (vLLM needs the GPU)."""
+
+    def __init__(self, model, tokenizer, table: pd.DataFrame):
+        self.model, self.tokenizer, self.table = model, tokenizer, table
+
+    def release(self) -> None:
+        self.model = self.tokenizer = None
+
+    def take(self, step: str) -> tuple:
+        """(model, tokenizer), emptying this holder; a holder already trained is refused."""
+        if self.model is None:
+            raise LabError(f"{step}: this model was already trained (its holder is emptied by the training step); "
+                           f"make a fresh one first (stages.sft_model / stages.grpo_model)")
+        model, tokenizer = self.model, self.tokenizer
+        self.release()
+        return model, tokenizer
+
+    def __repr__(self) -> str:
+        state = "released" if self.model is None else type(self.model).__name__
+        return f"Trainee({state}; LoRA on:\n{self.table.to_string(index=False)})"
+
+
+def sft_model(stage: Stage) -> Trainee:
+    """The base model with the configured LoRA attached (`lab.train.sft.model_with_lora`: every configured family
+    must match, the rank at most Kaggle's); writes `lora_targets.csv`."""
+    from lab.train import sft as sft_lib
+
+    return Trainee(*sft_lib.model_with_lora(stage.cfg, stage))
+
+
+def sft_train(stage: Stage, train: pd.DataFrame, trainee: Trainee, launch=None):
+    """SFT on the training puzzles' solver traces (`lab.train.sft.train`: examples, checkpoints and resume, the
+    gradient check, the adapter saved to `sft.adapter_dir`), then the training model's memory released (`trainee`
+    is emptied). Writes `sft_examples.csv`, `train_log.csv`, `gradient_check.csv`, `frozen_check.csv` and, on the
+    main process, `loss.png`. Returns a namespace: metrics, log (the step log), figure (the loss), main (False on a
+    launch's other processes, which stop here)."""
+    from types import SimpleNamespace
+
     from lab.core import plots
     from lab.train import sft as sft_lib
 
-    cfg = stage.cfg
-    train, val = data.prepare(cfg)
-    print(f"{len(train)} training puzzles, {len(val)} held out; model: {cfg.model.name}")
-    before = None
-    if evaluate_adapter and _processes(launch) == 1:  # the training model is not loaded yet (vLLM needs the GPU)
-        before = evaluate(stage, val, None, "predictions_before.csv", cached=False)  # see `evaluate`
-        print(f"held-out accuracy before SFT: {before['correct'].mean():.3f}")
-    metrics, model, tokenizer, log = sft_lib.train(cfg, stage, train)  # sft.backend=unsloth: lab.train.sft_unsloth
-    _stopped_note(stage, metrics, "sft")
-    del model, tokenizer  # the saved adapter is scored, never the in-memory model
-    if not _main_alone(launch):
-        return metrics
-    plots.save(plots.line(log, "step", ["loss"], "SFT training loss", "loss"), stage.path("loss.png"))
-    if evaluate_adapter:
-        if before is None:
-            before = evaluate(stage, val, None, "predictions_before.csv")
-        after = evaluate(stage, val, cfg.sft.adapter_dir, "predictions.csv")
-        print(f"held-out accuracy: before SFT {before['correct'].mean():.3f}, after {after['correct'].mean():.3f}")
-        table = _per_category(before=before, after=after)
-        plots.save(_accuracy_plot(before, after, "before SFT", "after SFT", "SFT"), stage.path("accuracy.png"))
-        metrics = {"accuracy_before": float(before["correct"].mean()), "accuracy_after": float(after["correct"].mean()),
-                   "lift": float(after["correct"].mean() - before["correct"].mean()), "per_category": table, **metrics}
-    return stage.finish({"submission_problems": _pack(stage, cfg.sft.adapter_dir), **metrics,
+    lora = (*trainee.take("sft_train"), trainee.table)
+    metrics, model, tokenizer, log = sft_lib.train(stage.cfg, stage, train, lora=lora)  # unsloth: lab.train.sft_unsloth
+    _stopped_note(stage, metrics, "sft")  # a wall-clock budget stop: how the next run (or Kaggle kernel) resumes
+    del model, tokenizer, lora  # the saved adapter is scored, never the in-memory model
+    main = _main_alone(launch)
+    fig = _save(stage, plots.line(log, "step", ["loss"], "SFT training loss", "loss"), "loss.png") if main else None
+    return SimpleNamespace(metrics=metrics, log=log, figure=fig, main=main)
+
+
+def gradient_check(stage: Stage) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
+    """(gradients, frozen): the gradient check the training step wrote (`lab.model.lora.GradientCheck.save`: every
+    LoRA family received a gradient and moved; the frozen weights did not), None where it was off."""
+    read = lambda name: pd.read_csv(stage.path(name)) if stage.path(name).is_file() else None  # noqa: E731
+    return read("gradient_check.csv"), read("frozen_check.csv")
+
+
+def score_adapter(stage: Stage, val: pd.DataFrame, adapter_dir) -> pd.DataFrame:
+    """The saved adapter's greedy predictions on the held-out puzzles (`predictions.csv`, through `evaluate`, cached
+    by content): the adapter as written to disk, never the in-memory model."""
+    after = evaluate(stage, val, adapter_dir, "predictions.csv")
+    print(f"held-out accuracy after training: {after['correct'].mean():.3f}")
+    return after
+
+
+def sft_scores(stage: Stage, before: pd.DataFrame, after: pd.DataFrame):
+    """Accuracy before and after SFT, overall and per category; writes `accuracy.png`. Returns a namespace: metrics
+    (accuracy_before, accuracy_after, lift, per_category), table (per category), figure."""
+    from types import SimpleNamespace
+
+    print(f"held-out accuracy: before SFT {before['correct'].mean():.3f}, after {after['correct'].mean():.3f}")
+    per_category = _per_category(before=before, after=after)
+    fig = _save(stage, _accuracy_plot(before, after, "before SFT", "after SFT", "SFT"), "accuracy.png")
+    metrics = {"accuracy_before": float(before["correct"].mean()), "accuracy_after": float(after["correct"].mean()),
+               "lift": float(after["correct"].mean() - before["correct"].mean()), "per_category": per_category}
+    return SimpleNamespace(metrics=metrics, table=pd.DataFrame.from_dict(per_category, orient="index"), figure=fig)
+
+
+def finish_training(stage: Stage, trained, scores, problems: list[str], launch=None) -> dict:
+    """02_sft's or 03_grpo's metrics.json: the zip's problems, the scores (None without an evaluation), the
+    training metrics, the number of processes; finishes the stage."""
+    scored = scores.metrics if scores is not None else {}
+    return stage.finish({"submission_problems": problems, **scored, **trained.metrics,
                          "processes": _processes(launch)})
 
 
@@ -159,43 +327,90 @@ def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
 
 def grpo(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
     """GRPO from the SFT adapter (`lab.train.grpo.train`: pass rates, prompt order, training), the saved adapter's greedy
-    held-out accuracy against the SFT start, the submission zip. `launch` and `evaluate_adapter` as in `sft`."""
-    from lab.data import dataset as data
-    from lab.model import models
-    from lab.core import plots
-    from lab.train import grpo as grpo_lib
-    from lab.eval.analysis import load_predictions
-
+    held-out accuracy against the SFT start, the submission zip: the steps `split`, `grpo_start`, `grpo_model`,
+    `grpo_train`, `score_adapter`, `grpo_scores`, `pack_adapter`, `finish_training` (the cells of
+    notebooks/03_grpo.ipynb). `launch` and `evaluate_adapter` as in `sft`."""
     cfg = stage.cfg
-    train, val = data.prepare(cfg)
-    sft_dir = stage_output(cfg, "02_sft")
+    train, val = split(stage)
+    start = grpo_start(stage, evaluate_adapter)
+    trained = grpo_train(stage, train, grpo_model(stage, start), launch)
+    if not trained.main:
+        return trained.metrics
+    scores = None
+    if evaluate_adapter:
+        scores = grpo_scores(stage, start, score_adapter(stage, val, cfg.grpo.adapter_dir))
+    return finish_training(stage, trained, scores, pack_adapter(stage, cfg.grpo.adapter_dir), launch)
+
+
+def grpo_start(stage: Stage, evaluate_adapter: bool = True):
+    """Where GRPO starts: 02_sft's finished folder and its held-out accuracy (None after `--no-eval`, which an
+    evaluation of GRPO's adapter refuses: it compares against it). Returns a namespace: dir, accuracy."""
+    from types import SimpleNamespace
+
+    sft_dir = stage_output(stage.cfg, "02_sft")
     sft_accuracy = read_json(sft_dir / "metrics.json").get("accuracy_after")
     if evaluate_adapter and sft_accuracy is None:
         raise LabError(f"{sft_dir / 'metrics.json'}: no accuracy_after (02_sft ran with --no-eval), which 03_grpo's "
                        "evaluation compares against; rerun 02_sft with its evaluation, or skip this one (--no-eval)")
-    grpo_lib.check_backend(cfg)  # a refused rollout back-end fails before the model loads
+    return SimpleNamespace(dir=sft_dir, accuracy=sft_accuracy)
+
+
+def grpo_model(stage: Stage, start) -> Trainee:
+    """The base model with `grpo.init_adapter` loaded trainable (`lab.model.models.load`), after the rollout back-end
+    is checked (a refused one fails before the model loads)."""
+    from lab.model import models
+    from lab.model.lora import target_table
+    from lab.train import grpo as grpo_lib
+
+    cfg = stage.cfg
+    grpo_lib.check_backend(cfg)
     model, tokenizer = models.load(cfg, adapter=stage_input(cfg, cfg.grpo.init_adapter), trainable=True)
     print(f"starting from {cfg.grpo.init_adapter}"
-          + (f" (held-out accuracy {sft_accuracy:.3f})" if sft_accuracy is not None else ""))
+          + (f" (held-out accuracy {start.accuracy:.3f})" if start.accuracy is not None else ""))
+    return Trainee(model, tokenizer, target_table(model))
+
+
+def grpo_train(stage: Stage, train: pd.DataFrame, trainee: Trainee, launch=None):
+    """GRPO (`lab.train.grpo.train`: pass rates, the prompt order, training, checkpoints and resume, the gradient
+    check, the adapter saved to `grpo.adapter_dir`), then the training model's memory released (`trainee` is
+    emptied). Writes `pass_rates.csv`, `prompt_order.csv`, `train_log.csv`, `gradient_check.csv`,
+    `frozen_check.csv` and, on the main process, `rewards.png`. Returns a namespace as `sft_train`'s."""
+    from types import SimpleNamespace
+
+    from lab.core import plots
+    from lab.train import grpo as grpo_lib
+
+    cfg = stage.cfg
+    model, tokenizer = trainee.take("grpo_train")
     metrics, model, log = grpo_lib.train(cfg, stage, train, model, tokenizer)
     _stopped_note(stage, metrics, "grpo")
     del model, tokenizer  # the saved adapter is scored, never the in-memory model
-    if not _main_alone(launch):
-        return metrics
-    rewards = [c for c in log.columns if c.startswith("rewards/") and c.endswith("/mean")]
-    plots.save(plots.line(log, "step", ["reward", *rewards], "GRPO rewards per step (mean over the step's completions)",
-                          "reward", n=cfg.grpo.prompts_per_step * cfg.grpo.num_generations), stage.path("rewards.png"))
-    if evaluate_adapter:
-        after = evaluate(stage, val, cfg.grpo.adapter_dir, "predictions.csv")
-        start = load_predictions(sft_dir / "predictions.csv")
-        acc = float(after["correct"].mean())
-        print(f"held-out accuracy: SFT start {float(sft_accuracy):.3f} -> after GRPO {acc:.3f}")
-        plots.save(_accuracy_plot(start, after, "SFT start", "after GRPO", "GRPO"), stage.path("accuracy.png"))
-        metrics = {"accuracy_sft_start": float(sft_accuracy), "accuracy_after": acc,
-                   "delta": float(acc - float(sft_accuracy)), "per_category": _per_category(sft=start, grpo=after),
-                   **metrics}
-    return stage.finish({"submission_problems": _pack(stage, cfg.grpo.adapter_dir), **metrics,
-                         "processes": _processes(launch)})
+    main = _main_alone(launch)
+    fig = None
+    if main:
+        rewards = [c for c in log.columns if c.startswith("rewards/") and c.endswith("/mean")]
+        fig = _save(stage, plots.line(log, "step", ["reward", *rewards],
+                                      "GRPO rewards per step (mean over the step's completions)", "reward",
+                                      n=cfg.grpo.prompts_per_step * cfg.grpo.num_generations), "rewards.png")
+    return SimpleNamespace(metrics=metrics, log=log, figure=fig, main=main)
+
+
+def grpo_scores(stage: Stage, start, after: pd.DataFrame):
+    """GRPO's adapter against the SFT start (02_sft's predictions), overall and per category; writes
+    `accuracy.png`. Returns a namespace as `sft_scores`' (metrics: accuracy_sft_start, accuracy_after, delta,
+    per_category)."""
+    from types import SimpleNamespace
+
+    from lab.eval.analysis import load_predictions
+
+    before = load_predictions(start.dir / "predictions.csv")
+    acc, sft_accuracy = float(after["correct"].mean()), float(start.accuracy)
+    print(f"held-out accuracy: SFT start {sft_accuracy:.3f} -> after GRPO {acc:.3f}")
+    fig = _save(stage, _accuracy_plot(before, after, "SFT start", "after GRPO", "GRPO"), "accuracy.png")
+    per_category = _per_category(sft=before, grpo=after)
+    metrics = {"accuracy_sft_start": sft_accuracy, "accuracy_after": acc, "delta": float(acc - sft_accuracy),
+               "per_category": per_category}
+    return SimpleNamespace(metrics=metrics, table=pd.DataFrame.from_dict(per_category, orient="index"), figure=fig)
 
 
 # ---- 04_vote ----------------------------------------------------------------------------------------------------
@@ -238,25 +453,69 @@ def vote(stage: Stage) -> dict:
 
 def errors(stage: Stage) -> dict:
     """Error analysis of 04_vote's greedy predictions (`lab.eval.analysis.analyse`: every table and plot) against the
-    completion budget the evaluation allowed, and the puzzles fixed and broken since 02_sft."""
+    completion budget the evaluation allowed, and the puzzles fixed and broken since 02_sft: the steps
+    `final_predictions`, `error_budget`, `analyse_errors`, `changes_since_sft`, `errors_finish` (the cells of
+    notebooks/05_errors.ipynb)."""
+    pred = final_predictions(stage)
+    analysed = analyse_errors(stage, pred, error_budget(stage, pred))
+    return errors_finish(stage, analysed, changes_since_sft(stage, pred))
+
+
+def final_predictions(stage: Stage) -> pd.DataFrame:
+    """04_vote's greedy predictions of the final adapter (`lab.eval.analysis.load_predictions`)."""
     from lab.eval import analysis
-    from lab.data import dataset as data
-    from lab.model import generate, models
+
+    return analysis.load_predictions(stage_output(stage.cfg, "04_vote", "predictions.csv"))
+
+
+def error_budget(stage: Stage, pred: pd.DataFrame) -> int:
+    """The completion budget the evaluation allowed: that of the prompts that were generated (a prompt with no
+    room was skipped: `generate.SKIPPED`), else `infer.max_tokens`."""
     from lab.competition.prompts import chat_prompt
+    from lab.model import generate, models
 
     cfg = stage.cfg
-    pred = analysis.load_predictions(stage_output(cfg, "04_vote", "predictions.csv"))
-    # the budget of the prompts that were generated (a prompt with no room was skipped: generate.SKIPPED)
     tok = models.load_tokenizer(cfg)
     kept = [chat_prompt(tok, p) for p, why in zip(pred["prompt"], pred["finish_reason"]) if why != generate.SKIPPED]
-    budget = (generate.completion_budget(tok, kept, cfg.infer.max_tokens, cfg.model.max_model_len) if kept
-              else cfg.infer.max_tokens)
-    headline = analysis.analyse(pred, stage.dir, budget=budget, style=data.trace_style(cfg))  # vs the trained style
+    return (generate.completion_budget(tok, kept, cfg.infer.max_tokens, cfg.model.max_model_len) if kept
+            else cfg.infer.max_tokens)
+
+
+def analyse_errors(stage: Stage, pred: pd.DataFrame, budget: int):
+    """`lab.eval.analysis.analyse` into the stage folder, against the trained trace style: every table (CSV) and plot
+    (PNG). Returns a namespace: metrics (the headline), figures ({"accuracy_by_category", "taxonomy", "lengths"})."""
+    from types import SimpleNamespace
+
+    from lab.data import dataset as data
+    from lab.eval import analysis
+
+    figures: dict = {}
+    headline = analysis.analyse(pred, stage.dir, budget=budget, style=data.trace_style(stage.cfg), figures=figures)
     print(f"{headline['n']} predictions, accuracy {headline['accuracy']:.3f}")
-    changes, _ = analysis.compare(analysis.load_predictions(stage_output(cfg, "02_sft", "predictions.csv")), pred)
+    return SimpleNamespace(metrics=headline, figures=figures)
+
+
+def failure_examples(pred: pd.DataFrame, cls: str, budget: int, n: int = 1) -> pd.DataFrame:
+    """Up to `n` predictions of failure class `cls` (`lab.eval.analysis.examples`) judged against `budget`."""
+    from lab.eval import analysis
+
+    return analysis.examples(pred, cls, n=n, budget=budget)
+
+
+def changes_since_sft(stage: Stage, pred: pd.DataFrame) -> pd.DataFrame:
+    """Puzzles fixed and broken between 02_sft's predictions and `pred`, per category and over all
+    (`compare_sft_vs_final.csv`)."""
+    from lab.eval import analysis
+
+    changes, _ = analysis.compare(analysis.load_predictions(stage_output(stage.cfg, "02_sft", "predictions.csv")), pred)
     atomic_write_csv(stage.path("compare_sft_vs_final.csv"), changes)
+    return changes
+
+
+def errors_finish(stage: Stage, analysed, changes: pd.DataFrame) -> dict:
+    """05_errors' metrics.json: the headline and the net change since 02_sft; finishes the stage."""
     net = changes.set_index("category").loc["all"]  # the row over all categories (the others add up to it)
-    return stage.finish({**{k: v for k, v in headline.items() if k != "files"},
+    return stage.finish({**{k: v for k, v in analysed.metrics.items() if k != "files"},
                          "fixed_since_sft": int(net["fixed"]), "broken_since_sft": int(net["broken"])})
 
 
@@ -331,8 +590,9 @@ def _accuracy_plot(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str, b
                                f"{net['broken']:.0f} broken by {by}")
 
 
-def _pack(stage: Stage, adapter_dir) -> list[str]:
-    """`<stage>/submission.zip` from the adapter (the layout vLLM loads), and `submission.check`'s problems."""
+def pack_adapter(stage: Stage, adapter_dir) -> list[str]:
+    """`<stage>/submission.zip` from the adapter (the layout vLLM loads, in the submission dtype), and
+    `submission.check`'s problems (empty: valid)."""
     from lab.model import submission
 
     zip_path = submission.pack(adapter_dir, stage.path("submission.zip"), dtype=submission.SUBMISSION_DTYPE)

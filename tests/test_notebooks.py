@@ -155,3 +155,254 @@ def test_two_interactive_runs_with_defaults_get_two_folders_and_leave_the_demo_a
         assert json.loads((root / "outputs" / r / "01_explore" / "metrics.json").read_text())["n_train"] == 16
     assert sorted(p.name for p in demo.iterdir()) == ["summary.md"] and (demo / "summary.md").read_text() == \
         "the demo's own summary"
+
+
+# ---- the notebooks' cells are the stage functions' steps (issue 41) ------------------------------------------------
+
+STEPPED = {"01_explore": "explore", "02_sft": "sft", "03_grpo": "grpo", "05_errors": "errors"}
+
+
+@pytest.mark.parametrize("notebook", list(STEPPED))
+def test_each_notebook_runs_the_steps_its_stage_function_runs_in_the_same_order(notebook, monkeypatch):
+    """`lab.stages.<stage>` (what scripts/train_*.py and a headless caller run) is its public steps in order, and the
+    notebook's cells call those same steps in that same order: the two write the same files and metrics. The stage
+    function is run with every public step replaced by a recorder."""
+    import inspect
+    from unittest import mock
+
+    from lab import stages
+
+    steps = [n for n, f in vars(stages).items() if inspect.isfunction(f) and f.__module__ == stages.__name__
+             and not n.startswith("_") and n not in STEPPED.values()]
+    ran = []
+
+    unpacked = {"split": 2, "explore_split": 3, "gradient_check": 2}  # the steps whose result is a tuple
+
+    def recorder(name):
+        def step(*args, **kwargs):
+            ran.append(name)
+            result = mock.MagicMock(name=name)
+            return tuple(mock.MagicMock(name=f"{name}[{i}]") for i in range(unpacked[name])) \
+                if name in unpacked else result
+        return step
+
+    for name in steps:
+        monkeypatch.setattr(stages, name, recorder(name))
+    getattr(stages, STEPPED[notebook])(mock.MagicMock(name="stage"))
+    assert len(ran) >= 4, ran  # a stage of steps, not one call
+    in_notebook = [c for c in _cell_calls(project_root() / "notebooks" / f"{notebook}.ipynb") if c in set(ran)]
+    assert in_notebook == ran
+
+
+def _cell_calls(path) -> list[str]:
+    import ast
+
+    out = []
+    for cell in nbformat.read(path, as_version=4).cells:
+        if cell.cell_type != "code" or "parameters" in cell.metadata.get("tags", []):
+            continue
+        found = [(n.lineno, n.col_offset, n.func.attr) for n in ast.walk(ast.parse(cell.source))
+                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
+                 and isinstance(n.func.value, ast.Name) and n.func.value.id == "stages"]
+        out += [name for *_, name in sorted(found)]
+    return out
+
+
+@pytest.mark.parametrize("path", NOTEBOOKS, ids=STAGES)
+def test_notebooks_reach_the_lab_through_stages_and_draw_figures_from_their_objects(path):
+    """A notebook imports `lab.stages` alone (05_errors used to reach into lab.core.run and a module that no longer
+    exists); the stepped notebooks draw figures from the figure objects the steps return (`stages.show`), not by
+    reading the PNGs back."""
+    import ast
+
+    code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
+    for node in ast.walk(ast.parse(code)):
+        if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "lab":
+            assert node.module == "lab" and [a.name for a in node.names] == ["stages"], ast.unparse(node)
+        if isinstance(node, ast.Import):
+            assert not any(a.name.split(".")[0] == "lab" for a in node.names), ast.unparse(node)
+    if path.stem in STEPPED:
+        tree = ast.parse(code)
+        assert not [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and str(n.value).endswith(".png")]
+        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "Image"]
+        assert "stages.show(" in code
+
+
+# ---- progress: the Trainer's live table in Jupyter, plain lines under papermill ----------------------------------
+
+@pytest.mark.parametrize("kernel, session, setting, live", [
+    (True, "notebooks/02_sft.ipynb", None, True),   # a notebook open in Jupyter: its server set JPY_SESSION_NAME
+    (True, None, None, False),                       # papermill's kernel: no Jupyter server
+    (False, "x.ipynb", None, False),                 # not a kernel (a script started from a Jupyter terminal)
+    (True, "notebooks/02_sft.ipynb", "plain", False),  # LAB_PROGRESS decides when set
+    (True, None, "live", True),
+])
+def test_live_progress_is_for_a_notebook_open_in_jupyter(monkeypatch, kernel, session, setting, live):
+    from lab.core import console
+
+    monkeypatch.setattr(console, "in_kernel", lambda: kernel)
+    for var, value in (("JPY_SESSION_NAME", session), ("LAB_PROGRESS", setting)):
+        if value is None:
+            monkeypatch.delenv(var, raising=False)
+        else:
+            monkeypatch.setenv(var, value)
+    assert console.live_progress() is live
+
+
+@pytest.mark.parametrize("live", [True, False])
+def test_the_trainer_keeps_its_own_progress_only_where_it_is_live(tmp_path, monkeypatch, live):
+    """Live: the Trainer's DEFAULT_PROGRESS_CALLBACK (NotebookProgressCallback inside a notebook) stays and the plain
+    lines are off; otherwise it is taken off and TrainProgress prints (lab.train.callbacks)."""
+    import torch
+    from transformers import Trainer, TrainingArguments
+    from transformers.trainer import DEFAULT_PROGRESS_CALLBACK
+
+    from lab.train import callbacks
+
+    monkeypatch.setattr(callbacks, "live_progress", lambda: live)
+    args = TrainingArguments(output_dir=str(tmp_path), max_steps=1, report_to="none", use_cpu=True,
+                             save_strategy="no", disable_tqdm=False)
+    trainer = Trainer(model=torch.nn.Linear(1, 1), args=args, callbacks=callbacks.trainer_callbacks(None, 0))
+    callbacks.use_text_progress(trainer)
+    kinds = {type(cb) for cb in trainer.callback_handler.callbacks}
+    assert (DEFAULT_PROGRESS_CALLBACK in kinds) is live and (callbacks.TrainProgress in kinds) is not live
+    assert callbacks.LabCallback in kinds
+
+
+@pytest.mark.slow
+def test_under_papermill_figures_are_inline_and_progress_is_plain_lines(smoke_run):
+    """The executed notebooks of the shared smoke run: each figure drawn inline as a PNG output (from the figure
+    object), the training steps as plain lines, and no HTML progress table (papermill's log shows none)."""
+    expected = {"01_explore": 1, "02_sft": 2, "03_grpo": 2, "05_errors": 3}
+    for stage, n in expected.items():
+        outputs = [o for c in nbformat.read(smoke_run / "notebooks" / f"{stage}.ipynb", as_version=4).cells
+                   for o in c.get("outputs", [])]
+        assert sum("image/png" in o.get("data", {}) for o in outputs) == n, stage
+        assert not any("text/html" in o.get("data", {}) and "progress" in str(o["data"]["text/html"])
+                       for o in outputs), stage
+        text = "".join(o.get("text", "") for o in outputs)
+        if stage == "02_sft":
+            assert "SFT step 2/2" in text
+        if stage == "03_grpo":
+            assert "GRPO step 1/1" in text
+
+
+@pytest.mark.slow
+def test_the_stage_functions_write_what_the_notebooks_write(smoke_run, tmp_path):
+    """`stages.sft` and `stages.grpo` called in one process (as scripts/train_sft.py and train_grpo.py call them)
+    write the same metrics (timings and paths aside), predictions, LoRA table and submission.zip members (the
+    config's base-model path aside) as the notebooks' cells did in the shared smoke run."""
+    from lab import stages
+
+    def same(run_dir, stage):
+        m = json.loads((run_dir / stage / "metrics.json").read_text())
+        return {k: v for k, v in m.items() if "seconds" not in k and k != "resumed_from"}
+
+    def packed(run_dir, stage):
+        """The zip's members; the config without base_model_name_or_path, which names the run folder's tiny model
+        (made relative to the project root by `pack`, absolute here: both runs live outside it)."""
+        import zipfile
+
+        with zipfile.ZipFile(run_dir / stage / "submission.zip") as z:
+            members = {n: z.read(n) for n in z.namelist()}
+        config = json.loads(members.pop("adapter_config.json"))
+        assert config.pop("base_model_name_or_path").endswith("base_model")
+        return members, config
+
+    run = tmp_path / "run"
+    for stage, fn in (("02_sft", stages.sft), ("03_grpo", stages.grpo)):
+        fn(stages.open_stage(stage, SMOKE_OVERRIDES + [f"run_dir={run}"]))
+        assert same(run, stage) == same(smoke_run, stage), stage
+        assert (run / stage / "predictions.csv").read_bytes() == (smoke_run / stage / "predictions.csv").read_bytes()
+        assert packed(run, stage) == packed(smoke_run, stage), stage
+    for name in ("02_sft/train_log.csv", "02_sft/predictions_before.csv", "02_sft/lora_targets.csv"):
+        assert (run / name).read_bytes() == (smoke_run / name).read_bytes(), name  # (GRPO's log has step times)
+
+
+def test_a_trained_model_holder_is_empty_and_training_it_again_is_refused():
+    """The training steps empty the notebook's `lora` (the saved adapter is scored, not a model a notebook variable
+    keeps in memory); running the training cell again without a fresh model is a clear error, not a crash."""
+    import pandas as pd
+
+    from lab import LabError
+    from lab.stages import Trainee
+
+    holder = Trainee(object(), object(), pd.DataFrame({"family": ["q_proj"], "modules": [2]}))
+    model, tok = holder.take("sft_train")
+    assert model is not None and holder.model is None and holder.tokenizer is None
+    with pytest.raises(LabError, match="already trained.*stages.sft_model"):
+        holder.take("sft_train")
+    assert "released" in repr(holder) and "q_proj" in repr(holder)
+
+
+TRAIN_CELL = '''
+import torch
+from transformers import Trainer, TrainingArguments
+from lab.train.callbacks import trainer_callbacks, use_text_progress
+
+class Line(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w = torch.nn.Parameter(torch.ones(1))
+
+    def forward(self, x, labels=None):
+        return {"loss": ((self.w * x - labels) ** 2).mean()}
+
+data = [{"x": torch.tensor([1.0]), "labels": torch.tensor([2.0])}] * 8
+args = TrainingArguments(output_dir=OUT, max_steps=4, per_device_train_batch_size=2, logging_steps=2,
+                         report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=False)
+trainer = Trainer(model=Line(), args=args, train_dataset=data, callbacks=trainer_callbacks(None, 0))
+use_text_progress(trainer)
+trainer.train()
+'''
+
+
+@pytest.mark.slow  # two Jupyter kernels
+@pytest.mark.parametrize("session", [None, "notebooks/02_sft.ipynb"], ids=["papermill", "jupyter"])
+def test_a_kernel_a_jupyter_server_started_shows_the_live_table_papermills_prints_lines(tmp_path, monkeypatch,
+                                                                                       session):
+    """A real kernel trains a few steps with the lab's callbacks: started as papermill starts it, the steps come as
+    plain lines and no HTML table; with the variable a Jupyter server gives its kernels (JPY_SESSION_NAME), the
+    Trainer's own NotebookProgressCallback draws its HTML table (a <progress> bar) and no plain lines print."""
+    import papermill as pm
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    monkeypatch.delenv("LAB_PROGRESS", raising=False)
+    if session is None:
+        monkeypatch.delenv("JPY_SESSION_NAME", raising=False)
+    else:
+        monkeypatch.setenv("JPY_SESSION_NAME", session)
+    monkeypatch.setenv("PYTHONPATH", str(project_root()))
+    nb = new_notebook(cells=[new_code_cell(f"OUT = {str(tmp_path / 'out')!r}\n" + TRAIN_CELL)])
+    nbformat.write(nb, tmp_path / "train.ipynb")
+    pm.execute_notebook(str(tmp_path / "train.ipynb"), str(tmp_path / "done.ipynb"), kernel_name="python3",
+                        progress_bar=False, cwd=str(project_root()))
+    outputs = [o for c in nbformat.read(tmp_path / "done.ipynb", as_version=4).cells for o in c.get("outputs", [])]
+    html = [str(o["data"]["text/html"]) for o in outputs if "text/html" in o.get("data", {})]
+    lines = [ln for o in outputs for ln in o.get("text", "").splitlines() if ln.startswith("train step")]
+    if session is None:
+        assert not html and lines and lines[-1].startswith("train step 4/4")
+    else:
+        assert any("<progress" in h for h in html) and not lines
+
+
+def test_the_stage_runner_asks_its_kernels_for_plain_lines_even_inside_a_jupyter_kernel(monkeypatch):
+    """`lab.runs.pipeline.execute_stage` run from a notebook open in Jupyter (a Kaggle notebook running the pipeline):
+    its papermill kernels inherit JPY_SESSION_NAME, so it sets LAB_PROGRESS=plain while they start (a value the
+    caller set wins) and restores the environment after."""
+    import os
+
+    from lab.core import console
+    from lab.runs.pipeline import plain_progress
+
+    monkeypatch.setattr(console, "in_kernel", lambda: True)
+    monkeypatch.setenv("JPY_SESSION_NAME", "pipeline.ipynb")
+    monkeypatch.delenv("LAB_PROGRESS", raising=False)
+    assert console.live_progress()
+    with plain_progress():
+        assert os.environ["LAB_PROGRESS"] == "plain" and not console.live_progress()
+    assert "LAB_PROGRESS" not in os.environ
+    monkeypatch.setenv("LAB_PROGRESS", "live")
+    with plain_progress():
+        assert console.live_progress()
+    assert os.environ["LAB_PROGRESS"] == "live"

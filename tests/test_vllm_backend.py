@@ -280,9 +280,18 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
         return [types.SimpleNamespace(request_id=str(i), outputs=[_out("\\boxed{0}", [1, 2], None, "stop")])
                 for i in range(len(prompts))]
 
-    def spy(*a, **kw):
+    real_model_with_lora = sft.model_with_lora
+
+    def without_fake_vllm():
         for name in ("vllm", "vllm.lora", "vllm.lora.request"):  # TRL probes for a real vllm while it trains
             monkeypatch.delitem(sys.modules, name, raising=False)
+
+    def load_spy(*a, **kw):  # the training model loads before `train` (lab.stages.sft_model): TRL probes there too
+        without_fake_vllm()
+        return real_model_with_lora(*a, **kw)
+
+    def spy(*a, **kw):
+        without_fake_vllm()
         out = real_train(*a, **kw)
         trained.append(weakref.ref(out[1]))
         # the stand-in appears only now: TRL probes for a real vllm package while it trains
@@ -291,6 +300,7 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
         return out
 
     monkeypatch.setattr(sft, "train", spy)
+    monkeypatch.setattr(sft, "model_with_lora", load_spy)
     monkeypatch.syspath_prepend(str(ROOT / "scripts"))
     import train_sft
 

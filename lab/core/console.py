@@ -8,6 +8,12 @@ bar shows as `<IPython.core.display.HTML object>`; a line shows the same in a te
 SFT and GRPO print their steps with it (`lab.train.callbacks.TrainProgress`), generation counts puzzles with it
 (`lab.model.generate`).
 
+`live_progress()` says where the Trainer's own live table is wanted instead: in a notebook a person has open in
+Jupyter (a kernel started by a Jupyter server), the Trainer keeps transformers' `NotebookProgressCallback` (its
+HTML table, redrawn in place) and the plain step lines are left out; under papermill, a script or a terminal the
+plain lines print. `show_figure(fig)` draws a figure of `lab.core.plots` inline in a notebook from the figure
+object (the PNG beside it is written by the same call, `plots.save`).
+
 `quiet_known_warnings()` (run when a stage opens, `lab.core.run.Stage`) turns library messages that are expected in
 this lab into one explanatory note each, shown once per process:
 - transformers' "`...` is falling back to its reference PyTorch implementation" (one line per Mamba-2 kernel at
@@ -23,7 +29,10 @@ What it simplifies: one interval for every progress line; the ETA is the mean ra
 
 from __future__ import annotations
 
+import io
 import logging
+import os
+import sys
 import time
 
 EVERY_S = 10.0  # seconds between two progress lines
@@ -77,6 +86,50 @@ class Progress:
     def close(self) -> None:
         if self.printed_n != self.n:
             self._print(time.time())
+
+
+def in_kernel() -> bool:
+    """True inside an IPython kernel (Jupyter, papermill, VS Code), where rich output (HTML, PNG) can be displayed;
+    the same test transformers makes (transformers/utils/import_utils.py, `is_in_notebook`: `IPKernelApp` in the
+    shell's config)."""
+    ipython = sys.modules.get("IPython")
+    try:
+        shell = ipython.get_ipython() if ipython is not None else None
+        return shell is not None and "IPKernelApp" in shell.config
+    except (AttributeError, TypeError):
+        return False
+
+
+def live_progress() -> bool:
+    """Whether training shows the Trainer's live table (transformers' `NotebookProgressCallback`) instead of plain
+    lines: `LAB_PROGRESS=live` or `LAB_PROGRESS=plain` decides when set; otherwise live only in a kernel that a
+    Jupyter server started. jupyter_server gives the kernels it starts `JPY_SESSION_NAME` (the notebook's path,
+    jupyter_server/services/sessions/sessionmanager.py); papermill starts its kernel through jupyter_client alone,
+    without it, so a headless run (`python -m lab demo`, a sweep, papermill's own command line) prints plain lines,
+    which its log shows as they come (an HTML table shows there as `<IPython.core.display.HTML object>`). A papermill
+    run started from inside a Jupyter kernel inherits that kernel's environment: set `LAB_PROGRESS=plain` there."""
+    mode = os.environ.get("LAB_PROGRESS", "").strip().lower()
+    if mode in ("live", "plain"):
+        return mode == "live"
+    return in_kernel() and bool(os.environ.get("JPY_SESSION_NAME"))
+
+
+def show_figure(fig) -> None:
+    """Draw a matplotlib Figure (lab.core.plots) inline in a notebook, rendered as PNG at the DPI its PNG file has;
+    outside a kernel nothing is drawn. Rendered here rather than left to IPython's figure formatter, which exists
+    only under the inline back-end (ipykernel sets it only when MPLBACKEND is unset; the Makefile sets Agg)."""
+    if not in_kernel():
+        return
+    from IPython.display import Image, display
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    from lab.core.plots import DPI
+
+    if fig.canvas is None or not hasattr(fig.canvas, "print_png"):
+        FigureCanvasAgg(fig)
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=DPI)
+    display(Image(data=buf.getvalue(), format="png"))
 
 
 # logger name, a piece of the message, the note shown (once) in its place

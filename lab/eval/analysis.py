@@ -611,7 +611,7 @@ def _by(table: pd.DataFrame, key: str, cols: Iterable[str] | None = None, total:
 
 
 def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None = None,
-            solver: bool = True, style: str = "compact") -> dict[str, Any]:
+            solver: bool = True, style: str = "compact", figures: dict | None = None) -> dict[str, Any]:
     """Write every table (CSV) and plot (PNG) into `out_dir`; return the headline metrics.
 
     Files: accuracy_by_category.csv, accuracy_by_subtype.csv, accuracy_by_status.csv,
@@ -620,6 +620,8 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None =
     accuracy_by_category.png, taxonomy.png, lengths.png. With `solver=False` (or no prompts)
     the solver-based tables are skipped. `style` is the trace style the departures compare with
     (`data.trace_style`, the style the model was trained on).
+    `figures`, when given, receives each plot's matplotlib figure by name without `.png` (a notebook draws them
+    inline: `lab.stages.show`).
 
     Returned dict (JSON-serialisable): n, accuracy, accuracy_by_category {category: {n, correct,
     accuracy, lo, hi}}, taxonomy {category: {class: count}} ('all' included), truncated, budget,
@@ -674,6 +676,8 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None =
                       ("lengths.png", plots.lengths(df, budget, _ordered_categories(df)))):
         plots.save(fig, out / name)
         files.append(name)
+        if figures is not None:
+            figures[name.removesuffix(".png")] = fig
     files.append("errors_metrics.json")
     metrics["files"] = sorted(files)
     atomic_write_json(out / "errors_metrics.json", metrics)

@@ -84,12 +84,13 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: 
     kw = dict(parameters={"overrides": list(overrides)}, cwd=str(project_root()), kernel_name="python3",
               progress_bar=False, extra_arguments=KERNEL_ARGS)
     try:
-        if log_file is None:
-            pm.execute_notebook(str(src), str(out), log_output=log_output, **kw)
-        else:
-            log_file.parent.mkdir(parents=True, exist_ok=True)
-            with open(log_file, "w", encoding="utf-8") as f:
-                pm.execute_notebook(str(src), str(out), log_output=False, stdout_file=f, stderr_file=f, **kw)
+        with plain_progress():
+            if log_file is None:
+                pm.execute_notebook(str(src), str(out), log_output=log_output, **kw)
+            else:
+                log_file.parent.mkdir(parents=True, exist_ok=True)
+                with open(log_file, "w", encoding="utf-8") as f:
+                    pm.execute_notebook(str(src), str(out), log_output=False, stdout_file=f, stderr_file=f, **kw)
     except pm.PapermillExecutionError as e:
         if e.ename != "LabError":  # a bug: papermill's traceback is what helps
             raise
@@ -103,6 +104,22 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: 
         raise LabError(f"{out}: the notebook ran to the end without finishing its stage (stage.finish): "
                        f"{run_dir / stage} still holds the previous result")
     return out
+
+
+@contextlib.contextmanager
+def plain_progress():
+    """The stage kernels print plain progress lines (`lab.core.console.live_progress`): `LAB_PROGRESS=plain` while
+    papermill starts them, unless the caller set it. Needed where this runs inside a Jupyter kernel (a Kaggle
+    notebook running the pipeline), whose `JPY_SESSION_NAME` the stage kernels would otherwise inherit."""
+    import os
+
+    had = os.environ.get("LAB_PROGRESS")
+    os.environ.setdefault("LAB_PROGRESS", "plain")
+    try:
+        yield
+    finally:
+        if had is None:
+            os.environ.pop("LAB_PROGRESS", None)
 
 
 def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: bool = True) -> Path:

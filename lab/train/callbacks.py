@@ -4,10 +4,12 @@ What it simplifies:
 1. One callback for both trainers: the gradient snapshot of `lab.model.lora.GradientCheck` at the first optimiser step,
    and the wall-clock budget (`sft.wall_clock_budget_min`, `grpo.wall_clock_budget_min`): once it is spent, save a
    checkpoint and stop cleanly (checked after every optimiser step).
-2. Step progress as plain lines (`TrainProgress`, `lab.core.console.Progress`): step/total, the latest loss (SFT) or
-   reward (GRPO), elapsed time and ETA, readable in Jupyter and in papermill's log alike.
+2. Step progress: in a notebook open in Jupyter, the Trainer's own live table (transformers'
+   `NotebookProgressCallback`); elsewhere (papermill, scripts, terminals: `lab.core.console.live_progress`) plain
+   lines (`TrainProgress`, `lab.core.console.Progress`): step/total, the latest loss (SFT) or reward (GRPO),
+   elapsed time and ETA, readable in papermill's log as they come.
 3. `trainer_callbacks` is the one place a trainer gets its lab callbacks from (tests add a callback by wrapping it);
-   `use_text_progress` takes the trainer's own progress bar off.
+   `use_text_progress` takes the trainer's own progress bar off where the plain lines print.
 4. GRPO: `GroupSpread` wraps the correctness reward to see flat groups, `GuardRails` warns on steps that teach little.
 """
 
@@ -18,7 +20,7 @@ import warnings
 
 from transformers import TrainerCallback
 
-from lab.core.console import EVERY_S, Progress
+from lab.core.console import EVERY_S, Progress, live_progress
 
 
 class LabCallback(TrainerCallback):
@@ -86,12 +88,15 @@ class TrainProgress(TrainerCallback):
 
 def trainer_callbacks(check, budget_min: float) -> list:
     """[LabCallback, TrainProgress] for a trainer: `check` is a `lab.model.lora.GradientCheck` or None, `budget_min` 0 for
-    no budget. TrainProgress prints; the caller takes the trainer's own bar off with `use_text_progress`."""
-    return [LabCallback(check, budget_min), TrainProgress()]
+    no budget. TrainProgress prints; the caller takes the trainer's own bar off with `use_text_progress`. In a
+    notebook open in Jupyter (`lab.core.console.live_progress`) [LabCallback] alone: the Trainer's live table shows
+    the steps."""
+    return [LabCallback(check, budget_min), *([] if live_progress() else [TrainProgress()])]
 
 
 def use_text_progress(trainer) -> None:
-    """Take transformers' progress bar off the trainer: `TrainProgress` prints plain lines.
+    """Take transformers' progress bar off the trainer where `TrainProgress` prints plain lines; in a notebook open
+    in Jupyter (`lab.core.console.live_progress`) the bar stays: there it is the live table.
 
     Inside a Jupyter kernel the Trainer draws an HTML widget, which a headless papermill run shows as
     `<IPython.core.display.HTML object>` and never updates; its text bar (tqdm, redrawn with '\\r') shows only its
@@ -101,7 +106,8 @@ def use_text_progress(trainer) -> None:
     """
     from transformers.trainer import DEFAULT_PROGRESS_CALLBACK
 
-    trainer.remove_callback(DEFAULT_PROGRESS_CALLBACK)
+    if not live_progress():
+        trainer.remove_callback(DEFAULT_PROGRESS_CALLBACK)
 
 
 class GroupSpread:

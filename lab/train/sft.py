@@ -218,21 +218,18 @@ def check_packing(cfg: DictConfig) -> None:
         packed_rows.require_kernels()
 
 
-def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, tokenizer=None):
-    """Train the SFT adapter into `cfg.sft.adapter_dir`.
-
-    Returns (metrics, peft_model, tokenizer, log_df): metrics has the example counts, loss, steps,
-    the target table, the gradient check and whether the wall-clock budget stopped the run.
-    """
-    from lab.train import checkpoints, trl_private
+def model_with_lora(cfg: DictConfig, stage, model=None, tokenizer=None):
+    """The model SFT trains: the base model (loaded by `sft.backend`'s loader unless given) with the configured LoRA
+    attached; the table of what received a LoRA is printed and saved (`lora_targets.csv`). Returns (peft_model,
+    tokenizer, table). `train` calls it unless given its result (`lab.stages.sft_model`: a notebook's own cell)."""
+    from lab.train import trl_private
     from lab.model import models
-    from lab.train.callbacks import trainer_callbacks
 
     backend = cfg.sft.backend  # hf or unsloth: lab/core/schema.py's TrainBackend, refused at compose otherwise
     # an adapter_dir pointed outside the stage at a folder the lab did not make is refused before training, not after
     check_replaceable(resolve_path(cfg.sft.adapter_dir), "adapter (sft.adapter_dir)")
     check_targets(cfg)
-    stages = sft_stages(cfg)  # before loading the model
+    sft_stages(cfg)  # before loading the model
     load, attach = models.load, attach_lora
     if backend == "unsloth":  # Unsloth's own loader, which imports unsloth before transformers/TRL/PEFT
         from lab.train import sft_unsloth
@@ -243,6 +240,26 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     if model is None:
         model, tokenizer = load(cfg)
     trl_private.install()
+    pm, table = attach(cfg, model)  # the LoRA's initial weights: torch's global generator, as it stands here
+    print("LoRA targets:\n" + table.to_string(index=False))
+    atomic_write_csv(stage.path("lora_targets.csv"), table)
+    return pm, tokenizer, table
+
+
+def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, tokenizer=None, lora=None):
+    """Train the SFT adapter into `cfg.sft.adapter_dir`. `lora`: `model_with_lora`'s (peft_model, tokenizer, table)
+    when already made; else it is made here (from `model` and `tokenizer` when given).
+
+    Returns (metrics, peft_model, tokenizer, log_df): metrics has the example counts, loss, steps,
+    the target table, the gradient check and whether the wall-clock budget stopped the run.
+    """
+    from lab.train import checkpoints
+    from lab.train.callbacks import trainer_callbacks
+
+    backend = cfg.sft.backend
+    stages = sft_stages(cfg)
+    # the LoRA is attached before the examples are made (they use no random generator, so its weights are the same)
+    pm, tokenizer, table = lora if lora is not None else model_with_lora(cfg, stage, model, tokenizer)
     examples, counts = sft_examples(tokenizer, train_puzzles, cfg.sft.max_seq_len, trace_styles(cfg))
     examples = oversample(examples, category_weights(cfg), cfg.seed)  # data.weights (1 each: unchanged)
     if cfg.sft.n_train:
@@ -252,15 +269,12 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
     print(f"SFT examples: {counts}")
     atomic_write_csv(stage.path("sft_examples.csv"), examples[["id", "category", "tokens"]])
 
-    pm, table = attach(cfg, model)
-    print("LoRA targets:\n" + table.to_string(index=False))
     if cfg.sft.packing:
         from lab.model import packed_rows
 
         if not cfg.model.build_tiny:
             packed_rows.require_kernels(pm)  # the loaded model's own mixers
         packed_rows.install(pm)
-    atomic_write_csv(stage.path("lora_targets.csv"), table)
 
     drills = _train_drills(cfg, stage, pm, tokenizer) if "drills" in stages else None
     check = GradientCheck(pm) if cfg.sft.gradient_check else None
