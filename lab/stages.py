@@ -10,8 +10,9 @@ alone evaluates), so a notebook and its script write the same metrics.
 
 Every greedy evaluation goes through `evaluate`, cached in `<run_dir>/evaluations/` by its key
 (`evaluation_key`: the base model's and the adapter's content hashes, the puzzles, the sampling settings and the
-budget): 03_grpo's evaluation of its adapter and 04_vote's greedy pass of the same adapter are one pass (02_sft's
-evaluation before training is always generated: `evaluate` says why). Every `Generator` of a stage is made here.
+budget): 03_grpo's evaluation of its adapter and 04_vote's greedy pass of the same adapter are one pass, and 02_sft's
+evaluation of the base model is generated once per model, puzzles and settings. Every `Generator` of a stage is
+made here.
 
 What it simplifies:
 1. A stage runs in one process (or one accelerate launch); stages hand each other files through the run folder.
@@ -127,7 +128,7 @@ def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
     print(f"{len(train)} training puzzles, {len(val)} held out; model: {cfg.model.name}")
     before = None
     if evaluate_adapter and _processes(launch) == 1:  # the training model is not loaded yet (vLLM needs the GPU)
-        before = evaluate(stage, val, None, "predictions_before.csv", cached=False)  # see `evaluate`
+        before = evaluate(stage, val, None, "predictions_before.csv")  # cached: a rerun reuses it
         print(f"held-out accuracy before SFT: {before['correct'].mean():.3f}")
     metrics, model, tokenizer, log = sft_lib.train(cfg, stage, train)  # sft.backend=unsloth: lab.train.sft_unsloth
     del model, tokenizer  # the saved adapter is scored, never the in-memory model
@@ -277,9 +278,10 @@ def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, 
     only when needed). Cached as `<run_dir>/evaluations/<key digest>.csv` beside its key (`.json`), both written
     atomically: an evaluation with the same key is copied from there instead of generated again.
 
-    `cached=False` always generates (and stores nothing): 02_sft's evaluation before training, because with the hf
-    back-end `generate.generate_hf` seeds torch's global generator per batch, and the LoRA that SFT attaches next is
-    initialised from that state; a reused evaluation would leave another state and train another adapter."""
+    `cached=False` always generates (and stores nothing). 02_sft's evaluation of the base model before training is
+    cached like the others: `generate.generate_hf` seeds its batches inside `torch.random.fork_rng`, so torch's
+    random state after it (from which SFT initialises the LoRA next) is the same whether it was generated or reused
+    (tests/test_caches.py checks both)."""
     from lab.model import generate
     from lab.eval.analysis import load_predictions
 
