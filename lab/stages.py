@@ -226,6 +226,15 @@ def vote_adapter(cfg) -> tuple[str, Path]:
                    "set vote.adapter=PATH")
 
 
+def _print_estimate(cfg) -> None:
+    """The projected hours on the `gpu=` card (`lab.eval.estimate_infer.report`), before any model loads; only for the
+    vllm back-end on a card it knows (its figures are vLLM's)."""
+    from lab.eval import estimate_infer
+
+    if cfg.model.generation_backend == "vllm" and str(cfg.gpu.name) in estimate_infer.CARD_BANDWIDTH:
+        print(estimate_infer.report(cfg, cfg.gpu))
+
+
 def vote(stage: Stage) -> dict:
     """Greedy predictions and k samples per held-out puzzle from `vote_adapter` (03_grpo's adapter, else 02_sft's,
     or `vote.adapter`), every voting method of `lab.eval.vote` replayed on that one sample table (accuracy against k
@@ -241,6 +250,7 @@ def vote(stage: Stage) -> dict:
     cfg, v = stage.cfg, stage.cfg.vote
     train, val = data.prepare(cfg)
     source, adapter = vote_adapter(cfg)  # its stage must have finished
+    _print_estimate(cfg)
     print(f"voting with {source}'s adapter ({adapter}): k={v.k}, temperature={v.temperature}")
     live = None
     with generate.Generator(cfg, adapter=adapter) as gen:
