@@ -19,8 +19,9 @@ state: every process trains, the main process alone evaluates).
 
 Every greedy evaluation goes through `evaluate`, cached in `<run_dir>/evaluations/` by its key
 (`evaluation_key`: the base model's and the adapter's content hashes, the puzzles, the sampling settings and the
-budget): 03_grpo's evaluation of its adapter and 04_vote's greedy pass of the same adapter are one pass (02_sft's
-evaluation before training is always generated: `evaluate` says why). Every `Generator` of a stage is made here.
+budget): 03_grpo's evaluation of its adapter and 04_vote's greedy pass of the same adapter are one pass, and 02_sft's
+evaluation of the base model is generated once per model, puzzles and settings. Every `Generator` of a stage is
+made here.
 
 What it simplifies:
 1. A stage runs in one process (or one accelerate launch); stages hand each other files through the run folder.
@@ -221,14 +222,14 @@ def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
     scores = None
     if evaluate_adapter:
         if before is None:
-            before = score_base(stage, val, cached=True)
+            before = score_base(stage, val)
         scores = sft_scores(stage, before, score_adapter(stage, val, cfg.sft.adapter_dir))
     return finish_training(stage, trained, scores, pack_adapter(stage, cfg.sft.adapter_dir), launch)
 
 
-def score_base(stage: Stage, val: pd.DataFrame, cached: bool = False) -> pd.DataFrame:
-    """The base model's greedy predictions on the held-out puzzles (`predictions_before.csv`, through `evaluate`).
-    Before training it is always generated (`cached=False`: `evaluate` says why)."""
+def score_base(stage: Stage, val: pd.DataFrame, cached: bool = True) -> pd.DataFrame:
+    """The base model's greedy predictions on the held-out puzzles (`predictions_before.csv`, through `evaluate`,
+    cached like every evaluation: a rerun reuses it; generating leaves torch's random state as it was)."""
     before = evaluate(stage, val, None, "predictions_before.csv", cached=cached)
     print(f"held-out accuracy before training: {before['correct'].mean():.3f}")
     return before
@@ -415,9 +416,56 @@ def grpo_scores(stage: Stage, start, after: pd.DataFrame):
 
 # ---- 04_vote ----------------------------------------------------------------------------------------------------
 
+TRAINING_STAGES = (("03_grpo", "grpo"), ("02_sft", "sft"))  # latest first: (stage, the config node with adapter_dir)
+
+
+def vote_adapter(cfg) -> tuple[str, Path]:
+    """(what it is, path) of the adapter 04_vote samples: `vote.adapter` when set (its stage, if it lies in one of this
+    run's, must have finished: `stage_input`), else the latest finished training stage's: 03_grpo's adapter, or
+    02_sft's when 03_grpo did not finish (skipped: on one GPU its hf rollouts cost minutes per step). A 03_grpo that
+    finished but is no longer current (02_sft rerun since) is passed over for 02_sft, with a note."""
+    from lab.core import lineage
+
+    if cfg.vote.adapter:
+        p = stage_input(cfg, cfg.vote.adapter)
+        try:
+            where = lineage.stage_of(p.relative_to(resolve_path(cfg.run_dir)).as_posix()) or "vote.adapter"
+        except ValueError:
+            where = "vote.adapter"
+        return where, p
+    run_dir = resolve_path(cfg.run_dir)
+    for name, node in TRAINING_STAGES:
+        if not (run_dir / name / "metrics.json").is_file():
+            if (run_dir / name).is_dir():
+                print(f"note: {run_dir / name} has no finished output (no metrics.json): voting with an earlier "
+                      "stage's adapter")
+            continue
+        stale = lineage.problems(run_dir, name)
+        if stale:
+            print(f"note: {name} finished but is not current ({'; '.join(stale)}): voting with an earlier stage's "
+                  "adapter")
+            continue
+        return name, stage_input(cfg, cfg[node].adapter_dir)
+    raise LabError(f"{run_dir}: no finished training stage (03_grpo or 02_sft) to vote with; run 02_sft first, or "
+                   "set vote.adapter=PATH")
+
+
+def _print_estimate(cfg) -> None:
+    """The projected hours on the `gpu=` card (`lab.eval.estimate_infer.report`), before any model loads; only for the
+    vllm back-end on a card it knows (its figures are vLLM's)."""
+    from lab.eval import estimate_infer
+
+    if cfg.model.generation_backend == "vllm" and str(cfg.gpu.name) in estimate_infer.CARD_BANDWIDTH:
+        print(estimate_infer.report(cfg, cfg.gpu))
+
+
 def vote(stage: Stage) -> dict:
-    """Greedy predictions and k samples per held-out puzzle from `vote.adapter`, then every voting method of
-    `lab.eval.vote` replayed on that one sample table; accuracy against k and against tokens."""
+    """Greedy predictions and k samples per held-out puzzle from `vote_adapter` (03_grpo's adapter, else 02_sft's,
+    or `vote.adapter`), every voting method of `lab.eval.vote` replayed on that one sample table (accuracy against k
+    and against tokens), and with `vote.live_early_stop` early stopping sampled for real
+    (`lab.eval.vote.early_stop_live`: its tokens were generated; the replayed early_stop row is the what-if)."""
+    from dataclasses import replace
+
     from lab.data import dataset as data
     from lab.model import generate
     from lab.core import plots
@@ -425,28 +473,59 @@ def vote(stage: Stage) -> dict:
 
     cfg, v = stage.cfg, stage.cfg.vote
     train, val = data.prepare(cfg)
-    adapter = stage_input(cfg, v.adapter)  # its stage must have finished
-    print(f"voting with {v.adapter}: k={v.k}, temperature={v.temperature}")
+    source, adapter = vote_adapter(cfg)  # its stage must have finished
+    _print_estimate(cfg)
+    print(f"voting with {source}'s adapter ({adapter}): k={v.k}, temperature={v.temperature}")
+    live = None
     with generate.Generator(cfg, adapter=adapter) as gen:
         greedy = evaluate(stage, val, adapter, "predictions.csv", gen=gen)
         spec = generate.Sampling.competition(cfg, n=v.k, temperature=v.temperature, top_p=v.top_p, logprobs=v.logprobs)
         samples = generate.sample_table(gen, val, spec, cache=stage.path("samples.jsonl"))
+        if v.live_early_stop and "early_stop" in v.methods:
+            opts = {o: x for o, x in dict(v.options.get("early_stop", {})).items() if o in ("window", "agree",
+                                                                                             "stop_prob")}
+            by_id = val.assign(id=val["id"].astype(str)).set_index("id", drop=False)
+
+            def draw(ids, rnd, n):  # round r: its own seed and cache file, so a killed run resumes round by round
+                return generate.sample_table(gen, by_id.loc[ids].reset_index(drop=True),
+                                             replace(spec, n=n, seed=spec.seed + 1_000_003 * (rnd + 1)),
+                                             cache=stage.path(f"early_stop_round{rnd}.jsonl"))
+
+            live, live_samples = vote_lib.early_stop_live(draw, by_id["id"].tolist(), v.k,
+                                                          version=cfg.infer.metric_version, **opts)
+            atomic_write_csv(stage.path("early_stop_live.csv"), live)
+            atomic_write_csv(stage.path("early_stop_live_samples.csv"), live_samples)
     atomic_write_csv(stage.path("samples.csv"), samples)
     accuracy = float(greedy["correct"].mean())
     print(f"greedy accuracy {accuracy:.3f}; {len(samples)} samples")
     curves = vote_lib.curves(samples, K=v.k)
     atomic_write_csv(stage.path("curves.csv"), curves)
     plots.save(plots.vote_k(curves, greedy=accuracy, n=len(greedy)), stage.path("vote_k.png"))
-    rows = [{"method": "greedy (Kaggle)", "accuracy": accuracy, "tokens_per_puzzle": float(greedy["tokens"].mean())}]
+    rows = [{"method": "greedy (Kaggle)", "accuracy": accuracy, "tokens_per_puzzle": float(greedy["tokens"].mean()),
+             "tokens": "generated"}]
     for method in v.methods:
         s = vote_lib.summary(vote_lib.replay(samples, method, k=v.k, **dict(v.options.get(method, {}))))
-        rows.append({"method": method, "accuracy": s["accuracy"], "tokens_per_puzzle": s["tokens_used"]})
+        what = "replayed what-if" if method == "early_stop" else "generated"  # early_stop's saving is not spent here
+        rows.append({"method": method + (" (replayed what-if)" if method == "early_stop" else ""),
+                     "accuracy": s["accuracy"], "tokens_per_puzzle": s["tokens_used"], "tokens": what})
+    if live is not None:
+        s = vote_lib.summary(live)
+        rows.append({"method": "early_stop (live)", "accuracy": s["accuracy"], "tokens_per_puzzle": s["tokens_used"],
+                     "tokens": "generated"})
+        print(f"early stopping, sampled in rounds: accuracy {s['accuracy']:.3f}, {s['samples_used']:.2f} samples and "
+              f"{s['tokens_used']:.0f} tokens per puzzle generated, against {v.k} samples and "
+              f"{float(samples.groupby('id')['tokens'].sum().mean()):.0f} tokens in full")
     methods = pd.DataFrame(rows)
     atomic_write_csv(stage.path("methods.csv"), methods)
     plots.save(plots.vote_tokens(curves, methods, n=len(greedy)), stage.path("vote_tokens.png"))
     at_k = curves.loc[curves["k"] == v.k].iloc[0]
-    return stage.finish({"k": v.k, "greedy_accuracy": accuracy, "maj_at_k": float(at_k["maj_at_k"]),
-                         "pass_at_k": float(at_k["pass_at_k"]), "methods": methods.set_index("method").to_dict("index")})
+    metrics = {"adapter_stage": source, "adapter": str(adapter), "k": v.k, "greedy_accuracy": accuracy,
+               "maj_at_k": float(at_k["maj_at_k"]), "pass_at_k": float(at_k["pass_at_k"]),
+               "methods": methods.set_index("method").to_dict("index")}
+    if live is not None:
+        metrics["early_stop_live"] = {**vote_lib.summary(live), "tokens_in_full": float(
+            samples.groupby("id")["tokens"].sum().mean())}
+    return stage.finish(metrics)
 
 
 # ---- 05_errors --------------------------------------------------------------------------------------------------
@@ -545,9 +624,10 @@ def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, 
     only when needed). Cached as `<run_dir>/evaluations/<key digest>.csv` beside its key (`.json`), both written
     atomically: an evaluation with the same key is copied from there instead of generated again.
 
-    `cached=False` always generates (and stores nothing): 02_sft's evaluation before training, because with the hf
-    back-end `generate.generate_hf` seeds torch's global generator per batch, and the LoRA that SFT attaches next is
-    initialised from that state; a reused evaluation would leave another state and train another adapter."""
+    `cached=False` always generates (and stores nothing). 02_sft's evaluation of the base model before training is
+    cached like the others: `generate.generate_hf` seeds its batches inside `torch.random.fork_rng`, so torch's
+    random state after it (from which SFT initialises the LoRA next) is the same whether it was generated or reused
+    (tests/test_caches.py checks both)."""
     from lab.model import generate
     from lab.eval.analysis import load_predictions
 

@@ -158,3 +158,158 @@ def test_sweep_keeps_a_finished_stage_only_under_the_same_resolved_config(tmp_pa
     Stage("01_explore", nb).finish({})
     assert sw._stage_kept(tmp_path, "01_explore", nb, sw.job_config(nb))
     assert not sw._stage_kept(tmp_path, "01_explore", nb, sw.job_config([*nb, "sft.epochs=2"]))
+
+
+# ---- evaluation without waves (lab.model.generate: vllm hands every prompt over at once) --------------------------
+
+class _FakeEngine:
+    """A stand-in for vLLM's LLMEngine (no vllm import): requests finish `per_step` at a time, the last added first,
+    each with text derived from its prompt; `die_after` finished requests, step() raises (a kill)."""
+
+    def __init__(self, per_step=2, die_after=None):
+        self.added, self.steps, self.aborted, self.finished = [], 0, [], 0
+        self.added_at_first_step = None
+        self.per_step, self.die_after = per_step, die_after
+
+    def add_request(self, request_id, prompt, params, lora_request=None):
+        self.added.append((request_id, prompt, params))
+
+    def has_unfinished_requests(self):
+        return self.finished < len(self.added)
+
+    def step(self):
+        import types
+
+        if self.added_at_first_step is None:
+            self.added_at_first_step = len(self.added)
+        self.steps += 1
+        if self.die_after is not None and self.finished >= self.die_after:
+            raise KeyboardInterrupt("killed")
+        outs = []
+        for rid, prompt, params in reversed(self.added[:len(self.added) - self.finished]):
+            if len(outs) == self.per_step:
+                break
+            n = params.kw["n"]
+            outs.append(types.SimpleNamespace(request_id=rid, finished=True, outputs=[
+                types.SimpleNamespace(text=f"{len(prompt)} \\boxed{{XXXVIII}} {j}", token_ids=[1] * (3 + j),
+                                      logprobs=None, finish_reason="stop") for j in range(n)]))
+            self.finished += 1
+        return outs
+
+    def abort_request(self, ids):
+        self.aborted += list(ids)
+
+
+def _fake_vllm_generator(cfg, tok, engine, monkeypatch):
+    """A Generator on the vllm back-end whose engine is `engine`, with a stand-in `vllm` module (nothing imported)."""
+    import functools
+    import enum
+    import sys
+    import types
+
+    class SamplingParams:
+        def __init__(self, **kw):
+            self.kw = kw
+
+    vllm = types.ModuleType("vllm")
+    vllm.SamplingParams = SamplingParams
+    sp = types.ModuleType("vllm.sampling_params")
+    sp.RequestOutputKind = enum.Enum("RequestOutputKind", "CUMULATIVE DELTA FINAL_ONLY")
+    monkeypatch.setitem(sys.modules, "vllm", vllm)
+    monkeypatch.setitem(sys.modules, "vllm.sampling_params", sp)
+
+    class LLM:
+        llm_engine = engine
+
+        def generate(self, *a, **k):
+            raise AssertionError("sample_table must stream requests, not call LLM.generate")
+
+    gen = object.__new__(G.Generator)
+    gen.cfg, gen.backend, gen.tokenizer, gen.adapter, gen.in_memory = cfg, "vllm", tok, None, False
+    gen.model, gen.lora, gen._workdir, gen.llm = None, None, None, LLM()
+    gen._generate = functools.partial(G.generate_vllm, gen.llm, lora_request=None)
+    return gen
+
+
+FIVE = pd.DataFrame({"id": list("abcde"), "prompt": [PUZZLE + " " * i for i in range(5)], "answer": ["XXXVIII"] * 5})
+
+
+def test_vllm_evaluation_hands_every_prompt_over_at_once_and_resumes_per_request(run, monkeypatch):
+    """Every puzzle goes to the engine before its first step (one hand-over, no chunks of 64 waiting for their
+    longest completion); each puzzle is in the cache as soon as its request finishes, so a run killed after 3 of 5
+    keeps those 3, and the rerun hands over only the other 2 and ends with the table an uninterrupted run gives."""
+    root, _, tok = run
+    cfg = compose([f"run_dir={root}", "infer.max_tokens=4", "model.generation_backend=vllm"])
+    spec = G.Sampling.competition(cfg, n=2, temperature=0.5)
+    cache = root / "vllm_samples.jsonl"
+    cache.unlink(missing_ok=True)
+    (root / "vllm_whole.jsonl").unlink(missing_ok=True)
+
+    whole = _FakeEngine()
+    full = G.sample_table(_fake_vllm_generator(cfg, tok, whole, monkeypatch), FIVE, spec, progress=False, chunk=2,
+                          cache=root / "vllm_whole.jsonl")
+    assert whole.added_at_first_step == 5 and len(whole.added) == 5 and whole.steps == 3  # one hand-over, chunk=2 unused
+    params = whole.added[0][2].kw
+    assert params["n"] == 2 and params["seed"] == spec.seed and params["output_kind"].name == "FINAL_ONLY"
+    assert len(full) == 10 and list(full["id"].unique()) == list("abcde")  # puzzle order, not finishing order
+
+    killed = _FakeEngine(per_step=1, die_after=3)
+    with pytest.raises(KeyboardInterrupt):
+        G.sample_table(_fake_vllm_generator(cfg, tok, killed, monkeypatch), FIVE, spec, cache=cache, progress=False)
+    kept = [json.loads(l) for l in cache.read_text().splitlines()[1:]]
+    assert sorted({r["id"] for r in kept}) == ["c", "d", "e"] and len(kept) == 6  # the three that finished
+    assert len(killed.aborted) == 2  # the two still running were aborted in the engine
+
+    rest = _FakeEngine()
+    again = G.sample_table(_fake_vllm_generator(cfg, tok, rest, monkeypatch), FIVE, spec, cache=cache, progress=False)
+    assert len(rest.added) == 2 and rest.added_at_first_step == 2
+    assert {p for _, p, _ in rest.added} == set(G.Generator.prompts(_fake_vllm_generator(cfg, tok, rest, monkeypatch),
+                                                                     FIVE["prompt"][:2].tolist()))
+    pd.testing.assert_frame_equal(again, full)
+    key = json.loads(cache.read_text().splitlines()[0])["key"]
+    assert key["chunk"] == 0 and key["backend"] == "vllm"
+
+
+def test_hf_generation_leaves_torchs_random_state_as_it_was(run):
+    """generate_hf seeds each batch, inside a fork: what a caller draws next (02_sft's LoRA init after the base-model
+    evaluation) is the same whether the evaluation was generated or read from the cache."""
+    import torch
+
+    root, model, tok = run
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    G.generate_hf(model, tok, ["a b", "c"], G.Sampling(max_tokens=2, n=2, temperature=1.0), progress=False)
+    assert torch.equal(torch.rand(3), expected)
+
+
+def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
+    """02_sft's evaluation before training goes through `evaluate` with its cache (it used to pass cached=False),
+    and a second evaluation with the same key is copied, not generated."""
+    from types import SimpleNamespace
+
+    from lab import stages
+    from lab.train import sft as sft_lib
+
+    root, _, _ = run
+    cfg = compose([f"run_dir={root}", "infer.max_tokens=4", "data.n_val=1"])
+    seen = []
+
+    class Stop(Exception):
+        pass
+
+    monkeypatch.setattr(stages, "evaluate", lambda *a, **k: seen.append(k) or pd.DataFrame({"correct": [True]}))
+    monkeypatch.setattr(sft_lib, "train", lambda *a, **k: (_ for _ in ()).throw(Stop()))
+    with pytest.raises(Stop):
+        stages.sft(SimpleNamespace(cfg=cfg, path=lambda n: root / n))
+    assert seen and seen[0].get("cached", True) is True
+    monkeypatch.undo()
+
+    made = []
+    real = G.predictions
+    monkeypatch.setattr(G, "predictions", lambda *a, **k: made.append(1) or real(*a, **k))
+    stage = SimpleNamespace(cfg=cfg, path=lambda n: root / n)
+    first = stages.evaluate(stage, FIVE[:2], None, "before_a.csv")
+    second = stages.evaluate(stage, FIVE[:2], None, "before_b.csv")
+    assert made == [1]
+    pd.testing.assert_frame_equal(first, second)

@@ -66,12 +66,12 @@ def test_a_stage_read_from_an_upstream_that_was_rerun_is_refused_and_marked(tmp_
     grpo_stage(cfg, b"grpo adapter 1", [True] * 5 + [False] * 5)
     m = lab_io.read_json(tmp_path / "03_grpo" / "manifest.json")
     assert set(m["inputs"]) >= {"02_sft", "02_sft/adapter"} and "predictions.csv" in m["outputs"]
-    assert stage_input(cfg, cfg.vote.adapter).is_dir()  # 04_vote may read 03_grpo: it is current
+    assert stage_input(cfg, cfg.grpo.adapter_dir).is_dir()  # 04_vote may read 03_grpo: it is current
 
     sft_stage(cfg, b"sft adapter 2, other settings", [True] * 6 + [False] * 4)  # 02_sft rerun
     assert any("02_sft/adapter" in p for p in lineage.problems(tmp_path, "03_grpo"))
     with pytest.raises(LabError, match=r"03_grpo.*02_sft/adapter.*02_sft was rerun"):
-        stage_input(cfg, cfg.vote.adapter)  # 04_vote would evaluate the GRPO adapter trained from the old SFT
+        stage_input(cfg, cfg.grpo.adapter_dir)  # 04_vote would evaluate the GRPO adapter trained from the old SFT
     rows = {r["metric"]: r for r in headline_table(tmp_path)}
     grpo = rows["accuracy after GRPO"]
     assert grpo["stage"] == "03_grpo (not current)" and grpo["fixed / broken"] == ""
@@ -81,7 +81,7 @@ def test_a_stage_read_from_an_upstream_that_was_rerun_is_refused_and_marked(tmp_
     assert "Not current" in md and "03_grpo read 02_sft/adapter" in md
 
     grpo_stage(cfg, b"grpo adapter 2", [True] * 7 + [False] * 3)  # rerun downstream: current again
-    assert lineage.problems(tmp_path, "03_grpo") == [] and stage_input(cfg, cfg.vote.adapter).is_dir()
+    assert lineage.problems(tmp_path, "03_grpo") == [] and stage_input(cfg, cfg.grpo.adapter_dir).is_dir()
 
 
 def test_a_changed_split_makes_the_stages_that_read_it_stale(tmp_path):

@@ -398,12 +398,15 @@ class InferConfig(Checked):
 class VoteConfig(Checked):
     """conf/vote: inference-time voting (04_vote): k samples per held-out puzzle, compared with greedy."""
 
-    adapter: str = _help("the adapter whose samples are voted on")
+    adapter: Optional[str] = _help("the adapter whose samples are voted on; null: the latest finished training "
+                                   "stage's (03_grpo, else 02_sft: lab.stages.vote_adapter)")
     k: int = _help("samples per puzzle", ge=1)
     temperature: float = _help("sampling temperature (`make bench` scans 0.1 / 0.3 / 0.5, RESULTS.md)", ge=0)
     top_p: float = _help("nucleus sampling", gt=0, le=1)
     logprobs: bool = _help("record token log-probabilities (confidence voting needs them)")
     methods: List[str] = _help("voting methods replayed on the samples (lab.eval.vote.METHODS)")
+    live_early_stop: bool = _help("sample early_stop for real in rounds (lab.eval.vote.early_stop_live), besides "
+                                  "its replay over the k samples")
     options: Dict[str, Any] = _help("per-method options passed to lab.eval.vote.replay (free-form), e.g. confidence: "
                                     "{keep_top: 0.5}; early_stop: {window: 1, agree: null, stop_prob: 0.9}")
 

@@ -43,9 +43,13 @@ Metrics: `pass_at_k` (the unbiased estimator of Chen et al. 2021 in its stable p
 `curves` (pass@k, maj@k, tokens per puzzle and per correct answer for k = 1..K), `summary` of a
 `replay` table, and `pass_rates` (per-id share of correct samples, which the GRPO curriculum reads).
 
+Live early stopping (`early_stop_live`): the same rule, applied while sampling: rounds of ``window`` samples for
+every puzzle still open, a puzzle closed once its answers agree (the rule above, `_stops`), so the tokens it reports
+were generated; 04_vote runs it (`vote.live_early_stop`) besides the replay, which stays a labelled what-if.
+
 What it simplifies:
-1. Voting is replayed offline on samples already drawn: early stopping "draws" by reading the next rows, so
-   its token saving is what a live sampler would get only if it sampled sequentially in windows.
+1. `replay` votes offline on samples already drawn: early stopping there "draws" by reading the next rows, so
+   its token saving is a what-if; `early_stop_live` is the one that saves them.
 2. The overtaking test counts classes as they stand and ignores the (rare) non-transitive case where a later
    answer would join a different class.
 3. Confidence is one number per trace (no online per-group stopping inside a trace as in DeepConf-online).
@@ -171,6 +175,37 @@ def leader_probability(lead: int, runner_up: int) -> float:
     return sum(math.comb(n, i) for i in range(int(lead) + 1)) / 2 ** n
 
 
+def _check_early_stop(window: int, agree: float | None, stop_prob: float | None) -> None:
+    if int(window) < 1:
+        raise ValueError(f"window must be >= 1, got {window}")
+    if agree is not None and not 0.0 < float(agree) <= 1.0:
+        raise ValueError(f"agree must be in (0, 1] or None, got {agree}")
+    if stop_prob is not None and not 0.5 < float(stop_prob) < 1.0:
+        raise ValueError(f"stop_prob must be in (0.5, 1) or None, got {stop_prob}")
+
+
+def _stops(labels: Sequence[int], reps: Sequence[str], budget: int, agree: float | None,
+           stop_prob: float | None) -> bool:
+    """Whether early stopping draws nothing more after the samples labelled so far (the module docstring's rule):
+    the budget is spent, or the leading real answer holds `agree` of them, is the majority with probability
+    `stop_prob`, or cannot be overtaken by the samples left. `early_stop_vote` (replayed) and `early_stop_live`
+    (sampled) both decide with it."""
+    used = len(labels)
+    if used >= budget:
+        return True
+    leader = _winner(labels, reps)
+    if not is_answer(reps[leader]):  # no real answer yet: go on
+        return False
+    counts = np.bincount(labels, minlength=len(reps)).tolist()
+    if agree is not None and counts[leader] >= float(agree) * used - 1e-9:
+        return True
+    if stop_prob is not None:
+        others = [n for c, n in enumerate(counts) if c != leader]
+        if leader_probability(counts[leader], max(others, default=0)) >= float(stop_prob):
+            return True
+    return not _can_be_overtaken(counts, reps, leader, budget - used)
+
+
 def early_stop_vote(answers: Sequence, tokens: Sequence[int], budget: int | None = None, window: int = 4,
                     agree: float | None = 1.0, version: str = "final", stop_prob: float | None = None
                     ) -> tuple[str, int, int]:
@@ -180,34 +215,65 @@ def early_stop_vote(answers: Sequence, tokens: Sequence[int], budget: int | None
     tokens = [int(t) for t in tokens]
     if len(answers) != len(tokens):
         raise ValueError(f"{len(answers)} answers but {len(tokens)} token counts")
-    if int(window) < 1:
-        raise ValueError(f"window must be >= 1, got {window}")
-    if agree is not None and not 0.0 < float(agree) <= 1.0:
-        raise ValueError(f"agree must be in (0, 1] or None, got {agree}")
-    if stop_prob is not None and not 0.5 < float(stop_prob) < 1.0:
-        raise ValueError(f"stop_prob must be in (0.5, 1) or None, got {stop_prob}")
+    _check_early_stop(window, agree, stop_prob)
     budget = len(answers) if budget is None else min(int(budget), len(answers))
     if budget <= 0:
         return NOT_FOUND, 0, 0
     labels: list[int] = []
     reps: list[str] = []
-    used = leader = 0
-    while used < budget:
-        labels += [_join(reps, a, version) for a in answers[used:min(used + int(window), budget)]]
-        used = len(labels)
-        leader = _winner(labels, reps)
-        if used >= budget or not is_answer(reps[leader]):  # budget spent, or no real answer yet: go on
-            continue
-        counts = np.bincount(labels, minlength=len(reps)).tolist()
-        if agree is not None and counts[leader] >= float(agree) * used - 1e-9:
-            break
-        if stop_prob is not None:
-            others = [n for c, n in enumerate(counts) if c != leader]
-            if leader_probability(counts[leader], max(others, default=0)) >= float(stop_prob):
-                break
-        if not _can_be_overtaken(counts, reps, leader, budget - used):
-            break
-    return reps[leader], used, sum(tokens[:used])
+    while not labels or not _stops(labels, reps, budget, agree, stop_prob):
+        labels += [_join(reps, a, version) for a in answers[len(labels):min(len(labels) + int(window), budget)]]
+    return reps[_winner(labels, reps)], len(labels), sum(tokens[:len(labels)])
+
+
+def early_stop_live(draw: Callable[[list[str], int, int], pd.DataFrame], ids: Sequence[str], k: int,
+                    window: int = 4, agree: float | None = 1.0, stop_prob: float | None = None,
+                    version: str = "final") -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Early stopping that samples for real: rounds of `window` samples for every puzzle still open, each puzzle
+    closed as soon as its answers so far meet the stopping rule (`_stops`, the rule `replay(..., "early_stop")`
+    applies to samples drawn in full), at most `k` samples each.
+
+    `draw(ids, round, n)` generates n samples for each of `ids` (round 0, 1, ...: the caller seeds each round
+    apart) and returns a samples table (`lab.model.generate.sample_table`'s columns; at least id, answer, tokens; n
+    rows per id). Returns (results, samples): `results` has `replay`'s columns (one row per id; samples_used and
+    tokens_used are what was generated: the sum of the drawn completions' tokens), `samples` every drawn row, with
+    `sample` numbered in drawing order across rounds and a `round` column. Replaying early_stop with the same
+    window on `samples` gives the same answers and counts (tests/test_vote.py)."""
+    _check_early_stop(window, agree, stop_prob)
+    if int(k) < 1:
+        raise ValueError(f"k must be >= 1, got {k}")
+    ids = [str(i) for i in ids]
+    labels: dict[str, list[int]] = {i: [] for i in ids}
+    reps: dict[str, list[str]] = {i: [] for i in ids}
+    drawn: dict[str, list[pd.DataFrame]] = {i: [] for i in ids}
+    open_ids, rnd = list(ids), 0
+    while open_ids:
+        n = min(int(window), int(k) - len(labels[open_ids[0]]))  # every open puzzle has drawn as many
+        table = _prepare(draw(list(open_ids), rnd, n))
+        got = table.groupby("id", sort=False)
+        sizes = got.size()
+        wrong = [i for i in open_ids if sizes.get(i, 0) != n]
+        if wrong or set(sizes.index) - set(open_ids):
+            raise LabError(f"early_stop_live: round {rnd} asked for {n} sample(s) of {len(open_ids)} puzzle(s) and got "
+                           f"{dict(sizes.head(5))} (e.g. wrong for {wrong[:5]})")
+        for pid, g in got:
+            g = g.assign(sample=range(len(labels[pid]), len(labels[pid]) + n), round=rnd)
+            labels[pid] += [_join(reps[pid], _norm(a), version) for a in g["answer"]]
+            drawn[pid].append(g)
+        open_ids = [i for i in open_ids if not _stops(labels[i], reps[i], int(k), agree, stop_prob)]
+        rnd += 1
+    rows = []
+    for pid in ids:
+        g = pd.concat(drawn[pid])
+        answer = reps[pid][_winner(labels[pid], reps[pid])]
+        gold = _gold_of(g)
+        rows.append({"id": pid, "category": g["category"].iloc[0], "answer": answer, "samples_used": len(g),
+                     "tokens_used": int(g["tokens"].astype(int).sum()),
+                     "correct": pd.NA if gold is None else bool(verify(gold, answer, version))})
+    results = pd.DataFrame(rows, columns=RESULT_COLUMNS).astype(
+        {"samples_used": "int64", "tokens_used": "int64", "correct": "boolean"})
+    samples = pd.concat([g for pid in ids for g in drawn[pid]], ignore_index=True)
+    return results, samples
 
 
 # ----------------------------------------------------------------------------------------------

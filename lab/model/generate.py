@@ -32,6 +32,7 @@ from __future__ import annotations
 import functools
 import gc
 import hashlib
+import itertools
 import json
 import math
 import os
@@ -41,7 +42,7 @@ import time
 import zipfile
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Sequence
+from typing import Callable, Sequence
 
 import pandas as pd
 
@@ -128,48 +129,80 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], spec: Sampling, progre
     results: dict[int, list[Completion]] = {}
     own = not isinstance(progress, Progress)
     bar = Progress("generate", len(prompts), "prompts", enabled=bool(progress)) if own else progress
-    for b, start in enumerate(range(0, len(order), per_batch)):
-        idx = order[start:start + per_batch]
-        enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False).to(dev)
-        kwargs = dict(max_new_tokens=spec.max_tokens, num_return_sequences=n, pad_token_id=tokenizer.pad_token_id,
-                      eos_token_id=eos, return_dict_in_generate=True, output_logits=logprobs)
-        if temperature > 0:
-            kwargs.update(do_sample=True, temperature=temperature, top_p=spec.top_p, top_k=0)
-        else:
-            kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
-        torch.manual_seed(spec.seed + b)
-        with torch.no_grad():
-            out = model.generate(**enc, **kwargs)
-        new = out.sequences[:, enc["input_ids"].shape[1]:]
-        if logprobs:
-            logits = torch.stack(out.logits, dim=1).float()  # (batch*n, steps, vocab), raw model logits
-            chosen = torch.log_softmax(logits, dim=-1).gather(-1, new[:, :logits.shape[1]].unsqueeze(-1)).squeeze(-1)
-        for row in range(new.shape[0]):
-            ids = new[row].tolist()
-            stop = eos in ids
-            length = ids.index(eos) if stop else len(ids)
-            text = tokenizer.decode(ids[:length], skip_special_tokens=True)
-            end = length + int(stop)  # the end-of-turn token counts as generated
-            lp = chosen[row, :end].tolist() if logprobs else None
-            results.setdefault(idx[row // n], []).append(Completion(
-                text=text, tokens=end, finish_reason="stop" if stop else "length", logprobs=lp, token_ids=ids[:end]))
-        bar.update(len(idx))
+    # seeded per batch inside a fork of torch's generators: the caller's random state is the same after the call
+    # as before it, generated or not (02_sft's cached evaluation before training leaves the LoRA init unchanged)
+    with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
+        for b, start in enumerate(range(0, len(order), per_batch)):
+            idx = order[start:start + per_batch]
+            enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False).to(dev)
+            kwargs = dict(max_new_tokens=spec.max_tokens, num_return_sequences=n, pad_token_id=tokenizer.pad_token_id,
+                          eos_token_id=eos, return_dict_in_generate=True, output_logits=logprobs)
+            if temperature > 0:
+                kwargs.update(do_sample=True, temperature=temperature, top_p=spec.top_p, top_k=0)
+            else:
+                kwargs.update(do_sample=False, temperature=None, top_p=None, top_k=None)
+            torch.manual_seed(spec.seed + b)
+            with torch.no_grad():
+                out = model.generate(**enc, **kwargs)
+            new = out.sequences[:, enc["input_ids"].shape[1]:]
+            if logprobs:
+                logits = torch.stack(out.logits, dim=1).float()  # (batch*n, steps, vocab), raw model logits
+                chosen = torch.log_softmax(logits, dim=-1).gather(-1, new[:, :logits.shape[1]].unsqueeze(-1)).squeeze(-1)
+            for row in range(new.shape[0]):
+                ids = new[row].tolist()
+                stop = eos in ids
+                length = ids.index(eos) if stop else len(ids)
+                text = tokenizer.decode(ids[:length], skip_special_tokens=True)
+                end = length + int(stop)  # the end-of-turn token counts as generated
+                lp = chosen[row, :end].tolist() if logprobs else None
+                results.setdefault(idx[row // n], []).append(Completion(
+                    text=text, tokens=end, finish_reason="stop" if stop else "length", logprobs=lp, token_ids=ids[:end]))
+            bar.update(len(idx))
     if own:
         bar.close()
     model.train(was_training)
     return [results[i] for i in range(len(prompts))]
 
 
+def _vllm_completions(o, spec: Sampling) -> list[Completion]:
+    """One vLLM `RequestOutput` as `Completion`s; a request that did not end in stop/length is an error."""
+    comps = []
+    for c in o.outputs:
+        if c.finish_reason not in ("stop", "length"):
+            raise RuntimeError(f"vLLM request {o.request_id} finished with {c.finish_reason!r}, not stop/length")
+        lp = None
+        if spec.logprobs and c.logprobs is not None:
+            lp = [step[tid].logprob for step, tid in zip(c.logprobs, c.token_ids)]
+        comps.append(Completion(text=c.text, tokens=len(c.token_ids), finish_reason=c.finish_reason, logprobs=lp,
+                                token_ids=list(c.token_ids)))
+    return comps
+
+
+_REQUEST_BATCHES = itertools.count()  # request ids must be unique over an engine's life: one prefix per hand-over
+
+
 def generate_vllm(llm, prompts: Sequence[str], spec: Sampling, progress: bool | Progress = True,
-                  lora_request=None) -> list[list[Completion]]:
+                  lora_request=None, on_done: Callable[[int, list[Completion]], None] | None = None
+                  ) -> list[list[Completion]]:
     """The `vllm` back-end: `LLM.generate` with `SamplingParams` from `spec`; `llm` comes from `vllm_engine`
-    (vLLM shows its own progress).
+    (vLLM shows its own progress). Every prompt is handed to the engine in one call, so its scheduler keeps
+    `max_num_seqs` sequences running until the last prompt is done (no waves that wait for their longest completion).
+
+    `on_done(i, completions)`: called for prompt i as soon as its request finishes (in the order requests finish), so
+    that a caller can write results as they come (`sample_table`'s cache: a killed evaluation keeps every finished
+    prompt). It drives the engine as `LLM.generate` does internally (vllm/entrypoints/llm.py: `_validate_and_add_requests`
+    adds every request with `output_kind=FINAL_ONLY`, then `_run_engine` loops `llm_engine.step()` while
+    `has_unfinished_requests()`), through `LLMEngine.add_request(request_id, prompt, params, lora_request=...)`, `step()`
+    and `abort_request(ids)` (vllm/v1/engine/llm_engine.py); an exception (a kill, a failed request) aborts the
+    requests still running. That loop is checked on a stand-in engine (tests/test_caches.py) and against vLLM's CPU
+    build in the lane (tests/vllm_lane/), not against 0.33's CUDA build.
 
     Checked against vLLM 0.33.0 (vllm/sampling_params.py, outputs.py, logprobs.py, v1/engine/__init__.py):
     `logprobs=0` returns, per generated token, a dict {token_id: Logprob} holding just the sampled
     token (the sampled token is always included, so up to logprobs+1 entries), computed from the raw
     model distribution (default `logprobs_mode="raw_logprobs"`, before temperature/top_p), as the hf
-    back-end does. With a seed and n > 1, vLLM gives the i-th sample seed + i. `token_ids` include the
+    back-end does. With a seed and n > 1, vLLM gives the i-th sample seed + i, and a request's seed drives its own
+    generator, so a request samples the same whatever else is batched with it. `token_ids` include the
     end-of-turn token when generation stopped on it (the hf back-end counts it too). finish_reason is
     one of stop, length, abort, error, repetition; only stop and length are results. Greedy (temperature
     0) with n > 1 is rejected by SamplingParams ("n must be 1 when using greedy sampling"): `Generator.run`
@@ -177,21 +210,45 @@ def generate_vllm(llm, prompts: Sequence[str], spec: Sampling, progress: bool | 
     """
     from vllm import SamplingParams
 
+    if on_done is None:
+        params = SamplingParams(n=spec.n, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens,
+                                seed=spec.seed, logprobs=0 if spec.logprobs else None)
+        return [_vllm_completions(o, spec) for o in llm.generate(list(prompts), params, lora_request=lora_request)]
+    from vllm.sampling_params import RequestOutputKind
+
     params = SamplingParams(n=spec.n, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens,
-                            seed=spec.seed, logprobs=0 if spec.logprobs else None)
-    outs = llm.generate(list(prompts), params, lora_request=lora_request)
-    results = []
-    for o in outs:
-        comps = []
-        for c in o.outputs:
-            if c.finish_reason not in ("stop", "length"):
-                raise RuntimeError(f"vLLM request {o.request_id} finished with {c.finish_reason!r}, not stop/length")
-            lp = None
-            if spec.logprobs and c.logprobs is not None:
-                lp = [step[tid].logprob for step, tid in zip(c.logprobs, c.token_ids)]
-            comps.append(Completion(text=c.text, tokens=len(c.token_ids), finish_reason=c.finish_reason, logprobs=lp,
-                                    token_ids=list(c.token_ids)))
-        results.append(comps)
+                            seed=spec.seed, logprobs=0 if spec.logprobs else None,
+                            output_kind=RequestOutputKind.FINAL_ONLY)  # one output per request, when it has ended
+    engine = llm.llm_engine
+    tag = f"lab{next(_REQUEST_BATCHES)}-"
+    index = {f"{tag}{i}": i for i in range(len(prompts))}
+    for rid, prompt in zip(index, prompts):
+        engine.add_request(rid, prompt, params, lora_request=lora_request)
+    results: list[list[Completion] | None] = [None] * len(prompts)
+    pending = set(index)
+    own = not isinstance(progress, Progress)
+    bar = Progress("generate", len(prompts), "prompts", enabled=bool(progress)) if own else progress
+    try:
+        while engine.has_unfinished_requests():
+            for o in engine.step():
+                if not getattr(o, "finished", True):
+                    continue
+                if o.request_id not in pending:
+                    raise RuntimeError(f"vLLM returned request {o.request_id!r}, not one of the {len(index)} handed "
+                                       f"over as {tag}0..{len(index) - 1} (or returned it twice)")
+                pending.discard(o.request_id)
+                i = index[o.request_id]
+                results[i] = _vllm_completions(o, spec)
+                on_done(i, results[i])
+                bar.update(1)
+    finally:
+        if pending:  # a kill or an error: nothing of this hand-over keeps running in the engine
+            engine.abort_request(sorted(pending))
+    if own:
+        bar.close()
+    if pending:
+        raise RuntimeError(f"vLLM's engine has no unfinished request but {len(pending)} of {len(index)} never "
+                           f"finished, e.g. {sorted(pending)[:3]}")
     return results
 
 
@@ -396,18 +453,29 @@ class Generator:
     def prompts(self, puzzles: Sequence[str]) -> list[str]:
         return [chat_prompt(self.tokenizer, p) for p in puzzles]
 
-    def run(self, prompts: Sequence[str], spec: Sampling | None = None,
-            progress: bool | Progress = True) -> list[list[Completion]]:
+    def run(self, prompts: Sequence[str], spec: Sampling | None = None, progress: bool | Progress = True,
+            on_done: Callable[[int, list[Completion]], None] | None = None) -> list[list[Completion]]:
         """Completions under `spec` (default: `Sampling.competition(cfg)`), its max_tokens capped by
-        `completion_budget` for these prompts; greedy with n > 1 draws one completion and repeats it n times."""
+        `completion_budget` for these prompts; greedy with n > 1 draws one completion and repeats it n times.
+        `on_done(i, completions)` is called once per prompt: as each request finishes (vllm), or after the
+        call in prompt order (hf, which batches as it always has)."""
         if self._generate is None:
             raise LabError("Generator: closed; make a new one")
         spec = spec or Sampling.competition(self.cfg)
         spec = replace(spec, max_tokens=completion_budget(self.tokenizer, prompts, spec.max_tokens,
                                                           self.cfg.model.max_model_len))
+        repeat = 1
         if spec.temperature <= 0 and spec.n > 1:
-            return [comps * spec.n for comps in self._generate(prompts, replace(spec, n=1), progress)]
-        return self._generate(prompts, spec, progress)
+            spec, repeat = replace(spec, n=1), spec.n
+        done = None if on_done is None else (lambda i, comps: on_done(i, comps * repeat))
+        if self.backend == "vllm" and done is not None:
+            outs = self._generate(prompts, spec, progress, on_done=done)
+        else:
+            outs = self._generate(prompts, spec, progress)
+            if done is not None:
+                for i, comps in enumerate(outs):
+                    done(i, comps)
+        return [comps * repeat for comps in outs]
 
 
 SKIPPED = "prompt_too_long"  # finish_reason of a puzzle whose prompt cannot fit: not generated, scored wrong
@@ -426,9 +494,16 @@ def engine_settings(cfg, backend: str) -> dict:
             "infer": OmegaConf.to_container(cfg.infer, resolve=True)}
 
 
+def whole_handover(gen: Generator) -> bool:
+    """Whether `sample_table` hands every prompt to the generator in one call: the vllm back-end, whose scheduler
+    batches them itself (`generate_vllm`); the hf back-end keeps its chunks (`infer.batch_size` per generate call)."""
+    return gen.backend == "vllm"
+
+
 def sample_key(gen: Generator, spec: Sampling, chunk: int) -> dict:
     """Everything a cached sample table depends on: the sampling spec, the chunk size (chunks are seeded by
-    position), `engine_settings` and `Generator.source()`."""
+    position; 0: every prompt in one hand-over, each request seeded with spec.seed, `whole_handover`),
+    `engine_settings` and `Generator.source()`."""
     return {**asdict(spec), "chunk": int(chunk), **engine_settings(gen.cfg, gen.backend), **gen.source()}
 
 
@@ -469,48 +544,71 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, spec: Sampling | None = 
                  cache: str | Path | None = None, chunk: int = 64, progress: bool = True) -> pd.DataFrame:
     """Generate spec.n completions per puzzle and score each; one row per (puzzle, sample).
 
-    `puzzles` needs `id, prompt` and, to score, `answer`; `spec` defaults to `Sampling.competition(cfg)`, and chunk
-    i of `chunk` puzzles is drawn with seed spec.seed + its first position. With `cache`, finished puzzles are
-    appended to a JSON-lines file chunk by chunk, its first line the `sample_key`, and skipped when the call is
-    repeated with the same key (`_read_cache`: another key starts afresh). A puzzle whose prompt leaves no room under
-    model.max_model_len is not generated: its rows have finish_reason `SKIPPED`, no completion, and count as wrong;
-    a note names its id.
+    `puzzles` needs `id, prompt` and, to score, `answer`; `spec` defaults to `Sampling.competition(cfg)`.
+    How prompts reach the generator (`whole_handover`):
+    - vllm: every puzzle not yet done in one call, each request seeded with spec.seed (a request's seed drives its
+      own sampler, so the samples do not depend on what else is in flight): vLLM's scheduler keeps max_num_seqs
+      sequences running to the end instead of waiting, chunk after chunk, for each chunk's longest completion. With
+      `cache`, each puzzle's rows are appended as its request finishes, so a killed evaluation keeps every
+      finished puzzle, and the rerun hands over only the rest (and samples them as the first run would have);
+      without `cache`, one `LLM.generate` call.
+    - hf: chunks of `chunk` puzzles, chunk i seeded with spec.seed + its first position, appended chunk by chunk.
+    With `cache`, a JSON-lines file whose first line is the `sample_key`, the finished puzzles are skipped when the call
+    is repeated with the same key (`_read_cache`: another key starts afresh). A puzzle whose prompt leaves no room
+    under model.max_model_len is not generated: its rows have finish_reason `SKIPPED`, no completion, and count as
+    wrong; a note names its id.
     """
     from lab.competition.metric import extract_answer, verify
 
     spec = spec or Sampling.competition(gen.cfg)
     version = gen.cfg.infer.get("metric_version", "final")
+    whole = whole_handover(gen)
     done: dict[str, list[dict]] = {}
     if cache is not None:
         cache = Path(cache)
-        done = _read_cache(cache, sample_key(gen, spec, chunk), spec.n)
+        done = _read_cache(cache, sample_key(gen, spec, 0 if whole else chunk), spec.n)
     todo = puzzles[~puzzles["id"].astype(str).isin(done)]
     t0, new_tokens = time.time(), 0
     bar = Progress("generate", len(puzzles), "puzzles", initial=len(puzzles) - len(todo), enabled=progress)
-    for start in range(0, len(todo), chunk):
-        part = todo.iloc[start:start + chunk]
-        prompts = gen.prompts(part["prompt"].tolist())
-        # per puzzle: one prompt that leaves no room for a completion never stops the others
-        room = completion_budgets(gen.tokenizer, prompts, spec.max_tokens, gen.cfg.model.max_model_len)
-        skip = {i for i, b in enumerate(room) if b <= 0}
-        fit = iter(gen.run([p for i, p in enumerate(prompts) if i not in skip],
-                           spec=replace(spec, seed=spec.seed + start), progress=bar) if len(skip) < len(prompts) else [])
-        outs = [[Completion("", 0, SKIPPED)] * spec.n if i in skip else next(fit) for i in range(len(prompts))]
+
+    def finish(row, comps: list[Completion]) -> None:
+        """Score one puzzle's completions, keep them, append them to the cache."""
+        nonlocal new_tokens
+        gold = str(row["answer"]) if "answer" in row else None
         recs = []
-        for (_, row), comps in zip(part.iterrows(), outs):
-            gold = str(row["answer"]) if "answer" in row else None
-            for j, c in enumerate(comps):
-                ans = extract_answer(c.text, version=version)
-                recs.append({"id": str(row["id"]), "category": row.get("category", ""), "subtype": row.get("subtype", ""),
-                             "gold": gold, "sample": j, "completion": c.text, "answer": ans,
-                             "correct": bool(verify(gold, ans, version=version)) if gold is not None else None,
-                             "tokens": c.tokens, "finish_reason": c.finish_reason, "mean_logprob": c.mean_logprob})
-                new_tokens += c.tokens
-        for r in recs:
-            done.setdefault(r["id"], []).append(r)
+        for j, c in enumerate(comps):
+            ans = extract_answer(c.text, version=version)
+            recs.append({"id": str(row["id"]), "category": row.get("category", ""), "subtype": row.get("subtype", ""),
+                         "gold": gold, "sample": j, "completion": c.text, "answer": ans,
+                         "correct": bool(verify(gold, ans, version=version)) if gold is not None else None,
+                         "tokens": c.tokens, "finish_reason": c.finish_reason, "mean_logprob": c.mean_logprob})
+            new_tokens += c.tokens
+        done[recs[0]["id"]] = recs
         if cache is not None:
             with open(cache, "a", encoding="utf-8") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in recs))
+
+    for start in range(0, len(todo), len(todo) if whole else chunk):
+        part = todo.iloc[start:len(todo) if whole else start + chunk]
+        rows = [row for _, row in part.iterrows()]
+        prompts = gen.prompts(part["prompt"].tolist())
+        # per puzzle: one prompt that leaves no room for a completion never stops the others
+        room = completion_budgets(gen.tokenizer, prompts, spec.max_tokens, gen.cfg.model.max_model_len)
+        fit = [i for i, b in enumerate(room) if b > 0]
+        for i in sorted(set(range(len(prompts))) - set(fit)):
+            finish(rows[i], [Completion("", 0, SKIPPED)] * spec.n)
+        if whole and cache is not None:  # written as each request finishes
+            def one(j: int, comps: list[Completion]) -> None:
+                finish(rows[fit[j]], comps)
+                bar.set(len(done), **{"tok/s": f"{new_tokens / max(time.time() - t0, 1e-9):.0f}"})
+
+            if fit:
+                gen.run([prompts[i] for i in fit], spec=spec, progress=False, on_done=one)
+            continue
+        outs = gen.run([prompts[i] for i in fit], spec=replace(spec, seed=spec.seed + (0 if whole else start)),
+                       progress=bar) if fit else []  # whole, no cache: one LLM.generate call
+        for i, comps in zip(fit, outs):
+            finish(rows[i], comps)
         bar.set(len(puzzles) - len(todo) + start + len(part),  # the hf back-end counted its batches already
                 **{"tok/s": f"{new_tokens / max(time.time() - t0, 1e-9):.0f}"})
     bar.close()

@@ -15,7 +15,8 @@ of them per forward/backward (`micro_batch`); GRPOConfig is built, and TRL's che
 
 What it simplifies:
 1. One adapter trained in place; TRL's reference (beta > 0) is its starting copy, deleted before saving.
-2. Pass rates are measured once, before training, on the start model, and reused on resume.
+2. Pass rates are measured once, before training, on the start model, and reused on resume; their samples are
+   kept as they come (`pass_rate_table`'s cache), so a run killed while sampling them resumes without resampling.
 3. The prompt order is one long dataset handed to TRL with `shuffle_dataset=False`, so a resumed run
    skips exactly the rows already trained on.
 4. The completion budget is the competition's (`lab.model.generate.completion_budget`), never TRL's 512.
@@ -117,9 +118,15 @@ def schedule(order: Sequence[str], n_rows: int, shuffle: bool, seed: int) -> lis
     return out[:n_rows]
 
 
-def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, budget: int) -> pd.DataFrame:
+def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, budget: int,
+                    cache: Path | None = None) -> pd.DataFrame:
     """`grpo.pass_rate_k` samples per training prompt from the in-memory model (transformers back-end), sampled as
-    the rollouts sample (`grpo.temperature`, `grpo.top_p`, the GRPO budget) -> [id, n, correct, pass_rate]."""
+    the rollouts sample (`grpo.temperature`, `grpo.top_p`, the GRPO budget) -> [id, n, correct, pass_rate].
+
+    With `cache` (`train` passes `<checkpoint_dir>/pass_rate_samples.jsonl`), the samples are appended after every
+    generate call, one `infer.batch_size` of completions (`sample_table`'s chunk), keyed by the sampling spec and
+    the start adapter's weights (`generate.sample_key`: `lora_checksum` of the in-memory model): a run killed part-way
+    keeps every prompt it finished, and the rerun samples only the rest."""
     from lab.model import generate
     from lab.eval.vote import pass_rates
 
@@ -127,7 +134,10 @@ def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, bu
     spec = generate.Sampling(max_tokens=int(budget), n=g.pass_rate_k, temperature=float(g.temperature),
                              top_p=float(g.top_p), seed=int(cfg.seed))
     gen = generate.Generator(cfg, model=model, tokenizer=tokenizer, backend="hf")
-    return pass_rates(generate.sample_table(gen, puzzles, spec))
+    chunk = max(1, int(cfg.infer.batch_size) // int(g.pass_rate_k))  # the prompts of one generate call
+    if cache is not None:
+        Path(cache).parent.mkdir(parents=True, exist_ok=True)
+    return pass_rates(generate.sample_table(gen, puzzles, spec, cache=cache, chunk=chunk))
 
 
 # ---- GRPOConfig -------------------------------------------------------------------------------
@@ -332,7 +342,9 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
 
     fresh = record is None
     if fresh:  # a fresh run: estimate pass rates, select and order the prompts, record them
-        rates = pass_rate_table(cfg, model, tokenizer, pool, budget)
+        # the main process keeps its samples as they come (a killed run resumes them); the others sample alone
+        rates = pass_rate_table(cfg, model, tokenizer, pool, budget,
+                                cache=out / "pass_rate_samples.jsonl" if is_main_process() else None)
         atomic_write_csv(stage.path("pass_rates.csv"), rates)
         thr, unsolved = g.drop_threshold, g.drop_unsolved
         kept, _ = curriculum.select(rates, threshold=thr, drop_unsolved=unsolved)
