@@ -98,3 +98,17 @@ def test_counted_tokens_from_shared(tmp_path, monkeypatch):
     assert source.startswith("counted") and len(tokens) > 30 and 100 < sorted(tokens)[len(tokens) // 2] < 8192
     again, source2 = est.row_tokens(cfg, sample=30)
     assert again == tokens and "cached" in source2 and len(list((tmp_path / "cache").iterdir())) == 1
+
+
+def test_the_command_joins_the_grpo_eval_and_vote_sections(tmp_path, capsys):
+    """One command, every section the issues ask for (lab.eval.estimate_infer's, joined through SECTIONS); with
+    packing, an optimizer step is grad_accum packs, not grad_accum rows."""
+    path = tmp_path / "estimate.json"
+    assert est.main([*REAL, "--assume-rows", "--json", str(path)]) == 0
+    out = json.loads(path.read_text())
+    assert out["grpo"]["step_minutes"] > 0 and out["grpo"]["pass_rate_hours"] > 0
+    assert out["eval"]["hours_per_1000"] > 0 and out["vote"]["hours"] > 0
+    packed = out["sft"]["packed"]
+    assert packed["optimizer_steps"] == -(-packed["micro_steps"] // 2)  # batch_size 1 x grad_accum 2 packs
+    text = capsys.readouterr().out
+    assert "GRPO minutes per optimizer step" in text and "04_vote, hours" in text

@@ -396,11 +396,14 @@ def mamba_path(cfg: DictConfig, values: dict) -> str:
     return f"fused: mamba_split_conv1d_scan_combined ({note})"
 
 
-def _figures(model: Model, steps: list[int], rows: int, rows_per_step: int, capacity: int) -> dict:
+def _figures(model: Model, steps: list[int], units: int, per_step: int, capacity: int, unit: str) -> dict:
+    """`units` rows (unpacked) or packs (packed: each one micro-step) taken `per_step` to an optimizer step
+    (sft.batch_size x sft.grad_accum: with sft.packing, grad_accum counts packs)."""
     seconds = sum(model.fixed_s + model.per_token_s * t for t in steps)
-    n_opt = math.ceil(rows / rows_per_step)
+    n_opt = math.ceil(units / per_step)
     return {"micro_steps": len(steps), "tokens_computed": int(sum(steps)), "seconds_per_epoch": seconds,
             "hours_per_epoch": seconds / 3600, "optimizer_steps": n_opt, "step_seconds": seconds / max(1, n_opt),
+            "step_unit": f"{per_step} {unit}",
             "fill": sum(steps) / (len(steps) * capacity) if steps else 0.0}
 
 
@@ -417,8 +420,9 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
         raise LabError(f"lab.train.estimate: no SFT rows ({source})")
     cap, bs, ga = int(cfg.sft.max_seq_len), int(cfg.sft.batch_size), int(cfg.sft.grad_accum)
     real = sum(tokens)
-    unpacked = _figures(model, unpacked_steps(tokens, bs, int(cfg.seed)), len(tokens), bs * ga, cap)
-    packed = _figures(model, pack_bfd(tokens, cap), len(tokens), bs * ga, cap)
+    unpacked = _figures(model, unpacked_steps(tokens, bs, int(cfg.seed)), len(tokens), bs * ga, cap, "rows")
+    packs = pack_bfd(tokens, cap)
+    packed = _figures(model, packs, len(packs), bs * ga, cap, f"packs, {len(tokens) / len(packs):.1f} rows a pack")
     for f in (unpacked, packed):
         f["tokens_per_s"] = real / f["seconds_per_epoch"]
     packing = bool(cfg.sft.get("packing", False))
@@ -446,15 +450,22 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
                      f"{f['tokens_computed']:,} tokens x {model.per_token_s * 1e6:.1f} us = "
                      f"{f['seconds_per_epoch']:,.0f} s: {f['tokens_per_s']:,.0f} tokens/s, "
                      f"{f['hours_per_epoch']:.3f} h/epoch, {f['step_seconds']:.2f} s per optimizer step "
-                     f"({f['optimizer_steps']} steps of {bs * ga} rows), fill {f['fill']:.1%} of "
+                     f"({f['optimizer_steps']} steps of {f['step_unit']}), fill {f['fill']:.1%} of "
                      f"{cap:,}-token micro-steps{mark}")
     return out, lines
 
 
+def inference_sections(cfg: DictConfig, card: str, **_) -> tuple[dict, list[str]]:
+    """GRPO (minutes per optimizer step, pass-rate hours), greedy evaluation (hours per 1,000 puzzles) and 04_vote
+    (hours): `lab.eval.estimate_infer`, whose CONSTANTS name the source of each figure."""
+    from lab.eval import estimate_infer
+
+    return estimate_infer.sections(cfg, card), ["", *estimate_infer.report(cfg, card).splitlines()]
+
+
 # ---- sections: each (cfg, card, **options) -> (JSON dict, printed lines), under its name in the JSON -----------------
-# GRPO, evaluation and voting join HERE: lab.eval's `eval_hours_per_1000(cfg, card)`, `vote_hours`,
-# `grpo_step_minutes`, `pass_rate_hours` (another change), each wrapped as a section function and appended below.
-SECTIONS = {"sft": sft_section}
+# a name of None: the function returns several top-level sections at once
+SECTIONS = {"sft": sft_section, None: inference_sections}
 
 
 def card_of(cfg: DictConfig) -> str:
@@ -472,7 +483,7 @@ def estimate(cfg: DictConfig, sample: int | None = None, assume: bool = False) -
     out, lines = {}, []
     for name, fn in SECTIONS.items():
         d, text = fn(cfg, card, sample=sample, assume=assume)
-        out[name] = d
+        out.update(d if name is None else {name: d})
         lines += text
     return out, lines
 
@@ -482,7 +493,7 @@ def main(argv: list[str] | None = None) -> int:
     from lab.core.config import compose
     from lab.core.io import atomic_write_text
 
-    ap = argparse.ArgumentParser(prog="python -m lab estimate", description="project SFT speed on the gpu= card "
+    ap = argparse.ArgumentParser(prog="python -m lab estimate", description="project SFT speed, GRPO, evaluation and vote time on the gpu= card "
                                  "before anything is loaded (module docstring of lab/train/estimate.py)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=nemotron_nano experiment=competition")
     ap.add_argument("--json", default=None, help="write the figures as JSON here")
