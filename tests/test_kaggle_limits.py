@@ -121,9 +121,10 @@ def test_planned_output_bytes_follow_the_config():
     assert output_plan.stage_reads(cfg, "01_explore") == []
     assert output_plan.stage_reads(cfg, "02_sft") == ["data"]
     assert output_plan.stage_reads(cfg, "03_grpo") == ["data", "02_sft"]
-    assert output_plan.stage_reads(cfg, "04_vote") == ["data", "03_grpo"]
+    # 04_vote votes with the latest finished training stage; lineage checks 03_grpo's own inputs (02_sft) too
+    assert output_plan.stage_reads(cfg, "04_vote") == ["data", "02_sft", "03_grpo"]
     assert output_plan.stage_reads(compose(["vote.adapter=${sft.adapter_dir}"]), "04_vote") == ["data", "02_sft"]
-    assert output_plan.stage_reads(cfg, "05_errors") == ["data", "04_vote"]
+    assert output_plan.stage_reads(cfg, "05_errors") == ["data", "02_sft", "03_grpo", "04_vote"]
     assert "04_vote" in "".join(output_plan.planned_output_bytes(cfg, "05_errors", P)["working"])
 
 

@@ -105,22 +105,33 @@ def _stage_folder_of(cfg: DictConfig, path) -> str | None:
     return None if rel is None or rel.startswith("..") else rel.split("/")[0]
 
 
+# the training stages a stage folder's own inputs come from: `lab.core.lineage.problems` checks a stage's inputs too,
+# so a kernel copies back the chain below what it reads (the install cell skips a folder that is not there: a
+# skipped 03_grpo)
+UPSTREAM = {"02_sft": (), "03_grpo": ("02_sft",), "04_vote": ("02_sft", "03_grpo")}
+
+
 def stage_reads(cfg: DictConfig, stage: str) -> list[str]:
     """The paths inside the run folder that `stage` reads from earlier stages: what a kernel copies back from the
-    kernel before it (the split folder, the adapter's stage folder: manifest and config with the adapter, which
-    `lab.core.lineage.stage_input` checks)."""
+    kernel before it (the split folder, the adapter's stage folder with its manifest and config, which
+    `lab.core.lineage.stage_input` checks, and the stages below that one). 04_vote without `vote.adapter` votes with
+    the latest finished training stage (`lab.stages.vote_adapter`): both are copied back where they exist."""
     if stage == "01_explore":
         return []  # it makes the split
     split = _stage_folder_of(cfg, cfg.data.split_dir)
     reads = [split] if split else []
-    adapter = {"03_grpo": "grpo.init_adapter", "04_vote": "vote.adapter"}.get(stage)
-    if adapter is not None:
-        value = OmegaConf.select(cfg, adapter, default=None)
-        folder = _stage_folder_of(cfg, value) if value else None
-        if folder:
-            reads.append(folder)
-    if stage == "05_errors":
-        reads.append("04_vote")
+    direct: list = []
+    if stage == "03_grpo":
+        direct = [_stage_folder_of(cfg, cfg.grpo.init_adapter)]
+    elif stage == "04_vote":
+        value = OmegaConf.select(cfg, "vote.adapter", default=None)
+        direct = [_stage_folder_of(cfg, value)] if value else ["03_grpo"]
+    elif stage == "05_errors":
+        direct = ["04_vote", "02_sft"]  # the final predictions, and 02_sft's for the diff
+    for folder in direct:
+        for name in (*UPSTREAM.get(folder, ()), folder):
+            if name and name not in reads:
+                reads.append(name)
     return reads
 
 
