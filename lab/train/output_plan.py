@@ -139,7 +139,7 @@ def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None)
     """The plan of `stage` under `cfg`: {"working": {item: bytes}, "scratch": {item: bytes}, "limit": bytes,
     "lines": [the arithmetic, one line per item], "params": P}. `params`: P when known (else counted)."""
     gpu_stage = stage in ("02_sft", "03_grpo", "04_vote")
-    P = 0 if stage in ("01_explore", "05_errors") else params if params is not None else trainable_params(cfg)
+    P = 0 if stage == "01_explore" else params if params is not None else trainable_params(cfg)
     adapter = 4 * P
     rows, rows_how = val_rows(cfg)
     tokens = int(cfg.infer.max_tokens)
