@@ -21,12 +21,12 @@ COMMANDS = {
     # the config and the GPU plan
     "schema": ("lab.core.schema", "main", "every config key's type, help and range [GROUP]"),
     "memory": ("lab.train.memory", "main", "trace one training step on fake tensors: peak GPU memory, does it fit"),
-    "estimate": ("lab.train.estimate", "main", "projected SFT tokens/s, step seconds, hours per epoch on the gpu= card"),
+    "estimate": ("lab.train.estimate", "main", "projected SFT, GRPO, evaluation and vote time on the gpu= card"),
     # the submission and Kaggle
     "pack": ("lab.model.submission", "pack_main", "ADAPTER_DIR OUT.zip: pack a Kaggle submission.zip"),
     "check": ("lab.model.submission", "check_main", "ZIP: every problem of a submission.zip; exit 0 when valid"),
     "gate": ("lab.kaggle.gate", "main", "ZIP --model DIR: the zip served by vLLM as the scorer does"),
-    "kaggle": ("lab.kaggle.kernel", "main", "build an offline Kaggle kernel or its dependency dataset"),
+    "kaggle": ("lab.kaggle.kernel", "main", "dataset | build [--chain] | plan: offline Kaggle kernels within Kaggle's limits"),
 }
 
 
