@@ -190,3 +190,19 @@ def test_family_adapter_changes_the_output_and_matches_peft(lane, base_ids, name
     vl = served(lane, adapter)
     row = record(lane, name, model, hf, vl, base)
     assert row["changed"] > row["prompts"] / 2, f"{name}: the random adapter changed only {row['changed']} outputs"
+
+
+def test_one_hand_over_streams_each_request_as_it_finishes_and_equals_llm_generate(lane, base_ids):
+    """Issue 43: `Generator.run(..., on_done=...)` hands every prompt to the engine at once and reports each request
+    as it ends (`generate_vllm`'s loop over `llm_engine.add_request` / `step`, checked here on vLLM's CPU build):
+    every prompt reported exactly once, and the same greedy ids as the plain `LLM.generate` path (no `on_done`)."""
+    from lab.model.generate import Generator, Sampling
+
+    prompts, cfg = lane["prompts"], lane["cfg"]
+    seen: list[int] = []
+    with Generator(cfg) as gen:
+        streamed = gen.run(prompts, Sampling.competition(cfg), progress=False, on_done=lambda i, c: seen.append(i))
+        plain = gen.run(prompts, Sampling.competition(cfg), progress=False)
+    assert sorted(seen) == list(range(len(prompts)))
+    assert [c[0].token_ids for c in streamed] == [c[0].token_ids for c in plain]
+    assert all(c[0].finish_reason in ("stop", "length") for c in streamed)
