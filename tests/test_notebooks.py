@@ -44,7 +44,7 @@ def test_all_notebooks_run_on_the_smoke_budget(smoke_run):
     said = [o.get("text", "") for c in nbformat.read(run_dir / "notebooks" / "04_vote.ipynb", as_version=4).cells
             for o in c.get("outputs", [])]
     assert any("reused, not generated" in t for t in said)
-    assert len(list((run_dir / "evaluations").glob("*.csv"))) == 2  # the SFT and the GRPO adapter
+    assert len(list((run_dir / "evaluations").glob("*.csv"))) == 3  # the base model, the SFT and the GRPO adapter
 
 
 @pytest.mark.slow

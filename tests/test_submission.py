@@ -284,7 +284,7 @@ def test_cli_pack_and_check(tiny, tmp_path, capsys):
     assert lab_main(["check", str(bad)]) == 1
     printed = capsys.readouterr().out
     assert "r=64 must be <= 32" in printed and "use_dora is true" in printed
-    res = subprocess.run([sys.executable, "-m", "lab.model.submission", "check", str(bad)], capture_output=True, text=True,
+    res = subprocess.run([sys.executable, "-m", "lab", "check", str(bad)], capture_output=True, text=True,
                          env={**os.environ, "HF_HUB_OFFLINE": "1"})
     assert res.returncode == 1 and "use_dora is true" in res.stdout
     assert lab_main(["check", str(tmp_path / "missing.zip")]) == 1

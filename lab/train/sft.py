@@ -139,6 +139,7 @@ def drill_examples(tokenizer, n: int, seed: int, max_seq_len: int) -> pd.DataFra
 
 def _train_drills(cfg, stage, pm, tokenizer) -> dict:
     """The drills stage on the same LoRA model (the traces stage then continues from it); saves drills_adapter."""
+    from lab.train import checkpoints
     from lab.train.callbacks import trainer_callbacks
 
     examples = drill_examples(tokenizer, cfg.sft.drill_n, cfg.seed, cfg.sft.max_seq_len)
@@ -149,7 +150,8 @@ def _train_drills(cfg, stage, pm, tokenizer) -> dict:
     out = stage.checkpoint_dir.with_name(stage.checkpoint_dir.name + "_drills")
     if out.exists():
         shutil.rmtree(out)
-    trainer = build_trainer(cfg, out, pm, tokenizer, examples, trainer_callbacks(None, checkpoints.wall_clock_budget(cfg, "sft")))
+    budget = checkpoints.wall_clock_budget(cfg, "sft")
+    trainer = build_trainer(cfg, out, pm, tokenizer, examples, trainer_callbacks(None, budget))
     result = trainer.train()
     save_adapter(pm, resolve_path(cfg.sft.adapter_dir).parent / "drills_adapter")
     return {"examples": len(examples), "train_loss": float(result.training_loss),
