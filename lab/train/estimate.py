@@ -57,6 +57,7 @@ import numpy as np
 from omegaconf import DictConfig
 
 from lab import LabError
+from lab.eval.estimate_infer import CARD_BANDWIDTH, CONSTANTS
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 SHARED_DATA = SHARED / "data" / "train_dev.csv"
@@ -84,12 +85,18 @@ class Card:
     measured: bool = False
 
 
+def _tb_per_s(card: str) -> float:
+    """The card's memory bandwidth: one home, lab.eval.estimate_infer.CONSTANTS (with its datasheet source)."""
+    return CONSTANTS[CARD_BANDWIDTH[card]][0]
+
+
 CARDS = {
-    "h100_80gb": Card(989.0, 3.35, "H100 SXM5 80GB datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3", measured=True),
-    "h200": Card(989.0, 4.8, "H200 SXM datasheet: 989 TFLOP/s bf16 dense (the H100's die), 4.8 TB/s HBM3e"),
-    "rtx_pro_6000": Card(500.0, 1.792, "RTX PRO 6000 Blackwell: 1,792 GB/s (512-bit GDDR7 at 28 Gbps, published); bf16 "
-                                       "dense ~500 TFLOP/s ASSUMED (NVIDIA publishes 4,000 AI TOPS = FP4 with 2:4 "
-                                       "sparsity; /2 dense, /4 for bf16); no bf16 datasheet figure"),
+    "h100_80gb": Card(989.0, _tb_per_s("h100_80gb"), "H100 SXM5 80GB datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3",
+                      measured=True),
+    "h200": Card(989.0, _tb_per_s("h200"), "H200 SXM datasheet: 989 TFLOP/s bf16 dense (the H100's die), 4.8 TB/s HBM3e"),
+    "rtx_pro_6000": Card(500.0, _tb_per_s("rtx_pro_6000"), "RTX PRO 6000 Blackwell: 1,792 GB/s (512-bit GDDR7 at 28 "
+                         "Gbps, published); bf16 dense ~500 TFLOP/s ASSUMED (NVIDIA publishes 4,000 AI TOPS = FP4 with "
+                         "2:4 sparsity; /2 dense, /4 for bf16); no bf16 datasheet figure"),
 }
 
 
