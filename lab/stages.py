@@ -41,6 +41,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
+from omegaconf import DictConfig
 
 from lab import LabError
 from lab.core.io import atomic_file, atomic_write_csv, atomic_write_json, read_json
@@ -66,13 +67,20 @@ def open_stage(name: str, overrides) -> Stage:
     from lab.train import preflight
 
     preflight.check(name, overrides)
+    from lab.core.config import compose, parse_overrides
     from lab.core.paths import on_kaggle
 
+    cfg = overrides if isinstance(overrides, DictConfig) else compose(parse_overrides(overrides))
+    if preflight.applies(name, cfg):  # how long it will take on gpu=, projected before anything loads
+        from lab.train.estimate import stage_projection
+
+        for line in stage_projection(name, cfg):
+            print(line, flush=True)
+
     if on_kaggle():  # the planned output against Kaggle's kept 20 GB, before anything is written (lab.train.output_plan)
-        from lab.core.config import compose, parse_overrides
         from lab.train import output_plan
 
-        output_plan.check(compose(parse_overrides(overrides)), name)
+        output_plan.check(cfg, name)
     stage = Stage(name, overrides)
     print(f"run_dir = {stage.run_dir}   seed = {stage.cfg.seed}   model = {stage.cfg.model.name}   "
           f"data = {stage.cfg.data.source}")
@@ -450,15 +458,6 @@ def vote_adapter(cfg) -> tuple[str, Path]:
                    "set vote.adapter=PATH")
 
 
-def _print_estimate(cfg) -> None:
-    """The projected hours on the `gpu=` card (`lab.eval.estimate_infer.report`), before any model loads; only for the
-    vllm back-end on a card it knows (its figures are vLLM's)."""
-    from lab.eval import estimate_infer
-
-    if cfg.model.generation_backend == "vllm" and str(cfg.gpu.name) in estimate_infer.CARD_BANDWIDTH:
-        print(estimate_infer.report(cfg, cfg.gpu))
-
-
 def vote(stage: Stage) -> dict:
     """Greedy predictions and k samples per held-out puzzle from `vote_adapter` (03_grpo's adapter, else 02_sft's,
     or `vote.adapter`), every voting method of `lab.eval.vote` replayed on that one sample table (accuracy against k
@@ -474,7 +473,6 @@ def vote(stage: Stage) -> dict:
     cfg, v = stage.cfg, stage.cfg.vote
     train, val = data.prepare(cfg)
     source, adapter = vote_adapter(cfg)  # its stage must have finished
-    _print_estimate(cfg)
     print(f"voting with {source}'s adapter ({adapter}): k={v.k}, temperature={v.temperature}")
     live = None
     with generate.Generator(cfg, adapter=adapter) as gen:

@@ -112,3 +112,23 @@ def test_the_command_joins_the_grpo_eval_and_vote_sections(tmp_path, capsys):
     assert packed["optimizer_steps"] == -(-packed["micro_steps"] // 2)  # batch_size 1 x grad_accum 2 packs
     text = capsys.readouterr().out
     assert "GRPO minutes per optimizer step" in text and "04_vote, hours" in text
+
+
+def test_a_real_model_stage_prints_its_projection_when_it_opens(tmp_path, monkeypatch, capsys):
+    """02_sft prints its SFT projection, 03_grpo and 04_vote the GRPO / evaluation / vote hours, before any model
+    loads (lab.stages.open_stage, after the preflight); the tiny model on gpu=none prints none."""
+    from lab import stages
+    from lab.train import preflight
+
+    monkeypatch.setattr(est, "row_tokens", lambda cfg, sample=None, assume=False: (est.assumed_tokens(
+        int(cfg.sft.max_seq_len)), "assumed"))
+    cfg = config.compose(REAL)
+    sft = "\n".join(est.stage_projection("02_sft", cfg))
+    assert "SFT on h100_80gb, all figures PROJECTED" in sft and "tokens/s" in sft
+    grpo = "\n".join(est.stage_projection("03_grpo", cfg))
+    assert "PROJECTED on gpu=" in grpo and "GRPO minutes per optimizer step" in grpo
+    assert est.stage_projection("01_explore", cfg) == [] and est.stage_projection("02_sft", config.compose([])) == []
+    monkeypatch.setattr(preflight, "check", lambda stage, overrides: None)  # a GPU machine with everything installed
+    stages.open_stage("02_sft", [*REAL, f"run_dir={tmp_path / 'run'}"])
+    out = capsys.readouterr().out
+    assert out.index("SFT on h100_80gb") < out.index("run_dir = ")  # printed before the stage folder opens

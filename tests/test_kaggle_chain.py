@@ -134,6 +134,15 @@ def test_three_kernels_under_a_made_up_kaggle_layout(tmp_path, monkeypatch):
     assert m["resumed_from"] == str(k.temp / run / "checkpoints" / "02_sft" / "checkpoint-1")  # scratch, copied back
     assert m["steps"] == 3 and not m["stopped_by_budget"]
     assert not any("checkpoints" in f for f in resumed)
+    # the adapter kept in /kaggle/working is bf16 (kaggle.adapter_dtype); the resumable checkpoint kept fp32
+    from safetensors.torch import load_file
+    import torch
+
+    saved = load_file(str(k.input / "nemotron-lab-c1-02-sft" / run / "02_sft" / "adapter" / "adapter_model.safetensors"))
+    assert saved and {v.dtype for v in saved.values()} == {torch.bfloat16}
+    kept_ckpt = load_file(str(k.input / "nemotron-lab-c1-02-sft-stopped" / run / "checkpoints" / "02_sft" / "checkpoint-1"
+                              / "adapter_model.safetensors"))
+    assert {v.dtype for v in kept_ckpt.values()} == {torch.float32}
     # 04_vote found 02_sft's adapter (copied back whole) and the split, and nothing else came back
     made_here = {".lock", "evaluations", "base_model"}  # the run lock, the evaluation cache, the tiny model built
     assert {f.split("/")[2] for f in vote} - made_here == {"data", "02_sft", "04_vote"}

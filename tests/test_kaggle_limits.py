@@ -110,7 +110,10 @@ def test_planned_output_bytes_follow_the_config():
     assert P > 0
     sft = output_plan.planned_output_bytes(cfg, "02_sft", P)
     w = sft["working"]
-    assert w["02_sft/adapter (fp32)"] == 4 * P and w["02_sft/submission.zip (bf16)"] == 2 * P
+    assert w["02_sft/adapter (bf16)"] == 2 * P and w["02_sft/submission.zip (bf16)"] == 2 * P  # kaggle.adapter_dtype
+    fp32 = output_plan.planned_output_bytes(compose(["run_dir=/kaggle/working/outputs/t", "kaggle.adapter_dtype=null"]),
+                                            "02_sft", P)
+    assert fp32["working"]["02_sft/adapter (fp32)"] == 4 * P
     ckpt = next(v for k, v in w.items() if k.startswith("checkpoints/02_sft"))
     assert ckpt == 12 * P  # fp32 adapter + AdamW's two fp32 moments
     (scratch,) = sft["scratch"].values()
@@ -144,8 +147,12 @@ def test_competition_plan_counts_the_recipes_888m_parameters():
     cfg = compose(["experiment=competition", "gpu=rtx_pro_6000", "run_dir=/kaggle/working/outputs/c"])
     P = output_plan.trainable_params(cfg)
     assert P == 888_154_112  # the recipe's LoRA (issue 44: "888 M trainable parameters")
-    plan = output_plan.planned_output_bytes(cfg, "02_sft", P)
-    assert sum(plan["working"].values()) <= 20 * 10 ** 9
+    for stage in ("01_explore", "02_sft", "03_grpo", "04_vote", "05_errors"):  # each fits, 03_grpo with a bf16 adapter
+        plan = output_plan.planned_output_bytes(cfg, stage, P)
+        assert sum(plan["working"].values()) <= 20 * 10 ** 9, stage
+    fp32 = output_plan.planned_output_bytes(compose(["experiment=competition", "gpu=rtx_pro_6000", "kaggle.adapter_dtype=null",
+                                                     "run_dir=/kaggle/working/outputs/c"]), "03_grpo", P)
+    assert sum(fp32["working"].values()) > 20 * 10 ** 9  # the negative control: fp32 adapters do not fit
 
 
 def test_kaggle_plan_command(capsys):
@@ -154,6 +161,31 @@ def test_kaggle_plan_command(capsys):
     assert main(["kaggle", "plan", "--stages", "01_explore,02_sft", "sft.lora.r=4"]) == 0
     out = capsys.readouterr().out
     assert "02_sft: planned /kaggle/working" in out and "one checkpoint = P x (4 B fp32 adapter" in out
+
+
+def test_the_saved_adapter_is_cast_on_kaggle_only(tmp_path, monkeypatch):
+    import torch
+    from peft import LoraConfig, get_peft_model
+    from safetensors.torch import load_file
+
+    from lab.model.lora import save_adapter
+
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8))
+    pm = get_peft_model(net, LoraConfig(r=2, target_modules=["0"], init_lora_weights=False))
+    cfg = compose([])
+    monkeypatch.setattr(output_plan, "on_kaggle", lambda: False)
+    assert output_plan.adapter_dtype(cfg) is None
+    save_adapter(pm, tmp_path / "here", dtype=output_plan.adapter_dtype(cfg))
+    monkeypatch.setattr(output_plan, "on_kaggle", lambda: True)
+    assert output_plan.adapter_dtype(cfg) == "bfloat16"
+    save_adapter(pm, tmp_path / "kaggle", dtype=output_plan.adapter_dtype(cfg))
+    here, kag = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in ("here", "kaggle"))
+    assert here.keys() == kag.keys() and {v.dtype for v in here.values()} == {torch.float32}
+    assert {v.dtype for v in kag.values()} == {torch.bfloat16}
+    assert all(torch.equal(kag[k], here[k].to(torch.bfloat16)) for k in here)
+    with pytest.raises(LabError, match="not a torch dtype"):
+        save_adapter(pm, tmp_path / "bad", dtype="bfloat17")
+    assert not (tmp_path / "bad").exists()  # nothing half-written left where a later stage would look
 
 
 # ---- checkpoints to scratch, the budget, the kept state ------------------------------------------------------------

@@ -444,6 +444,9 @@ class KaggleConfig(Checked):
     run_limit_h: float = _help("the longest a Kaggle kernel runs, in hours: on Kaggle a training stage's "
                                "wall-clock budget (sft/grpo.wall_clock_budget_min: 0) defaults to this minus "
                                "budget_margin_min minus the time since the kernel started", gt=0)
+    adapter_dtype: Optional[str] = _help("on Kaggle, the dtype 02_sft and 03_grpo save their adapter in (bfloat16: "
+                                         "what the zip holds and vLLM computes in, half the bytes of fp32 in the "
+                                         "kept 20 GB; the checkpoints keep fp32); null or '': as trained (fp32)")
     budget_margin_min: float = _help("minutes kept free at the end of a Kaggle run for what follows training: saving "
                                      "the adapter and the resumable state, the held-out evaluation, the zip", ge=0)
 

@@ -495,6 +495,24 @@ def estimate(cfg: DictConfig, sample: int | None = None, assume: bool = False) -
     return out, lines
 
 
+def stage_projection(stage: str, cfg: DictConfig) -> list[str]:
+    """What a real-model stage prints when it opens, before any model loads (`lab.stages.open_stage`): 02_sft its SFT
+    projection (tokens/s, hours per epoch) beside the memory trace the preflight printed; 03_grpo and 04_vote the
+    GRPO / evaluation / vote hours (`lab.eval.estimate_infer.report`). Empty for a stage that trains or samples
+    nothing, or on a card the estimate does not know (gpu=none: the tiny model)."""
+    if stage not in ("02_sft", "03_grpo", "04_vote") or str(cfg.gpu.name) not in CARDS:
+        return []
+    card = card_of(cfg)
+    try:
+        if stage == "02_sft":
+            return sft_section(cfg, card)[1]
+        from lab.eval import estimate_infer
+
+        return estimate_infer.report(cfg, card).splitlines()
+    except LabError as e:  # e.g. no data file to count: the stage itself says so, in its own words, when it reads it
+        return [f"{stage}: no projection on gpu={card} ({e})"]
+
+
 def main(argv: list[str] | None = None) -> int:
     """`python -m lab estimate [OVERRIDES...] [--json PATH] [--sample N] [--assume-rows]`"""
     from lab.core.config import compose

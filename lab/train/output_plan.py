@@ -5,8 +5,9 @@ before it: lab/kaggle/kernel.py) and `python -m lab kaggle plan OVERRIDES` (lab/
 
 The figures (P = trainable LoRA parameters of the configured model and targets, counted on the meta model by
 `lab.train.memory.lora_figures`, the same table `lab.model.lora.attach_lora` prints):
-- the adapter: P x 4 bytes (the LoRA weights train, and are saved by `save_pretrained`, in fp32); the drills stage
-  (`sft.stages` with drills) saves a second one beside it;
+- the adapter: P x 2 bytes on Kaggle (`kaggle.adapter_dtype`, bf16 by default, `adapter_dtype`: the LoRA weights
+  train in fp32 and `lab.model.lora.save_adapter` casts the saved copy; null keeps fp32, P x 4 bytes); the drills
+  stage (`sft.stages` with drills) saves a second one beside it;
 - the submission zip: P x 2 bytes (`lab.model.submission.SUBMISSION_DTYPE`, bf16; deflate barely shrinks weights);
 - one checkpoint (`checkpoint_bytes`): the fp32 adapter (4 P) and the optimizer's states: AdamW (transformers'
   default, `adamw_torch_fused`) two fp32 moments, 8 P; 8-bit AdamW (`adamw_bnb_8bit`, bitsandbytes
@@ -62,6 +63,28 @@ def optimizer_bytes_per_param(cfg: DictConfig) -> tuple[float, str]:
     if "sgd" in name or "adafactor" in name:
         return 4.0, f"{name}: one fp32 state (upper bound) = 4 B"
     raise LabError(f"gpu.optim={name!r}: no output plan for this optimizer (lab/train/output_plan.py)")
+
+
+def adapter_dtype(cfg: DictConfig) -> str | None:
+    """The dtype 02_sft and 03_grpo save their adapter in (`lab.model.lora.save_adapter`): on Kaggle
+    `kaggle.adapter_dtype` (bfloat16 by default: what the submission zip and vLLM compute in, half the bytes of the
+    fp32 LoRA weights in the kept 20 GB); elsewhere None, the trained fp32. The resumable checkpoints keep fp32."""
+    return _planned_adapter_dtype(cfg) if on_kaggle() else None
+
+
+def _planned_adapter_dtype(cfg: DictConfig) -> str | None:
+    return str(OmegaConf.select(cfg, "kaggle.adapter_dtype", default=None) or "") or None
+
+
+def adapter_bytes_per_param(cfg: DictConfig) -> tuple[int, str]:
+    """(bytes per trainable parameter of a saved adapter on Kaggle, its dtype's name)."""
+    import torch
+
+    name = _planned_adapter_dtype(cfg) or "float32"
+    dtype = getattr(torch, name, None)
+    if not isinstance(dtype, torch.dtype):
+        raise LabError(f"kaggle.adapter_dtype={name!r} is not a torch dtype (bfloat16, float16, float32 or null)")
+    return dtype.itemsize, {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(name, name)
 
 
 def checkpoint_bytes(cfg: DictConfig, params: int) -> tuple[int, str]:
@@ -140,7 +163,8 @@ def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None)
     "lines": [the arithmetic, one line per item], "params": P}. `params`: P when known (else counted)."""
     gpu_stage = stage in ("02_sft", "03_grpo", "04_vote")
     P = 0 if stage == "01_explore" else params if params is not None else trainable_params(cfg)
-    adapter = 4 * P
+    per_param, adapter_kind = adapter_bytes_per_param(cfg)
+    adapter = per_param * P
     rows, rows_how = val_rows(cfg)
     tokens = int(cfg.infer.max_tokens)
     per_pass = rows * tokens * TEXT_BYTES_PER_TOKEN
@@ -157,18 +181,18 @@ def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None)
             working["copied back: 04_vote/ (predictions, samples)"] = (1 + 2 * int(cfg.vote.k)) * per_pass
         else:
             # the whole stage folder: lab.core.lineage.problems refuses a stage whose recorded outputs went missing
-            working[f"copied back: {name}/ (its adapter, fp32, + zip)"] = adapter + 2 * P
-            lines.append(f"copied back {name}/ (whole: lineage checks every recorded output): adapter P x 4 B + zip "
-                         f"P x 2 B = {_gb(6 * P)}")
+            working[f"copied back: {name}/ (its adapter, {adapter_kind}, + zip)"] = adapter + 2 * P
+            lines.append(f"copied back {name}/ (whole: lineage checks every recorded output): adapter P x {per_param} B"
+                         f" + zip P x 2 B = {_gb(adapter + 2 * P)}")
     if stage == "01_explore":
         working["01_explore/ + the split"] = data_bytes(cfg)
     elif stage in TRAINING:
         group = TRAINING[stage]
         ckpt, how = checkpoint_bytes(cfg, P)
         drills = stage == "02_sft" and "drills" in list(cfg.sft.stages)
-        working[f"{stage}/adapter (fp32)"] = adapter
+        working[f"{stage}/adapter ({adapter_kind})"] = adapter
         if drills:
-            working[f"{stage}/drills_adapter (fp32)"] = adapter
+            working[f"{stage}/drills_adapter ({adapter_kind})"] = adapter
         working[f"{stage}/submission.zip (bf16)"] = 2 * P
         passes = 2 if stage == "02_sft" else 1
         working[f"{stage}/predictions ({passes} evaluation passes)"] = passes * per_pass
@@ -177,7 +201,7 @@ def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None)
         scratch[f"checkpoints/{stage}: {keep} kept + 1 being written"] = (keep + 1) * ckpt
         if drills:
             scratch[f"checkpoints/{stage}_drills: {keep} kept + 1 being written"] = (keep + 1) * ckpt
-        lines += [f"adapter = P x 4 B (fp32) = {_gb(adapter)}", f"submission.zip = P x 2 B (bf16) = {_gb(2 * P)}",
+        lines += [f"adapter = P x {per_param} B ({adapter_kind}, kaggle.adapter_dtype) = {_gb(adapter)}", f"submission.zip = P x 2 B (bf16) = {_gb(2 * P)}",
                   f"one checkpoint = {how} = P x {ckpt / max(P, 1):.2f} B = {_gb(ckpt)}",
                   f"scratch: ({keep} kept ({group}.save_total_limit) + 1 being written) x {_gb(ckpt)} = "
                   f"{_gb((keep + 1) * ckpt)}"]

@@ -48,6 +48,7 @@ from lab.data.dataset import category_weights, oversample, trace_styles
 from lab.model.lora import (GradientCheck, attach_lora, check_targets, install_fused_lora_head, save_adapter,
                       trainer_accepts_head_lora)
 from lab.competition.prompts import chat_prompt
+from lab.train.output_plan import adapter_dtype
 
 # ---- data -------------------------------------------------------------------------------------
 
@@ -153,7 +154,7 @@ def _train_drills(cfg, stage, pm, tokenizer) -> dict:
     budget = checkpoints.wall_clock_budget(cfg, "sft")
     trainer = build_trainer(cfg, out, pm, tokenizer, examples, trainer_callbacks(None, budget))
     result = trainer.train()
-    save_adapter(pm, resolve_path(cfg.sft.adapter_dir).parent / "drills_adapter")
+    save_adapter(pm, resolve_path(cfg.sft.adapter_dir).parent / "drills_adapter", dtype=adapter_dtype(cfg))
     return {"examples": len(examples), "train_loss": float(result.training_loss),
             "steps": int(trainer.state.global_step)}
 
@@ -295,7 +296,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
         result = trainer.train(resume_from_checkpoint=str(last) if last else None)
     adapter_dir = resolve_path(cfg.sft.adapter_dir)
     with checkpoints.disk_full_guard(adapter_dir, need):
-        save_adapter(pm, adapter_dir)
+        save_adapter(pm, adapter_dir, dtype=adapter_dtype(cfg))  # on Kaggle bf16 (kaggle.adapter_dtype)
     log = pd.DataFrame([h for h in trainer.state.log_history if "loss" in h])
     atomic_write_csv(stage.path("train_log.csv"), log)
     metrics = {"examples": counts, "train_loss": float(result.training_loss), "steps": int(trainer.state.global_step),
