@@ -329,10 +329,10 @@ class GrpoConfig(Checked):
                                  "did not")
     truncation_warn_share: float = _help("warn when more completions than this share are truncated")
     zero_variance_warn_share: float = _help("warn when more groups than this share have zero reward variance")
-    vllm_gpu_memory_utilization: float = _help(
-        "vllm rollouts (colocate): GPU share of the engine (a second full copy of the base weights + its KV cache). "
-        "One 80 GB H100 cannot hold the 30B model twice (use rollout_backend=hf); models up to ~8B: 0.3-0.4",
-        gt=0, le=1)
+    vllm_gpu_memory_utilization: Optional[float] = _help(
+        "vllm rollouts: the engine's share of the card (its weights, adapter slot and cache); null: what is left of "
+        "gpu.max_use of the card once the trainer's LoRA and optimizer states are set aside (lab.train.memory."
+        "engine_share; `python -m lab memory --stage grpo` prints both phases)", gt=0, le=1)
     vllm_sleep_mode: bool = _help("vllm rollouts: free the engine's weights and cache during the optimiser step")
 
     def rules(self) -> list[str]:

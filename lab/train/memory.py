@@ -571,6 +571,86 @@ def as_json(t: Trace, card_gib: float | None, use: float) -> dict:
             "top": [{"what": k, "gib": round(v / GIB, 3)} for k, v in t.top[:20]]}
 
 
+# ---- GRPO's generation phase (rollout_backend=vllm): a bound from shapes, not a trace --------------------------------
+
+def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None) -> dict:
+    """GPU memory while GRPO samples through vLLM on the same card (`grpo.rollout_backend=vllm`): the engine holds the
+    bf16 base weights, one adapter slot and the cache of the round's sequences, inside its share
+    (`grpo.vllm_gpu_memory_utilization` of the card, which vLLM claims whole; null: `gpu.max_use` of the card less the
+    trainer's part, rounded down to a hundredth, `engine_share`); the trainer keeps what it does not
+    move to the CPU while the engine is awake: its fp32 LoRA weights and the optimizer's states (an upper bound: the
+    frozen base is moved out, lab.train.rollouts). Both must fit `gpu.max_use` of the card together.
+
+    The engine's figures are lower bounds of what vLLM needs (its activation and CUDA-graph memory, profiled inside the
+    share, are not modelled): bf16 weights 2 B per base parameter; the adapter slot at rank r in bf16 (2 P);
+    the attention KV cache, 2 (K, V) x key-value heads x head_dim x 2 B per attention layer and token, for every
+    sequence in flight (min(infer.max_num_seqs, prompts_per_step x num_generations)) at model.max_model_len tokens;
+    each Mamba layer's state per sequence, SSM heads x head_dim x state in `mamba_ssm_cache_dtype` (config.json) plus
+    the conv state (conv_kernel - 1) x (heads x head_dim + 2 x n_groups x state) in bf16."""
+    from lab.train.output_plan import optimizer_bytes_per_param
+
+    values = dict(values or model_config_values(cfg))
+    figures = lora_figures(cfg, values)
+    base, P = int(figures["base_params"]), int(figures["trainable_params"])
+    pattern = str(values.get("hybrid_override_pattern", ""))
+    attn, mamba = pattern.count("*"), pattern.count("M")
+    g = cfg.grpo
+    seqs = min(int(cfg.infer.max_num_seqs), int(g.prompts_per_step) * int(g.num_generations))
+    tokens = int(cfg.model.max_model_len)
+    kv_per_token = attn * 2 * int(values.get("num_key_value_heads", 0)) * int(values.get("head_dim", 0)) * 2
+    ssm_item = 4 if str(values.get("mamba_ssm_cache_dtype", "float32")) == "float32" else 2
+    heads, hdim, state = (int(values.get(k, 0)) for k in ("mamba_num_heads", "mamba_head_dim", "ssm_state_size"))
+    conv = (int(values.get("conv_kernel", 4)) - 1) * (heads * hdim + 2 * int(values.get("n_groups", 1)) * state) * 2
+    mamba_per_seq = mamba * (heads * hdim * state * ssm_item + conv)
+    engine = {"bf16 base weights": 2 * base, "adapter slot (bf16, rank r)": 2 * P,
+              f"KV cache ({attn} attention layers x {seqs} sequences x {tokens:,} tokens)": kv_per_token * seqs * tokens,
+              f"Mamba state ({mamba} layers x {seqs} sequences)": mamba_per_seq * seqs}
+    per, how = optimizer_bytes_per_param(cfg)
+    trainer = {"LoRA weights (fp32)": 4 * P, f"optimizer states ({how})": int(per * P)}
+    card = gpu_gib(cfg)
+    need, keep = sum(engine.values()) / GIB, sum(trainer.values()) / GIB
+    share = float(OmegaConf.select(cfg, "grpo.vllm_gpu_memory_utilization", default=None) or 0.0)
+    if not share and card is not None:  # null: the rest of the card once the trainer's part is set aside
+        share = math.floor(100 * (float(cfg.gpu.max_use) * card - keep) / card) / 100
+    out = {"engine_gib": {k: v / GIB for k, v in engine.items()}, "trainer_gib": {k: v / GIB for k, v in trainer.items()},
+           "engine_need_gib": need, "trainer_gib_total": keep, "share": share, "card_gib": card,
+           "sequences": seqs, "tokens": tokens}
+    if card is not None:
+        use = float(cfg.gpu.max_use)
+        out["engine_share_gib"] = share * card
+        out["fits"] = bool(need <= share * card and share * card + keep <= use * card)
+    return out
+
+
+def engine_share(cfg: DictConfig) -> float:
+    """The `gpu_memory_utilization` GRPO's vLLM engine is built with: `grpo.vllm_gpu_memory_utilization`, or when
+    null the share `generation_phase` leaves it (needs the card's size: `gpu.memory_gib` or a CUDA device)."""
+    ph = generation_phase(cfg)
+    if not ph["share"]:
+        raise LabError("grpo.vllm_gpu_memory_utilization=null needs the card's size (gpu.memory_gib, or a CUDA device "
+                       "here): set gpu=<card> or the share itself")
+    if ph["share"] <= 0:
+        raise LabError(f"grpo.vllm_gpu_memory_utilization: the trainer keeps {ph['trainer_gib_total']:.1f} GiB during "
+                       f"generation, more than gpu.max_use of the card leaves; use gpu.optim=adamw_bnb_8bit")
+    return ph["share"]
+
+
+def generation_report(ph: dict, use: float) -> str:
+    lines = ["GRPO generation phase (grpo.rollout_backend=vllm), bounded from shapes (lab.train.memory.generation_phase):",
+             f"  the engine needs at least {ph['engine_need_gib']:.1f} GiB:"]
+    lines += [f"    {v:8.2f} GiB  {k}" for k, v in ph["engine_gib"].items()]
+    lines.append(f"  the trainer keeps at most {ph['trainer_gib_total']:.1f} GiB on the card meanwhile:")
+    lines += [f"    {v:8.2f} GiB  {k}" for k, v in ph["trainer_gib"].items()]
+    if ph.get("card_gib") is not None:
+        card, share = ph["card_gib"], ph["share"]
+        verdict = "fits" if ph["fits"] else "does NOT fit"
+        lines.append(f"  {verdict}: engine {ph['engine_need_gib']:.1f} GiB within its share grpo.vllm_gpu_memory_"
+                     f"utilization {share:.2f} x {card:.1f} = {share * card:.1f} GiB, and share + trainer "
+                     f"{share * card + ph['trainer_gib_total']:.1f} GiB within {use:.0%} of the card = "
+                     f"{use * card:.1f} GiB")
+    return "\n".join(lines)
+
+
 def check_fits(cfg: DictConfig, stage: str = "sft") -> Trace | None:
     """Before loading the real model: trace one `stage` micro-step, print it, and raise `LabError` when the peak
     exceeds `gpu.max_use` of the card's memory (`gpu.check=false` prints and goes on). Does nothing for the tiny
@@ -623,6 +703,11 @@ def main(argv: list[str] | None = None) -> int:
     t = trace(cfg, a.stage, a.tokens, mamba=a.mamba, rows=a.rows)
     card, use = gpu_gib(cfg), float(cfg.gpu.max_use)
     print(report(t, card, use))
+    out, ok = as_json(t, card, use), card is None or t.peak_gib <= use * card
+    if a.stage == "grpo" and cfg.grpo.rollout_backend == "vllm":  # the other phase: the engine samples, the trainer waits
+        ph = generation_phase(cfg)
+        print(generation_report(ph, use))
+        out["generation"], ok = ph, ok and ph.get("fits", True)
     if a.json:
-        atomic_write_text(Path(a.json), json.dumps(as_json(t, card, use), indent=1))
-    return 0 if card is None or t.peak_gib <= use * card else 1
+        atomic_write_text(Path(a.json), json.dumps(out, indent=1))
+    return 0 if ok else 1
