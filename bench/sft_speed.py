@@ -8,8 +8,8 @@ rows by `lab.train.sft.sft_examples` and tokenised by TRL's SFTTrainer exactly a
 - unpacked: one row per micro-step (batch 1, grad_accum = rows);
 - packed: the rows packed by TRL's best-fit decreasing (`trl.pack_dataset(..., strategy="bfd")`) into packs of up
   to `sft.max_seq_len` tokens (384 for the tiny model), one pack per micro-step (TRL's padding-free collator:
-  position_ids restart per row), `lab.model.packed_rows` installed (on CPU its reference path: each Mamba mixer runs
-  once per row).
+  position_ids restart per row), `lab.model.packed_rows` installed with `sft.packed_attention` (varlen by default; on
+  CPU its reference path: each Mamba mixer and each row's attention run once per row).
 Loss: the summed NLL of the step's completion tokens over their count (transformers' num_items_in_batch, as
 SFTTrainer normalises), AdamW (lr 1e-3). Both runs start from the same weights; after one optimizer step each, the
 LoRA gradients of the second step are compared tensor by tensor, ||g_packed - g_unpacked|| / ||g_unpacked||:
@@ -21,8 +21,8 @@ Packing is not meant to be faster on a CPU, and is not much faster or slower her
 moved both ways by 10-20%): a CPU step costs about the same per token whatever the sequence length, so there is little
 fixed per-micro-step cost to amortise (what packing saves on a GPU: RESULTS.md "First contact with a GPU", about 1 s
 per micro-step of the real model), while the packed step does some work twice over: on the CPU path every Mamba mixer
-still runs once per row, and sdpa's attention over a pack is computed for the whole pack under a block-diagonal mask
-(quadratic in the pack's length instead of each row's). What this bench shows on a CPU is that packing is exact.
+still runs once per row, and so does each row's attention (sft.packed_attention=varlen; with `mask`, sdpa computes
+the whole pack under a block-diagonal mask, quadratic in the pack's length instead of each row's). What this bench shows on a CPU is that packing is exact.
 """
 
 from __future__ import annotations
@@ -119,7 +119,7 @@ def main(argv=None) -> int:
         pm.base_model.model.enable_input_require_grads()
         pm.train()
         if mode == "packed":
-            packed_rows.install(pm)
+            packed_rows.install(pm, attention=str(cfg.sft.packed_attention))
         return pm, torch.optim.AdamW([p for p in pm.parameters() if p.requires_grad], lr=1e-3)
 
     runs = {m: fresh(m) for m in batches}
@@ -156,7 +156,7 @@ def main(argv=None) -> int:
         "rows_per_step": len(rows), "tokens_per_step": tokens,
         "micro_steps_per_step": {m: len(b) for m, b in batches.items()},
         "pack_lengths": [int(b["input_ids"].shape[1]) for b in batches["packed"]],
-        "max_seq_len": int(cfg.sft.max_seq_len), "timed_steps": a.steps, "torch_threads": torch.get_num_threads(),
+        "max_seq_len": int(cfg.sft.max_seq_len), "packed_attention": str(cfg.sft.packed_attention), "timed_steps": a.steps, "torch_threads": torch.get_num_threads(),
         "clock": "process CPU time", "load_average_1min": round(os.getloadavg()[0], 2), "device": "cpu",
         "dtype": "float32", "gradient_checkpointing": True,
     }
@@ -164,8 +164,8 @@ def main(argv=None) -> int:
     ratio = speed["packed"] / speed["unpacked"]
     print(f"\nOn this CPU: packed {speed['packed']:.0f} vs unpacked {speed['unpacked']:.0f} tokens/s "
           f"(x{ratio:.2f}). Packing does not make a CPU faster: a CPU step costs about the same per token at any "
-          "length, and on the CPU path every Mamba mixer still runs once per row while sdpa attends over the whole "
-          "pack under a block-diagonal mask. It pays on a GPU, where each micro-step has a fixed cost (about 1 s for "
+          "length, and on the CPU path every Mamba mixer and every row's attention still run once per row "
+          f"(sft.packed_attention={out['packed_attention']}). It pays on a GPU, where each micro-step has a fixed cost (about 1 s for "
           "the real model, RESULTS.md). What it shows here is exactness: the LoRA gradients after one optimizer step "
           f"differ by at most {out['max_grad_rel_diff']:.1e} relative ({out['max_grad_rel_diff_step1']:.1e} at the "
           "first step; AdamW's first update, g/sqrt(g^2), magnifies rounding where a gradient is near zero).")

@@ -64,9 +64,10 @@ def test_an_unmeasured_card_is_scaled_by_its_published_figures():
 
 
 def test_packing_gains_nothing_when_every_row_fills_a_micro_step(monkeypatch, tmp_path):
-    """Negative control of the packing direction: rows of sft.max_seq_len tokens pack one per micro-step."""
+    """Negative control of the packing direction: rows of sft.max_seq_len tokens pack one per micro-step (packs of
+    max_seq_len tokens: sft.pack_tokens=null)."""
     monkeypatch.setattr(est, "assumed_tokens", lambda cap: [cap] * 40)
-    sft = run(tmp_path, *REAL, "--assume-rows")
+    sft = run(tmp_path, *REAL, "--assume-rows", "sft.pack_tokens=null")
     assert sft["packed"]["tokens_per_s"] == pytest.approx(sft["unpacked"]["tokens_per_s"])
     assert sft["packing"]["efficiency"] == 1.0
 
@@ -109,7 +110,8 @@ def test_the_command_joins_the_grpo_eval_and_vote_sections(tmp_path, capsys):
     assert out["grpo"]["step_minutes"] > 0 and out["grpo"]["pass_rate_hours"] > 0
     assert out["eval"]["hours_per_1000"] > 0 and out["vote"]["hours"] > 0
     packed = out["sft"]["packed"]
-    assert packed["optimizer_steps"] == -(-packed["micro_steps"] // 2)  # batch_size 1 x grad_accum 2 packs
+    ga = int(config.compose(REAL).sft.grad_accum)
+    assert packed["optimizer_steps"] == -(-packed["micro_steps"] // ga)  # batch_size 1 x grad_accum packs
     text = capsys.readouterr().out
     assert "GRPO minutes per optimizer step" in text and "04_vote, hours" in text
 
@@ -132,3 +134,15 @@ def test_a_real_model_stage_prints_its_projection_when_it_opens(tmp_path, monkey
     stages.open_stage("02_sft", [*REAL, f"run_dir={tmp_path / 'run'}"])
     out = capsys.readouterr().out
     assert out.index("SFT on h100_80gb") < out.index("run_dir = ")  # printed before the stage folder opens
+
+
+def test_longer_packs_spread_the_fixed_part(tmp_path):
+    """sft.pack_tokens: packs of 16,384 tokens take about half the micro-steps of 8,192-token packs for the same
+    tokens, so the projection rises; the extrapolation past the measured 8,192 tokens is said. A pack shorter than a
+    row is refused."""
+    long = run(tmp_path, *REAL, "--assume-rows", "sft.pack_tokens=16384")
+    short = run(tmp_path, *REAL, "--assume-rows", "sft.pack_tokens=8192")
+    assert long["packed"]["micro_steps"] < 0.6 * short["packed"]["micro_steps"]
+    assert long["tokens_per_s"] > short["tokens_per_s"] and long["tokens"] == short["tokens"]
+    with pytest.raises(LabError, match="pack_tokens=4096 is below max_seq_len"):
+        est.estimate(config.compose([*REAL, "sft.pack_tokens=4096"]), assume=True)

@@ -184,7 +184,7 @@ def test_masks_cache_and_remove(pm):
     mixer = next(m for m in pm.modules() if type(m).__name__ == packed_rows.MIXER_CLASS)
     spy = mixer.register_forward_pre_hook(lambda m, a, kw: seen.append(kw.get("seq_idx")), with_kwargs=True)
     h1, h2 = packed_rows.install(pm), packed_rows.install(pm)
-    assert len(h1.hooks) == 1 and h2.hooks == [] and h2.mixers == []
+    assert len(h1.hooks) == 2 and h2.hooks == [] and h2.mixers == []  # the backbone's pre- and post-hook
     try:
         with torch.no_grad():
             ones = pm(input_ids=ids, position_ids=pos, attention_mask=torch.ones_like(ids)).logits
@@ -200,7 +200,8 @@ def test_masks_cache_and_remove(pm):
     assert torch.equal(ones, none)
     assert seen[0] is not None and seen[1] is not None and seen[2] is None and seen[3] is None
     assert torch.equal(seen[0], packed_rows.seq_idx_from_position_ids(pos))
-    assert "forward" not in mixer.__dict__ and not pm.base_model.model.model._forward_pre_hooks
+    backbone = pm.base_model.model.model
+    assert "forward" not in mixer.__dict__ and not backbone._forward_pre_hooks and not backbone._forward_hooks
 
 
 def _conv_with_seq_idx(hidden_states, weight, bias=None, activation=None, seq_idx=None, **kwargs):
@@ -342,7 +343,7 @@ def test_sft_with_packing_trains_through_the_lab_and_matches_unpacked(root, monk
         c = compose(root, *over)
         model = build(root)
         if packing:
-            packed_rows.install(model)
+            packed_rows.install(model, attention=str(c.sft.packed_attention))  # varlen, conf/sft/default.yaml
         got, shapes = {}, []
 
         class Grab(TrainerCallback):
@@ -367,3 +368,98 @@ def test_sft_with_packing_trains_through_the_lab_and_matches_unpacked(root, monk
     grad = max(((g1[k] - g).norm() / g.norm()).item() for k, g in g0.items() if g.norm() > 0)
     print(f"\nSFTTrainer step, {n} rows: packed loss {l1:.6f} vs unpacked {l0:.6f}, max grad rel {grad:.2e}")
     assert abs(l1 - l0) / l0 < LOSS_TOL and grad < GRAD_TOL, (l0, l1, grad)
+
+
+# ---- attention over packed rows: sft.packed_attention=varlen (lab.model.packed_rows.ATTENTION) ----------------------
+
+def _sdpa_masks(monkeypatch):
+    """Count transformers' sdpa_mask calls that build a tensor (a [T x T] mask)."""
+    import transformers.masking_utils as mu
+
+    built, orig = [], mu.sdpa_mask
+
+    def counting(*a, **k):
+        m = orig(*a, **k)
+        built.append(m is not None)
+        return m
+
+    monkeypatch.setattr(mu, "sdpa_mask", counting)  # what lab.model.packed_rows._mask calls
+    monkeypatch.setitem(mu.AttentionMaskInterface._global_mapping, "sdpa", counting)  # what create_causal_mask calls
+    return built
+
+
+def test_varlen_attention_packed_equals_rows_one_by_one(pm, monkeypatch):
+    """The packed call runs each row's attention alone (CPU reference path: one causal SDPA per row) and builds no
+    [T x T] mask; remove() puts the model's own attention back."""
+    built = _sdpa_masks(monkeypatch)
+    rows = make_rows(LENGTHS)
+    ref = run_rows(pm, rows)
+    before = pm.config._attn_implementation
+    logp, loss, grad = compare(ref, installed(pm, lambda: run_packed(pm, rows), attention="varlen"))
+    print(f"\npacked, varlen attention (CPU path): max |dlogp| {logp:.2e}, loss rel {loss:.2e}, max grad rel {grad:.2e}")
+    assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
+    assert not any(built)  # the packed call built no mask (the mask path, above, builds one per call)
+    assert pm.config._attn_implementation == before != packed_rows.ATTENTION
+    installed(pm, lambda: run_packed(pm, rows), attention="mask")
+    assert any(built)  # the negative control: transformers' sdpa path builds the block-diagonal mask
+
+
+def test_varlen_attention_with_checkpointing_and_padding(root):
+    """Recomputed blocks get seq_idx too; a padded batch (not packed) still gets transformers' own mask."""
+    model = build(root)
+    model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    model.base_model.model.enable_input_require_grads()
+    rows = make_rows([40, 60, 25, 75], seed=2)
+    ref = run_rows(model, rows)
+    logp, loss, grad = compare(ref, installed(model, lambda: run_packed(model, rows), attention="varlen"))
+    assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
+    model.eval()
+    ids = torch.randint(5, 300, (2, 30), generator=torch.Generator().manual_seed(3))
+    mask = torch.ones_like(ids)
+    mask[1, :12] = 0  # left padding
+    with torch.no_grad():
+        want = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
+        got = installed(model, lambda: model(input_ids=ids, attention_mask=mask, use_cache=False).logits,
+                        attention="varlen")
+    assert (got - want).abs().max() < 1e-5
+    with pytest.raises(LabError, match="packed_attention"):
+        packed_rows.install(model, attention="flash")
+
+
+def _varlen_standin(calls, ignore_rows=False):
+    """A CPU stand-in for torch.nn.attention.varlen.varlen_attn with its documented semantics (q, k, v (T, H, D);
+    cu_seq (rows + 1,) int32 offsets; window_size (-1, 0) = causal; enable_gqa): one causal SDPA per row.
+    `ignore_rows`: the negative control, one causal SDPA over the whole pack."""
+    def varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, *, scale=None, window_size=(-1, -1), enable_gqa=False):
+        calls.append({"cu": cu_q.tolist(), "max": max_q, "window": tuple(window_size), "gqa": enable_gqa,
+                      "dtype": cu_q.dtype, "shape": tuple(q.shape), "same_cu": cu_q is cu_k})
+        bounds = [(0, q.shape[0])] if ignore_rows else list(zip(cu_q.tolist()[:-1], cu_q.tolist()[1:]))
+        sdpa = torch.nn.functional.scaled_dot_product_attention
+        return torch.cat([sdpa(q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
+                               is_causal=window_size == (-1, 0), scale=scale, enable_gqa=enable_gqa).transpose(0, 1)
+                          for s, e in bounds])
+    return varlen_attn
+
+
+def test_the_cuda_branch_hands_varlen_attn_each_rows_offsets(pm, monkeypatch):
+    """The branch that runs on CUDA, taken on CPU with a stand-in for varlen_attn: it gets (T, H, D) tensors, the
+    rows' int32 cumulative offsets, the longest row, causal window and GQA; with the stand-in ignoring the offsets
+    (the negative control) the rows after the first attend across their boundary and the check fails."""
+    attn = [m for m in pm.modules() if type(m).__name__ == "NemotronHAttention"]
+    assert attn
+    for m in attn:
+        monkeypatch.setattr(m, "_packed_force_varlen", True, raising=False)
+    rows = make_rows(LENGTHS)
+    ref = run_rows(pm, rows)
+    calls = []
+    monkeypatch.setattr(packed_rows, "VARLEN_ATTN", _varlen_standin(calls))
+    logp, loss, grad = compare(ref, installed(pm, lambda: run_packed(pm, rows), attention="varlen"))
+    assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
+    cfg = pm.config
+    assert calls and calls[0]["cu"] == [0, 37, 127, 140, 210] and calls[0]["max"] == 90
+    assert calls[0]["window"] == (-1, 0) and calls[0]["dtype"] == torch.int32
+    assert calls[0]["shape"] == (210, cfg.num_attention_heads, cfg.head_dim)
+    assert calls[0]["gqa"] == (cfg.num_key_value_heads != cfg.num_attention_heads)
+    monkeypatch.setattr(packed_rows, "VARLEN_ATTN", _varlen_standin([], ignore_rows=True))
+    logp, loss, grad = compare(ref, installed(pm, lambda: run_packed(pm, rows), attention="varlen"))
+    assert logp > LOGP_TOL and grad > GRAD_TOL, (logp, grad)

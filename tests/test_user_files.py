@@ -305,8 +305,10 @@ def test_schema_name_lists_match_their_owners():
     from lab.core import schema
     from lab.data import dataset
     from lab.eval import vote
+    from lab.model import packed_rows
     from lab.train import rewards
 
+    assert tuple(schema.PackedAttention.__members__) == packed_rows.ATTENTIONS
     assert schema.VOTE_METHODS == tuple(vote.METHODS)
     assert schema.VOTE_OPTIONS == tuple(vote.OPTIONS)
     assert schema.METRIC_VERSIONS == tuple(metric.VERSIONS)

@@ -51,6 +51,7 @@ from lab.core.paths import resolve_path
 GenerationBackend = StrEnum("GenerationBackend", ["hf", "vllm"])  # model.generation_backend, grpo.rollout_backend
 TrainBackend = StrEnum("TrainBackend", ["hf", "unsloth"])  # model.train_backend, sft.backend
 ExpertsPath = StrEnum("ExpertsPath", ["routed", "fold"])  # sft.lora.experts_path (lab.model.experts_lora)
+PackedAttention = StrEnum("PackedAttention", ["varlen", "mask"])  # sft.packed_attention (lab.model.packed_rows.ATTENTIONS)
 Tracker = StrEnum("Tracker", ["none", "tensorboard", "wandb", "mlflow"])  # report_to (lab.core.run.tracking_args)
 
 
@@ -249,11 +250,18 @@ class SftConfig(Checked):
     batch_size: int = _help("sequences per device per step", ge=1)
     grad_accum: int = _help("gradient accumulation steps (effective batch = batch_size x grad_accum x GPUs)", ge=1)
     max_seq_len: int = _help("sequence budget; longer examples are counted and dropped, never cut", ge=1)
-    packing: bool = _help("pack rows into micro-batches of up to max_seq_len tokens (TRL's best-fit-decreasing "
+    packing: bool = _help("pack rows into micro-batches of up to pack_tokens tokens (TRL's best-fit-decreasing "
                           "packing, rows never cut; batch_size then counts packs, grad_accum packs per step), exact: "
                           "each row's Mamba state and attention start at its own first token and the loss is "
                           "token-weighted over the step as unpacked (lab/model/packed_rows.py); the real model "
                           "needs the mamba_ssm and causal_conv1d kernels for it; sft.backend=hf only")
+    pack_tokens: Optional[int] = _help("with packing: the tokens of one pack (TRL's max_length), whole rows of up to "
+                                       "max_seq_len each; null: max_seq_len. Longer packs spread the per-micro-step "
+                                       "fixed cost over more tokens (lab.train.estimate); their memory is traced at "
+                                       "this length (lab.train.memory)", ge=1)
+    packed_attention: PackedAttention = _help("with packing: varlen (each row's attention alone: torch's varlen flash kernel on "
+                                  "CUDA, one causal SDPA per row on CPU; no [T x T] mask) or mask (transformers' sdpa "
+                                  "with its block-diagonal mask over the whole pack); lab/model/packed_rows.py")
     gradient_checkpointing: bool = _help("recompute activations in the backward pass (TRL's SFTConfig default; the "
                                          "real model needs it)")
     weight_decay: float = _help("AdamW weight decay", ge=0)

@@ -38,10 +38,29 @@ module makes it so. Every claim below was read in the pinned sources (site-packa
      exactly what the mixer computes for each row alone. Correct anywhere, slow (one mixer call per row).
 `require_kernels(model)` refuses (LabError) a model whose mixers would not take the kernel path on the GPU: the real
 model is never trained on the per-row CPU path. `remove()` on what `install` returns undoes both.
+
+Attention over packed rows (`install(..., attention="varlen")`, `sft.packed_attention`). transformers' sdpa path
+builds a [T x T] block-diagonal mask for a pack (`sdpa_mask` with `packed_sequence_mask_function`) and hands it to
+`scaled_dot_product_attention`, whose CUDA kernels then cannot skip anything: with a boolean mask torch takes the
+memory-efficient kernel over the whole T x T, not flash's causal half (torch/nn/functional.py's SDPA dispatch), so a
+pack of 16,384 tokens pays for 16,384^2 scores whatever its rows. "varlen" registers an attention implementation,
+`ATTENTION`, with transformers' `AttentionInterface` (transformers/modeling_utils.py) and its `AttentionMaskInterface`
+(transformers/masking_utils.py):
+- a packed call (the backbone pre-hook found several rows) builds no mask (`_mask` answers None while the call runs)
+  and `packed_attention_forward` runs each pack row by row: on CUDA in one call of torch's
+  `torch.nn.attention.varlen.varlen_attn` (flash attention over cumulative row offsets `cu_seq`, causal with
+  `window_size=(-1, 0)`, `enable_gqa` for Nemotron-H's 32 query / 2 key-value heads; read in the installed torch 2.13,
+  torch/nn/attention/varlen.py, with its autograd), so each row costs what it costs alone; on CPU (the reference)
+  with one causal SDPA call per row;
+- every other call (padding masks, generation, one row) is transformers' own `sdpa_attention_forward` with
+  `sdpa_mask`, unchanged.
+The varlen kernel is CUDA only and has not run here: tests/test_packed_rows.py checks the CPU path against rows one by
+one and the CUDA branch's arguments with a CPU stand-in for `varlen_attn` (`VARLEN_ATTN`).
 """
 
 from __future__ import annotations
 
+import contextvars
 import inspect
 import sys
 import types
@@ -50,6 +69,10 @@ import torch
 
 from lab import LabError
 
+ATTENTION = "lab_packed_varlen"  # the attention implementation install(attention="varlen") registers and sets
+ATTENTIONS = ("varlen", "mask")  # sft.packed_attention: varlen (ATTENTION), mask (transformers' sdpa + block mask)
+VARLEN_ATTN = None  # tests: a stand-in for torch's varlen_attn on CPU; None: torch.nn.attention.varlen.varlen_attn
+_PACKED_CALL = contextvars.ContextVar("lab_packed_call", default=False)  # a packed backbone call is running
 MIXER_CLASS = "NemotronHMamba2Mixer"
 BACKBONE_CLASS = "NemotronHModel"
 # the module-level functions NemotronHMamba2Mixer.forward calls in training, each with the mixer's **kwargs
@@ -114,6 +137,66 @@ def _packed_mixer_forward(self, hidden_states, cache_params=None, attention_mask
     return torch.cat(rows, dim=0)
 
 
+def packed_attention_forward(module, query, key, value, attention_mask, dropout: float = 0.0,
+                             scaling: float | None = None, **kwargs):
+    """`ATTENTION`'s forward (module docstring): with `seq_idx` (a packed call) each row attends to itself only, by
+    torch's varlen flash kernel on CUDA (or `module._packed_force_varlen`, tests) and one causal SDPA per row
+    otherwise; without it transformers' `sdpa_attention_forward`. query (B, Hq, T, D), key/value (B, Hkv, T, D);
+    returns ((B, T, Hq, D), None) as transformers' attention functions do."""
+    seq_idx = kwargs.get("seq_idx")
+    if seq_idx is None or attention_mask is not None:
+        from transformers.integrations.sdpa_attention import sdpa_attention_forward
+
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout, scaling=scaling,
+                                      **kwargs)
+    if dropout:
+        raise LabError("packed attention (sft.packed_attention=varlen) has no attention dropout")
+    gqa = query.shape[1] != key.shape[1]
+    varlen = query.is_cuda or getattr(module, "_packed_force_varlen", False)
+    rows = []
+    for b in range(query.shape[0]):
+        bounds = segments(seq_idx[b])
+        q, k, v = (x[b].transpose(0, 1) for x in (query, key, value))  # (T, H, D), as varlen_attn takes them
+        if varlen:
+            fn = VARLEN_ATTN
+            if fn is None:
+                from torch.nn.attention.varlen import varlen_attn as fn
+            cu = torch.tensor([0, *(e for _, e in bounds)], dtype=torch.int32, device=query.device)
+            longest = max(e - s for s, e in bounds)
+            rows.append(fn(q, k, v, cu, cu, longest, longest, scale=scaling, window_size=(-1, 0), enable_gqa=gqa))
+        else:
+            sdpa = torch.nn.functional.scaled_dot_product_attention
+            rows.append(torch.cat([sdpa(q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
+                                        is_causal=True, scale=scaling, enable_gqa=gqa).transpose(0, 1)
+                                   for s, e in bounds]))
+    return torch.stack(rows).contiguous(), None
+
+
+def _mask(*args, **kwargs):
+    """`ATTENTION`'s mask: none for a packed call (the rows' bounds travel as seq_idx), else transformers' sdpa_mask."""
+    if _PACKED_CALL.get():
+        return None
+    from transformers.masking_utils import sdpa_mask
+
+    return sdpa_mask(*args, **kwargs)
+
+
+def register_attention() -> None:
+    """Register `ATTENTION` with transformers (idempotent)."""
+    from transformers.masking_utils import AttentionMaskInterface
+    from transformers.modeling_utils import AttentionInterface
+
+    AttentionInterface.register(ATTENTION, packed_attention_forward)
+    AttentionMaskInterface.register(ATTENTION, _mask)
+
+
+def _backbone_post_hook(module, args, kwargs, output):
+    token = module.__dict__.pop("_lab_packed_token", None)
+    if token is not None:
+        _PACKED_CALL.reset(token)
+    return None
+
+
 def _backbone_pre_hook(module, args, kwargs):
     if kwargs.get("past_key_values") is not None or kwargs.get("seq_idx") is not None:
         return None
@@ -135,6 +218,8 @@ def _backbone_pre_hook(module, args, kwargs):
         seq_idx = seq_idx.expand(ids.shape[0], -1).contiguous()
     kwargs["seq_idx"] = seq_idx.to(position_ids.device)
     kwargs["use_cache"] = False
+    if getattr(module.config, "_attn_implementation", None) == ATTENTION:
+        module._lab_packed_token = _PACKED_CALL.set(True)  # no [T x T] mask for this call (reset by the post-hook)
     return args, kwargs
 
 
@@ -143,10 +228,14 @@ class Installed:
 
     def __init__(self):
         self.hooks, self.mixers, self.backbones = [], [], []
+        self.attention: list = []  # (config, the attention implementation it had)
 
     def remove(self) -> None:
         for h in self.hooks:
             h.remove()
+        for config, impl in self.attention:
+            config._attn_implementation = impl
+        self.attention = []
         for m in self.mixers:
             for k in ("forward", "_packed_force_kernel_path", "_packed_kernel_path"):
                 m.__dict__.pop(k, None)
@@ -155,10 +244,13 @@ class Installed:
         self.hooks, self.mixers, self.backbones = [], [], []
 
 
-def install(model, force_kernel_path: bool = False) -> Installed:
+def install(model, force_kernel_path: bool = False, attention: str = "mask") -> Installed:
     """Make packed rows exact for every Nemotron-H backbone in `model` (a PeftModel, the CausalLM or the backbone);
     installing twice changes nothing more. `force_kernel_path` (tests): take the kernel path on CPU too, to check
-    the plumbing with stand-in kernels."""
+    the plumbing with stand-in kernels. `attention` (`sft.packed_attention`): "mask", transformers' sdpa with its
+    block-diagonal mask; "varlen", `ATTENTION` (module docstring)."""
+    if attention not in ATTENTIONS:
+        raise LabError(f"sft.packed_attention={attention!r}: one of {', '.join(ATTENTIONS)}")
     handle = Installed()
     backbones = [m for m in model.modules() if type(m).__name__ == BACKBONE_CLASS]
     if not backbones:
@@ -168,8 +260,13 @@ def install(model, force_kernel_path: bool = False) -> Installed:
     for mod in backbones:
         if not getattr(mod, "_lab_packed_rows", False):
             handle.hooks.append(mod.register_forward_pre_hook(_backbone_pre_hook, with_kwargs=True))
+            handle.hooks.append(mod.register_forward_hook(_backbone_post_hook, with_kwargs=True, always_call=True))
             mod._lab_packed_rows = True
             handle.backbones.append(mod)
+        if attention == "varlen" and mod.config._attn_implementation != ATTENTION:
+            register_attention()
+            handle.attention.append((mod.config, mod.config._attn_implementation))
+            mod.config._attn_implementation = ATTENTION
     for mod in model.modules():
         if type(mod).__name__ == MIXER_CLASS and "forward" not in mod.__dict__:
             mod.forward = types.MethodType(_packed_mixer_forward, mod)

@@ -34,9 +34,11 @@ step plus 22 Mamba-2, 5 attention and 22 MoE blocks more) gives 1.12 s at 1,024 
    The fused Mamba kernel is not measured (the measured run had the out_proj LoRA guard's unfused mixer): a run
    that takes it, as the lab's now does with an out_proj LoRA too, is projected with the unfused figures (an upper
    bound on its fixed part).
-5. Rows: unpacked, `sft.batch_size` rows per micro-step padded to the longest; packed (`sft.packing`, read with a
-   default of false until the schema has it), rows best-fit-decreasing into micro-steps of up to `sft.max_seq_len`
-   tokens. Both are printed. The optimizer step keeps the recipe's rows (`batch_size x grad_accum`), so seconds per
+5. Rows: unpacked, `sft.batch_size` rows per micro-step padded to the longest; packed (`sft.packing`), rows
+   best-fit-decreasing into micro-steps of up to `sft.pack_tokens` tokens (else `sft.max_seq_len`), each row's
+   attention alone (`sft.packed_attention=varlen`, lab.model.packed_rows: the measured single-row attention line
+   applies to each row; with `mask` sdpa computes the whole pack's T x T and the projection says it leaves that out).
+   A pack longer than the measured 8,192 tokens extrapolates the measured per-token line (printed). Both are printed. The optimizer step keeps the recipe's rows (`batch_size x grad_accum`), so seconds per
    step = epoch seconds / ceil(rows / (batch_size x grad_accum)).
 
 The JSON (`--json`): {"sft": {"tokens_per_s", "hours_per_epoch", "step_seconds", "packing", "experts_lora",
@@ -425,11 +427,14 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
     tokens, source = row_tokens(cfg, sample, assume)
     if not tokens:
         raise LabError(f"lab.train.estimate: no SFT rows ({source})")
+    from lab.train.sft import pack_tokens
+
     cap, bs, ga = int(cfg.sft.max_seq_len), int(cfg.sft.batch_size), int(cfg.sft.grad_accum)
+    pack = pack_tokens(cfg) if cfg.sft.get("packing", False) else cap  # the tokens of one pack (sft.pack_tokens)
     real = sum(tokens)
     unpacked = _figures(model, unpacked_steps(tokens, bs, int(cfg.seed)), len(tokens), bs * ga, cap, "rows")
-    packs = pack_bfd(tokens, cap)
-    packed = _figures(model, packs, len(packs), bs * ga, cap, f"packs, {len(tokens) / len(packs):.1f} rows a pack")
+    packs = pack_bfd(tokens, pack)
+    packed = _figures(model, packs, len(packs), bs * ga, pack, f"packs, {len(tokens) / len(packs):.1f} rows a pack")
     for f in (unpacked, packed):
         f["tokens_per_s"] = real / f["seconds_per_epoch"]
     packing = bool(cfg.sft.get("packing", False))
@@ -458,7 +463,13 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
                      f"{f['seconds_per_epoch']:,.0f} s: {f['tokens_per_s']:,.0f} tokens/s, "
                      f"{f['hours_per_epoch']:.3f} h/epoch, {f['step_seconds']:.2f} s per optimizer step "
                      f"({f['optimizer_steps']} steps of {f['step_unit']}), fill {f['fill']:.1%} of "
-                     f"{cap:,}-token micro-steps{mark}")
+                     f"{pack if name == 'packed' else cap:,}-token micro-steps{mark}")
+    if packing and pack > max(MEASURED["tokens"]):
+        lines.append(f"  packs of {pack:,} tokens: the per-token line is extrapolated past the measured "
+                     f"{max(MEASURED['tokens']):,}-token step (sft.pack_tokens)")
+    if packing and str(cfg.sft.get("packed_attention", "mask")) == "mask":
+        lines.append("  sft.packed_attention=mask: sdpa computes each pack's whole T x T under the block mask; that "
+                     "extra attention work is NOT in this projection (packed_attention=varlen is what it assumes)")
     return out, lines
 
 

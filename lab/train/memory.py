@@ -427,10 +427,12 @@ class Trace:
 def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int | None = None
                ) -> tuple[int, int, bool]:
     """(rows, tokens per row, gradient checkpointing) of one training micro-step of `stage`: SFT's batch of
-    `sft.max_seq_len`, GRPO's micro-batch as the trainer gets it (`lab.train.grpo.micro_batch`) of `model.max_model_len`;
+    `sft.max_seq_len` (with packing, of `sft.pack_tokens`), GRPO's micro-batch as the trainer gets it (`lab.train.grpo.micro_batch`) of `model.max_model_len`;
     `tokens` and `rows` override them."""
-    if stage == "sft":
-        return int(rows or cfg.sft.batch_size), int(tokens or cfg.sft.max_seq_len), bool(cfg.sft.gradient_checkpointing)
+    if stage == "sft":  # with packing a row is one pack (lab.train.sft.pack_tokens)
+        from lab.train.sft import pack_tokens
+
+        return int(rows or cfg.sft.batch_size), int(tokens or pack_tokens(cfg)), bool(cfg.sft.gradient_checkpointing)
     if stage == "grpo":
         from lab.train.grpo import micro_batch
 
