@@ -172,13 +172,16 @@ def test_the_saved_adapter_is_cast_on_kaggle_only(tmp_path, monkeypatch):
 
     net = torch.nn.Sequential(torch.nn.Linear(8, 8))
     pm = get_peft_model(net, LoraConfig(r=2, target_modules=["0"], init_lora_weights=False))
+    from lab.core import paths
+
     cfg = compose([])
-    monkeypatch.setattr(output_plan, "on_kaggle", lambda: False)
-    assert output_plan.adapter_dtype(cfg) is None
-    save_adapter(pm, tmp_path / "here", dtype=output_plan.adapter_dtype(cfg))
-    monkeypatch.setattr(output_plan, "on_kaggle", lambda: True)
-    assert output_plan.adapter_dtype(cfg) == "bfloat16"
-    save_adapter(pm, tmp_path / "kaggle", dtype=output_plan.adapter_dtype(cfg))
+    monkeypatch.setattr(paths, "on_kaggle", lambda: False)
+    assert paths.adapter_dtype(cfg) is None
+    save_adapter(pm, tmp_path / "here", dtype=paths.adapter_dtype(cfg))
+    monkeypatch.setattr(paths, "on_kaggle", lambda: True)
+    assert paths.adapter_dtype(cfg) == "bfloat16"
+    assert paths.adapter_dtype(compose(["kaggle.adapter_dtype=null"])) is None
+    save_adapter(pm, tmp_path / "kaggle", dtype=paths.adapter_dtype(cfg))
     here, kag = (load_file(str(tmp_path / d / "adapter_model.safetensors")) for d in ("here", "kaggle"))
     assert here.keys() == kag.keys() and {v.dtype for v in here.values()} == {torch.float32}
     assert {v.dtype for v in kag.values()} == {torch.bfloat16}

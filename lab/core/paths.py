@@ -54,6 +54,18 @@ def on_kaggle() -> bool:
     return bool(os.environ.get("KAGGLE_KERNEL_RUN_TYPE")) or KAGGLE_INPUT.is_dir()
 
 
+def adapter_dtype(cfg) -> str | None:
+    """The dtype 02_sft and 03_grpo save their adapter in (`lab.model.lora.save_adapter`): on Kaggle
+    `kaggle.adapter_dtype` (bfloat16 by default: what the submission zip and vLLM compute in, half the bytes of the
+    fp32 LoRA weights in the kept 20 GB; lab.train.output_plan plans with it); elsewhere None, the trained fp32. The
+    resumable checkpoints keep fp32."""
+    if not on_kaggle():
+        return None
+    from omegaconf import OmegaConf
+
+    return str(OmegaConf.select(cfg, "kaggle.adapter_dtype", default=None) or "") or None
+
+
 def checkpoint_root(run_dir: str | os.PathLike, scratch_dir: str | os.PathLike | None) -> Path:
     """Where a run's training checkpoints live: `<run_dir>/checkpoints`, except on Kaggle for a run folder inside
     /kaggle/working, where they go to `<scratch_dir>/<run folder relative to /kaggle/working>/checkpoints`

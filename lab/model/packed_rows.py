@@ -276,6 +276,18 @@ def install(model, force_kernel_path: bool = False, attention: str = "mask") -> 
     return handle
 
 
+def pack_tokens(cfg) -> int:
+    """TRL's `max_length`: with packing the tokens of one pack (`sft.pack_tokens`, else `sft.max_seq_len`); without,
+    `sft.max_seq_len` (the lab drops longer rows first, so nothing is cut either way)."""
+    s = cfg.sft
+    if s.packing and s.get("pack_tokens"):
+        if int(s.pack_tokens) < int(s.max_seq_len):
+            raise LabError(f"conf/sft: pack_tokens={s.pack_tokens} is below max_seq_len={s.max_seq_len}: a row of "
+                           "max_seq_len tokens would not fit a pack (TRL's bfd packing cuts it)")
+        return int(s.pack_tokens)
+    return int(s.max_seq_len)
+
+
 def require_kernels(model=None) -> None:
     """LabError unless packed training would take the kernel path: a CUDA device, and every kernel function the Mamba
     mixers call (those of `model`'s mixers; without a model, transformers' own modeling_nemotron_h, where the hub

@@ -427,7 +427,7 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
     tokens, source = row_tokens(cfg, sample, assume)
     if not tokens:
         raise LabError(f"lab.train.estimate: no SFT rows ({source})")
-    from lab.train.sft import pack_tokens
+    from lab.model.packed_rows import pack_tokens
 
     cap, bs, ga = int(cfg.sft.max_seq_len), int(cfg.sft.batch_size), int(cfg.sft.grad_accum)
     pack = pack_tokens(cfg) if cfg.sft.get("packing", False) else cap  # the tokens of one pack (sft.pack_tokens)

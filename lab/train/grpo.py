@@ -410,7 +410,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     if "ref" in getattr(model, "peft_config", {}):
         model.delete_adapter("ref")  # TRL's frozen reference copy: not part of the trained adapter
     with checkpoints.disk_full_guard(resolve_path(g.adapter_dir), lambda: checkpoints.checkpoint_bytes(out, model)):
-        from lab.train.output_plan import adapter_dtype
+        from lab.core.paths import adapter_dtype
 
         save_adapter(model, resolve_path(g.adapter_dir), dtype=adapter_dtype(cfg))  # on Kaggle bf16 (kaggle.adapter_dtype)
 

@@ -430,7 +430,7 @@ def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int
     `sft.max_seq_len` (with packing, of `sft.pack_tokens`), GRPO's micro-batch as the trainer gets it (`lab.train.grpo.micro_batch`) of `model.max_model_len`;
     `tokens` and `rows` override them."""
     if stage == "sft":  # with packing a row is one pack (lab.train.sft.pack_tokens)
-        from lab.train.sft import pack_tokens
+        from lab.model.packed_rows import pack_tokens
 
         return int(rows or cfg.sft.batch_size), int(tokens or pack_tokens(cfg)), bool(cfg.sft.gradient_checkpointing)
     if stage == "grpo":
@@ -573,6 +573,18 @@ def as_json(t: Trace, card_gib: float | None, use: float) -> dict:
             "top": [{"what": k, "gib": round(v / GIB, 3)} for k, v in t.top[:20]]}
 
 
+def optimizer_bytes_per_param(cfg: DictConfig) -> tuple[float, str]:
+    """(bytes of optimizer state per trainable parameter, how): `gpu.optim`."""
+    name = str(OmegaConf.select(cfg, "gpu.optim", default=None) or "adamw_torch_fused")
+    if "8bit" in name:
+        return 2 + 8 / 256, f"{name}: two uint8 states + fp32 absmax per 256 values = 2.03 B"
+    if "adamw" in name or "adam" in name:
+        return 8.0, f"{name}: two fp32 moments = 8 B"
+    if "sgd" in name or "adafactor" in name:
+        return 4.0, f"{name}: one fp32 state (upper bound) = 4 B"
+    raise LabError(f"gpu.optim={name!r}: no output plan for this optimizer (lab/train/output_plan.py)")
+
+
 # ---- GRPO's generation phase (rollout_backend=vllm): a bound from shapes, not a trace --------------------------------
 
 def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None) -> dict:
@@ -589,8 +601,6 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None) -
     sequence in flight (min(infer.max_num_seqs, prompts_per_step x num_generations)) at model.max_model_len tokens;
     each Mamba layer's state per sequence, SSM heads x head_dim x state in `mamba_ssm_cache_dtype` (config.json) plus
     the conv state (conv_kernel - 1) x (heads x head_dim + 2 x n_groups x state) in bf16."""
-    from lab.train.output_plan import optimizer_bytes_per_param
-
     values = dict(values or model_config_values(cfg))
     figures = lora_figures(cfg, values)
     base, P = int(figures["base_params"]), int(figures["trainable_params"])

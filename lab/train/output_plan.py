@@ -5,7 +5,7 @@ before it: lab/kaggle/kernel.py) and `python -m lab kaggle plan OVERRIDES` (lab/
 
 The figures (P = trainable LoRA parameters of the configured model and targets, counted on the meta model by
 `lab.train.memory.lora_figures`, the same table `lab.model.lora.attach_lora` prints):
-- the adapter: P x 2 bytes on Kaggle (`kaggle.adapter_dtype`, bf16 by default, `adapter_dtype`: the LoRA weights
+- the adapter: P x 2 bytes on Kaggle (`kaggle.adapter_dtype`, bf16 by default, `lab.core.paths.adapter_dtype`: the LoRA weights
   train in fp32 and `lab.model.lora.save_adapter` casts the saved copy; null keeps fp32, P x 4 bytes); the drills
   stage (`sft.stages` with drills) saves a second one beside it;
 - the submission zip: P x 2 bytes (`lab.model.submission.SUBMISSION_DTYPE`, bf16; deflate barely shrinks weights);
@@ -53,26 +53,8 @@ def trainable_params(cfg: DictConfig) -> int:
     return int(lora_figures(cfg, model_config_values(cfg))["trainable_params"])
 
 
-def optimizer_bytes_per_param(cfg: DictConfig) -> tuple[float, str]:
-    """(bytes of optimizer state per trainable parameter, how): `gpu.optim`."""
-    name = str(OmegaConf.select(cfg, "gpu.optim", default=None) or "adamw_torch_fused")
-    if "8bit" in name:
-        return 2 + 8 / 256, f"{name}: two uint8 states + fp32 absmax per 256 values = 2.03 B"
-    if "adamw" in name or "adam" in name:
-        return 8.0, f"{name}: two fp32 moments = 8 B"
-    if "sgd" in name or "adafactor" in name:
-        return 4.0, f"{name}: one fp32 state (upper bound) = 4 B"
-    raise LabError(f"gpu.optim={name!r}: no output plan for this optimizer (lab/train/output_plan.py)")
-
-
-def adapter_dtype(cfg: DictConfig) -> str | None:
-    """The dtype 02_sft and 03_grpo save their adapter in (`lab.model.lora.save_adapter`): on Kaggle
-    `kaggle.adapter_dtype` (bfloat16 by default: what the submission zip and vLLM compute in, half the bytes of the
-    fp32 LoRA weights in the kept 20 GB); elsewhere None, the trained fp32. The resumable checkpoints keep fp32."""
-    return _planned_adapter_dtype(cfg) if on_kaggle() else None
-
-
 def _planned_adapter_dtype(cfg: DictConfig) -> str | None:
+    """`kaggle.adapter_dtype`, what a stage on Kaggle saves its adapter in (`lab.core.paths.adapter_dtype`)."""
     return str(OmegaConf.select(cfg, "kaggle.adapter_dtype", default=None) or "") or None
 
 
@@ -88,6 +70,8 @@ def adapter_bytes_per_param(cfg: DictConfig) -> tuple[int, str]:
 
 
 def checkpoint_bytes(cfg: DictConfig, params: int) -> tuple[int, str]:
+    from lab.train.memory import optimizer_bytes_per_param
+
     per, how = optimizer_bytes_per_param(cfg)
     return int(params * (4 + per)), f"P x (4 B fp32 adapter + {how})"
 

@@ -43,12 +43,12 @@ from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.core.io import atomic_write_csv, check_replaceable
-from lab.core.paths import resolve_path
+from lab.core.paths import adapter_dtype, resolve_path
 from lab.data.dataset import category_weights, oversample, trace_styles
+from lab.model import packed_rows
 from lab.model.lora import (GradientCheck, attach_lora, check_targets, install_fused_lora_head, save_adapter,
                       trainer_accepts_head_lora)
 from lab.competition.prompts import chat_prompt
-from lab.train.output_plan import adapter_dtype
 
 # ---- data -------------------------------------------------------------------------------------
 
@@ -175,7 +175,7 @@ def training_args(cfg: DictConfig, output_dir: Path):
         lr_scheduler_type=s.lr_scheduler_type, per_device_train_batch_size=s.batch_size,
         gradient_accumulation_steps=s.grad_accum, weight_decay=s.weight_decay,
         logging_steps=s.logging_steps, save_steps=s.save_steps, save_total_limit=s.save_total_limit,
-        max_length=pack_tokens(cfg), completion_only_loss=True, seed=cfg.seed,  # packing: one pack's tokens
+        max_length=packed_rows.pack_tokens(cfg), completion_only_loss=True, seed=cfg.seed,  # packing: one pack's tokens
         packing=bool(s.packing), packing_strategy="bfd",  # rows kept whole (bfd_split/wrapped would cut them)
         data_seed=cfg.seed, **tracking_args(cfg, "02_sft"), use_cpu=not torch.cuda.is_available(),
         bf16=cfg.model.dtype == "bfloat16" and torch.cuda.is_available(), dataloader_num_workers=0,
@@ -204,18 +204,6 @@ def build_trainer(cfg: DictConfig, output_dir: Path, peft_model, tokenizer, exam
     install_fused_lora_head(peft_model)  # SFTTrainer's fused head: temperature 1, log_probs/entropy/is_top1
     use_text_progress(trainer)
     return trainer
-
-
-def pack_tokens(cfg: DictConfig) -> int:
-    """TRL's `max_length`: with packing the tokens of one pack (`sft.pack_tokens`, else `sft.max_seq_len`); without,
-    `sft.max_seq_len` (the lab drops longer rows first, so nothing is cut either way)."""
-    s = cfg.sft
-    if s.packing and s.get("pack_tokens"):
-        if int(s.pack_tokens) < int(s.max_seq_len):
-            raise LabError(f"conf/sft: pack_tokens={s.pack_tokens} is below max_seq_len={s.max_seq_len}: a row of "
-                           "max_seq_len tokens would not fit a pack (TRL's bfd packing cuts it)")
-        return int(s.pack_tokens)
-    return int(s.max_seq_len)
 
 
 def check_packing(cfg: DictConfig) -> None:
