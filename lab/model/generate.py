@@ -630,7 +630,9 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, spec: Sampling | None = 
             with open(cache, "a", encoding="utf-8") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in recs))
 
-    for start in range(0, len(todo), len(todo) if whole else chunk):
+    # whole: one hand-over (max 1: a cache that holds every puzzle leaves nothing to hand over, and range's step
+    # must not be 0)
+    for start in range(0, len(todo), max(1, len(todo)) if whole else chunk):
         part = todo.iloc[start:len(todo) if whole else start + chunk]
         rows = [row for _, row in part.iterrows()]
         prompts = gen.prompts(part["prompt"].tolist())

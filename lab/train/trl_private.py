@@ -15,8 +15,9 @@ whose inner function, `ChunkedLogProbFunction`, is a Triton kernel. Where Triton
 imported (PyTorch's CPU build), TRL leaves `trl.trainer.utils._ChunkedLogProbFunction = None` and
 every training step fails with `'NoneType' object has no attribute 'apply'`.
 
-`install()` fills that slot, only when it is empty, with the same computation in plain PyTorch and
-returns the same five outputs. On a GPU with Triton, nothing changes.
+`install()` fills that slot, when it is empty or no CUDA device is present (Triton without a CPU backend, as in the
+vLLM lane's venv), with the same computation in plain PyTorch and returns the same five outputs. On a GPU with
+Triton, nothing changes.
 
 What it simplifies:
 1. It materialises the logits instead of chunking them: fine for small vocabularies and short sequences,
@@ -55,7 +56,9 @@ def install() -> None:
     """Fill TRL's empty log-prob slot with the PyTorch version (a slot TRL filled is left as it is)."""
     import trl.trainer.utils as tu
 
-    if getattr(tu, "_ChunkedLogProbFunction", None) is None:
+    # also without CUDA: the vLLM lane's venv has Triton (vLLM's CPU build brings it) but no CPU backend for it, so
+    # TRL imports its kernel and the first step fails ("0 active drivers", triton/runtime/driver.py)
+    if getattr(tu, "_ChunkedLogProbFunction", None) is None or not torch.cuda.is_available():
         tu._ChunkedLogProbFunction = TorchLogProbFunction
 
 

@@ -150,31 +150,37 @@ def test_killed_pass_rate_sampling_resumes_without_resampling(lane, engine, tmp_
     pool = puzzles_gen("numeral_system", 6, 1).assign(id=lambda d: d["id"].astype(str))
     ro = VLLMRollouts(cfg, pm, tok, tmp_path, 12, engine=engine)
     eng = engine.llm_engine
-    handed, finished = [], []
-    real_add, real_step = eng.add_request, eng.step
+    handed, finished, held = [], [], []
+    real_add, real_step, real_busy = eng.add_request, eng.step, eng.has_unfinished_requests
 
     def add(rid, *a, **k):
         handed.append(rid)
         return real_add(rid, *a, **k)
 
     def step(*a, **k):
+        """The engine as seen by a process killed once two prompts have been written: the first two finished
+        requests come out (the tiny model's completions all finish on the same step, so the rest are held back),
+        and the next step is the kill."""
         if len(finished) >= 2:
-            raise KeyboardInterrupt("killed")  # after at least two prompts were written
+            raise KeyboardInterrupt("killed")
         outs = real_step(*a, **k)
-        finished.extend(o.request_id for o in outs if getattr(o, "finished", True))
-        return outs
+        done = [o for o in outs if getattr(o, "finished", True)]
+        give = done[:2 - len(finished)]
+        held.extend(done[len(give):])
+        finished.extend(o.request_id for o in give)
+        return [o for o in outs if o not in done] + give
 
     cache = tmp_path / "pass_rate_samples.jsonl"
     eng.add_request, eng.step = add, step
+    eng.has_unfinished_requests = lambda: bool(held) or real_busy()
     try:
         with pytest.raises(KeyboardInterrupt):
             grpo.pass_rate_table(cfg, pm, tok, pool, 12, cache=cache, rollouts=ro)
         kept = {json.loads(x)["id"] for x in cache.read_text().splitlines()[1:]}
-        assert 2 <= len(kept) < len(pool) and len(handed) == len(pool)
+        assert len(kept) == 2 and len(handed) == len(pool)
+        eng.step, eng.has_unfinished_requests = real_step, real_busy
         assert not eng.has_unfinished_requests()  # the kill aborted the rest
         handed.clear()
-        finished.clear()
-        eng.step = real_step
         rates = grpo.pass_rate_table(cfg, pm, tok, pool, 12, cache=cache, rollouts=ro)
         assert len(handed) == len(pool) - len(kept), f"resampled {len(handed)} prompts, {len(kept)} were kept"
         assert set(rates["id"]) == set(pool["id"]) and (rates["n"] == 2).all()
@@ -182,7 +188,7 @@ def test_killed_pass_rate_sampling_resumes_without_resampling(lane, engine, tmp_
         grpo.pass_rate_table(cfg, pm, tok, pool, 12, cache=cache, rollouts=ro)  # all kept: nothing handed over
         assert handed == []
     finally:
-        eng.add_request, eng.step = real_add, real_step
+        eng.add_request, eng.step, eng.has_unfinished_requests = real_add, real_step, real_busy
     ROLLOUT_ROWS.append({"what": f"pass rates killed after {len(kept)} of {len(pool)} prompts (c)", "tokens": None,
                          "max_abs_diff": None, "control": None, "lora_int_id": ro.lora.lora_int_id,
                          "resampled": len(pool) - len(kept)})
