@@ -463,7 +463,7 @@ class Generator:
         `serving` was given)."""
         from lab.model import models
 
-        if self._source is not None:
+        if getattr(self, "_source", None) is not None:
             return dict(self._source)
         base = models.model_path(self.cfg)
         out = {"model": base, "model_sha256": model_hash(base)}
@@ -484,7 +484,7 @@ class Generator:
     def close(self) -> None:
         """Shut the vLLM engine down (`close_engine`) or drop the hf model, then release the memory; the generator
         cannot run afterwards; an engine handed to `serving` is left to its owner."""
-        if self._owns_engine:
+        if getattr(self, "_owns_engine", True):
             close_engine(self.llm)
         self.llm = self.model = self._generate = None
         if self._workdir is not None:
