@@ -217,15 +217,15 @@ def generate_vllm(llm, prompts: Sequence, spec: Sampling, progress: bool | Progr
 
     if seeds is not None and len(seeds) != len(prompts):
         raise ValueError(f"generate_vllm: {len(seeds)} seeds for {len(prompts)} prompts")
-    kinds = {}
-    if on_done is not None:
+    def params_for(seed: int):
+        if on_done is None:
+            return SamplingParams(n=spec.n, temperature=spec.temperature, top_p=spec.top_p,
+                                  max_tokens=spec.max_tokens, seed=seed, logprobs=0 if spec.logprobs else None)
         from vllm.sampling_params import RequestOutputKind
 
-        kinds = dict(output_kind=RequestOutputKind.FINAL_ONLY)  # one output per request, when it has ended
-
-    def params_for(seed: int):
         return SamplingParams(n=spec.n, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens,
-                              seed=seed, logprobs=0 if spec.logprobs else None, **kinds)
+                              seed=seed, logprobs=0 if spec.logprobs else None,
+                              output_kind=RequestOutputKind.FINAL_ONLY)  # one output per request, when it has ended
 
     params = params_for(spec.seed) if seeds is None else [params_for(int(s)) for s in seeds]
     if on_done is None:
@@ -294,14 +294,10 @@ def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = Non
     from vllm import LLM
 
     inf = cfg.infer
-    extra = {}
-    if enable_sleep_mode and not cpu:
-        extra["enable_sleep_mode"] = True
-    if logprobs_mode is not None:
-        extra["logprobs_mode"] = logprobs_mode
     return LLM(model=model_path, enable_lora=True, max_lora_rank=inf.max_lora_rank,
                max_model_len=min(inf.max_model_len, cfg.model.max_model_len),
-               max_num_seqs=inf.max_num_seqs, **extra,
+               max_num_seqs=inf.max_num_seqs, enable_sleep_mode=bool(enable_sleep_mode and not cpu),
+               logprobs_mode=logprobs_mode or "raw_logprobs",  # vLLM's default (vllm/config/model.py, 0.32.0)
                gpu_memory_utilization=gpu_memory_utilization or inf.local_gpu_memory_utilization
                or inf.gpu_memory_utilization,
                tensor_parallel_size=inf.tensor_parallel_size,
