@@ -120,7 +120,6 @@ class VLLMRollouts:
         self._ids = itertools.count(1)
         self.lora = None  # the LoRARequest being served
         self.rounds: list[dict] = []  # per round: step, lora_int_id, folder, seconds per part, sequences
-        self._awake = engine is not None or not self.switch
 
     # ---- the engine and the adapter --------------------------------------------------------------------------
 
@@ -238,6 +237,13 @@ class VLLMRollouts:
             self._engine(timings)
             self._serve(path, "start")
             yield generate.Generator.serving(self.cfg, self.llm, self.tokenizer, self.lora, source)
+
+    def open(self):
+        """Build the engine now (else the first round or pass-rate call does), in the engine's phase; returns it."""
+        timings = {}
+        with engine_phase(self.model, self.llm if self.llm is not None else _Lazy(self), self.switch, timings):
+            self._engine(timings)
+        return self.llm
 
     def close(self) -> None:
         """Shut the engine down (`generate.close_engine`)."""

@@ -35,16 +35,6 @@ def token_mean_reward(prompts, completions, completion_ids=None, **kwargs):
     return [float(np.mean(ids)) / 1000.0 if len(ids) else 0.0 for ids in completion_ids]
 
 
-@pytest.fixture(scope="module")
-def engine(lane):
-    """One rollout engine for (a) and (c), as `VLLMRollouts` builds it."""
-    from lab.model import generate
-
-    llm = generate.vllm_engine(lane["cfg"], lane["base"], logprobs_mode="processed_logprobs")
-    yield llm
-    generate.close_engine(llm)
-
-
 def fake_trainer(tok, n: int, budget: int, step: int = 0):
     """What `VLLMRollouts` reads of a GRPOTrainer: num_generations, state.global_step, max_completion_length, TRL's
     prompt tokenisation of text prompts (`_tokenize_prompts`: `processing_class(text=prompts)`, trl/trainer/
@@ -66,7 +56,7 @@ def teacher_forced(model, prompt_ids, completion_ids, temperature):
     return out
 
 
-def test_rollout_logprobs_equal_hf_peft_for_the_served_adapter(lane, engine, tmp_path):
+def test_rollout_logprobs_equal_hf_peft_for_the_served_adapter(lane, tmp_path):
     from lab.core import config
     from lab.model import models
     from lab.train.rollouts import VLLMRollouts
@@ -76,8 +66,11 @@ def test_rollout_logprobs_equal_hf_peft_for_the_served_adapter(lane, engine, tmp
     model, tok = models.load(cfg, adapter=folder, trainable=True)
     n, budget = 2, 24
     prompts = [p for p in lane["prompts"][:4] for _ in range(n)]  # as TRL's RepeatSampler hands them over
-    ro = VLLMRollouts(cfg, model, tok, tmp_path, budget, engine=engine)
-    out = ro(prompts, fake_trainer(tok, n, budget))
+    ro = VLLMRollouts(cfg, model, tok, tmp_path, budget)  # one engine per test: an engine shut down in this process
+    try:  # takes vLLM's process-wide parallel state with it, so none may outlive another (the lane's Generators too)
+        out = ro(prompts, fake_trainer(tok, n, budget))
+    finally:
+        ro.close()
     assert len(out["prompt_ids"]) == len(out["completion_ids"]) == len(out["logprobs"]) == len(prompts)
     assert out["prompt_ids"][0] == tok(prompts[0])["input_ids"]  # TRL's own tokenisation of the prompt
     assert all(0 < len(c) <= budget and len(c) == len(lp) for c, lp in zip(out["completion_ids"], out["logprobs"]))
@@ -137,7 +130,7 @@ def test_grpo_with_vllm_rollouts_moves_the_adapter_round_by_round(lane, monkeypa
                              "max_abs_diff": max(gaps), "control": None, **r})
 
 
-def test_killed_pass_rate_sampling_resumes_without_resampling(lane, engine, tmp_path):
+def test_killed_pass_rate_sampling_resumes_without_resampling(lane, tmp_path):
     from lab.core import config
     from lab.model import lora, models
     from lab.puzzles import generate as puzzles_gen
@@ -148,8 +141,8 @@ def test_killed_pass_rate_sampling_resumes_without_resampling(lane, engine, tmp_
     model, tok = models.load(cfg)
     pm, _ = lora.attach_lora(cfg, model)
     pool = puzzles_gen("numeral_system", 6, 1).assign(id=lambda d: d["id"].astype(str))
-    ro = VLLMRollouts(cfg, pm, tok, tmp_path, 12, engine=engine)
-    eng = engine.llm_engine
+    ro = VLLMRollouts(cfg, pm, tok, tmp_path, 12)
+    eng = ro.open().llm_engine
     handed, finished, held = [], [], []
     real_add, real_step, real_busy = eng.add_request, eng.step, eng.has_unfinished_requests
 
@@ -189,7 +182,9 @@ def test_killed_pass_rate_sampling_resumes_without_resampling(lane, engine, tmp_
         assert handed == []
     finally:
         eng.add_request, eng.step, eng.has_unfinished_requests = real_add, real_step, real_busy
-    ROLLOUT_ROWS.append({"what": f"pass rates killed after {len(kept)} of {len(pool)} prompts (c)", "tokens": None,
+        ro.close()
+    ROLLOUT_ROWS.append({"what": f"pass rates killed after {len(kept)} of {len(pool)} prompts (c): the rerun handed "
+                                 f"over {len(pool) - len(kept)}, a third run 0", "tokens": None,
                          "max_abs_diff": None, "control": None, "lora_int_id": ro.lora.lora_int_id,
                          "resampled": len(pool) - len(kept)})
     assert math.isfinite(float(rates["pass_rate"].sum()))
