@@ -347,89 +347,89 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         from lab.train.rollouts import VLLMRollouts
 
         rollouts = VLLMRollouts(cfg, model, tokenizer, out, budget)
-    fp = fingerprint(cfg, pool["id"].tolist(), model, budget)
-    last, record, notes = resume_point(cfg, out, fp, asked=checkpoints.asked_to_resume(stage.overrides, "grpo.resume"))
-    for n in notes:
-        print(f"WARNING: {n}" if not n.startswith("resuming from") else n)
-    notes = [n for n in notes if not n.startswith("resuming from")]
+    try:  # the rollout engine (vllm) is shut down however training ends
+        fp = fingerprint(cfg, pool["id"].tolist(), model, budget)
+        last, record, notes = resume_point(cfg, out, fp, asked=checkpoints.asked_to_resume(stage.overrides, "grpo.resume"))
+        for n in notes:
+            print(f"WARNING: {n}" if not n.startswith("resuming from") else n)
+        notes = [n for n in notes if not n.startswith("resuming from")]
 
-    fresh = record is None
-    if fresh:  # a fresh run: estimate pass rates, select and order the prompts, record them
-        # the main process keeps its samples as they come (a killed run resumes them); the others sample alone
-        rates = pass_rate_table(cfg, model, tokenizer, pool, budget,
-                                cache=out / "pass_rate_samples.jsonl" if is_main_process() else None,
-                                rollouts=rollouts)
-        atomic_write_csv(stage.path("pass_rates.csv"), rates)
-        thr, unsolved = g.drop_threshold, g.drop_unsolved
-        kept, _ = curriculum.select(rates, threshold=thr, drop_unsolved=unsolved)
-        if not kept:
-            raise LabError(f"{stage.dir}: no training prompt has a pass rate below {thr}"
-                           + (" and above 0" if unsolved else "") + f" over {g.pass_rate_k} samples (see "
-                           f"{stage.path('pass_rates.csv')}): nothing to learn from. A start that solves nothing "
-                           "needs more SFT, not GRPO; or set grpo.drop_unsolved=false.")
-        chosen = curriculum.order(pool[pool["id"].isin(set(kept))], rates, curriculum=g.curriculum,
-                                  shape=g.curriculum_shape, seed=cfg.seed)
-        atomic_write_csv(stage.path("prompt_order.csv"), chosen[["id", "category", "pass_rate", "bucket"]]
-                         if "category" in chosen else chosen[["id", "pass_rate", "bucket"]])
-        record = {"fingerprint": fp, "order": chosen["id"].tolist(),
-                  "selection": curriculum.selection_summary(rates, threshold=thr, drop_unsolved=unsolved)}
-        checkpoints.write_record(out, record)
-    else:
-        print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
-    for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh stage folder
-        src, dst = (stage.path(name), out / name) if fresh else (out / name, stage.path(name))  # gets them back
-        if src.is_file() and is_main_process():  # only the main process writes (lab.core.io.atomic_file)
-            shutil.copyfile(src, dst)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():  # scripts/train_grpo.py, N processes:
-        box = [record]  # every rank trains rank 0's prompt order (its own sampled pass rates could differ)
-        torch.distributed.broadcast_object_list(box, src=0)
-        record = box[0]
-    order = [str(i) for i in record["order"]]
-    by_id = pool.set_index("id")
-    missing = [i for i in order if i not in by_id.index]
-    if missing:
-        raise LabError(f"{out / RUN_RECORD}: prompt ids {missing[:5]} are not in this run's pool")
-    # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps, and
-    # the last round's whole generation batch (a round samples steps_per_generation steps' prompts at once)
-    rounds = math.ceil(max_steps / int(g.steps_per_generation)) * int(g.steps_per_generation)
-    ids = schedule(order, rounds * per_step * int(args.world_size), shuffle=not g.curriculum,
-                   seed=cfg.seed)
-    ds = build_dataset(tokenizer, by_id.loc[ids].reset_index(), trace_style(cfg))
+        fresh = record is None
+        if fresh:  # a fresh run: estimate pass rates, select and order the prompts, record them
+            # the main process keeps its samples as they come (a killed run resumes them); the others sample alone
+            rates = pass_rate_table(cfg, model, tokenizer, pool, budget,
+                                    cache=out / "pass_rate_samples.jsonl" if is_main_process() else None,
+                                    rollouts=rollouts)
+            atomic_write_csv(stage.path("pass_rates.csv"), rates)
+            thr, unsolved = g.drop_threshold, g.drop_unsolved
+            kept, _ = curriculum.select(rates, threshold=thr, drop_unsolved=unsolved)
+            if not kept:
+                raise LabError(f"{stage.dir}: no training prompt has a pass rate below {thr}"
+                               + (" and above 0" if unsolved else "") + f" over {g.pass_rate_k} samples (see "
+                               f"{stage.path('pass_rates.csv')}): nothing to learn from. A start that solves nothing "
+                               "needs more SFT, not GRPO; or set grpo.drop_unsolved=false.")
+            chosen = curriculum.order(pool[pool["id"].isin(set(kept))], rates, curriculum=g.curriculum,
+                                      shape=g.curriculum_shape, seed=cfg.seed)
+            atomic_write_csv(stage.path("prompt_order.csv"), chosen[["id", "category", "pass_rate", "bucket"]]
+                             if "category" in chosen else chosen[["id", "pass_rate", "bucket"]])
+            record = {"fingerprint": fp, "order": chosen["id"].tolist(),
+                      "selection": curriculum.selection_summary(rates, threshold=thr, drop_unsolved=unsolved)}
+            checkpoints.write_record(out, record)
+        else:
+            print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
+        for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh stage folder
+            src, dst = (stage.path(name), out / name) if fresh else (out / name, stage.path(name))  # gets them back
+            if src.is_file() and is_main_process():  # only the main process writes (lab.core.io.atomic_file)
+                shutil.copyfile(src, dst)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():  # scripts/train_grpo.py, N processes:
+            box = [record]  # every rank trains rank 0's prompt order (its own sampled pass rates could differ)
+            torch.distributed.broadcast_object_list(box, src=0)
+            record = box[0]
+        order = [str(i) for i in record["order"]]
+        by_id = pool.set_index("id")
+        missing = [i for i in order if i not in by_id.index]
+        if missing:
+            raise LabError(f"{out / RUN_RECORD}: prompt ids {missing[:5]} are not in this run's pool")
+        # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps, and
+        # the last round's whole generation batch (a round samples steps_per_generation steps' prompts at once)
+        rounds = math.ceil(max_steps / int(g.steps_per_generation)) * int(g.steps_per_generation)
+        ids = schedule(order, rounds * per_step * int(args.world_size), shuffle=not g.curriculum,
+                       seed=cfg.seed)
+        ds = build_dataset(tokenizer, by_id.loc[ids].reset_index(), trace_style(cfg))
 
-    check = GradientCheck(model) if g.gradient_check else None
-    guard = GuardRails(g, spread)
-    callbacks = [guard, *trainer_callbacks(check, checkpoints.wall_clock_budget(cfg, "grpo"))]  # tests wrap trainer_callbacks
-    before = _trainable_sample(model)
-    refinements: list[dict] = []
-    finished = last is not None and checkpoints.step_of(last) >= max_steps
-    if finished:  # nothing left to train: transformers would run one more step; take the checkpoint as it is
-        print(f"{last} is already at grpo.max_steps={max_steps}: loading its adapter, no further training")
-        model.load_adapter(str(last), adapter_name="default", is_trainable=True)
-        state = read_json(last / "trainer_state.json")
-        history, steps = state.get("log_history", []), int(state["global_step"])
-    else:
-        rollout = rollouts
-        if g.refine:
-            rows_by_prompt = {r["prompt"]: r for r in ds}
-            rollout = refine_rollout(tokenizer, funcs, weights, rows_by_prompt, refinements)
-        # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included); an lm_head LoRA: see lab.model.lora
-        with allow_out_proj(), trainer_accepts_head_lora(model):
-            trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
-                                  train_dataset=ds, processing_class=tokenizer,
-                                  callbacks=[*callbacks, checkpoints.marker_callback()], rollout_func=rollout)
-        use_text_progress(trainer)  # step lines from lab.train.callbacks.TrainProgress, not an HTML widget
+        check = GradientCheck(model) if g.gradient_check else None
+        guard = GuardRails(g, spread)
+        callbacks = [guard, *trainer_callbacks(check, checkpoints.wall_clock_budget(cfg, "grpo"))]  # tests wrap trainer_callbacks
+        before = _trainable_sample(model)
+        refinements: list[dict] = []
+        finished = last is not None and checkpoints.step_of(last) >= max_steps
+        if finished:  # nothing left to train: transformers would run one more step; take the checkpoint as it is
+            print(f"{last} is already at grpo.max_steps={max_steps}: loading its adapter, no further training")
+            model.load_adapter(str(last), adapter_name="default", is_trainable=True)
+            state = read_json(last / "trainer_state.json")
+            history, steps = state.get("log_history", []), int(state["global_step"])
+        else:
+            rollout = rollouts
+            if g.refine:
+                rows_by_prompt = {r["prompt"]: r for r in ds}
+                rollout = refine_rollout(tokenizer, funcs, weights, rows_by_prompt, refinements)
+            # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included); an lm_head LoRA: see lab.model.lora
+            with allow_out_proj(), trainer_accepts_head_lora(model):
+                trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
+                                      train_dataset=ds, processing_class=tokenizer,
+                                      callbacks=[*callbacks, checkpoints.marker_callback()], rollout_func=rollout)
+            use_text_progress(trainer)  # step lines from lab.train.callbacks.TrainProgress, not an HTML widget
+            if rollouts is not None:
+                trl_private.watch_sampling_gap(trainer)  # rollout/logp_diff_*: where TRL computes the old log-probs
+            # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
+            install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
+            with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_bytes(out, model)):
+                trainer.train(resume_from_checkpoint=str(last) if last else None)
+            history, steps = trainer.state.log_history, int(trainer.state.global_step)
+    finally:
         if rollouts is not None:
-            trl_private.watch_sampling_gap(trainer)  # rollout/logp_diff_*: where TRL computes the old log-probs
-        # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
-        install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
-        with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_bytes(out, model)):
-            trainer.train(resume_from_checkpoint=str(last) if last else None)
-        history, steps = trainer.state.log_history, int(trainer.state.global_step)
-    if rollouts is not None:
-        metrics_rounds = rollouts.rounds
-        rollouts.close()
-    else:
-        metrics_rounds = []
+            rollouts.close()
+    metrics_rounds = rollouts.rounds if rollouts is not None else []
     if "ref" in getattr(model, "peft_config", {}):
         model.delete_adapter("ref")  # TRL's frozen reference copy: not part of the trained adapter
     with checkpoints.disk_full_guard(resolve_path(g.adapter_dir), lambda: checkpoints.checkpoint_bytes(out, model)):
