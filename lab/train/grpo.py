@@ -343,6 +343,9 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         funcs[i] = spread = GroupSpread(funcs[i], g.num_generations)
     args = grpo_args(cfg, out, budget, weights)  # TRL's own checks, before the costly pass-rate sampling
     rollouts = None
+    if backend == "vllm" and int(args.world_size) > 1:
+        raise LabError(f"conf/grpo: rollout_backend=vllm runs in one process on one GPU (lab.train.rollouts), not "
+                       f"{args.world_size} processes; launch one process, or set grpo.rollout_backend=hf")
     if backend == "vllm":  # one engine for the pass rates and every round, built at its first use
         from lab.train.rollouts import VLLMRollouts
 
