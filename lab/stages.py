@@ -430,7 +430,7 @@ TRAINING_STAGES = (("03_grpo", "grpo"), ("02_sft", "sft"))  # latest first: (sta
 def vote_adapter(cfg) -> tuple[str, Path]:
     """(what it is, path) of the adapter 04_vote samples: `vote.adapter` when set (its stage, if it lies in one of this
     run's, must have finished: `stage_input`), else the latest finished training stage's: 03_grpo's adapter, or
-    02_sft's when 03_grpo did not finish (skipped: on one GPU its hf rollouts cost minutes per step). A 03_grpo that
+    02_sft's when 03_grpo did not finish (e.g. skipped: its rollouts cost minutes per step). A 03_grpo that
     finished but is no longer current (02_sft rerun since) is passed over for 02_sft, with a note."""
     from lab.core import lineage
 

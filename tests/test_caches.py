@@ -266,6 +266,10 @@ def test_vllm_evaluation_hands_every_prompt_over_at_once_and_resumes_per_request
     assert {p for _, p, _ in rest.added} == set(G.Generator.prompts(_fake_vllm_generator(cfg, tok, rest, monkeypatch),
                                                                      FIVE["prompt"][:2].tolist()))
     pd.testing.assert_frame_equal(again, full)
+    done = _FakeEngine()  # every puzzle cached: nothing handed over (a whole hand-over of none, not a crash)
+    pd.testing.assert_frame_equal(G.sample_table(_fake_vllm_generator(cfg, tok, done, monkeypatch), FIVE, spec,
+                                                 cache=cache, progress=False), full)
+    assert done.added == [] and done.steps == 0
     key = json.loads(cache.read_text().splitlines()[0])["key"]
     assert key["chunk"] == 0 and key["backend"] == "vllm"
 

@@ -102,12 +102,7 @@ def _stop_at(step):
 def test_grpo_args_builds_a_valid_config_for_the_pinned_trl(root, backend, tmp_path):
     from trl import GRPOTrainer
 
-    other = []
-    if backend == "vllm":  # refused for Nemotron-H (lab.train.grpo.check_backend): a model folder of another type
-        (tmp_path / "llama").mkdir()
-        (tmp_path / "llama" / "config.json").write_text('{"model_type": "llama"}')
-        other = ["model.build_tiny=false", f"model.path={tmp_path / 'llama'}"]
-    cfg = compose(root, "args", f"grpo.rollout_backend={backend}", "grpo.beta=0.04", *other)
+    cfg = compose(root, "args", f"grpo.rollout_backend={backend}", "grpo.beta=0.04")
     args = grpo.grpo_args(cfg, root / "args_out", 37, [1.0, 0.2, 1.0], cuda=False)
     assert "vllm" not in sys.modules  # building the config never imports vLLM
     assert args.max_completion_length == 37 != 512 and args.shuffle_dataset is False
@@ -116,30 +111,37 @@ def test_grpo_args_builds_a_valid_config_for_the_pinned_trl(root, backend, tmp_p
     assert args.reward_weights == [1.0, 0.2, 1.0] and args.beta == 0.04 and args.learning_rate == cfg.grpo.learning_rate
     assert args.mask_truncated_completions is False and args.gradient_checkpointing is False
     assert args.seed == cfg.seed and args.max_steps == 2 and args.save_steps == 2 and not args.bf16
-    if backend == "vllm":
-        assert args.use_vllm and args.vllm_mode == "colocate" and args.vllm_enable_sleep_mode
-        assert args.vllm_gpu_memory_utilization == 0.35 and args.vllm_max_model_length == cfg.model.max_model_len
-        assert args.vllm_tensor_parallel_size == 1
-    else:
-        assert not args.use_vllm
+    # vllm rollouts come from rollout_func (lab.train.rollouts), never TRL's own engine, which merges the adapter
+    assert not args.use_vllm
     # and what `train` hands the trainer is accepted by its signature
     params = inspect.signature(GRPOTrainer.__init__).parameters
     assert {"model", "reward_funcs", "args", "train_dataset", "processing_class", "callbacks", "rollout_func"} <= set(params)
 
 
+def test_steps_per_generation_feeds_several_optimiser_steps_per_round(root):
+    """grpo.steps_per_generation = S: TRL's steps_per_generation is S x the micro-steps of one step, so one round
+    samples S steps' groups and TRL computes old log-probabilities (its condition, trl/trainer/grpo_trainer.py
+    `_generate_and_score_completions`: gradient_accumulation_steps % (steps_per_generation x num_iterations) != 0)."""
+    one = grpo.grpo_args(compose(root, "args"), root / "a1", 12, [1.0], cuda=False)
+    cfg = compose(root, "args", "grpo.steps_per_generation=3", "grpo.per_device_train_batch_size=4")
+    args = grpo.grpo_args(cfg, root / "a3", 12, [1.0], cuda=False)
+    assert one.gradient_accumulation_steps % (one.steps_per_generation * one.num_iterations) == 0  # no lag: none
+    assert args.gradient_accumulation_steps == 2 and args.steps_per_generation == 6
+    assert args.generation_batch_size == 3 * 2 * 4  # 3 steps x prompts_per_step x num_generations
+    assert args.gradient_accumulation_steps % (args.steps_per_generation * args.num_iterations) != 0
+
+
 def test_unknown_or_unavailable_rollout_backend_is_a_clear_error(root, puzzles):
+    import importlib.util
+
     with pytest.raises(LabError, match="rollout_backend='unsloth' is not one of hf, vllm"):
         grpo.grpo_args(compose(root, "args", "grpo.rollout_backend=unsloth"), root, 8, [1.0])
-    cfg = compose(root, "args", "grpo.rollout_backend=vllm")  # the tiny model is a Nemotron-H
-    with pytest.raises(LabError, match="rollout_backend=vllm is refused for Nemotron-H.*rollout_backend=hf"):
-        grpo.train(cfg, None, puzzles, None, None)  # fails before touching anything
-    with pytest.raises(LabError, match="refused for Nemotron-H"):
-        grpo.grpo_args(cfg, root, 8, [1.0])
-    if not torch.cuda.is_available():  # a model of another type passes that check and meets the GPU one
-        (root / "llama").mkdir(exist_ok=True)
-        (root / "llama" / "config.json").write_text('{"model_type": "llama"}')
-        cfg = compose(root, "args", "grpo.rollout_backend=vllm", "model.build_tiny=false", f"model.path={root / 'llama'}")
-        with pytest.raises(LabError, match="needs a CUDA GPU"):
+    cfg = compose(root, "args", "grpo.rollout_backend=vllm")  # the tiny model is a Nemotron-H: allowed
+    assert grpo.check_backend(cfg) == "vllm"
+    with pytest.raises(LabError, match="refine=true with rollout_backend=vllm.*grpo.rollout_backend=hf"):
+        grpo.check_backend(compose(root, "args", "grpo.rollout_backend=vllm", "grpo.refine=true"))
+    if importlib.util.find_spec("vllm") is None:  # the main venv: fails before touching anything
+        with pytest.raises(LabError, match="vllm is not installed.*grpo.rollout_backend=hf"):
             grpo.train(cfg, None, puzzles, None, None)
 
 

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 torch = pytest.importorskip("torch")
 
 from lab.core import config  # noqa: E402
-from lab.train import grpo
+from lab.train import grpo, memory
 from lab.model import lora, models
 from lab.core import paths
 from lab import LabError
@@ -41,14 +41,14 @@ def literal(prompts, generations, micro):
     (3, 2, 3, (3, 2)),       # a micro-batch need not hold whole groups
 ])
 def test_micro_batch_arithmetic_covers_the_whole_group(prompts, generations, micro, expect):
-    m, accum = grpo.micro_batch(literal(prompts, generations, micro))
+    m, accum = memory.micro_batch(literal(prompts, generations, micro))
     assert (m, accum) == expect and m * accum == prompts * generations
 
 
 @pytest.mark.parametrize("micro", [3, 0, 65])
 def test_a_micro_batch_that_does_not_divide_the_step_is_refused(micro):
     with pytest.raises(LabError, match=rf"per_device_train_batch_size={micro} must divide .* = 64"):
-        grpo.micro_batch(literal(8, 8, micro))
+        memory.micro_batch(literal(8, 8, micro))
 
 
 @pytest.mark.parametrize("micro, accum", [(1, 64), (2, 32), (None, 1)])
@@ -65,7 +65,7 @@ def test_trl_derives_one_generation_round_per_optimiser_step(root, micro, accum)
 def test_the_nemotron_nano_preset_trains_one_completion_per_micro_step():
     cfg = config.compose(["experiment=competition"])
     assert cfg.grpo.per_device_train_batch_size == 1
-    assert grpo.micro_batch(cfg) == (1, cfg.grpo.prompts_per_step * cfg.grpo.num_generations)
+    assert memory.micro_batch(cfg) == (1, cfg.grpo.prompts_per_step * cfg.grpo.num_generations)
 
 
 def test_a_config_trl_refuses_fails_before_any_sampling(root, monkeypatch):

@@ -110,9 +110,11 @@ def test_the_mamba_kernels_are_asked_for_where_the_stage_trains(tmp_path):
     assert not any("Mamba" in p for p in preflight.problems("04_vote", cfg))  # vLLM brings its own kernels
 
 
-def test_grpo_refuses_vllm_rollouts_for_nemotron_h_before_the_stage(tmp_path):
-    cfg = compose(_real(tmp_path, "grpo.rollout_backend=vllm"))
-    assert any("rollout_backend=vllm is refused" in p for p in preflight.problems("03_grpo", cfg))
+def test_grpo_refuses_vllm_rollouts_with_refine_before_the_stage(tmp_path):
+    cfg = compose(_real(tmp_path, "grpo.rollout_backend=vllm"))  # the served-adapter route: no backend problem
+    assert not any("rollout_backend" in p and "refine" in p for p in preflight.problems("03_grpo", cfg))
+    cfg = compose(_real(tmp_path, "grpo.rollout_backend=vllm", "grpo.refine=true"))
+    assert any("refine=true with rollout_backend=vllm" in p for p in preflight.problems("03_grpo", cfg))
 
 
 @pytest.mark.slow

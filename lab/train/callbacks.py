@@ -54,7 +54,7 @@ class TrainProgress(TrainerCallback):
     the trainer's name comes from its arguments' class (SFTConfig, GRPOConfig). A resumed run counts from its
     checkpoint's step."""
 
-    KEYS = ("loss", "reward")
+    KEYS = ("loss", "reward", "rollout/switch_s", "rollout/sample_s")  # rollout/*: vLLM rollouts, lab.train.rollouts
 
     def __init__(self, every_s: float = EVERY_S):
         self.every_s = every_s

@@ -8,10 +8,12 @@ rewards named in `grpo.rewards` (`lab.train.rewards`) and saves the trained "def
 zero-variance groups is checked against `grpo.*_warn_share` and warned about in `metrics["warnings"]`.
 `grpo.resume` continues from the newest checkpoint only when the run's fingerprint matches (`fingerprint`);
 `grpo.refine` trains on refinements of the best of a first round of drafts (`lab.train.grpo_refine`); the guard rails
-are `lab.train.callbacks.GuardRails`; `grpo.rollout_backend` is `hf` (transformers) or `vllm` (TRL's colocate mode, which
-holds a second copy of the base weights: see docs/grpo.md; refused for Nemotron-H, `check_backend`).
+are `lab.train.callbacks.GuardRails`; `grpo.rollout_backend` is `hf` (transformers generates from the in-memory
+adapter) or `vllm` (a vLLM engine samples from the adapter packed as the submission and served through a LoRARequest
+each round, `lab.train.rollouts`, TRL's `rollout_func`; never merged weights: `check_backend`, docs/grpo.md).
 One optimiser step covers `prompts_per_step x num_generations` completions per process, `per_device_train_batch_size`
-of them per forward/backward (`micro_batch`); GRPOConfig is built, and TRL's checks run, before pass-rate sampling.
+of them per forward/backward (`lab.train.memory.micro_batch`); one generation round feeds `grpo.steps_per_generation` optimiser steps.
+GRPOConfig is built, and TRL's checks run, before pass-rate sampling.
 
 What it simplifies:
 1. One adapter trained in place; TRL's reference (beta > 0) is its starting copy, deleted before saving.
@@ -119,9 +121,11 @@ def schedule(order: Sequence[str], n_rows: int, shuffle: bool, seed: int) -> lis
 
 
 def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, budget: int,
-                    cache: Path | None = None) -> pd.DataFrame:
-    """`grpo.pass_rate_k` samples per training prompt from the in-memory model (transformers back-end), sampled as
-    the rollouts sample (`grpo.temperature`, `grpo.top_p`, the GRPO budget) -> [id, n, correct, pass_rate].
+                    cache: Path | None = None, rollouts=None) -> pd.DataFrame:
+    """`grpo.pass_rate_k` samples per training prompt from the in-memory model (transformers back-end), or with
+    `rollouts` (a `lab.train.rollouts.VLLMRollouts`, rollout_backend=vllm) from its engine serving the start adapter
+    packed, all prompts in one hand-over; sampled as the rollouts sample (`grpo.temperature`, `grpo.top_p`, the GRPO
+    budget) -> [id, n, correct, pass_rate].
 
     With `cache` (`train` passes `<checkpoint_dir>/pass_rate_samples.jsonl`), the samples are appended after every
     generate call, one `infer.batch_size` of completions (`sample_table`'s chunk), keyed by the sampling spec and
@@ -133,10 +137,13 @@ def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, bu
     g = cfg.grpo
     spec = generate.Sampling(max_tokens=int(budget), n=g.pass_rate_k, temperature=float(g.temperature),
                              top_p=float(g.top_p), seed=int(cfg.seed))
-    gen = generate.Generator(cfg, model=model, tokenizer=tokenizer, backend="hf")
-    chunk = max(1, int(cfg.infer.batch_size) // int(g.pass_rate_k))  # the prompts of one generate call
+    chunk = max(1, int(cfg.infer.batch_size) // int(g.pass_rate_k))  # the prompts of one generate call (hf)
     if cache is not None:
         Path(cache).parent.mkdir(parents=True, exist_ok=True)
+    if rollouts is not None:  # the key names the in-memory adapter's checksum (`VLLMRollouts.pass_rate_generator`)
+        with rollouts.pass_rate_generator() as gen:
+            return pass_rates(generate.sample_table(gen, puzzles, spec, cache=cache, chunk=chunk))
+    gen = generate.Generator(cfg, model=model, tokenizer=tokenizer, backend="hf")
     return pass_rates(generate.sample_table(gen, puzzles, spec, cache=cache, chunk=chunk))
 
 
@@ -160,47 +167,25 @@ def base_model_type(cfg: DictConfig) -> str | None:
 
 
 def check_backend(cfg: DictConfig) -> str:
-    """`grpo.rollout_backend`, refused where it cannot be exact.
+    """`grpo.rollout_backend`, checked: `hf` or `vllm`.
 
-    vllm (TRL's colocate mode) is refused for Nemotron-H, every model this lab builds or loads (also when the model
-    type cannot be read): TRL 1.15 feeds the engine merged weights at every sync (`_iter_named_params`,
-    trl/generation/vllm_generation.py: `model.merge_adapter()`, stream every base weight, `model.unmerge_adapter()`),
-    and PEFT 0.21 merges with `weight += delta` and unmerges with `weight -= delta` in the weights' own dtype
-    (`Linear.merge` / `ParamWrapper.merge` and `unmerge`, peft/tuners/lora/layer.py). In bf16, (W + d) - d is not W:
-    every sync leaves rounding drift in the frozen base weights the trainer goes on using, and it accumulates over
-    the run (for the tiny fp32 model the drift is smaller, never zero). Handing vLLM the packed adapter through a
-    `LoRARequest` each step (no merge) would need TRL's generation replaced, as TRL 1.15 has no hook for a LoRA
-    request, so it is not offered. On one GPU use rollout_backend=hf: transformers generates from the in-memory PEFT
-    model with the adapter unmerged, exactly the weights being trained."""
+    vllm never means TRL's own vLLM (`use_vllm`, colocate or server): TRL 1.15 feeds that engine merged weights at
+    every sync (`_iter_named_params`, trl/generation/vllm_generation.py: `model.merge_adapter()`, stream every base
+    weight, `model.unmerge_adapter()`), and PEFT 0.21 merges with `weight += delta` and unmerges with `weight -= delta`
+    in the weights' own dtype (`Linear.merge` / `ParamWrapper.merge` and `unmerge`, peft/tuners/lora/layer.py). In
+    bf16, (W + d) - d is not W: every sync would leave rounding drift in the frozen base weights the trainer goes on
+    using. Instead TRL 1.15's `rollout_func` hook (`GRPOTrainer(rollout_func=...)`, called from `_generate` in
+    trl/trainer/grpo_trainer.py with the process's prompts and the trainer) is given `lab.train.rollouts.VLLMRollouts`:
+    each round the in-memory adapter is packed by the submission's own code and served to one vLLM engine through a
+    `LoRARequest`, so the base weights are never touched and what is sampled is what would be submitted. That is the
+    route for Nemotron-H on one GPU (the engine and the trainer take turns on the card with vLLM's sleep mode).
+    `refine` with vllm is refused (its drafts use TRL's own generation, which would be transformers')."""
     backend = cfg.grpo.rollout_backend  # hf or vllm: lab/core/schema.py's GenerationBackend, refused at compose otherwise
-    if backend == "vllm" and base_model_type(cfg) in ("nemotron_h", None):
-        raise LabError("conf/grpo: rollout_backend=vllm is refused for Nemotron-H: TRL 1.15 feeds its colocated vLLM "
-                       "merged weights at every sync, and PEFT merges and unmerges the LoRA with += / -= in bf16, so "
-                       "each sync leaves rounding drift in the base weights the trainer keeps using (lab.train.grpo."
-                       "check_backend). Use grpo.rollout_backend=hf: transformers generates from the in-memory adapter, "
-                       "unmerged and exact, on one GPU")
+    if backend == "vllm" and cfg.grpo.refine:
+        raise LabError("conf/grpo: refine=true with rollout_backend=vllm is not built: refinement draws its drafts "
+                       "with TRL's own generation (lab.train.grpo_refine), which is transformers' here. Set "
+                       "grpo.rollout_backend=hf with refine, or grpo.refine=false")
     return backend
-
-
-def micro_batch(cfg: DictConfig) -> tuple[int, int]:
-    """(completions per training micro-step, micro-steps per optimiser step) for one process.
-
-    One optimiser step covers `prompts_per_step x num_generations` completions per process (the whole group of
-    every prompt); `grpo.per_device_train_batch_size` of them go through one forward/backward (null: all at once).
-    TRL 1.15 (`GRPOConfig.__post_init__`, trl/trainer/grpo_config.py) derives `generation_batch_size =
-    per_device_train_batch_size x processes x steps_per_generation`; with `steps_per_generation =
-    gradient_accumulation_steps` = the second value here, one generation round is one optimiser step, the
-    advantages are normalised over whole groups (`_generate_and_score_completions` sees the full generation batch),
-    and the default `dapo` loss divides by the generation batch's token count rescaled to one accumulation window
-    (`_compute_loss`, trl/trainer/grpo_trainer.py), so the summed micro-steps give the loss of the one big step."""
-    g = cfg.grpo
-    group = g.prompts_per_step * g.num_generations
-    m = group if g.per_device_train_batch_size is None else int(g.per_device_train_batch_size)
-    if not 1 <= m <= group or group % m:
-        raise LabError(f"conf/grpo: per_device_train_batch_size={m} must divide prompts_per_step x num_generations "
-                       f"= {g.prompts_per_step} x {g.num_generations} = {group} (the completions of one optimiser "
-                       "step), or be null (all of them in one micro-step)")
-    return m, group // m
 
 
 def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
@@ -217,10 +202,13 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, rew
     from lab.core.run import tracking_args
 
     g = cfg.grpo
+    from lab.train.memory import micro_batch  # the micro-step's shape lives with the memory figures
+
     micro, accum = micro_batch(cfg)
     kw = dict(
         output_dir=str(output_dir), max_steps=g.max_steps, learning_rate=g.learning_rate,
-        per_device_train_batch_size=micro, gradient_accumulation_steps=accum, steps_per_generation=accum,
+        per_device_train_batch_size=micro, gradient_accumulation_steps=accum,
+        steps_per_generation=accum * int(g.steps_per_generation),
         num_generations=g.num_generations, max_completion_length=int(max_completion_length),
         temperature=g.temperature, top_p=g.top_p, top_k=0, beta=g.beta,
         reward_weights=[float(w) for w in reward_weights], mask_truncated_completions=g.mask_truncated_completions,
@@ -231,10 +219,7 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, rew
         gradient_checkpointing=g.gradient_checkpointing, lr_scheduler_type="constant", warmup_steps=0,
         log_completions=False, **optim_args(cfg),
     )
-    if check_backend(cfg) == "vllm":
-        kw.update(use_vllm=True, vllm_mode="colocate", vllm_gpu_memory_utilization=g.vllm_gpu_memory_utilization,
-                  vllm_max_model_length=cfg.model.max_model_len, vllm_enable_sleep_mode=g.vllm_sleep_mode,
-                  vllm_tensor_parallel_size=1)
+    check_backend(cfg)  # vllm: TRL's use_vllm stays False (its default); the rollouts come from rollout_func
     unknown = sorted(set(kw) - {f.name for f in dataclasses.fields(GRPOConfig)})
     if unknown:
         raise LabError(f"the installed TRL's GRPOConfig has no field(s) {unknown}; lab.train.grpo targets trl==1.15")
@@ -313,11 +298,10 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     # an adapter_dir pointed outside the stage at a folder the lab did not make is refused before training, not after
     check_replaceable(resolve_path(g.adapter_dir), "adapter (grpo.adapter_dir)")
     backend = check_backend(cfg)
-    if backend == "vllm" and not torch.cuda.is_available():
-        raise LabError("conf/grpo: rollout_backend=vllm needs a CUDA GPU; use rollout_backend=hf on CPU")
     if backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise LabError("conf/grpo: rollout_backend=vllm but vllm is not installed (pip install -e '.[gpu]'); "
-                       "or use rollout_backend=hf")
+        raise LabError("conf/grpo: rollout_backend=vllm but vllm is not installed (on a GPU: pip install -e "
+                       "'.[gpu]'; on CPU, vLLM's CPU build: the lane's .venv-vllm, docs/vllm_lane.md); or set "
+                       "grpo.rollout_backend=hf")
     trl_private.install()
     max_steps, per_step = g.max_steps, g.prompts_per_step  # max_steps >= 1: lab/core/schema.py
 
@@ -334,79 +318,97 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         i = names.index("correctness")
         funcs[i] = spread = GroupSpread(funcs[i], g.num_generations)
     args = grpo_args(cfg, out, budget, weights)  # TRL's own checks, before the costly pass-rate sampling
-    fp = fingerprint(cfg, pool["id"].tolist(), model, budget)
-    last, record, notes = resume_point(cfg, out, fp, asked=checkpoints.asked_to_resume(stage.overrides, "grpo.resume"))
-    for n in notes:
-        print(f"WARNING: {n}" if not n.startswith("resuming from") else n)
-    notes = [n for n in notes if not n.startswith("resuming from")]
+    rollouts = None
+    if backend == "vllm" and int(args.world_size) > 1:
+        raise LabError(f"conf/grpo: rollout_backend=vllm runs in one process on one GPU (lab.train.rollouts), not "
+                       f"{args.world_size} processes; launch one process, or set grpo.rollout_backend=hf")
+    if backend == "vllm":  # one engine for the pass rates and every round, built at its first use
+        from lab.train.rollouts import VLLMRollouts
 
-    fresh = record is None
-    if fresh:  # a fresh run: estimate pass rates, select and order the prompts, record them
-        # the main process keeps its samples as they come (a killed run resumes them); the others sample alone
-        rates = pass_rate_table(cfg, model, tokenizer, pool, budget,
-                                cache=out / "pass_rate_samples.jsonl" if is_main_process() else None)
-        atomic_write_csv(stage.path("pass_rates.csv"), rates)
-        thr, unsolved = g.drop_threshold, g.drop_unsolved
-        kept, _ = curriculum.select(rates, threshold=thr, drop_unsolved=unsolved)
-        if not kept:
-            raise LabError(f"{stage.dir}: no training prompt has a pass rate below {thr}"
-                           + (" and above 0" if unsolved else "") + f" over {g.pass_rate_k} samples (see "
-                           f"{stage.path('pass_rates.csv')}): nothing to learn from. A start that solves nothing "
-                           "needs more SFT, not GRPO; or set grpo.drop_unsolved=false.")
-        chosen = curriculum.order(pool[pool["id"].isin(set(kept))], rates, curriculum=g.curriculum,
-                                  shape=g.curriculum_shape, seed=cfg.seed)
-        atomic_write_csv(stage.path("prompt_order.csv"), chosen[["id", "category", "pass_rate", "bucket"]]
-                         if "category" in chosen else chosen[["id", "pass_rate", "bucket"]])
-        record = {"fingerprint": fp, "order": chosen["id"].tolist(),
-                  "selection": curriculum.selection_summary(rates, threshold=thr, drop_unsolved=unsolved)}
-        checkpoints.write_record(out, record)
-    else:
-        print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
-    for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh stage folder
-        src, dst = (stage.path(name), out / name) if fresh else (out / name, stage.path(name))  # gets them back
-        if src.is_file() and is_main_process():  # only the main process writes (lab.core.io.atomic_file)
-            shutil.copyfile(src, dst)
-    if torch.distributed.is_available() and torch.distributed.is_initialized():  # scripts/train_grpo.py, N processes:
-        box = [record]  # every rank trains rank 0's prompt order (its own sampled pass rates could differ)
-        torch.distributed.broadcast_object_list(box, src=0)
-        record = box[0]
-    order = [str(i) for i in record["order"]]
-    by_id = pool.set_index("id")
-    missing = [i for i in order if i not in by_id.index]
-    if missing:
-        raise LabError(f"{out / RUN_RECORD}: prompt ids {missing[:5]} are not in this run's pool")
-    # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps
-    ids = schedule(order, max_steps * per_step * int(args.world_size), shuffle=not g.curriculum,
-                   seed=cfg.seed)
-    ds = build_dataset(tokenizer, by_id.loc[ids].reset_index(), trace_style(cfg))
+        rollouts = VLLMRollouts(cfg, model, tokenizer, out, budget)
+    try:  # the rollout engine (vllm) is shut down however training ends
+        fp = fingerprint(cfg, pool["id"].tolist(), model, budget)
+        last, record, notes = resume_point(cfg, out, fp, asked=checkpoints.asked_to_resume(stage.overrides, "grpo.resume"))
+        for n in notes:
+            print(f"WARNING: {n}" if not n.startswith("resuming from") else n)
+        notes = [n for n in notes if not n.startswith("resuming from")]
 
-    check = GradientCheck(model) if g.gradient_check else None
-    guard = GuardRails(g, spread)
-    callbacks = [guard, *trainer_callbacks(check, checkpoints.wall_clock_budget(cfg, "grpo"))]  # tests wrap trainer_callbacks
-    before = _trainable_sample(model)
-    refinements: list[dict] = []
-    finished = last is not None and checkpoints.step_of(last) >= max_steps
-    if finished:  # nothing left to train: transformers would run one more step; take the checkpoint as it is
-        print(f"{last} is already at grpo.max_steps={max_steps}: loading its adapter, no further training")
-        model.load_adapter(str(last), adapter_name="default", is_trainable=True)
-        state = read_json(last / "trainer_state.json")
-        history, steps = state.get("log_history", []), int(state["global_step"])
-    else:
-        rollout = None
-        if g.refine:
-            rows_by_prompt = {r["prompt"]: r for r in ds}
-            rollout = refine_rollout(tokenizer, funcs, weights, rows_by_prompt, refinements)
-        # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included); an lm_head LoRA: see lab.model.lora
-        with allow_out_proj(), trainer_accepts_head_lora(model):
-            trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
-                                  train_dataset=ds, processing_class=tokenizer,
-                                  callbacks=[*callbacks, checkpoints.marker_callback()], rollout_func=rollout)
-        use_text_progress(trainer)  # step lines from lab.train.callbacks.TrainProgress, not an HTML widget
-        # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
-        install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
-        with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_bytes(out, model)):
-            trainer.train(resume_from_checkpoint=str(last) if last else None)
-        history, steps = trainer.state.log_history, int(trainer.state.global_step)
+        fresh = record is None
+        if fresh:  # a fresh run: estimate pass rates, select and order the prompts, record them
+            # the main process keeps its samples as they come (a killed run resumes them); the others sample alone
+            rates = pass_rate_table(cfg, model, tokenizer, pool, budget,
+                                    cache=out / "pass_rate_samples.jsonl" if is_main_process() else None,
+                                    rollouts=rollouts)
+            atomic_write_csv(stage.path("pass_rates.csv"), rates)
+            thr, unsolved = g.drop_threshold, g.drop_unsolved
+            kept, _ = curriculum.select(rates, threshold=thr, drop_unsolved=unsolved)
+            if not kept:
+                raise LabError(f"{stage.dir}: no training prompt has a pass rate below {thr}"
+                               + (" and above 0" if unsolved else "") + f" over {g.pass_rate_k} samples (see "
+                               f"{stage.path('pass_rates.csv')}): nothing to learn from. A start that solves nothing "
+                               "needs more SFT, not GRPO; or set grpo.drop_unsolved=false.")
+            chosen = curriculum.order(pool[pool["id"].isin(set(kept))], rates, curriculum=g.curriculum,
+                                      shape=g.curriculum_shape, seed=cfg.seed)
+            atomic_write_csv(stage.path("prompt_order.csv"), chosen[["id", "category", "pass_rate", "bucket"]]
+                             if "category" in chosen else chosen[["id", "pass_rate", "bucket"]])
+            record = {"fingerprint": fp, "order": chosen["id"].tolist(),
+                      "selection": curriculum.selection_summary(rates, threshold=thr, drop_unsolved=unsolved)}
+            checkpoints.write_record(out, record)
+        else:
+            print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
+        for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh stage folder
+            src, dst = (stage.path(name), out / name) if fresh else (out / name, stage.path(name))  # gets them back
+            if src.is_file() and is_main_process():  # only the main process writes (lab.core.io.atomic_file)
+                shutil.copyfile(src, dst)
+        if torch.distributed.is_available() and torch.distributed.is_initialized():  # scripts/train_grpo.py, N processes:
+            box = [record]  # every rank trains rank 0's prompt order (its own sampled pass rates could differ)
+            torch.distributed.broadcast_object_list(box, src=0)
+            record = box[0]
+        order = [str(i) for i in record["order"]]
+        by_id = pool.set_index("id")
+        missing = [i for i in order if i not in by_id.index]
+        if missing:
+            raise LabError(f"{out / RUN_RECORD}: prompt ids {missing[:5]} are not in this run's pool")
+        # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps, and
+        # the last round's whole generation batch (a round samples steps_per_generation steps' prompts at once)
+        rounds = math.ceil(max_steps / int(g.steps_per_generation)) * int(g.steps_per_generation)
+        ids = schedule(order, rounds * per_step * int(args.world_size), shuffle=not g.curriculum,
+                       seed=cfg.seed)
+        ds = build_dataset(tokenizer, by_id.loc[ids].reset_index(), trace_style(cfg))
+
+        check = GradientCheck(model) if g.gradient_check else None
+        guard = GuardRails(g, spread)
+        callbacks = [guard, *trainer_callbacks(check, checkpoints.wall_clock_budget(cfg, "grpo"))]  # tests wrap trainer_callbacks
+        before = _trainable_sample(model)
+        refinements: list[dict] = []
+        finished = last is not None and checkpoints.step_of(last) >= max_steps
+        if finished:  # nothing left to train: transformers would run one more step; take the checkpoint as it is
+            print(f"{last} is already at grpo.max_steps={max_steps}: loading its adapter, no further training")
+            model.load_adapter(str(last), adapter_name="default", is_trainable=True)
+            state = read_json(last / "trainer_state.json")
+            history, steps = state.get("log_history", []), int(state["global_step"])
+        else:
+            rollout = rollouts
+            if g.refine:
+                rows_by_prompt = {r["prompt"]: r for r in ds}
+                rollout = refine_rollout(tokenizer, funcs, weights, rows_by_prompt, refinements)
+            # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included); an lm_head LoRA: see lab.model.lora
+            with allow_out_proj(), trainer_accepts_head_lora(model):
+                trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
+                                      train_dataset=ds, processing_class=tokenizer,
+                                      callbacks=[*callbacks, checkpoints.marker_callback()], rollout_func=rollout)
+            use_text_progress(trainer)  # step lines from lab.train.callbacks.TrainProgress, not an HTML widget
+            if rollouts is not None:
+                trl_private.watch_sampling_gap(trainer)  # rollout/logp_diff_*: where TRL computes the old log-probs
+            # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
+            install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
+            with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_bytes(out, model)):
+                trainer.train(resume_from_checkpoint=str(last) if last else None)
+            history, steps = trainer.state.log_history, int(trainer.state.global_step)
+    finally:
+        if rollouts is not None:
+            rollouts.close()
+    metrics_rounds = rollouts.rounds if rollouts is not None else []
     if "ref" in getattr(model, "peft_config", {}):
         model.delete_adapter("ref")  # TRL's frozen reference copy: not part of the trained adapter
     with checkpoints.disk_full_guard(resolve_path(g.adapter_dir), lambda: checkpoints.checkpoint_bytes(out, model)):
@@ -432,6 +434,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         # this process's reward calls since this run (re)started: one per step without refine
         "correctness_flat_group_share_per_step": [round(x, 4) for x in spread.shares] if spread else [],
         "lora_weight_change": changed,
+        "rollout_rounds": metrics_rounds,  # vllm: per round its step, LoRA id, folder and seconds (lab.train.rollouts)
     }
     if check is not None and not finished:
         bad = metrics["gradient_check_failed"] = check.save(stage.dir)

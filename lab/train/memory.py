@@ -424,18 +424,42 @@ class Trace:
         return self.peak_bytes / GIB
 
 
+def micro_batch(cfg: DictConfig) -> tuple[int, int]:
+    """(completions per training micro-step, micro-steps per optimiser step) for one process.
+
+    One optimiser step covers `prompts_per_step x num_generations` completions per process (the whole group of
+    every prompt); `grpo.per_device_train_batch_size` of them go through one forward/backward (null: all at once).
+    TRL 1.15 (`GRPOConfig.__post_init__`, trl/trainer/grpo_config.py) derives `generation_batch_size =
+    per_device_train_batch_size x processes x steps_per_generation`; with `steps_per_generation =
+    gradient_accumulation_steps` = the second value here, one generation round is one optimiser step, the
+    advantages are normalised over whole groups (`_generate_and_score_completions` sees the full generation batch),
+    and the default `dapo` loss divides by the generation batch's token count rescaled to one accumulation window
+    (`_compute_loss`, trl/trainer/grpo_trainer.py), so the summed micro-steps give the loss of the one big step.
+
+    `grpo.steps_per_generation` = S > 1 (`grpo_args`): TRL's steps_per_generation = S x the second value, so one
+    round samples S optimiser steps' prompts at once; TRL then computes `old_per_token_logps` (its condition
+    `gradient_accumulation_steps % (steps_per_generation x num_iterations) != 0`, `_generate_and_score_completions`)
+    and the clipped ratio (`epsilon`) corrects the policy lag of the later S - 1 steps."""
+    g = cfg.grpo
+    group = g.prompts_per_step * g.num_generations
+    m = group if g.per_device_train_batch_size is None else int(g.per_device_train_batch_size)
+    if not 1 <= m <= group or group % m:
+        raise LabError(f"conf/grpo: per_device_train_batch_size={m} must divide prompts_per_step x num_generations "
+                       f"= {g.prompts_per_step} x {g.num_generations} = {group} (the completions of one optimiser "
+                       "step), or be null (all of them in one micro-step)")
+    return m, group // m
+
+
 def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int | None = None
                ) -> tuple[int, int, bool]:
     """(rows, tokens per row, gradient checkpointing) of one training micro-step of `stage`: SFT's batch of
-    `sft.max_seq_len` (with packing, of `sft.pack_tokens`), GRPO's micro-batch as the trainer gets it (`lab.train.grpo.micro_batch`) of `model.max_model_len`;
+    `sft.max_seq_len` (with packing, of `sft.pack_tokens`), GRPO's micro-batch as the trainer gets it (`micro_batch`) of `model.max_model_len`;
     `tokens` and `rows` override them."""
     if stage == "sft":  # with packing a row is one pack (lab.train.sft.pack_tokens)
         from lab.model.packed_rows import pack_tokens
 
         return int(rows or cfg.sft.batch_size), int(tokens or pack_tokens(cfg)), bool(cfg.sft.gradient_checkpointing)
     if stage == "grpo":
-        from lab.train.grpo import micro_batch
-
         return (int(rows or micro_batch(cfg)[0]), int(tokens or cfg.model.max_model_len),
                 bool(cfg.grpo.gradient_checkpointing))
     raise LabError(f"lab.train.memory: stage {stage!r} is not sft or grpo")

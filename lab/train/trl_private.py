@@ -6,6 +6,8 @@
    (trl/trainer/grpo_trainer.py: `GRPOTrainer._tokenize_prompts`, `_generate_single_turn`, `_log_metric`):
    `prompt_ids`, `generate`, `log_metric`. TRL calls a `rollout_func(prompts, trainer)` from
    `_generate_and_score_completions` and offers no public way to draw with the trainer's own generation.
+   vLLM rollouts (`lab.train.rollouts`) use `prompt_ids` and `log_metric` too, and `watch_sampling_gap`
+   (`GRPOTrainer._generate_and_score_completions`' output, `_metrics`).
 A TRL upgrade re-reads those two files and this module, nothing else.
 
 The log-prob head: TRL 1.15 computes the per-token log-probabilities of SFT and GRPO through a "fused LM head"
@@ -13,8 +15,9 @@ whose inner function, `ChunkedLogProbFunction`, is a Triton kernel. Where Triton
 imported (PyTorch's CPU build), TRL leaves `trl.trainer.utils._ChunkedLogProbFunction = None` and
 every training step fails with `'NoneType' object has no attribute 'apply'`.
 
-`install()` fills that slot, only when it is empty, with the same computation in plain PyTorch and
-returns the same five outputs. On a GPU with Triton, nothing changes.
+`install()` fills that slot, when it is empty or no CUDA device is present (Triton without a CPU backend, as in the
+vLLM lane's venv), with the same computation in plain PyTorch and returns the same five outputs. On a GPU with
+Triton, nothing changes.
 
 What it simplifies:
 1. It materialises the logits instead of chunking them: fine for small vocabularies and short sequences,
@@ -53,7 +56,9 @@ def install() -> None:
     """Fill TRL's empty log-prob slot with the PyTorch version (a slot TRL filled is left as it is)."""
     import trl.trainer.utils as tu
 
-    if getattr(tu, "_ChunkedLogProbFunction", None) is None:
+    # also without CUDA: the vLLM lane's venv has Triton (vLLM's CPU build brings it) but no CPU backend for it, so
+    # TRL imports its kernel and the first step fails ("0 active drivers", triton/runtime/driver.py)
+    if getattr(tu, "_ChunkedLogProbFunction", None) is None or not torch.cuda.is_available():
         tu._ChunkedLogProbFunction = TorchLogProbFunction
 
 
@@ -73,3 +78,30 @@ def generate(trainer, prompt_ids: list, num_generations: int) -> tuple[list, lis
 def log_metric(trainer, name: str, value: float) -> None:
     """A scalar averaged over the logging step and logged with TRL's own metrics (`_log_metric`)."""
     trainer._log_metric(name, value)
+
+
+def watch_sampling_gap(trainer) -> None:
+    """Log |sampler's - trainer's| log-probability of the completion tokens as `rollout/logp_diff_mean` and `_max`,
+    where TRL computes the trainer's (`old_per_token_logps`: only when a round feeds several optimiser steps) and
+    the rollout returned the sampler's (`sampling_per_token_logps`); both are keys of the dict
+    `_generate_and_score_completions` returns (trl/trainer/grpo_trainer.py), over its `completion_mask`. Wraps that
+    method on this trainer instance, once; costs no forward pass."""
+    if getattr(trainer, "_lab_gap_watched", False):
+        return
+    inner = trainer._generate_and_score_completions
+
+    def wrapped(*args, **kwargs):
+        out = inner(*args, **kwargs)
+        old, samp = out.get("old_per_token_logps"), out.get("sampling_per_token_logps")
+        if old is not None and samp is not None:
+            mask = out["completion_mask"].bool()
+            d = (old - samp).abs()[mask]
+            d = d[torch.isfinite(d)]
+            if d.numel():
+                mode = "train" if trainer.model.training else "eval"
+                trainer._metrics[mode]["rollout/logp_diff_mean"].append(float(d.mean()))
+                trainer._metrics[mode]["rollout/logp_diff_max"].append(float(d.max()))
+        return out
+
+    trainer._generate_and_score_completions = wrapped
+    trainer._lab_gap_watched = True

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 import pytest
 
-from lane_report import PARITY_ROWS, REFUSAL_ROWS
+from lane_report import PARITY_ROWS, REFUSAL_ROWS, ROLLOUT_ROWS
 
 from lab.model import vllm_cpu
 
@@ -59,6 +59,22 @@ def pytest_terminal_summary(terminalreporter):
             tr.write_line(f"| {r['adapter']} | {r['matched']} | {len(r['tie_gaps'])}"
                           f"{f' ({ties})' if ties else ''} | {r['mismatched']} | {r['changed']} | "
                           f"{r['max_logprob_diff']:.1e} |")
+    if ROLLOUT_ROWS:
+        tr = terminalreporter
+        tr.section("GRPO rollouts from the served adapter (lab.train.rollouts), vllm-cpu 0.32.0, float32, seconds per "
+                   "round on this CPU")
+        tr.write_line("| round / check | LoRA id | engine start s | pack s | switch s (CUDA only) | load s | sample s | "
+                      "sequences | max abs log-prob diff vs trainer | base model (control) |")
+        tr.write_line("|---|---|---|---|---|---|---|---|---|---|")
+
+        def f(v, fmt):
+            return "-" if v is None else format(v, fmt)
+
+        for r in ROLLOUT_ROWS:
+            tr.write_line(f"| {r['what']} | {r.get('lora_int_id', '-')} | {f(r.get('engine_start_s'), '.1f')} | "
+                          f"{f(r.get('pack_s'), '.3f')} | "
+                          f"{f(r.get('switch_s'), '.3f')} | {f(r.get('load_s'), '.3f')} | {f(r.get('sample_s'), '.2f')} | "
+                          f"{r.get('sequences', '-')} | {f(r.get('max_abs_diff'), '.1e')} | {f(r.get('control'), '.2f')} |")
     if REFUSAL_ROWS:
         terminalreporter.section("refusals")
         for r in REFUSAL_ROWS:

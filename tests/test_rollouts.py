@@ -1,0 +1,80 @@
+"""lab.train.rollouts without vLLM (the real engine is in tests/vllm_lane/test_vllm_rollouts.py): the round folders
+are the submission's packing of the in-memory adapter, keyed by step and weights, reused for the same weights and
+pruned to the last two; TRL's repeated prompt slice is split into groups or refused."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+from lab import LabError  # noqa: E402
+from lab.core import config  # noqa: E402
+from lab.model import lora, models  # noqa: E402
+from lab.train import rollouts  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def trainee(tmp_path_factory):
+    root = tmp_path_factory.mktemp("rollouts")
+    cfg = config.compose([f"run_dir={root}", f"model.path={root / 'base_model'}", "grpo.rollout_backend=vllm"])
+    model, tok = models.load(cfg)
+    pm, _ = lora.attach_lora(cfg, model)
+    return cfg, pm, tok, root
+
+
+def test_round_folders_are_the_packed_adapter_keyed_by_step_and_weights(trainee, tmp_path):
+    cfg, pm, tok, _ = trainee
+    ro = rollouts.VLLMRollouts(cfg, pm, tok, tmp_path, budget=12)
+    assert "vllm" not in sys.modules  # nothing of vLLM until an engine is built
+    first = ro.pack("step000000")
+    assert sorted(p.name for p in first.iterdir()) == ["adapter_config.json", "adapter_model.safetensors"]
+    conf = json.loads((first / "adapter_config.json").read_text())
+    assert conf["inference_mode"] is True and conf["target_parameters"] is None  # pack's per-expert form for vLLM
+    from safetensors import safe_open
+
+    with safe_open(str(first / "adapter_model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert any(".experts.0.up_proj.lora_A" in k for k in keys) and not any("lora_A.default" in k for k in keys)
+    stamp = (first / "adapter_model.safetensors").stat().st_mtime_ns
+    assert ro.pack("step000000") == first and (first / "adapter_model.safetensors").stat().st_mtime_ns == stamp
+    with torch.no_grad():  # the adapter moves: a new folder, keyed by the new checksum
+        next(p for n, p in pm.named_parameters() if "lora_B" in n).add_(0.01)
+    second = ro.pack("step000001")
+    assert second.parent != first.parent and second.parent.name.split("-")[1] != first.parent.name.split("-")[1]
+    assert first.parent.is_dir()  # the last two rounds are kept
+    with torch.no_grad():
+        next(p for n, p in pm.named_parameters() if "lora_B" in n).add_(0.01)
+    third = ro.pack("step000002")
+    assert not first.parent.exists() and second.parent.is_dir() and third.parent.is_dir()
+    assert sorted(p.name for p in (tmp_path / "rollouts").iterdir() if not p.name.startswith(".")) == \
+        sorted([second.parent.name, third.parent.name])
+
+
+def test_groups_split_trls_repeated_prompts_and_refuse_anything_else():
+    assert rollouts.groups(["a", "a", "b", "b", "a", "a"], 2) == ["a", "b", "a"]  # a prompt scheduled twice: two groups
+    with pytest.raises(LabError, match="do not split into groups of num_generations=2"):
+        rollouts.groups(["a", "a", "b"], 2)
+    with pytest.raises(LabError, match="prompts differ"):
+        rollouts.groups(["a", "b", "b", "b"], 2)
+
+
+def test_engine_phase_moves_nothing_without_the_switch(trainee):
+    _, pm, _, _ = trainee
+
+    class Engine:
+        calls = []
+
+        def wake_up(self):
+            self.calls.append("wake")
+
+        def sleep(self, level=1):
+            self.calls.append(f"sleep{level}")
+
+    timings = {}
+    with rollouts.engine_phase(pm, Engine(), switch=False, timings=timings):
+        pass
+    assert Engine.calls == [] and timings == {"switch_s": 0.0}
