@@ -78,3 +78,40 @@ def test_engine_phase_moves_nothing_without_the_switch(trainee):
     with rollouts.engine_phase(pm, Engine(), switch=False, timings=timings):
         pass
     assert Engine.calls == [] and timings == {"switch_s": 0.0}
+
+
+def test_wake_reloads_the_weights_between_the_two_wake_ups_at_level_2():
+    """Level 1: one wake_up. Level 2 (the weights were discarded): the weights' memory, the reload from the model
+    folder, then the KV cache; the reload's seconds are kept (vllm/entrypoints/llm.py wake_up tags)."""
+    class Engine:
+        def __init__(self):
+            self.calls = []
+
+        def wake_up(self, tags=None):
+            self.calls.append(("wake_up", tuple(tags) if tags else None))
+
+        def collective_rpc(self, method, *a, **k):
+            self.calls.append(("rpc", method))
+
+    one, two, timings = Engine(), Engine(), {}
+    rollouts.wake(one, 1, timings)
+    assert one.calls == [("wake_up", None)] and "reload_s" not in timings
+    rollouts.wake(two, 2, timings)
+    assert two.calls == [("wake_up", ("weights",)), ("rpc", "reload_weights"), ("wake_up", ("kv_cache",))]
+    assert timings["reload_s"] >= 0
+
+
+def test_the_sleep_level_follows_the_hosts_memory():
+    """Null: level 1 only where the host holds the bf16 weights twice (+ the margin), else 2; a host that cannot
+    hold them once is refused before anything loads; an explicit level wins."""
+    from lab.core.config import compose
+    from lab.train import memory
+
+    cfg = compose(["grpo.rollout_backend=vllm"])
+    w = 58.8
+    assert memory.sleep_level(cfg, host=2 * w + memory.HOST_MARGIN_GIB, weights_gib=w)[0] == 1
+    assert memory.sleep_level(cfg, host=128, weights_gib=w)[0] == 2  # a 128 GiB H100 machine
+    with pytest.raises(LabError, match="holds the 58.8 GiB of bf16 weights in it at least once"):
+        memory.sleep_level(cfg, host=64, weights_gib=w)
+    assert memory.sleep_level(compose(["grpo.vllm_sleep_level=1"]), host=128, weights_gib=w) == (
+        1, "grpo.vllm_sleep_level=1")

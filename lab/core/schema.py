@@ -349,8 +349,13 @@ class GrpoConfig(Checked):
         "null: gpu.max_use of the card less the trainer's LoRA and optimizer states (lab.train.memory.engine_share; "
         "`python -m lab memory --stage grpo` prints both phases)", gt=0, le=1)
     vllm_sleep_mode: bool = _help("vllm rollouts on CUDA: engine and trainer take turns on the card (the engine "
-                                  "sleeps, level 1, while the trainer trains; the trainer's frozen weights go to CPU "
-                                  "memory while the engine samples); false: both stay resident")
+                                  "sleeps while the trainer trains; the trainer's frozen weights go to CPU memory "
+                                  "while the engine samples); false: both stay resident")
+    vllm_sleep_level: Optional[int] = _help("vllm rollouts with sleep mode: 1, the engine keeps its weights in CPU "
+                                            "memory while it sleeps (the host holds the weights twice at a switch); "
+                                            "2, it discards them and reloads them from the model folder at each "
+                                            "wake-up (once); null: 1 when the host's memory allows it "
+                                            "(lab.train.memory.sleep_level)", ge=1, le=2)
 
     def rules(self) -> list[str]:
         # the names themselves are checked where they are built (lab.train.rewards.build, before any rollout), whose

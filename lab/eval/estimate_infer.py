@@ -33,16 +33,20 @@ figures are PROJECTED, nothing of it has run on a GPU):
   `vllm_importance_sampling_correction` runs only with its own `use_vllm`, which the lab never sets: the
   sampler-vs-trainer gap is logged (`rollout/logp_diff_*`), not corrected.
 - Taking turns on the card. The engine and the training model cannot both hold 59 GiB on an 80 or 96 GB card. The
-  engine sleeps while the trainer trains (vLLM's `LLM.sleep(level=1)`: weights offloaded to CPU memory, KV cache
-  freed; `wake_up()` copies them back), and the trainer moves its frozen base weights to CPU memory while the
-  engine samples (the LoRA and AdamW states, a few hundred MB, stay on the card): `lab.train.rollouts.engine_phase`.
-  Per round: 4 x 59 GiB over PCIe (`switch_gbps`, an assumed constant rate; `engine_phase` moves the trainer's
-  weights one tensor at a time, unpinned, so the real rate may be lower). Host memory: both copies, about 120 GiB,
-  which the 128 GiB H100 machine barely holds; where it does not, sleep level 2 (weights dropped, reloaded from the
-  page cache or disk) trades host memory for reload time (not built). Measured on CPU (the vLLM lane, tiny model):
-  packing the adapter and loading its LoRARequest take hundredths of a second per round and the switch is a no-op
-  there, so the lane says nothing about the GPU switch; the packing of the real adapter (its routed experts split per
-  expert) is not in this estimate.
+  engine sleeps while the trainer trains, and the trainer moves its frozen base weights to CPU memory while the
+  engine samples (the LoRA and its optimizer states stay on the card): `lab.train.rollouts.engine_phase`. Sleep
+  level 1 (`LLM.sleep(level=1)`: weights offloaded to CPU memory, KV cache freed; `wake_up()` copies them back)
+  moves 4 x 59 GiB per round over PCIe (`switch_gbps`, an assumed constant rate; `engine_phase` moves the trainer's
+  weights one tensor at a time, unpinned, so the real rate may be lower) and holds both copies on the host at a
+  switch, about 134 GiB with a margin; level 2 (weights discarded, reloaded from the model folder at wake-up,
+  `collective_rpc("reload_weights")`) moves 2 x 59 GiB and reads the weights from disk (`disk_gbps`, assumed),
+  holding them once. `grpo.vllm_sleep_level` null picks level 1 only on a host that holds the weights twice
+  (`lab.train.memory.sleep_level`; a 128 GiB H100 machine does not), so this projection takes level 2 unless the
+  config says 1. Measured on CPU (the vLLM lane, tiny model): packing the adapter and loading its LoRARequest take
+  hundredths of a second per round, and reloading the weights from the model folder restores what a change to
+  them broke (tests/vllm_lane/test_vllm_rollouts.py); the sleep itself is CUDA only, so the lane says nothing about
+  the GPU switch's seconds; the packing of the real adapter (its routed experts split per expert) is not in this
+  estimate.
 - Why this beats transformers rollouts: `generate` with the adapter attached rebuilds the experts' LoRA delta at every
   decode step (issue 43: 16-37 minutes per optimizer step on an H100), while vLLM applies the LoRA in its kernels.
 - Pass rates: the same engine, before step 1, `grpo.n_prompts` x `grpo.pass_rate_k` samples in one hand-over, written
@@ -79,6 +83,8 @@ CONSTANTS = {
     "old_logp_forward": (1 / 3, "assumed cost of the extra forward for old log-probabilities, as a share of "
                                 "forward + backward"),
     "switch_gbps": (25.0, "assumed effective host<->GPU copy rate, GB/s (PCIe Gen5 x16: 64 GB/s theoretical)"),
+    "disk_gbps": (2.0, "assumed read rate of the model folder from local NVMe, GB/s, for a sleep-level-2 reload "
+                       "(not measured)"),
     "steps_per_generation": (4, "optimizer steps per generation round when the config has none (grpo.steps_per_generation "
                                 "is used when set: conf/grpo/nemotron_nano.yaml sets 4)"),
 }
@@ -187,25 +193,38 @@ def grpo_step_minutes(cfg, card) -> dict:
     gen, gen_text, used = generation_s(S * group, budget, slots, card)
     name = card_name(card)
     bw = CARD_BANDWIDTH[name]
-    moved = 4 * _c("weights_gib") * GIB / 1e9  # engine out and in, trainer's base out and in
-    switch = moved / _c("switch_gbps")
+    level = g.get("vllm_sleep_level")
+    level = 2 if level is None else int(level)  # null: chosen from the host's memory at run time; project the slower
+    weights_gb = _c("weights_gib") * GIB / 1e9
+    if level == 1:  # engine out and in, trainer's base out and in
+        moved = 4 * weights_gb
+        switch = moved / _c("switch_gbps")
+        switch_text = (f"Switch per round (sleep level 1) = 4 x weights_gib {_c('weights_gib')} GiB ({moved:.0f} GB) / "
+                       f"switch_gbps {_c('switch_gbps')} = {switch:.1f} s")
+    else:  # trainer's base out and in; the engine's weights reloaded from disk
+        moved = 2 * weights_gb
+        switch = moved / _c("switch_gbps") + weights_gb / _c("disk_gbps")
+        note = (", grpo.vllm_sleep_level null: level 1 where the host holds the weights twice"
+                if g.get("vllm_sleep_level") is None else "")
+        switch_text = (f"Switch per round (sleep level 2{note}) = 2 x weights_gib "
+                       f"{_c('weights_gib')} GiB ({moved:.0f} GB) / switch_gbps {_c('switch_gbps')} + reload "
+                       f"{weights_gb:.0f} GB / disk_gbps {_c('disk_gbps')} = {switch:.1f} s")
     mean, _ = mean_completion_tokens(budget)
     scale = _c("h100_tbps") / _c(bw)
     micro = (_c("micro_step_s") + _c("per_token_s") * (_c("prompt_tokens") + mean)) * scale
     train = group * micro * (1 + _c("old_logp_forward"))
     minutes = ((gen + switch) / S + train) / 60
     text = (f"generation round of S = steps_per_generation {S} steps x {group} completions ({g.prompts_per_step} prompts x "
-            f"{g.num_generations}): {gen_text}. Switch per round = 4 x weights_gib {_c('weights_gib')} GiB "
-            f"({moved:.0f} GB) / switch_gbps {_c('switch_gbps')} = {switch:.1f} s. Training per step = {group} "
+            f"{g.num_generations}): {gen_text}. {switch_text}. Training per step = {group} "
             f"micro-steps x (micro_step_s {_c('micro_step_s')} + per_token_s {_c('per_token_s'):g} x (prompt_tokens "
             f"{_c('prompt_tokens'):g} + {mean:.0f})) x bandwidth scale {scale:.2f} x (1 + old_logp_forward "
             f"{_c('old_logp_forward'):.2f}) = {train:.0f} s. Minutes per step = (({gen:,.0f} + {switch:.1f}) / {S} + "
             f"{train:.0f}) / 60 = {minutes:.2f}")
-    used += ["weights_gib", "switch_gbps", "micro_step_s", "per_token_s", "prompt_tokens", "old_logp_forward",
+    used += ["weights_gib", "switch_gbps", *(["disk_gbps"] if level == 2 else []), "micro_step_s", "per_token_s", "prompt_tokens", "old_logp_forward",
              "steps_per_generation"]
     return _result("step_minutes", minutes, "minutes per optimizer step", text, used,
                    parts_s={"generation_per_step": round(gen / S, 1), "switch_per_step": round(switch / S, 1),
-                            "training_per_step": round(train, 1)}, steps_per_generation=S)
+                            "training_per_step": round(train, 1)}, steps_per_generation=S, sleep_level=level)
 
 
 def sections(cfg, card) -> dict:

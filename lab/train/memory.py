@@ -655,7 +655,51 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None) -
         use = float(cfg.gpu.max_use)
         out["engine_share_gib"] = share * card
         out["fits"] = bool(need <= share * card and share * card + keep <= use * card)
+    weights = engine["bf16 base weights"] / GIB
+    host = host_gib()
+    out["host"] = {"weights_gib": weights, "level_1_gib": 2 * weights + HOST_MARGIN_GIB,
+                   "level_2_gib": weights + HOST_MARGIN_GIB, "this_machine_gib": host}
     return out
+
+
+HOST_MARGIN_GIB = 16.0  # host memory kept free beside the weights a switch holds (the process, pinned buffers, the OS)
+
+
+def host_gib() -> float | None:
+    """This machine's physical memory in GiB (None where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def sleep_level(cfg: DictConfig, host: float | None = None, weights_gib: float | None = None) -> tuple[int, str]:
+    """(the level the rollout engine sleeps at between rounds, why). Level 1 (vLLM keeps its weights in CPU memory
+    while it sleeps) makes the host hold the weights twice at a switch: the engine's copy and the trainer's frozen
+    base, which moves to the CPU while the engine is awake. Level 2 discards the engine's weights and reloads them
+    from the model folder at each wake-up (`LLM.collective_rpc("reload_weights")`), so the host holds them once, at
+    the price of reading them from disk each round. `grpo.vllm_sleep_level` chooses; null: 1 when the host holds
+    twice the bf16 weights plus `HOST_MARGIN_GIB`, else 2. A LabError when it cannot hold them once."""
+    level = OmegaConf.select(cfg, "grpo.vllm_sleep_level", default=None)
+    if weights_gib is None:
+        weights_gib = 2 * lora_figures(cfg, model_config_values(cfg))["base_params"] / GIB
+    host = host_gib() if host is None else host
+    if host is not None and host < weights_gib + HOST_MARGIN_GIB:
+        raise LabError(f"grpo.rollout_backend=vllm: this machine has {host:.0f} GiB of memory; a switch between the "
+                       f"trainer and the rollout engine holds the {weights_gib:.1f} GiB of bf16 weights in it at "
+                       f"least once (+{HOST_MARGIN_GIB:.0f} GiB margin). Use a machine with more memory, or "
+                       "grpo.rollout_backend=hf")
+    if level is not None:
+        return int(level), f"grpo.vllm_sleep_level={int(level)}"
+    if host is None:
+        return 2, "the host's memory is unknown: level 2 (the weights once on the host)"
+    if host >= 2 * weights_gib + HOST_MARGIN_GIB:
+        return 1, (f"the host's {host:.0f} GiB hold the {weights_gib:.1f} GiB of weights twice: level 1 (the engine "
+                   "keeps its weights in CPU memory while it sleeps)")
+    return 2, (f"the host's {host:.0f} GiB cannot hold the {weights_gib:.1f} GiB of weights twice: level 2 (the "
+               "engine reloads its weights from the model folder at each wake-up)")
 
 
 def engine_share(cfg: DictConfig) -> float:
@@ -677,6 +721,10 @@ def generation_report(ph: dict, use: float) -> str:
     lines += [f"    {v:8.2f} GiB  {k}" for k, v in ph["engine_gib"].items()]
     lines.append(f"  the trainer keeps at most {ph['trainer_gib_total']:.1f} GiB on the card meanwhile:")
     lines += [f"    {v:8.2f} GiB  {k}" for k, v in ph["trainer_gib"].items()]
+    h = ph["host"]
+    lines.append(f"  host memory at a switch (lab.train.memory.sleep_level): sleep level 1 holds the weights twice, "
+                 f"{h['level_1_gib']:.0f} GiB with the margin; level 2 once, {h['level_2_gib']:.0f} GiB"
+                 + (f"; this machine has {h['this_machine_gib']:.0f} GiB" if h["this_machine_gib"] else ""))
     if ph.get("card_gib") is not None:
         card, share = ph["card_gib"], ph["share"]
         verdict = "fits" if ph["fits"] else "does NOT fit"

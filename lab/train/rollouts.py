@@ -13,8 +13,11 @@ One round (`VLLMRollouts.__call__`):
    written atomically (`lab.core.io.atomic_dir`) and keyed by what produced it (the step and the weights' checksum:
    a rerun reuses a folder only for the same weights); older round folders are removed, the last two kept;
 2. switch (CUDA with `grpo.vllm_sleep_mode`, else nothing): the training model's frozen parameters go to CPU memory
-   and the engine wakes up (`LLM.wake_up`); after sampling it sleeps (`LLM.sleep(level=1)`: weights to CPU, KV cache
-   freed; vllm/entrypoints/llm.py) and the frozen parameters come back (`engine_phase`);
+   and the engine wakes up (`wake`); after sampling it sleeps and the frozen parameters come back (`engine_phase`).
+   Level 1 (`LLM.sleep(level=1)`: weights to CPU memory, KV cache freed; vllm/entrypoints/llm.py) needs the host to
+   hold the weights twice at a switch; level 2 discards them and reloads them from the model folder at wake-up
+   (`collective_rpc("reload_weights")`), holding them once (`grpo.vllm_sleep_level`, null: chosen from the host's
+   memory by `lab.train.memory.sleep_level`);
 3. load: a `LoRARequest` with a fresh `lora_int_id` per round (vLLM caches adapters by id), loaded up front
    (`LLMEngine.add_lora`, vllm/v1/engine/llm_engine.py) so its time is its own; the previous round's id is removed;
 4. sample: one hand-over of the round's distinct prompts to the engine (`lab.model.generate.generate_vllm`), n =
@@ -59,11 +62,28 @@ from lab.train import trl_private
 ROUND_DIRS_KEPT = 2  # round folders kept on disk (the one being served and the one before)
 
 
+def wake(llm, level: int, timings: dict) -> None:
+    """Wake the engine from `llm.sleep(level)`. Level 1: `wake_up()` (its weights come back from CPU memory). Level 2
+    (its weights were discarded): the weights' memory back (`wake_up(tags=["weights"])`), the weights reloaded from
+    the model folder (`collective_rpc("reload_weights")`: vllm/v1/worker/gpu_worker.py `reload_weights`, which
+    also resets the engine's LoRA state, so the round's adapter is added after this), then the KV cache
+    (`wake_up(tags=["kv_cache"])`). vllm/entrypoints/llm.py: sleep levels 1 and 2, wake_up tags."""
+    if level == 2:
+        llm.wake_up(tags=["weights"])
+        t = time.perf_counter()
+        llm.collective_rpc("reload_weights")
+        timings["reload_s"] = timings.get("reload_s", 0.0) + time.perf_counter() - t
+        llm.wake_up(tags=["kv_cache"])
+    else:
+        llm.wake_up()
+
+
 @contextlib.contextmanager
-def engine_phase(model, llm, switch: bool, timings: dict | None = None):
+def engine_phase(model, llm, switch: bool, timings: dict | None = None, level: int = 1):
     """The engine's turn on the card: with `switch` (CUDA, sleep mode), the model's frozen (requires_grad=False)
-    CUDA parameters move to CPU and `llm.wake_up()`; on exit `llm.sleep(level=1)` and the parameters move back.
-    Without `switch`, nothing moves. The seconds spent go to timings["switch_s"] (added)."""
+    CUDA parameters move to CPU and the engine wakes (`wake`); on exit `llm.sleep(level)` and the parameters move
+    back. Without `switch`, nothing moves. The seconds spent go to timings["switch_s"] (added; a level-2 reload
+    also to timings["reload_s"])."""
     if timings is None:
         timings = {}
     timings.setdefault("switch_s", 0.0)
@@ -77,13 +97,13 @@ def engine_phase(model, llm, switch: bool, timings: dict | None = None):
     for p, _ in moved:
         p.data = p.data.to("cpu")
     torch.cuda.empty_cache()
-    llm.wake_up()
+    wake(llm, level, timings)
     timings["switch_s"] += time.perf_counter() - t
     try:
         yield
     finally:
         t = time.perf_counter()
-        llm.sleep(level=1)
+        llm.sleep(level=level)
         for p, dev in moved:
             p.data = p.data.to(dev)
         torch.cuda.synchronize()
@@ -117,6 +137,12 @@ class VLLMRollouts:
         self.llm = engine
         self.cuda = torch.cuda.is_available()
         self.switch = self.cuda and bool(cfg.grpo.vllm_sleep_mode)
+        self.level = 1
+        if self.switch:  # how the engine sleeps between rounds, from the host's memory (lab.train.memory.sleep_level)
+            from lab.train.memory import sleep_level
+
+            self.level, why = sleep_level(cfg)
+            print(f"rollout engine sleeps at level {self.level}: {why}", flush=True)
         self._ids = itertools.count(1)
         self.lora = None  # the LoRARequest being served
         self.rounds: list[dict] = []  # per round: step, lora_int_id, folder, seconds per part, sequences
@@ -178,7 +204,8 @@ class VLLMRollouts:
         t = time.perf_counter()
         path = self.pack(key)
         timings["pack_s"] = time.perf_counter() - t
-        with engine_phase(self.model, self.llm if self.llm is not None else _Lazy(self), self.switch, timings):
+        with engine_phase(self.model, self.llm if self.llm is not None else _Lazy(self), self.switch, timings,
+                          self.level):
             self._engine(timings)
             t = time.perf_counter()
             self._serve(path, key)
@@ -217,7 +244,7 @@ class VLLMRollouts:
         record = {"step": step, "lora_int_id": self.lora.lora_int_id, "folder": str(path.parent),
                   "sequences": len(completion_ids), **{k: round(v, 4) for k, v in timings.items()}}
         self.rounds.append(record)
-        for k in ("pack_s", "switch_s", "load_s", "sample_s", "engine_start_s", "engine_share"):
+        for k in ("pack_s", "switch_s", "reload_s", "load_s", "sample_s", "engine_start_s", "engine_share"):
             if k in timings:
                 trl_private.log_metric(trainer, f"rollout/{k}", float(timings[k]))
         print(f"rollout round at step {step}: {len(distinct)} prompts x {n}, lora id {self.lora.lora_int_id}; "
@@ -239,7 +266,8 @@ class VLLMRollouts:
         base = models.model_path(self.cfg)
         source = {"model": base, "model_sha256": generate.model_hash(base), "weights": "in memory, served packed",
                   "lora_sha256": generate.lora_checksum(self.model)}
-        with engine_phase(self.model, self.llm if self.llm is not None else _Lazy(self), self.switch, timings):
+        with engine_phase(self.model, self.llm if self.llm is not None else _Lazy(self), self.switch, timings,
+                          self.level):
             self._engine(timings)
             self._serve(path, "start")
             yield generate.Generator.serving(self.cfg, self.llm, self.tokenizer, self.lora, source)
@@ -247,7 +275,8 @@ class VLLMRollouts:
     def open(self):
         """Build the engine now (else the first round or pass-rate call does), in the engine's phase; returns it."""
         timings = {}
-        with engine_phase(self.model, self.llm if self.llm is not None else _Lazy(self), self.switch, timings):
+        with engine_phase(self.model, self.llm if self.llm is not None else _Lazy(self), self.switch, timings,
+                          self.level):
             self._engine(timings)
         return self.llm
 
@@ -264,8 +293,11 @@ class _Lazy:
     def __init__(self, owner: VLLMRollouts):
         self.owner = owner
 
-    def wake_up(self):
+    def wake_up(self, tags=None):
         pass
+
+    def collective_rpc(self, method: str, *args, **kwargs):  # a fresh engine has its weights: nothing to reload
+        return []
 
     def sleep(self, level: int = 1):
         self.owner.llm.sleep(level=level)

