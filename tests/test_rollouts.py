@@ -115,3 +115,20 @@ def test_the_sleep_level_follows_the_hosts_memory():
         memory.sleep_level(cfg, host=64, weights_gib=w)
     assert memory.sleep_level(compose(["grpo.vllm_sleep_level=1"]), host=128, weights_gib=w) == (
         1, "grpo.vllm_sleep_level=1")
+
+
+def test_a_bf16_model_packs_its_rounds_in_bf16(trainee, tmp_path):
+    """vLLM casts a LoRA to the model's dtype when it loads it (lora_dtype auto), so a bf16 model's rounds are packed
+    in bf16, as the submission is (half the bytes, the same weights served); the fp32 tiny model packs as trained."""
+    from safetensors.torch import load_file
+
+    cfg, pm, tok, _ = trainee
+    fp32 = rollouts.VLLMRollouts(cfg, pm, tok, tmp_path / "a", budget=12).pack("step000000")
+    bf16 = rollouts.VLLMRollouts(config.compose([*[f"{k}={v}" for k, v in (("run_dir", cfg.run_dir),
+                                                                          ("model.path", cfg.model.path))],
+                                                 "model.dtype=bfloat16"]), pm, tok, tmp_path / "b",
+                                 budget=12).pack("step000000")
+    a, b = (load_file(str(d / "adapter_model.safetensors")) for d in (fp32, bf16))
+    assert a.keys() == b.keys() and {v.dtype for v in a.values()} == {torch.float32}
+    assert {v.dtype for v in b.values()} == {torch.bfloat16}
+    assert all(torch.equal(b[k], a[k].to(torch.bfloat16)) for k in a)

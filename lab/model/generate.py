@@ -362,7 +362,7 @@ def _check_gpu_released() -> None:
                        "`lab.model.generate.release_memory()`, then start the Generator")
 
 
-def served_adapter(adapter: str | Path, workdir: str | Path) -> Path:
+def served_adapter(adapter: str | Path, workdir: str | Path, dtype: str | None = None) -> Path:
     """The folder vLLM is given for `adapter` (vLLM reads a folder: vllm/lora/request.py,
     vllm/lora/utils.py:get_adapter_absolute_path): a PEFT adapter folder is packed with `lab.model.submission.pack` (which
     checks the zip; experts split per expert, the same zip Kaggle scores) and unzipped into `workdir`; a packed .zip
@@ -373,12 +373,13 @@ def served_adapter(adapter: str | Path, workdir: str | Path) -> Path:
     weights for a model without a 3-D MoE LoRA layer, and `NemotronHForCausalLM` in
     vllm/model_executor/models/nemotron_h.py does not set `is_3d_moe_weight`). vLLM 0.33 would take the fused keys
     with `enable_mixed_moe_lora_format=True` and `LoRARequest(is_3d_lora_weight=True)`, but the competition's engine
-    settings, conf/infer/kaggle.yaml, do not set it: the lab scores the form Kaggle loads."""
+    settings, conf/infer/kaggle.yaml, do not set it: the lab scores the form Kaggle loads. `dtype` (a folder only):
+    the tensors cast to it when packed (GRPO's rounds pack in the model's bf16, what vLLM computes the LoRA in)."""
     from lab.model import submission
 
     src, workdir = resolve_path(adapter), Path(workdir)
     if src.is_dir() and (src / "adapter_config.json").is_file():
-        packed = submission.pack(src, workdir / "adapter.zip")
+        packed = submission.pack(src, workdir / "adapter.zip", dtype=dtype)
     elif src.is_file() and zipfile.is_zipfile(src):
         problems = submission.check(src)
         if problems:

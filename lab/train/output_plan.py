@@ -186,9 +186,12 @@ def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None)
         if drills:
             scratch[f"checkpoints/{stage}_drills: {keep} kept + 1 being written"] = (keep + 1) * ckpt
         if stage == "03_grpo" and cfg.grpo.rollout_backend == "vllm":  # lab.train.rollouts keeps the last two rounds
-            scratch["checkpoints/03_grpo/rollouts: the last 2 rounds' served adapters + one being packed"] = 20 * P
-            lines.append(f"rollouts: 2 kept rounds x served adapter P x 4 B (fp32, as trained) + the round being "
-                         f"packed (PEFT folder, zip, served folder: 3 x P x 4 B) = P x 20 B = {_gb(20 * P)}")
+            b = 2 if str(cfg.model.dtype) in ("bfloat16", "float16") else 4  # lab.train.rollouts packs in it
+            scratch["checkpoints/03_grpo/rollouts: the last 2 rounds' served adapters + one being packed"] = (
+                (2 * b + 4 + 2 * b) * P)
+            lines.append(f"rollouts: 2 kept rounds x served adapter P x {b} B (the model's {cfg.model.dtype}) + the "
+                         f"round being packed (its fp32 PEFT folder P x 4 B, zip and served folder 2 x P x {b} B) = "
+                         f"{_gb((4 * b + 4) * P)}")
         lines += [f"adapter = P x {per_param} B ({adapter_kind}, kaggle.adapter_dtype) = {_gb(adapter)}", f"submission.zip = P x 2 B (bf16) = {_gb(2 * P)}",
                   f"one checkpoint = {how} = P x {ckpt / max(P, 1):.2f} B = {_gb(ckpt)}",
                   f"scratch: ({keep} kept ({group}.save_total_limit) + 1 being written) x {_gb(ckpt)} = "

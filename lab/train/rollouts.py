@@ -137,6 +137,10 @@ class VLLMRollouts:
         self.llm = engine
         self.cuda = torch.cuda.is_available()
         self.switch = self.cuda and bool(cfg.grpo.vllm_sleep_mode)
+        # packed in the model's dtype when it is a half type: vLLM casts the LoRA to the model's dtype when it loads it
+        # (lora_dtype "auto", vllm/config/lora.py), so a bf16 pack serves the same weights at half the bytes, and is
+        # what the submission holds (lab.model.submission.SUBMISSION_DTYPE); the fp32 tiny model packs as trained
+        self.pack_dtype = str(cfg.model.dtype) if str(cfg.model.dtype) in ("bfloat16", "float16") else None
         self.level = 1
         if self.switch:  # how the engine sleeps between rounds, from the host's memory (lab.train.memory.sleep_level)
             from lab.train.memory import sleep_level
@@ -179,7 +183,7 @@ class VLLMRollouts:
         with atomic_dir(folder, "rollout adapter") as tmp:
             # only the trained adapter: TRL's "ref" copy (beta > 0) is not served
             self.model.save_pretrained(str(tmp / "peft"), selected_adapters=["default"], save_embedding_layers=False)
-            generate.served_adapter(tmp / "peft", tmp)
+            generate.served_adapter(tmp / "peft", tmp, dtype=self.pack_dtype)
             shutil.rmtree(tmp / "peft")
             (tmp / "adapter.zip").unlink(missing_ok=True)
         for old in sorted((p for p in self.dir.iterdir() if p.is_dir() and p != folder and "-" in p.name),
