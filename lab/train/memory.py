@@ -715,6 +715,23 @@ def engine_share(cfg: DictConfig) -> float:
     return ph["share"]
 
 
+def check_generation_fits(cfg: DictConfig) -> dict | None:
+    """Before 03_grpo loads anything (`lab.train.preflight`), with rollout_backend=vllm: the generation phase's bound
+    fits the card (`generation_phase`) and the host can hold the weights at a switch (`sleep_level`); a LabError
+    naming the figures otherwise. None for the hf back-end."""
+    if cfg.grpo.rollout_backend != "vllm":
+        return None
+    ph = generation_phase(cfg)
+    if ph.get("fits") is False:
+        raise LabError(f"03_grpo with rollout_backend=vllm does not fit gpu={cfg.gpu.name}:\n"
+                       + generation_report(ph, float(cfg.gpu.max_use))
+                       + "\nlower grpo.vllm_gpu_memory_utilization (null: the rest of the card), or the trainer's "
+                         "part (gpu.optim=adamw_bnb_8bit)")
+    if cfg.grpo.vllm_sleep_mode:
+        ph["sleep_level"] = sleep_level(cfg, weights_gib=ph["host"]["weights_gib"])
+    return ph
+
+
 def generation_report(ph: dict, use: float) -> str:
     lines = ["GRPO generation phase (grpo.rollout_backend=vllm), bounded from shapes (lab.train.memory.generation_phase):",
              f"  the engine needs at least {ph['engine_need_gib']:.1f} GiB:"]

@@ -14,7 +14,9 @@ saying what is missing and how to get it:
 - `lab.model.models.check_mamba_kernels` (02_sft, 03_grpo): the fused Mamba kernels import;
 - `check_packing` (02_sft with `sft.packing=true`): those kernels take each packed row's boundaries (`seq_idx`);
 - `lab.train.grpo.check_backend` (03_grpo): the rollout back-end is one that stays exact for Nemotron-H;
-- `lab.train.memory.check_fits` (02_sft, 03_grpo): one training micro-step traced on fake tensors fits `gpu=`.
+- `lab.train.memory.check_fits` (02_sft, 03_grpo): one training micro-step traced on fake tensors fits `gpu=`;
+- `lab.train.memory.check_generation_fits` (03_grpo with rollout_backend=vllm): the rollout engine's phase, bounded
+  from shapes, fits `gpu=` beside what the trainer keeps, and the host can hold the weights at a switch.
 Every check runs; the failures are gathered into ONE LabError, so a user on the wrong machine learns everything at once.
 
 What it simplifies: the checks look at this machine once, when the stage opens; nothing is loaded to test them.
@@ -93,6 +95,7 @@ def checks(stage: str) -> list:
         *([check_packing] if stage == "02_sft" else []),
         *([grpo.check_backend] if stage == "03_grpo" else []),
         *([functools.partial(memory.check_fits, stage=trains)] if trains else []),
+        *([memory.check_generation_fits] if stage == "03_grpo" else []),
     ]
 
 
