@@ -123,6 +123,21 @@ def lora_figures(cfg: DictConfig, values: Mapping[str, Any], dtype=None) -> dict
             "trainable_params": int(table["trainable_params"].sum())}
 
 
+_COUNTS: dict[str, tuple[int, int]] = {}
+
+
+def param_counts(cfg: DictConfig, values: Mapping[str, Any] | None = None) -> tuple[int, int]:
+    """(base parameters, trainable LoRA parameters) of the configured model and LoRA (`lora_figures`), kept per
+    model shape and LoRA config in this process: building the 30B meta model and attaching the LoRA takes seconds."""
+    values = dict(values or model_config_values(cfg))
+    key = json.dumps([values, OmegaConf.to_container(cfg.sft.lora, resolve=True),
+                      OmegaConf.select(cfg, "gpu.experts_rank", default=None)], sort_keys=True, default=str)
+    if key not in _COUNTS:
+        fig = lora_figures(cfg, values)
+        _COUNTS[key] = (int(fig["base_params"]), int(fig["trainable_params"]))
+    return _COUNTS[key]
+
+
 # ---- counting live storage bytes -----------------------------------------------------------------------------------
 
 class LiveBytes(TorchDispatchMode):
@@ -626,8 +641,7 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None) -
     each Mamba layer's state per sequence, SSM heads x head_dim x state in `mamba_ssm_cache_dtype` (config.json) plus
     the conv state (conv_kernel - 1) x (heads x head_dim + 2 x n_groups x state) in bf16."""
     values = dict(values or model_config_values(cfg))
-    figures = lora_figures(cfg, values)
-    base, P = int(figures["base_params"]), int(figures["trainable_params"])
+    base, P = param_counts(cfg, values)
     pattern = str(values.get("hybrid_override_pattern", ""))
     attn, mamba = pattern.count("*"), pattern.count("M")
     g = cfg.grpo
@@ -684,7 +698,7 @@ def sleep_level(cfg: DictConfig, host: float | None = None, weights_gib: float |
     twice the bf16 weights plus `HOST_MARGIN_GIB`, else 2. A LabError when it cannot hold them once."""
     level = OmegaConf.select(cfg, "grpo.vllm_sleep_level", default=None)
     if weights_gib is None:
-        weights_gib = 2 * lora_figures(cfg, model_config_values(cfg))["base_params"] / GIB
+        weights_gib = 2 * param_counts(cfg)[0] / GIB
     host = host_gib() if host is None else host
     if host is not None and host < weights_gib + HOST_MARGIN_GIB:
         raise LabError(f"grpo.rollout_backend=vllm: this machine has {host:.0f} GiB of memory; a switch between the "

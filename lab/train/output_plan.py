@@ -48,9 +48,9 @@ TRAINING = {"02_sft": "sft", "03_grpo": "grpo"}
 
 def trainable_params(cfg: DictConfig) -> int:
     """The configured LoRA's trainable parameters on the configured model (meta device: no weights read)."""
-    from lab.train.memory import lora_figures, model_config_values
+    from lab.train.memory import param_counts
 
-    return int(lora_figures(cfg, model_config_values(cfg))["trainable_params"])
+    return param_counts(cfg)[1]
 
 
 def _planned_adapter_dtype(cfg: DictConfig) -> str | None:
