@@ -9,26 +9,9 @@ from lab.core import console
 
 
 def _tiny_trainer(tmp_path, steps=4):
-    import torch
-    from transformers import Trainer, TrainingArguments
+    from tiny_trainer import tiny_trainer  # tests/tiny_trainer.py, shared with tests/test_notebooks.py's kernel
 
-    from lab.train.callbacks import trainer_callbacks
-    from lab.train.callbacks import use_text_progress
-
-    class Line(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.w = torch.nn.Parameter(torch.ones(1))
-
-        def forward(self, x, labels=None):
-            return {"loss": ((self.w * x - labels) ** 2).mean()}
-
-    data = [{"x": torch.tensor([1.0]), "labels": torch.tensor([2.0])}] * 8
-    args = TrainingArguments(output_dir=str(tmp_path), max_steps=steps, per_device_train_batch_size=2, logging_steps=2,
-                             report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=False)
-    trainer = Trainer(model=Line(), args=args, train_dataset=data, callbacks=trainer_callbacks(None, 0))
-    use_text_progress(trainer)
-    return trainer
+    return tiny_trainer(tmp_path, steps)
 
 
 def test_training_prints_plain_step_lines_with_loss_and_eta_not_a_bar(tmp_path, capsys, monkeypatch):

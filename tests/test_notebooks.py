@@ -336,24 +336,9 @@ def test_a_trained_model_holder_is_empty_and_training_it_again_is_refused():
 
 
 TRAIN_CELL = '''
-import torch
-from transformers import Trainer, TrainingArguments
-from lab.train.callbacks import trainer_callbacks, use_text_progress
+from tests.tiny_trainer import tiny_trainer  # the kernel runs in the project root
 
-class Line(torch.nn.Module):
-    def __init__(self):
-        super().__init__()
-        self.w = torch.nn.Parameter(torch.ones(1))
-
-    def forward(self, x, labels=None):
-        return {"loss": ((self.w * x - labels) ** 2).mean()}
-
-data = [{"x": torch.tensor([1.0]), "labels": torch.tensor([2.0])}] * 8
-args = TrainingArguments(output_dir=OUT, max_steps=4, per_device_train_batch_size=2, logging_steps=2,
-                         report_to="none", use_cpu=True, save_strategy="no", disable_tqdm=False)
-trainer = Trainer(model=Line(), args=args, train_dataset=data, callbacks=trainer_callbacks(None, 0))
-use_text_progress(trainer)
-trainer.train()
+tiny_trainer(OUT).train()
 '''
 
 
