@@ -547,7 +547,7 @@ def save_adapter(model, adapter_dir: Path, dtype: str | None = None) -> Path:
     """Save only the LoRA weights (never full embedding/lm_head copies), atomically (temp folder + rename).
 
     `dtype` (a torch dtype name, e.g. "bfloat16"): the saved tensors are cast to it before the folder is renamed
-    into place (on Kaggle `kaggle.adapter_dtype`, `lab.train.output_plan.adapter_dtype`: half the bytes of fp32 in
+    into place (on Kaggle `kaggle.adapter_dtype`, `lab.core.paths.adapter_dtype`: half the bytes of fp32 in
     the 20 GB Kaggle keeps); None: as trained. The checkpoints the Trainer writes keep the trained dtype.
 
     Under several processes (`accelerate launch`, torchrun) only the main process writes, after the

@@ -37,7 +37,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
-from lab.core.paths import find_data_file, on_kaggle, resolve_path
+from lab.core.paths import adapter_dtype, find_data_file, on_kaggle, resolve_path
 
 GB = 10 ** 9
 SMALL_FILES = 64 * 2 ** 20  # config, manifest, metrics, plots, logs of one stage
@@ -53,16 +53,11 @@ def trainable_params(cfg: DictConfig) -> int:
     return param_counts(cfg)[1]
 
 
-def _planned_adapter_dtype(cfg: DictConfig) -> str | None:
-    """`kaggle.adapter_dtype`, what a stage on Kaggle saves its adapter in (`lab.core.paths.adapter_dtype`)."""
-    return str(OmegaConf.select(cfg, "kaggle.adapter_dtype", default=None) or "") or None
-
-
 def adapter_bytes_per_param(cfg: DictConfig) -> tuple[int, str]:
     """(bytes per trainable parameter of a saved adapter on Kaggle, its dtype's name)."""
     import torch
 
-    name = _planned_adapter_dtype(cfg) or "float32"
+    name = adapter_dtype(cfg, kaggle=True) or "float32"
     dtype = getattr(torch, name, None)
     if not isinstance(dtype, torch.dtype):
         raise LabError(f"kaggle.adapter_dtype={name!r} is not a torch dtype (bfloat16, float16, float32 or null)")
@@ -186,7 +181,9 @@ def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None)
         if drills:
             scratch[f"checkpoints/{stage}_drills: {keep} kept + 1 being written"] = (keep + 1) * ckpt
         if stage == "03_grpo" and cfg.grpo.rollout_backend == "vllm":  # lab.train.rollouts keeps the last two rounds
-            b = 2 if str(cfg.model.dtype) in ("bfloat16", "float16") else 4  # lab.train.rollouts packs in it
+            from lab.train.rollouts import pack_dtype
+
+            b = 2 if pack_dtype(cfg) else 4  # the rounds' packed adapters: the model's half dtype, else fp32
             scratch["checkpoints/03_grpo/rollouts: the last 2 rounds' served adapters + one being packed"] = (
                 (2 * b + 4 + 2 * b) * P)
             lines.append(f"rollouts: 2 kept rounds x served adapter P x {b} B (the model's {cfg.model.dtype}) + the "

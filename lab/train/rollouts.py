@@ -62,6 +62,14 @@ from lab.train import trl_private
 ROUND_DIRS_KEPT = 2  # round folders kept on disk (the one being served and the one before)
 
 
+def pack_dtype(cfg) -> str | None:
+    """The dtype a round's adapter is packed in: the model's when it is a half type, since vLLM casts the LoRA to the
+    model's dtype when it loads it (lora_dtype "auto", vllm/config/lora.py), so a bf16 pack serves the same weights
+    at half the bytes and is what the submission holds (lab.model.submission.SUBMISSION_DTYPE); None (as trained,
+    fp32) for the fp32 tiny model."""
+    return str(cfg.model.dtype) if str(cfg.model.dtype) in ("bfloat16", "float16") else None
+
+
 def wake(llm, level: int, timings: dict) -> None:
     """Wake the engine from `llm.sleep(level)`. Level 1: `wake_up()` (its weights come back from CPU memory). Level 2
     (its weights were discarded): the weights' memory back (`wake_up(tags=["weights"])`), the weights reloaded from
@@ -137,10 +145,7 @@ class VLLMRollouts:
         self.llm = engine
         self.cuda = torch.cuda.is_available()
         self.switch = self.cuda and bool(cfg.grpo.vllm_sleep_mode)
-        # packed in the model's dtype when it is a half type: vLLM casts the LoRA to the model's dtype when it loads it
-        # (lora_dtype "auto", vllm/config/lora.py), so a bf16 pack serves the same weights at half the bytes, and is
-        # what the submission holds (lab.model.submission.SUBMISSION_DTYPE); the fp32 tiny model packs as trained
-        self.pack_dtype = str(cfg.model.dtype) if str(cfg.model.dtype) in ("bfloat16", "float16") else None
+        self.pack_dtype = pack_dtype(cfg)
         self.level = 1
         if self.switch:  # how the engine sleeps between rounds, from the host's memory (lab.train.memory.sleep_level)
             from lab.train.memory import sleep_level
