@@ -2,7 +2,8 @@
 
 mamba_ssm's kernel does not run here, so a stand-in takes its place: `mamba_split_conv1d_scan_combined` computed by the
 mixer's own PyTorch path from the projected states (in_proj's output), with out_proj applied only when the caller
-passes `outproj_weight` (as the kernel does: mamba_ssm/ops/triton/ssd_combined.py, MambaSplitConv1dScanCombinedFn).
+passes `outproj_weight` (as the kernel does: mamba_ssm/ops/triton/ssd_combined.py, MambaSplitConv1dScanCombinedFn),
+behind transformers' hub wrapper and bound to mamba-ssm 2.3.2.post1's signature (tests/real_signatures.py).
 What this proves: the guard calls the kernel without out_proj and puts the mixer's out_proj module (with its LoRA)
 after it, so the model's outputs and every LoRA gradient equal the PyTorch path's. What it cannot prove: the CUDA
 kernel itself (not run on a GPU)."""
@@ -15,6 +16,8 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
+
+import real_signatures as rs  # noqa: E402
 
 from lab.core import config  # noqa: E402
 from lab.model import lora  # noqa: E402
@@ -88,7 +91,9 @@ def test_fused_kernel_then_out_proj_lora_equals_the_pytorch_path(monkeypatch):
     ids = torch.randint(5, 700, (2, 24), generator=torch.Generator().manual_seed(1))
     ref = step(pm, ids)  # no kernel on the CPU: the guard's inner returns None, the PyTorch path runs
     calls = []
-    monkeypatch.setattr(mh.__dict__[lora.FUSED_FN], "inner", make_stand_in(calls))
+    guard = mh.__dict__[lora.FUSED_FN]
+    monkeypatch.setattr(guard, "inner", rs.hub_kernel(monkeypatch, "mamba_split_conv1d_scan_combined", guard.inner,
+                                                      make_stand_in(calls)))
     fused = step(pm, ids)
     n_mamba = sum(type(m).__name__.endswith("Mamba2Mixer") for m in pm.modules())
     assert len(calls) == n_mamba and all(c is None for c in calls)  # the kernel ran, without out_proj
@@ -107,8 +112,8 @@ def test_negative_control_kernel_with_out_proj_loses_the_lora(monkeypatch):
     pm = build()
     ids = torch.randint(5, 700, (2, 24), generator=torch.Generator().manual_seed(1))
     calls = []
-    kernel = make_stand_in(calls)
     guard = mh.__dict__[lora.FUSED_FN]
+    kernel = rs.hub_kernel(monkeypatch, "mamba_split_conv1d_scan_combined", guard.inner, make_stand_in(calls))
 
     def unguarded(*args, **kwargs):  # what transformers would call without lab.model.lora
         if not lora._RUNNING.get():

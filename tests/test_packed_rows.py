@@ -17,6 +17,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
+import real_signatures as rs  # noqa: E402
+
 from lab import LabError  # noqa: E402
 from lab.core import config  # noqa: E402
 from lab.model import lora, models, packed_rows  # noqa: E402
@@ -226,7 +228,7 @@ def test_kernel_path_hands_seq_idx_to_the_kernels(root, monkeypatch):
     torch_scan, seen = mnh.mamba2_chunk_scan, []
 
     def scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None, dt_softplus=False,
-             dt_limit=(0.0, float("inf")), return_final_states=False, seq_idx=None, **kwargs):
+             dt_limit=(0.0, float("inf")), return_final_states=False, seq_idx=None, z=None, **kwargs):
         kw = dict(D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
         if seq_idx is None:
             return torch_scan(hidden_states, dt, A, B, C, chunk_size, **kw)
@@ -238,9 +240,17 @@ def test_kernel_path_hands_seq_idx_to_the_kernels(root, monkeypatch):
 
     assert packed_rows.kernel_functions_without_seq_idx(build(root).base_model.model.model.layers[0].mixer) \
         == list(packed_rows.KERNEL_FUNCTIONS)  # this CPU: the PyTorch fallbacks drop seq_idx
-    monkeypatch.setattr(mnh, "causal_conv1d_fn", _conv_with_seq_idx)
-    monkeypatch.setattr(mnh, "mamba2_chunk_scan", scan)
-    monkeypatch.setattr(mnh, "mamba2_split_conv1d_scan_combined", lambda *a, seq_idx=None, **k: None)  # unfused
+    # each behind transformers' hub wrapper, with the pinned package's signature (tests/real_signatures.py)
+    monkeypatch.setattr(mnh, "causal_conv1d_fn",
+                        rs.hub_kernel(monkeypatch, "causal_conv1d_fn", mnh.causal_conv1d_fn, _conv_with_seq_idx))
+    monkeypatch.setattr(mnh, "mamba2_chunk_scan",
+                        rs.hub_kernel(monkeypatch, "mamba_chunk_scan_combined", torch_scan, scan))
+    fused = mnh.__dict__["mamba2_split_conv1d_scan_combined"]  # lab.model.lora's guard once a LoRA is attached
+    unfused = rs.hub_kernel(monkeypatch, "mamba_split_conv1d_scan_combined", getattr(fused, "inner", fused))
+    if isinstance(fused, lora._FusedScanGuard):
+        monkeypatch.setattr(fused, "inner", unfused)  # None: no fused result, the mixer runs conv and scan
+    else:
+        monkeypatch.setattr(mnh, "mamba2_split_conv1d_scan_combined", unfused)
     model = build(root)
     model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mixers = [m for m in model.modules() if type(m).__name__ == packed_rows.MIXER_CLASS]
@@ -438,7 +448,7 @@ def _varlen_standin(calls, ignore_rows=False):
         return torch.cat([sdpa(q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
                                is_causal=window_size == (-1, 0), scale=scale, enable_gqa=enable_gqa).transpose(0, 1)
                           for s, e in bounds])
-    return varlen_attn
+    return rs.stand_in("varlen_attn", varlen_attn)  # every call bound to torch's own varlen_attn signature
 
 
 def test_the_cuda_branch_hands_varlen_attn_each_rows_offsets(pm, monkeypatch):
