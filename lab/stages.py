@@ -41,7 +41,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.core.io import atomic_file, atomic_write_csv, atomic_write_json, read_json
@@ -81,10 +81,33 @@ def open_stage(name: str, overrides) -> Stage:
         from lab.train import output_plan
 
         output_plan.check(cfg, name)
-    stage = Stage(name, overrides)
+    stage = Stage(name, overrides, cfg=fast_paths(name, cfg, overrides))
     print(f"run_dir = {stage.run_dir}   seed = {stage.cfg.seed}   model = {stage.cfg.model.name}   "
           f"data = {stage.cfg.data.source}")
     return stage
+
+
+def fast_paths(name: str, cfg: DictConfig, overrides, calibration: dict | None = None) -> DictConfig | None:
+    """The run's fast paths decided (`lab.train.fast_paths`): each `auto` one that cannot or must not run here is
+    switched to its exact path, with one printed line saying which, why and what it costs. Returns the stage's
+    config with those switches (None: nothing switched, the stage composes its own). `calibration`: the card's
+    calibration (`exact.<path>`), when there is one."""
+    from lab.train import fast_paths as fp
+
+    switches, lines = fp.resolve(name, cfg, calibration)
+    for line in lines:
+        print(line, flush=True)
+    if not switches:
+        return None
+    from lab.core.config import compose, parse_overrides
+
+    if isinstance(overrides, DictConfig):
+        out = cfg.copy()
+        for s in switches:
+            key, value = s.split("=", 1)
+            OmegaConf.update(out, key, value)
+        return out
+    return compose([*parse_overrides(overrides), *switches])
 
 
 # ---- shared steps -----------------------------------------------------------------------------------------------
