@@ -347,3 +347,14 @@ def test_every_vllm_constructor_call_site_in_the_lab_names_0_33s_keywords():
                 assert kws <= accepted[node.func.id], f"{where}: {sorted(kws - accepted[node.func.id])}"
                 found[node.func.id] += 1
     assert all(found.values()), found
+
+
+def test_the_name_sets_tests_test_vllm_backend_recorded_are_0_33s():
+    """tests/test_vllm_backend.py checks the lab's keywords against name sets written down by hand (so it runs
+    without .gpu-sources); here those sets are held to the pinned source, so they cannot drift from it."""
+    import test_vllm_backend as vb
+
+    assert vb.VLLM_LLM_PARAMS == set(rs.signature("LLM").parameters) - {"kwargs"}
+    assert vb.VLLM_ENGINE_ARGS <= set(rs.signature("EngineArgs").parameters)
+    assert vb.VLLM_SAMPLING_PARAMS == {p for p in rs.signature("SamplingParams").parameters if not p.startswith("_")}
+    assert vb.VLLM_LORA_REQUEST == set(rs.signature("LoRARequest").parameters)
