@@ -81,33 +81,31 @@ def open_stage(name: str, overrides) -> Stage:
         from lab.train import output_plan
 
         output_plan.check(cfg, name)
-    stage = Stage(name, overrides, cfg=fast_paths(name, cfg, overrides))
+    switches = fast_paths(name, cfg)  # e.g. ["sft.fused_mamba=off"]: the stage composes with them (config.yaml)
+    if not switches:
+        stage = Stage(name, overrides)
+    elif isinstance(overrides, DictConfig):
+        cfg = cfg.copy()
+        for s in switches:
+            OmegaConf.update(cfg, *s.split("=", 1))
+        stage = Stage(name, overrides, cfg=cfg)
+    else:
+        stage = Stage(name, [*parse_overrides(overrides), *switches])
     print(f"run_dir = {stage.run_dir}   seed = {stage.cfg.seed}   model = {stage.cfg.model.name}   "
           f"data = {stage.cfg.data.source}")
     return stage
 
 
-def fast_paths(name: str, cfg: DictConfig, overrides, calibration: dict | None = None) -> DictConfig | None:
-    """The run's fast paths decided (`lab.train.fast_paths`): each `auto` one that cannot or must not run here is
-    switched to its exact path, with one printed line saying which, why and what it costs. Returns the stage's
-    config with those switches (None: nothing switched, the stage composes its own). `calibration`: the card's
-    calibration (`exact.<path>`), when there is one."""
+def fast_paths(name: str, cfg: DictConfig, calibration: dict | None = None) -> list[str]:
+    """The run's fast paths decided (`lab.train.fast_paths`): the overrides that switch each `auto` one that cannot
+    or must not run here to its exact path, each with one printed line saying which, why and what it costs.
+    `calibration`: the card's calibration (`exact.<path>`), when there is one."""
     from lab.train import fast_paths as fp
 
     switches, lines = fp.resolve(name, cfg, calibration)
     for line in lines:
         print(line, flush=True)
-    if not switches:
-        return None
-    from lab.core.config import compose, parse_overrides
-
-    if isinstance(overrides, DictConfig):
-        out = cfg.copy()
-        for s in switches:
-            key, value = s.split("=", 1)
-            OmegaConf.update(out, key, value)
-        return out
-    return compose([*parse_overrides(overrides), *switches])
+    return switches
 
 
 # ---- shared steps -----------------------------------------------------------------------------------------------

@@ -42,7 +42,7 @@ def test_a_missing_kernel_gives_the_named_line_and_the_stage_runs_the_exact_path
     assert line.startswith("fast path packed_rows_fused off (sft.fused_mamba=off): mamba_ssm does not import "
                            "(ModuleNotFoundError: No module named 'mamba_ssm')")
     assert "the unfused mixer" in line and "cost: " in line
-    assert stage.cfg.sft.fused_mamba == "off"
+    assert stage.cfg.sft.fused_mamba == "off" and stage.overrides[-1] == "sft.fused_mamba=off"
     assert config.OmegaConf.load(stage.dir / "config.yaml").sft.fused_mamba == "off"  # the record says what ran
 
     # the stage's config on the model: the fused kernel (here a stand-in bound to mamba-ssm's signature) is never
