@@ -26,10 +26,10 @@ TABLE: list[Exactness] = []
 
 def _flat(x) -> list[torch.Tensor]:
     if isinstance(x, dict):
-        return [torch.as_tensor(x[k]) for k in sorted(x)]
+        return [torch.as_tensor(x[k]).detach() for k in sorted(x)]
     if isinstance(x, (list, tuple)):
         return [t for v in x for t in _flat(v)]
-    return [torch.as_tensor(x)]
+    return [torch.as_tensor(x).detach()]
 
 
 def max_abs(got, ref) -> float:
