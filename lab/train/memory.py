@@ -59,7 +59,6 @@ What it simplifies:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -626,7 +625,8 @@ def optimizer_bytes_per_param(cfg: DictConfig) -> tuple[float, str]:
 
 # ---- GRPO's generation phase (rollout_backend=vllm): a bound from shapes, not a trace --------------------------------
 
-def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None) -> dict:
+def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
+                     counts: tuple[int, int] | None = None) -> dict:
     """GPU memory while GRPO samples through vLLM on the same card (`grpo.rollout_backend=vllm`): the engine holds the
     bf16 base weights, one adapter slot and the cache of the round's sequences, inside its share
     (`grpo.vllm_gpu_memory_utilization` of the card, which vLLM claims whole; null: `gpu.max_use` of the card less the
@@ -639,9 +639,10 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None) -
     the attention KV cache, 2 (K, V) x key-value heads x head_dim x 2 B per attention layer and token, for every
     sequence in flight (min(infer.max_num_seqs, prompts_per_step x num_generations)) at model.max_model_len tokens;
     each Mamba layer's state per sequence, SSM heads x head_dim x state in `mamba_ssm_cache_dtype` (config.json) plus
-    the conv state (conv_kernel - 1) x (heads x head_dim + 2 x n_groups x state) in bf16."""
+    the conv state (conv_kernel - 1) x (heads x head_dim + 2 x n_groups x state) in bf16. `counts`: (base, LoRA
+    parameters) when the caller has them (`param_counts` otherwise)."""
     values = dict(values or model_config_values(cfg))
-    base, P = param_counts(cfg, values)
+    base, P = counts or param_counts(cfg, values)
     pattern = str(values.get("hybrid_override_pattern", ""))
     attn, mamba = pattern.count("*"), pattern.count("M")
     g = cfg.grpo
