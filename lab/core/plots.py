@@ -239,7 +239,7 @@ def vote_k(curves: pd.DataFrame, greedy: float | None, title: str = "Accuracy ag
     ax.set_ylabel("accuracy" + (f" (bands: Wilson 95%, n={n})" if n else ""))
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)  # below: no data
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)  # below the data
     return fig
 
 
@@ -334,7 +334,7 @@ def lengths(df: pd.DataFrame, budget: int, categories: list[str]) -> Figure:
         ax.set_title(cat, fontsize=10)
         ax.set_xlabel("completion tokens")
         ax.set_ylabel("predictions")
-        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, frameon=False)  # below the data
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, frameon=False)  # below
     return fig
 
 

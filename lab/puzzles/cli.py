@@ -102,7 +102,8 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("out", help="CSV to write: each puzzle's category, status, method, answer, trace and its tokens")
     s.add_argument("--tokenizer", default=None, help="local tokenizer folder for exact trace token counts")
     s.add_argument("--trace-style", default="compact", choices=["compact", "derivation"],
-                   help="compact: the rule and its answer; derivation: the search written out (default: %(default)s)")
+                   help="compact: the rule and its answer; derivation: the search written out "
+                        "(default: %(default)s)")
     c = sub.add_parser("check", help="replay every solved trace of a `solve` output")
     c.add_argument("solved", help="a `puzzles solve` output CSV")
     c.add_argument("--show", type=int, default=20, help="failures to print")

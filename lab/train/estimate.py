@@ -1,6 +1,9 @@
-"""`python -m lab estimate [OVERRIDES...] [--json PATH]`: how fast SFT of the composed config will run on the `gpu=` card,
-projected before anything is loaded (no model, no GPU): tokens/s, seconds per optimizer step, hours per epoch on the
-configured data, the packing efficiency, and which experts-LoRA and Mamba paths the run takes. Every figure is a
+"""`python -m lab estimate [OVERRIDES...] [--price-per-hour X] [--explain] [--json PATH]`: what the configured pipeline
+costs on the `gpu=` card, projected before anything is loaded (no model, no GPU). It prints first a table, one row per
+stage (`pipeline`: hours, the cost at the price, Kaggle's kernels and kept GB, whether it fits the card where that is
+cheap to know), and the total; `--explain` adds the derivation of every figure. The SFT figures (below): tokens/s,
+seconds per optimizer step, hours per epoch on the configured data, the packing efficiency, and which experts-LoRA and
+Mamba paths the run takes; GRPO, evaluation and vote hours come from lab.eval.estimate_infer. Every figure is a
 projection from one measured run plus stated derivations; nothing here is measured by this command.
 
 **Measured** (RESULTS.md, "First contact with a GPU": one H100 80GB HBM3, 2026-11-27, `bench/gpu_memory.py`, a
@@ -41,9 +44,10 @@ step plus 22 Mamba-2, 5 attention and 22 MoE blocks more) gives 1.12 s at 1,024 
    A pack longer than the measured 8,192 tokens extrapolates the measured per-token line (printed). Both are printed. The optimizer step keeps the recipe's rows (`batch_size x grad_accum`), so seconds per
    step = epoch seconds / ceil(rows / (batch_size x grad_accum)).
 
-The JSON (`--json`): {"sft": {"tokens_per_s", "hours_per_epoch", "step_seconds", "packing", "experts_lora",
-"mamba_path", "packed": {...}, "unpacked": {...}, "card", "rows", "notes"}} for the configured packing; more
-sections join through `SECTIONS` (below).
+The JSON (`--json`): {"card", "stages": [one record per stage: "stage", "hours", "parts", "cost", "card",
+"kaggle"], "total": {"hours", "kernels", "cost" with a price}, "sft": {"tokens_per_s", "hours_per_epoch",
+"step_seconds", "packing", "experts_lora", "mamba_path", "packed": {...}, "unpacked": {...}, "card", "rows",
+"notes"}, "grpo", "eval", "vote"}; more sections join through `SECTIONS` (below).
 """
 
 from __future__ import annotations
@@ -640,7 +644,8 @@ def table_lines(records: list[dict], total: dict, card: str, price: float | None
     """The per-stage table, its total and what its figures rest on, for a terminal."""
     cost = price is not None
     k = records[0]["kaggle"]
-    head = f"{'stage':<11}{'hours':>7}" + (f"{'cost':>9}" if cost else "") + f"  {'Kaggle kernels, kept GB':<24}  fits the card"
+    head = (f"{'stage':<11}{'hours':>7}" + (f"{'cost':>9}" if cost else "")
+            + f"  {'Kaggle kernels, kept GB':<24}  fits the card")
     lines = [f"The pipeline on {card}: PROJECTED hours (not measured by this command; --explain shows the derivation)"
              + (f", cost at {price:g} per hour" if cost else ""), head]
     for r in records:

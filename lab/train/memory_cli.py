@@ -31,7 +31,7 @@ def main(argv: list[str] | None = None) -> int:
     card, use = gpu_gib(cfg), float(cfg.gpu.max_use)
     print(report(t, card, use))
     out, ok = as_json(t, card, use), card is None or t.peak_gib <= use * card
-    if a.stage == "grpo" and cfg.grpo.rollout_backend == "vllm":  # the other phase: the engine samples, the trainer waits
+    if a.stage == "grpo" and cfg.grpo.rollout_backend == "vllm":  # the other phase: the engine samples
         ph = generation_phase(cfg)
         print(generation_report(ph, use))
         out["generation"], ok = ph, ok and ph.get("fits", True)
