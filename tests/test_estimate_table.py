@@ -18,7 +18,7 @@ REAL = ["model=nemotron_nano", "experiment=competition", "data=competition", "gp
 def records(overrides, price=None):
     cfg = config.compose([*REAL, *overrides])
     out, _ = est.estimate(cfg, assume=True)
-    return est.pipeline(cfg, out, est.card_of(cfg), price=price), out
+    return est.pipeline(cfg, out, est.card_of(cfg), price=price)["stages"], out
 
 
 @pytest.fixture(scope="module")
@@ -98,7 +98,8 @@ def test_the_hours_follow_the_config_and_kaggle_limits_are_judged(tmp_path, monk
     assert long[2]["kaggle"]["resumable"] is True
     vote, _ = records(["vote.k=64"])
     assert vote[3]["hours"] > usable and vote[3]["kaggle"]["kernels"] >= 2 and vote[3]["kaggle"]["resumable"] is False
-    table = "\n".join(est.table_lines(vote, {"hours": 1.0, "kernels": 9}, "h100_80gb", None))
+    table = "\n".join(est.table_lines({"stages": vote, "total": {"hours": 1.0, "kernels": 9},
+                                        "held_out": {"puzzles": 1, "source": "test"}}, "h100_80gb"))
     assert "NO RESUME" in table
     small, _ = records(["kaggle.output_limit_gb=5"])
     assert [r["stage"] for r in small if not r["kaggle"]["kept_fits"]] == ["02_sft", "03_grpo", "04_vote", "05_errors"]

@@ -45,7 +45,7 @@ step plus 22 Mamba-2, 5 attention and 22 MoE blocks more) gives 1.12 s at 1,024 
    step = epoch seconds / ceil(rows / (batch_size x grad_accum)).
 
 The JSON (`--json`): {"card", "stages": [one record per stage: "stage", "hours", "parts", "cost", "card",
-"kaggle"], "total": {"hours", "kernels", "cost" with a price}, "sft": {"tokens_per_s", "hours_per_epoch",
+"kaggle"], "total": {"hours", "kernels", "cost" with a price}, "held_out", "sft": {"tokens_per_s", "hours_per_epoch",
 "step_seconds", "packing", "experts_lora", "mamba_path", "packed": {...}, "unpacked": {...}, "card", "rows",
 "notes"}, "grpo", "eval", "vote"}; more sections join through `SECTIONS` (below).
 """
@@ -452,6 +452,9 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
              "not modelled: evaluation, checkpoint saves, data loading, a trained router's imbalance"]
     if card != str(cfg.gpu.name):
         notes.insert(0, f"gpu={cfg.gpu.name}: no card configured; projected for {card}")
+    if not assume and data_sources(cfg)[0] == SHARED_DATA:
+        notes.insert(1, f"rows: of ../shared's sample ({SHARED_DATA.name}), not the competition's train.csv "
+                        "(data.path): an epoch's hours grow with its rows")
     out = {"tokens_per_s": chosen["tokens_per_s"], "hours_per_epoch": chosen["hours_per_epoch"],
            "step_seconds": chosen["step_seconds"],
            "packing": {"enabled": packing, "efficiency": packed["fill"], "unpacked_fill": unpacked["fill"],
@@ -601,11 +604,12 @@ def _card_fit(cfg: DictConfig, stage: str, counts: tuple[int, int] | None, value
 
 
 def pipeline(cfg: DictConfig, out: dict, card: str, stages: list[str] | None = None,
-             price: float | None = None) -> list[dict]:
-    """One record per stage of the pipeline on `card`, from the sections' figures in `out` (`estimate`): its projected
-    hours and their parts, the cost at `price` per hour, whether it fits the card (`_card_fit`) and Kaggle's limits
-    (one kernel's `kaggle.run_limit_h` less `kaggle.budget_margin_min`; the kept output against
-    `kaggle.output_limit_gb`, lab.train.output_plan)."""
+             price: float | None = None) -> dict:
+    """{"stages": one record per stage of the pipeline on `card`, "total", "held_out"}, from the sections' figures
+    in `out` (`estimate`). A record: the stage's projected hours and their parts, the cost at `price` per hour,
+    whether it fits the card (`_card_fit`) and Kaggle's limits (one kernel's `kaggle.run_limit_h` less
+    `kaggle.budget_margin_min`; the kept output against `kaggle.output_limit_gb`, lab.train.output_plan). The total:
+    hours and kernels (and cost, given a price) over the stages, and those it could not project."""
     from lab.train import output_plan
     from lab.train.memory import model_config_values
 
@@ -632,36 +636,41 @@ def pipeline(cfg: DictConfig, out: dict, card: str, stages: list[str] | None = N
             "kaggle": {"kernels": kernels, "fits_one_kernel": kernels == 1, "resumable": resumable,
                        "kernel_hours": usable, "kept_gb": kept / output_plan.GB,
                        "kept_limit_gb": plan["limit"] / output_plan.GB, "kept_fits": kept <= plan["limit"]}})
-    records[0]["held_out"] = {"puzzles": val, "source": val_how}
-    return records
+    total = {"hours": sum(r["hours"] or 0.0 for r in records), "kernels": sum(r["kaggle"]["kernels"] for r in records),
+             "not_projected": [r["stage"] for r in records if r["hours"] is None]}
+    if price is not None:
+        total.update(cost=total["hours"] * price, price_per_hour=price)
+    return {"stages": records, "total": total, "held_out": {"puzzles": val, "source": val_how}}
 
 
 def _fmt(x: float | None, width: int) -> str:
     return f"{'-':>{width}}" if x is None else f"{x:{width}.2f}"
 
 
-def table_lines(records: list[dict], total: dict, card: str, price: float | None) -> list[str]:
-    """The per-stage table, its total and what its figures rest on, for a terminal."""
+def table_lines(p: dict, card: str) -> list[str]:
+    """The per-stage table of `pipeline`'s answer `p`, its total and what its figures rest on, for a terminal."""
+    records, total = p["stages"], p["total"]
+    price = total.get("price_per_hour")
     cost = price is not None
     k = records[0]["kaggle"]
     head = (f"{'stage':<11}{'hours':>7}" + (f"{'cost':>9}" if cost else "")
-            + f"  {'Kaggle kernels, kept GB':<24}  fits the card")
+            + f"  {'Kaggle: kernels, kept':<28}  fits the card")
     lines = [f"The pipeline on {card}: PROJECTED hours (not measured by this command; --explain shows the derivation)"
              + (f", cost at {price:g} per hour" if cost else ""), head]
     for r in records:
         kg = r["kaggle"]
-        kernel = ("1" if kg["fits_one_kernel"] else f"{kg['kernels']}" + (" (resumes)" if kg["resumable"]
-                                                                           else " NO RESUME")) \
-            + f", {kg['kept_gb']:.1f}" + ("" if kg["kept_fits"] else " OVER")
+        kernel = ("1 kernel" if kg["fits_one_kernel"] else f"{kg['kernels']} kernels"
+                  + (" (resumes)" if kg["resumable"] else " NO RESUME")) \
+            + f", {kg['kept_gb']:.1f} GB" + ("" if kg["kept_fits"] else " OVER")
         lines.append(f"{r['stage']:<11}{_fmt(r['hours'], 7)}" + (f"{_fmt(r['cost'], 9)}" if cost else "")
-                     + f"  {kernel:<24}  {r['card']}")
+                     + f"  {kernel:<28}  {r['card']}")
     lines.append(f"{'total':<11}{total['hours']:7.2f}" + (f"{total['cost']:9.2f}" if cost else "")
-                 + f"  {total['kernels']} kernel(s)")
+                 + f"  {total['kernels']} kernels")
     lines.append(f"Kaggle: one kernel runs {k['kernel_hours']:g} h (kaggle.run_limit_h less kaggle.budget_margin_min; "
                  f"a training stage stops and resumes in the next), keeps {k['kept_limit_gb']:g} GB "
                  "(lab.train.output_plan: python -m lab kaggle plan)"
                  + ("" if card == KAGGLE_CARD else f"; the hours are {card}'s, Kaggle's card is {KAGGLE_CARD}"))
-    h = records[0]["held_out"]
+    h = p["held_out"]
     lines.append(f"each stage's hours (held-out puzzles: {h['puzzles']:,}, {h['source']}):")
     for r in records:
         if r["parts"]:
@@ -713,15 +722,10 @@ def main(argv: list[str] | None = None) -> int:
     cfg = compose(a.overrides)
     out, lines = estimate(cfg, a.sample, a.assume_rows)
     card = card_of(cfg)
-    records = pipeline(cfg, out, card, a.stages, a.price_per_hour)
-    total = {"hours": sum(r["hours"] or 0.0 for r in records), "kernels": sum(r["kaggle"]["kernels"] for r in records),
-             "not_projected": [r["stage"] for r in records if r["hours"] is None]}
-    if a.price_per_hour is not None:
-        total["cost"] = total["hours"] * a.price_per_hour
-        total["price_per_hour"] = a.price_per_hour
-    out = {"card": card, "stages": records, "total": total, **out}
+    p = pipeline(cfg, out, card, a.stages, a.price_per_hour)
+    out = {"card": card, **p, **out}
     notes = [ln.strip() for ln in out["sft"]["notes"] if ln.startswith(("rows:", "gpu="))]
-    print("\n".join(table_lines(records, total, card, a.price_per_hour) + [f"  SFT {n}" for n in notes]))
+    print("\n".join(table_lines(p, card) + [f"  SFT {n}" for n in notes]))
     if a.explain:
         print("\n" + "\n".join(lines))
     if a.json:
