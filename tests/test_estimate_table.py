@@ -99,7 +99,9 @@ def test_the_hours_follow_the_config_and_kaggle_limits_are_judged(tmp_path, monk
     vote, _ = records(["vote.k=64"])
     assert vote[3]["hours"] > usable and vote[3]["kaggle"]["kernels"] >= 2 and vote[3]["kaggle"]["resumable"] is False
     table = "\n".join(est.table_lines({"stages": vote, "total": {"hours": 1.0, "kernels": 9},
-                                        "held_out": {"puzzles": 1, "source": "test"}}, "h100_80gb"))
+                                        "held_out": {"puzzles": 1, "source": "test"},
+                                        "kaggle": {"machine_shape": "x", "kernel_hours": 11, "kept_limit_gb": 20}},
+                                       "h100_80gb"))
     assert "NO RESUME" in table
     small, _ = records(["kaggle.output_limit_gb=5"])
     assert [r["stage"] for r in small if not r["kaggle"]["kept_fits"]] == ["02_sft", "03_grpo", "04_vote", "05_errors"]

@@ -41,13 +41,14 @@ step plus 22 Mamba-2, 5 attention and 22 MoE blocks more) gives 1.12 s at 1,024 
    best-fit-decreasing into micro-steps of up to `sft.pack_tokens` tokens (else `sft.max_seq_len`), each row's
    attention alone (`sft.packed_attention=varlen`, lab.model.packed_rows: the measured single-row attention line
    applies to each row; with `mask` sdpa computes the whole pack's T x T and the projection says it leaves that out).
-   A pack longer than the measured 8,192 tokens extrapolates the measured per-token line (printed). Both are printed. The optimizer step keeps the recipe's rows (`batch_size x grad_accum`), so seconds per
+   A pack longer than the measured 8,192 tokens extrapolates the measured per-token line (printed). Both are printed.
+   The optimizer step keeps the recipe's rows (`batch_size x grad_accum`), so seconds per
    step = epoch seconds / ceil(rows / (batch_size x grad_accum)).
 
 The JSON (`--json`): {"card", "stages": [one record per stage: "stage", "hours", "parts", "cost", "card",
-"kaggle"], "total": {"hours", "kernels", "cost" with a price}, "held_out", "sft": {"tokens_per_s", "hours_per_epoch",
-"step_seconds", "packing", "experts_lora", "mamba_path", "packed": {...}, "unpacked": {...}, "card", "rows",
-"notes"}, "grpo", "eval", "vote"}; more sections join through `SECTIONS` (below).
+"kaggle"], "total": {"hours", "kernels", "cost" with a price}, "held_out", "kaggle", "sft": {"tokens_per_s",
+"hours_per_epoch", "step_seconds", "packing", "experts_lora", "mamba_path", "packed": {...}, "unpacked": {...}, "card",
+"rows", "notes"}, "grpo", "eval", "vote"}; more sections join through `SECTIONS` (below).
 """
 
 from __future__ import annotations
@@ -577,7 +578,6 @@ def _stage_hours(cfg: DictConfig, card: str, out: dict, stage: str, val: int) ->
     return []
 
 
-KAGGLE_CARD = "rtx_pro_6000"  # the card of kaggle.machine_shape's default, NvidiaRtxPro6000 (conf/kaggle/default.yaml)
 # the stages of the pipeline (lab.runs.pipeline.STAGES) and what the GPU does in each
 STAGE_WORK = {"01_explore": "the split and the solvers (CPU)", "02_sft": "SFT and two evaluations",
               "03_grpo": "GRPO and one evaluation", "04_vote": "sampled votes", "05_errors": "error analysis (CPU)"}
@@ -586,7 +586,8 @@ STAGE_WORK = {"01_explore": "the split and the solvers (CPU)", "02_sft": "SFT an
 def _card_fit(cfg: DictConfig, stage: str, counts: tuple[int, int] | None, values: dict) -> str:
     """Whether `stage` fits the card, from what is cheap to know: GRPO's generation phase is bounded from shapes
     (lab.train.memory.generation_phase); a training step's peak needs its trace (`python -m lab memory`), which this
-    command does not run (it takes minutes; the stage's preflight runs it and refuses a step that does not fit)."""
+    command does not run (it runs the whole model's step on fake tensors; the stage's preflight runs it and refuses a
+    step that does not fit)."""
     if stage not in ("02_sft", "03_grpo", "04_vote"):
         return "no GPU work"
     if stage == "04_vote":
@@ -640,7 +641,9 @@ def pipeline(cfg: DictConfig, out: dict, card: str, stages: list[str] | None = N
              "not_projected": [r["stage"] for r in records if r["hours"] is None]}
     if price is not None:
         total.update(cost=total["hours"] * price, price_per_hour=price)
-    return {"stages": records, "total": total, "held_out": {"puzzles": val, "source": val_how}}
+    return {"stages": records, "total": total, "held_out": {"puzzles": val, "source": val_how},
+            "kaggle": {"machine_shape": cfg.kaggle.machine_shape, "kernel_hours": usable,
+                       "kept_limit_gb": float(cfg.kaggle.output_limit_gb)}}
 
 
 def _fmt(x: float | None, width: int) -> str:
@@ -652,7 +655,7 @@ def table_lines(p: dict, card: str) -> list[str]:
     records, total = p["stages"], p["total"]
     price = total.get("price_per_hour")
     cost = price is not None
-    k = records[0]["kaggle"]
+    k = p["kaggle"]
     head = (f"{'stage':<11}{'hours':>7}" + (f"{'cost':>9}" if cost else "")
             + f"  {'Kaggle: kernels, kept':<28}  fits the card")
     lines = [f"The pipeline on {card}: PROJECTED hours (not measured by this command; --explain shows the derivation)"
@@ -668,8 +671,8 @@ def table_lines(p: dict, card: str) -> list[str]:
                  + f"  {total['kernels']} kernels")
     lines.append(f"Kaggle: one kernel runs {k['kernel_hours']:g} h (kaggle.run_limit_h less kaggle.budget_margin_min; "
                  f"a training stage stops and resumes in the next), keeps {k['kept_limit_gb']:g} GB "
-                 "(lab.train.output_plan: python -m lab kaggle plan)"
-                 + ("" if card == KAGGLE_CARD else f"; the hours are {card}'s, Kaggle's card is {KAGGLE_CARD}"))
+                 f"(lab.train.output_plan: python -m lab kaggle plan); the hours are {card}'s, Kaggle's kernels run on "
+                 f"kaggle.machine_shape={k['machine_shape']}")
     h = p["held_out"]
     lines.append(f"each stage's hours (held-out puzzles: {h['puzzles']:,}, {h['source']}):")
     for r in records:
