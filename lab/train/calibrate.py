@@ -313,7 +313,8 @@ def _variants(path: str):
         right = experts_lora.expert_factors
         experts_lora.apply("routed", pm)
         try:
-            with mock.patch.object(experts_lora, "expert_factors", b_expert_major) if wrong else contextlib.nullcontext():
+            wrong_layout = mock.patch.object(experts_lora, "expert_factors", b_expert_major)
+            with wrong_layout if wrong else contextlib.nullcontext():
                 yield
         finally:
             experts_lora.apply("fold", pm)
@@ -442,9 +443,13 @@ class Stepper:
         import torch
 
         if self.optim == "adamw_bnb_8bit":
-            import bitsandbytes as bnb
+            try:
+                import bitsandbytes as bnb
 
-            return bnb.optim.AdamW8bit(self.trainable, lr=lr)
+                return bnb.optim.AdamW8bit(self.trainable, lr=lr)
+            except Exception as e:  # the smoke's 64 MiB carry no bitsandbytes: time torch's, and say so
+                self.optim = f"adamw_torch_fused (the recipe's adamw_bnb_8bit does not import: {type(e).__name__})"
+                return torch.optim.AdamW(self.trainable, lr=lr, fused=self.cuda)
         if self.optim in ("adamw_torch_fused", "adamw_torch"):
             return torch.optim.AdamW(self.trainable, lr=lr, fused=self.optim.endswith("fused") and self.cuda)
         raise LabError(f"gpu.optim={self.optim!r}: calibrate times adamw_torch_fused, adamw_torch or adamw_bnb_8bit")
@@ -477,6 +482,17 @@ class Stepper:
             torch.cuda.synchronize()
 
     def measure(self, rows: list[int], train: bool = True, repeats: int = 3) -> dict:
+        """A warm-up and `repeats` timed steps; a step the card cannot hold is recorded as out of memory."""
+        import torch
+
+        try:
+            return self._measure(rows, train, repeats)
+        except torch.cuda.OutOfMemoryError as e:
+            self.opt.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            return {"tokens": sum(rows), "rows": len(rows), "error": f"out of memory: {str(e)[:200]}"}
+
+    def _measure(self, rows: list[int], train: bool, repeats: int) -> dict:
         import torch
 
         if self.cuda:
@@ -491,6 +507,8 @@ class Stepper:
 
 def fit(points: list[tuple[int, float]]) -> dict:
     """Least squares seconds = fixed_s + tokens x us_per_token / 1e6 over the packs' medians, with residuals."""
+    if len(points) < 2:
+        raise LabError(f"calibrate: {len(points)} pack(s) timed, a line needs two")
     t = np.asarray([p[0] for p in points], dtype=float)
     y = np.asarray([p[1] for p in points], dtype=float)
     per, fixed = np.polyfit(t, y, 1)
@@ -523,7 +541,10 @@ def step_speed(ctx) -> dict:
             except Exception as e:
                 m["trace"] = f"{type(e).__name__}: {e}"
         ctx["partial"]("speed", out)
-    out["fit"] = fit([(m["tokens"], m["median_s"]) for m in out["packs"].values()])
+    try:
+        out["fit"] = fit([(m["tokens"], m["median_s"]) for m in out["packs"].values() if "median_s" in m])
+    except LabError as e:
+        out["fit"] = {"error": str(e)}
     small = pack_rows(ctx, packs[0])
     if out["experts_lora"] == "routed":
         experts_lora.apply("fold", st.pm)
@@ -587,8 +608,70 @@ def calibrate(cfg: DictConfig, paths: list[Path], rows: list[int] | None = None)
     return result
 
 
+def _g(x, fmt: str = ".3g") -> str:
+    return "-" if x is None else format(x, fmt) if isinstance(x, (int, float)) else str(x)
+
+
+def markdown(result: dict) -> list[str]:
+    """A calibration as Markdown tables (scripts/gpu_smoke.sh's report, RESULTS.md's "GPU check")."""
+    m = result.get("meta", {})
+    out = [f"Calibration: gpu={m.get('card')}, {m.get('device')}, {m.get('date')}, lab commit {m.get('lab_commit')}, "
+           f"model {m.get('model')} ({m.get('what')})", "",
+           "| exact path | err | base | bound | negative | ok |", "|---|---|---|---|---|---|"]
+    for path, e in (result.get("exact") or {}).items():
+        if not isinstance(e, dict):
+            continue
+        row = e.get("cpu_branch", e)
+        note = f" (skipped: {e['skipped']}; the lab's branch here:)" if "skipped" in e else ""
+        if "error" in e:
+            out.append(f"| {path} | error: {e['error'][:150]} | | | | |")
+        elif "err" in row:
+            out.append(f"| {path}{note} | {_g(row['err'])} | {_g(row['base'])} | {_g(row['bound'])} | "
+                       f"{_g(row['negative'])} | {row['ok']} |")
+        elif "skipped" in e:
+            out.append(f"| {path} | skipped: {e['skipped']} | | | | |")
+    sp = result.get("speed") or {}
+    if "error" in sp:
+        out += ["", f"speed: error: {sp['error']}"]
+    elif sp:
+        out += ["", f"Speed ({sp.get('model')}; optimizer {sp.get('optimizer')}, head {sp.get('head')}, experts LoRA "
+                f"{sp.get('experts_lora')}, packing {sp.get('packing')}):", "",
+                "| step | tokens | rows | median s | warm-up s | peak GiB | trace GiB |",
+                "|---|---|---|---|---|---|---|"]
+        cases = [(f"pack {k}", v) for k, v in sorted(sp.get("packs", {}).items(), key=lambda kv: int(kv[0]))]
+        cases += [(k, sp[k]) for k in ("fold", "unfused", "grpo_row", "no_grad_forward") if k in sp]
+        for name, v in cases:
+            out.append(f"| {name} | {v.get('tokens')} | {v.get('rows')} | {_g(v.get('median_s'), '.4f')} | "
+                       f"{_g(v.get('warmup_s'), '.4f')} | {_g(v.get('peak_gib'), '.2f')} | "
+                       f"{_g(v.get('trace_gib'), '.2f')} |")
+        f = sp.get("fit") or {}
+        out += ["", f"fit: {_g(f.get('fixed_s'), '.4f')} s + {_g(f.get('us_per_token'), '.2f')} us/token per "
+                    f"micro-step (residuals {f.get('residuals_s')})"]
+    out += ["", f"vLLM: {result.get('vllm')}"]
+    return out
+
+
+def report(folder: Path) -> str:
+    """scripts/gpu_smoke.sh's one report from its folder: the parts, the calibration, the tests."""
+    import xml.etree.ElementTree as ET
+
+    lines = ["## GPU check (scripts/gpu_smoke.sh)", ""]
+    parts = folder / "parts.txt"
+    lines += ["```", parts.read_text().strip() if parts.is_file() else "no parts.txt", "```", ""]
+    cal = folder / "calibration.json"
+    lines += markdown(json.loads(cal.read_text())) if cal.is_file() else ["no calibration.json (calibrate did not "
+                                                                          "finish a step)"]
+    xml = folder / "tests.xml"
+    if xml.is_file():
+        suite = ET.parse(xml).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        lines += ["", "tests (fast lane, CUDA visible): " + ", ".join(f"{k} {suite.get(k)}" for k in
+                                                                     ("tests", "failures", "errors", "skipped"))]
+    return "\n".join(lines) + "\n"
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m lab calibrate [OVERRIDES...] [--json PATH]`"""
+    """`python -m lab calibrate [OVERRIDES...] [--json PATH]`; `--report DIR`: scripts/gpu_smoke.sh's report"""
     import torch
 
     from lab.core.config import compose
@@ -597,9 +680,16 @@ def main(argv: list[str] | None = None) -> int:
                                  "the training step's speed on this card (module docstring of lab/train/calibrate.py)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=competition gpu=h100_80gb")
     ap.add_argument("--json", default=None, help="also write the calibration here (a new file)")
+    ap.add_argument("--report", default=None, help="print scripts/gpu_smoke.sh's report of this folder, run nothing")
     a = ap.parse_intermixed_args(argv)
+    if a.report:
+        print(report(Path(a.report)), end="")
+        return 0
     cfg = compose(a.overrides)
     cuda = torch.cuda.is_available()
+    if not cuda and not cfg.model.build_tiny:
+        raise LabError(f"model={cfg.model.name} without a GPU: calibrate runs the real model's shapes on a card only; "
+                       "here it runs the tiny model (no model override)")
     paths = [default_path(cfg, cuda)] + ([Path(a.json)] if a.json else [])
     for i, p in enumerate(paths):
         check_writable(p, default=i == 0)

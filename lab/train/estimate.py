@@ -301,7 +301,7 @@ def load_calibration(cfg: DictConfig, card: str, path: str | None = None) -> tup
 def measured_model(cal: dict) -> Model:
     """The micro-step line a calibration measured: its least-squares fit over the timed packs."""
     m, fit = cal["meta"], cal["speed"]["fit"]
-    packs = ", ".join(f"{int(k):,}" for k in cal["speed"].get("packs", {}))
+    packs = ", ".join(f"{k:,}" for k in sorted(map(int, cal["speed"].get("packs", {}))))
     return Model(fit["fixed_s"], fit["us_per_token"] / 1e6, [
         f"MEASURED by python -m lab calibrate on {m.get('device')} (gpu={m.get('card')}), {m.get('date')}, lab commit "
         f"{m.get('lab_commit')}: {cal['path']}",
