@@ -13,9 +13,10 @@
 #   scripts/gpu_smoke.sh             # there (no network): install .whl/ into /tmp/site, run the parts, write the report
 #
 # --fetch: the lab's pure-Python dependencies the GPU image lacks (TRL, PEFT 0.21, datasets, Hydra/OmegaConf, einops,
-# ninja) and the kernels for ARCH (default 90: H100/H200): their wheels built and stripped when nvcc is here
-# (scripts/build_mamba_wheels.sh, STRIP=1), else their two sdists for the GPU machine to build. It refuses a .whl/
-# over 64 MiB.
+# ninja) and the kernels: by default their two sdists, for the GPU machine to build for its own card (the `kernels`
+# part); KERNELS=build compiles their wheels here for ARCH (default 90: H100/H200) and strips them
+# (scripts/build_mamba_wheels.sh, STRIP=1: needs nvcc of CUDA 13 and downloads torch 2.14). It refuses a .whl/ over
+# 64 MiB.
 #
 # Environment: OUT (default outputs/gpu_smoke: report.md, results.tgz, every log), PY (default python3, the
 # machine's torch), PARTS (default "env kernels calibrate tests"), CAL_OVERRIDES (default "experiment=competition
@@ -30,18 +31,17 @@ ARCH=${ARCH:-90}
 if [[ "${1:-}" == "--fetch" ]]; then
   set -e
   VPY=${VPY:-.venv/bin/python}  # the lab's venv: its torch prepares the kernels' metadata
-  mkdir -p "$WHL/src"
-  grep -qx "/$WHL/" .git/info/exclude 2>/dev/null || echo "/$WHL/" >> .git/info/exclude
+  mkdir -p "$WHL/src"  # .whl/ is in .gitignore
   plat=(--only-binary=:all: --python-version 3.12 --implementation cp --platform manylinux_2_28_x86_64
         --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 --platform any)
   "$VPY" -m pip download -q --no-deps "${plat[@]}" -d "$WHL" \
     trl==1.15.0 peft==0.21.2 datasets==4.8.5 dill==0.4.1 multiprocess==0.70.19 hydra-core==1.3.8 omegaconf==2.3.1 \
     filelock==4.3.1 einops==0.8.2 ninja==1.13.0 import-linter==2.17 grimp==3.14
   "$VPY" -m pip wheel -q --no-deps -w "$WHL" antlr4-python3-runtime==4.9.3  # Hydra's parser: a source on the index
-  if command -v nvcc >/dev/null || [[ -x "${CUDA_HOME:-/usr/local/cuda}/bin/nvcc" ]]; then
-    OUT="$WHL" ARCHS="$ARCH" STRIP=1 PYTHON_VERSION=3.12 scripts/build_mamba_wheels.sh
+  if [[ "${KERNELS:-sources}" == build ]]; then  # its own venv with torch 2.14 (CUDA), nvcc here: compiled here
+    env -u VPY OUT="$WHL" ARCHS="$ARCH" STRIP=1 PYTHON_VERSION=3.12 WORK=/tmp/lab_smoke_build \
+      scripts/build_mamba_wheels.sh
   else  # the GPU machine builds them (the `kernels` part)
-    echo "no nvcc here: the kernels' sources go instead, to be built on the GPU machine"
     CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE "$VPY" -m pip download -q --no-deps \
       --no-binary :all: --no-build-isolation -d "$WHL/src" causal-conv1d==1.7.0 mamba-ssm==2.3.2.post1
   fi
