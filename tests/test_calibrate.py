@@ -31,7 +31,7 @@ def test_calibrate_on_the_cpu_writes_every_key(cal_dir, tmp_path, monkeypatch):
     monkeypatch.setattr(cal, "CPU_PACKS", (8, 16, 32))
     monkeypatch.setitem(cal.EXACT_TOKENS, "cpu", 24)
     out = tmp_path / "cal.json"
-    assert cal.main(["model.max_model_len=32", "--json", str(out)]) == 0
+    assert cal.main(["model.max_model_len=32", "sft.packing=true", "--json", str(out)]) == 0
     got = json.loads(out.read_text())
     assert got == json.loads((cal_dir / "cpu.json").read_text())
     assert set(got) == {"meta", "env", "exact", "speed", "vllm"}
@@ -46,6 +46,7 @@ def test_calibrate_on_the_cpu_writes_every_key(cal_dir, tmp_path, monkeypatch):
         assert entry["err"] <= entry["bound"] and entry["negative"] >= 1000 * entry["bound"]
     sp = got["speed"]
     assert sorted(map(int, sp["packs"])) == [8, 16, 32] and all(len(m["seconds"]) == 3 for m in sp["packs"].values())
+    assert sp["packing"] is True and sp["packs"]["32"]["rows"] > 1  # whole rows packed, as the recipe packs
     assert {"fixed_s", "us_per_token"} <= set(sp["fit"]) and math.isfinite(sp["fit"]["fixed_s"])
     assert sp["grpo_row"]["tokens"] == 32 and sp["no_grad_forward"]["tokens"] == 32
     assert {"fold", "unfused"} <= set(sp)
