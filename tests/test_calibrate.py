@@ -150,3 +150,12 @@ def test_a_calibration_that_does_not_apply_is_not_used(cal_dir, tmp_path, capsys
     assert got["sft"]["source"] == "projected" and why in out
     with pytest.raises(LabError, match="--calibration"):
         est.main([*REAL, "--assume-rows", "--calibration", str(path)])
+
+
+def test_a_call_spelled_wrong_does_not_bind():
+    """env.calls: the lab's spelling of torch's varlen_attn binds; torch 2.10's `is_causal` (the negative) does not."""
+    name, attr, args, kwargs = cal.CALLS["varlen_attn"]
+    assert cal._bind(name, attr, args, kwargs) == {"imports": True, "binds": True}
+    wrong = cal._bind(name, attr, args, {**kwargs, "is_causal": True})
+    assert wrong["binds"] is False and "is_causal" in wrong["why"]
+    assert cal._bind("no_such_package_here", "f", (), {})["imports"] is False

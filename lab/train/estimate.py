@@ -1,7 +1,9 @@
 """`python -m lab estimate [OVERRIDES...] [--json PATH]`: how fast SFT of the composed config will run on the `gpu=` card,
 projected before anything is loaded (no model, no GPU): tokens/s, seconds per optimizer step, hours per epoch on the
 configured data, the packing efficiency, and which experts-LoRA and Mamba paths the run takes. Every figure is a
-projection from one measured run plus stated derivations; nothing here is measured by this command.
+projection from one measured run plus stated derivations; nothing here is measured by this command. When the card has
+a calibration that applies (`python -m lab calibrate` on it, `load_calibration`; or `--calibration PATH`), the SFT
+micro-step is the one it measured instead, and the JSON and the print say which (`sft.source`: measured | projected).
 
 **Measured** (RESULTS.md, "First contact with a GPU": one H100 80GB HBM3, 2026-11-27, `bench/gpu_memory.py`, a
 real-width slice with one Mamba-2, one attention and one MoE block, bf16, the experiment=competition LoRA: rank 32 on
@@ -42,7 +44,7 @@ step plus 22 Mamba-2, 5 attention and 22 MoE blocks more) gives 1.12 s at 1,024 
    step = epoch seconds / ceil(rows / (batch_size x grad_accum)).
 
 The JSON (`--json`): {"sft": {"tokens_per_s", "hours_per_epoch", "step_seconds", "packing", "experts_lora",
-"mamba_path", "packed": {...}, "unpacked": {...}, "card", "rows", "notes"}} for the configured packing; more
+"mamba_path", "source", "packed": {...}, "unpacked": {...}, "card", "rows", "notes"}} for the configured packing; more
 sections join through `SECTIONS` (below).
 """
 
