@@ -30,6 +30,7 @@ import contextlib
 import copy
 import datetime
 import importlib
+import importlib.util
 import inspect
 import json
 import platform
