@@ -12,9 +12,9 @@
 #   scripts/gpu_smoke.sh --fetch     # here, with the package index: the wheels the GPU machine lacks, into .whl/
 #   scripts/gpu_smoke.sh             # there (no network): install .whl/ into /tmp/site, run the parts, write the report
 #
-# --fetch: the lab's pure-Python dependencies the GPU image lacks (TRL, PEFT 0.21, datasets, Hydra/OmegaConf, einops,
-# ninja) and the kernels: by default their two sdists, for the GPU machine to build for its own card (the `kernels`
-# part); KERNELS=build compiles their wheels here for ARCH (default 90: H100/H200) and strips them
+# --fetch: the lab's dependencies the GPU image lacks (TRL, PEFT 0.21, datasets, Hydra/OmegaConf, einops, ninja, the
+# Jupyter stack) and the kernels: by default their two sdists, for the GPU machine to build for its own card (the
+# `kernels` part); KERNELS=build compiles their wheels here for ARCH (default 90: H100/H200) and strips them
 # (scripts/build_mamba_wheels.sh, STRIP=1: needs nvcc of CUDA 13 and downloads torch 2.14). It refuses a .whl/ over
 # 64 MiB.
 #
@@ -37,6 +37,14 @@ if [[ "${1:-}" == "--fetch" ]]; then
   "$VPY" -m pip download -q --no-deps "${plat[@]}" -d "$WHL" \
     trl==1.15.0 peft==0.21.2 datasets==4.8.5 dill==0.4.1 multiprocess==0.70.19 hydra-core==1.3.8 omegaconf==2.3.1 \
     filelock==4.3.1 einops==0.8.2 ninja==1.13.0 import-linter==2.17 grimp==3.14
+  # the Jupyter stack the lab imports (papermill: lab.runs) and the test lane's notebook tests need, less the image's
+  "$VPY" -m pip download -q --no-deps "${plat[@]}" -d "$WHL" \
+    papermill==2.7.0 nbclient==0.11.0 nbformat==5.11.1 jupyter-client==8.10.0 jupyter-core==5.9.1 ipykernel==7.4.0 \
+    ipython==9.18.1 ipython-pygments-lexers==1.1.1 traitlets==5.16.1 pyzmq==27.3.0 tornado==6.6.1 comm==0.2.3 \
+    debugpy==1.8.22 matplotlib-inline==0.2.2 nest-asyncio2==1.7.4 jedi==0.20.1 parso==0.8.7 prompt-toolkit==3.0.53 \
+    wcwidth==0.9.4 stack-data==0.6.3 asttokens==3.0.2 executing==2.3.0 pure-eval==0.2.4 fastjsonschema==2.22.3 \
+    jsonschema==4.26.0 jsonschema-specifications==2025.9.1 referencing==0.37.0 rpds-py==2026.9.1 \
+    platformdirs==4.14.8 entrypoints==0.4.2 tenacity==9.2.1 tzdata==2026.6 cffi==2.1.1 pycparser==3.12
   "$VPY" -m pip wheel -q --no-deps -w "$WHL" antlr4-python3-runtime==4.9.3  # Hydra's parser: a source on the index
   if [[ "${KERNELS:-sources}" == build ]]; then  # its own venv with torch 2.14 (CUDA), nvcc here: compiled here
     env -u VPY OUT="$WHL" ARCHS="$ARCH" STRIP=1 PYTHON_VERSION=3.12 WORK=/tmp/lab_smoke_build \
