@@ -291,6 +291,21 @@ def guard_fused_mamba_out_proj(model, fused: bool = True) -> int:
     return n
 
 
+@contextlib.contextmanager
+def fused_mamba_as(model, fused: bool):
+    """Within the block, every Mamba-2 mixer of `model` (guarded by `guard_fused_mamba_out_proj`) takes (`fused`) or
+    leaves the fused kernel, as `sft.fused_mamba` sets them for a run (calibrate's comparisons); as before after it."""
+    mixers = [m for m in _base(model).modules() if hasattr(m, "_lab_fused_mamba")]
+    before = [m._lab_fused_mamba for m in mixers]
+    for m in mixers:
+        m._lab_fused_mamba = bool(fused)
+    try:
+        yield
+    finally:
+        for m, b in zip(mixers, before):
+            m._lab_fused_mamba = b
+
+
 # ---- target table ------------------------------------------------------------------------------
 
 def family_of(param_name: str) -> str | None:
