@@ -119,7 +119,7 @@ def calibration_file(cfg, folder, card="h100_80gb", fixed_s=0.5, us=50.0, key=No
 
 def run(tmp_path, capsys, *args):
     path = tmp_path / "estimate.json"
-    assert est.main([*REAL, "--assume-rows", *args, "--json", str(path)]) == 0
+    assert est.main([*REAL, "--assume-rows", "--explain", *args, "--json", str(path)]) == 0
     return json.loads(path.read_text()), capsys.readouterr().out
 
 
@@ -127,6 +127,7 @@ def test_estimate_before_and_after_reading_a_calibration(cal_dir, tmp_path, caps
     before, out = run(tmp_path, capsys)
     assert before["sft"]["source"] == "projected" and before["sft"]["projected"] is True
     assert "all figures PROJECTED" in out and "no calibration of h100_80gb" in out
+    assert "PROJECTED hours (not measured" in out.split("\n")[0] and "calibration: no calibration of" in out
     assert before["grpo"]["source"] == "projected"
     calibration_file(config.compose(REAL), cal_dir)
     after, out = run(tmp_path, capsys)
@@ -138,6 +139,7 @@ def test_estimate_before_and_after_reading_a_calibration(cal_dir, tmp_path, caps
     assert packed["seconds_per_epoch"] == pytest.approx(packed["micro_steps"] * 0.5
                                                         + packed["tokens_computed"] * 50e-6)
     assert "the micro-step MEASURED (gpu=h100_80gb, 2026-11-29" in out and "lab commit 0123abc" in out
+    assert "SFT's micro-step: MEASURED by calibrate" in out.split("\n")[0]
     assert after["grpo"]["source"] == "projected"  # no vLLM figures in a calibration yet
     assert before["sft"]["tokens_per_s"] != sft["tokens_per_s"]
 

@@ -673,8 +673,6 @@ def report(folder: Path) -> str:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m lab calibrate [OVERRIDES...] [--json PATH]`; `--report DIR`: scripts/gpu_smoke.sh's report"""
-    import torch
-
     from lab.core.config import compose
 
     ap = argparse.ArgumentParser(prog="python -m lab calibrate", description="measure the fast paths' exactness and "
@@ -686,6 +684,8 @@ def main(argv: list[str] | None = None) -> int:
     if a.report:
         print(report(Path(a.report)), end="")
         return 0
+    import torch
+
     cfg = compose(a.overrides)
     cuda = torch.cuda.is_available()
     if not cuda and not cfg.model.build_tiny:

@@ -528,7 +528,7 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
     t = np.asarray(tokens)
     notes = [f"rows: {source}",
              f"rows: {len(tokens):,}, {real:,} tokens (median {int(np.median(t)):,}, mean {t.mean():,.0f}, max "
-             f"{t.max():,})", cal_line, *model.lines,
+             f"{t.max():,})", f"calibration: {cal_line}", *model.lines,
              "not modelled: evaluation, checkpoint saves, data loading, a trained router's imbalance"]
     if card != str(cfg.gpu.name):
         notes.insert(0, f"gpu={cfg.gpu.name}: no card configured; projected for {card}")
@@ -825,7 +825,7 @@ def main(argv: list[str] | None = None) -> int:
     card = card_of(cfg)
     p = pipeline(cfg, out, card, a.stages, a.price_per_hour)
     out = {"card": card, **p, **out}
-    notes = [ln.strip() for ln in out["sft"]["notes"] if ln.startswith(("rows:", "gpu="))]
+    notes = [ln.strip() for ln in out["sft"]["notes"] if ln.startswith(("rows:", "gpu=", "calibration:"))]
     print("\n".join(table_lines(p, card, out["sft"].get("source", "projected")) + [f"  SFT {n}" for n in notes]))
     if a.explain:
         print("\n" + "\n".join(lines))
