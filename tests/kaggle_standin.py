@@ -11,7 +11,7 @@ call the real API would refuse fails here too, and answers with kagglesdk's real
 - `dataset_create_new` checks the folder's dataset-metadata.json.
 What happened is kept in a JSON file (`state_file`), so several processes (a CLI call per command, a killed and
 restarted chain) share one made-up Kaggle. `install(state_file)` puts the stand-in into the KaggleApi class itself,
-for subprocesses (tests/test_docs_commands.py puts it in a sitecustomize.py).
+for subprocesses (tests/standin_site/sitecustomize.py does that when $LAB_KAGGLE_STANDIN is set).
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ from kagglesdk.kernels.types.kernels_enums import KernelWorkerStatus
 
 FAKED = ("kernels_push", "kernels_status", "kernels_output", "dataset_create_new")
 REAL = {name: getattr(KaggleApi, name) for name in FAKED}
-RUNNING_POLLS = 3  # status calls that answer RUNNING before COMPLETE
+RUNNING_POLLS = 3  # status calls that answer RUNNING before COMPLETE ($LAB_KAGGLE_STANDIN_POLLS in subprocesses)
 
 
 def _bind(name: str, api, *args, **kwargs) -> dict:
@@ -108,7 +108,8 @@ class StandIn:
         ref, n, v = self._version(state, a["kernel"])
         if v["status"] in ("QUEUED", "RUNNING"):
             v["polls"] += 1
-            v["status"] = ("RUNNING" if v["polls"] <= RUNNING_POLLS else
+            polls = int(os.environ.get("LAB_KAGGLE_STANDIN_POLLS", RUNNING_POLLS))
+            v["status"] = ("RUNNING" if v["polls"] <= polls else
                            "ERROR" if ref.split("/")[1] in self.fail else "COMPLETE")
         resp = ApiGetKernelSessionStatusResponse()
         resp.status = KernelWorkerStatus[v["status"]]

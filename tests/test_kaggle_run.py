@@ -180,13 +180,9 @@ def test_rebuilding_a_chain_gives_the_same_kernels(chain, tmp_path):
 def test_cli_resumes_after_sigkill(tmp_path):
     """The command itself, killed with SIGKILL while it waits for 02_sft, then run again: nothing pushed twice."""
     pytest.importorskip("kaggle.api.kaggle_api_extended", reason="kaggle==2.2.5 is not installed")
-    site = tmp_path / "site"
-    site.mkdir()
     state = tmp_path / "kaggle.json"
-    (site / "sitecustomize.py").write_text(STANDIN_SITE)
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(site), str(TESTS.parent)]), "KAGGLE_USERNAME": "alice",
-           "KAGGLE_KEY": "stand-in", "KAGGLE_CONFIG_DIR": str(tmp_path), "LAB_KAGGLE_STANDIN": str(state),
-           "LAB_TESTS": str(TESTS)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS / "standin_site"), str(TESTS.parent)]), "KAGGLE_USERNAME": "alice",
+           "KAGGLE_KEY": "stand-in", "KAGGLE_CONFIG_DIR": str(tmp_path), "LAB_KAGGLE_STANDIN": str(state)}
     cmd = [sys.executable, "-m", "lab", "kaggle", "run", "--chain", ",".join(STAGES), "--run-name", "c1",
            "--out", str(tmp_path / "build"), "--run-dir", str(tmp_path / "run"), "--poll-s", "0.2",
            "--model-source", "", "--competition", "", "data.n_train=8"]
@@ -207,28 +203,31 @@ def test_cli_resumes_after_sigkill(tmp_path):
         done.stdout
 
 
-# a sitecustomize.py for subprocesses: once kaggle's API module is imported, the stand-in goes into it
-STANDIN_SITE = '''
-import importlib.abc, importlib.util, os, sys
 
-class _StandIn(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path, target=None):
-        if name != "kaggle.api.kaggle_api_extended":
-            return None
-        sys.meta_path.remove(self)
-        spec = importlib.util.find_spec(name)
-        run = spec.loader.exec_module
+def test_chain_without_run_name_is_named_by_date(tmp_path):
+    """Not `chain` (folder chain-chain, kernels nemotron-lab-chain-01-explore): the date and time, as a local run."""
+    import re
 
-        def exec_module(module):
-            run(module)
-            sys.modules[name] = module
-            sys.path.insert(0, os.environ["LAB_TESTS"])
-            import kaggle_standin
-            kaggle_standin.install(os.environ["LAB_KAGGLE_STANDIN"])
+    (folder,) = kaggle.build_chain(["01_explore"], [], username="alice", out=tmp_path / "c", model_source="",
+                                   competition="")
+    kid = json.loads((folder / "kernel-metadata.json").read_text())["id"]
+    stamp = re.fullmatch(r"alice/nemotron-lab-(\d{4}-\d\d-\d\d-\d\d-\d\d-\d\d)-01-explore", kid)
+    assert stamp, kid
+    nb = (folder / "01_explore.ipynb").read_text()
+    assert re.search(r"run_dir=/kaggle/working/outputs/\d{4}-\d\d-\d\d_\d\d-\d\d-\d\d", nb)
 
-        spec.loader.exec_module = exec_module
-        return spec
 
-if os.environ.get("LAB_KAGGLE_STANDIN"):
-    sys.meta_path.insert(0, _StandIn())
-'''
+def test_build_takes_overrides_as_words(tmp_path):
+    """`kaggle build` takes overrides as key=value words at the end, as every command does, and several
+    --kernel-sources as one comma-separated value (so no `--` is needed before the overrides)."""
+    from lab.__main__ import main
+
+    assert main(["kaggle", "build", "--notebook", "02_sft", "--username", "alice", "--out", str(tmp_path / "k"),
+                 "--kernel-sources", "alice/nemotron-lab-01-explore,alice/other-kernel", "--model-source", "",
+                 "data.n_train=8", "seed=3"]) == 0
+    meta = json.loads((tmp_path / "k" / "kernel-metadata.json").read_text())
+    assert meta["kernel_sources"] == ["alice/nemotron-lab-01-explore", "alice/other-kernel"]
+    nb = (tmp_path / "k" / "02_sft.ipynb").read_text()
+    assert '\\"data.n_train=8\\", \\"seed=3\\"' in nb
+    with pytest.raises(SystemExit):  # the one syntax: --overrides is gone
+        main(["kaggle", "build", "--notebook", "02_sft", "--username", "alice", "--overrides", "seed=3"])

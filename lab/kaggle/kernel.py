@@ -556,8 +556,8 @@ def main(argv: list[str] | None = None) -> int:
                                  "(quick start: kaggle_kernel/README.md)")
     sub = ap.add_subparsers(dest="cmd", required=True)
     opts = argparse.ArgumentParser(add_help=False)  # what `build` and `run` share
-    opts.add_argument("overrides", nargs="*", help="Hydra overrides baked into the notebooks, last on the line "
-                                                   "(after -- when they follow --kernel-sources)")
+    opts.add_argument("overrides", nargs="*", help="Hydra overrides baked into the notebooks, key=value words at "
+                                                   "the end of the line")
     opts.add_argument("--username", help="your Kaggle username (default: $KAGGLE_USERNAME; one of the two is needed)")
     opts.add_argument("--run-name", help="run folder under /kaggle/working/outputs and part of each kernel's title "
                                          "(default: the kernel's slug; --chain: the date and time, as a local run)")
@@ -587,8 +587,8 @@ def main(argv: list[str] | None = None) -> int:
     which.add_argument("--notebook", help=f"one of {', '.join(STAGES)} or {PIPELINE}")
     which.add_argument("--chain", help="comma-separated stages in order, one kernel each, each attaching the one "
                                        "before it (e.g. 01_explore,02_sft,04_vote)")
-    b.add_argument("--kernel-sources", nargs="*", default=[],
-                   help="other kernels (owner/slug) whose output to attach; what this stage reads of their "
+    b.add_argument("--kernel-sources", default="",
+                   help="comma-separated kernels (owner/slug) whose output to attach; what this stage reads of their "
                         "outputs/<run_name> is copied back and the run continues (--chain sets it)")
     r = sub.add_parser("run", parents=[opts], help="build a chain, then push each kernel, wait for it and fetch its "
                        "output into the run folder before the next (needs Kaggle credentials; resumable)",
@@ -633,9 +633,12 @@ def main(argv: list[str] | None = None) -> int:
                                   out=args.out, title_prefix=args.title or "Nemotron lab", **kw)
         else:
             folders = [build_kernel(args.notebook, overrides, username=args.username, title=args.title, out=args.out,
-                                    run_name=args.run_name, kernel_sources=args.kernel_sources, **kw)]
-        ids = [json.loads((f / "kernel-metadata.json").read_text())["id"] for f in folders]
-        print("\n".join(f"wrote {f}: {f.name}.ipynb and kernel-metadata.json (id {i})" for f, i in zip(folders, ids)))
+                                    run_name=args.run_name, kernel_sources=[k for k in args.kernel_sources.split(",")
+                                                                            if k], **kw)]
+        metas = [json.loads((f / "kernel-metadata.json").read_text()) for f in folders]
+        ids = [m["id"] for m in metas]
+        print("\n".join(f"wrote {f}: {m['code_file']} and kernel-metadata.json (id {m['id']})"
+                        for f, m in zip(folders, metas)))
         if args.cmd == "run":
             from lab.kaggle.run import run_chain
 
