@@ -181,8 +181,8 @@ def test_cli_resumes_after_sigkill(tmp_path):
     """The command itself, killed with SIGKILL while it waits for 02_sft, then run again: nothing pushed twice."""
     pytest.importorskip("kaggle.api.kaggle_api_extended", reason="kaggle==2.2.5 is not installed")
     state = tmp_path / "kaggle.json"
-    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS / "standin_site"), str(TESTS.parent)]), "KAGGLE_USERNAME": "alice",
-           "KAGGLE_KEY": "stand-in", "KAGGLE_CONFIG_DIR": str(tmp_path), "LAB_KAGGLE_STANDIN": str(state)}
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS / "standin_site"), str(TESTS.parent)]),
+           "KAGGLE_USERNAME": "alice", "KAGGLE_KEY": "stand-in", "KAGGLE_CONFIG_DIR": str(tmp_path), "LAB_KAGGLE_STANDIN": str(state)}
     cmd = [sys.executable, "-m", "lab", "kaggle", "run", "--chain", ",".join(STAGES), "--run-name", "c1",
            "--out", str(tmp_path / "build"), "--run-dir", str(tmp_path / "run"), "--poll-s", "0.2",
            "--model-source", "", "--competition", "", "data.n_train=8"]
@@ -231,3 +231,12 @@ def test_build_takes_overrides_as_words(tmp_path):
     assert '\\"data.n_train=8\\", \\"seed=3\\"' in nb
     with pytest.raises(SystemExit):  # the one syntax: --overrides is gone
         main(["kaggle", "build", "--notebook", "02_sft", "--username", "alice", "--overrides", "seed=3"])
+
+
+def test_no_credentials_is_one_sentence(chain, standin, tmp_path, monkeypatch):
+    """Without credentials kaggle's authenticate exits; `kaggle run` says what to set instead, before any push."""
+    from kaggle.api.kaggle_api_extended import KaggleApi
+
+    monkeypatch.setattr(KaggleApi, "authenticate", lambda self: exit(1))
+    with pytest.raises(LabError, match="no Kaggle credentials: set KAGGLE_USERNAME and KAGGLE_KEY"):
+        run_chain(chain, tmp_path / "run", poll_s=0, out=io.StringIO())
