@@ -14,7 +14,8 @@ Stand-ins, only where the network or a GPU is needed (`STAND_INS`, applied to th
   or run the test suite from inside itself; `python -m lab demo` below runs what `make demo` runs;
 - `--fetch-wheels` (4.5 GB from the package index) is left out: the dataset is built without the wheels;
 - `pip install` and the real model's `python -m lab demo $RUN` (a GPU, the 60 GB model) are not run;
-- the demo and the sweep run on the smoke budget (`experiment=smoke`, the tests' own pipeline run); they, papermill,
+- the demo and the sweep run on the smoke budget (`experiment=smoke`, the tests' own pipeline run), the sweep's jobs
+  through 02_sft (the stage its grid changes); they, papermill,
   the summary of their run and the real model's memory trace (minutes on a CPU) run in the slow lane only.
 """
 
@@ -46,6 +47,8 @@ STAND_INS = [
     (r"^python -m lab kaggle run\b.*", r"\g<0> --poll-s 0.01", "",
      "Kaggle is the stand-in: its status checked every 0.01 s"),
     (r"^python -m lab (demo|sweep)\b.*", r"\g<0> experiment=smoke", SLOW, "on the smoke budget (experiment=smoke)"),
+    (r"^python -m lab sweep\b.*", r"\g<0> --stages 01_explore 02_sft", SLOW,
+     "the grid's jobs through 02_sft, the stage its keys change (the demos above run all five)"),
     (r"^(papermill\b.* -p overrides '\[.*?)\]'", "\\1, \"experiment=smoke\"]'", SLOW,
      "on the smoke budget (experiment=smoke)"),
     (r"^python -m lab (summary|memory|kaggle plan)\b", r"\g<0>", SLOW,
