@@ -182,7 +182,8 @@ def test_cli_resumes_after_sigkill(tmp_path):
     pytest.importorskip("kaggle.api.kaggle_api_extended", reason="kaggle==2.2.5 is not installed")
     state = tmp_path / "kaggle.json"
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([str(TESTS / "standin_site"), str(TESTS.parent)]),
-           "KAGGLE_USERNAME": "alice", "KAGGLE_KEY": "stand-in", "KAGGLE_CONFIG_DIR": str(tmp_path), "LAB_KAGGLE_STANDIN": str(state)}
+           "KAGGLE_USERNAME": "alice", "KAGGLE_KEY": "stand-in", "KAGGLE_CONFIG_DIR": str(tmp_path),
+           "LAB_KAGGLE_STANDIN": str(state)}
     cmd = [sys.executable, "-m", "lab", "kaggle", "run", "--chain", ",".join(STAGES), "--run-name", "c1",
            "--out", str(tmp_path / "build"), "--run-dir", str(tmp_path / "run"), "--poll-s", "0.2",
            "--model-source", "", "--competition", "", "data.n_train=8"]
