@@ -47,8 +47,9 @@ STAND_INS = [
     (r"^python -m lab kaggle run\b.*", r"\g<0> --poll-s 0.01", "",
      "Kaggle is the stand-in: its status checked every 0.01 s"),
     (r"^python -m lab (demo|sweep)\b.*", r"\g<0> experiment=smoke", SLOW, "on the smoke budget (experiment=smoke)"),
-    (r"^python -m lab sweep\b.*", r"\g<0> --stages 01_explore 02_sft", SLOW,
-     "the grid's jobs through 02_sft, the stage its keys change (the demos above run all five)"),
+    (r"^python -m lab sweep\b.*", r"\g<0> --stages 01_explore", SLOW,
+     "the grid's four jobs through 01_explore only (the command, the grid and its folders; the demos above run "
+     "all five stages, tests/test_sweep.py a sweep's training)"),
     (r"^(papermill\b.* -p overrides '\[.*?)\]'", "\\1, \"experiment=smoke\"]'", SLOW,
      "on the smoke budget (experiment=smoke)"),
     (r"^python -m lab (summary|memory|kaggle plan)\b", r"\g<0>", SLOW,
