@@ -329,7 +329,6 @@ def score_adapter(stage: Stage, val: pd.DataFrame, adapter_dir) -> pd.DataFrame:
     """The saved adapter's greedy predictions on the held-out puzzles (`predictions.csv`, through `evaluate`, cached
     by content): the adapter as written to disk, never the in-memory model."""
     after = evaluate(stage, val, adapter_dir, "predictions.csv")
-    print(f"held-out accuracy after training: {after['correct'].mean():.3f}")
     return after
 
 

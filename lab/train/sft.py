@@ -271,7 +271,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
         examples = examples.sample(frac=1.0, random_state=cfg.seed).head(cfg.sft.n_train)
     if examples.empty:
         raise LabError(f"{stage.dir}: no SFT examples left ({counts})")
-    print(f"SFT examples: {counts}")
+    if not in_kernel():  # a notebook shows them as a table (notebooks/02_sft.ipynb)
+        print(f"SFT examples: {counts}")
     atomic_write_csv(stage.path("sft_examples.csv"), examples[["id", "category", "tokens"]])
 
     if cfg.sft.packing:
