@@ -2,8 +2,8 @@
 machine, before the first stage (lab.runs.pipeline.expected_seconds); and it runs on the demo's budget."""
 
 from lab.core.config import compose
-from lab.runs.pipeline import (FIXED_S, PROBE_REF_S, STAGES, demo_overrides, expected_seconds, probe_seconds,
-                               work_units)
+from lab.runs.pipeline import (FIXED_CPU_S, PROBE_CPU_S, STAGES, cpu_seconds, demo_overrides, expected_seconds,
+                               probe, work_units)
 
 
 def test_the_expectation_follows_the_budgets_and_the_probe():
@@ -12,15 +12,19 @@ def test_the_expectation_follows_the_budgets_and_the_probe():
         assert work_units(stage, smoke) < work_units(stage, demo) <= work_units(stage, default), stage
     assert work_units("03_grpo", demo) < work_units("03_grpo", default)  # GRPO and voting are shortened
     assert work_units("02_sft", demo) == work_units("02_sft", default)  # SFT is not
-    at_ref = expected_seconds(demo, STAGES, PROBE_REF_S)
-    assert all(at_ref[s] >= FIXED_S[s] for s in STAGES)
-    slower = expected_seconds(demo, STAGES, 2 * PROBE_REF_S)
+    at_ref = expected_seconds(demo, STAGES, PROBE_CPU_S)
+    assert all(at_ref[s] >= FIXED_CPU_S[s] for s in STAGES)
+    slower = expected_seconds(demo, STAGES, 2 * PROBE_CPU_S)
     assert all(abs(slower[s] - 2 * at_ref[s]) < 1e-9 for s in STAGES)
-    assert sum(expected_seconds(smoke, STAGES, PROBE_REF_S).values()) < sum(at_ref.values())
+    assert sum(expected_seconds(smoke, STAGES, PROBE_CPU_S).values()) < sum(at_ref.values())
 
 
-def test_the_probe_is_quick_and_positive():
-    assert 0 < probe_seconds(reps=1) < 30
+def test_the_probe_and_the_cpu_clock():
+    cpu, wall = probe(reps=1)
+    assert 0 < cpu and 0 < wall < 30
+    before = cpu_seconds()
+    probe(reps=1)
+    assert cpu_seconds() > before
 
 
 def test_the_demo_runs_on_its_budget_unless_an_experiment_is_chosen():

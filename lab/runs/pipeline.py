@@ -146,13 +146,15 @@ def plain_progress():
             os.environ.pop("LAB_PROGRESS", None)
 
 
-# What a stage costs, for the time `run_notebooks` expects: FIXED_S + PER_UNIT_S x its work units (`work_units`),
-# seconds on a machine whose probe (`probe_seconds`) took PROBE_REF_S; this machine's probe scales them. Fitted per
-# stage through two runs of this commit on the 2-core development machine (RESULTS.md, "make demo"): the smoke budget
-# (experiment=smoke: FIXED_S, mostly starting the kernel and loading the libraries and the model) and the demo's.
-PROBE_REF_S = 0.05
-FIXED_S = {"01_explore": 30.0, "02_sft": 60.0, "03_grpo": 55.0, "04_vote": 40.0, "05_errors": 30.0}
-PER_UNIT_S = {"01_explore": 0.0, "02_sft": 0.12, "03_grpo": 0.12, "04_vote": 0.03, "05_errors": 0.0}
+# What a stage costs, for the time `run_notebooks` expects: FIXED_CPU_S + PER_UNIT_CPU_S x its work units
+# (`work_units`), in CPU seconds of the machine they were measured on, whose probe (`probe`) took PROBE_CPU_S of CPU.
+# This machine's probe scales them to wall seconds: its wall / PROBE_CPU_S (its speed and the CPU share its load
+# leaves). Measured on the 2-core development machine under a load of 10-15 (RESULTS.md, "make demo"): FIXED_CPU_S is
+# a smoke run's CPU (experiment=smoke, 193 s in all, shared out by its stages' wall times: starting the kernel,
+# loading the libraries and the model), PER_UNIT_CPU_S the demo budget's stages' CPU above it, per unit.
+PROBE_CPU_S = 0.06
+FIXED_CPU_S = {"01_explore": 19.0, "02_sft": 48.0, "03_grpo": 63.0, "04_vote": 42.0, "05_errors": 14.0}
+PER_UNIT_CPU_S = {"01_explore": 0.0, "02_sft": 0.14, "03_grpo": 0.07, "04_vote": 0.02, "05_errors": 0.0}
 
 
 def work_units(stage: str, cfg) -> float:
@@ -172,28 +174,36 @@ def work_units(stage: str, cfg) -> float:
     return float(d.n_val)
 
 
-def probe_seconds(reps: int = 5) -> float:
-    """A quick probe of this machine as the stages will find it (its load included): the median time of 20 products
-    of two 256 x 256 float32 matrices with torch's threads."""
-    import statistics
-
+def probe(reps: int = 5) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of a fixed piece of work on one thread, as the stages will find this machine (its
+    load included): 5 x 20 products of two 256 x 256 float32 matrices."""
     import torch
 
     a = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
-    times = []
-    for _ in range(reps):
-        t0 = time.perf_counter()
-        for _ in range(20):
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        for _ in range(reps * 20):
             a @ a
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times)
+        return time.process_time() - cpu0, time.perf_counter() - wall0
+    finally:
+        torch.set_num_threads(threads)
 
 
-def expected_seconds(cfg, stages: list[str], probe_s: float) -> dict[str, float]:
-    """{stage: projected seconds} from the stage budgets (`work_units`) and the probe (`PROBE_REF_S`); a projection
-    for the tiny model on a CPU, not for the real model (`python -m lab estimate`)."""
-    scale = probe_s / PROBE_REF_S
-    return {s: scale * (FIXED_S[s] + PER_UNIT_S[s] * work_units(s, cfg)) for s in stages}
+def cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its finished children (the stages' kernels)."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def expected_seconds(cfg, stages: list[str], probe_wall_s: float) -> dict[str, float]:
+    """{stage: projected wall seconds} from the stage budgets (`work_units`) and the probe's wall time
+    (`PROBE_CPU_S`); a projection for the tiny model on a CPU, not for the real model (`python -m lab estimate`)."""
+    scale = probe_wall_s / PROBE_CPU_S
+    return {s: scale * (FIXED_CPU_S[s] + PER_UNIT_CPU_S[s] * work_units(s, cfg)) for s in stages}
 
 
 def _clock(seconds: float) -> str:
@@ -215,17 +225,18 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: 
     run_dir = resolve_path(cfg.run_dir)
     expected = None
     if cfg.model.name == "tiny" and str(cfg.model.device) in ("auto", "cpu"):
-        probe = probe_seconds()
-        expected = expected_seconds(cfg, stages, probe)
+        cpu, wall = probe()
+        expected = expected_seconds(cfg, stages, wall)
         print(f"Expected time: about {_clock(sum(expected.values()))} (min:s) for {len(stages)} stage(s): "
               + ", ".join(f"{k} {v:.0f} s" for k, v in expected.items())
-              + f"; projected from the stage budgets and a probe of this machine ({probe:.3f} s against "
-              f"{PROBE_REF_S:.3f} s where the stage costs were measured: lab.runs.pipeline.FIXED_S)", flush=True)
+              + f"; projected from the stage budgets and a probe of this machine ({wall:.3f} s wall, {cpu:.3f} s CPU; "
+              f"{PROBE_CPU_S:.3f} s CPU where the stages' CPU costs were measured: lab.runs.pipeline.FIXED_CPU_S)",
+              flush=True)
     with run_lock(run_dir):  # one writer per run folder; the notebooks' kernels inherit the lock
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
         took: dict[str, float] = {}
         for i, name in enumerate(stages, 1):
-            t0 = time.time()
+            t0, c0 = time.time(), cpu_seconds()
             head = f"\n=== {name} ({i}/{len(stages)}): running {name}.ipynb -> {run_dir / 'notebooks' / (name + '.ipynb')}"
             if expected:
                 pace = sum(took.values()) / sum(expected[k] for k in took) if took else 1.0
@@ -234,8 +245,8 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: 
             print(head, flush=True)
             execute_stage(name, run_dir, overrides, log_output=log_output)
             took[name] = time.time() - t0
-            print(f"=== {name}: done in {took[name]:.0f} s" + (f" (expected {expected[name]:.0f} s)" if expected else ""),
-                  flush=True)
+            print(f"=== {name}: done in {took[name]:.0f} s" + (f" (expected {expected[name]:.0f} s)" if expected else "")
+                  + f", {cpu_seconds() - c0:.0f} s of CPU", flush=True)
     return run_dir
 
 
