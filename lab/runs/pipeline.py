@@ -149,9 +149,10 @@ def plain_progress():
 # What a stage costs, for the time `run_notebooks` expects: FIXED_CPU_S + PER_UNIT_CPU_S x its work units
 # (`work_units`), in CPU seconds of the machine they were measured on, whose probe (`probe`) took PROBE_CPU_S of CPU.
 # This machine's probe scales them to wall seconds: its wall / PROBE_CPU_S (its speed and the CPU share its load
-# leaves). Measured on the 2-core development machine under a load of 10-15 (RESULTS.md, "make demo"): FIXED_CPU_S is
-# a smoke run's CPU (experiment=smoke, 193 s in all, shared out by its stages' wall times: starting the kernel,
-# loading the libraries and the model), PER_UNIT_CPU_S the demo budget's stages' CPU above it, per unit.
+# leaves). Rough constants (RESULTS.md, "The demo's time"), from the 2-core development machine: FIXED_CPU_S is a
+# smoke run's CPU (experiment=smoke, 193 s in all on 2026-11-29, shared out by its stages' wall times: starting the
+# kernel, loading the libraries and the model); PER_UNIT_CPU_S is the rest of the 2026-11-27 demo's stage times
+# (02_sft 248 s, 03_grpo 152 s, 04_vote 56 s on the default budget, a quieter machine, read as CPU seconds) per unit.
 PROBE_CPU_S = 0.06
 FIXED_CPU_S = {"01_explore": 19.0, "02_sft": 48.0, "03_grpo": 63.0, "04_vote": 42.0, "05_errors": 14.0}
 PER_UNIT_CPU_S = {"01_explore": 0.0, "02_sft": 0.14, "03_grpo": 0.07, "04_vote": 0.02, "05_errors": 0.0}
