@@ -20,7 +20,7 @@ COMMANDS = {
     "puzzles": ("lab.puzzles.cli", "main", "solve | check | audit | generate: the per-category solvers"),
     # the config and the GPU plan
     "schema": ("lab.core.schema", "main", "every config key's type, help and range [GROUP]"),
-    "memory": ("lab.train.memory", "main", "trace one training step on fake tensors: peak GPU memory, does it fit"),
+    "memory": ("lab.train.memory_cli", "main", "trace one training step on fake tensors: peak GPU memory, does it fit"),
     "estimate": ("lab.train.estimate", "main", "projected SFT, GRPO, evaluation and vote time on the gpu= card"),
     # the submission and Kaggle
     "pack": ("lab.model.submission", "pack_main", "ADAPTER_DIR OUT.zip: pack a Kaggle submission.zip"),
