@@ -238,7 +238,8 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: 
         took: dict[str, float] = {}
         for i, name in enumerate(stages, 1):
             t0, c0 = time.time(), cpu_seconds()
-            head = f"\n=== {name} ({i}/{len(stages)}): running {name}.ipynb -> {run_dir / 'notebooks' / (name + '.ipynb')}"
+            out = run_dir / "notebooks" / f"{name}.ipynb"
+            head = f"\n=== {name} ({i}/{len(stages)}): running {name}.ipynb -> {out}"
             if expected:
                 pace = sum(took.values()) / sum(expected[k] for k in took) if took else 1.0
                 rest = pace * sum(expected[k] for k in stages[i - 1:])
@@ -246,8 +247,8 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: 
             print(head, flush=True)
             execute_stage(name, run_dir, overrides, log_output=log_output)
             took[name] = time.time() - t0
-            print(f"=== {name}: done in {took[name]:.0f} s" + (f" (expected {expected[name]:.0f} s)" if expected else "")
-                  + f", {cpu_seconds() - c0:.0f} s of CPU", flush=True)
+            said = f" (expected {expected[name]:.0f} s)" if expected else ""
+            print(f"=== {name}: done in {took[name]:.0f} s{said}, {cpu_seconds() - c0:.0f} s of CPU", flush=True)
     return run_dir
 
 
