@@ -4,7 +4,8 @@
 `undetermined` Solution with the error as reason; with `style="derivation"` the category's `derive` rewrites
 the trace. `solve_frame(df)` does it for a DataFrame (with a progress line for big frames,
 `lab.core.console.Progress`) and, when the frame has a gold `answer` column, adds `correct` via
-lab.competition.metric.verify (the competition metric; an error there is raised, never replaced). `solve_frame` first builds each category's batch input from the frame's prompts
+lab.competition.metric.verify (the competition metric; an error there is raised, never replaced). `solve_frame`
+first builds each category's batch input from the frame's prompts
 (`Category.learn`: the cipher's pooled vocabulary, so a query word its own examples never spell out can still be
 read; the equations' priors from the numeric equation prompts' examples, never a gold answer).
 `replay` / `check_frame` replay traces with `lab.puzzles.check` and the category's own checker and operations.
