@@ -116,8 +116,14 @@ def fast_paths(name: str, cfg: DictConfig, calibration: dict | None = None) -> l
     """The run's fast paths decided (`lab.train.fast_paths`): the overrides that switch each `auto` one that cannot
     or must not run here to its exact path, each with one printed line saying which, why and what it costs.
     `calibration`: the card's calibration (`exact.<path>`), when there is one."""
+    from lab.train import estimate
     from lab.train import fast_paths as fp
 
+    if calibration is None and name in fp.TRAINING_STAGES and str(cfg.gpu.name) in estimate.CARDS:
+        try:  # the card's own calibration (python -m lab calibrate), when one applies to this model and recipe
+            calibration, _ = estimate.load_calibration(cfg, estimate.card_of(cfg))
+        except LabError:
+            calibration = None
     switches, lines = fp.resolve(name, cfg, calibration)
     for line in lines:
         print(line, flush=True)

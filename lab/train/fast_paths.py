@@ -126,6 +126,8 @@ def resolve(stage: str, cfg: DictConfig, calibration: dict | None = None) -> tup
         if value == path.slow or not applies(path, cfg):
             continue
         gone = next((why for need in path.needs if (why := missing(need))), None)
+        if gone == "no CUDA device" and str(cfg.gpu.name) == "none":
+            continue  # a CPU run (the tiny model): the exact path is the only one there is, nothing to switch
         failed = calibration_failure(path, calibration)
         if value == path.fast:
             if gone:
