@@ -406,20 +406,22 @@ class GradientCheck:
     def report(self) -> pd.DataFrame:
         import pandas as pd
 
-        moved, tensors, still = defaultdict(float), defaultdict(int), defaultdict(int)
+        moved, seen, tensors, still = defaultdict(float), defaultdict(int), defaultdict(int), defaultdict(int)
         for n, p in self.model.named_parameters():
             if n in self.before:
                 fam = family_of(n) or "other"
                 d = float((_sample(p) - self.before[n]).abs().sum())
                 moved[fam] += d
+                seen[fam] += self.before[n].numel()
                 tensors[fam] += 1
                 still[fam] += d == 0.0
         fams = sorted(set(moved) | set(self.grad_norm))
         df = pd.DataFrame({"family": fams, "grad_norm_step1": [self.grad_norm.get(f, 0.0) for f in fams],
-                           "weight_change": [moved.get(f, 0.0) for f in fams],
+                           # the mean |change| of one LoRA weight (sampled), in the weights' own units
+                           "mean_abs_weight_change": [moved[f] / seen[f] if seen.get(f) else 0.0 for f in fams],
                            "tensors": [tensors.get(f, 0) for f in fams],
                            "tensors_unchanged": [still.get(f, 0) for f in fams]})
-        df["ok"] = (df["grad_norm_step1"] > 0) & (df["weight_change"] > 0) & (df["tensors_unchanged"] == 0)
+        df["ok"] = (df["grad_norm_step1"] > 0) & (df["mean_abs_weight_change"] > 0) & (df["tensors_unchanged"] == 0)
         return df
 
     def frozen_report(self) -> pd.DataFrame:
