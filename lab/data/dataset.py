@@ -225,7 +225,7 @@ def save_split(train: pd.DataFrame, val: pd.DataFrame, folder: str | os.PathLike
 def load_split(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(train, val) read back from `save_split`'s folder, checked against split.json's hashes."""
     folder = Path(folder)
-    info = read_json(folder / "split.json")
+    info = read_json(folder / "split.json", kind=dict)
     out = []
     for part in ("train", "val"):
         df = load_puzzles(folder / f"{part}.csv", allow_empty=True)
@@ -280,7 +280,7 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     source = data_file_record(cfg)
     fresh = not (folder / "split.json").is_file()
     if not fresh:
-        info = read_json(folder / "split.json")
+        info = read_json(folder / "split.json", kind=dict)
         made_with = info.get("settings")
         if made_with != settings:
             raise LabError(f"{folder / 'split.json'}: this run's split was made with data settings {made_with}, "

@@ -171,9 +171,7 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
     if not w_path.is_file():
         hint = " (adapter_model.bin found: re-save with safe_serialization)" if (adapter_dir / "adapter_model.bin").is_file() else ""
         raise LabError(f"{adapter_dir}: no {WEIGHTS_NAME}{hint}")
-    config = read_json(cfg_path)
-    if not isinstance(config, dict):
-        raise LabError(f"{cfg_path}: not valid JSON (not a JSON object)")
+    config = read_json(cfg_path, kind=dict)
     dropped = sorted(set(config) - lora_config_fields())
     config = {k: v for k, v in config.items() if k in lora_config_fields()} | {"inference_mode": True}
     if problems := config_problems(config):

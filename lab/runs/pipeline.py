@@ -158,16 +158,19 @@ def stages_and_overrides(words: list[str]) -> tuple[list[str], list[str]]:
     return out_stages, out_over
 
 
-def headline(run_dir: Path) -> dict:
-    """Each stage's metrics.json, keyed by stage; stages that did not finish are listed as missing."""
+def headline(run_dir: Path, stale: dict | None = None) -> dict:
+    """Each finished, current stage's metrics.json, keyed by stage; stages that did not finish are listed as missing,
+    finished stages that are not current (`lineage_problems`) as not current, their figures not read."""
+    stale = lineage_problems(run_dir) if stale is None else stale
     out = {}
     for name in STAGES:
         p = run_dir / name / "metrics.json"
-        out[name] = read_json(p) if p.is_file() else {"missing": True}
+        out[name] = ({"missing": True} if not p.is_file() else {"not_current": stale[name]} if stale.get(name)
+                     else read_json(p, kind=dict))
     return out
 
 
-def _predictions(path: Path):
+def _read_predictions(path: Path):
     from lab.eval.analysis import load_predictions
 
     try:
@@ -197,16 +200,23 @@ def headline_table(run_dir: Path, stages: dict | None = None, stale: dict | None
     Accuracies carry a Wilson 95% interval over the held-out puzzles; `fixed / broken` counts puzzles
     right now and wrong in the previous stage's greedy predictions (and the reverse): SFT after vs
     before, GRPO vs SFT, 04_vote's greedy vs GRPO. maj@k is an average over sample windows
-    (lab.eval.vote.curves), so its interval treats round(maj@k * n) as the count.
+    (lab.eval.vote.curves), so its interval treats round(maj@k * n) as the count. A stage that is not finished and
+    current (`lineage_problems`) has one row saying so and none of its figures.
     """
     run_dir = Path(run_dir)
-    stages = stages or headline(run_dir)
+    stale = lineage_problems(run_dir) if stale is None else stale  # `summary` passes the one it also writes
+    stages = stages or headline(run_dir, stale)
     rows: list[dict] = []
+
+    def _predictions(path: Path):  # a current stage's predictions only
+        return None if stale.get(path.parent.name) else _read_predictions(path)
+
     m = stages.get("01_explore", {})
     if "n_train" in m:
         rows += [_row("01_explore", "training puzzles", m["n_train"]), _row("01_explore", "held-out puzzles", m.get("n_val"))]
         if "solver_solved_share" in m:
             rows.append(_row("01_explore", "solver: share solved", float(m["solver_solved_share"])))
+
     sft_before, sft = _predictions(run_dir / "02_sft" / "predictions_before.csv"), _predictions(run_dir / "02_sft" / "predictions.csv")
     m = stages.get("02_sft", {})
     if "accuracy_after" in m:
@@ -235,12 +245,19 @@ def headline_table(run_dir: Path, stages: dict | None = None, stale: dict | None
             rows[-1]["fixed / broken"] = f"{m['fixed_since_sft']} / {m['broken_since_sft']} since SFT"
         if "truncated" in m:
             rows.append(_row("05_errors", "truncated completions", m["truncated"], m.get("n")))
-    stale = lineage_problems(run_dir) if stale is None else stale  # `summary` passes the one it also writes
-    for r in rows:  # a stage that is not current: marked, and no fixed / broken against a stage it did not read
-        if stale.get(r["stage"]):
-            r["stage"] += " (not current)"
-            r["fixed / broken"] = ""
+    for name in STAGES:  # a stage that is not current: one row saying so, none of its figures
+        if stale.get(name):
+            rows.append({"stage": f"{name} (not current)", "metric": "not read: see Not current below", "value": None,
+                         "ci95": "", "n": None, "fixed / broken": ""})
     return rows
+
+
+def read_files(run_dir: Path, stale: dict) -> list[str]:
+    """The files `headline_table` reads, relative to the run folder: each finished, current stage's metrics.json and
+    predictions (what `summary` says it read)."""
+    names = ("metrics.json", "predictions_before.csv", "predictions.csv")
+    return [f"{s}/{n}" for s in STAGES if not stale.get(s) and (run_dir / s / "metrics.json").is_file()
+            for n in names if (run_dir / s / n).is_file()]
 
 
 def lineage_problems(run_dir: Path) -> dict[str, list[str]]:
@@ -258,12 +275,13 @@ def summary(run_dir: Path) -> dict:
     import pandas as pd
 
     run_dir = Path(run_dir)
-    stages = headline(run_dir)
     stale = lineage_problems(run_dir)
+    stages = headline(run_dir, stale)
     rows = headline_table(run_dir, stages, stale)
+    read = read_files(run_dir, stale)
     summ = {"run_dir": str(run_dir), "stages": stages,
             "total_wall_seconds": round(sum(s.get("wall_seconds", 0) for s in stages.values()), 1),
-            "headline": rows, "not_current": stale}
+            "headline": rows, "not_current": stale, "read": read}
     atomic_write_json(run_dir / "summary.json", summ)
     text = [{**r, "value": f"{r['value']:.3f}" if isinstance(r["value"], float) else ("" if r["value"] is None else str(r["value"])),
              "n": "" if r["n"] is None else str(int(r["n"]))} for r in rows]  # before pandas turns ints into floats
@@ -279,7 +297,8 @@ def summary(run_dir: Path) -> dict:
         lines += ["", "**Not current** (an input changed after the stage read it, or an output was edited after it "
                   "finished; rerun the stage):", ""]
         lines += [f"- {p}" for found in stale.values() for p in found]
-    lines += ["", "Every metric of every stage: `summary.json`; per-step series: each stage's `train_log.csv` and plots.", ""]
+    lines += ["", f"Read (finished and current): {', '.join(read) or 'nothing'}.",
+              "Every metric of every stage: `summary.json`; per-step series: each stage's `train_log.csv` and plots.", ""]
     atomic_write_text(run_dir / "summary.md", "\n".join(lines))
     return summ
 

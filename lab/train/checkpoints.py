@@ -153,7 +153,7 @@ def _resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, 
     note; the newest complete one left is resumed, with a note saying so. `what` names the config group."""
     notes: list[str] = []
     ckpts = _checkpoints(out) if resume else []  # resume=False: a fresh run; stale checkpoints are deleted
-    record = read_json(out / RUN_RECORD) if ckpts and (out / RUN_RECORD).is_file() else None
+    record = read_json(out / RUN_RECORD, kind=dict) if ckpts and (out / RUN_RECORD).is_file() else None
     changed = diff(record.get("fingerprint", {}), fp) if record is not None else []
     if ckpts and record is None:
         notes.append(f"{out}: checkpoints without {RUN_RECORD} (an older lab version, or another tool) cannot be "

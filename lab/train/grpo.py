@@ -385,7 +385,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         if finished:  # nothing left to train: transformers would run one more step; take the checkpoint as it is
             print(f"{last} is already at grpo.max_steps={max_steps}: loading its adapter, no further training")
             model.load_adapter(str(last), adapter_name="default", is_trainable=True)
-            state = read_json(last / "trainer_state.json")
+            state = read_json(last / "trainer_state.json", kind=dict)
             history, steps = state.get("log_history", []), int(state["global_step"])
         else:
             rollout = rollouts
