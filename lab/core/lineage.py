@@ -150,7 +150,7 @@ def check_seal(record: str | Path, key: dict | None = None) -> dict:
         raise Unsealed(f"{record}: missing") from None
     except (OSError, ValueError) as e:
         raise Unsealed(f"{record}: unreadable ({type(e).__name__})") from None
-    if not (isinstance(data, dict) and isinstance(data.get("sha256"), dict) and data["sha256"]):
+    if not (isinstance(data, dict) and isinstance(data.get("sha256"), dict)):
         raise Unsealed(f"{record}: not a seal (no content hashes)")
     if key is not None and json.dumps(data.get("key"), sort_keys=True) != json.dumps(key, sort_keys=True):
         changed = diff(data.get("key"), key)
