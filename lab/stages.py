@@ -72,6 +72,9 @@ def open_stage(name: str, overrides) -> Stage:
     from lab.core.paths import on_kaggle
 
     cfg = overrides if isinstance(overrides, DictConfig) else compose(parse_overrides(overrides))
+    from lab.data.dataset import check_data_settings
+
+    check_data_settings(cfg)  # the free-form data knobs against what their consumers take
     if preflight.applies(name, cfg):  # how long it will take on gpu=, projected before anything loads
         from lab.train.estimate import stage_projection
 

@@ -24,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -241,15 +242,29 @@ def load_split(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def category_problems(cfg) -> list[str]:
-    """`data.categories` and the keys of `data.weights` / `data.trace_styles` that name no category of
-    `lab.puzzles.CATEGORIES` (the one list: a new category is one puzzles module and one TABLE line)."""
+    """`data.categories` and the keys of `data.weights` / `data.trace_styles` / `data.difficulty` that name no category
+    of `lab.puzzles.CATEGORIES` (the one list: a new category is one puzzles module and one TABLE line), and each key
+    of `data.difficulty.<category>` that is not a knob of that category's generator (`lab.puzzles.generate.knobs`)."""
     from lab.core.schema import choice_problems
     from lab.puzzles import CATEGORIES
+    from lab.puzzles.generate import knob_problems
 
     d, known = cfg.data, tuple(CATEGORIES)
+    difficulty = d.get("difficulty") or {}
+    knobs = [p for c, given in difficulty.items() if c in known
+             for p in (knob_problems(c, given, f"data.difficulty.{c}.") if isinstance(given, Mapping)
+                       else [f"data.difficulty.{c}={given!r}: must be a mapping of knobs, e.g. {{n_examples: 4}}"])]
     return (choice_problems("data.categories", d.categories, known, "a category")
             + choice_problems("data.weights (its keys)", list(d.get("weights") or {}), known, "a category")
-            + choice_problems("data.trace_styles (its keys)", list(d.get("trace_styles") or {}), known, "a category"))
+            + choice_problems("data.trace_styles (its keys)", list(d.get("trace_styles") or {}), known, "a category")
+            + choice_problems("data.difficulty (its keys)", list(difficulty), known, "a category") + knobs)
+
+
+def check_data_settings(cfg) -> None:
+    """A LabError listing `category_problems` (nothing was run or changed): what a run's driver and each stage check
+    right after composing the config, before any folder is touched."""
+    if found := category_problems(cfg):
+        raise LabError("; ".join(found) + " (nothing was run or changed)")
 
 
 def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -266,8 +281,7 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     data file's content hash (`data_file_record`): a file changed since is an error naming the change, or a new
     split with `data.resplit=true`.
     """
-    if found := category_problems(cfg):  # before any file is read or written
-        raise LabError("; ".join(found))
+    check_data_settings(cfg)  # before any file is read or written
     from omegaconf import OmegaConf
 
     from lab.core.lineage import consumed

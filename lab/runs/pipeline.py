@@ -126,6 +126,9 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: 
     """Execute the stage notebooks in order (`execute_stage`) under one run lock; returns the run directory."""
     overrides = list(overrides)
     cfg = compose(overrides)  # validated: a bad value stops here, before any stage folder is touched
+    from lab.data.dataset import check_data_settings
+
+    check_data_settings(cfg)  # and a category or generator knob that does not exist
     unknown = [s for s in stages if s not in STAGES or not (project_root() / "notebooks" / f"{s}.ipynb").is_file()]
     if unknown:
         raise LabError(f"{project_root() / 'notebooks'}: no stage notebook {unknown} (stages are {', '.join(STAGES)})")

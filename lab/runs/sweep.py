@@ -113,7 +113,11 @@ def job_config(nb_overrides: list[str]) -> dict:
     """The resolved config the job's notebooks compose (validated; `lab.core.config.config_data`): what a finished job
     or stage must have been made with to be kept. The overrides alone are not enough: a default changed in conf/
     since the job ran gives the same overrides another config."""
-    return config_data(compose(nb_overrides))
+    from lab.data.dataset import check_data_settings
+
+    cfg = compose(nb_overrides)
+    check_data_settings(cfg)
+    return config_data(cfg)
 
 
 def config_key(config: dict) -> str:
