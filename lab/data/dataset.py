@@ -113,13 +113,20 @@ def load_puzzles(path: str | os.PathLike, allow_empty: bool = False) -> pd.DataF
 
 
 def add_categories(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy of `df` with `category` and `subtype` from `lab.puzzles.classify(prompt)`."""
+    """A copy of `df` with `category` and `subtype` from `lab.puzzles.classify(prompt)`. A file's own `category` or
+    `subtype` column that says otherwise is kept, as `category_in_file` / `subtype_in_file`, with a note (extra
+    columns are kept: it is never silently replaced)."""
     from lab.puzzles import classify
 
     if "prompt" not in df.columns:
         raise LabError(f"add_categories: no 'prompt' column (columns are {list(df.columns)})")
     pairs = [classify(p) for p in df["prompt"]]
     out = df.copy()
+    for i, col in enumerate(("category", "subtype")):
+        if col in df.columns and (differ := int((df[col].astype(str) != [str(p[i]) for p in pairs]).sum())):
+            out[f"{col}_in_file"] = df[col]
+            print(f"note: the file's own '{col}' column differs from the lab's classification in {differ} row(s): "
+                  f"kept as '{col}_in_file'; '{col}' is the lab's (lab.puzzles.classify)", flush=True)
     out["category"] = pd.Series([str(c) for c, _ in pairs], index=df.index, dtype=str)
     out["subtype"] = pd.Series([str(s) for _, s in pairs], index=df.index, dtype=str)
     return out

@@ -139,6 +139,9 @@ def score_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.details:
         check_not_input(args.details, args.predictions, args.gold, what="--details file")
+        if Path(args.details).is_dir():
+            raise LabError(f"--details {args.details}: is a folder; name the CSV file to write, e.g. "
+                           f"{Path(args.details) / 'details.csv'}")
 
     pred = read_table(args.predictions, ["id"], "predictions")
     have = [c for c in ("completion", "answer") if c in pred.columns]
@@ -153,6 +156,10 @@ def score_main(argv: list[str] | None = None) -> int:
               + (" (the answer is extracted from it again)" if out_col == "completion" else " as given")
               + f"; --column {'answer' if out_col == 'completion' else 'completion'} scores the other")
     gold = read_table(args.gold, ["id", "answer"], "gold")
+    if empty := [str(i) for i, a in zip(gold["id"], gold["answer"]) if not str(a).strip()]:
+        raise LabError(f"{args.gold}: {len(empty)} row(s) with an empty gold answer (ids {', '.join(empty[:5])}); "
+                       "an empty answer cannot be scored (an empty prediction would count as correct): fill or drop "
+                       "them")
     gold_ids, pred_ids = set(gold["id"]), set(pred["id"])
     if gold_ids != pred_ids:
         missing = sorted(gold_ids - pred_ids)

@@ -434,8 +434,10 @@ class Generator:
         from vllm.lora.request import LoRARequest
 
         _check_gpu_released()
+        models.check_weights(models.model_path(cfg), "base model")
         self.tokenizer = tokenizer or models.load_tokenizer(cfg)
         if adapter is not None:
+            models.check_weights(resolve_path(adapter), "adapter")
             self._workdir = tempfile.TemporaryDirectory(prefix="lab_vllm_adapter_")
             path = served_adapter(adapter, self._workdir.name)
             self.lora = LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=str(path))

@@ -74,6 +74,7 @@ from lab.model.submission_check import (_FUSED, BASE_COPIES, CONFIG_NAME, EXPERT
 # (vllm/lora/lora_model.py) casts every lora_a / lora_b with `tensor.to(device, dtype=lora_dtype)`, and `lora_dtype`
 # "auto" is the model's dtype (`LoRAConfig`, vllm/config/lora.py): bf16 for Nemotron-3-Nano; nothing checks the file's.
 SUBMISSION_DTYPE = "bfloat16"
+PACK_DTYPES = ("bfloat16", "float16", "float32")  # what --dtype names (torch's spelling)
 
 
 # ---- the expert conversion --------------------------------------------------------------------------
@@ -164,6 +165,8 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
     from safetensors.torch import load_file, save
 
     adapter_dir, out_zip = Path(adapter_dir), Path(out_zip)
+    if dtype and not (isinstance(getattr(torch, dtype, None), torch.dtype) and getattr(torch, dtype).is_floating_point):
+        raise LabError(f"--dtype {dtype}: not a torch floating-point dtype; use {', '.join(PACK_DTYPES)} or keep")
     check_not_input(out_zip, adapter_dir, base_model, what="submission zip")  # never over the trained weights
     cfg_path, w_path = adapter_dir / CONFIG_NAME, adapter_dir / WEIGHTS_NAME
     if not cfg_path.is_file():

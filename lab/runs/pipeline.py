@@ -31,6 +31,7 @@ from pathlib import Path
 
 from lab import LabError
 from lab.core.config import compose, names_run
+from lab.core.console import debugging
 from lab.core.io import atomic_write_json, atomic_write_text, read_json
 from lab.core.paths import project_root, resolve_path
 from lab.core import lineage
@@ -65,16 +66,24 @@ def with_smoke(overrides: list[str]) -> list[str]:
 KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 
 
+# errors raised inside a stage's kernel that are the world's, not a bug: reported as one line naming the notebook
+KNOWN_ERRORS = ("LabError", "PermissionError", "FileNotFoundError", "IsADirectoryError", "NotADirectoryError",
+                "OSError", "SafetensorError", "ModuleNotFoundError", "KeyboardInterrupt")
+
+
 def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: Path | None = None,
                   log_output: bool = True) -> Path:
     """Run notebooks/<stage>.ipynb with papermill into <run_dir>/notebooks/; returns the executed copy.
 
     The one stage runner: `run_notebooks` (demo, the Kaggle pipeline kernel) and `lab.runs.sweep` call it. The
     kernel's output goes to `log_file` when given, else to stdout when `log_output`. A notebook that runs to
-    the end without writing <run_dir>/<stage>/metrics.json is an error. A `LabError` raised inside the stage comes
-    back as one LabError (its message and the executed notebook's path); any other error as papermill raises it.
+    the end without writing <run_dir>/<stage>/metrics.json is an error. A `LabError` or another of `KNOWN_ERRORS`
+    raised inside the stage, or a kernel that died (`DeadKernelError`: killed for lack of memory, most often), comes
+    back as one LabError (what happened and the executed notebook's path); any other error, and every error under
+    --debug / LAB_DEBUG=1, as papermill raises it.
     """
     import papermill as pm
+    from nbclient.exceptions import DeadKernelError
 
     src = project_root() / "notebooks" / f"{stage}.ipynb"
     if not src.is_file():
@@ -92,12 +101,21 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: 
                 with open(log_file, "w", encoding="utf-8") as f:
                     pm.execute_notebook(str(src), str(out), log_output=False, stdout_file=f, stderr_file=f, **kw)
     except pm.PapermillExecutionError as e:
-        if e.ename != "LabError":  # a bug: papermill's traceback is what helps
-            raise
-        # the lab's own refusal: its message, once, and where the whole output is (not a 60-line traceback)
         where = f"; log: {log_file}" if log_file is not None else ""
-        raise LabError(f"stage {stage} stopped: {e.evalue}\n(the executed notebook, with all the stage printed: "
-                       f"{out}{where})") from None
+        if e.ename not in KNOWN_ERRORS or debugging():  # a bug: papermill's traceback is what helps
+            raise
+        # the lab's own refusal or an error of the world (a file, the disk): its message, once, and where the whole
+        # output is (not a 60-line traceback)
+        what = e.evalue if e.ename == "LabError" else f"{e.ename}: {e.evalue}"
+        raise LabError(f"stage {stage} stopped: {what}\n(the executed notebook, with all the stage printed and the "
+                       f"traceback: {out}{where})") from None
+    except DeadKernelError:
+        if debugging():
+            raise
+        where = f"; its log: {log_file}" if log_file is not None else ""
+        raise LabError(f"stage {stage}: the kernel running {src} died (most often killed by the system for lack of "
+                       f"memory: see `dmesg`); lower the batch sizes or use a machine with more memory, then run the "
+                       f"stage again (its previous result is kept); the notebook so far: {out}{where}") from None
     if not (run_dir / stage / "metrics.json").is_file():
         raise LabError(f"{out}: the notebook ran to the end but {run_dir / stage / 'metrics.json'} was not written")
     if (run_dir / f".{stage}.partial").exists():  # lab.core.run.Stage: the fresh folder is swapped in by finish
