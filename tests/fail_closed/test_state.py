@@ -182,3 +182,20 @@ def test_a_copied_runs_checkpoints_keep_their_fingerprint(tmp_path):
     fp_b = checkpoints.fingerprint(compose([f"run_dir={tmp_path / 'rb'}", f"model.path={b}",
                                             "model.build_tiny=false"]), "sft", ["adapter_dir"])
     assert lineage.diff(fp[0], fp_b) and all(line.startswith("model_sha256") for line in lineage.diff(fp[0], fp_b))
+
+
+# ---- 04_vote's samples cache (an append-only log: verified by scoring it again, not by a seal) -------------------
+
+def test_cached_samples_are_scored_again_and_a_changed_gold_is_drawn_again(tmp_path, capsys):
+    """Second probe: a samples.jsonl row hand-edited to correct=true was reused as correct; a puzzle whose gold answer
+    changed kept its old rows."""
+    from lab.model.generate import _rescored
+
+    def rec(pid, gold, completion, correct):
+        return {"id": pid, "gold": gold, "sample": 0, "completion": completion, "answer": "?", "correct": correct}
+
+    done = {"a": [rec("a", "X", "\\boxed{V}", True)], "b": [rec("b", "7", "\\boxed{7}", True)]}
+    puzzles = pd.DataFrame({"id": ["a", "b"], "answer": ["X", "8"]})
+    kept = _rescored(done, puzzles, "final", tmp_path / "samples.jsonl")
+    assert list(kept) == ["a"] and kept["a"][0]["correct"] is False and kept["a"][0]["answer"] == "V"
+    assert "1 puzzle(s) whose gold answer differs from the cache's are drawn again" in capsys.readouterr().out
