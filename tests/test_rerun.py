@@ -203,7 +203,8 @@ def test_resume_takes_the_newest_complete_checkpoint_and_says_so(tmp_path):
     cfg = compose([f"run_dir={tmp_path}", "grpo.resume=true", "grpo.max_steps=5"])
     last, record, notes = grpo.resume_point(cfg, out, fp)
     assert last == out / "checkpoint-1" and record["order"] == ["a"]
-    assert any("checkpoint-2 is incomplete (" in n and "adapter_model.safetensors: changed since lab_complete.json" in n for n in notes)
+    assert any("checkpoint-2 is incomplete (" in n and "adapter_model.safetensors: changed since lab_complete.json"
+               in n for n in notes)
     assert any("checkpoint-3 is incomplete (no lab_complete.json" in n for n in notes)
     assert notes[-1] == f"resuming from {out / 'checkpoint-1'} (the newest complete checkpoint)"
     assert sorted(p.name for p in out.iterdir() if p.is_dir()) == ["checkpoint-1"]

@@ -249,7 +249,8 @@ def test_report_says_where_each_job_ran(tmp_path):
     cpu = fake_job(d, {"seed": 2}, full_metrics(2, 0.001))
     old = fake_job(d, {"seed": 3}, full_metrics(3, 0.001))
     for job, hw in ((gpu, {"cuda": True, "gpus": ["NVIDIA H100 80GB HBM3"], "torch_threads": 1}),
-                    (cpu, {"cuda": False, "torch_threads": 2}), (old, {"cuda": False})):  # old: before threads were recorded
+                    (cpu, {"cuda": False, "torch_threads": 2}),
+                    (old, {"cuda": False})):  # old: before threads were recorded
         mark_finished(job / "01_explore", hardware=hw)
         sw.write_done(job, job.name, sorted(full_metrics(1, 0.001)), [f"seed={job.name[-1]}"], "key", "now")
     out = rp.report(d)

@@ -12,10 +12,11 @@ upstream stage with problems makes every stage that read it stale too. `lab.core
 refuse to read a stage with problems (a LabError), and `lab.runs.pipeline.summary` marks it.
 
 It is also the lab's one home for "what a rerun may trust": `files` (the files of a folder that count),
-`content_hash` (the one file hasher: lineage, `lab.model.generate`'s cache keys, `lab.train.checkpoints`' model fingerprint),
-`diff` (what changed between a recorded key and the current one: resumed checkpoints, the tiny model's recipe), and
-`seal` / `check_seal` (a record, written atomically beside the files it vouches for, of what made them and their
-content hashes: the greedy evaluation cache, a sweep job's done.json). Nothing is trusted that its seal or its
+`content_hash` (the one file hasher: lineage, `lab.model.generate`'s cache keys, `lab.train.checkpoints`' model
+fingerprint), `diff` (what changed between a recorded key and the current one: resumed checkpoints, the tiny model's
+recipe), and `seal` / `check_seal` (a record, written atomically beside the files it vouches for, of what made them
+and their content hashes: the greedy evaluation cache, the token-count cache, a checkpoint's lab_complete.json, a
+sweep job's done.json). Nothing is trusted that its seal or its
 manifest does not vouch for: a missing, unreadable or unfinished manifest makes a stage not current.
 
 What it simplifies:

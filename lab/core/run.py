@@ -157,7 +157,8 @@ def acquire_lock(run_dir: str | os.PathLike) -> bool:
         fl.acquire(blocking=False)
     except Timeout:
         try:
-            holder = read_json(lock, kind=dict)  # what the holder wrote (nothing yet when it has only just taken the lock)
+            # what the holder wrote (nothing yet when it has only just taken the lock)
+            holder = read_json(lock, kind=dict)
         except (LabError, OSError):
             holder = {}
         if holder.get("token") and holder.get("token") == os.environ.get(LOCK_ENV):

@@ -4,7 +4,8 @@ printing.
   score PREDICTIONS.csv --gold GOLD.csv   the competition's metric (`lab.competition.metric`) over a file, overall and per
                                           category (a `category` column of either file, else the prompts classified)
   compare RUN_A RUN_B                     puzzles fixed and broken between two runs (`lab.eval.analysis.compare`); each
-                                          argument a predictions.csv or a run folder (`find_predictions`: the last finished, current stage's)
+                                          argument a predictions.csv or a run folder (`find_predictions`: its last
+                                          finished, current stage's)
 
 What it simplifies: the commands only parse arguments, call `lab.competition.metric` or `lab.eval.analysis` and
 print; every table they print is computed there.

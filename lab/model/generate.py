@@ -615,7 +615,8 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, spec: Sampling | None = 
       without `cache`, one `LLM.generate` call.
     - hf: chunks of `chunk` puzzles, chunk i seeded with spec.seed + its first position, appended chunk by chunk.
     With `cache`, a JSON-lines file whose first line is the `sample_key`, the finished puzzles are skipped when the call
-    is repeated with the same key (`_read_cache`: another key starts afresh), their rows scored again (`_rescored`). A puzzle whose prompt leaves no room
+    is repeated with the same key (`_read_cache`: another key starts afresh), their rows scored again (`_rescored`). A
+    puzzle whose prompt leaves no room
     under model.max_model_len is not generated: its rows have finish_reason `SKIPPED`, no completion, and count as
     wrong; a note names its id.
     """

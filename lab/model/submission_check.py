@@ -2,7 +2,8 @@
 problem in plain words (an empty list = valid); `lab.model.submission.pack` runs it on every zip it writes.
 
 - the zip: exactly the two files at the root, names exact (`layout_problems`): no other member, no folder or
-  symbolic-link member, no `..` paths, duplicate or encrypted members or nested zips; a zip that would inflate past 16 GiB or more than 100:1 is refused unread (zip bomb);
+  symbolic-link member, no `..` paths, duplicate or encrypted members or nested zips; a zip that would inflate past 16
+  GiB or more than 100:1 is refused unread (zip bomb);
   every byte read back must match the zip's CRC-32;
 - the safetensors file, with safetensors' own reader (`safe_open`, whose Rust `validate` refuses a header
   that disagrees with the data: a tensor past the end of a truncated file, bytes no tensor owns, ranges that

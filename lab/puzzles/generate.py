@@ -3,7 +3,8 @@
 `generate(category, n, seed, **difficulty)` -> DataFrame[id, prompt, answer, category, subtype],
 all strings; ids are `<prefix>-<seed>-<index>` (e.g. num-1234-0007) and the frame is the same for
 the same arguments. Difficulty knobs are the keyword arguments of each category's `generate` (`generate_one`):
-`knobs(category)`; an unknown knob is refused naming the valid ones (`knob_problems`), never ignored. Deliberately simple: one random.Random per call, no de-duplication
+`knobs(category)`; an unknown knob is refused naming the valid ones (`knob_problems`), never ignored. Deliberately
+simple: one random.Random per call, no de-duplication
 against real data.
 """
 

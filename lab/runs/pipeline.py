@@ -319,7 +319,8 @@ def summary(run_dir: Path) -> dict:
                   "finished; rerun the stage):", ""]
         lines += [f"- {p}" for found in stale.values() for p in found]
     lines += ["", f"Read (finished and current): {', '.join(read) or 'nothing'}.",
-              "Every metric of every stage: `summary.json`; per-step series: each stage's `train_log.csv` and plots.", ""]
+              "Every metric of every stage: `summary.json`; per-step series: each stage's `train_log.csv` and "
+              "plots.", ""]
     atomic_write_text(run_dir / "summary.md", "\n".join(lines))
     return summ
 

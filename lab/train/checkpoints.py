@@ -2,7 +2,8 @@
 
 - **Keyed by what produced them.** A run's checkpoint folder holds `lab_run.json` with the run's `fingerprint`
   (the stage's config group without the keys that do not change the trajectory, the seed, the model's dtype and
-  `lab.core.lineage.content_hash` (not its path), and what the stage adds: GRPO its budget, pool and start adapter, SFT a hash of its
+  `lab.core.lineage.content_hash` (not its path), and what the stage adds: GRPO its budget, pool and start adapter, SFT
+  a hash of its
   training examples). A rerun whose fingerprint differs starts afresh with a note naming every changed key
   (`lab.core.lineage.diff`); when the user asked to resume (`sft.resume=true` / `grpo.resume=true` among the overrides)
   it is a LabError instead.
@@ -10,7 +11,8 @@
   (a TrainerCallback: transformers calls `on_save` after `Trainer._save_checkpoint` returned, trainer.py
   `_maybe_log_save_evaluate`) then seals it with `lab_complete.json` (`lab.core.lineage.seal`: every file's content
   hash, written atomically). `resume_point` deletes every checkpoint without its seal or with a file missing or
-  changed since (a crash or a full disk mid-save, a damaged copy), so the Trainer never trips over them, then resumes the newest one left (transformers'
+  changed since (a crash or a full disk mid-save, a damaged copy), so the Trainer never trips over them, then resumes
+  the newest one left (transformers'
   `get_last_checkpoint`), and says so.
 - **A full disk is a message.** `disk_full_guard` turns `OSError` ENOSPC / EDQUOT (and torch's `RuntimeError` from
   its zip writer, when the disk has less free space than one checkpoint) into a LabError naming the folder, the

@@ -54,7 +54,8 @@ from lab.train.sft import optim_args
 
 # grpo keys that do not change the training trajectory: a resumed run may change them
 RESUME_FREE_KEYS = ("max_steps", "save_steps", "logging_steps", "resume", "wall_clock_budget_min",
-                    "truncation_warn_share", "zero_variance_warn_share", "gradient_check", "adapter_dir", "init_adapter",
+                    "truncation_warn_share", "zero_variance_warn_share", "gradient_check", "adapter_dir",
+                    "init_adapter",
                     "vllm_gpu_memory_utilization", "vllm_sleep_mode", "vllm_sleep_level")
 
 
