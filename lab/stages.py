@@ -41,7 +41,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.core import lineage
@@ -85,10 +85,37 @@ def open_stage(name: str, overrides) -> Stage:
         from lab.train import output_plan
 
         output_plan.check(cfg, name)
-    stage = Stage(name, overrides)
+    switches = fast_paths(name, cfg)  # e.g. ["sft.fused_mamba=off"]: the stage composes with them (config.yaml)
+    if not switches:
+        stage = Stage(name, overrides)
+    elif isinstance(overrides, DictConfig):
+        cfg = cfg.copy()
+        for s in switches:
+            OmegaConf.update(cfg, *s.split("=", 1))
+        stage = Stage(name, overrides, cfg=cfg)
+    else:
+        stage = Stage(name, [*parse_overrides(overrides), *switches])
     print(f"run_dir = {stage.run_dir}   seed = {stage.cfg.seed}   model = {stage.cfg.model.name}   "
           f"data = {stage.cfg.data.source}")
     return stage
+
+
+def fast_paths(name: str, cfg: DictConfig, calibration: dict | None = None) -> list[str]:
+    """The run's fast paths decided (`lab.train.fast_paths`): the overrides that switch each `auto` one that cannot
+    or must not run here to its exact path, each with one printed line saying which, why and what it costs.
+    `calibration`: the card's calibration (`exact.<path>`), when there is one."""
+    from lab.train import estimate
+    from lab.train import fast_paths as fp
+
+    if calibration is None and name in fp.TRAINING_STAGES and str(cfg.gpu.name) in estimate.CARDS:
+        try:  # the card's own calibration (python -m lab calibrate), when one applies to this model and recipe
+            calibration, _ = estimate.load_calibration(cfg, estimate.card_of(cfg))
+        except LabError:
+            calibration = None
+    switches, lines = fp.resolve(name, cfg, calibration)
+    for line in lines:
+        print(line, flush=True)
+    return switches
 
 
 # ---- shared steps -----------------------------------------------------------------------------------------------
@@ -392,6 +419,7 @@ def grpo_train(stage: Stage, train: pd.DataFrame, trainee: Trainee, launch=None)
 
     from lab.core import plots
     from lab.train import grpo as grpo_lib
+    from lab.train.rewards import log_bounds
 
     cfg = stage.cfg
     model, tokenizer = trainee.take("grpo_train")
@@ -404,7 +432,8 @@ def grpo_train(stage: Stage, train: pd.DataFrame, trainee: Trainee, launch=None)
         rewards = [c for c in log.columns if c.startswith("rewards/") and c.endswith("/mean")]
         fig = _save(stage, plots.line(log, "step", ["reward", *rewards],
                                       "GRPO rewards per step (mean over the step's completions)", "reward",
-                                      n=cfg.grpo.prompts_per_step * cfg.grpo.num_generations), "rewards.png")
+                                      n=cfg.grpo.prompts_per_step * cfg.grpo.num_generations,
+                                      bounds=log_bounds(cfg.grpo.rewards)), "rewards.png")
     return SimpleNamespace(metrics=metrics, log=log, figure=fig, main=main)
 
 
