@@ -4,9 +4,11 @@ table is the only list of them (`python -m lab --help` prints it)."""
 from __future__ import annotations
 
 import importlib
+import os
 import sys
 
 from lab import LabError
+from lab.core import console
 
 COMMANDS = {
     # running the notebooks
@@ -38,7 +40,12 @@ def usage() -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run one command; every error becomes one line on stderr (`lab.core.console.report_error`), the traceback only
+    with `--debug` (anywhere on the line) or LAB_DEBUG=1."""
     argv = list(sys.argv[1:] if argv is None else argv)
+    if "--debug" in argv:
+        argv.remove("--debug")
+        os.environ[console.DEBUG_ENV] = "1"  # the stage kernels a command starts inherit it
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         if argv and argv[0] not in ("-h", "--help"):
             print(f"error: no command {argv[0]!r}", file=sys.stderr)
@@ -47,9 +54,10 @@ def main(argv: list[str] | None = None) -> int:
     module, func, _ = COMMANDS[argv[0]]
     try:
         return int(getattr(importlib.import_module(module), func)(argv[1:]) or 0)
-    except LabError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    except (Exception, KeyboardInterrupt) as e:
+        if console.debugging() and not isinstance(e, LabError):
+            raise
+        return console.report_error(e)
 
 
 if __name__ == "__main__":

@@ -45,6 +45,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
+from lab.core import lineage
 from lab.core.io import atomic_file, atomic_write_csv, atomic_write_json, read_json
 from lab.core.paths import resolve_path
 from lab.core.run import Stage, stage_input, stage_output
@@ -87,6 +88,9 @@ def open_stage(name: str, overrides, new_run: bool = False) -> Stage:
                       "finished); new_run=True starts a new one", flush=True)
     preflight.check(name, overrides)
     cfg = overrides if isinstance(overrides, DictConfig) else compose(overrides)
+    from lab.data.dataset import check_data_settings
+
+    check_data_settings(cfg)  # the free-form data knobs against what their consumers take
     if preflight.applies(name, cfg):  # how long it will take on gpu=, projected before anything loads
         from lab.train.estimate import stage_projection
 
@@ -405,7 +409,7 @@ def grpo_start(stage: Stage, evaluate_adapter: bool = True):
     from types import SimpleNamespace
 
     sft_dir = stage_output(stage.cfg, "02_sft")
-    sft_accuracy = read_json(sft_dir / "metrics.json").get("accuracy_after")
+    sft_accuracy = read_json(sft_dir / "metrics.json", kind=dict).get("accuracy_after")
     if evaluate_adapter and sft_accuracy is None:
         raise LabError(f"{sft_dir / 'metrics.json'}: no accuracy_after (02_sft ran with --no-eval), which 03_grpo's "
                        "evaluation compares against; rerun 02_sft with its evaluation, or skip this one (--no-eval)")
@@ -669,8 +673,9 @@ def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, 
     """Greedy predictions (the competition's settings, `generate.predictions`) of the base model plus `adapter`
     (None: the base model alone) on `puzzles`, written to the stage's file `name` and returned as
     `lab.eval.analysis.load_predictions` reads them. `gen`: a Generator of that adapter already open (else one is made
-    only when needed). Cached as `<run_dir>/evaluations/<key digest>.csv` beside its key (`.json`), both written
-    atomically: an evaluation with the same key is copied from there instead of generated again.
+    only when needed). Cached as `<run_dir>/evaluations/<key digest>.csv`, sealed by `<key digest>.json` (the key and
+    the CSV's content hash, `lineage.seal`, written last): an evaluation whose seal holds the same key and whose CSV
+    still has that hash is copied from there instead of generated again; anything else is generated again.
 
     `cached=False` always generates (and stores nothing). 02_sft's evaluation of the base model before training is
     cached like the others: `generate.generate_hf` seeds its batches inside `torch.random.fork_rng`, so torch's
@@ -683,15 +688,24 @@ def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, 
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
     entry = resolve_path(stage.cfg.run_dir) / "evaluations" / f"{digest}.csv"
     out = stage.path(name)
-    if cached and entry.is_file():
-        print(f"greedy evaluation: the same model, adapter, puzzles and settings as {entry}; reused, not generated")
-        _copy(entry, out)
-    else:
-        with contextlib.nullcontext(gen) if gen is not None else generate.Generator(stage.cfg, adapter=adapter) as g:
-            generate.predictions(g, puzzles, out_csv=out)
-        if cached:
-            atomic_write_json(entry.with_suffix(".json"), key)
-            _copy(out, entry)  # the CSV last: its presence means a complete entry
+    why = None
+    if cached:
+        try:
+            lineage.check_seal(entry.with_suffix(".json"), key)
+        except lineage.Unsealed as e:
+            why = None if not entry.with_suffix(".json").exists() and not entry.exists() else str(e)
+        else:
+            print(f"greedy evaluation: the same model, adapter, puzzles and settings as {entry} (its content hash "
+                  "checked); reused, not generated")
+            _copy(entry, out)
+            return load_predictions(out)
+    if why:
+        print(f"note: greedy evaluation cache not reused: {why}; generating it again")
+    with contextlib.nullcontext(gen) if gen is not None else generate.Generator(stage.cfg, adapter=adapter) as g:
+        generate.predictions(g, puzzles, out_csv=out)
+    if cached:
+        _copy(out, entry)
+        lineage.seal(entry.with_suffix(".json"), key, [entry])  # the seal last: it vouches for a complete entry
     return load_predictions(out)
 
 

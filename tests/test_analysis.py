@@ -16,7 +16,7 @@ import pytest
 
 from lab.eval import analysis as errors
 from lab import LabError
-from lab.core.io import atomic_write_csv
+from lab.core.io import atomic_write_csv, atomic_write_json
 from lab.eval.analysis import (CLASSES, FAILURE_PRIORITY, accuracy_table, analyse, classify_failure, compare,
                           departure_table, examples, first_departure, length_table, load_predictions, taxonomy,
                           wilson_interval)
@@ -281,17 +281,29 @@ def test_compare_main_on_two_csvs(tmp_path, capsys):
 
 
 def test_find_predictions_rule_and_errors(tmp_path, capsys):
+    """A run folder: the last finished and current stage's predictions (never a .partial attempt, never by time)."""
+    from finished import mark_finished  # tests/finished.py
+
     a, _ = _pair()
     run = tmp_path / "run"
-    old, new = run / "eval_old" / "predictions.csv", run / "eval" / "predictions.csv"
-    atomic_write_csv(old, a)
-    atomic_write_csv(new, a)
-    os.utime(old, (1_000_000_000, 1_000_000_000))
-    assert find_predictions(run) == new  # newest */predictions.csv
-    atomic_write_csv(run / "predictions.csv", a)
-    assert find_predictions(run) == run / "predictions.csv"  # the folder's own file first
+    for stage in ("02_sft", "04_vote"):
+        atomic_write_csv(run / stage / "predictions.csv", a)
+        atomic_write_json(run / stage / "metrics.json", {})
+        mark_finished(run / stage)
+    atomic_write_csv(run / ".05_errors.partial" / "predictions.csv", a)  # a dead attempt: never read
+    os.utime(run / "04_vote" / "predictions.csv", (1_000_000_000, 1_000_000_000))  # older: order is by stage
+    assert find_predictions(run)[0] == run / "04_vote" / "predictions.csv"
+    atomic_write_json(run / "04_vote" / "metrics.json", {"edited": 1})  # 04_vote no longer current: 02_sft's
+    path, why = find_predictions(run)
+    assert path == run / "02_sft" / "predictions.csv" and "skipped 04_vote (not current" in why
+    with pytest.raises(LabError, match="04_vote is not finished and current"):
+        find_predictions(run / "04_vote")
+    with pytest.raises(LabError, match="did not finish"):
+        find_predictions(run / ".05_errors.partial" / "predictions.csv")
+    atomic_write_csv(tmp_path / "p.csv", a)
+    assert find_predictions(tmp_path / "p.csv") == (tmp_path / "p.csv", "the file given")
     (tmp_path / "empty").mkdir()
-    with pytest.raises(LabError, match="empty: no predictions.csv"):
+    with pytest.raises(LabError, match="empty: no finished and current stage"):
         find_predictions(tmp_path / "empty")
     with pytest.raises(LabError, match="no such file"):
         find_predictions(tmp_path / "missing")

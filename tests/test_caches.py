@@ -112,16 +112,19 @@ def test_sweep_job_with_a_changed_default_is_not_done(tmp_path, monkeypatch):
 
     d = tmp_path / "seed=1"
     nb = ["seed=1", f"run_dir={sw.quote(d)}"]
+    from finished import mark_finished  # tests/finished.py
+
     for stage in ("01_explore",):
         atomic_write_json(d / stage / "metrics.json", {"n_train": 1})
+        mark_finished(d / stage)
     key = sw.config_key(sw.job_config(nb))
-    atomic_write_json(d / "done.json", {"stages": ["01_explore"], "overrides": ["seed=1"], "config_sha256": key})
+    sw.write_done(d, "seed=1", ["01_explore"], ["seed=1"], key, "now")
     assert sw.is_done(d, ["01_explore"], ["seed=1"], key)
     changed = sw.config_key(sw.job_config([*nb, "sft.learning_rate=0.5"]))
     assert not sw.is_done(d, ["01_explore"], ["seed=1"], changed)
     ran = []
     monkeypatch.setattr(sw, "execute_stage", lambda stage, job_dir, nbo, **kw: ran.append(stage) or atomic_write_json(
-        job_dir / stage / "metrics.json", {}))
+        job_dir / stage / "metrics.json", {}) and mark_finished(job_dir / stage))
     monkeypatch.setattr(sw, "job_config", lambda nbo: {"changed": True})  # conf/ changed since the job finished
     assert sw.run_job(d, ["seed=1"], ["01_explore"])["status"] == "finished" and ran == ["01_explore"]
 

@@ -98,7 +98,8 @@ def test_counted_tokens_from_shared(tmp_path, monkeypatch):
     tokens, source = est.row_tokens(cfg, sample=30)
     assert source.startswith("counted") and len(tokens) > 30 and 100 < sorted(tokens)[len(tokens) // 2] < 8192
     again, source2 = est.row_tokens(cfg, sample=30)
-    assert again == tokens and "cached" in source2 and len(list((tmp_path / "cache").iterdir())) == 1
+    names = sorted(p.name for p in (tmp_path / "cache").iterdir())  # the cache and its seal (lab.core.lineage.seal)
+    assert again == tokens and "cached" in source2 and len(names) == 2 and names[1] == names[0][:-5] + ".seal.json"
 
 
 def test_the_command_joins_the_grpo_eval_and_vote_sections(tmp_path, capsys):

@@ -245,7 +245,12 @@ def test_vote_adapter_of_an_unfinished_stage_is_refused(tmp_path):
     adapter = _crashed_grpo_rerun(tmp_path)
     with pytest.raises(LabError, match=r"03_grpo' has no finished output"):
         stage_input(cfg, cfg.grpo.adapter_dir)
-    atomic_write_json(tmp_path / "03_grpo" / "metrics.json", {"steps": 1})
+    atomic_write_json(tmp_path / "03_grpo" / "metrics.json", {"steps": 1})  # by hand: its manifest still "running"
+    with pytest.raises(LabError, match="manifest.json is status 'running', not finished"):
+        stage_input(cfg, cfg.grpo.adapter_dir)
+    from finished import mark_finished  # tests/finished.py: as Stage.finish would
+
+    mark_finished(tmp_path / "03_grpo")
     assert stage_input(cfg, cfg.grpo.adapter_dir) == adapter
     with pytest.raises(LabError, match="expected output of stage '03_grpo' is missing"):
         stage_input(cfg, tmp_path / "03_grpo" / "no_adapter")

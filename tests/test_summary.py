@@ -12,6 +12,7 @@ from lab.core import plots
 from lab.core.io import atomic_write_csv, atomic_write_json
 from lab.eval.analysis import accuracy_table, wilson_interval
 from lab.runs.pipeline import headline_table, summary
+from finished import mark_finished  # tests/finished.py
 
 
 def preds(correct: list[bool]) -> pd.DataFrame:
@@ -37,6 +38,7 @@ def run(tmp_path):
                              "wall_seconds": 5.0}}
     for stage, m in metrics.items():
         atomic_write_json(tmp_path / stage / "metrics.json", m)
+        mark_finished(tmp_path / stage)
     return tmp_path
 
 

@@ -18,6 +18,7 @@ import pytest
 
 from lab.core import config
 from lab.runs import sweep as sw
+from finished import mark_finished  # tests/finished.py
 from lab.runs import sweep_report as rp
 from lab import LabError
 from lab.core.io import atomic_write_json, atomic_write_text
@@ -172,13 +173,14 @@ def fake_job(sweep_dir: Path, params: dict, metrics: dict[str, dict] | None, sta
     overrides = [f"{k}={v}" for k, v in params.items()]
     for stage, m in (metrics or {}).items():
         atomic_write_json(d / stage / "metrics.json", m)
+        mark_finished(d / stage)
     atomic_write_json(d / "job.json", {"job": name, "status": status, "params": params, "stages": stages,
                                        "overrides": overrides, "error": "LabError: boom" if status == "failed" else None,
                                        "failed_stage": "02_sft" if status == "failed" else None})
     if status == "failed":
         atomic_write_text(d / "error.txt", "stage: 02_sft\nerror: LabError: boom\n")
     if status == "finished":
-        atomic_write_json(d / "done.json", {"stages": stages, "overrides": overrides})
+        sw.write_done(d, name, stages, overrides, "key", "now")
     return d
 
 
@@ -234,7 +236,8 @@ def test_job_status_and_done_marker(tmp_path):
     assert not sw.is_done(d, ["01_explore", "02_sft"], ["seed=1", "data.n_train=8"])  # other overrides
     assert not sw.is_done(d, ["01_explore", "02_sft", "03_grpo"], ["seed=1"])  # a stage not run
     (d / "02_sft" / "metrics.json").unlink()  # a done.json without the stage's metrics is not finished
-    assert not sw.is_done(d, ["01_explore", "02_sft"], ["seed=1"]) and rp.job_status(d, job) == "unfinished"
+    assert "02_sft/metrics.json: missing, though done.json vouches for it" in sw.done_problem(d, ["01_explore"])
+    assert not sw.is_done(d, ["01_explore", "02_sft"], ["seed=1"]) and rp.job_status(d, job) == "not current"
     (d / "done.json").write_text("{ half written")
     assert not sw.is_done(d, ["01_explore"], ["seed=1"])
 
@@ -245,10 +248,11 @@ def test_report_says_where_each_job_ran(tmp_path):
     gpu = fake_job(d, {"seed": 1}, full_metrics(1, 0.001))
     cpu = fake_job(d, {"seed": 2}, full_metrics(2, 0.001))
     old = fake_job(d, {"seed": 3}, full_metrics(3, 0.001))
-    atomic_write_json(gpu / "01_explore" / "manifest.json",
-                      {"hardware": {"cuda": True, "gpus": ["NVIDIA H100 80GB HBM3"], "torch_threads": 1}})
-    atomic_write_json(cpu / "01_explore" / "manifest.json", {"hardware": {"cuda": False, "torch_threads": 2}})
-    atomic_write_json(old / "01_explore" / "manifest.json", {"hardware": {"cuda": False}})  # before threads were recorded
+    for job, hw in ((gpu, {"cuda": True, "gpus": ["NVIDIA H100 80GB HBM3"], "torch_threads": 1}),
+                    (cpu, {"cuda": False, "torch_threads": 2}),
+                    (old, {"cuda": False})):  # old: before threads were recorded
+        mark_finished(job / "01_explore", hardware=hw)
+        sw.write_done(job, job.name, sorted(full_metrics(1, 0.001)), [f"seed={job.name[-1]}"], "key", "now")
     out = rp.report(d)
     assert out["table"]["hardware"].tolist() == ["NVIDIA H100 80GB HBM3, torch threads 1", "cpu, torch threads 2", "cpu"]
     assert "| seed=2 | finished | 2 | cpu, torch threads 2 |" in re.sub(r" +", " ", out["markdown"])

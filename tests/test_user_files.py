@@ -445,7 +445,9 @@ def test_compare_warns_of_a_correct_column_the_metric_contradicts(tmp_path, caps
 def test_report_does_not_average_over_an_unreadable_job(tmp_path, capsys):
     """Low item: `lab report` silently averaged over a job whose metrics.json was unreadable."""
     from lab.core.io import atomic_write_json
+    from lab.runs.sweep import write_done
     from lab.runs.sweep_report import collect
+    from finished import mark_finished  # tests/finished.py
 
     for seed, acc in ((1, 0.5), (2, 0.7)):
         d = tmp_path / f"seed={seed}"
@@ -453,7 +455,9 @@ def test_report_does_not_average_over_an_unreadable_job(tmp_path, capsys):
         atomic_write_json(d / "03_grpo" / "metrics.json", {"accuracy_after": acc})
         atomic_write_json(d / "job.json", {"job": d.name, "status": "finished", "params": {"seed": seed},
                                            "stages": ["02_sft", "03_grpo"], "overrides": [f"seed={seed}"]})
-        atomic_write_json(d / "done.json", {"stages": ["02_sft", "03_grpo"], "overrides": [f"seed={seed}"]})
+        for stage in ("02_sft", "03_grpo"):
+            mark_finished(d / stage)
+        write_done(d, d.name, ["02_sft", "03_grpo"], [f"seed={seed}"], "key", "now")
     (tmp_path / "seed=2" / "03_grpo" / "metrics.json").write_text("{not json")
     df, _ = collect(tmp_path)
     bad = df.set_index("job").loc["seed=2"]

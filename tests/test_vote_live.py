@@ -17,11 +17,14 @@ from lab.eval.vote import early_stop_live, replay
 
 
 def _finished(run_dir, stage, adapter=True):
+    from finished import mark_finished  # tests/finished.py: its manifest, as Stage.finish writes it
+
     d = run_dir / stage
     if adapter:
         (d / "adapter").mkdir(parents=True)
         (d / "adapter" / "adapter_config.json").write_text("{}")
     atomic_write_json(d / "metrics.json", {"done": True})
+    mark_finished(d)
     return d / "adapter"
 
 
@@ -38,6 +41,10 @@ def test_vote_uses_sfts_adapter_when_grpo_did_not_run(tmp_path):
     grpo = tmp_path / "03_grpo" / "adapter"
     (grpo / "adapter_config.json").write_text("{}")
     atomic_write_json(tmp_path / "03_grpo" / "metrics.json", {"done": True})
+    assert vote_adapter(cfg) == ("02_sft", sft)  # metrics.json without a finished manifest: not current
+    from finished import mark_finished
+
+    mark_finished(tmp_path / "03_grpo")
     assert vote_adapter(cfg) == ("03_grpo", grpo)  # the latest finished stage
 
 

@@ -223,12 +223,15 @@ def run_dir_problems(cfg: DictConfig) -> list[str]:
     problems = []
     run = resolve_path(cfg.run_dir).resolve()
     root = project_root()
+    # as the user set it: run_name=NAME alone gives the default run_dir outputs/NAME, a key they never typed
+    named = (f"run_name={cfg.run_name!r} (run_dir {cfg.run_dir!r})" if str(cfg.run_dir) == f"outputs/{cfg.run_name}"
+             else f"run_dir={cfg.run_dir!r}")
     if root.is_relative_to(run):
-        problems.append(f"run_dir={cfg.run_dir!r} ({run}) holds the lab's own sources ({root}): the stages would "
+        problems.append(f"{named} ({run}) holds the lab's own sources ({root}): the stages would "
                         "write their folders, notebooks and split among them; choose a folder of its own, e.g. "
                         "run_dir=outputs/NAME (or run_name=NAME)")
     elif inside := next((root / f for f in SOURCE_FOLDERS if run.is_relative_to(root / f)), None):
-        problems.append(f"run_dir={cfg.run_dir!r} ({run}) is inside the repository's {inside.name}/ folder; choose a "
+        problems.append(f"{named} ({run}) is inside the repository's {inside.name}/ folder; choose a "
                         "folder of its own, e.g. run_dir=outputs/NAME (or run_name=NAME)")
     if cfg.data.source == "competition" and not _elsewhere(cfg.data.path or ""):
         try:
@@ -238,7 +241,8 @@ def run_dir_problems(cfg: DictConfig) -> list[str]:
         split = resolve_path(cfg.data.split_dir).resolve()
         for key, folder in (("run_dir", run), ("data.split_dir", split)):
             if data is not None and data.is_relative_to(folder):
-                problems.append(f"{key}={OmegaConf.select(cfg, key)!r} ({folder}) holds the data file it reads "
+                problems.append(f"{named if key == 'run_dir' else f'{key}={OmegaConf.select(cfg, key)!r}'} "
+                                f"({folder}) holds the data file it reads "
                                 f"({data}): the split would be written over it; choose a folder of its own, e.g. "
                                 "run_dir=outputs/NAME")
                 break

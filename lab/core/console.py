@@ -40,6 +40,8 @@ import os
 import sys
 import time
 
+from lab import LabError
+
 EVERY_S = 10.0  # seconds between two plain progress lines
 LIVE_EVERY_S = 1.0  # seconds between two redraws of the line in a notebook
 ECHO_ENV = "LAB_PROGRESS_ECHO"  # set by a stage runner that shows its kernels' output on its console
@@ -221,3 +223,60 @@ def quiet_progress_bars() -> None:
 
         ds_logging.disable_progress_bar()
 
+
+# ---- every error a sentence -----------------------------------------------------------------------------------
+
+DEBUG_ENV = "LAB_DEBUG"  # LAB_DEBUG=1 (or --debug on the command line): tracebacks instead of one-line errors
+INSTALL_HINTS = {"vllm": "pip install -e '.[gpu]' on a GPU machine, or `make test-vllm` for vLLM's CPU build",
+                 "unsloth": "pip install -e '.[gpu]'", "mamba_ssm": "scripts/build_mamba_wheels.sh",
+                 "causal_conv1d": "scripts/build_mamba_wheels.sh"}
+
+
+def debugging() -> bool:
+    return os.environ.get(DEBUG_ENV, "") not in ("", "0")
+
+
+def error_sentence(e: BaseException) -> str:
+    """One line for an exception that is not the lab's own (a LabError is its message): the file it concerns and
+    what to do. The classes a hostile probe reached: Ctrl-C, OS errors (permission, a folder or missing file where a
+    file was expected, a name too long, a full disk), safetensors' refusals, a dead notebook kernel, a package not
+    installed; anything else is named as unexpected."""
+    import errno
+
+    name = type(e).__name__
+    where = getattr(e, "filename", None)
+    if isinstance(e, KeyboardInterrupt):
+        return ("interrupted (Ctrl-C): what finished is kept; a stage that was running left its previous result as it "
+                "was (its attempt is set aside); run the same command again to go on")
+    if isinstance(e, ModuleNotFoundError):
+        top = (e.name or "").split(".")[0]
+        return (f"the Python package {top!r} is not installed in this environment "
+                f"({INSTALL_HINTS.get(top, f'pip install {top}')})")
+    if isinstance(e, PermissionError):
+        return f"{where}: permission denied: make it writable for you, or choose another path (run_name=, --out)"
+    if isinstance(e, IsADirectoryError):
+        return f"{where}: is a folder, where a file was expected: pass a file path"
+    if isinstance(e, NotADirectoryError):
+        return f"{where}: a part of this path is a file, where a folder was expected"
+    if isinstance(e, FileNotFoundError):
+        return f"{where}: not found"
+    if isinstance(e, OSError) and e.errno == errno.ENAMETOOLONG:
+        return f"{where}: a name in this path is too long for the file system: use a shorter run_name or path"
+    if isinstance(e, OSError) and e.errno in (errno.ENOSPC, errno.EDQUOT):
+        return f"{where or 'a file'}: the disk is full (or over quota): free space, or write elsewhere"
+    if isinstance(e, OSError):
+        return f"{where or 'a file'}: {e.strerror or e}"
+    if name == "SafetensorError":
+        return f"a .safetensors file cannot be read ({e}): it is truncated or damaged; copy or save it again"
+    if name == "DeadKernelError":
+        return ("a notebook's kernel died (most often killed by the system for lack of memory): lower the batch "
+                "sizes, or run on a machine with more memory")
+    return f"unexpected {name}: {e} (most likely a bug in the lab: please report it with the traceback)"
+
+
+def report_error(e: BaseException) -> int:
+    """Print `error_sentence` (a LabError: its message) on stderr with where the traceback is; the exit status."""
+    text = str(e) if isinstance(e, LabError) else error_sentence(e)
+    hint = "" if isinstance(e, LabError) else f"\n(the traceback: rerun with --debug or {DEBUG_ENV}=1)"
+    print(f"error: {text}{hint}", file=sys.stderr)
+    return 130 if isinstance(e, KeyboardInterrupt) else 2

@@ -150,11 +150,20 @@ def _json_default(o):
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
-def read_json(path: str | os.PathLike) -> Any:
+def read_json(path: str | os.PathLike, kind: type | None = None) -> Any:
+    """The JSON in `path`; a LabError naming the file when it is missing, unreadable, not JSON, or (with `kind`, e.g.
+    dict) not a value of that type (`null` or `[]` where an object belongs)."""
     path = Path(path)
     if not path.is_file():
         raise LabError(f"{path}: file not found")
     try:
-        return json.loads(path.read_text(encoding="utf-8"))
+        value = json.loads(path.read_text(encoding="utf-8"))
     except ValueError as e:  # JSONDecodeError, or UnicodeDecodeError
         raise LabError(f"{path}: not valid JSON ({e})") from None
+    except OSError as e:
+        raise LabError(f"{path}: cannot be read ({e.strerror or e})") from None
+    if kind is not None and not isinstance(value, kind):
+        want = {dict: "an object ({...})", list: "a list ([...])"}.get(kind, kind.__name__)
+        raise LabError(f"{path}: holds {json.dumps(value)[:40]}, not {want}: damaged or hand-edited; rerun what "
+                       "wrote it")
+    return value

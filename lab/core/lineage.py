@@ -12,14 +12,19 @@ upstream stage with problems makes every stage that read it stale too. `lab.core
 refuse to read a stage with problems (a LabError), and `lab.runs.pipeline.summary` marks it.
 
 It is also the lab's one home for "what a rerun may trust": `files` (the files of a folder that count),
-`content_hash` (the one file hasher: lineage, `lab.model.generate`'s cache keys, `lab.train.checkpoints`' model fingerprint) and
-`diff` (what changed between a recorded key and the current one: resumed checkpoints, the tiny model's recipe).
+`content_hash` (the one file hasher: lineage, `lab.model.generate`'s cache keys, `lab.train.checkpoints`' model
+fingerprint), `diff` (what changed between a recorded key and the current one: resumed checkpoints, the tiny model's
+recipe), and `seal` / `check_seal` (a record, written atomically beside the files it vouches for, of what made them
+and their content hashes: the greedy evaluation cache, the token-count cache, a checkpoint's lab_complete.json, a
+sweep job's done.json). Nothing is trusted that its seal or its
+manifest does not vouch for: a missing, unreadable or unfinished manifest makes a stage not current.
 
 What it simplifies:
 1. `content_hash` is memoised per process by path, size and modification time; a file over 1 GiB contributes its
    size and its first and last 64 MiB. This module imports nothing from the lab but `lab.core.io` (which imports
    nothing back), so `lab.core.run` (Stage, stage_output) can use it without an import cycle.
-2. A stage finished by an older lab version (no `outputs` in its manifest) has unknown lineage: nothing is said.
+2. A seal or a manifest vouches for content, not for who wrote it: a hand edit that rewrites a file and its record
+   consistently is not caught (a damaged or partly edited one is).
 3. Files added to a finished stage folder are not flagged, only files changed or removed.
 """
 
@@ -120,6 +125,46 @@ def outputs(folder: Path) -> dict[str, str]:
     return {k: content_hash(p) for k, p in files(folder, skip=("manifest.json",)).items()}
 
 
+class Unsealed(Exception):
+    """`check_seal`'s refusal: why the sealed files cannot be trusted (the caller makes them again or refuses)."""
+
+
+def seal(record: str | Path, key: dict, paths) -> None:
+    """Write `record` (JSON, atomically): `key` (what made the files) and the content hash of each of `paths`, named
+    relative to the record's folder. Written after the files: a record present means they were complete."""
+    from lab.core.io import atomic_write_json
+
+    record = Path(record)
+    base = record.parent.resolve()
+    atomic_write_json(record, {"key": key, "sha256": {Path(p).resolve().relative_to(base).as_posix(): content_hash(p)
+                                                     for p in paths}})
+
+
+def check_seal(record: str | Path, key: dict | None = None) -> dict:
+    """The `key` and {name: content hash} that `record` (`seal`) vouches for, after checking that it is readable,
+    was made with `key` (None: any key) and that every file it names is still there with that hash; `Unsealed`
+    naming the first problem otherwise."""
+    record = Path(record)
+    try:
+        data = json.loads(record.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise Unsealed(f"{record}: missing") from None
+    except (OSError, ValueError) as e:
+        raise Unsealed(f"{record}: unreadable ({type(e).__name__})") from None
+    if not (isinstance(data, dict) and isinstance(data.get("sha256"), dict)):
+        raise Unsealed(f"{record}: not a seal (no content hashes)")
+    if key is not None and json.dumps(data.get("key"), sort_keys=True) != json.dumps(key, sort_keys=True):
+        changed = diff(data.get("key"), key)
+        raise Unsealed(f"{record}: made with other settings ({'; '.join(changed[:3]) or 'another key'})")
+    for name, h in data["sha256"].items():
+        p = record.parent / name
+        if not p.is_file():
+            raise Unsealed(f"{p}: missing, though {record.name} vouches for it")
+        if content_hash(p) != h:
+            raise Unsealed(f"{p}: changed since {record.name} sealed it (hand-edited or damaged)")
+    return data
+
+
 def _manifest(d: Path) -> dict | None:
     try:
         m = json.loads((d / "manifest.json").read_text(encoding="utf-8"))
@@ -136,8 +181,12 @@ def problems(run_dir: Path, name: str, memo: dict | None = None) -> list[str]:
     memo[name] = []  # a cycle (never written by the lab) ends here
     run_dir = Path(run_dir)
     man = _manifest(run_dir / name)
-    if man is None or "outputs" not in man:
-        return []
+    if man is None or man.get("status") != "finished" or not isinstance(man.get("outputs"), dict):
+        why = ("missing or unreadable" if man is None else f"status {man.get('status')!r}, not finished"
+               if man.get("status") != "finished" else "without the hashes of its outputs")
+        memo[name] = [f"{name}: {run_dir / name / 'manifest.json'} is {why}, so nothing in {name} can be checked; "
+                      f"rerun {name}"]
+        return memo[name]
     out = []
     recorded, now = man["outputs"], outputs(run_dir / name)
     edited = [k for k in sorted(recorded) if now.get(k) != recorded[k]]

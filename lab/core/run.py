@@ -157,7 +157,8 @@ def acquire_lock(run_dir: str | os.PathLike) -> bool:
         fl.acquire(blocking=False)
     except Timeout:
         try:
-            holder = read_json(lock)  # what the holder wrote (nothing yet when it has only just taken the lock)
+            # what the holder wrote (nothing yet when it has only just taken the lock)
+            holder = read_json(lock, kind=dict)
         except (LabError, OSError):
             holder = {}
         if holder.get("token") and holder.get("token") == os.environ.get(LOCK_ENV):
@@ -283,7 +284,7 @@ class Stage:
         """Why the dead attempt in `dir` read other inputs than the run now holds (its manifest records each input's
         content hash as it is read: `lab.core.lineage.consumed`), or None when every one is unchanged."""
         try:
-            inputs = read_json(self.dir / "manifest.json").get("inputs") or {}
+            inputs = read_json(self.dir / "manifest.json", kind=dict).get("inputs") or {}
         except (LabError, AttributeError):
             return "its manifest is unreadable"
         if not inputs:

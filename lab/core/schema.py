@@ -94,6 +94,15 @@ def bound_problem(value: Any, bounds: dict) -> str | None:
 _SINK: contextvars.ContextVar[list | None] = contextvars.ContextVar("lab_schema_problems", default=None)
 
 
+def _numbers(name: str, value: Any) -> list[tuple[str, float]]:
+    """(key, value) for `value` when it is a float, or for each float in it when it is a dict or list (one level):
+    what must be finite."""
+    if isinstance(value, float):
+        return [(name, value)]
+    items = value.items() if isinstance(value, dict) else enumerate(value) if isinstance(value, list) else ()
+    return [(f"{name}.{k}", v) for k, v in items if isinstance(v, float)]
+
+
 class Checked:
     """Base of every config dataclass: `__post_init__` checks each field against its bounds and the class's own
     `rules()`, and raises one LabError naming each key (`sft.grad_accum=0 must be >= 1`); inside `problems(cfg)` it
@@ -105,7 +114,9 @@ class Checked:
         prefix, found = key_of(type(self)), []
         for f in dataclasses.fields(self):
             value = getattr(self, f.name)
-            if f.metadata.get("bounds") and value is not None and (why := bound_problem(value, f.metadata["bounds"])):
+            if bad := [k for k, v in _numbers(f.name, value) if not math.isfinite(v)]:  # inf or nan: never a setting
+                found += [f"{prefix}{k}={v!r} must be a finite number" for k, v in _numbers(f.name, value) if k in bad]
+            elif f.metadata.get("bounds") and value is not None and (why := bound_problem(value, f.metadata["bounds"])):
                 found.append(f"{prefix}{f.name}={value!r} {why}" + (" (or null)" if "Optional" in str(f.type) else ""))
         found += self.rules()
         if found and (sink := _SINK.get()) is not None:

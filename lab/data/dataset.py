@@ -24,6 +24,7 @@ import hashlib
 import io
 import json
 import os
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -112,13 +113,20 @@ def load_puzzles(path: str | os.PathLike, allow_empty: bool = False) -> pd.DataF
 
 
 def add_categories(df: pd.DataFrame) -> pd.DataFrame:
-    """A copy of `df` with `category` and `subtype` from `lab.puzzles.classify(prompt)`."""
+    """A copy of `df` with `category` and `subtype` from `lab.puzzles.classify(prompt)`. A file's own `category` or
+    `subtype` column that says otherwise is kept, as `category_in_file` / `subtype_in_file`, with a note (extra
+    columns are kept: it is never silently replaced)."""
     from lab.puzzles import classify
 
     if "prompt" not in df.columns:
         raise LabError(f"add_categories: no 'prompt' column (columns are {list(df.columns)})")
     pairs = [classify(p) for p in df["prompt"]]
     out = df.copy()
+    for i, col in enumerate(("category", "subtype")):
+        if col in df.columns and (differ := int((df[col].astype(str) != [str(p[i]) for p in pairs]).sum())):
+            out[f"{col}_in_file"] = df[col]
+            print(f"note: the file's own '{col}' column differs from the lab's classification in {differ} row(s): "
+                  f"kept as '{col}_in_file'; '{col}' is the lab's (lab.puzzles.classify)", flush=True)
     out["category"] = pd.Series([str(c) for c, _ in pairs], index=df.index, dtype=str)
     out["subtype"] = pd.Series([str(s) for _, s in pairs], index=df.index, dtype=str)
     return out
@@ -225,7 +233,7 @@ def save_split(train: pd.DataFrame, val: pd.DataFrame, folder: str | os.PathLike
 def load_split(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
     """(train, val) read back from `save_split`'s folder, checked against split.json's hashes."""
     folder = Path(folder)
-    info = read_json(folder / "split.json")
+    info = read_json(folder / "split.json", kind=dict)
     out = []
     for part in ("train", "val"):
         df = load_puzzles(folder / f"{part}.csv", allow_empty=True)
@@ -241,15 +249,29 @@ def load_split(folder: str | os.PathLike) -> tuple[pd.DataFrame, pd.DataFrame]:
 
 
 def category_problems(cfg) -> list[str]:
-    """`data.categories` and the keys of `data.weights` / `data.trace_styles` that name no category of
-    `lab.puzzles.CATEGORIES` (the one list: a new category is one puzzles module and one TABLE line)."""
+    """`data.categories` and the keys of `data.weights` / `data.trace_styles` / `data.difficulty` that name no category
+    of `lab.puzzles.CATEGORIES` (the one list: a new category is one puzzles module and one TABLE line), and each key
+    of `data.difficulty.<category>` that is not a knob of that category's generator (`lab.puzzles.generate.knobs`)."""
     from lab.core.schema import choice_problems
     from lab.puzzles import CATEGORIES
+    from lab.puzzles.generate import knob_problems
 
     d, known = cfg.data, tuple(CATEGORIES)
+    difficulty = d.get("difficulty") or {}
+    knobs = [p for c, given in difficulty.items() if c in known
+             for p in (knob_problems(c, given, f"data.difficulty.{c}.") if isinstance(given, Mapping)
+                       else [f"data.difficulty.{c}={given!r}: must be a mapping of knobs, e.g. {{n_examples: 4}}"])]
     return (choice_problems("data.categories", d.categories, known, "a category")
             + choice_problems("data.weights (its keys)", list(d.get("weights") or {}), known, "a category")
-            + choice_problems("data.trace_styles (its keys)", list(d.get("trace_styles") or {}), known, "a category"))
+            + choice_problems("data.trace_styles (its keys)", list(d.get("trace_styles") or {}), known, "a category")
+            + choice_problems("data.difficulty (its keys)", list(difficulty), known, "a category") + knobs)
+
+
+def check_data_settings(cfg) -> None:
+    """A LabError listing `category_problems` (nothing was run or changed): what a run's driver and each stage check
+    right after composing the config, before any folder is touched."""
+    if found := category_problems(cfg):
+        raise LabError("; ".join(found) + " (nothing was run or changed)")
 
 
 def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -266,8 +288,7 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     data file's content hash (`data_file_record`): a file changed since is an error naming the change, or a new
     split with `data.resplit=true`.
     """
-    if found := category_problems(cfg):  # before any file is read or written
-        raise LabError("; ".join(found))
+    check_data_settings(cfg)  # before any file is read or written
     from omegaconf import OmegaConf
 
     from lab.core.lineage import consumed
@@ -280,7 +301,7 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
     source = data_file_record(cfg)
     fresh = not (folder / "split.json").is_file()
     if not fresh:
-        info = read_json(folder / "split.json")
+        info = read_json(folder / "split.json", kind=dict)
         made_with = info.get("settings")
         if made_with != settings:
             made_with = made_with if isinstance(made_with, dict) else {}

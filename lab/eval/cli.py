@@ -4,7 +4,8 @@ printing.
   score PREDICTIONS.csv --gold GOLD.csv   the competition's metric (`lab.competition.metric`) over a file, overall and per
                                           category (a `category` column of either file, else the prompts classified)
   compare RUN_A RUN_B                     puzzles fixed and broken between two runs (`lab.eval.analysis.compare`); each
-                                          argument a predictions.csv or a run folder (`find_predictions`)
+                                          argument a predictions.csv or a run folder (`find_predictions`: its last
+                                          finished, current stage's)
 
 What it simplifies: the commands only parse arguments, call `lab.competition.metric` or `lab.eval.analysis` and
 print; every table they print is computed there.
@@ -20,19 +21,22 @@ import pandas as pd
 
 from lab import LabError
 from lab.eval.analysis import compare, load_predictions
+from lab.core import lineage
 from lab.core.io import atomic_write_csv, check_not_input
 from lab.competition.metric import VERSIONS, judge, read_table, verify
 from lab.core.paths import resolve_path
 from lab.puzzles import classify
 
 
-def find_predictions(arg: str | os.PathLike) -> Path:
-    """Resolve a `compare` argument to a predictions file.
+def find_predictions(arg: str | os.PathLike) -> tuple[Path, str]:
+    """Resolve a `compare` argument to a predictions file and a note saying why that one.
 
-    Rule: a file is used as is; for a folder, `<folder>/predictions.csv` if it exists, else the
-    newest (modification time, ties broken by path) of `<folder>/*/predictions.csv`, i.e. the
-    most recently written stage of that run. Relative paths are tried from the current folder,
-    then from the project root. LabError naming the path when nothing is found.
+    Rule: a file is used as is (one inside a run's stage folder only when that stage is finished and current); for a
+    stage folder, its predictions.csv when the stage is finished and current; for a run folder, the predictions.csv of
+    its last stage (by number: 04_vote, then 03_grpo, then 02_sft) that is finished and current
+    (`lab.core.lineage.problems`); an attempt that did not finish (`.NN_name.partial/`) is never read. Relative
+    paths are tried from the current folder, then from the project root. LabError naming the path and what was
+    skipped when nothing is found.
     """
     p = Path(os.path.expanduser(str(arg)))
     if not p.exists() and not p.is_absolute():
@@ -40,33 +44,55 @@ def find_predictions(arg: str | os.PathLike) -> Path:
             p = resolve_path(p) if resolve_path(p).exists() else p
         except LabError:  # no checkout (conf/config.yaml) to look in
             pass
-    if p.is_file():
-        return p
     if not p.exists():
         raise LabError(f"{p}: no such file or run folder")
+    if any(part.startswith(".") and part.endswith(".partial") for part in p.resolve().parts):
+        raise LabError(f"{p}: lies in a stage attempt that did not finish (.partial); pass the run folder or a "
+                       "finished stage's predictions.csv")
+    stage_dir = p.parent if p.is_file() else p
+    if lineage.stage_of(stage_dir.name) == stage_dir.name and (stage_dir / "manifest.json").exists():
+        if not (stage_dir / "metrics.json").is_file() or (found := lineage.problems(stage_dir.parent, stage_dir.name)):
+            why = "not finished" if not (stage_dir / "metrics.json").is_file() else "; ".join(found)
+            raise LabError(f"{p}: stage {stage_dir.name} is not finished and current ({why}); rerun it or pass "
+                           "another file")
+        if p.is_file():
+            return p, f"stage {stage_dir.name}, finished and current"
+    if p.is_file():
+        return p, "the file given"
     if (p / "predictions.csv").is_file():
-        return p / "predictions.csv"
-    found = [c for c in p.glob("*/predictions.csv") if c.is_file()]
-    if not found:
-        raise LabError(f"{p}: no predictions.csv in it or in any stage folder (*/predictions.csv)")
-    return max(found, key=lambda c: (c.stat().st_mtime, str(c)))
+        return p / "predictions.csv", f"stage {p.name}, finished and current" if lineage.stage_of(p.name) == p.name \
+            else "the folder's predictions.csv"
+    skipped = []
+    memo: dict = {}
+    for d in sorted((d for d in p.iterdir() if lineage.stage_of(d.name) == d.name), reverse=True):
+        if not (d / "predictions.csv").is_file():
+            continue
+        if not (d / "metrics.json").is_file():
+            skipped.append(f"{d.name} (not finished)")
+        elif found := lineage.problems(p, d.name, memo):
+            skipped.append(f"{d.name} (not current: {found[0]})")
+        else:
+            note = f"{d.name}, the last finished and current stage with predictions"
+            return d / "predictions.csv", note + (f"; skipped {', '.join(skipped)}" if skipped else "")
+    raise LabError(f"{p}: no finished and current stage with a predictions.csv"
+                   + (f" (skipped {'; '.join(skipped)})" if skipped else " (no */predictions.csv)"))
 
 
 def compare_main(argv: list[str] | None = None) -> int:
     """`python -m lab compare RUN_A RUN_B [--examples N] [--budget B]`: fixed/broken per category."""
     ap = argparse.ArgumentParser(prog="python -m lab compare",
                                  description="Puzzles fixed and broken between two runs. Each argument is a "
-                                             "predictions.csv or a run folder (its predictions.csv, else the "
-                                             "newest */predictions.csv).")
+                                             "predictions.csv or a run folder (the predictions of its last "
+                                             "finished and current stage).")
     ap.add_argument("run_a")
     ap.add_argument("run_b")
     ap.add_argument("--examples", type=int, default=10, help="changed puzzles to list (default 10, 0: none)")
     ap.add_argument("--budget", type=int, default=None, help="token budget: rows at or over it count as truncated")
     args = ap.parse_args(argv)
-    pa, pb = find_predictions(args.run_a), find_predictions(args.run_b)
+    (pa, why_a), (pb, why_b) = find_predictions(args.run_a), find_predictions(args.run_b)
     a, b = load_predictions(pa), load_predictions(pb)
     summary, ex = compare(a, b, budget=args.budget)
-    print(f"A: {pa}\nB: {pb}\n")
+    print(f"A: {pa} ({why_a})\nB: {pb} ({why_b})\n")
     for name, path, df in (("A", pa, a), ("B", pb, b)):
         if bad := contradicted(df):
             print(f"WARNING: {name}: {path}: {len(bad)} row(s) whose 'correct' column the competition metric "
@@ -114,6 +140,9 @@ def score_main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.details:
         check_not_input(args.details, args.predictions, args.gold, what="--details file")
+        if Path(args.details).is_dir():
+            raise LabError(f"--details {args.details}: is a folder; name the CSV file to write, e.g. "
+                           f"{Path(args.details) / 'details.csv'}")
 
     pred = read_table(args.predictions, ["id"], "predictions")
     have = [c for c in ("completion", "answer") if c in pred.columns]
@@ -128,6 +157,10 @@ def score_main(argv: list[str] | None = None) -> int:
               + (" (the answer is extracted from it again)" if out_col == "completion" else " as given")
               + f"; --column {'answer' if out_col == 'completion' else 'completion'} scores the other")
     gold = read_table(args.gold, ["id", "answer"], "gold")
+    if empty := [str(i) for i, a in zip(gold["id"], gold["answer"]) if not str(a).strip()]:
+        raise LabError(f"{args.gold}: {len(empty)} row(s) with an empty gold answer (ids {', '.join(empty[:5])}); "
+                       "an empty answer cannot be scored (an empty prediction would count as correct): fill or drop "
+                       "them")
     gold_ids, pred_ids = set(gold["id"]), set(pred["id"])
     if gold_ids != pred_ids:
         missing = sorted(gold_ids - pred_ids)

@@ -434,8 +434,10 @@ class Generator:
         from vllm.lora.request import LoRARequest
 
         _check_gpu_released()
+        models.check_weights(models.model_path(cfg), "base model")
         self.tokenizer = tokenizer or models.load_tokenizer(cfg)
         if adapter is not None:
+            models.check_weights(resolve_path(adapter), "adapter")
             self._workdir = tempfile.TemporaryDirectory(prefix="lab_vllm_adapter_")
             path = served_adapter(adapter, self._workdir.name)
             self.lora = LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=str(path))
@@ -579,6 +581,26 @@ def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:
     return done
 
 
+def _rescored(done: dict[str, list[dict]], puzzles: pd.DataFrame, version: str, cache: Path) -> dict:
+    """The cached puzzles, verified rather than trusted: a puzzle whose recorded gold is not its answer now is drawn
+    again; every kept row's `answer` and `correct` are derived again from its completion (a hand edit of either is
+    undone; the completions themselves cannot be checked)."""
+    from lab.competition.metric import extract_answer, verify
+
+    gold = dict(zip(puzzles["id"].astype(str), puzzles["answer"].astype(str))) if "answer" in puzzles else {}
+    moved = [pid for pid, recs in done.items() if pid in gold and any(r.get("gold") != gold[pid] for r in recs)]
+    for pid in moved:
+        del done[pid]
+    if moved:
+        print(f"note: {cache}: {len(moved)} puzzle(s) whose gold answer differs from the cache's are drawn again",
+              flush=True)
+    for pid, recs in done.items():
+        for r in recs:
+            r["answer"] = extract_answer(r.get("completion") or "", version=version)
+            r["correct"] = bool(verify(r["gold"], r["answer"], version=version)) if r.get("gold") is not None else None
+    return done
+
+
 def sample_table(gen: Generator, puzzles: pd.DataFrame, spec: Sampling | None = None,
                  cache: str | Path | None = None, chunk: int = 64, progress: bool = True) -> pd.DataFrame:
     """Generate spec.n completions per puzzle and score each; one row per (puzzle, sample).
@@ -593,7 +615,8 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, spec: Sampling | None = 
       without `cache`, one `LLM.generate` call.
     - hf: chunks of `chunk` puzzles, chunk i seeded with spec.seed + its first position, appended chunk by chunk.
     With `cache`, a JSON-lines file whose first line is the `sample_key`, the finished puzzles are skipped when the call
-    is repeated with the same key (`_read_cache`: another key starts afresh). A puzzle whose prompt leaves no room
+    is repeated with the same key (`_read_cache`: another key starts afresh), their rows scored again (`_rescored`). A
+    puzzle whose prompt leaves no room
     under model.max_model_len is not generated: its rows have finish_reason `SKIPPED`, no completion, and count as
     wrong; a note names its id.
     """
@@ -605,7 +628,8 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, spec: Sampling | None = 
     done: dict[str, list[dict]] = {}
     if cache is not None:
         cache = Path(cache)
-        done = _read_cache(cache, sample_key(gen, spec, 0 if whole else chunk), spec.n)
+        done = _rescored(_read_cache(cache, sample_key(gen, spec, 0 if whole else chunk), spec.n), puzzles, version,
+                         cache)
     todo = puzzles[~puzzles["id"].astype(str).isin(done)]
     t0, new_tokens = time.time(), 0
     bar = Progress("generate", len(puzzles), "puzzles", initial=len(puzzles) - len(todo), enabled=progress)

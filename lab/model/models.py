@@ -266,6 +266,21 @@ def load_tokenizer(cfg: DictConfig):
     return tok
 
 
+def check_weights(folder: str | os.PathLike, what: str) -> None:
+    """A LabError naming the first `*.safetensors` file of a local `folder` that safetensors' own header check refuses
+    (`safe_open`: a truncated or damaged file, a header that disagrees with the data); reads headers only."""
+    from safetensors import SafetensorError, safe_open
+
+    folder = Path(folder)
+    for f in sorted(folder.glob("*.safetensors")) if folder.is_dir() else ():
+        try:
+            with safe_open(str(f), framework="pt"):
+                pass
+        except (SafetensorError, OSError) as e:
+            raise LabError(f"{f}: the {what}'s weights cannot be read ({e}): truncated or damaged; copy or save it "
+                           "again") from None
+
+
 def load(cfg: DictConfig, adapter: str | os.PathLike | None = None, trainable: bool = False):
     """(model, tokenizer) on the configured device; `adapter` attaches a saved LoRA adapter.
 
@@ -283,6 +298,9 @@ def load(cfg: DictConfig, adapter: str | os.PathLike | None = None, trainable: b
     path = model_path(cfg)
     tok = load_tokenizer(cfg)
     device = cfg.model.device if cfg.model.device != "auto" else "cuda" if torch.cuda.is_available() else "cpu"
+    check_weights(path, "base model")
+    if adapter is not None:
+        check_weights(resolve_path(adapter), "adapter")
     model = AutoModelForCausalLM.from_pretrained(path, dtype=getattr(torch, cfg.model.dtype),
                                                  device_map=None if is_deepspeed_zero3_enabled() else device,
                                                  trust_remote_code=cfg.model.trust_remote_code)

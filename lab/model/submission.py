@@ -74,6 +74,7 @@ from lab.model.submission_check import (_FUSED, BASE_COPIES, CONFIG_NAME, EXPERT
 # (vllm/lora/lora_model.py) casts every lora_a / lora_b with `tensor.to(device, dtype=lora_dtype)`, and `lora_dtype`
 # "auto" is the model's dtype (`LoRAConfig`, vllm/config/lora.py): bf16 for Nemotron-3-Nano; nothing checks the file's.
 SUBMISSION_DTYPE = "bfloat16"
+PACK_DTYPES = ("bfloat16", "float16", "float32")  # what --dtype names (torch's spelling)
 
 
 # ---- the expert conversion --------------------------------------------------------------------------
@@ -164,6 +165,8 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
     from safetensors.torch import load_file, save
 
     adapter_dir, out_zip = Path(adapter_dir), Path(out_zip)
+    if dtype and not (isinstance(getattr(torch, dtype, None), torch.dtype) and getattr(torch, dtype).is_floating_point):
+        raise LabError(f"--dtype {dtype}: not a torch floating-point dtype; use {', '.join(PACK_DTYPES)} or keep")
     check_not_input(out_zip, adapter_dir, base_model, what="submission zip")  # never over the trained weights
     cfg_path, w_path = adapter_dir / CONFIG_NAME, adapter_dir / WEIGHTS_NAME
     if not cfg_path.is_file():
@@ -171,9 +174,7 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
     if not w_path.is_file():
         hint = " (adapter_model.bin found: re-save with safe_serialization)" if (adapter_dir / "adapter_model.bin").is_file() else ""
         raise LabError(f"{adapter_dir}: no {WEIGHTS_NAME}{hint}")
-    config = read_json(cfg_path)
-    if not isinstance(config, dict):
-        raise LabError(f"{cfg_path}: not valid JSON (not a JSON object)")
+    config = read_json(cfg_path, kind=dict)
     dropped = sorted(set(config) - lora_config_fields())
     config = {k: v for k, v in config.items() if k in lora_config_fields()} | {"inference_mode": True}
     if problems := config_problems(config):

@@ -1,8 +1,9 @@
 """Checking a Kaggle `submission.zip` (a LoRA adapter for vLLM 0.33): `check(zip, base_model=None)` returns every
 problem in plain words (an empty list = valid); `lab.model.submission.pack` runs it on every zip it writes.
 
-- the zip: two files at the root, no folders, `..` paths, duplicate or encrypted members or nested
-  zips; a zip that would inflate past 16 GiB or more than 100:1 is refused unread (zip bomb);
+- the zip: exactly the two files at the root, names exact (`layout_problems`): no other member, no folder or
+  symbolic-link member, no `..` paths, duplicate or encrypted members or nested zips; a zip that would inflate past 16
+  GiB or more than 100:1 is refused unread (zip bomb);
   every byte read back must match the zip's CRC-32;
 - the safetensors file, with safetensors' own reader (`safe_open`, whose Rust `validate` refuses a header
   that disagrees with the data: a tensor past the end of a truncated file, bytes no tensor owns, ranges that
@@ -41,6 +42,7 @@ import json
 import os
 import re
 import shutil
+import stat
 import sys
 import tempfile
 import zipfile
@@ -428,6 +430,25 @@ def _check_agreement(header: dict, config: dict) -> list[str]:
     return p
 
 
+def layout_problems(infos: list[zipfile.ZipInfo]) -> list[str]:
+    """The documented layout: the zip holds exactly `CONFIG_NAME` and `WEIGHTS_NAME`, named exactly, as files, not
+    symbolic links (a member's Unix mode is the top 16 bits of `external_attr`). A stray file, a name differing
+    only in case or a link member is a problem; folders and nested zips are reported by `check`."""
+    out = []
+    allowed = (CONFIG_NAME, WEIGHTS_NAME)
+    other = [i.filename for i in infos if i.filename not in allowed and "/" not in i.filename
+             and "\\" not in i.filename and not i.filename.lower().endswith(".zip")]
+    if other:
+        near = [n for n in other if n.lower() in allowed]
+        out.append(f"other members beside {CONFIG_NAME} and {WEIGHTS_NAME}: {_listed(other)}"
+                   + (f" ({', '.join(near)}: names are exact, case included)" if near else "")
+                   + "; the zip must hold exactly those two files")
+    links = [i.filename for i in infos if stat.S_ISLNK(i.external_attr >> 16)]
+    if links:
+        out.append(f"symbolic-link member(s) {_listed(links)}: an unzip would create links, not files")
+    return out
+
+
 class Report(list):
     """`check`'s answer: a list of problems (empty = valid) with `.warnings`, what could not be verified."""
 
@@ -468,6 +489,7 @@ def check(path_to_zip: str | os.PathLike, base_model: str | os.PathLike | None =
             if sub:
                 problems.append(f"files in a subfolder: {', '.join(sub[:6])} (Kaggle expects {CONFIG_NAME} and "
                                 f"{WEIGHTS_NAME} at the zip's root, no folders)")
+            problems += layout_problems(infos)
             total, packed = sum(i.file_size for i in infos), sum(i.compress_size for i in infos)
             if total > MAX_UNCOMPRESSED or (total > RATIO_FROM and total > MAX_RATIO * max(packed, 1)):
                 return Report(problems + [f"{path}: would inflate {packed:,} bytes to {total:,} (ratio "

@@ -634,7 +634,7 @@ def make_prompt(examples: list[tuple[int, int]], query: int) -> str:
     return "\n".join(lines) + f"\n\nNow, determine the output for: {b8(query)}"
 
 
-def generate_one(rng: random.Random, n_examples: int = 8, complexity: int = 2, layout: int = 0, **_):
+def generate_one(rng: random.Random, n_examples: int = 8, complexity: int = 2, layout: int = 0):
     """(prompt, answer, subtype); `complexity` 1-8 is the rule level (see module docstring; at 7,
     an XOR of 4 or 5 copies, maybe NOT). `layout=1` draws from the competition's layout instead (`random_layout`:
     one function of up to three shifted copies, `complexity` ignored)."""

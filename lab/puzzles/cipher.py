@@ -178,7 +178,7 @@ def make_prompt(examples: list[tuple[str, str]], query: str) -> str:
     return "\n".join(lines)
 
 
-def generate_one(rng: random.Random, n_examples: int = 4, **_):
+def generate_one(rng: random.Random, n_examples: int = 4):
     """(prompt, answer, subtype); a random letter permutation and `n_examples` random sentences."""
     perm = list(string.ascii_lowercase)
     rng.shuffle(perm)

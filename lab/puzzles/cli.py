@@ -138,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
 
             return audit_command(args.solved, args.tokenizer, args.show)
         else:
-            from .generate import generate
+            from .generate import generate, knob_problems
 
             if args.n < 1:
                 raise LabError(f"generate --n {args.n}: the number of puzzles must be 1 or more")
@@ -150,6 +150,8 @@ def main(argv: list[str] | None = None) -> int:
                 except ValueError:
                     knobs[k] = v
             try:
+                if found := knob_problems(args.category, knobs, "--set "):
+                    raise LabError("; ".join(found) + " (nothing was written)")
                 df = generate(args.category, args.n, args.seed, **knobs)
             except ValueError as e:
                 raise LabError(str(e)) from None

@@ -684,8 +684,7 @@ SIMPLE = ["a+b", "a*b", "ab", "a-b", "mod"]
 
 
 def generate_one(rng: random.Random, n_examples: int = 5, n_operators: int = 3, symbolic: float = 0.0,
-                 guess: float = 0.0, ops: str = "all", marker: str = "any", mode: str = "any", meaning: str = "any",
-                 **_):
+                 guess: float = 0.0, ops: str = "all", marker: str = "any", mode: str = "any", meaning: str = "any"):
     """(prompt, answer, subtype). `symbolic`/`guess`: probability of that kind of puzzle; `ops`:
     'simple' (one meaning per family: a+b, a*b, ab, a-b, mod) or 'all' (every meaning); `marker`: the
     subtraction meaning ('any', or one of SUB, e.g. 'b-a end'); `mode`: 'any', 'plain' or 'reversed';

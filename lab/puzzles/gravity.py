@@ -58,7 +58,7 @@ def make_prompt(examples: list[tuple[str, str]], query: str) -> str:
 
 
 def generate_one(rng: random.Random, n_examples: int = 5, g_min: float = 4.0, g_max: float = 20.0,
-                 t_max: float = 5.0, **_):
+                 t_max: float = 5.0):
     """(prompt, answer, subtype); g uniform in [g_min, g_max], times in [1, t_max] with 2 decimals."""
     g = rng.uniform(g_min, g_max)
     ts = [f"{rng.uniform(1.0, t_max):.2f}" for _ in range(int(n_examples) + 1)]

@@ -95,7 +95,7 @@ def make_prompt(examples: list[tuple[int, str]], query: int) -> str:
     return "\n".join(lines)
 
 
-def generate_one(rng: random.Random, max_value: int = 100, n_examples: int = 4, **_):
+def generate_one(rng: random.Random, max_value: int = 100, n_examples: int = 4):
     """(prompt, answer, subtype) for one puzzle; values drawn from 1..max_value."""
     max_value = max(1, min(int(max_value), 3999))
     k = min(int(n_examples), max_value)

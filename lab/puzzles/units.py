@@ -54,7 +54,7 @@ def make_prompt(examples: list[tuple[str, str]], query: str, unit: str) -> str:
 
 
 def generate_one(rng: random.Random, n_examples: int = 5, f_min: float = 0.3, f_max: float = 3.0,
-                 x_max: float = 50.0, **_):
+                 x_max: float = 50.0):
     """(prompt, answer, subtype); factor uniform in [f_min, f_max], inputs in [1, x_max], 2 decimals."""
     f = rng.uniform(f_min, f_max)
     unit = rng.choice(UNITS)

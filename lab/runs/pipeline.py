@@ -31,7 +31,7 @@ from pathlib import Path
 
 from lab import LabError
 from lab.core.config import compose, names_run
-from lab.core.console import ECHO_ENV
+from lab.core.console import ECHO_ENV, debugging
 from lab.core.io import atomic_write_json, atomic_write_text, read_json
 from lab.core.paths import project_root, resolve_path
 from lab.core import lineage
@@ -70,6 +70,11 @@ def with_smoke(overrides: list[str]) -> list[str]:
 KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 
 
+# errors raised inside a stage's kernel that are the world's, not a bug: reported as one line naming the notebook
+KNOWN_ERRORS = ("LabError", "PermissionError", "FileNotFoundError", "IsADirectoryError", "NotADirectoryError",
+                "OSError", "SafetensorError", "ModuleNotFoundError", "KeyboardInterrupt")
+
+
 def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: Path | None = None,
                   log_output: bool = True) -> Path:
     """Run notebooks/<stage>.ipynb with papermill into <run_dir>/notebooks/; returns the executed copy.
@@ -77,10 +82,13 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: 
     The one stage runner: `run_notebooks` (demo, the Kaggle pipeline kernel) and `lab.runs.sweep` call it. The
     kernel's output goes to `log_file` when given, else to stdout when `log_output` (and then its progress lines
     too, which the saved notebook holds as one line: `lab.core.console.Progress`). A notebook that runs to
-    the end without writing <run_dir>/<stage>/metrics.json is an error. A `LabError` raised inside the stage comes
-    back as one LabError (its message and the executed notebook's path); any other error as papermill raises it.
+    the end without writing <run_dir>/<stage>/metrics.json is an error. A `LabError` or another of `KNOWN_ERRORS`
+    raised inside the stage, or a kernel that died (`DeadKernelError`: killed for lack of memory, most often), comes
+    back as one LabError (what happened and the executed notebook's path); any other error, and every error under
+    --debug / LAB_DEBUG=1, as papermill raises it.
     """
     import papermill as pm
+    from nbclient.exceptions import DeadKernelError
 
     src = project_root() / "notebooks" / f"{stage}.ipynb"
     if not src.is_file():
@@ -99,12 +107,21 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: 
                 with open(log_file, "w", encoding="utf-8") as f:
                     pm.execute_notebook(str(src), str(out), log_output=False, stdout_file=f, stderr_file=f, **kw)
     except pm.PapermillExecutionError as e:
-        if e.ename != "LabError":  # a bug: papermill's traceback is what helps
-            raise
-        # the lab's own refusal: its message, once, and where the whole output is (not a 60-line traceback)
         where = f"; log: {log_file}" if log_file is not None else ""
-        raise LabError(f"stage {stage} stopped: {e.evalue}\n(the executed notebook, with all the stage printed: "
-                       f"{out}{where})") from None
+        if e.ename not in KNOWN_ERRORS or debugging():  # a bug: papermill's traceback is what helps
+            raise
+        # the lab's own refusal or an error of the world (a file, the disk): its message, once, and where the whole
+        # output is (not a 60-line traceback)
+        what = e.evalue if e.ename == "LabError" else f"{e.ename}: {e.evalue}"
+        raise LabError(f"stage {stage} stopped: {what}\n(the executed notebook, with all the stage printed and the "
+                       f"traceback: {out}{where})") from None
+    except DeadKernelError:
+        if debugging():
+            raise
+        where = f"; its log: {log_file}" if log_file is not None else ""
+        raise LabError(f"stage {stage}: the kernel running {src} died (most often killed by the system for lack of "
+                       f"memory: see `dmesg`); lower the batch sizes or use a machine with more memory, then run the "
+                       f"stage again (its previous result is kept); the notebook so far: {out}{where}") from None
     if not (run_dir / stage / "metrics.json").is_file():
         raise LabError(f"{out}: the notebook ran to the end but {run_dir / stage / 'metrics.json'} was not written")
     if (run_dir / f".{stage}.partial").exists():  # lab.core.run.Stage: the fresh folder is swapped in by finish
@@ -218,6 +235,9 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: 
     (the expected rest, scaled by how the stages so far compared with theirs) and its real time."""
     overrides = list(overrides)
     cfg = compose(overrides)  # validated: a bad value stops here, before any stage folder is touched
+    from lab.data.dataset import check_data_settings
+
+    check_data_settings(cfg)  # and a category or generator knob that does not exist
     unknown = [s for s in stages if s not in STAGES or not (project_root() / "notebooks" / f"{s}.ipynb").is_file()]
     if unknown:
         raise LabError(f"{project_root() / 'notebooks'}: no stage notebook {unknown} (stages are {', '.join(STAGES)})")
@@ -268,16 +288,19 @@ def stages_and_overrides(words: list[str]) -> tuple[list[str], list[str]]:
     return out_stages, out_over
 
 
-def headline(run_dir: Path) -> dict:
-    """Each stage's metrics.json, keyed by stage; stages that did not finish are listed as missing."""
+def headline(run_dir: Path, stale: dict | None = None) -> dict:
+    """Each finished, current stage's metrics.json, keyed by stage; stages that did not finish are listed as missing,
+    finished stages that are not current (`lineage_problems`) as not current, their figures not read."""
+    stale = lineage_problems(run_dir) if stale is None else stale
     out = {}
     for name in STAGES:
         p = run_dir / name / "metrics.json"
-        out[name] = read_json(p) if p.is_file() else {"missing": True}
+        out[name] = ({"missing": True} if not p.is_file() else {"not_current": stale[name]} if stale.get(name)
+                     else read_json(p, kind=dict))
     return out
 
 
-def _predictions(path: Path):
+def _read_predictions(path: Path):
     from lab.eval.analysis import load_predictions
 
     try:
@@ -307,16 +330,23 @@ def headline_table(run_dir: Path, stages: dict | None = None, stale: dict | None
     Accuracies carry a Wilson 95% interval over the held-out puzzles; `fixed / broken` counts puzzles
     right now and wrong in the previous stage's greedy predictions (and the reverse): SFT after vs
     before, GRPO vs SFT, 04_vote's greedy vs GRPO. maj@k is an average over sample windows
-    (lab.eval.vote.curves), so its interval treats round(maj@k * n) as the count.
+    (lab.eval.vote.curves), so its interval treats round(maj@k * n) as the count. A stage that is not finished and
+    current (`lineage_problems`) has one row saying so and none of its figures.
     """
     run_dir = Path(run_dir)
-    stages = stages or headline(run_dir)
+    stale = lineage_problems(run_dir) if stale is None else stale  # `summary` passes the one it also writes
+    stages = stages or headline(run_dir, stale)
     rows: list[dict] = []
+
+    def _predictions(path: Path):  # a current stage's predictions only
+        return None if stale.get(path.parent.name) else _read_predictions(path)
+
     m = stages.get("01_explore", {})
     if "n_train" in m:
         rows += [_row("01_explore", "training puzzles", m["n_train"]), _row("01_explore", "held-out puzzles", m.get("n_val"))]
         if "solver_solved_share" in m:
             rows.append(_row("01_explore", "solver: share solved", float(m["solver_solved_share"])))
+
     sft_before, sft = _predictions(run_dir / "02_sft" / "predictions_before.csv"), _predictions(run_dir / "02_sft" / "predictions.csv")
     m = stages.get("02_sft", {})
     if "accuracy_after" in m:
@@ -345,12 +375,19 @@ def headline_table(run_dir: Path, stages: dict | None = None, stale: dict | None
             rows[-1]["fixed / broken"] = f"{m['fixed_since_sft']} / {m['broken_since_sft']} since SFT"
         if "truncated" in m:
             rows.append(_row("05_errors", "truncated completions", m["truncated"], m.get("n")))
-    stale = lineage_problems(run_dir) if stale is None else stale  # `summary` passes the one it also writes
-    for r in rows:  # a stage that is not current: marked, and no fixed / broken against a stage it did not read
-        if stale.get(r["stage"]):
-            r["stage"] += " (not current)"
-            r["fixed / broken"] = ""
+    for name in STAGES:  # a stage that is not current: one row saying so, none of its figures
+        if stale.get(name):
+            rows.append({"stage": f"{name} (not current)", "metric": "not read: see Not current below", "value": None,
+                         "ci95": "", "n": None, "fixed / broken": ""})
     return rows
+
+
+def read_files(run_dir: Path, stale: dict) -> list[str]:
+    """The files `headline_table` reads, relative to the run folder: each finished, current stage's metrics.json and
+    predictions (what `summary` says it read)."""
+    names = ("metrics.json", "predictions_before.csv", "predictions.csv")
+    return [f"{s}/{n}" for s in STAGES if not stale.get(s) and (run_dir / s / "metrics.json").is_file()
+            for n in names if (run_dir / s / n).is_file()]
 
 
 def lineage_problems(run_dir: Path) -> dict[str, list[str]]:
@@ -368,12 +405,13 @@ def summary(run_dir: Path) -> dict:
     import pandas as pd
 
     run_dir = Path(run_dir)
-    stages = headline(run_dir)
     stale = lineage_problems(run_dir)
+    stages = headline(run_dir, stale)
     rows = headline_table(run_dir, stages, stale)
+    read = read_files(run_dir, stale)
     summ = {"run_dir": str(run_dir), "stages": stages,
             "total_wall_seconds": round(sum(s.get("wall_seconds", 0) for s in stages.values()), 1),
-            "headline": rows, "not_current": stale}
+            "headline": rows, "not_current": stale, "read": read}
     atomic_write_json(run_dir / "summary.json", summ)
     text = [{**r, "value": f"{r['value']:.3f}" if isinstance(r["value"], float) else ("" if r["value"] is None else str(r["value"])),
              "n": "" if r["n"] is None else str(int(r["n"]))} for r in rows]  # before pandas turns ints into floats
@@ -389,7 +427,9 @@ def summary(run_dir: Path) -> dict:
         lines += ["", "**Not current** (an input changed after the stage read it, or an output was edited after it "
                   "finished; rerun the stage):", ""]
         lines += [f"- {p}" for found in stale.values() for p in found]
-    lines += ["", "Every metric of every stage: `summary.json`; per-step series: each stage's `train_log.csv` and plots.", ""]
+    lines += ["", f"Read (finished and current): {', '.join(read) or 'nothing'}.",
+              "Every metric of every stage: `summary.json`; per-step series: each stage's `train_log.csv` and "
+              "plots.", ""]
     atomic_write_text(run_dir / "summary.md", "\n".join(lines))
     return summ
 

@@ -19,12 +19,13 @@ every job is a complete run folder:
         <stage>/metrics.json ...           what each notebook writes (lab.core.run.Stage)
         summary.md, summary.json           lab.runs.pipeline.summary of the job
         error.txt                          only for a failed job: stage, error, traceback
-        done.json                          written atomically LAST: the job finished
+        done.json                          written atomically LAST: the job finished (a seal, lab.core.lineage)
         .hydra/, job.log                   Hydra's own record of the job
 
-A job counts as finished only when `done.json` exists, lists every requested stage with the same
-overrides and the same resolved config (its sha256: a default changed in `conf/` since is another
-job), and each of those stages has its `metrics.json` (which `Stage.finish` writes atomically).
+A job counts as finished only when `done.json` (`lab.core.lineage.seal`) holds the same overrides and the same
+resolved config (its sha256: a default changed in `conf/` since is another job), and vouches for every requested
+stage's `metrics.json` and `manifest.json` by their content hashes, each still current (`lab.core.lineage.problems`):
+a stage rerun by hand in the job's folder, with other settings or the same, makes the job unfinished.
 Running the same sweep again skips finished jobs and reruns failed or unfinished ones; inside a
 rerun, the leading stages that already finished with identical overrides and an identical resolved
 config are kept, and everything from the first unfinished stage on is executed again. A job holds
@@ -58,6 +59,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lab import LabError
+from lab.core import lineage
 from lab.core.config import compose, config_data, saved_config_matches
 from lab.core.io import atomic_write_json, atomic_write_text, read_json
 from lab.core.paths import project_root, resolve_path
@@ -111,23 +113,52 @@ def job_config(nb_overrides: list[str]) -> dict:
     """The resolved config the job's notebooks compose (validated; `lab.core.config.config_data`): what a finished job
     or stage must have been made with to be kept. The overrides alone are not enough: a default changed in conf/
     since the job ran gives the same overrides another config."""
-    return config_data(compose(nb_overrides))
+    from lab.data.dataset import check_data_settings
+
+    cfg = compose(nb_overrides)
+    check_data_settings(cfg)
+    return config_data(cfg)
 
 
 def config_key(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
 
 
-def is_done(job_dir: Path, stages: list[str], overrides: list[str], key: str | None = None) -> bool:
-    """done.json lists these stages with the same overrides (and, when `key` is given, the same resolved config:
-    `config_key`), and every stage has its metrics.json."""
+STAGE_FILES = ("metrics.json", "manifest.json")  # what done.json vouches for in each stage folder
+
+
+def write_done(job_dir: Path, name: str, stages: list[str], overrides: list[str], key: str, end_time: str) -> None:
+    """done.json: the job's overrides and config key, sealing each stage's `STAGE_FILES` (`lineage.seal`)."""
+    lineage.seal(Path(job_dir) / DONE_FILE,
+                 {"job": name, "overrides": sorted(overrides), "config_sha256": key, "end_time": end_time},
+                 [Path(job_dir) / s / f for s in stages for f in STAGE_FILES])
+
+
+def done_problem(job_dir: Path, stages: list[str], overrides: list[str] | None = None, key: str | None = None
+                 ) -> str | None:
+    """Why the job in `job_dir` is not finished for `stages` (None: it is): done.json missing, unreadable, made with
+    other overrides or another resolved config (`config_key`; not compared when None), not vouching for a stage, a
+    sealed file changed since (a stage rerun by hand), or a stage not current (`lineage.problems`)."""
+    job_dir = Path(job_dir)
     try:
-        d = read_json(Path(job_dir) / DONE_FILE)
-    except LabError:  # missing or unreadable
-        return False
-    return (sorted(d.get("overrides", [])) == sorted(overrides) and set(stages) <= set(d.get("stages", []))
-            and (key is None or d.get("config_sha256") == key)
-            and all((Path(job_dir) / s / "metrics.json").is_file() for s in stages))
+        d = lineage.check_seal(job_dir / DONE_FILE)
+    except lineage.Unsealed as e:
+        return str(e)
+    made = d.get("key") or {}
+    if overrides is not None and made.get("overrides") != sorted(overrides):
+        return f"{job_dir / DONE_FILE}: made with overrides {made.get('overrides')}, not {sorted(overrides)}"
+    if key is not None and made.get("config_sha256") != key:
+        return f"{job_dir / DONE_FILE}: made with another resolved config (conf/ changed since)"
+    if missing := [s for s in stages if f"{s}/metrics.json" not in d["sha256"]]:
+        return f"{job_dir / DONE_FILE}: the job did not run {', '.join(missing)}"
+    memo: dict = {}
+    found = [p for s in stages for p in lineage.problems(job_dir, s, memo)]
+    return "; ".join(found) or None
+
+
+def is_done(job_dir: Path, stages: list[str], overrides: list[str], key: str | None = None) -> bool:
+    """`done_problem` finds nothing."""
+    return done_problem(job_dir, stages, overrides, key) is None
 
 
 def _stage_kept(job_dir: Path, stage: str, nb_overrides: list[str], config: dict) -> bool:
@@ -136,8 +167,10 @@ def _stage_kept(job_dir: Path, stage: str, nb_overrides: list[str], config: dict
     d = job_dir / stage
     if not (d / "metrics.json").is_file() or not saved_config_matches(d / "config.yaml", config):
         return False
+    if lineage.problems(job_dir, stage):  # edited since, or read a stage that changed
+        return False
     try:
-        man = read_json(d / "manifest.json")
+        man = read_json(d / "manifest.json", kind=dict)
     except LabError:
         return False
     return man.get("status") == "finished" and man.get("overrides") == nb_overrides
@@ -163,9 +196,12 @@ def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str],
     nb_overrides = [*overrides, f"run_dir={quote(job_dir)}"]
     config = job_config(nb_overrides)  # validated before the job folder is touched
     key = config_key(config)
-    if not force and is_done(job_dir, stages, overrides, key):
+    why = done_problem(job_dir, stages, overrides, key) if not force else "--force"
+    if why is None:
         log.info(f"[{name}] finished earlier: skipped")
         return {"job": name, "status": "skipped"}
+    if (job_dir / DONE_FILE).exists():
+        log.info(f"[{name}] done.json no longer holds ({why}): running the job again")
     with run_lock(job_dir):  # makes the folder
         (job_dir / DONE_FILE).unlink(missing_ok=True)
         (job_dir / ERROR_FILE).unlink(missing_ok=True)
@@ -209,9 +245,7 @@ def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str],
             return {"job": name, "status": "failed", "stage": where, "error": job["error"]}
         job.update(status="finished", end_time=_now(), wall_seconds=round(time.time() - t0, 1))
         atomic_write_json(job_dir / JOB_FILE, job)
-        atomic_write_json(job_dir / DONE_FILE, {"job": name, "status": "finished", "stages": list(stages),
-                                                "overrides": overrides, "config_sha256": key,
-                                                "end_time": job["end_time"]})
+        write_done(job_dir, name, list(stages), overrides, key, job["end_time"])
         return {"job": name, "status": "finished", "wall_seconds": job["wall_seconds"]}
 
 
@@ -300,7 +334,7 @@ def _check_sweep_file(sweep_dir: Path, p: dict) -> None:
     f = sweep_dir / SWEEP_FILE
     if not f.is_file():
         return
-    old = read_json(f)
+    old = read_json(f, kind=dict)
     if old.get("fixed_overrides") != p["fixed_overrides"]:
         raise LabError(f"{f}: this sweep folder was made with fixed overrides {old.get('fixed_overrides')}, not "
                        f"{p['fixed_overrides']}; its job names would not tell the two apart. Use another --name "
@@ -372,7 +406,7 @@ def results_on_disk(sweep_dir: Path, why: str) -> list[dict]:
     results = []
     for job_dir in find_jobs(sweep_dir):
         name = job_dir.relative_to(sweep_dir).as_posix()
-        if (job_dir / DONE_FILE).is_file():
+        if done_problem(job_dir, []) is None:
             results.append({"job": name, "status": "finished"})
         else:
             results.append({"job": name, "status": "failed", "stage": "died",

@@ -24,18 +24,21 @@ from lab import LabError
 from lab.core.io import atomic_write_csv, atomic_write_text, read_json
 from lab.runs.pipeline import STAGES
 from lab.core.plots import ordered, save, sweep_against, sweep_seeds
-from lab.runs.sweep import DONE_FILE, ERROR_FILE, JOB_FILE, find_jobs
+from lab.runs.sweep import DONE_FILE, ERROR_FILE, JOB_FILE, done_problem, find_jobs
 
 HEADLINE = ("02_sft.accuracy_after", "03_grpo.accuracy_sft_start", "03_grpo.accuracy_after", "03_grpo.delta",
             "04_vote.maj_at_k")
 
 
 def job_status(job_dir: Path, job: dict) -> str:
-    """finished (done.json and every stage's metrics), failed (error.txt), else unfinished (running or killed);
-    `collect` marks a job whose metrics.json cannot be read `unreadable`."""
+    """finished (done.json vouches for every stage, each current: `lab.runs.sweep.done_problem`), not current
+    (done.json is there but no longer holds: a stage rerun or edited by hand since), failed (error.txt), else
+    unfinished (running or killed); `collect` marks a job whose metrics.json cannot be read `unreadable`."""
     stages = job.get("stages", [])
-    if (job_dir / DONE_FILE).is_file() and all((job_dir / s / "metrics.json").is_file() for s in stages):
+    if done_problem(job_dir, stages, job.get("overrides")) is None:
         return "finished"
+    if (job_dir / DONE_FILE).is_file():
+        return "not current"
     if (job_dir / ERROR_FILE).is_file():
         return "failed"
     return "unfinished"
@@ -48,7 +51,7 @@ def collect(sweep_dir: str | os.PathLike) -> tuple[pd.DataFrame, list[str]]:
     for job_dir in find_jobs(sweep_dir):
         name = str(job_dir.relative_to(sweep_dir))
         try:
-            job = read_json(job_dir / JOB_FILE)
+            job = read_json(job_dir / JOB_FILE, kind=dict)
         except LabError as e:
             rows.append({"job": name, "status": "unreadable", "hardware": "", "error": str(e)})
             continue
@@ -57,7 +60,7 @@ def collect(sweep_dir: str | os.PathLike) -> tuple[pd.DataFrame, list[str]]:
         params.update(job.get("params") or {})
         for stage in STAGES:
             try:  # a stage not run adds no columns
-                metrics = read_json(job_dir / stage / "metrics.json")
+                metrics = read_json(job_dir / stage / "metrics.json", kind=dict)
             except LabError as e:
                 if (job_dir / stage / "metrics.json").exists():  # there but unreadable: the job is not averaged in
                     row.update(status="unreadable", error=str(e))  # silently as if it had finished
@@ -65,7 +68,11 @@ def collect(sweep_dir: str | os.PathLike) -> tuple[pd.DataFrame, list[str]]:
                 continue
             row.update({f"{stage}.{k}": v for k, v in metrics.items()
                         if v is None or isinstance(v, (bool, int, float, str))})  # scalars only
-        if row["status"] == "unreadable":  # what its readable stages hold would skew the averages: left out
+        if row["status"] == "not current":  # figures no longer made with the job's settings: left out
+            why = done_problem(job_dir, job.get("stages", []), job.get("overrides"))
+            row["error"] = why
+            print(f"WARNING: job {name} is reported as not current, its figures left out: {why}", flush=True)
+        if row["status"] in ("unreadable", "not current"):  # what its stages hold would skew the averages: left out
             row = {k: v for k, v in row.items() if "." not in k or k in (job.get("params") or {})}
         row["hardware"] = _hardware_label(job_dir)
         if row["status"] == "failed":
@@ -93,7 +100,7 @@ def _hardware_label(job_dir: Path) -> str:
     model's outcome for one seed can change with either, see RESULTS.md, "The demo's headline")."""
     for stage in STAGES:
         try:
-            hw = read_json(job_dir / stage / "manifest.json").get("hardware") or {}
+            hw = read_json(job_dir / stage / "manifest.json", kind=dict).get("hardware") or {}
         except LabError:
             continue
         where = (hw.get("gpus") or ["cuda"])[0] if hw.get("cuda") else "cpu"

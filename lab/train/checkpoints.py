@@ -1,17 +1,18 @@
 """Resumable training checkpoints, shared by SFT (`lab.train.sft`) and GRPO (`lab.train.grpo`): what a run may resume.
 
 - **Keyed by what produced them.** A run's checkpoint folder holds `lab_run.json` with the run's `fingerprint`
-  (the stage's config group without the keys that do not change the trajectory, the seed, the model and its
-  `lab.core.lineage.content_hash`, and what the stage adds: GRPO its budget, pool and start adapter, SFT a hash of its
+  (the stage's config group without the keys that do not change the trajectory, the seed, the model's dtype and
+  `lab.core.lineage.content_hash` (not its path), and what the stage adds: GRPO its budget, pool and start adapter, SFT
+  a hash of its
   training examples). A rerun whose fingerprint differs starts afresh with a note naming every changed key
   (`lab.core.lineage.diff`); when the user asked to resume (`sft.resume=true` / `grpo.resume=true` among the overrides)
   it is a LabError instead.
 - **A checkpoint counts only when complete.** The Trainer writes `checkpoint-N/` file by file; `CompleteMarker`
   (a TrainerCallback: transformers calls `on_save` after `Trainer._save_checkpoint` returned, trainer.py
-  `_maybe_log_save_evaluate`) then writes `lab_complete.json` into it, atomically, listing every file
-  (`lab.core.lineage.files`) and its size.
-  `resume_point` deletes every checkpoint without its marker or with a file missing or short (a crash or a full
-  disk mid-save), so the Trainer never trips over them, then resumes the newest one left (transformers'
+  `_maybe_log_save_evaluate`) then seals it with `lab_complete.json` (`lab.core.lineage.seal`: every file's content
+  hash, written atomically). `resume_point` deletes every checkpoint without its seal or with a file missing or
+  changed since (a crash or a full disk mid-save, a damaged copy), so the Trainer never trips over them, then resumes
+  the newest one left (transformers'
   `get_last_checkpoint`), and says so.
 - **A full disk is a message.** `disk_full_guard` turns `OSError` ENOSPC / EDQUOT (and torch's `RuntimeError` from
   its zip writer, when the disk has less free space than one checkpoint) into a LabError naming the folder, the
@@ -41,6 +42,7 @@ from omegaconf import DictConfig, OmegaConf
 from lab import LabError
 from lab.model.generate import model_hash
 from lab.core.io import atomic_write_json, is_main_process, read_json
+from lab.core import lineage
 from lab.core.lineage import diff, files
 from lab.model.models import model_path
 
@@ -49,12 +51,12 @@ COMPLETE = "lab_complete.json"
 
 
 def fingerprint(cfg: DictConfig, group: str, free_keys: Iterable[str], **extra: Any) -> dict:
-    """What must not change between a run and its resumption: `cfg[group]` without `free_keys`, the seed, the model
-    path, dtype and content hash (`lab.model.generate.model_hash`), and `extra` (what the stage adds)."""
+    """What must not change between a run and its resumption: `cfg[group]` without `free_keys`, the seed, the model's
+    dtype and content hash (`lab.model.generate.model_hash`; not its path: a run copied elsewhere, or the model moved,
+    still resumes), and `extra` (what the stage adds)."""
     free = set(free_keys)
     g = {k: v for k, v in OmegaConf.to_container(cfg[group], resolve=True).items() if k not in free}
-    return {group: g, "seed": cfg.seed, "model": cfg.model.path, "dtype": cfg.model.dtype,
-            "model_sha256": model_hash(model_path(cfg)), **extra}
+    return {group: g, "seed": cfg.seed, "dtype": cfg.model.dtype, "model_sha256": model_hash(model_path(cfg)), **extra}
 
 
 def asked_to_resume(overrides: Iterable[str], key: str) -> bool:
@@ -81,26 +83,20 @@ def _checkpoints(out: Path) -> list[Path]:
 # ---- completeness ----------------------------------------------------------------------------------
 
 def mark_complete(ckpt: str | os.PathLike) -> Path:
-    """Write `lab_complete.json` into a fully written checkpoint folder: every file's relative name and size."""
-    sizes = {k: p.stat().st_size for k, p in files(ckpt, skip=(COMPLETE,)).items()}
-    return atomic_write_json(Path(ckpt) / COMPLETE, {"files": sizes})
+    """Seal a fully written checkpoint folder with `lab_complete.json` (`lab.core.lineage.seal`: every file's content
+    hash; files over 1 GiB by their size and first and last 64 MiB)."""
+    lineage.seal(Path(ckpt) / COMPLETE, {"checkpoint": Path(ckpt).name}, files(ckpt, skip=(COMPLETE,)).values())
+    return Path(ckpt) / COMPLETE
 
 
 def incomplete(ckpt: Path) -> str | None:
-    """Why `ckpt` is not a complete checkpoint, or None when it is."""
-    marker = ckpt / COMPLETE
-    if not marker.is_file():
+    """Why `ckpt` is not a complete checkpoint (its seal missing, unreadable, or a file changed since), or None."""
+    if not (ckpt / COMPLETE).is_file():
         return f"no {COMPLETE} (its save did not finish)"
     try:
-        sizes = read_json(marker)["files"]
-    except (LabError, KeyError, TypeError):
-        return f"{COMPLETE} unreadable"
-    for name, size in sizes.items():
-        p = ckpt / name
-        if not p.is_file():
-            return f"{name} missing"
-        if p.stat().st_size != size:
-            return f"{name} is {p.stat().st_size} bytes, was written as {size}"
+        lineage.check_seal(ckpt / COMPLETE, {"checkpoint": ckpt.name})
+    except lineage.Unsealed as e:
+        return str(e)
     return None
 
 
@@ -153,7 +149,7 @@ def _resume_point(out: Path, fp: dict, *, resume: bool, asked: bool, what: str, 
     note; the newest complete one left is resumed, with a note saying so. `what` names the config group."""
     notes: list[str] = []
     ckpts = _checkpoints(out) if resume else []  # resume=False: a fresh run; stale checkpoints are deleted
-    record = read_json(out / RUN_RECORD) if ckpts and (out / RUN_RECORD).is_file() else None
+    record = read_json(out / RUN_RECORD, kind=dict) if ckpts and (out / RUN_RECORD).is_file() else None
     changed = diff(record.get("fingerprint", {}), fp) if record is not None else []
     if ckpts and record is None:
         notes.append(f"{out}: checkpoints without {RUN_RECORD} (an older lab version, or another tool) cannot be "

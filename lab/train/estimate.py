@@ -402,11 +402,13 @@ def data_sources(cfg: DictConfig) -> tuple[Path | None, Path | None, str]:
 def counted_tokens(cfg: DictConfig, data: Path, tok: Path, sample: int | None) -> tuple[list[int], str]:
     """Token counts of the SFT rows the run would train (the lab's split, solver traces the metric accepts,
     `sft.max_seq_len`, `data.weights`, `sft.n_train`), as lab.train.sft builds them; cached under
-    outputs/.cache/estimate keyed by the data file's and tokenizer's bytes and every setting that changes them.
+    outputs/.cache/estimate keyed by the data file's and tokenizer's bytes and every setting that changes them,
+    sealed (`lab.core.lineage.seal`): a cache its seal does not vouch for is counted again.
     `sample`: only that many training puzzles (seeded), the epoch scaled to all of them."""
     import pandas as pd
     from omegaconf import OmegaConf
 
+    from lab.core import lineage
     from lab.core.io import atomic_write_json, read_json
     from lab.core.paths import project_root
     from lab.data import dataset
@@ -418,9 +420,14 @@ def counted_tokens(cfg: DictConfig, data: Path, tok: Path, sample: int | None) -
                "weights": OmegaConf.to_container(cfg.data.weights, resolve=True), "version": 1}
     key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
     cache = (CACHE or project_root() / "outputs" / ".cache" / "estimate") / f"tokens_{key}.json"
-    if cache.is_file():
-        got = read_json(cache)
+    seal = cache.with_suffix(".seal.json")
+    try:
+        lineage.check_seal(seal, key_src)
+        got = read_json(cache, kind=dict)
         return got["tokens"], got["source"] + " (cached: " + str(cache) + ")"
+    except (lineage.Unsealed, LabError, KeyError) as e:
+        if cache.exists() or seal.exists():
+            print(f"note: token count cache not reused: {e}; counting again", flush=True)
     from transformers import AutoTokenizer
 
     from lab.train.sft import sft_examples
@@ -444,6 +451,7 @@ def counted_tokens(cfg: DictConfig, data: Path, tok: Path, sample: int | None) -
               + (f", {len(train)} sampled and scaled to all" if sample and sample < n_all else "")
               + f"), tokenizer {tok.name}, trace styles {sorted(set(styles.values()))}: {counts}")
     atomic_write_json(cache, {"key": key_src, "tokens": tokens, "source": source})
+    lineage.seal(seal, key_src, [cache])
     return tokens, source
 
 

@@ -55,6 +55,7 @@ from lab.train.sft import optim_args
 # grpo keys that do not change the training trajectory: a resumed run may change them
 RESUME_FREE_KEYS = ("max_steps", "save_steps", "logging_steps", "resume", "wall_clock_budget_min",
                     "truncation_warn_share", "zero_variance_warn_share", "gradient_check", "adapter_dir",
+                    "init_adapter",
                     "vllm_gpu_memory_utilization", "vllm_sleep_mode", "vllm_sleep_level")
 
 
@@ -385,7 +386,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
         if finished:  # nothing left to train: transformers would run one more step; take the checkpoint as it is
             print(f"{last} is already at grpo.max_steps={max_steps}: loading its adapter, no further training")
             model.load_adapter(str(last), adapter_name="default", is_trainable=True)
-            state = read_json(last / "trainer_state.json")
+            state = read_json(last / "trainer_state.json", kind=dict)
             history, steps = state.get("log_history", []), int(state["global_step"])
         else:
             rollout = rollouts
