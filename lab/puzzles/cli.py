@@ -22,7 +22,8 @@ import sys
 
 from lab import LabError
 from lab.core.schema import COMPETITION
-from lab.core.io import atomic_write_csv, check_not_input
+from lab.core import owner
+from lab.core.io import atomic_write_csv
 
 from .eqsolve import family_table
 from .solve import method_table, token_table
@@ -99,6 +100,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("solve", help="solve every prompt of a CSV")
     s.add_argument("inp")
     s.add_argument("out")
+    s.add_argument("--force", action="store_true", help="replace OUT when it exists")
     s.add_argument("--tokenizer", default=None, help="local tokenizer folder for exact trace token counts")
     s.add_argument("--trace-style", default="compact", choices=["compact", "derivation"])
     c = sub.add_parser("check", help="replay every solved trace of a `solve` output")
@@ -114,12 +116,13 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--seed", type=int, default=0)
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="difficulty knob")
     g.add_argument("out")
+    g.add_argument("--force", action="store_true", help="replace OUT when it exists")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "solve":
             from .solve import solve_frame
 
-            check_not_input(args.out, args.inp, args.tokenizer, what="solved CSV")
+            owner.output_file(args.out, "puzzles solve", args.force, (args.inp, args.tokenizer), "solved CSV")
             df = _read_csv(args.inp)
             _TOK = args.tokenizer
             out = solve_frame(df, tokenizer=args.tokenizer, style=args.trace_style)
@@ -139,6 +142,7 @@ def main(argv: list[str] | None = None) -> int:
 
             if args.n < 1:
                 raise LabError(f"generate --n {args.n}: the number of puzzles must be 1 or more")
+            owner.output_file(args.out, "puzzles generate", args.force, what="puzzles CSV")
             knobs = {}
             for kv in args.set:
                 k, _, v = kv.partition("=")

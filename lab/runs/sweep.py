@@ -58,6 +58,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lab import LabError
+from lab.core import owner
 from lab.core.config import compose, config_data, saved_config_matches
 from lab.core.io import atomic_write_json, atomic_write_text, read_json
 from lab.core.paths import project_root, resolve_path
@@ -166,7 +167,9 @@ def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str],
     if not force and is_done(job_dir, stages, overrides, key):
         log.info(f"[{name}] finished earlier: skipped")
         return {"job": name, "status": "skipped"}
-    with run_lock(job_dir):  # makes the folder
+    # a run folder: new (but for what Hydra wrote into it for this job), or the lab's own
+    owner.claim_run(job_dir, name, bool(config.get("overwrite", False)), made_for_it=(".hydra", "job.log"))
+    with run_lock(job_dir):
         (job_dir / DONE_FILE).unlink(missing_ok=True)
         (job_dir / ERROR_FILE).unlink(missing_ok=True)
         t0 = time.time()
@@ -344,7 +347,7 @@ def sweep(overrides: list[str], *, name: str = "default", sweep_dir: str | os.Pa
     sweep_dir = resolve_path(sweep_dir) if sweep_dir else resolve_path(f"{SWEEPS_DIR}/{name}")
     p = plan(overrides, seeds=seeds, smoke=smoke)
     _check_sweep_file(sweep_dir, p)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    owner.output_dir(sweep_dir, "sweep", force=force)  # new, or a sweep folder of the lab's
     with run_lock(sweep_dir):  # one sweep per folder at a time: a second one of the same name is refused here,
         # before it writes error.txt into the first one's jobs or its own sweep.json over the first one's
         info = {"name": name, "sweep_dir": str(sweep_dir), "stages": stages, "launcher": launcher, "seeds": seeds,

@@ -527,18 +527,21 @@ def stage_projection(stage: str, cfg: DictConfig) -> list[str]:
 def main(argv: list[str] | None = None) -> int:
     """`python -m lab estimate [OVERRIDES...] [--json PATH] [--sample N] [--assume-rows]`"""
     from lab.core.config import compose
+    from lab.core import owner
     from lab.core.io import atomic_write_text
 
     ap = argparse.ArgumentParser(prog="python -m lab estimate", description="project SFT speed, GRPO, evaluation and vote time on the gpu= card "
                                  "before anything is loaded (module docstring of lab/train/estimate.py)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=nemotron_nano experiment=competition")
-    ap.add_argument("--json", default=None, help="write the figures as JSON here")
+    ap.add_argument("--json", default=None, help="write the figures as JSON here (a new file)")
+    ap.add_argument("--force", action="store_true", help="replace --json PATH when it exists")
     ap.add_argument("--sample", type=int, default=None, help="count tokens on N training puzzles (seeded), scaled")
     ap.add_argument("--assume-rows", action="store_true", help="skip counting: the stated assumed row lengths")
     a = ap.parse_intermixed_args(argv)
     cfg = compose(a.overrides)
+    out_json = owner.output_file(a.json, "estimate --json", a.force) if a.json else None
     out, lines = estimate(cfg, a.sample, a.assume_rows)
     print("\n".join(lines))
     if a.json:
-        atomic_write_text(Path(a.json), json.dumps(out, indent=1, default=float))
+        atomic_write_text(out_json, json.dumps(out, indent=1, default=float))
     return 0
