@@ -104,13 +104,14 @@ def _writable(folder: Path) -> None:
 
 
 def claim_run(run_dir: str | os.PathLike, run_name: str | None = None, overwrite: bool = False,
-              made_for_it: tuple[str, ...] = ()) -> Path:
+              made_for_it: tuple[str, ...] = (), write: bool = True) -> Path:
     """Make `run_dir` this command's run folder, or refuse before anything is written: it must be a run folder the lab
     made (`RUN_MARKER`), or new or empty (the marker is written then). A folder holding files the lab did not make
     (a project folder with its own data/ and notebooks/) is refused unless `overwrite` (`overwrite=true`): then it is
     taken over, and the stages write their files into it. A run inside another run's folder, or a folder holding
     another run, is refused always: run folders do not nest. `made_for_it`: names in the folder that the calling
-    command made for this run (Hydra's `.hydra/` and `job.log` in a sweep's job folder). Returns the resolved folder."""
+    command made for this run (Hydra's `.hydra/` and `job.log` in a sweep's job folder). `write=False`: check only,
+    write no marker (a stage checks its other paths before anything is made). Returns the resolved folder."""
     run = resolve_path(run_dir).resolve()
     if why := _name_problem(run):
         raise LabError(f"run_dir {run}: {why} (nothing was written)")
@@ -138,6 +139,8 @@ def claim_run(run_dir: str | os.PathLike, run_name: str | None = None, overwrite
                            "the repository, overwrite=true or not; choose a folder of its own (nothing was written)")
     existing = next((d for d in (run, *run.parents) if d.exists()), run)
     _writable(existing)
+    if not write:
+        return run
     try:
         run.mkdir(parents=True, exist_ok=True)
         atomic_write_json(run / RUN_MARKER, {"run_id": uuid.uuid4().hex, "run_name": run_name,

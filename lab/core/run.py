@@ -245,11 +245,14 @@ class Stage:
         # before anything in the folder is touched; under `accelerate launch` (torchrun sets RANK) the main
         # process's lock covers the other ranks, which open the same stage after it (scripts/_launch.py)
         main = is_main_process()
-        if main:  # a run folder the lab made (or a new one), never one inside another run (lab.core.owner)
-            owner.claim_run(self.run_dir, self.cfg.run_name, bool(self.cfg.get("overwrite", False)))
+        if main:  # a run folder the lab made (or a new one), never one inside another run, and the config's paths
+            # the stage writes outside its folder: all checked before anything is written (lab.core.owner)
+            claim = dict(run_name=self.cfg.run_name, overwrite=bool(self.cfg.get("overwrite", False)))
+            owner.claim_run(self.run_dir, **claim, write=False)
+            owner.check_stage_outputs(self.cfg, name)
+            owner.claim_run(self.run_dir, **claim)
         self._own_lock = acquire_lock(self.run_dir) if main else False
         if main:
-            owner.check_stage_outputs(self.cfg, name)  # the config's paths it writes outside its folder
             self._recover_swap()
             if self.dir.exists():  # what a stage that died left: never resumed (checkpoints live elsewhere) ...
                 self._fresh_keeping_caches()  # ... but for its keyed caches (KEYED_CACHES)
