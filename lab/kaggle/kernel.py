@@ -325,7 +325,7 @@ def install_cell_source(dataset_slug: str, run_dir: str, package: str = DIST_NAM
     if not mark or not end:
         raise LabError(f"{project_root() / TEMPLATES / 'install_cell.py'}: the FILLED markers are missing")
     values = {"LAB_DATASET": dataset_slug, "RUN_DIR": run_dir, "PACKAGE": package, "PYTHON_VERSION": python_version,
-              "COPY_BACK": copy_back, "RESUME": resume, "SCRATCH_DIR": scratch_dir or None,
+              "COPY_BACK": copy_back, "RESUME": resume, "RUN_MARKER": owner.RUN_MARKER, "SCRATCH_DIR": scratch_dir or None,
               "KAGGLE_INPUT": KAGGLE_INPUT, "KAGGLE_WORKING": KAGGLE_WORKING, "LAB_ROOT": LAB_ROOT_ON_KAGGLE,
               "WHEEL_GLOB": WHEEL_GLOB, "MAMBA_WHEEL_GLOBS": list(MAMBA_WHEEL_GLOBS),
               "MAMBA_EXTRA_DEP": MAMBA_EXTRA_DEP, "SRC_TARBALL": SRC_TARBALL}

@@ -13,6 +13,7 @@ import argparse
 import time
 
 from lab import LabError
+from lab.core import owner
 from lab.core.paths import resolve_path
 
 
@@ -64,10 +65,13 @@ def report_main(argv: list[str] | None = None) -> int:
     ap.add_argument("sweep_dir", help="a sweep folder, e.g. outputs/sweeps/default")
     ap.add_argument("--metrics", nargs="+", default=list(HEADLINE),
                     help="headline metrics to plot, as <stage>.<key> (default: %(default)s)")
+    ap.add_argument("--force", action="store_true", help="write the report into a folder the lab did not make for "
+                                                          "`sweep` (refused otherwise)")
     args = ap.parse_args(argv)
     sweep_dir = resolve_path(args.sweep_dir)
     if not sweep_dir.is_dir():
         raise LabError(f"{sweep_dir}: sweep folder not found")
+    owner.output_dir(sweep_dir, "sweep", args.force)  # a sweep's own folder: report.csv, report.md, plots/
     r = report(sweep_dir, args.metrics)
     print(r["markdown"])
     print(f"wrote {r['csv']}, {r['md']}" + (f" and {len(r['plots'])} plot(s) in {sweep_dir / 'plots'}"
