@@ -241,7 +241,8 @@ def main(argv: list[str] | None = None) -> int:
     args = g.parse_args(argv)
     from lab.core import owner
 
-    out_json = owner.output_file(args.json, "gate --json", args.force, inputs=(args.zip,)) if args.json else None
+    inputs = (args.zip, args.model, args.data)
+    out_json = owner.output_file(args.json, "gate --json", args.force, inputs) if args.json else None
     r = gate(args.zip, args.model, n=args.n, data=args.data)
     if args.json:
         from lab.core.io import atomic_write_text
