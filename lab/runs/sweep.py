@@ -151,12 +151,13 @@ def _error_text(stage: str, notebook: Path, err: BaseException) -> str:
 
 
 def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str], *, name: str | None = None,
-            params: dict | None = None, cfg=None, force: bool = False) -> dict:
+            params: dict | None = None, cfg=None, force: bool = False, hydra_files: tuple[str, ...] = ()) -> dict:
     """Execute `stages` for one job into `job_dir` (its run_dir); never raises for a failing notebook.
 
     Returns {"job", "status": finished|failed|skipped, ...}. Order of writes: job.json (running),
     config.yaml, the notebooks (each stage's metrics.json atomically), summary, job.json
-    (finished), done.json last; a failure writes error.txt and job.json (failed) and no done.json.
+    (finished), done.json last; a failure writes error.txt and job.json (failed) and no done.json. `hydra_files`:
+    what Hydra wrote into the job folder for this job before it ran (its .hydra/ and <job name>.log).
     """
     job_dir = Path(job_dir).resolve()
     name = name or job_dir.name
@@ -168,7 +169,7 @@ def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str],
         log.info(f"[{name}] finished earlier: skipped")
         return {"job": name, "status": "skipped"}
     # a run folder: new (but for what Hydra wrote into it for this job), or the lab's own
-    owner.claim_run(job_dir, name, bool(config.get("overwrite", False)), made_for_it=(".hydra", "job.log"))
+    owner.claim_run(job_dir, name, bool(config.get("overwrite", False)), made_for_it=hydra_files)
     with run_lock(job_dir):
         (job_dir / DONE_FILE).unlink(missing_ok=True)
         (job_dir / ERROR_FILE).unlink(missing_ok=True)
@@ -236,7 +237,9 @@ class _Job:
             else job_dir.name
         try:
             params = job_params(overrides, hc.job.config.override_dirname.exclude_keys)
-            return run_job(job_dir, overrides, self.stages, name=name, params=params, cfg=cfg, force=self.force)
+            hydra_files = (str(hc.output_subdir or ".hydra"), f"{hc.job.name}.log")  # what Hydra wrote there
+            return run_job(job_dir, overrides, self.stages, name=name, params=params, cfg=cfg, force=self.force,
+                           hydra_files=hydra_files)
         except Exception as e:  # a broken job must not stop the sweep (Hydra re-raises failed jobs)
             log.error(f"[{name}] could not run: {type(e).__name__}: {e}")
             with contextlib.suppress(OSError):
