@@ -28,7 +28,7 @@ from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, MissingManda
 from lab import LabError
 from lab.core import schema
 from lab.core.owner import run_dir_problems
-from lab.core.paths import check_model_path, elsewhere, find_data_file, project_root, resolve_path
+from lab.core.paths import check_model_path, elsewhere, find_data_file, project_root
 
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:

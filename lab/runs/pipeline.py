@@ -32,7 +32,7 @@ from pathlib import Path
 from lab import LabError
 from lab.core.config import compose, names_run
 from lab.core.io import atomic_write_json, atomic_write_text, read_json
-from lab.core.paths import project_root, resolve_path
+from lab.core.paths import project_root
 from lab.core import lineage, owner
 from lab.core.run import run_lock
 
