@@ -41,7 +41,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.core.io import atomic_file, atomic_write_csv, atomic_write_json, read_json
@@ -81,10 +81,37 @@ def open_stage(name: str, overrides) -> Stage:
         from lab.train import output_plan
 
         output_plan.check(cfg, name)
-    stage = Stage(name, overrides)
+    switches = fast_paths(name, cfg)  # e.g. ["sft.fused_mamba=off"]: the stage composes with them (config.yaml)
+    if not switches:
+        stage = Stage(name, overrides)
+    elif isinstance(overrides, DictConfig):
+        cfg = cfg.copy()
+        for s in switches:
+            OmegaConf.update(cfg, *s.split("=", 1))
+        stage = Stage(name, overrides, cfg=cfg)
+    else:
+        stage = Stage(name, [*parse_overrides(overrides), *switches])
     print(f"run_dir = {stage.run_dir}   seed = {stage.cfg.seed}   model = {stage.cfg.model.name}   "
           f"data = {stage.cfg.data.source}")
     return stage
+
+
+def fast_paths(name: str, cfg: DictConfig, calibration: dict | None = None) -> list[str]:
+    """The run's fast paths decided (`lab.train.fast_paths`): the overrides that switch each `auto` one that cannot
+    or must not run here to its exact path, each with one printed line saying which, why and what it costs.
+    `calibration`: the card's calibration (`exact.<path>`), when there is one."""
+    from lab.train import estimate
+    from lab.train import fast_paths as fp
+
+    if calibration is None and name in fp.TRAINING_STAGES and str(cfg.gpu.name) in estimate.CARDS:
+        try:  # the card's own calibration (python -m lab calibrate), when one applies to this model and recipe
+            calibration, _ = estimate.load_calibration(cfg, estimate.card_of(cfg))
+        except LabError:
+            calibration = None
+    switches, lines = fp.resolve(name, cfg, calibration)
+    for line in lines:
+        print(line, flush=True)
+    return switches
 
 
 # ---- shared steps -----------------------------------------------------------------------------------------------
