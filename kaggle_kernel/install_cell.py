@@ -25,6 +25,7 @@ PACKAGE = "nemotron-reasoning-lab"
 PYTHON_VERSION = None  # "3.12": stop on another Python; None: no check
 COPY_BACK = None  # paths inside the run folder this stage reads; None: the whole earlier run (checkpoints excepted)
 RESUME = None  # "checkpoints/<stage>": a stopped stage's state, copied to the scratch folder
+RUN_MARKER = ".lab-run"  # the run folder's marker (lab.core.owner): copied back with COPY_BACK, the same run continues
 SCRATCH_DIR = "/kaggle/temp"
 KAGGLE_INPUT = "/kaggle/input"
 KAGGLE_WORKING = "/kaggle/working"
@@ -89,7 +90,7 @@ def _copy(src, dst):
 if RUN_DIR.startswith(KAGGLE_WORKING + "/"):
     _run = os.path.relpath(RUN_DIR, KAGGLE_WORKING)
     for _prev in sorted(glob.glob(KAGGLE_INPUT + "/*/" + _run)):
-        _names = COPY_BACK if COPY_BACK is not None else [n for n in sorted(os.listdir(_prev)) if n != "checkpoints"]
+        _names = [RUN_MARKER, *COPY_BACK] if COPY_BACK is not None else [n for n in sorted(os.listdir(_prev)) if n != "checkpoints"]
         _found = [n for n in _names if os.path.exists(os.path.join(_prev, n))]
         print("continuing the run in", _prev, "| copying back:", ", ".join(_found) or "nothing")
         for _name in _found:

@@ -110,7 +110,9 @@ def test_sweep_job_with_a_changed_default_is_not_done(tmp_path, monkeypatch):
     """Same overrides, another resolved config (a default in conf/ changed since): the job runs again."""
     from lab.runs import sweep as sw
 
-    d = tmp_path / "seed=1"
+    from lab.core import owner
+
+    d = owner.claim_run(tmp_path / "seed=1")  # the job's run folder, as its first run made it
     nb = ["seed=1", f"run_dir={sw.quote(d)}"]
     from finished import mark_finished  # tests/finished.py
 

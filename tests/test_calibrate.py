@@ -119,7 +119,7 @@ def calibration_file(cfg, folder, card="h100_80gb", fixed_s=0.5, us=50.0, key=No
 
 def run(tmp_path, capsys, *args):
     path = tmp_path / "estimate.json"
-    assert est.main([*REAL, "--assume-rows", "--explain", *args, "--json", str(path)]) == 0
+    assert est.main([*REAL, "--assume-rows", "--explain", *args, "--json", str(path), "--force"]) == 0  # again
     return json.loads(path.read_text()), capsys.readouterr().out
 
 

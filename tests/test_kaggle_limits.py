@@ -287,7 +287,7 @@ def test_install_cell_copies_back_only_what_the_stage_reads(tmp_path, monkeypatc
     (deps / "nemotron_reasoning_lab-0.1.0-py3-none-any.whl").write_bytes(b"")
     kaggle._source_tarball(deps)
     prev = root / "input" / "nemotron-lab-c1-02-sft" / "outputs" / "c1"
-    for rel in ("data/split.json", "01_explore/metrics.json", "02_sft/adapter/adapter_config.json",
+    for rel in (".lab-run", "data/split.json", "01_explore/metrics.json", "02_sft/adapter/adapter_config.json",
                 "checkpoints/02_sft/checkpoint-7/optimizer.pt"):
         (prev / rel).parent.mkdir(parents=True, exist_ok=True)
         (prev / rel).write_text("{}")
@@ -305,9 +305,10 @@ def test_install_cell_copies_back_only_what_the_stage_reads(tmp_path, monkeypatc
         exec(compile(code, "install_cell", "exec"), {})
         kept = sorted(str(p.relative_to(work)) for p in work.rglob("*") if p.is_file())
         if stage == "04_vote":
-            assert kept == ["outputs/c1/02_sft/adapter/adapter_config.json", "outputs/c1/data/split.json"]
+            assert kept == ["outputs/c1/.lab-run", "outputs/c1/02_sft/adapter/adapter_config.json",
+                            "outputs/c1/data/split.json"]  # the run's marker too: the same run continues
         else:
-            assert kept == ["outputs/c1/data/split.json"]
+            assert kept == ["outputs/c1/.lab-run", "outputs/c1/data/split.json"]
             assert (root / "temp" / "outputs" / "c1" / "checkpoints" / "02_sft" / "checkpoint-7" / "optimizer.pt").is_file()
     assert float(os.environ["LAB_KERNEL_START"]) <= time.time()
 

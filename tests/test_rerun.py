@@ -142,6 +142,9 @@ def test_a_rerun_that_fails_inside_the_stage_leaves_the_finished_stage_byte_iden
 
 
 def test_an_interrupted_swap_puts_the_previous_result_back(tmp_path):
+    from lab.core import owner
+
+    owner.claim_run(tmp_path)  # the run folder it happened in
     old = tmp_path / ".04_vote.old"  # what a finish killed between its two renames leaves
     old.mkdir(parents=True)
     (old / "metrics.json").write_text('{"greedy_accuracy": 0.5}')

@@ -72,7 +72,7 @@ def calls(monkeypatch):
 def cfg_for(tmp_path, *extra):
     (tmp_path / "nemotron").mkdir(exist_ok=True)  # model.path must be a model folder (validated at compose time)
     (tmp_path / "nemotron" / "config.json").write_text("{}")  # never loaded
-    return config.compose([f"run_dir={tmp_path}", "model=nemotron_nano", f"model.path={tmp_path / 'nemotron'}",
+    return config.compose([f"run_dir={tmp_path / 'run'}", "model=nemotron_nano", f"model.path={tmp_path / 'nemotron'}",
                            "sft.backend=unsloth", "sft.packing=false", *extra])  # packing: sft.backend=hf only
 
 

@@ -324,8 +324,8 @@ def test_failed_stage_keeps_its_samples_for_the_rerun(tmp_path):
     from lab.core.run import Stage, release_lock
 
     run = tmp_path / "run"
-    (run / "inputs").mkdir(parents=True)
-    src = run / "inputs" / "val.csv"
+    (tmp_path / "inputs").mkdir(parents=True)  # outside the run folder: the lab writes only into a run it made
+    src = tmp_path / "inputs" / "val.csv"
     src.write_text("id\n1\n")
 
     def attempt(fail_with: str | None = None):
@@ -485,8 +485,9 @@ def test_second_sweep_into_a_busy_folder_is_refused(tmp_path, monkeypatch):
 
     from lab.runs import sweep as sweep_mod
 
-    folder = tmp_path / "s"
-    folder.mkdir()
+    from lab.core import owner
+
+    folder = owner.output_dir(tmp_path / "s", "sweep")  # as the first sweep made it
     (folder / "sweep.json").write_text('{"fixed_overrides": [], "first": true}')
     holder = subprocess.Popen(
         [sys.executable, "-c", "import sys, time; from lab.core.run import acquire_lock; acquire_lock(sys.argv[1]); "

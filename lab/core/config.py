@@ -27,7 +27,8 @@ from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, MissingManda
 
 from lab import LabError
 from lab.core import schema
-from lab.core.paths import check_model_path, find_data_file, project_root, resolve_path
+from lab.core.owner import run_dir_problems
+from lab.core.paths import check_model_path, elsewhere, find_data_file, project_root
 
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:
@@ -198,55 +199,19 @@ def validate(cfg: DictConfig, where: str = "config") -> None:
     except OmegaConfBaseException as e:  # a value left MISSING (`???`), an interpolation that does not resolve
         raise LabError(f"{where}: {schema_problem(e)}") from None
     if not problems:  # paths only once the values are sane; a /kaggle/ path is checked on Kaggle (kernel builds)
-        if cfg.data.source == "competition" and cfg.data.path and not _elsewhere(cfg.data.path):
+        if cfg.data.source == "competition" and cfg.data.path and not elsewhere(cfg.data.path):
             try:
                 find_data_file(cfg.data.path)
             except LabError as e:
                 problems.append(f"data.path: {e}")
         problems += run_dir_problems(cfg)
-        if cfg.model.build_tiny is False and not _elsewhere(cfg.model.path):
+        if cfg.model.build_tiny is False and not elsewhere(cfg.model.path):
             try:
                 check_model_path(cfg.model.path, hub_cache=False)
             except LabError as e:
                 problems.append(f"model.path: {e}")
     if problems:
         raise LabError(f"{where}: " + "; ".join(problems) + " (nothing was run or changed)")
-
-
-SOURCE_FOLDERS = ("lab", "conf", "notebooks", "tests", "scripts", "bench", "docs", ".git")
-
-
-def run_dir_problems(cfg: DictConfig) -> list[str]:
-    """Why the run folder (or the split folder) may not be written: it holds the repository's sources (`run_dir=.`
-    would rewrite notebooks/ and conf/), lies inside one of its source folders, or holds the data file it reads
-    (`run_dir=.` or `data.split_dir=data` would write the split over data/train.csv)."""
-    problems = []
-    run = resolve_path(cfg.run_dir).resolve()
-    root = project_root()
-    # as the user set it: run_name=NAME alone gives the default run_dir outputs/NAME, a key they never typed
-    named = (f"run_name={cfg.run_name!r} (run_dir {cfg.run_dir!r})" if str(cfg.run_dir) == f"outputs/{cfg.run_name}"
-             else f"run_dir={cfg.run_dir!r}")
-    if root.is_relative_to(run):
-        problems.append(f"{named} ({run}) holds the lab's own sources ({root}): the stages would "
-                        "write their folders, notebooks and split among them; choose a folder of its own, e.g. "
-                        "run_dir=outputs/NAME (or run_name=NAME)")
-    elif inside := next((root / f for f in SOURCE_FOLDERS if run.is_relative_to(root / f)), None):
-        problems.append(f"{named} ({run}) is inside the repository's {inside.name}/ folder; choose a "
-                        "folder of its own, e.g. run_dir=outputs/NAME (or run_name=NAME)")
-    if cfg.data.source == "competition" and not _elsewhere(cfg.data.path or ""):
-        try:
-            data = find_data_file(cfg.data.path).resolve()
-        except LabError:
-            data = None  # no file yet: the data stage says where it looked
-        split = resolve_path(cfg.data.split_dir).resolve()
-        for key, folder in (("run_dir", run), ("data.split_dir", split)):
-            if data is not None and data.is_relative_to(folder):
-                problems.append(f"{named if key == 'run_dir' else f'{key}={OmegaConf.select(cfg, key)!r}'} "
-                                f"({folder}) holds the data file it reads "
-                                f"({data}): the split would be written over it; choose a folder of its own, e.g. "
-                                "run_dir=outputs/NAME")
-                break
-    return problems
 
 
 def _non_ascii_problem(overrides: list[str]) -> str | None:
@@ -258,11 +223,6 @@ def _non_ascii_problem(overrides: list[str]) -> str | None:
     key, value = bad[0].split("=", 1)
     return (f"{bad[0]!r}: Hydra reads only ASCII letters in an unquoted value; quote it: {key}='{value}' "
             f"(in a shell: \"{key}='{value}'\")")
-
-
-def _elsewhere(path) -> bool:
-    """A path on Kaggle's input or working mount while not on Kaggle: `lab kaggle build` composes it locally."""
-    return str(path).startswith("/kaggle/") and not Path("/kaggle").is_dir()
 
 
 def split_at_dashes(argv: list[str] | None) -> tuple[list[str], list[str]]:

@@ -108,6 +108,7 @@ def atomic_dir(path: str | os.PathLike, what: str = "folder"):
         yield tmp
         (tmp / MADE_MARKER).write_text("made by the lab (lab.core.io.atomic_dir): the lab may replace this folder\n",
                                        encoding="utf-8")
+        _readable_like_siblings(tmp)
         if path.exists():
             check_replaceable(path, what)  # unchanged since the start, still the lab's
             shutil.rmtree(path)
@@ -115,6 +116,17 @@ def atomic_dir(path: str | os.PathLike, what: str = "folder"):
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def _readable_like_siblings(folder: Path) -> None:
+    """Every file in `folder` at least as readable as a plain `open` would make it (0666 less the umask): safetensors
+    0.8 writes its files 0600 (a temporary file renamed), which a shared team folder could not read beside 0644
+    siblings."""
+    umask = os.umask(0o022)
+    os.umask(umask)
+    for f in folder.rglob("*"):
+        if f.is_file() and not f.is_symlink():
+            os.chmod(f, (f.stat().st_mode & 0o7777) | (0o666 & ~umask))
 
 
 def check_not_input(out: str | os.PathLike, *inputs: str | os.PathLike | None, what: str = "output") -> None:

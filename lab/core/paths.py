@@ -49,6 +49,11 @@ def kaggle_path(p: str | os.PathLike) -> Path:
     return Path(text)
 
 
+def elsewhere(path) -> bool:
+    """A path on Kaggle's input or working mount while not on Kaggle: `lab kaggle build` composes it locally."""
+    return str(path).startswith("/kaggle/") and not Path("/kaggle").is_dir()
+
+
 def on_kaggle() -> bool:
     """True inside a Kaggle kernel: $KAGGLE_KERNEL_RUN_TYPE set (Kaggle's image sets it) or the input mount present."""
     return bool(os.environ.get("KAGGLE_KERNEL_RUN_TYPE")) or KAGGLE_INPUT.is_dir()

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
-from lab.core import lineage
+from lab.core import lineage, owner
 from lab.core.config import compose, library_problems, names_run, parse_overrides, validate
 from lab.core.console import quiet_known_warnings
 from lab.core.io import atomic_write_json, atomic_write_text, is_main_process, read_json
@@ -127,7 +127,7 @@ def _now() -> str:
 
 # ---- one writer per run folder ------------------------------------------------------------------
 
-LOCK_FILE = ".lock"
+LOCK_FILE = owner.LOCK_FILE
 LOCK_ENV = "LAB_RUN_LOCK"  # a driver's lock token, inherited by the notebook kernels it starts
 _HELD: dict[Path, tuple] = {}  # lock file -> (its FileLock, token) while this process holds it (a FileLock that is
 #                                  garbage-collected lets go of its lock)
@@ -151,9 +151,9 @@ def acquire_lock(run_dir: str | os.PathLike) -> bool:
     elsewhere is a LabError naming its process, host and start, which the holder writes into the lock file."""
     from filelock import Timeout
 
-    fl = _lock(run_dir)
-    lock = Path(fl.lock_file)
     try:
+        fl = _lock(run_dir)
+        lock = Path(fl.lock_file)
         fl.acquire(blocking=False)
     except Timeout:
         try:
@@ -166,10 +166,16 @@ def acquire_lock(run_dir: str | os.PathLike) -> bool:
         raise LabError(f"{lock}: run folder in use by process {holder.get('pid')} on {holder.get('host')} since "
                        f"{holder.get('since')}; one run writes into one folder at a time: wait for it or use another "
                        "run_name") from None
+    except OSError as e:  # a read-only folder, a name too long (Timeout is one too: caught first)
+        raise owner.os_error(e, Path(run_dir) / LOCK_FILE) from None
     if fl.lock_counter == 1:  # first hold in this process: say who holds it
         _HELD[lock] = (fl, uuid.uuid4().hex)
-        lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": _HELD[lock][1],
-                                    "since": _now()}), encoding="utf-8")
+        try:
+            lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "token": _HELD[lock][1],
+                                        "since": _now()}), encoding="utf-8")
+        except OSError as e:
+            release_lock(run_dir)
+            raise owner.os_error(e, lock) from None
     return True
 
 
@@ -240,6 +246,12 @@ class Stage:
         # before anything in the folder is touched; under `accelerate launch` (torchrun sets RANK) the main
         # process's lock covers the other ranks, which open the same stage after it (scripts/_launch.py)
         main = is_main_process()
+        if main:  # a run folder the lab made (or a new one), never one inside another run, and the config's paths
+            # the stage writes outside its folder: all checked before anything is written (lab.core.owner)
+            claim = dict(run_name=self.cfg.run_name, overwrite=bool(self.cfg.get("overwrite", False)))
+            owner.claim_run(self.run_dir, **claim, write=False)
+            owner.check_stage_outputs(self.cfg, name)
+            owner.claim_run(self.run_dir, **claim)
         self._own_lock = acquire_lock(self.run_dir) if main else False
         if main:
             self._recover_swap()

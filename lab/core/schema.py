@@ -532,6 +532,9 @@ class Config(Checked):
     run_name: str = _help("name of this run, its folder under outputs/: a new time-stamped one unless set "
                           "(`make demo` sets demo)")
     run_dir: str = _help("every stage writes into <run_dir>/<stage>/ (relative to the repo root)")
+    overwrite: bool = _help("let a stage write where it would otherwise refuse (lab.core.owner): a folder without the "
+                            "lab's run marker becomes this run's folder, and a path of the config (an adapter_dir, "
+                            "the split_dir) that already exists outside this run is replaced", default=False)
     report_to: Tracker = _help("live training curves of 02_sft / 03_grpo: none, tensorboard "
                                "(<run_dir>/tensorboard), wandb or mlflow (TRL's integrations)")
 

@@ -21,8 +21,8 @@ import pandas as pd
 
 from lab import LabError
 from lab.eval.analysis import compare, load_predictions
-from lab.core import lineage
-from lab.core.io import atomic_write_csv, check_not_input
+from lab.core import lineage, owner
+from lab.core.io import atomic_write_csv
 from lab.competition.metric import VERSIONS, judge, read_table, verify
 from lab.core.paths import resolve_path
 from lab.puzzles import classify
@@ -134,15 +134,16 @@ def score_main(argv: list[str] | None = None) -> int:
     ap.add_argument("predictions", help="CSV with id and completion (raw output) or answer (extracted)")
     ap.add_argument("--gold", required=True, help="CSV with id, answer (optionally prompt or category)")
     ap.add_argument("--version", default="final", choices=VERSIONS, help="metric version (default: final)")
-    ap.add_argument("--details", default=None, help="write the per-row judgement to this CSV")
+    ap.add_argument("--details", default=None, help="write the per-row judgement to this CSV (a new file)")
+    ap.add_argument("--force", action="store_true", help="replace --details CSV when it exists")
     ap.add_argument("--column", choices=("completion", "answer"), default=None,
                     help="which predictions column to score when both are present (default: completion)")
     args = ap.parse_args(argv)
     if args.details:
-        check_not_input(args.details, args.predictions, args.gold, what="--details file")
         if Path(args.details).is_dir():
             raise LabError(f"--details {args.details}: is a folder; name the CSV file to write, e.g. "
                            f"{Path(args.details) / 'details.csv'}")
+        owner.output_file(args.details, "score --details", args.force, (args.predictions, args.gold), "--details file")
 
     pred = read_table(args.predictions, ["id"], "predictions")
     have = [c for c in ("completion", "answer") if c in pred.columns]

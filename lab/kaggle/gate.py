@@ -236,11 +236,16 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--model", required=True, help="the base model folder vLLM loads")
     g.add_argument("--n", type=int, default=64, help="puzzles to generate for")
     g.add_argument("--data", help="CSV of puzzles (id, prompt, answer); default: generated ones")
-    g.add_argument("--json", help="also write the report to this JSON file")
+    g.add_argument("--json", help="also write the report to this JSON file (a new file)")
+    g.add_argument("--force", action="store_true", help="replace --json PATH when it exists")
     args = g.parse_args(argv)
+    from lab.core import owner
+
+    inputs = (args.zip, args.model, args.data)
+    out_json = owner.output_file(args.json, "gate --json", args.force, inputs) if args.json else None
     r = gate(args.zip, args.model, n=args.n, data=args.data)
     if args.json:
         from lab.core.io import atomic_write_text
 
-        atomic_write_text(args.json, json.dumps(r, indent=1))
+        atomic_write_text(out_json, json.dumps(r, indent=1))
     return 0 if r["verdict"] == "PASS" else 1

@@ -31,6 +31,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
+from lab.core import owner
 from lab.core.io import atomic_dir, check_replaceable
 from lab.core.lineage import diff
 from lab.core.paths import check_model_path, kaggle_model_dir, resolve_path
@@ -189,6 +190,7 @@ def model_path(cfg: DictConfig) -> str:
             # built only into a missing or empty folder, or one the lab built (lab.core.io.atomic_dir): a folder of
             # the user's without config.json (a half-downloaded model, a typo) is refused, never deleted
             check_replaceable(local, "tiny model (model.path)")
+            owner.config_output(cfg, "model.path")  # inside this run, or new (lab.core.owner)
             build_tiny(cfg, local)
         check_tiny_recipe(cfg, local)
         return str(local)

@@ -64,6 +64,7 @@ import zipfile
 from pathlib import Path
 
 from lab import LabError
+from lab.core import owner
 from lab.core.io import atomic_file, check_not_input, read_json
 from lab.core.paths import project_root
 from lab.model.submission_check import (_FUSED, BASE_COPIES, CONFIG_NAME, EXPERT_PARAMS, WEIGHTS_NAME, _strip,
@@ -228,7 +229,8 @@ def pack_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab pack",
                                 description="ADAPTER_DIR -> OUT.zip (adapter_config.json + adapter_model.safetensors)")
     p.add_argument("adapter_dir")
-    p.add_argument("out_zip")
+    p.add_argument("out_zip", help="the zip to write (a new file)")
+    p.add_argument("--force", action="store_true", help="replace OUT.zip when it exists")
     p.add_argument("--dtype", default=SUBMISSION_DTYPE,
                    help="cast the LoRA tensors to this torch dtype (default %(default)s, what vLLM computes in); "
                         "'keep': as the adapter saved them")
@@ -236,6 +238,7 @@ def pack_main(argv: list[str] | None = None) -> int:
     p.add_argument("--base-model-name", help="base_model_name_or_path to write, e.g. the Hub id (default: the "
                                              "adapter's, made relative)")
     args = p.parse_args(argv)
+    owner.output_file(args.out_zip, "pack", args.force, (args.adapter_dir, args.base_model), "submission zip")
     out = pack(args.adapter_dir, args.out_zip, dtype=None if args.dtype == "keep" else args.dtype,
                base_model=args.base_model, base_model_name=args.base_model_name)
     print(f"wrote {out}")

@@ -22,7 +22,8 @@ import sys
 
 from lab import LabError
 from lab.core.schema import COMPETITION
-from lab.core.io import atomic_write_csv, check_not_input
+from lab.core import owner
+from lab.core.io import atomic_write_csv
 
 from .eqsolve import family_table
 from .solve import method_table, token_table
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
     s = sub.add_parser("solve", help="solve every prompt of a CSV")
     s.add_argument("inp", help="puzzle CSV with a prompt column (and answer, to score the solvers)")
     s.add_argument("out", help="CSV to write: each puzzle's category, status, method, answer, trace and its tokens")
+    s.add_argument("--force", action="store_true", help="replace OUT when it exists")
     s.add_argument("--tokenizer", default=None, help="local tokenizer folder for exact trace token counts")
     s.add_argument("--trace-style", default="compact", choices=["compact", "derivation"],
                    help="compact: the rule and its answer; derivation: the search written out "
@@ -117,12 +119,13 @@ def main(argv: list[str] | None = None) -> int:
     g.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="difficulty knob")
     g.add_argument("out", help="CSV to write (id, prompt, answer, category, subtype)")
+    g.add_argument("--force", action="store_true", help="replace OUT when it exists")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "solve":
             from .solve import solve_frame
 
-            check_not_input(args.out, args.inp, args.tokenizer, what="solved CSV")
+            owner.output_file(args.out, "puzzles solve", args.force, (args.inp, args.tokenizer), "solved CSV")
             df = _read_csv(args.inp)
             _TOK = args.tokenizer
             out = solve_frame(df, tokenizer=args.tokenizer, style=args.trace_style)
@@ -142,6 +145,7 @@ def main(argv: list[str] | None = None) -> int:
 
             if args.n < 1:
                 raise LabError(f"generate --n {args.n}: the number of puzzles must be 1 or more")
+            owner.output_file(args.out, "puzzles generate", args.force, what="puzzles CSV")
             knobs = {}
             for kv in args.set:
                 k, _, v = kv.partition("=")

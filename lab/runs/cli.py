@@ -13,6 +13,7 @@ import argparse
 import time
 
 from lab import LabError
+from lab.core import owner
 from lab.core.paths import resolve_path
 
 
@@ -62,6 +63,8 @@ def report_main(argv: list[str] | None = None) -> int:
     ap.add_argument("sweep_dir", help="a sweep folder, e.g. outputs/sweeps/default")
     ap.add_argument("--metrics", nargs="+", default=None,
                     help="headline metrics to plot, as <stage>.<key> (default: lab.runs.sweep_report.HEADLINE)")
+    ap.add_argument("--force", action="store_true", help="write the report into a folder the lab did not make for "
+                                                          "`sweep` (refused otherwise)")
     args = ap.parse_args(argv)
     from lab.runs.sweep_report import HEADLINE, report  # pandas and matplotlib: after --help
 
@@ -69,6 +72,7 @@ def report_main(argv: list[str] | None = None) -> int:
     sweep_dir = resolve_path(args.sweep_dir)
     if not sweep_dir.is_dir():
         raise LabError(f"{sweep_dir}: sweep folder not found")
+    owner.output_dir(sweep_dir, "sweep", args.force)  # a sweep's own folder: report.csv, report.md, plots/
     r = report(sweep_dir, args.metrics)
     print(r["markdown"])
     print(f"wrote {r['csv']}, {r['md']}" + (f" and {len(r['plots'])} plot(s) in {sweep_dir / 'plots'}"

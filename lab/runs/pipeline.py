@@ -33,8 +33,8 @@ from lab import LabError
 from lab.core.config import compose, names_run
 from lab.core.console import ECHO_ENV, debugging
 from lab.core.io import atomic_write_json, atomic_write_text, read_json
-from lab.core.paths import project_root, resolve_path
-from lab.core import lineage
+from lab.core.paths import project_root
+from lab.core import lineage, owner
 from lab.core.run import run_lock
 
 STAGES = ["01_explore", "02_sft", "03_grpo", "04_vote", "05_errors"]
@@ -243,7 +243,7 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: 
         raise LabError(f"{project_root() / 'notebooks'}: no stage notebook {unknown} (stages are {', '.join(STAGES)})")
     if not names_run(overrides):  # one time stamp for all stages, not one per notebook
         overrides.append(f"run_name={cfg.run_name}")
-    run_dir = resolve_path(cfg.run_dir)
+    run_dir = owner.claim_run(cfg.run_dir, cfg.run_name, bool(cfg.overwrite))  # a run folder of the lab's, or new
     expected = None
     if cfg.model.name == "tiny" and str(cfg.model.device) in ("auto", "cpu"):
         cpu, wall = probe()
@@ -392,7 +392,7 @@ def read_files(run_dir: Path, stale: dict) -> list[str]:
 
 def lineage_problems(run_dir: Path) -> dict[str, list[str]]:
     """{stage: why it is not current} for the run's finished stages (`lab.core.lineage.problems`; empty lists omitted)."""
-    from lab.core import lineage
+    from lab.core import lineage, owner
 
     memo: dict = {}
     found = {name: lineage.problems(Path(run_dir), name, memo) for name in STAGES
@@ -465,10 +465,9 @@ def demo_main(argv: list[str] | None = None) -> int:
 def summary_main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="python -m lab summary", description="collect a run's stage metrics")
     p.add_argument("run_dir", help="a run directory, e.g. outputs/demo")
+    p.add_argument("--force", action="store_true", help="write into a folder without the lab's run marker")
     args = p.parse_args(argv)
-    run_dir = resolve_path(args.run_dir)
-    if not run_dir.is_dir():
-        raise LabError(f"{run_dir}: run directory not found")
+    run_dir = owner.check_run_folder(args.run_dir, "summary.md and summary.json", force=args.force)
     if not any(lineage.stage_of(d.name) == d.name and (d / "manifest.json").is_file() for d in run_dir.iterdir()):
         raise LabError(f"{run_dir}: not a run folder (no stage folder such as 01_explore/ with a manifest.json); "
                        "summary.md and summary.json would be written into it, so nothing was written: pass a run "

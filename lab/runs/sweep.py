@@ -59,7 +59,7 @@ from pathlib import Path
 from typing import Any, Iterable
 
 from lab import LabError
-from lab.core import lineage
+from lab.core import lineage, owner
 from lab.core.config import compose, config_data, saved_config_matches
 from lab.core.io import atomic_write_json, atomic_write_text, read_json
 from lab.core.paths import project_root, resolve_path
@@ -183,12 +183,13 @@ def _error_text(stage: str, notebook: Path, err: BaseException) -> str:
 
 
 def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str], *, name: str | None = None,
-            params: dict | None = None, cfg=None, force: bool = False) -> dict:
+            params: dict | None = None, cfg=None, force: bool = False, hydra_files: tuple[str, ...] = ()) -> dict:
     """Execute `stages` for one job into `job_dir` (its run_dir); never raises for a failing notebook.
 
     Returns {"job", "status": finished|failed|skipped, ...}. Order of writes: job.json (running),
     config.yaml, the notebooks (each stage's metrics.json atomically), summary, job.json
-    (finished), done.json last; a failure writes error.txt and job.json (failed) and no done.json.
+    (finished), done.json last; a failure writes error.txt and job.json (failed) and no done.json. `hydra_files`:
+    what Hydra wrote into the job folder for this job before it ran (its .hydra/ and <job name>.log).
     """
     job_dir = Path(job_dir).resolve()
     name = name or job_dir.name
@@ -202,6 +203,8 @@ def run_job(job_dir: str | os.PathLike, overrides: list[str], stages: list[str],
         return {"job": name, "status": "skipped"}
     if (job_dir / DONE_FILE).exists():
         log.info(f"[{name}] done.json no longer holds ({why}): running the job again")
+    # a run folder: new (but for what Hydra wrote into it for this job), or the lab's own
+    owner.claim_run(job_dir, name, bool(config.get("overwrite", False)), made_for_it=hydra_files)
     with run_lock(job_dir):  # makes the folder
         (job_dir / DONE_FILE).unlink(missing_ok=True)
         (job_dir / ERROR_FILE).unlink(missing_ok=True)
@@ -267,7 +270,9 @@ class _Job:
             else job_dir.name
         try:
             params = job_params(overrides, hc.job.config.override_dirname.exclude_keys)
-            return run_job(job_dir, overrides, self.stages, name=name, params=params, cfg=cfg, force=self.force)
+            hydra_files = (str(hc.output_subdir or ".hydra"), f"{hc.job.name}.log")  # what Hydra wrote there
+            return run_job(job_dir, overrides, self.stages, name=name, params=params, cfg=cfg, force=self.force,
+                           hydra_files=hydra_files)
         except Exception as e:  # a broken job must not stop the sweep (Hydra re-raises failed jobs)
             log.error(f"[{name}] could not run: {type(e).__name__}: {e}")
             with contextlib.suppress(OSError):
@@ -378,7 +383,7 @@ def sweep(overrides: list[str], *, name: str = "default", sweep_dir: str | os.Pa
     sweep_dir = resolve_path(sweep_dir) if sweep_dir else resolve_path(f"{SWEEPS_DIR}/{name}")
     p = plan(overrides, seeds=seeds, smoke=smoke)
     _check_sweep_file(sweep_dir, p)
-    sweep_dir.mkdir(parents=True, exist_ok=True)
+    owner.output_dir(sweep_dir, "sweep", force=force)  # new, or a sweep folder of the lab's
     with run_lock(sweep_dir):  # one sweep per folder at a time: a second one of the same name is refused here,
         # before it writes error.txt into the first one's jobs or its own sweep.json over the first one's
         info = {"name": name, "sweep_dir": str(sweep_dir), "stages": stages, "launcher": launcher, "seeds": seeds,

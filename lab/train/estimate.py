@@ -817,18 +817,22 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stages", nargs="+", default=None, choices=list(STAGE_WORK), metavar="STAGE",
                     help=f"the stages to cost (default: all, {' '.join(STAGE_WORK)})")
     ap.add_argument("--explain", action="store_true", help="print the derivation behind each figure after the table")
-    ap.add_argument("--json", default=None, help="write every figure as JSON here (stages, total, and each section)")
+    ap.add_argument("--json", default=None, help="write every figure as JSON here (stages, total, and each section; "
+                    "a new file)")
+    ap.add_argument("--force", action="store_true", help="replace --json PATH when it exists")
     ap.add_argument("--sample", type=int, default=None, help="count tokens on N training puzzles (seeded), scaled")
     ap.add_argument("--assume-rows", action="store_true", help="skip counting: the stated assumed row lengths")
     ap.add_argument("--calibration", default=None, help="a calibration of this card, model and recipe (python -m lab "
                     "calibrate); default: outputs/calibration/<gpu.name>.json when it exists and applies")
     a = ap.parse_intermixed_args(argv)
     from lab.core.config import compose
+    from lab.core import owner
     from lab.core.io import atomic_write_text
 
     if a.price_per_hour is not None and not a.price_per_hour >= 0:
         raise LabError(f"--price-per-hour {a.price_per_hour}: a price is 0 or more")
     cfg = compose(a.overrides)
+    out_json = owner.output_file(a.json, "estimate --json", a.force) if a.json else None
     out, lines = estimate(cfg, a.sample, a.assume_rows, a.calibration)
     card = card_of(cfg)
     p = pipeline(cfg, out, card, a.stages, a.price_per_hour)
@@ -838,5 +842,5 @@ def main(argv: list[str] | None = None) -> int:
     if a.explain:
         print("\n" + "\n".join(lines))
     if a.json:
-        atomic_write_text(Path(a.json), json.dumps(out, indent=1, default=float))
+        atomic_write_text(out_json, json.dumps(out, indent=1, default=float))
     return 0

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import argparse
 import json
-from pathlib import Path
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -20,13 +19,16 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--mamba", choices=("kernel", "torch"), default="kernel",
                     help="kernel: mamba_ssm + causal_conv1d (what real training requires); torch: transformers' "
                          "PyTorch scan (what runs when they are absent)")
-    ap.add_argument("--json", default=None, help="write the result as JSON here")
+    ap.add_argument("--json", default=None, help="write the result as JSON here (a new file)")
+    ap.add_argument("--force", action="store_true", help="replace --json PATH when it exists")
     a = ap.parse_intermixed_args(argv)
+    from lab.core import owner
     from lab.core.config import compose
     from lab.core.io import atomic_write_text
     from lab.train.memory import as_json, generation_phase, generation_report, gpu_gib, report, trace
 
     cfg = compose(a.overrides)
+    out_json = owner.output_file(a.json, "memory --json", a.force) if a.json else None
     t = trace(cfg, a.stage, a.tokens, mamba=a.mamba, rows=a.rows)
     card, use = gpu_gib(cfg), float(cfg.gpu.max_use)
     print(report(t, card, use))
@@ -36,5 +38,5 @@ def main(argv: list[str] | None = None) -> int:
         print(generation_report(ph, use))
         out["generation"], ok = ph, ok and ph.get("fits", True)
     if a.json:
-        atomic_write_text(Path(a.json), json.dumps(out, indent=1))
+        atomic_write_text(out_json, json.dumps(out, indent=1))
     return 0 if ok else 1
