@@ -8,6 +8,7 @@ import shutil
 
 import pytest
 
+from lab.core.owner import RUN_MARKER
 from lab.core.paths import project_root
 from lab.core.run import current_run
 
@@ -15,7 +16,9 @@ NOTEBOOKS = project_root() / "notebooks"  # before a test points LAB_ROOT at a c
 
 
 def _finished(run, stage, when):
+    """A run folder the lab made (its marker) whose `stage` finished at `when`."""
     (run / stage).mkdir(parents=True, exist_ok=True)
+    (run / RUN_MARKER).write_text(json.dumps({"run_id": run.name, "run_name": run.name}))
     m = run / stage / "metrics.json"
     m.write_text("{}")
     os.utime(m, (when, when))

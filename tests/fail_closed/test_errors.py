@@ -114,7 +114,8 @@ def test_a_truncated_safetensors_file_is_named(tmp_path):
 
 def test_pack_refuses_a_dtype_torch_does_not_have(tmp_path, capsys):
     """Low item: `pack --dtype bf16` raised AttributeError."""
-    assert main(["pack", str(tmp_path), str(tmp_path / "s.zip"), "--dtype", "bf16"]) == 2
+    (tmp_path / "adapter").mkdir()
+    assert main(["pack", str(tmp_path / "adapter"), str(tmp_path / "s.zip"), "--dtype", "bf16"]) == 2
     assert "--dtype bf16: not a torch floating-point dtype; use bfloat16, float16, float32 or keep" in \
         capsys.readouterr().err
 
@@ -149,9 +150,11 @@ def test_a_run_dir_message_names_the_run_name_typed(tmp_path, monkeypatch):
     from lab.core import config
 
     data = config.project_root() / "outputs" / "i52b_probe_run" / "train.csv"
-    monkeypatch.setattr(config, "find_data_file", lambda p: data)
+    from lab.core import owner
+
+    monkeypatch.setattr(owner, "find_data_file", lambda p: data)
     cfg = config.compose(["run_name=i52b_probe_run"])
     cfg.data.source = "competition"
     cfg.data.path = str(data)
-    found = config.run_dir_problems(cfg)
+    found = owner.run_dir_problems(cfg)
     assert found and found[0].startswith("run_name='i52b_probe_run' (run_dir 'outputs/i52b_probe_run')")
