@@ -474,7 +474,9 @@ def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int
         from lab.model.packed_rows import pack_tokens
 
         return int(rows or cfg.sft.batch_size), int(tokens or pack_tokens(cfg)), bool(cfg.sft.gradient_checkpointing)
-    if stage == "grpo":
+    if stage == "grpo":  # with packing one pack of grpo.pack_tokens per forward/backward (lab.train.grpo_packed)
+        if cfg.grpo.get("packing", False):
+            return int(rows or 1), int(tokens or cfg.grpo.pack_tokens), bool(cfg.grpo.gradient_checkpointing)
         return (int(rows or micro_batch(cfg)[0]), int(tokens or cfg.model.max_model_len),
                 bool(cfg.grpo.gradient_checkpointing))
     raise LabError(f"lab.train.memory: stage {stage!r} is not sft or grpo")
