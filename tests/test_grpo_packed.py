@@ -65,7 +65,7 @@ def setup(tmp_path_factory):
     inputs["old_per_token_logps"] = (lp + 0.3 * torch.randn(lp.shape, generator=g)) * completion_mask
     inputs["ref_per_token_logps"] = (lp + 0.1 * torch.randn(lp.shape, generator=g)) * completion_mask
     trainer.model.train()
-    trainer.current_gradient_accumulation_steps = 2  # set by the training loop; 2 exercises every normaliser's use of it
+    trainer.current_gradient_accumulation_steps = 2  # set by the training loop; 2: every normaliser uses it
     return trainer, pm, inputs
 
 

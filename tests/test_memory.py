@@ -326,7 +326,8 @@ def test_grpo_generation_phase_bound_adds_up_from_the_config(values, figures):
     small = memory.generation_phase(compose([*PRESET, "gpu=h100_80gb", "grpo.vllm_gpu_memory_utilization=0.8",
                                              "grpo.max_num_seqs=64"]), values)
     assert not small["fits"]  # the negative control: 0.8 x 79.6 GiB cannot hold the engine's 66 GiB
-    fp32 = memory.generation_phase(compose([*PRESET, "gpu=h100_80gb", "gpu.optim=adamw_torch_fused", "grpo.max_num_seqs=64",
+    fp32 = memory.generation_phase(compose([*PRESET, "gpu=h100_80gb", "gpu.optim=adamw_torch_fused",
+                                            "grpo.max_num_seqs=64",
                                             "grpo.vllm_gpu_memory_utilization=0.88"]), values)
     assert not fp32["fits"]  # fp32 AdamW's 6.6 GiB of moments beside a 0.88 share pass 95% of the card
 

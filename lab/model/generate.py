@@ -298,7 +298,8 @@ def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = Non
     inf = cfg.infer
     return LLM(model=model_path, enable_lora=True, max_lora_rank=inf.max_lora_rank,
                max_model_len=min(inf.max_model_len, cfg.model.max_model_len),
-               max_num_seqs=int(max_num_seqs or inf.max_num_seqs), enable_sleep_mode=bool(enable_sleep_mode and not cpu),
+               max_num_seqs=int(max_num_seqs or inf.max_num_seqs),
+               enable_sleep_mode=bool(enable_sleep_mode and not cpu),
                logprobs_mode=logprobs_mode or "raw_logprobs",  # vLLM's default (vllm/config/model.py, 0.32.0)
                gpu_memory_utilization=gpu_memory_utilization or inf.local_gpu_memory_utilization
                or inf.gpu_memory_utilization,

@@ -417,7 +417,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
                                       train_dataset=ds, processing_class=tokenizer,
                                       callbacks=[*callbacks, checkpoints.marker_callback()], rollout_func=rollout)
             use_text_progress(trainer)  # step lines from lab.train.callbacks.TrainProgress, not an HTML widget
-            if rollouts is not None:
+            if rollouts is not None and not g.packing:  # packed: the packed loss logs the gap (install_packing)
                 trl_private.watch_sampling_gap(trainer)  # rollout/logp_diff_*: where TRL computes the old log-probs
             # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
             install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))

@@ -58,8 +58,8 @@ def rows(prompt_ids, prompt_mask, completion_ids, completion_mask) -> list[Row]:
         if n == 0:
             continue
         if not bool(completion_mask[b, :n].all()):
-            raise LabError("grpo.packing: a completion mask is not a prefix of its row (TRL masks up to the first EOS); "
-                           "packing cannot lay this row out")
+            raise LabError("grpo.packing: a completion mask is not a prefix of its row (TRL masks up to the first "
+                           "EOS); packing cannot lay this row out")
         prompt = prompt_ids[b][prompt_mask[b].bool()]
         out.append(Row(b, torch.cat([prompt, completion_ids[b, :n]]), int(prompt.numel()), n))
     return out

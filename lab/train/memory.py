@@ -676,7 +676,8 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None) -
     else:
         seqs, why = int(cfg.infer.max_num_seqs), "grpo.max_num_seqs=null and no card size: infer.max_num_seqs"
     engine = {"bf16 base weights": 2 * base, "adapter slot (bf16, rank r)": 2 * P,
-              f"KV cache ({attn} attention layers x {seqs} sequences x {tokens:,} tokens)": kv_per_token * seqs * tokens,
+              f"KV cache ({attn} attention layers x {seqs} sequences x {tokens:,} tokens)":
+                  kv_per_token * seqs * tokens,
               f"Mamba state ({mamba} layers x {seqs} sequences)": mamba_per_seq * seqs}
     need = sum(engine.values()) / GIB
     out = {"engine_gib": {k: v / GIB for k, v in engine.items()}, "trainer_gib": {k: v / GIB for k, v in trainer.items()},

@@ -152,7 +152,8 @@ def install_packing(trainer, pack_tokens: int, old_logprobs: str = "trainer") ->
 
     grpo_packed.check_supported(trainer.args, trainer.loss_type)
     if trainer.aux_loss_enabled:
-        raise LabError("grpo.packing: the model's router aux loss is on (router_aux_loss_coef); packing does not add it")
+        raise LabError("grpo.packing: the model's router aux loss is on (router_aux_loss_coef); packing does not "
+                       "add it")
     if old_logprobs not in grpo_packed.OLD_LOGPROBS:
         raise LabError(f"grpo.old_logprobs={old_logprobs!r}: one of {', '.join(grpo_packed.OLD_LOGPROBS)}")
 
