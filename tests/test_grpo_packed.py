@@ -162,3 +162,37 @@ def test_the_packed_old_logprobs_equal_trls(setup):
     assert float((got - want)[cm].abs().max()) <= 64 * EPS32 * float(want.abs().max())
     assert float((gent - went)[cm].abs().max()) <= 64 * EPS32 * float(went.abs().max())
     assert float(got[~cm].abs().max()) == 0.0
+
+
+def test_a_packed_training_step_gives_trls_gradient(setup, monkeypatch):
+    """Through transformers' own `Trainer.training_step` (its loss scaling before backward included; GRPOTrainer
+    sets `compute_loss_func`, so it scales nothing): the trainer with `install_packing` gives TRL's unpacked step's
+    LoRA gradient, within 4x the unpacked step's fp32 error against fp64 + 8 eps x the largest gradient. Every pack
+    but the last goes backward inside compute_loss: scaled by half (the negative control) it misses by >= 1,000x."""
+    trainer, pm, inputs = setup
+    monkeypatch.setattr(trainer, "_prepare_inputs", lambda batch: dict(inputs))
+    _zero(pm)
+    trainer.training_step(pm, {}, None)
+    want = _grads(pm)
+    m64 = copy.deepcopy(pm).double()
+    m64.base_model.model.set_experts_implementation("eager")
+    _, ref = trl_loss(trainer, m64, _cast(inputs, torch.float64))
+    for name in ("compute_loss", "_get_per_token_logps_and_entropies", "_generate_and_score_completions"):
+        monkeypatch.setattr(trainer, name, getattr(trainer, name))  # restored after the test
+    monkeypatch.setattr(trainer, "_lab_gap_watched", False, raising=False)
+    trl_private.install_packing(trainer, pack_tokens=40)
+    assert trl_private.backward_scale(trainer, None) == 1.0
+    _zero(pm)
+    trainer.training_step(pm, {}, None)
+    got = _grads(pm)
+    mag = max(float(g.abs().max()) for g in ref.values())
+    bound = 4 * _max_diff(want, ref) + 8 * EPS32 * mag
+    monkeypatch.setattr(trl_private, "backward_scale", lambda t, n: 0.5)
+    _zero(pm)
+    trainer.training_step(pm, {}, None)
+    wrong = _grads(pm)
+    print(f"\ntraining_step: TRL fp32 {_max_diff(want, ref):.2e}, packed {_max_diff(got, ref):.2e}, bound {bound:.2e}, "
+          f"early packs scaled by half {_max_diff(wrong, ref):.2e}")
+    assert _max_diff(got, ref) <= bound
+    assert _max_diff(wrong, ref) >= 1000 * bound
+    assert trainer._metrics["train"]["entropy"] and trainer._metrics["train"]["clip_ratio/region_mean"]
