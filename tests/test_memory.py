@@ -168,10 +168,11 @@ def test_the_pytorch_scan_costs_more_than_the_kernel_and_8bit_adamw_less_than_fp
 def test_grpo_micro_step_is_the_trainers_micro_batch():
     cfg = compose(["model=nemotron_nano"])
     g = cfg.grpo
-    assert memory.step_shape(cfg, "grpo")[0] == g.per_device_train_batch_size == 1  # conf/grpo/nemotron_nano.yaml
-    cfg = compose(["model=nemotron_nano", "grpo.per_device_train_batch_size=null"])  # the whole step at once
+    assert g.packing  # conf/grpo/nemotron_nano.yaml: one pack of grpo.pack_tokens per forward/backward
+    assert memory.step_shape(cfg, "grpo") == (1, g.pack_tokens, g.gradient_checkpointing)
+    cfg = compose(["model=nemotron_nano", "grpo.packing=false"])  # the whole step at once
     assert memory.step_shape(cfg, "grpo")[0] == g.prompts_per_step * g.num_generations
-    cfg = compose(["model=nemotron_nano", "grpo.per_device_train_batch_size=2"])
+    cfg = compose(["model=nemotron_nano", "grpo.packing=false", "grpo.per_device_train_batch_size=2"])
     assert memory.step_shape(cfg, "grpo") == (2, cfg.model.max_model_len, g.gradient_checkpointing)
     assert memory.step_shape(cfg, "sft", tokens=2048) == (cfg.sft.batch_size, 2048, cfg.sft.gradient_checkpointing)
 
