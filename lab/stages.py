@@ -388,6 +388,7 @@ def grpo_train(stage: Stage, train: pd.DataFrame, trainee: Trainee, launch=None)
 
     from lab.core import plots
     from lab.train import grpo as grpo_lib
+    from lab.train.rewards import log_bounds
 
     cfg = stage.cfg
     model, tokenizer = trainee.take("grpo_train")
@@ -400,7 +401,8 @@ def grpo_train(stage: Stage, train: pd.DataFrame, trainee: Trainee, launch=None)
         rewards = [c for c in log.columns if c.startswith("rewards/") and c.endswith("/mean")]
         fig = _save(stage, plots.line(log, "step", ["reward", *rewards],
                                       "GRPO rewards per step (mean over the step's completions)", "reward",
-                                      n=cfg.grpo.prompts_per_step * cfg.grpo.num_generations), "rewards.png")
+                                      n=cfg.grpo.prompts_per_step * cfg.grpo.num_generations,
+                                      bounds=log_bounds(cfg.grpo.rewards)), "rewards.png")
     return SimpleNamespace(metrics=metrics, log=log, figure=fig, main=main)
 
 

@@ -17,6 +17,9 @@
 #   WORK            scratch folder (venv, sources) [/tmp/lab_mamba_build]
 #   MAX_JOBS        parallel compile jobs (torch.utils.cpp_extension / ninja) [nproc]
 #   REBUILD         1 builds a wheel again that OUT already holds [0: a rerun resumes after the last wheel built]
+#   VPY             build with this interpreter and its torch as they are, no venv, no pip install [unset: a venv]
+#   SDIST           a folder holding the two sdists: no download (offline, scripts/gpu_smoke.sh) [unset: downloaded]
+#   STRIP           1 strips the wheels' shared libraries of their symbols (smaller; scripts/gpu_smoke.sh) [0]
 #
 # Why the setup.py files are patched: both pin -std=c++17, which torch 2.14's headers refuse (C++20 or later), and
 # both hard-code their -gencode list (sm_75 ... sm_121 for CUDA 13) and ignore
@@ -36,6 +39,7 @@ if [[ -z "${PYTHON:-}" ]]; then
     if is_version "$c"; then PYTHON=$c; break; fi
   done
 fi
+[[ -n "${VPY:-}" ]] && PYTHON=${PYTHON:-$VPY}
 [[ -n "${PYTHON:-}" ]] && is_version "$PYTHON" \
   || { echo "need a Python $PYTHON_VERSION interpreter (set PYTHON=...): the wheels are CPython-version specific" >&2; exit 2; }
 OUT=${OUT:-kaggle_kernel/build/dataset}
@@ -53,18 +57,24 @@ NVCC_RELEASE=$("$CUDA_HOME/bin/nvcc" --version | sed -n 's/.*release \([0-9.]*\)
 echo "== nvcc $NVCC_RELEASE"
 
 mkdir -p "$WORK" "$OUT"
-[[ -x "$WORK/venv/bin/python" ]] || "$PYTHON" -m venv "$WORK/venv"
-VPY="$WORK/venv/bin/python"
-"$VPY" -m pip install -q --upgrade pip
-"$VPY" -m pip install -q "$TORCH_SPEC" setuptools wheel packaging ninja
+if [[ -z "${VPY:-}" ]]; then
+  [[ -x "$WORK/venv/bin/python" ]] || "$PYTHON" -m venv "$WORK/venv"
+  VPY="$WORK/venv/bin/python"
+  "$VPY" -m pip install -q --upgrade pip
+  "$VPY" -m pip install -q "$TORCH_SPEC" setuptools wheel packaging ninja
+fi
 TORCH_CUDA=$("$VPY" -c "import torch; print(torch.version.cuda or '')")
 echo "== torch $("$VPY" -c 'import torch; print(torch.__version__)'), built for CUDA ${TORCH_CUDA:-none}"
 [[ "${TORCH_CUDA%%.*}" == "${NVCC_RELEASE%%.*}" ]] \
   || { echo "torch's CUDA ${TORCH_CUDA:-none} and nvcc $NVCC_RELEASE differ in major version: the extensions would not load" >&2; exit 2; }
 
 # the sources (metadata is prepared without compiling: *_SKIP_CUDA_BUILD)
-CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE \
-  "$VPY" -m pip download -q --no-deps --no-build-isolation -d "$WORK/sdist" "${PKGS[@]}"
+if [[ -n "${SDIST:-}" ]]; then
+  mkdir -p "$WORK/sdist" && cp "$SDIST"/causal_conv1d-1.7.0.tar.gz "$SDIST"/mamba_ssm-2.3.2.post1.tar.gz "$WORK/sdist/"
+else
+  CAUSAL_CONV1D_SKIP_CUDA_BUILD=TRUE MAMBA_SKIP_CUDA_BUILD=TRUE \
+    "$VPY" -m pip download -q --no-deps --no-build-isolation -d "$WORK/sdist" "${PKGS[@]}"
+fi
 rm -rf "$WORK/src" && mkdir -p "$WORK/src"
 for f in "$WORK"/sdist/causal_conv1d-1.7.0.tar.gz "$WORK"/sdist/mamba_ssm-2.3.2.post1.tar.gz; do tar xzf "$f" -C "$WORK/src"; done
 
@@ -113,7 +123,7 @@ EOF
 done
 # the one dependency of theirs the lab's wheel set lacks (mamba_ssm's Triton scan imports einops; lab.kaggle.kernel
 # MAMBA_EXTRA_DEP installs it with the two wheels, --no-deps: tilelang / quack-kernels are optional imports)
-"$VPY" -m pip download -q --no-deps --only-binary=:all: -d "$OUT" "einops==0.8.2"
+[[ -n "${SDIST:-}" ]] || "$VPY" -m pip download -q --no-deps --only-binary=:all: -d "$OUT" "einops==0.8.2"
 if (( PREPARE_ONLY )); then
   echo "== prepared in $WORK (sources patched, nothing compiled); run without --prepare-only to build"
   exit 0
@@ -130,4 +140,11 @@ for d in "$WORK"/src/causal_conv1d-1.7.0 "$WORK"/src/mamba_ssm-2.3.2.post1; do
   "$VPY" -m pip wheel --no-build-isolation --no-deps -w "$OUT" "$d"
   echo "== $(basename "$d"): $(( $(date +%s) - start )) s"
 done
+if [[ "${STRIP:-0}" == 1 ]]; then  # symbols off every shared library, the wheel's RECORD written again (wheel pack)
+  for w in "$OUT"/causal_conv1d-*.whl "$OUT"/mamba_ssm-*.whl; do
+    rm -rf "$WORK/strip" && "$VPY" -m wheel unpack -d "$WORK/strip" "$w"
+    find "$WORK/strip" -name '*.so' -exec strip --strip-unneeded {} +
+    rm "$w" && "$VPY" -m wheel pack -d "$OUT" "$WORK"/strip/*
+  done
+fi
 ls -la "$OUT"/causal_conv1d-*.whl "$OUT"/mamba_ssm-*.whl

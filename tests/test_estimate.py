@@ -105,7 +105,7 @@ def test_the_command_joins_the_grpo_eval_and_vote_sections(tmp_path, capsys):
     """One command, every section the issues ask for (lab.eval.estimate_infer's, joined through SECTIONS); with
     packing, an optimizer step is grad_accum packs, not grad_accum rows."""
     path = tmp_path / "estimate.json"
-    assert est.main([*REAL, "--assume-rows", "--json", str(path)]) == 0
+    assert est.main([*REAL, "--assume-rows", "--explain", "--json", str(path)]) == 0
     out = json.loads(path.read_text())
     assert out["grpo"]["step_minutes"] > 0 and out["grpo"]["pass_rate_hours"] > 0
     assert out["eval"]["hours_per_1000"] > 0 and out["vote"]["hours"] > 0

@@ -69,9 +69,9 @@ def test_accuracy_bars_show_every_value_and_interval_even_a_zero():
     fig = plots.accuracy_bars({"before SFT": before, "after SFT": after}, "t")
     ax = fig.axes[0]
     texts = [t.get_text() for t in ax.texts]
-    assert texts.count("0.00") == 2 and texts.count("0.40") == 2  # numeral_system and all, per series
+    assert texts.count("0.00") == 1 and texts.count("0.40") == 1  # one category: its bar, not 'all' again
     bars = [p for p in ax.patches]
-    assert len(bars) == 4 and all(b.get_linewidth() > 0 for b in bars)  # a bar of 0 still shows its edge
+    assert len(bars) == 2 and all(b.get_linewidth() > 0 for b in bars)  # a bar of 0 still shows its edge
     caps = [c for c in ax.collections]  # one error-bar collection per series
     assert len(caps) == 2
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["before SFT", "after SFT"]

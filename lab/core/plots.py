@@ -9,8 +9,8 @@ whole-number ticks for steps and k, readable legend names (`label` turns TRL's l
 value written on them (a bar of 0 still shows as a line and a "0.00"), and the greedy score as a
 dashed reference line on the voting curves. Every estimate carries its interval: Wilson 95% for accuracies
 (bars, the voting curves and markers, given the puzzle count `n`), a 95% normal interval for GRPO's per-step reward
-means (given the completions per step). Legends sit where they cover no data; whole-number counts get
-whole-number bins; a share is drawn on 0..1.
+means (given the completions per step), clipped to the reward's range. Legends sit where they cover no data;
+whole-number counts get whole-number bins with no comb of empty ones; a share is drawn on 0..1.
 
 What it simplifies: one PNG writer, one figure factory and one palette instead of one per module; no
 pyplot state (figures are plain `Figure` objects, saved with the Agg canvas, safe in any backend).
@@ -96,22 +96,30 @@ def _wilson(acc, n: int) -> tuple[np.ndarray, np.ndarray]:
 
 
 def _integer_bins(values: pd.Series, max_bins: int = 30):
-    """Bin edges at half-integers, each bin a whole number of units wide (no comb of empty bins between integer
-    counts); None when the values are not all whole numbers."""
+    """Bin edges at half-integers, each bin a whole number of units wide: the narrowest width (from the one that
+    gives at most `max_bins` bins) that leaves no empty bin between the smallest and the largest value, so counts
+    that fall on a lattice (every 4 tokens) draw no comb of empty bins; the narrowest width when none up to an
+    eighth of the range does. None when the values are not all whole numbers."""
     v = pd.to_numeric(values, errors="coerce").dropna()
     if not len(v) or not np.allclose(v, np.round(v)):
         return None
-    lo, hi = int(v.min()), int(v.max())
-    width = max(1, math.ceil((hi - lo + 1) / max_bins))
-    return np.arange(lo, hi + width + 1, width) - 0.5
+    x = np.round(v.to_numpy()).astype(int)
+    lo, hi = int(x.min()), int(x.max())
+    first = max(1, math.ceil((hi - lo + 1) / max_bins))
+    for width in range(first, max(first, (hi - lo + 1) // 8) + 1):
+        if np.bincount((x - lo) // width).all():
+            return np.arange(lo, hi + width + 1, width) - 0.5
+    return np.arange(lo, hi + first + 1, first) - 0.5
 
 
 # ---- stage plots -------------------------------------------------------------------------------------
 
-def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = "", n: int | None = None) -> Figure:
+def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = "", n: int | None = None,
+         bounds: Mapping[str, tuple[float, float]] | None = None) -> Figure:
     """One line per column of `ys` (those present) against `x`; steps and k on whole-number ticks. With `n` (the
     values each point averages, e.g. GRPO's completions per step) and a std column beside a line (`reward_std` for
-    `reward`, `rewards/f/std` for `rewards/f/mean`), a band shows the 95% normal interval of that mean, mean +- 1.96 std / sqrt(n)."""
+    `reward`, `rewards/f/std` for `rewards/f/mean`), a band shows the 95% normal interval of that mean, mean +- 1.96
+    std / sqrt(n), clipped to the series' `bounds` (lo, hi) where given: a mean of rewards in [0, 1] stays in it."""
     fig = figure()
     ax = axes(fig)
     banded = False
@@ -122,7 +130,9 @@ def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = 
             sd = y.removesuffix("/mean") + "/std" if y.endswith("/mean") else f"{y}_std"
             if n and sd in df:
                 half = 1.96 * pd.to_numeric(df[sd], errors="coerce") / math.sqrt(n)
-                ax.fill_between(df[x], mean - half, mean + half, color=drawn[0].get_color(), alpha=0.2, linewidth=0)
+                lo_b, hi_b = (bounds or {}).get(y, (-math.inf, math.inf))
+                ax.fill_between(df[x], (mean - half).clip(lower=lo_b), (mean + half).clip(upper=hi_b),
+                                color=drawn[0].get_color(), alpha=0.2, linewidth=0)
                 banded = True
     if x in ("step", "k") and x in df:
         _integer_x(ax, df[x])
@@ -133,7 +143,8 @@ def line(df: pd.DataFrame, x: str, ys: Iterable[str], title: str, ylabel: str = 
         _value_axis(ax, values.dropna())  # a flat line reads as its value, not as noise blown up to +-0.04
     ax.set_xlabel("optimiser step" if x == "step" else label(x))
     ax.set_ylabel(ylabel)
-    ax.set_title(title + (f"\nbands: 95% interval of each mean over {n} values (normal approximation)" if banded else ""),
+    ax.set_title(title + (f"\nbands: 95% interval of each mean over {n} values (normal approximation"
+                          + (", within the reward's range)" if bounds else ")") if banded else ""),
                  fontsize=10 if banded else None)
     if ax.get_legend_handles_labels()[1]:
         ax.legend(fontsize=8)
@@ -144,10 +155,13 @@ def accuracy_bars(tables: Mapping[str, pd.DataFrame], title: str, by: str = "cat
     """Grouped bars of accuracy per group, one series per table, each with its Wilson 95% interval and value.
 
     Each table is `lab.eval.analysis.accuracy_table` output (`by, n, correct, accuracy, lo, hi`, a last row `all`);
-    groups are those of the first table, in its order. The tick label carries n.
+    groups are those of the first table, in its order (one group alone: its `all` row, the same bar, is left out).
+    The tick label carries n.
     """
     names = list(tables)
     first = tables[names[0]].reset_index(drop=True)
+    if len(first) == 2 and str(first[by].iloc[-1]) == "all":  # one group: its 'all' row is the same bar again
+        first = first.iloc[:1]
     groups = [str(g) for g in first[by]]
     fig = figure(max(6.0, 0.9 * len(groups) * max(1, len(names)) * 0.6 + 2.5), 4.0)
     ax = axes(fig)
@@ -203,7 +217,7 @@ def vote_k(curves: pd.DataFrame, greedy: float | None, title: str = "Accuracy ag
     """pass@k and maj@k against k (from `lab.eval.vote.curves`, which estimates both on the same samples, so they
     meet at k = 1), with the greedy score as a dashed line; the last point's value written beside it. With `n`
     (puzzles), each curve and the greedy line carry a Wilson 95% band (`_wilson`)."""
-    fig = figure()
+    fig = figure(6.4, 4.4)
     ax = axes(fig)
     for i, col in enumerate(("pass_at_k", "maj_at_k")):
         ax.plot(curves["k"], curves[col], marker="o", markersize=3, color=PALETTE[i], label=label(col))
@@ -225,7 +239,7 @@ def vote_k(curves: pd.DataFrame, greedy: float | None, title: str = "Accuracy ag
     ax.set_ylabel("accuracy" + (f" (bands: Wilson 95%, n={n})" if n else ""))
     ax.set_ylim(0, 1.02)
     ax.set_title(title)
-    ax.legend(fontsize=8, loc="upper left")  # the curves rise to the right, where their end values are written
+    ax.legend(fontsize=8, loc="upper center", bbox_to_anchor=(0.5, -0.16), ncol=3, frameon=False)  # below the data
     return fig
 
 
@@ -300,7 +314,7 @@ def lengths(df: pd.DataFrame, budget: int, categories: list[str]) -> Figure:
     cats = categories or ["(none)"]
     ncols = min(3, len(cats))
     nrows = math.ceil(len(cats) / ncols)
-    fig = figure(4.2 * ncols, 3.0 * nrows)
+    fig = figure(4.2 * ncols, 3.6 * nrows)
     tmax = df["tokens"].dropna().max() if df["tokens"].notna().any() else 0
     top = int(max(float(budget), float(tmax)))
     width = max(1, math.ceil((top + 1) / 30))
@@ -320,7 +334,7 @@ def lengths(df: pd.DataFrame, budget: int, categories: list[str]) -> Figure:
         ax.set_title(cat, fontsize=10)
         ax.set_xlabel("completion tokens")
         ax.set_ylabel("predictions")
-        ax.legend(fontsize=7)
+        ax.legend(fontsize=7, loc="upper center", bbox_to_anchor=(0.5, -0.28), ncol=2, frameon=False)  # below
     return fig
 
 

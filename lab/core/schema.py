@@ -597,8 +597,12 @@ def help_lines(cls: type = Config, prefix: str = "") -> list[str]:
 
 def main(argv: list[str] | None = None) -> int:
     """`python -m lab schema [GROUP]`: every key's type, help and range (one group's with GROUP)."""
-    argv = list(argv or [])
-    group = argv[0] if argv else None
+    import argparse
+
+    ap = argparse.ArgumentParser(prog="python -m lab schema", description="every config key's type, help text and "
+                                 "allowed range, as the composed config checks them")
+    ap.add_argument("group", nargs="?", help=f"one group only: {' | '.join(GROUPS)}")
+    group = ap.parse_args(list(argv or [])).group
     if group is not None and group not in GROUPS:
         raise LabError(f"no config group {group!r}; usage: python -m lab schema [{' | '.join(GROUPS)}]")
     print("\n".join(help_lines(GROUPS[group], f"{group}.") if group else help_lines()))

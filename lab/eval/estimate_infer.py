@@ -161,7 +161,8 @@ def eval_hours_per_1000(cfg, card) -> dict:
     p_long = 1 - (1 - s) ** slots  # a wave with at least one completion that runs to the budget
     wave_steps = p_long * budget + (1 - p_long) * min(_c("trace_tokens"), budget)
     wave_h = waves * wave_steps * step / 3600
-    text += (f"; hours = {secs:,.0f} / 3600 = {secs / 3600:.2f} h. In waves of {slots} (before issue 43): {waves} waves "
+    text += (f"; hours = {secs:,.0f} / 3600 = {secs / 3600:.2f} h. In waves of {slots} (each wave waiting for its "
+             f"longest): {waves} waves "
              f"x ({p_long:.2f} x {budget} + {1 - p_long:.2f} x {min(_c('trace_tokens'), budget):g}) steps x {step:.4f} s "
              f"= {wave_h:.2f} h")
     return _result("hours_per_1000", secs / 3600, "hours per 1,000 puzzles", text, used,

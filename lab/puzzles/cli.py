@@ -94,26 +94,29 @@ def check_command(path: str, show: int = 20) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     global _TOK
-    ap = argparse.ArgumentParser(prog="python -m lab puzzles")
+    ap = argparse.ArgumentParser(prog="python -m lab puzzles", description="the per-category solvers on a puzzle CSV "
+                                 "(id, prompt[, answer]): solve it, replay or audit the traces, or generate puzzles")
     sub = ap.add_subparsers(dest="cmd", required=True)
     s = sub.add_parser("solve", help="solve every prompt of a CSV")
-    s.add_argument("inp")
-    s.add_argument("out")
+    s.add_argument("inp", help="puzzle CSV with a prompt column (and answer, to score the solvers)")
+    s.add_argument("out", help="CSV to write: each puzzle's category, status, method, answer, trace and its tokens")
     s.add_argument("--tokenizer", default=None, help="local tokenizer folder for exact trace token counts")
-    s.add_argument("--trace-style", default="compact", choices=["compact", "derivation"])
+    s.add_argument("--trace-style", default="compact", choices=["compact", "derivation"],
+                   help="compact: the rule and its answer; derivation: the search written out "
+                        "(default: %(default)s)")
     c = sub.add_parser("check", help="replay every solved trace of a `solve` output")
-    c.add_argument("solved")
+    c.add_argument("solved", help="a `puzzles solve` output CSV")
     c.add_argument("--show", type=int, default=20, help="failures to print")
     a = sub.add_parser("audit", help="operand provenance, distance and recalls of every solved trace")
-    a.add_argument("solved")
+    a.add_argument("solved", help="a `puzzles solve` output CSV")
     a.add_argument("--tokenizer", default=None, help="local tokenizer folder: distances in its tokens")
     a.add_argument("--show", type=int, default=20, help="referential breaks to print")
     g = sub.add_parser("generate", help="write generated puzzles to a CSV")
-    g.add_argument("--category", required=True)
-    g.add_argument("--n", type=int, required=True)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--category", required=True, help="the category to generate, e.g. numeral_system (lab.puzzles.categories)")
+    g.add_argument("--n", type=int, required=True, help="number of puzzles")
+    g.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="difficulty knob")
-    g.add_argument("out")
+    g.add_argument("out", help="CSV to write (id, prompt, answer, category, subtype)")
     args = ap.parse_args(argv)
     try:
         if args.cmd == "solve":

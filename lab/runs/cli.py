@@ -57,14 +57,15 @@ def sweep_main(argv: list[str] | None = None) -> int:
 
 
 def report_main(argv: list[str] | None = None) -> int:
-    from lab.runs.sweep_report import HEADLINE, report
-
     ap = argparse.ArgumentParser(prog="python -m lab report",
                                  description="one table (CSV + Markdown) and plots across a sweep's jobs")
     ap.add_argument("sweep_dir", help="a sweep folder, e.g. outputs/sweeps/default")
-    ap.add_argument("--metrics", nargs="+", default=list(HEADLINE),
-                    help="headline metrics to plot, as <stage>.<key> (default: %(default)s)")
+    ap.add_argument("--metrics", nargs="+", default=None,
+                    help="headline metrics to plot, as <stage>.<key> (default: lab.runs.sweep_report.HEADLINE)")
     args = ap.parse_args(argv)
+    from lab.runs.sweep_report import HEADLINE, report  # pandas and matplotlib: after --help
+
+    args.metrics = args.metrics or list(HEADLINE)
     sweep_dir = resolve_path(args.sweep_dir)
     if not sweep_dir.is_dir():
         raise LabError(f"{sweep_dir}: sweep folder not found")

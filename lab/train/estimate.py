@@ -1,7 +1,12 @@
-"""`python -m lab estimate [OVERRIDES...] [--json PATH]`: how fast SFT of the composed config will run on the `gpu=` card,
-projected before anything is loaded (no model, no GPU): tokens/s, seconds per optimizer step, hours per epoch on the
-configured data, the packing efficiency, and which experts-LoRA and Mamba paths the run takes. Every figure is a
-projection from one measured run plus stated derivations; nothing here is measured by this command.
+"""`python -m lab estimate [OVERRIDES...] [--price-per-hour X] [--explain] [--json PATH]`: what the configured pipeline
+costs on the `gpu=` card, projected before anything is loaded (no model, no GPU). It prints first a table, one row per
+stage (`pipeline`: hours, the cost at the price, Kaggle's kernels and kept GB, whether it fits the card where that is
+cheap to know), and the total; `--explain` adds the derivation of every figure. The SFT figures (below): tokens/s,
+seconds per optimizer step, hours per epoch on the configured data, the packing efficiency, and which experts-LoRA and
+Mamba paths the run takes; GRPO, evaluation and vote hours come from lab.eval.estimate_infer. Every figure is a
+projection from one measured run plus stated derivations, unless the card has a calibration that applies (`python -m
+lab calibrate` on it, `load_calibration`; or `--calibration PATH`): then the SFT micro-step is the one it measured,
+and the JSON and the print say which (`sft.source`: measured | projected).
 
 **Measured** (RESULTS.md, "First contact with a GPU": one H100 80GB HBM3, 2026-11-27, `bench/gpu_memory.py`, a
 real-width slice with one Mamba-2, one attention and one MoE block, bf16, the experiment=competition LoRA: rank 32 on
@@ -38,25 +43,29 @@ step plus 22 Mamba-2, 5 attention and 22 MoE blocks more) gives 1.12 s at 1,024 
    best-fit-decreasing into micro-steps of up to `sft.pack_tokens` tokens (else `sft.max_seq_len`), each row's
    attention alone (`sft.packed_attention=varlen`, lab.model.packed_rows: the measured single-row attention line
    applies to each row; with `mask` sdpa computes the whole pack's T x T and the projection says it leaves that out).
-   A pack longer than the measured 8,192 tokens extrapolates the measured per-token line (printed). Both are printed. The optimizer step keeps the recipe's rows (`batch_size x grad_accum`), so seconds per
+   A pack longer than the measured 8,192 tokens extrapolates the measured per-token line (printed). Both are printed.
+   The optimizer step keeps the recipe's rows (`batch_size x grad_accum`), so seconds per
    step = epoch seconds / ceil(rows / (batch_size x grad_accum)).
 
-The JSON (`--json`): {"sft": {"tokens_per_s", "hours_per_epoch", "step_seconds", "packing", "experts_lora",
-"mamba_path", "packed": {...}, "unpacked": {...}, "card", "rows", "notes"}} for the configured packing; more
-sections join through `SECTIONS` (below).
+The JSON (`--json`): {"card", "stages": [one record per stage: "stage", "hours", "parts", "cost", "card",
+"kaggle"], "total": {"hours", "kernels", "cost" with a price}, "held_out", "kaggle", "sft": {"tokens_per_s",
+"hours_per_epoch", "step_seconds", "packing", "experts_lora", "mamba_path", "source", "packed": {...},
+"unpacked": {...}, "card", "rows", "notes"}, "grpo", "eval", "vote"}; more sections join through `SECTIONS` (below).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
+import io
 import json
 import math
 from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.eval.estimate_infer import CARD_BANDWIDTH, CONSTANTS
@@ -244,6 +253,80 @@ def cost_model(values: dict, card: str, experts_lora: str, experts_rank: int) ->
     return Model(fixed + fold_s, per, out)
 
 
+# ---- a calibration measured on the card (python -m lab calibrate, lab.train.calibrate) -------------------------------
+
+CALIBRATION_MADE_BY = "python -m lab calibrate"
+
+
+def calibration_dir() -> Path:
+    """Where `python -m lab calibrate` keeps each card's calibration (`<gpu.name>.json`), a folder the lab made."""
+    from lab.core.paths import project_root
+
+    return project_root() / "outputs" / "calibration"
+
+
+def recipe_key(cfg: DictConfig, values: dict) -> str:
+    """What a calibrated micro-step depends on besides the card: the model's shapes and the training recipe."""
+    s = cfg.sft
+    src = {"values": {k: v for k, v in sorted(values.items()) if k not in ("torch_dtype", "architectures",
+                                                                            "auto_map", "transformers_version")},
+           "lora": OmegaConf.to_container(s.lora, resolve=True), "packing": bool(s.get("packing", False)),
+           "pack_tokens": s.get("pack_tokens"), "packed_attention": str(s.get("packed_attention", "mask")),
+           "checkpointing": bool(s.gradient_checkpointing), "optim": str(cfg.gpu.optim or "adamw_torch_fused"),
+           "experts_rank": cfg.gpu.experts_rank, "dtype": str(cfg.model.dtype)}
+    return hashlib.sha256(json.dumps(src, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load_calibration(cfg: DictConfig, card: str, path: str | None = None) -> tuple[dict | None, str]:
+    """(the calibration that applies to `card` and the configured model and recipe, or None; a line saying which
+    file, or why none). `path` (--calibration) must apply (else a LabError); without it the card's file in
+    `calibration_dir()` is used when it exists and applies."""
+    from lab.train.memory import model_config_values
+
+    p = Path(path) if path else calibration_dir() / f"{card}.json"
+    if not p.is_file():
+        if path:
+            raise LabError(f"--calibration {path}: no such file")
+        return None, f"no calibration of {card} at {p} (python -m lab calibrate writes it on the card)"
+    try:
+        cal = json.loads(p.read_text(encoding="utf-8"))
+        meta, fit = cal["meta"], cal["speed"]["fit"]
+        ok = meta.get("made_by") == CALIBRATION_MADE_BY and math.isfinite(fit["fixed_s"]) and fit["us_per_token"] > 0
+    except (ValueError, KeyError, TypeError) as e:
+        meta, ok, why = {}, False, f"not a finished calibration ({type(e).__name__}: {e})"
+    else:
+        why = "" if ok else "not a calibration made by python -m lab calibrate, or its fit is not finite"
+    if ok and meta.get("card") != card:
+        ok, why = False, f"measured on {meta.get('card')}, not {card}"
+    if ok and meta.get("recipe_key") != recipe_key(cfg, model_config_values(cfg)):
+        ok, why = False, "measured for another model or recipe (recipe_key differs: rerun python -m lab calibrate)"
+    if not ok:
+        if path:
+            raise LabError(f"--calibration {path}: {why}")
+        return None, f"calibration {p} not used: {why}"
+    return {**cal, "path": str(p)}, f"calibration {p}"
+
+
+def measured_model(cal: dict) -> Model:
+    """The micro-step line a calibration measured: its least-squares fit over the timed packs."""
+    m, fit = cal["meta"], cal["speed"]["fit"]
+    packs = ", ".join(f"{k:,}" for k in sorted(map(int, cal["speed"].get("packs", {}))))
+    return Model(fit["fixed_s"], fit["us_per_token"] / 1e6, [
+        f"MEASURED by python -m lab calibrate on {m.get('device')} (gpu={m.get('card')}), {m.get('date')}, lab commit "
+        f"{m.get('lab_commit')}: {cal['path']}",
+        f"measured micro-step: {fit['fixed_s']:.3f} s + {fit['us_per_token']:.1f} us/token (least squares over packs "
+        f"of {packs} tokens, full depth, the recipe's LoRA, paths and optimizer)"])
+
+
+def measured_label(cal: dict | None) -> dict:
+    """The JSON's label of where a figure comes from."""
+    if cal is None:
+        return {"source": "projected", "projected_from": MEASURED["source"]}
+    m = cal["meta"]
+    return {"source": "measured", "measured": {k: m.get(k) for k in ("card", "device", "date", "lab_commit")}
+            | {"path": cal["path"]}}
+
+
 # ---- rows and packing ----------------------------------------------------------------------------------------------
 
 def pack_bfd(tokens: list[int], capacity: int) -> list[int]:
@@ -416,14 +499,17 @@ def _figures(model: Model, steps: list[int], units: int, per_step: int, capacity
             "fill": sum(steps) / (len(steps) * capacity) if steps else 0.0}
 
 
-def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: bool = False) -> tuple[dict, list[str]]:
-    """The SFT projection (module docstring) as (JSON dict, printed lines)."""
+def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: bool = False,
+                calibration: str | None = None) -> tuple[dict, list[str]]:
+    """The SFT figures as (JSON dict, printed lines): projected (module docstring), or from the card's calibration
+    (`load_calibration`) when one applies."""
     from lab.train.memory import model_config_values
 
     values = model_config_values(cfg)
     el, mp = experts_lora_path(cfg), mamba_path(cfg, values)
     rank = int(cfg.gpu.experts_rank or cfg.sft.lora.r)
-    model = cost_model(values, card, el if el != "none" else "none", rank)
+    cal, cal_line = load_calibration(cfg, card, calibration)
+    model = measured_model(cal) if cal else cost_model(values, card, el if el != "none" else "none", rank)
     tokens, source = row_tokens(cfg, sample, assume)
     if not tokens:
         raise LabError(f"lab.train.estimate: no SFT rows ({source})")
@@ -442,18 +528,25 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
     t = np.asarray(tokens)
     notes = [f"rows: {source}",
              f"rows: {len(tokens):,}, {real:,} tokens (median {int(np.median(t)):,}, mean {t.mean():,.0f}, max "
-             f"{t.max():,})", *model.lines,
+             f"{t.max():,})", f"calibration: {cal_line}", *model.lines,
              "not modelled: evaluation, checkpoint saves, data loading, a trained router's imbalance"]
     if card != str(cfg.gpu.name):
         notes.insert(0, f"gpu={cfg.gpu.name}: no card configured; projected for {card}")
+    if not assume and data_sources(cfg)[0] == SHARED_DATA:
+        notes.insert(1, f"rows: of ../shared's sample ({SHARED_DATA.name}), not the competition's train.csv "
+                        "(data.path): an epoch's hours grow with its rows")
     out = {"tokens_per_s": chosen["tokens_per_s"], "hours_per_epoch": chosen["hours_per_epoch"],
            "step_seconds": chosen["step_seconds"],
            "packing": {"enabled": packing, "efficiency": packed["fill"], "unpacked_fill": unpacked["fill"],
                        "micro_steps_packed": packed["micro_steps"], "micro_steps_unpacked": unpacked["micro_steps"]},
-           "experts_lora": el, "mamba_path": mp.split(":")[0], "card": card, "projected": True,
+           "experts_lora": el, "mamba_path": mp.split(":")[0], "card": card, "projected": cal is None,
+           **measured_label(cal),
            "fixed_s_per_micro_step": model.fixed_s, "us_per_token": model.per_token_s * 1e6,
            "rows": len(tokens), "tokens": real, "packed": packed, "unpacked": unpacked, "notes": notes}
-    lines = [f"SFT on {card}, all figures PROJECTED (lab.train.estimate; not measured by this command)",
+    head = (f"SFT on {card}: the micro-step MEASURED (gpu={cal['meta'].get('card')}, {cal['meta'].get('date')}, lab "
+            f"commit {cal['meta'].get('lab_commit')}); the epoch figures computed from it over these rows" if cal else
+            f"SFT on {card}, all figures PROJECTED (lab.train.estimate; not measured by this command)")
+    lines = [head,
              f"  experts LoRA: {el}    Mamba path: {mp}", *("  " + n for n in notes),
              f"  a micro-step: {model.fixed_s:.3f} s + {model.per_token_s * 1e6:.1f} us x tokens"]
     for name, f in (("unpacked", unpacked), ("packed", packed)):
@@ -464,7 +557,7 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
                      f"{f['hours_per_epoch']:.3f} h/epoch, {f['step_seconds']:.2f} s per optimizer step "
                      f"({f['optimizer_steps']} steps of {f['step_unit']}), fill {f['fill']:.1%} of "
                      f"{pack if name == 'packed' else cap:,}-token micro-steps{mark}")
-    if packing and pack > max(MEASURED["tokens"]):
+    if packing and pack > max(MEASURED["tokens"]) and not cal:
         lines.append(f"  packs of {pack:,} tokens: the per-token line is extrapolated past the measured "
                      f"{max(MEASURED['tokens']):,}-token step (sft.pack_tokens)")
     if packing and str(cfg.sft.get("packed_attention", "mask")) == "mask":
@@ -501,7 +594,17 @@ def inference_sections(cfg: DictConfig, card: str, **_) -> tuple[dict, list[str]
     from lab.eval import estimate_infer
 
     r = rollout_figures(cfg, card)
-    return estimate_infer.sections(cfg, card, r), ["", *estimate_infer.report(cfg, card, r).splitlines()]
+    out = estimate_infer.sections(cfg, card, r)
+    out["grpo"].update(grpo_label())
+    return out, ["", *estimate_infer.report(cfg, card, r).splitlines(), f"  GRPO: {out['grpo']['source_detail']}"]
+
+
+def grpo_label() -> dict:
+    """GRPO's figures stay projected: the calibration measures no vLLM decode step yet (its `vllm` key), and the
+    training part uses SFT's projected micro-step line (`cost_model`) with lab.eval.estimate_infer's constants."""
+    return {"source": "projected", "source_detail": "PROJECTED from lab.eval.estimate_infer's CONSTANTS (each with its "
+            "source) and SFT's projected micro-step line (cost_model); python -m lab calibrate does not measure "
+            "vLLM's decode step yet"}
 
 
 # ---- sections: each (cfg, card, **options) -> (JSON dict, printed lines), under its name in the JSON -----------------
@@ -519,14 +622,186 @@ def card_of(cfg: DictConfig) -> str:
     return name
 
 
-def estimate(cfg: DictConfig, sample: int | None = None, assume: bool = False) -> tuple[dict, list[str]]:
+def estimate(cfg: DictConfig, sample: int | None = None, assume: bool = False,
+             calibration: str | None = None) -> tuple[dict, list[str]]:
     card = card_of(cfg)
     out, lines = {}, []
     for name, fn in SECTIONS.items():
-        d, text = fn(cfg, card, sample=sample, assume=assume)
+        d, text = fn(cfg, card, sample=sample, assume=assume, calibration=calibration)
         out.update(d if name is None else {name: d})
         lines += text
     return out, lines
+
+
+# ---- the pipeline on the card: one record per stage, for the renting decision ---------------------------------------
+
+def lora_counts(cfg: DictConfig, values: dict) -> tuple[int, int]:
+    """(base, trainable LoRA parameters): `lab.train.memory.param_counts` (the meta model, seconds to build), kept on
+    disk beside the token counts, keyed by the model's shape, the LoRA config and the code and versions that count."""
+    import peft
+    import transformers
+
+    from lab.core.io import atomic_write_json, read_json
+    from lab.core.paths import project_root
+    from lab.train.memory import param_counts
+
+    here = Path(__file__).resolve().parents[1]
+    code = [_sha(here / f) for f in ("model/lora.py", "model/experts_lora.py", "train/memory.py")]
+    key_src = {"values": values, "lora": OmegaConf.to_container(cfg.sft.lora, resolve=True),
+               "experts_rank": OmegaConf.select(cfg, "gpu.experts_rank", default=None), "code": code,
+               "versions": [transformers.__version__, peft.__version__]}
+    key = hashlib.sha256(json.dumps(key_src, sort_keys=True, default=str).encode()).hexdigest()[:20]
+    cache = (CACHE or project_root() / "outputs" / ".cache" / "estimate") / f"params_{key}.json"
+    if cache.is_file():
+        got = read_json(cache)
+        if got.get("key") == json.loads(json.dumps(key_src, sort_keys=True, default=str)) and min(got["counts"]) > 0:
+            return int(got["counts"][0]), int(got["counts"][1])
+    counts = param_counts(cfg, values)
+    atomic_write_json(cache, {"key": key_src, "counts": list(counts)})
+    return counts
+
+
+def _eval_hours(cfg: DictConfig, card: str, puzzles: int) -> float:
+    """One greedy pass over `puzzles` held-out puzzles (lab.eval.estimate_infer.generation_s, every prompt at once)."""
+    from lab.eval import estimate_infer
+
+    return estimate_infer.generation_s(puzzles, int(cfg.infer.max_tokens), int(cfg.infer.max_num_seqs), card)[0] / 3600
+
+
+def _stage_hours(cfg: DictConfig, card: str, out: dict, stage: str, val: int) -> list[tuple[str, float]]:
+    """The GPU work of `stage` as (what, projected hours) parts; [] for a stage with none."""
+    ev = _eval_hours(cfg, card, val)
+    if stage == "02_sft":
+        sft = out["sft"]
+        epochs = float(cfg.sft.epochs)
+        if int(cfg.sft.max_steps) > 0:
+            epochs = min(epochs, int(cfg.sft.max_steps) / max(1, sft["packed" if sft["packing"]["enabled"]
+                                                                   else "unpacked"]["optimizer_steps"]))
+        return [(f"training {epochs:g} epoch x {sft['hours_per_epoch']:.3f} h", epochs * sft["hours_per_epoch"]),
+                (f"base model's evaluation, {val:,} held-out puzzles", ev),
+                (f"adapter's evaluation, {val:,} held-out puzzles", ev)]
+    if stage == "03_grpo":
+        g = out["grpo"]
+        steps = int(cfg.grpo.max_steps)
+        return [(f"pass rates ({cfg.grpo.n_prompts} prompts x {cfg.grpo.pass_rate_k})", g["pass_rate_hours"]),
+                (f"training {steps} steps x {g['step_minutes']:.2f} min", steps * g["step_minutes"] / 60),
+                (f"adapter's evaluation, {val:,} held-out puzzles", ev)]
+    if stage == "04_vote":
+        from lab.eval import estimate_infer
+
+        v = estimate_infer.vote_hours(cfg, card, puzzles=val)
+        return [(f"k={v['k']} samples x {val:,} held-out puzzles (the greedy pass: 03_grpo's, from the evaluation "
+                 "cache)", v["hours"])]
+    return []
+
+
+# the stages of the pipeline (lab.runs.pipeline.STAGES) and what the GPU does in each
+STAGE_WORK = {"01_explore": "the split and the solvers (CPU)", "02_sft": "SFT and two evaluations",
+              "03_grpo": "GRPO and one evaluation", "04_vote": "sampled votes", "05_errors": "error analysis (CPU)"}
+
+
+def _card_fit(cfg: DictConfig, stage: str, counts: tuple[int, int] | None, values: dict) -> str:
+    """Whether `stage` fits the card, from what is cheap to know: GRPO's generation phase is bounded from shapes
+    (lab.train.memory.generation_phase); a training step's peak needs its trace (`python -m lab memory`), which this
+    command does not run (it runs the whole model's step on fake tensors; the stage's preflight runs it and refuses a
+    step that does not fit)."""
+    if stage not in ("02_sft", "03_grpo", "04_vote"):
+        return "no GPU work"
+    if stage == "04_vote":
+        return "serves the model in vLLM (not bounded here)"
+    step = f"step: python -m lab memory --stage {stage[3:]}"
+    if stage == "03_grpo" and cfg.grpo.rollout_backend == "vllm" and counts is not None:
+        from lab.train.memory import generation_phase
+
+        ph = generation_phase(cfg, values, counts=counts)
+        if ph.get("fits") is None:
+            return f"rollouts: no card size; {step}"
+        return (f"rollouts {'fit' if ph['fits'] else 'do NOT fit'} ({ph['engine_need_gib']:.0f} of "
+                f"{ph['engine_share_gib']:.0f} GiB); {step}")
+    return f"not traced here; {step}"
+
+
+def pipeline(cfg: DictConfig, out: dict, card: str, stages: list[str] | None = None,
+             price: float | None = None) -> dict:
+    """{"stages": one record per stage of the pipeline on `card`, "total", "held_out"}, from the sections' figures
+    in `out` (`estimate`). A record: the stage's projected hours and their parts, the cost at `price` per hour,
+    whether it fits the card (`_card_fit`) and Kaggle's limits (one kernel's `kaggle.run_limit_h` less
+    `kaggle.budget_margin_min`; the kept output against `kaggle.output_limit_gb`, lab.train.output_plan). The total:
+    hours and kernels (and cost, given a price) over the stages, and those it could not project."""
+    from lab.train import output_plan
+    from lab.train.memory import model_config_values
+
+    stages = list(stages or STAGE_WORK)
+    val, val_how = output_plan.val_rows(cfg)
+    values = model_config_values(cfg)
+    gpu = [s for s in stages if s in ("02_sft", "03_grpo", "04_vote")]
+    with contextlib.redirect_stdout(io.StringIO()):  # attach_lora's table: the counts are all this needs
+        counts = lora_counts(cfg, values) if gpu else None
+    usable = float(cfg.kaggle.run_limit_h) - float(cfg.kaggle.budget_margin_min) / 60
+    records = []
+    for stage in stages:
+        parts = _stage_hours(cfg, card, out, stage, val)
+        hours = sum(h for _, h in parts) if parts else None
+        plan = output_plan.planned_output_bytes(cfg, stage, counts[1] if counts else 0)
+        kept = sum(plan["working"].values())
+        kernels = max(1, math.ceil(hours / usable)) if hours else 1
+        resumable = stage in output_plan.TRAINING
+        records.append({
+            "stage": stage, "work": STAGE_WORK[stage], "hours": hours, "projected": bool(parts),
+            "parts": [{"what": w, "hours": h} for w, h in parts],
+            "cost": None if price is None or hours is None else hours * price,
+            "card": _card_fit(cfg, stage, counts, values),
+            "kaggle": {"kernels": kernels, "fits_one_kernel": kernels == 1, "resumable": resumable,
+                       "kernel_hours": usable, "kept_gb": kept / output_plan.GB,
+                       "kept_limit_gb": plan["limit"] / output_plan.GB, "kept_fits": kept <= plan["limit"]}})
+    total = {"hours": sum(r["hours"] or 0.0 for r in records), "kernels": sum(r["kaggle"]["kernels"] for r in records),
+             "not_projected": [r["stage"] for r in records if r["hours"] is None]}
+    if price is not None:
+        total.update(cost=total["hours"] * price, price_per_hour=price)
+    return {"stages": records, "total": total, "held_out": {"puzzles": val, "source": val_how},
+            "kaggle": {"machine_shape": cfg.kaggle.machine_shape, "kernel_hours": usable,
+                       "kept_limit_gb": float(cfg.kaggle.output_limit_gb)}}
+
+
+def _fmt(x: float | None, width: int) -> str:
+    return f"{'-':>{width}}" if x is None else f"{x:{width}.2f}"
+
+
+def table_lines(p: dict, card: str, sft_source: str = "projected") -> list[str]:
+    """The per-stage table of `pipeline`'s answer `p`, its total and what its figures rest on, for a terminal;
+    `sft_source` "measured" when SFT's micro-step comes from this card's calibration."""
+    records, total = p["stages"], p["total"]
+    price = total.get("price_per_hour")
+    cost = price is not None
+    k = p["kaggle"]
+    head = (f"{'stage':<11}{'hours':>7}" + (f"{'cost':>9}" if cost else "")
+            + f"  {'Kaggle: kernels, kept':<28}  fits the card")
+    how = ("PROJECTED hours (but SFT's micro-step: MEASURED by calibrate" if sft_source == "measured"
+           else "PROJECTED hours (not measured by this command")
+    lines = [f"The pipeline on {card}: {how}; --explain shows the derivation)"
+             + (f", cost at {price:g} per hour" if cost else ""), head]
+    for r in records:
+        kg = r["kaggle"]
+        kernel = ("1 kernel" if kg["fits_one_kernel"] else f"{kg['kernels']} kernels"
+                  + (" (resumes)" if kg["resumable"] else " NO RESUME")) \
+            + f", {kg['kept_gb']:.1f} GB" + ("" if kg["kept_fits"] else " OVER")
+        lines.append(f"{r['stage']:<11}{_fmt(r['hours'], 7)}" + (f"{_fmt(r['cost'], 9)}" if cost else "")
+                     + f"  {kernel:<28}  {r['card']}")
+    lines.append(f"{'total':<11}{total['hours']:7.2f}" + (f"{total['cost']:9.2f}" if cost else "")
+                 + f"  {total['kernels']} kernels")
+    lines.append(f"Kaggle: one kernel runs {k['kernel_hours']:g} h (kaggle.run_limit_h less kaggle.budget_margin_min; "
+                 f"a training stage stops and resumes in the next), keeps {k['kept_limit_gb']:g} GB "
+                 f"(lab.train.output_plan: python -m lab kaggle plan); the hours are {card}'s, Kaggle's kernels run on "
+                 f"kaggle.machine_shape={k['machine_shape']}")
+    h = p["held_out"]
+    lines.append(f"each stage's hours (held-out puzzles: {h['puzzles']:,}, {h['source']}):")
+    for r in records:
+        if r["parts"]:
+            lines.append(f"  {r['stage']} {r['hours']:.2f} h = " + " + ".join(f"{p['hours']:.2f} ({p['what']})"
+                                                                          for p in r["parts"]))
+        else:
+            lines.append(f"  {r['stage']}: {r['work']}, not projected")
+    return lines
 
 
 def stage_projection(stage: str, cfg: DictConfig) -> list[str]:
@@ -548,20 +823,36 @@ def stage_projection(stage: str, cfg: DictConfig) -> list[str]:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m lab estimate [OVERRIDES...] [--json PATH] [--sample N] [--assume-rows]`"""
+    """`python -m lab estimate [OVERRIDES...] [--price-per-hour X] [--explain] [--json PATH] [--stages ...]`"""
+    ap = argparse.ArgumentParser(prog="python -m lab estimate", description="what the configured pipeline costs on the "
+                                 "gpu= card, projected before anything is loaded: hours per stage and in all, the cost "
+                                 "at --price-per-hour, and whether each stage fits the card and Kaggle's limits")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=nemotron_nano experiment=competition")
+    ap.add_argument("--price-per-hour", type=float, default=None, help="the card's rental price per hour: adds a cost "
+                    "column and total (in that currency)")
+    ap.add_argument("--stages", nargs="+", default=None, choices=list(STAGE_WORK), metavar="STAGE",
+                    help=f"the stages to cost (default: all, {' '.join(STAGE_WORK)})")
+    ap.add_argument("--explain", action="store_true", help="print the derivation behind each figure after the table")
+    ap.add_argument("--json", default=None, help="write every figure as JSON here (stages, total, and each section)")
+    ap.add_argument("--sample", type=int, default=None, help="count tokens on N training puzzles (seeded), scaled")
+    ap.add_argument("--assume-rows", action="store_true", help="skip counting: the stated assumed row lengths")
+    ap.add_argument("--calibration", default=None, help="a calibration of this card, model and recipe (python -m lab "
+                    "calibrate); default: outputs/calibration/<gpu.name>.json when it exists and applies")
+    a = ap.parse_intermixed_args(argv)
     from lab.core.config import compose
     from lab.core.io import atomic_write_text
 
-    ap = argparse.ArgumentParser(prog="python -m lab estimate", description="project SFT speed, GRPO, evaluation and vote time on the gpu= card "
-                                 "before anything is loaded (module docstring of lab/train/estimate.py)")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=nemotron_nano experiment=competition")
-    ap.add_argument("--json", default=None, help="write the figures as JSON here")
-    ap.add_argument("--sample", type=int, default=None, help="count tokens on N training puzzles (seeded), scaled")
-    ap.add_argument("--assume-rows", action="store_true", help="skip counting: the stated assumed row lengths")
-    a = ap.parse_intermixed_args(argv)
+    if a.price_per_hour is not None and not a.price_per_hour >= 0:
+        raise LabError(f"--price-per-hour {a.price_per_hour}: a price is 0 or more")
     cfg = compose(a.overrides)
-    out, lines = estimate(cfg, a.sample, a.assume_rows)
-    print("\n".join(lines))
+    out, lines = estimate(cfg, a.sample, a.assume_rows, a.calibration)
+    card = card_of(cfg)
+    p = pipeline(cfg, out, card, a.stages, a.price_per_hour)
+    out = {"card": card, **p, **out}
+    notes = [ln.strip() for ln in out["sft"]["notes"] if ln.startswith(("rows:", "gpu=", "calibration:"))]
+    print("\n".join(table_lines(p, card, out["sft"].get("source", "projected")) + [f"  SFT {n}" for n in notes]))
+    if a.explain:
+        print("\n" + "\n".join(lines))
     if a.json:
         atomic_write_text(Path(a.json), json.dumps(out, indent=1, default=float))
     return 0

@@ -59,7 +59,6 @@ What it simplifies:
 
 from __future__ import annotations
 
-import argparse
 import json
 import math
 import time
@@ -628,7 +627,8 @@ def optimizer_bytes_per_param(cfg: DictConfig) -> tuple[float, str]:
 
 # ---- GRPO's generation phase (rollout_backend=vllm): a bound from shapes, not a trace --------------------------------
 
-def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None) -> dict:
+def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
+                     counts: tuple[int, int] | None = None) -> dict:
     """GPU memory while GRPO samples through vLLM on the same card (`grpo.rollout_backend=vllm`): the engine holds the
     bf16 base weights, one adapter slot and the cache of the round's sequences, inside its share
     (`grpo.vllm_gpu_memory_utilization` of the card, which vLLM claims whole; null: `gpu.max_use` of the card less the
@@ -642,9 +642,10 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None) -
     sequence in flight (the rollout engine's own `grpo.max_num_seqs`; null: as many as the share holds beside the
     weights and the adapter, in eights, at most one round's sequences) at model.max_model_len tokens;
     each Mamba layer's state per sequence, SSM heads x head_dim x state in `mamba_ssm_cache_dtype` (config.json) plus
-    the conv state (conv_kernel - 1) x (heads x head_dim + 2 x n_groups x state) in bf16."""
+    the conv state (conv_kernel - 1) x (heads x head_dim + 2 x n_groups x state) in bf16. `counts`: (base, LoRA
+    parameters) when the caller has them (`param_counts` otherwise)."""
     values = dict(values or model_config_values(cfg))
-    base, P = param_counts(cfg, values)
+    base, P = counts or param_counts(cfg, values)
     pattern = str(values.get("hybrid_override_pattern", ""))
     attn, mamba = pattern.count("*"), pattern.count("M")
     g = cfg.grpo
@@ -826,35 +827,3 @@ def check_fits(cfg: DictConfig, stage: str = "sft") -> Trace | None:
             raise LabError(msg)
         print("WARNING: " + msg)
     return t
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`python -m lab memory [OVERRIDES...] [--stage sft|grpo] [--tokens N] [--mamba kernel|torch] [--json PATH]`"""
-    from lab.core.config import compose
-    from lab.core.io import atomic_write_text
-
-    ap = argparse.ArgumentParser(prog="python -m lab memory", description="trace one training micro-step of the "
-                                 "composed config on fake tensors and print its peak memory")
-    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. model=nemotron_nano experiment=competition")
-    ap.add_argument("--stage", choices=("sft", "grpo"), default="sft")
-    ap.add_argument("--tokens", type=int, default=None, help="tokens per row (default: the config's)")
-    ap.add_argument("--rows", type=int, default=None, help="rows per micro-step (default: sft.batch_size; GRPO: "
-                    "one pack of grpo.pack_tokens with grpo.packing, else grpo.per_device_train_batch_size, else "
-                    "prompts_per_step x num_generations)")
-    ap.add_argument("--mamba", choices=("kernel", "torch"), default="kernel",
-                    help="kernel: mamba_ssm + causal_conv1d (what real training requires); torch: transformers' "
-                         "PyTorch scan (what runs when they are absent)")
-    ap.add_argument("--json", default=None, help="write the result as JSON here")
-    a = ap.parse_intermixed_args(argv)
-    cfg = compose(a.overrides)
-    t = trace(cfg, a.stage, a.tokens, mamba=a.mamba, rows=a.rows)
-    card, use = gpu_gib(cfg), float(cfg.gpu.max_use)
-    print(report(t, card, use))
-    out, ok = as_json(t, card, use), card is None or t.peak_gib <= use * card
-    if a.stage == "grpo" and cfg.grpo.rollout_backend == "vllm":  # the other phase: the engine samples, the trainer waits
-        ph = generation_phase(cfg)
-        print(generation_report(ph, use))
-        out["generation"], ok = ph, ok and ph.get("fits", True)
-    if a.json:
-        atomic_write_text(Path(a.json), json.dumps(out, indent=1))
-    return 0 if ok else 1

@@ -216,6 +216,22 @@ REWARDS: dict[str, Callable[..., list]] = {
 }
 
 
+# each reward's range (the module docstring): what a mean of them can be, for its plotted interval
+RANGES = {"correctness": (0.0, 1.0), "format": (0.0, 1.0), "length": (-1.0, 0.0), "trace_agreement": (0.0, 1.0)}
+
+
+def log_bounds(weights: Mapping[str, Any]) -> dict[str, tuple[float, float]]:
+    """The range of each logged reward mean (TRL's `rewards/<name>/mean`) and of the weighted total (`reward`) under
+    the config's ``grpo.rewards`` weights: a mean of values in [a, b] stays in [a, b]."""
+    out, lo, hi = {}, 0.0, 0.0
+    for name, w in dict(weights or {}).items():
+        a, b = RANGES[str(name)]
+        out[f"rewards/{name}/mean"] = (a, b)
+        lo, hi = lo + min(w * a, w * b), hi + max(w * a, w * b)
+    out["reward"] = (lo, hi)
+    return out
+
+
 # ----------------------------------------------------------------------------------------------
 # build: config mapping -> (reward_funcs, reward_weights)
 # ----------------------------------------------------------------------------------------------

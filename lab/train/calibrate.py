@@ -1,0 +1,714 @@
+"""`python -m lab calibrate [OVERRIDES...] [--json PATH]`: a rented card's first minutes, measured. Random weights at
+the configured model's shapes (nothing downloaded); every step's result is written (atomically) as soon as it ends,
+so a run killed mid-way keeps what it measured. Without a GPU the same steps run on the composed model (the tiny one
+by default) with small packs, and the JSON says so: a CPU calibration is never read as a card's.
+
+Steps, each one key of the JSON (docs/calibrate.md has the design and the time budget):
+- `meta`: the card (`gpu=`), the device, the date, the lab's commit, the model and recipe key `lab estimate` checks.
+- `env`: versions; which kernels import; whether each call the lab makes into a GPU-only package binds to the
+  installed function (`inspect.signature(...).bind`) and whether the Mamba kernels take `seq_idx`.
+- `exact.<path>`: each fast path against its slow path, outputs and LoRA gradients, `{err, base, bound, negative,
+  factor, ok}`. On a GPU the candidate runs in bf16 on a real-width slice (one Mamba-2, one attention, one MoE
+  block) against the slow path in fp32; on the CPU in fp32 against fp64 on the composed model. `base` is the slow
+  path's own error in the candidate's dtype; bound = 4 x base + 4 eps; the negative control (a known-wrong variant
+  of the fast path) must lie `factor` x beyond the bound (1,000 in fp32, 10 in bf16, whose bound is already ~1e-2).
+  Errors are max |a - b| / max |b| per tensor, the worst tensor. A path whose kernel is absent is
+  `{"skipped": why}`, with `cpu_branch`: the same comparison on the branch the lab takes here.
+- `speed`: full depth, the recipe's LoRA, paths and optimizer; packs of 1,024 / 8,192 / 16,384 tokens (CPU: 64 /
+  256 / 512) of rows drawn from the data's row lengths, one warm-up and three timed steps each, the allocator's peak
+  beside `lab memory`'s trace; the fold and unfused paths at the smallest pack; one GRPO-length row (training and
+  a no-grad forward); the least-squares fit `speed.fit.{fixed_s, us_per_token}` over the packs.
+- `vllm`: "absent" when vLLM does not import (the vLLM measurements are not written yet: see docs/calibrate.md).
+
+Written to `--json PATH` (a new file, or one this command made) and to `outputs/calibration/<gpu.name>.json` (CPU:
+`cpu.json`), a folder the lab made; `python -m lab estimate` reads the configured card's file (lab.train.estimate)."""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import copy
+import datetime
+import importlib
+import importlib.util
+import inspect
+import json
+import platform
+import time
+from pathlib import Path
+from unittest import mock
+
+import numpy as np
+from omegaconf import DictConfig, OmegaConf
+
+from lab import LabError
+from lab.core.io import MADE_MARKER, atomic_write_json
+from lab.train import estimate
+
+MADE_BY = estimate.CALIBRATION_MADE_BY
+GPU_PACKS = (1024, 8192, 16384)
+CPU_PACKS = (64, 256, 512)
+EXACT_TOKENS = {"cuda": 2048, "cpu": 96}  # one pack of rows for the exactness checks
+EXACT_PATHS = ("packed_rows_fused", "packed_rows_unfused", "varlen_attention", "routed_experts")
+PACKAGES = ("torch", "transformers", "peft", "trl", "accelerate", "triton", "mamba_ssm", "causal_conv1d",
+            "bitsandbytes", "vllm")
+
+
+# ---- where it writes ------------------------------------------------------------------------------------------------
+
+def default_path(cfg: DictConfig, cuda: bool) -> Path:
+    """outputs/calibration/<gpu.name>.json on a GPU (what `lab estimate` reads), cpu.json without one."""
+    return estimate.calibration_dir() / (f"{cfg.gpu.name}.json" if cuda else "cpu.json")
+
+
+def check_writable(path: Path, default: bool) -> None:
+    """A LabError unless `path` is new or a calibration this command made; the default folder must be the lab's
+    (made by `make_default_folder`) or absent."""
+    folder = path.parent
+    if default and folder.exists() and not (folder / MADE_MARKER).is_file():
+        raise LabError(f"{folder}: exists but the lab did not make it (no {MADE_MARKER}); calibrations go only "
+                       "into a folder the lab made: move it away")
+    if path.exists():
+        try:
+            made = json.loads(path.read_text(encoding="utf-8")).get("meta", {}).get("made_by") == MADE_BY
+        except (ValueError, AttributeError, OSError):
+            made = False
+        if not made:
+            raise LabError(f"{path}: exists and is not a calibration made by {MADE_BY}; nothing was written: choose "
+                           "a new path")
+
+
+def make_default_folder(path: Path) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    (path.parent / MADE_MARKER).write_text("made by the lab (python -m lab calibrate)\n", encoding="utf-8")
+
+
+# ---- meta and env ---------------------------------------------------------------------------------------------------
+
+def step_meta(ctx) -> dict:
+    import torch
+
+    from lab.core.run import git_commit
+
+    cuda = ctx["cuda"]
+    return {"made_by": MADE_BY, "card": str(ctx["cfg"].gpu.name) if cuda else "cpu",
+            "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.processor() or platform.machine()})",
+            "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+            "lab_commit": git_commit(), "model": str(ctx["cfg"].model.name),
+            "recipe_key": estimate.recipe_key(ctx["cfg"], ctx["values"]),
+            "what": ("the configured model at full depth on this card" if cuda else
+                     "NO GPU: the composed model on the CPU with small packs; not a card's calibration")}
+
+
+def _version(name: str) -> str | None:
+    try:
+        from importlib.metadata import version
+
+        return version(name.replace("_", "-"))
+    except Exception:
+        return None
+
+
+def _bind(module: str, attr: str, args: tuple, kwargs: dict) -> dict:
+    """Whether `module.attr(*args, **kwargs)` binds to the installed function's signature."""
+    try:
+        fn = importlib.import_module(module)
+        for part in attr.split("."):
+            fn = getattr(fn, part)
+    except Exception as e:
+        return {"imports": False, "why": f"{type(e).__name__}: {str(e)[:200]}"}
+    try:
+        inspect.signature(fn).bind(*args, **kwargs)
+        return {"imports": True, "binds": True}
+    except TypeError as e:
+        return {"imports": True, "binds": False, "why": str(e)}
+
+
+# the calls the lab makes, spelled as it makes them (placeholder values: only the names and positions are bound)
+CALLS = {
+    "varlen_attn": ("torch.nn.attention.varlen", "varlen_attn", (0,) * 7,
+                    {"scale": None, "window_size": (-1, 0), "enable_gqa": True}),  # lab/model/packed_rows.py
+    "mamba_split_conv1d_scan_combined": (
+        "mamba_ssm.ops.triton.ssd_combined", "mamba_split_conv1d_scan_combined", (0,) * 5,
+        {"D": 0, "chunk_size": 0, "activation": "silu", "rmsnorm_weight": 0, "rmsnorm_eps": 0, "outproj_weight": None,
+         "outproj_bias": None, "headdim": 0, "ngroups": 0, "norm_before_gate": False, "return_final_states": False,
+         "dt_limit": (0.0, 1.0), "seq_idx": 0}),  # transformers' mixer + lab.model.lora's guard
+    "mamba_chunk_scan_combined": (
+        "mamba_ssm.ops.triton.ssd_combined", "mamba_chunk_scan_combined", (0,) * 5,
+        {"chunk_size": 0, "D": 0, "z": None, "dt_bias": 0, "initial_states": None, "dt_softplus": True,
+         "dt_limit": (0.0, 1.0), "return_final_states": False, "seq_idx": 0}),
+    "causal_conv1d_fn": ("causal_conv1d", "causal_conv1d_fn", (0, 0, 0), {"activation": "silu", "seq_idx": 0}),
+    "vllm.LLM.sleep": ("vllm", "LLM.sleep", (None,), {"level": 2}),  # lab/train/rollouts.py
+    "vllm.LLM.wake_up": ("vllm", "LLM.wake_up", (None,), {"tags": ["weights"]}),
+    "vllm.LLM.collective_rpc": ("vllm", "LLM.collective_rpc", (None, "reload_weights"), {}),
+    "vllm.LoRARequest": ("vllm.lora.request", "LoRARequest", ("a", 1, "/path"), {}),
+}
+
+
+def step_env(ctx) -> dict:
+    import torch
+
+    from lab.model import models, packed_rows
+
+    out = {"python": platform.python_version(), "packages": {p: _version(p) for p in PACKAGES},
+           "cuda": torch.version.cuda, "device": "cuda" if ctx["cuda"] else "cpu",
+           "kernels_missing": models.missing_mamba_kernels(),
+           "calls": {name: _bind(*spec) for name, spec in CALLS.items()}}
+    try:
+        import transformers.models.nemotron_h.modeling_nemotron_h as mh
+
+        out["takes_seq_idx"] = {n: packed_rows._takes_seq_idx(getattr(mh, n, None))
+                                for n in packed_rows.KERNEL_FUNCTIONS}
+    except Exception as e:
+        out["takes_seq_idx"] = f"{type(e).__name__}: {e}"
+    return out
+
+
+# ---- exactness ------------------------------------------------------------------------------------------------------
+
+def rel_err(a, b) -> float:
+    """max |a - b| / max |b| (b: the reference)."""
+    scale = float(b.abs().max())
+    return float((a.double() - b.double()).abs().max()) / (scale if scale > 0 else 1.0)
+
+
+def worst(cand: list, ref: list) -> float:
+    return max(rel_err(c, r) for c, r in zip(cand, ref, strict=True))
+
+
+def verdict(ref: list, base: list, cand: list, neg: list, dtype) -> dict:
+    """The `exact.<path>` entry: candidate and slow path in `dtype`, the negative control, against the reference."""
+    import torch
+
+    eps = torch.finfo(dtype).eps
+    factor = 1000.0 if dtype in (torch.float32, torch.float64) else 10.0
+    err, b, n = worst(cand, ref), worst(base, ref), worst(neg, ref)
+    bound = 4 * b + 4 * eps
+    return {"err": err, "base": b, "bound": bound, "negative": n, "factor": factor,
+            "ok": bool(err <= bound and n >= factor * bound)}
+
+
+def exact_values(ctx) -> dict:
+    """The model the exactness checks run: on a GPU a real-width slice (one block of each kind, in the real order),
+    on the CPU the composed model itself."""
+    values = dict(ctx["values"])
+    if ctx["cuda"]:
+        values.pop("layers_block_type", None)
+        values.update(hybrid_override_pattern="M*E", num_hidden_layers=3)
+    return values
+
+
+def exact_rows(ctx, total: int) -> list[int]:
+    """Row lengths for one pack of `total` tokens, from the data's distribution scaled to the pack (at least 4
+    rows, each at least 8 tokens)."""
+    rng = np.random.default_rng(0)
+    pool = np.asarray(ctx["rows"], dtype=float)
+    rows, left = [], total
+    while left > 0:
+        n = int(max(8, round(rng.choice(pool) * total / 4 / max(pool.mean(), 1))))
+        rows.append(min(n, left))
+        left -= rows[-1]
+    return rows if len(rows) > 1 else [total // 2, total - total // 2]
+
+
+def build_exact_model(ctx, values: dict, device: str):
+    """The configured LoRA attached (lab.model.lora.attach_lora) to randomly initialised weights, in fp32, with
+    every LoRA factor random (PEFT starts lora_B at zero, where any LoRA layout would pass)."""
+    import torch
+    from transformers import NemotronHConfig, NemotronHForCausalLM
+
+    from lab.model.lora import attach_lora
+
+    skip = ("model_type", "torch_dtype", "architectures", "auto_map")
+    torch.manual_seed(0)
+    with torch.device(device):
+        model = NemotronHForCausalLM(NemotronHConfig(**{k: v for k, v in values.items() if k not in skip})).float()
+    pm, _ = attach_lora(ctx["cfg"], model)
+    g = torch.Generator(device=device).manual_seed(1)
+    with torch.no_grad():
+        for n, p in pm.named_parameters():
+            if "lora_" in n:
+                p.copy_(torch.randn(p.shape, generator=g, device=device) * 0.02)
+    pm.train()
+    return pm
+
+
+def run_rows(pm, ids, rows: list[int], weights, packed: bool) -> list:
+    """Per-token log-probabilities of the next token and every LoRA gradient of sum(weights x log-probs): the rows
+    one by one (`packed=False`) or as one pack whose position_ids restart at each row."""
+    import torch
+
+    params = [p for n, p in pm.named_parameters() if "lora_" in n]
+    for p in params:
+        p.grad = None
+    bounds = np.cumsum([0, *rows])
+    if packed:
+        pos = torch.cat([torch.arange(n, device=ids.device) for n in rows])[None]
+        logits = pm(input_ids=ids[None], position_ids=pos, use_cache=False).logits[0].float()
+        parts = [logits[s:e] for s, e in zip(bounds[:-1], bounds[1:])]
+    else:
+        parts = [pm(input_ids=ids[None, s:e], use_cache=False).logits[0].float() for s, e in zip(bounds[:-1],
+                                                                                              bounds[1:])]
+    logp = torch.cat([torch.log_softmax(p[:-1], -1).gather(-1, ids[s + 1:e, None])[:, 0]
+                      for p, s, e in zip(parts, bounds[:-1], bounds[1:])])
+    (logp.double() * weights[:logp.numel()]).sum().backward()
+    return [logp.detach()] + [p.grad.detach().clone() for p in params]
+
+
+def _requirement(path: str, cuda: bool, cfg: DictConfig) -> str | None:
+    """Why `path`'s fast path cannot run here (None: it can)."""
+    from lab.model import packed_rows
+
+    if path == "routed_experts":
+        return None if "experts" in [str(t) for t in cfg.sft.lora.targets] else "no experts LoRA in sft.lora.targets"
+    if not cuda:
+        return ("no CUDA device: the varlen kernel is CUDA only" if path == "varlen_attention" else
+                "no CUDA device: the Mamba kernels (mamba_ssm, causal_conv1d) are CUDA only")
+    if path == "varlen_attention":
+        try:
+            importlib.import_module("torch.nn.attention.varlen")
+            return None
+        except Exception as e:
+            return f"torch.nn.attention.varlen does not import ({type(e).__name__}: {e})"
+    try:
+        packed_rows.require_kernels()
+        return None
+    except LabError as e:
+        return str(e)
+
+
+def _variants(path: str):
+    """(fast, negative) contexts for `path`: what the lab runs, and a known-wrong variant of it. Each is a callable
+    `(pm) -> context manager` entered around the candidate's call."""
+    from lab.model import experts_lora, lora, packed_rows
+
+    @contextlib.contextmanager
+    def packed(pm, attention="mask", fused=True, wrong_attention=False):
+        def one_row(module, query, key, value, attention_mask, **kw):  # every row attends to the whole pack
+            if kw.get("seq_idx") is not None:
+                kw["seq_idx"] = kw["seq_idx"].new_zeros(kw["seq_idx"].shape)
+            return original(module, query, key, value, attention_mask, **kw)
+
+        original = packed_rows.packed_attention_forward
+        with contextlib.ExitStack() as stack:
+            if wrong_attention:  # registered by install; the lab's own registered again on the way out
+                stack.callback(packed_rows.register_attention)
+                stack.enter_context(mock.patch.object(packed_rows, "packed_attention_forward", one_row))
+            stack.enter_context(mock.patch.object(lora, "FUSED_OUT_PROJ", fused))
+            handle = packed_rows.install(pm, attention=attention)
+            stack.callback(handle.remove)
+            yield
+
+    @contextlib.contextmanager
+    def leaky(pm, fused=True):  # no packed_rows: the Mamba state runs on from one row into the next
+        with mock.patch.object(lora, "FUSED_OUT_PROJ", fused):
+            yield
+
+    @contextlib.contextmanager
+    def experts(pm, wrong=False):
+        def b_expert_major(w, adapter):  # lora_B read expert-major, PEFT's layout is expert-fastest
+            A, _, s = right(w, adapter)
+            b = w.lora_B[adapter].weight
+            return A, b.reshape(b.shape[0], w.num_experts, -1).permute(1, 0, 2).contiguous().to(A.dtype), s
+
+        right = experts_lora.expert_factors
+        experts_lora.apply("routed", pm)
+        try:
+            wrong_layout = mock.patch.object(experts_lora, "expert_factors", b_expert_major)
+            with wrong_layout if wrong else contextlib.nullcontext():
+                yield
+        finally:
+            experts_lora.apply("fold", pm)
+
+    if path == "packed_rows_fused":
+        return (lambda pm: packed(pm)), (lambda pm: leaky(pm)), True
+    if path == "packed_rows_unfused":
+        return (lambda pm: packed(pm, fused=False)), (lambda pm: leaky(pm, fused=False)), True
+    if path == "varlen_attention":
+        return (lambda pm: packed(pm, "varlen")), (lambda pm: packed(pm, "varlen", wrong_attention=True)), True
+    return (lambda pm: experts(pm)), (lambda pm: experts(pm, wrong=True)), False
+
+
+def exact_path(ctx, path: str) -> dict:
+    """One `exact.<path>` entry (module docstring)."""
+    import torch
+
+    from lab.model import experts_lora
+
+    cuda = ctx["cuda"]
+    device = "cuda" if cuda else "cpu"
+    ref_dtype, dtype = (torch.float32, torch.bfloat16) if cuda else (torch.float64, torch.float32)
+    if "exact_model" not in ctx:
+        ctx["exact_model"] = build_exact_model(ctx, exact_values(ctx), device)
+    base_pm = ctx["exact_model"]
+    total = EXACT_TOKENS[device]
+    rows = exact_rows(ctx, total)
+    g = torch.Generator(device="cpu").manual_seed(3)
+    vocab = base_pm.get_output_embeddings().weight.shape[0] if hasattr(base_pm, "get_output_embeddings") else None
+    ids = torch.randint(0, int(vocab or ctx["values"]["vocab_size"]), (total,), generator=g).to(device)
+    weights = torch.randn(total, generator=g, dtype=torch.float64).to(device)
+    fast, negative, packs = _variants(path)
+    models = {}
+
+    def model(dt):
+        if dt not in models:
+            models[dt] = copy.deepcopy(base_pm).to(dt)
+            if dt != torch.bfloat16:  # torch's grouped_mm takes bf16 only on CUDA, no fp64 anywhere
+                models[dt].base_model.model.set_experts_implementation("eager")
+            experts_lora.apply("fold" if path == "routed_experts" else str(ctx["cfg"].sft.lora.get(
+                "experts_path", "routed")), models[dt])
+        return models[dt]
+
+    def run(dt, variant):
+        pm = model(dt)
+        with variant(pm) if variant else contextlib.nullcontext():
+            return run_rows(pm, ids, rows, weights, packed=packs and variant is not None)
+
+    why = _requirement(path, cuda, ctx["cfg"])
+    if path == "routed_experts" and why:
+        return {"skipped": why}
+    ref, base = run(ref_dtype, None), run(dtype, None)
+    where = {"rows": rows, "tokens": total, "dtype": str(dtype).removeprefix("torch."),
+             "reference": str(ref_dtype).removeprefix("torch."),
+             "model": "real-width slice M*E" if cuda else f"{ctx['cfg'].model.name}, full depth"}
+    result = verdict(ref, base, run(dtype, fast), run(dtype, negative), dtype)
+    if why:
+        return {"skipped": why, "cpu_branch": {**result, **where,
+                                               "what": "the lab's branch on this device (not the fast path)"}}
+    return {**result, **where}
+
+
+def step_exact(ctx) -> dict:
+    out = {}
+    for path in EXACT_PATHS:
+        t0 = time.perf_counter()
+        try:
+            out[path] = exact_path(ctx, path)
+        except Exception as e:  # one path failing must not hide the others
+            out[path] = {"error": f"{type(e).__name__}: {e}"}
+        out[path]["seconds"] = round(time.perf_counter() - t0, 2)
+        ctx["partial"]("exact", out)
+    ctx.pop("exact_model", None)
+    return out
+
+
+# ---- speed ----------------------------------------------------------------------------------------------------------
+
+def pack_rows(ctx, tokens: int) -> list[int]:
+    """Whole rows drawn (seeded) from the data's row lengths until `tokens` is filled, the last cut to fit; on the
+    CPU the lengths are scaled by the small pack over the real one (16,384)."""
+    if not ctx["cfg"].sft.get("packing", False):
+        return [tokens]  # the recipe trains unpacked rows: one row of that many tokens
+    rng = np.random.default_rng(tokens)
+    pool = np.asarray(ctx["rows"], dtype=float)
+    scale = 1.0 if ctx["cuda"] else CPU_PACKS[-1] / GPU_PACKS[-1]
+    rows, left = [], tokens
+    while left > 0:
+        n = max(2, int(round(rng.choice(pool) * scale)))
+        rows.append(min(n, left))
+        left -= rows[-1]
+    return rows
+
+
+class Stepper:
+    """One training micro-step of the recipe at full depth: forward through the backbone (packed rows installed as
+    the recipe says), TRL's log-prob head (its Triton kernel on CUDA, lab.train.trl_private on the CPU), backward,
+    the recipe's optimizer step. Timed with the device synchronised."""
+
+    def __init__(self, ctx):
+        import torch
+
+        from lab.model import packed_rows
+        from lab.train import memory
+
+        cfg, self.cuda = ctx["cfg"], ctx["cuda"]
+        self.device = "cuda" if self.cuda else "cpu"
+        self.dtype = getattr(torch, str(cfg.model.dtype))
+        fig = memory.lora_figures(cfg, ctx["values"], self.dtype)
+        self.pm = fig["model"]
+        self.pm.to_empty(device=self.device)
+        memory.random_weights(self.pm)
+        if cfg.sft.gradient_checkpointing:
+            self.pm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+        self.pm.train()
+        self.packing = bool(cfg.sft.get("packing", False))
+        if self.packing:
+            self.handle = packed_rows.install(self.pm, attention=str(cfg.sft.get("packed_attention", "mask")))
+        self.trainable = [p for p in self.pm.parameters() if p.requires_grad]
+        self.optim = str(cfg.gpu.optim or "adamw_torch_fused")
+        self.opt = self._optimizer(float(cfg.sft.learning_rate))
+        self.head = "triton" if self.cuda and importlib.util.find_spec("trl.kernels") else "torch"
+        self.vocab = int(ctx["values"]["vocab_size"])
+
+    def _optimizer(self, lr: float):
+        import torch
+
+        if self.optim == "adamw_bnb_8bit":
+            try:
+                import bitsandbytes as bnb
+
+                return bnb.optim.AdamW8bit(self.trainable, lr=lr)
+            except Exception as e:  # the smoke's 64 MiB carry no bitsandbytes: time torch's, and say so
+                self.optim = f"adamw_torch_fused (the recipe's adamw_bnb_8bit does not import: {type(e).__name__})"
+                return torch.optim.AdamW(self.trainable, lr=lr, fused=self.cuda)
+        if self.optim in ("adamw_torch_fused", "adamw_torch"):
+            return torch.optim.AdamW(self.trainable, lr=lr, fused=self.optim.endswith("fused") and self.cuda)
+        raise LabError(f"gpu.optim={self.optim!r}: calibrate times adamw_torch_fused, adamw_torch or adamw_bnb_8bit")
+
+    def step(self, rows: list[int], train: bool = True) -> float:
+        import torch
+
+        from lab.train import memory
+
+        ids = torch.randint(0, self.vocab, (1, sum(rows)), device=self.device)
+        pos = torch.cat([torch.arange(n, device=self.device) for n in rows])[None]
+        autocast = torch.autocast(self.device, dtype=self.dtype) if self.dtype == torch.bfloat16 else \
+            contextlib.nullcontext()
+        self._sync()
+        t0 = time.perf_counter()
+        with autocast, (contextlib.nullcontext() if train else torch.no_grad()):
+            hidden = self.pm.base_model.model.model(input_ids=ids, position_ids=pos, use_cache=False).last_hidden_state
+            loss = memory._head_loss(self.pm, hidden, 1.0, ("log_probs", "entropy"), self.head)
+        if train:
+            loss.backward()
+            self.opt.step()
+            self.opt.zero_grad(set_to_none=True)
+        self._sync()
+        return time.perf_counter() - t0
+
+    def _sync(self):
+        import torch
+
+        if self.cuda:
+            torch.cuda.synchronize()
+
+    def measure(self, rows: list[int], train: bool = True, repeats: int = 3) -> dict:
+        """A warm-up and `repeats` timed steps; a step the card cannot hold is recorded as out of memory."""
+        import torch
+
+        try:
+            return self._measure(rows, train, repeats)
+        except torch.cuda.OutOfMemoryError as e:
+            self.opt.zero_grad(set_to_none=True)
+            torch.cuda.empty_cache()
+            return {"tokens": sum(rows), "rows": len(rows), "error": f"out of memory: {str(e)[:200]}"}
+
+    def _measure(self, rows: list[int], train: bool, repeats: int) -> dict:
+        import torch
+
+        if self.cuda:
+            torch.cuda.reset_peak_memory_stats()
+        warm = self.step(rows, train)
+        times = [self.step(rows, train) for _ in range(repeats)]
+        out = {"tokens": sum(rows), "rows": len(rows), "warmup_s": round(warm, 4), "seconds": times,
+               "median_s": float(np.median(times))}
+        out["peak_gib"] = torch.cuda.max_memory_allocated() / 2 ** 30 if self.cuda else None
+        return out
+
+
+def fit(points: list[tuple[int, float]]) -> dict:
+    """Least squares seconds = fixed_s + tokens x us_per_token / 1e6 over the packs' medians, with residuals."""
+    if len(points) < 2:
+        raise LabError(f"calibrate: {len(points)} pack(s) timed, a line needs two")
+    t = np.asarray([p[0] for p in points], dtype=float)
+    y = np.asarray([p[1] for p in points], dtype=float)
+    per, fixed = np.polyfit(t, y, 1)
+    return {"fixed_s": float(fixed), "us_per_token": float(per * 1e6), "points": len(points),
+            "residuals_s": [float(r) for r in y - (fixed + per * t)]}
+
+
+def step_speed(ctx) -> dict:
+    import torch
+
+    from lab.model import experts_lora, lora
+    from lab.train import memory
+
+    cfg, cuda = ctx["cfg"], ctx["cuda"]
+    st = Stepper(ctx)
+    packs = GPU_PACKS if cuda else CPU_PACKS
+    out = {"model": f"{cfg.model.name}, full depth" + ("" if cuda else " (NO GPU: CPU, small packs)"),
+           "optimizer": st.optim, "head": st.head, "packing": st.packing,
+           "packed_attention": str(cfg.sft.get("packed_attention", "mask")) if st.packing else None,
+           "experts_lora": experts_lora.path_of(st.pm), "packs": {}}
+    for n in packs:
+        rows = pack_rows(ctx, n)
+        out["packs"][str(n)] = m = st.measure(rows)
+        m["trace_gib"], m["trace"] = None, "not traced: the trace runs the bf16 model only (torch's grouped_mm)"
+        if st.dtype == torch.bfloat16:
+            try:
+                t = memory.trace(cfg, "sft", tokens=n, mamba="kernel")
+                m["trace_gib"] = t.peak_gib
+                m["trace"] = f"lab memory --tokens {n}: one unpacked row, fake tensors, {t.mamba_path}"
+            except Exception as e:
+                m["trace"] = f"{type(e).__name__}: {e}"
+        ctx["partial"]("speed", out)
+    try:
+        out["fit"] = fit([(m["tokens"], m["median_s"]) for m in out["packs"].values() if "median_s" in m])
+    except LabError as e:
+        out["fit"] = {"error": str(e)}
+    small = pack_rows(ctx, packs[0])
+    if out["experts_lora"] == "routed":
+        experts_lora.apply("fold", st.pm)
+        out["fold"] = st.measure(small)
+        experts_lora.apply("routed", st.pm)
+    with mock.patch.object(lora, "FUSED_OUT_PROJ", False):
+        out["unfused"] = st.measure(small)
+        out["unfused"]["note"] = ("the out_proj LoRA mixers on transformers' PyTorch path with the kernels" if cuda
+                                  else "no kernel on the CPU: the same path as the packs")
+    ctx["partial"]("speed", out)
+    grpo = int(cfg.model.max_model_len)
+    out["grpo_row"] = st.measure([grpo])
+    out["no_grad_forward"] = st.measure([grpo], train=False)
+    return out
+
+
+def step_vllm(ctx):
+    try:
+        import vllm  # noqa: F401
+    except Exception:
+        return "absent"
+    return {"not_measured": "vLLM imports, but calibrate's vLLM step (decode, sleep, wake, reload, adding a LoRA) is "
+                            "not written yet (docs/calibrate.md)", "version": _version("vllm")}
+
+
+STEPS = {"meta": step_meta, "env": step_env, "exact": step_exact, "speed": step_speed, "vllm": step_vllm}
+
+
+# ---- the command ----------------------------------------------------------------------------------------------------
+
+def calibrate(cfg: DictConfig, paths: list[Path], rows: list[int] | None = None) -> dict:
+    """Run every step of `STEPS`, writing the result to each of `paths` after each step (and inside the long ones).
+    A step that fails is recorded as {"error": ...} and the next one runs."""
+    import torch
+
+    from lab.train.memory import model_config_values
+
+    cuda = torch.cuda.is_available()
+    result: dict = {}
+
+    def write():
+        for p in paths:
+            atomic_write_json(p, result)
+
+    def partial(key, value):
+        result[key] = value
+        write()
+
+    ctx = {"cfg": cfg, "cuda": cuda, "values": model_config_values(cfg), "partial": partial,
+           "rows": rows or estimate.row_tokens(cfg, sample=200)[0]}
+    for name, fn in STEPS.items():
+        t0 = time.perf_counter()
+        try:
+            result[name] = fn(ctx)
+        except Exception as e:
+            result[name] = {"error": f"{type(e).__name__}: {e}"}
+        if isinstance(result[name], dict):
+            result[name]["step_seconds"] = round(time.perf_counter() - t0, 2)
+        print(f"calibrate: {name} done in {time.perf_counter() - t0:.1f} s", flush=True)
+        write()
+    return result
+
+
+def _g(x, fmt: str = ".3g") -> str:
+    return "-" if x is None else format(x, fmt) if isinstance(x, (int, float)) else str(x)
+
+
+def markdown(result: dict) -> list[str]:
+    """A calibration as Markdown tables (scripts/gpu_smoke.sh's report, RESULTS.md's "GPU check")."""
+    m = result.get("meta", {})
+    out = [f"Calibration: gpu={m.get('card')}, {m.get('device')}, {m.get('date')}, lab commit {m.get('lab_commit')}, "
+           f"model {m.get('model')} ({m.get('what')})", "",
+           "| exact path | err | base | bound | negative | ok |", "|---|---|---|---|---|---|"]
+    for path, e in (result.get("exact") or {}).items():
+        if not isinstance(e, dict):
+            continue
+        row = e.get("cpu_branch", e)
+        note = f" (skipped: {e['skipped']}; the lab's branch here:)" if "skipped" in e else ""
+        if "error" in e:
+            out.append(f"| {path} | error: {e['error'][:150]} | | | | |")
+        elif "err" in row:
+            out.append(f"| {path}{note} | {_g(row['err'])} | {_g(row['base'])} | {_g(row['bound'])} | "
+                       f"{_g(row['negative'])} | {row['ok']} |")
+        elif "skipped" in e:
+            out.append(f"| {path} | skipped: {e['skipped']} | | | | |")
+    sp = result.get("speed") or {}
+    if "error" in sp:
+        out += ["", f"speed: error: {sp['error']}"]
+    elif sp:
+        out += ["", f"Speed ({sp.get('model')}; optimizer {sp.get('optimizer')}, head {sp.get('head')}, experts LoRA "
+                f"{sp.get('experts_lora')}, packing {sp.get('packing')}):", "",
+                "| step | tokens | rows | median s | warm-up s | peak GiB | trace GiB |",
+                "|---|---|---|---|---|---|---|"]
+        cases = [(f"pack {k}", v) for k, v in sorted(sp.get("packs", {}).items(), key=lambda kv: int(kv[0]))]
+        cases += [(k, sp[k]) for k in ("fold", "unfused", "grpo_row", "no_grad_forward") if k in sp]
+        for name, v in cases:
+            out.append(f"| {name} | {v.get('tokens')} | {v.get('rows')} | {_g(v.get('median_s'), '.4f')} | "
+                       f"{_g(v.get('warmup_s'), '.4f')} | {_g(v.get('peak_gib'), '.2f')} | "
+                       f"{_g(v.get('trace_gib'), '.2f')} |")
+        f = sp.get("fit") or {}
+        out += ["", f"fit: {_g(f.get('fixed_s'), '.4f')} s + {_g(f.get('us_per_token'), '.2f')} us/token per "
+                    f"micro-step (residuals {f.get('residuals_s')})"]
+    out += ["", f"vLLM: {result.get('vllm')}"]
+    return out
+
+
+def report(folder: Path) -> str:
+    """scripts/gpu_smoke.sh's one report from its folder: the parts, the calibration, the tests."""
+    import xml.etree.ElementTree as ET
+
+    lines = ["## GPU check (scripts/gpu_smoke.sh)", ""]
+    parts = folder / "parts.txt"
+    lines += ["```", parts.read_text().strip() if parts.is_file() else "no parts.txt", "```", ""]
+    cal = folder / "calibration.json"
+    lines += markdown(json.loads(cal.read_text())) if cal.is_file() else ["no calibration.json (calibrate did not "
+                                                                          "finish a step)"]
+    xml = folder / "tests.xml"
+    if xml.is_file():
+        suite = ET.parse(xml).getroot()
+        suite = suite if suite.tag == "testsuite" else suite.find("testsuite")
+        lines += ["", "tests (fast lane, CUDA visible): " + ", ".join(f"{k} {suite.get(k)}" for k in
+                                                                     ("tests", "failures", "errors", "skipped"))]
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m lab calibrate [OVERRIDES...] [--json PATH]`; `--report DIR`: scripts/gpu_smoke.sh's report"""
+    from lab.core.config import compose
+
+    ap = argparse.ArgumentParser(prog="python -m lab calibrate", description="measure the fast paths' exactness and "
+                                 "the training step's speed on this card (module docstring of lab/train/calibrate.py)")
+    ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=competition gpu=h100_80gb")
+    ap.add_argument("--json", default=None, help="also write the calibration here (a new file)")
+    ap.add_argument("--report", default=None, help="print scripts/gpu_smoke.sh's report of this folder, run nothing")
+    a = ap.parse_intermixed_args(argv)
+    if a.report:
+        print(report(Path(a.report)), end="")
+        return 0
+    import torch
+
+    cfg = compose(a.overrides)
+    cuda = torch.cuda.is_available()
+    if not cuda and not cfg.model.build_tiny:
+        raise LabError(f"model={cfg.model.name} without a GPU: calibrate runs the real model's shapes on a card only; "
+                       "here it runs the tiny model (no model override)")
+    paths = [default_path(cfg, cuda)] + ([Path(a.json)] if a.json else [])
+    for i, p in enumerate(paths):
+        check_writable(p, default=i == 0)
+    make_default_folder(paths[0])
+    if not cuda:
+        print("calibrate: NO GPU here: the composed model on the CPU with small packs (not a card's calibration)")
+    result = calibrate(cfg, paths)
+    print(json.dumps(summary(result), indent=1))
+    print("written: " + ", ".join(map(str, paths)))
+    return 0 if all(not (isinstance(v, dict) and "error" in v) for v in result.values()) else 1
+
+
+def summary(result: dict) -> dict:
+    """The headline figures of a calibration."""
+    ex = result.get("exact", {})
+    sp = result.get("speed", {})
+    return {"card": result.get("meta", {}).get("card"),
+            "exact": {k: (v.get("ok") if "skipped" not in v else "skipped") for k, v in ex.items()
+                      if isinstance(v, dict) and k != "step_seconds"},
+            "fit": sp.get("fit") if isinstance(sp, dict) else None}
+
