@@ -11,7 +11,7 @@ export HF_DATASETS_OFFLINE := 1
 export TOKENIZERS_PARALLELISM := false
 export MPLBACKEND := Agg
 
-.PHONY: venv demo test test-all test-vllm bench sweep clean
+.PHONY: venv demo test test-all test-vllm gpu-sources bench sweep clean
 
 venv: $(VENV)/.installed
 
@@ -33,13 +33,21 @@ demo: venv
 
 # the fast lane: every test but the end-to-end (papermill, sweep, training) ones marked `slow`, in one process per
 # core up to 4 (pytest-xdist; tests/conftest.py keeps torch single-threaded)
-test: venv
+test: venv gpu-sources
 	$(BIN)/python -m pytest -m "not slow" -n auto --maxprocesses 4
 
 # everything, the slow end-to-end tests included (what CI runs), in one process: the slow tests share one smoke run
 # of the notebooks (tests/conftest.py, a session fixture), which every xdist worker would repeat
-test-all: venv
+test-all: venv gpu-sources
 	$(BIN)/python -m pytest
+
+# the pinned GPU-only packages' own .py files (vLLM's wheel, the Mamba kernels' sdists; about 1 MB kept), fetched
+# once per pin by scripts/gpu_sources.sh: tests/test_gpu_signatures.py binds the lab's calls to their real signatures
+GPU_SOURCES := .gpu-sources
+gpu-sources: $(GPU_SOURCES)/VERSIONS
+
+$(GPU_SOURCES)/VERSIONS: pyproject.toml scripts/build_mamba_wheels.sh scripts/gpu_sources.sh | $(VENV)/.installed
+	bash scripts/gpu_sources.sh $(BIN)/python $(GPU_SOURCES)
 
 # vLLM's CPU build pins its own torch and transformers, so it lives in its own venv, installed once per machine
 # (reused while this Makefile is unchanged). torchvision/torchaudio/torchcodec come with it but do not match its

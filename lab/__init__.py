@@ -22,3 +22,8 @@ __version__ = "0.1.0"
 class LabError(Exception):
     """An error whose message names the file and the problem; shown to users as is."""
 
+    def _render_traceback_(self) -> list[str]:
+        """In IPython (Jupyter, papermill) the error is shown as this one line, not a traceback: the message is what
+        helps (IPython/core/interactiveshell.py, `showtraceback`, calls this hook when an exception has it)."""
+        return [f"LabError: {self}"]
+

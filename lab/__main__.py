@@ -27,7 +27,8 @@ COMMANDS = {
     "pack": ("lab.model.submission", "pack_main", "ADAPTER_DIR OUT.zip: pack a Kaggle submission.zip"),
     "check": ("lab.model.submission", "check_main", "ZIP: every problem of a submission.zip; exit 0 when valid"),
     "gate": ("lab.kaggle.gate", "main", "ZIP --model DIR: the zip served by vLLM as the scorer does"),
-    "kaggle": ("lab.kaggle.kernel", "main", "dataset | build [--chain] | plan: offline Kaggle kernels within Kaggle's limits"),
+    "kaggle": ("lab.kaggle.kernel", "main",
+               "dataset | build [--chain] | run --chain | plan: offline Kaggle kernels within Kaggle's limits"),
 }
 
 

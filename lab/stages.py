@@ -13,7 +13,8 @@ steps in order, and notebooks/0N_*.ipynb call those steps as cells:
   03_grpo     split, grpo_start, grpo_model, grpo_train, (gradient_check), score_adapter, grpo_scores,
               pack_adapter, finish_training
   05_errors   final_predictions, error_budget, analyse_errors, (failure_examples), changes_since_sft, errors_finish
-A step that draws a plot saves its PNG and returns the matplotlib figure; `show(fig)` draws it inline in a notebook.
+A step that draws a plot saves its PNG and returns the matplotlib figure; `show(fig, table, ...)` draws it inline in a
+notebook (and the tables that have rows).
 scripts/train_sft.py and train_grpo.py call the same `sft` / `grpo` under `accelerate launch` (with accelerate's
 state: every process trains, the main process alone evaluates).
 
@@ -41,7 +42,7 @@ import shutil
 from pathlib import Path
 
 import pandas as pd
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.core.io import atomic_file, atomic_write_csv, atomic_write_json, read_json
@@ -60,17 +61,32 @@ def environment() -> None:
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 
-def open_stage(name: str, overrides) -> Stage:
+def open_stage(name: str, overrides, new_run: bool = False) -> Stage:
     """A notebook's first step: `environment`, the real-model preflight (`lab.train.preflight.check`: one list of what is
-    missing on this machine, before anything is touched), then the stage folder."""
+    missing on this machine, before anything is touched), then the stage folder.
+
+    Without run_name (or run_dir) a stage after 01_explore joins the current run (`lab.core.run.current_run`: the
+    newest run whose earlier stage finished), so notebooks opened one after the other share one run folder; the
+    first line says which. `new_run=True`, or no such run, starts a new time-stamped one."""
     environment()
+    from lab.core.console import quiet_progress_bars
     from lab.train import preflight
 
-    preflight.check(name, overrides)
-    from lab.core.config import compose, parse_overrides
+    quiet_progress_bars()  # library bars freeze at their first frame in a saved notebook; the lab's own line counts
+    from lab.core.config import compose, names_run, parse_overrides
     from lab.core.paths import on_kaggle
+    from lab.core.run import JOINS_AFTER, current_run
 
-    cfg = overrides if isinstance(overrides, DictConfig) else compose(parse_overrides(overrides))
+    if not isinstance(overrides, DictConfig):
+        overrides = parse_overrides(overrides)
+        if not new_run and not names_run(overrides):
+            joined = current_run(resolve_path(compose(overrides).run_dir).parent, name)
+            if joined is not None:
+                overrides = [*overrides, f"run_name={joined.name}"]
+                print(f"joining the current run {joined} (the newest where {' or '.join(JOINS_AFTER[name])} "
+                      "finished); new_run=True starts a new one", flush=True)
+    preflight.check(name, overrides)
+    cfg = overrides if isinstance(overrides, DictConfig) else compose(overrides)
     if preflight.applies(name, cfg):  # how long it will take on gpu=, projected before anything loads
         from lab.train.estimate import stage_projection
 
@@ -81,10 +97,37 @@ def open_stage(name: str, overrides) -> Stage:
         from lab.train import output_plan
 
         output_plan.check(cfg, name)
-    stage = Stage(name, overrides)
+    switches = fast_paths(name, cfg)  # e.g. ["sft.fused_mamba=off"]: the stage composes with them (config.yaml)
+    if not switches:
+        stage = Stage(name, overrides)
+    elif isinstance(overrides, DictConfig):
+        cfg = cfg.copy()
+        for s in switches:
+            OmegaConf.update(cfg, *s.split("=", 1))
+        stage = Stage(name, overrides, cfg=cfg)
+    else:
+        stage = Stage(name, [*parse_overrides(overrides), *switches])
     print(f"run_dir = {stage.run_dir}   seed = {stage.cfg.seed}   model = {stage.cfg.model.name}   "
           f"data = {stage.cfg.data.source}")
     return stage
+
+
+def fast_paths(name: str, cfg: DictConfig, calibration: dict | None = None) -> list[str]:
+    """The run's fast paths decided (`lab.train.fast_paths`): the overrides that switch each `auto` one that cannot
+    or must not run here to its exact path, each with one printed line saying which, why and what it costs.
+    `calibration`: the card's calibration (`exact.<path>`), when there is one."""
+    from lab.train import estimate
+    from lab.train import fast_paths as fp
+
+    if calibration is None and name in fp.TRAINING_STAGES and str(cfg.gpu.name) in estimate.CARDS:
+        try:  # the card's own calibration (python -m lab calibrate), when one applies to this model and recipe
+            calibration, _ = estimate.load_calibration(cfg, estimate.card_of(cfg))
+        except LabError:
+            calibration = None
+    switches, lines = fp.resolve(name, cfg, calibration)
+    for line in lines:
+        print(line, flush=True)
+    return switches
 
 
 # ---- shared steps -----------------------------------------------------------------------------------------------
@@ -99,14 +142,20 @@ def split(stage: Stage) -> tuple[pd.DataFrame, pd.DataFrame]:
     return train, val
 
 
-def show(*figures) -> None:
-    """Draw figures (returned by the step that saved them as PNG) inline in a notebook; nothing outside one
+def show(*items) -> None:
+    """Draw figures (returned by the step that saved them as PNG) and display tables inline in a notebook, skipping
+    None and tables without a row (a table of what the puzzles in the run have none of); nothing outside one
     (`lab.core.console.show_figure`)."""
-    from lab.core.console import show_figure
+    from lab.core.console import in_kernel, show_figure
 
-    for fig in figures:
-        if fig is not None:
-            show_figure(fig)
+    for item in items:
+        if isinstance(item, pd.DataFrame):
+            if len(item) and in_kernel():
+                from IPython.display import display
+
+                display(item)
+        elif item is not None:
+            show_figure(item)
 
 
 def _save(stage: Stage, fig, name: str):
@@ -307,7 +356,6 @@ def score_adapter(stage: Stage, val: pd.DataFrame, adapter_dir) -> pd.DataFrame:
     """The saved adapter's greedy predictions on the held-out puzzles (`predictions.csv`, through `evaluate`, cached
     by content): the adapter as written to disk, never the in-memory model."""
     after = evaluate(stage, val, adapter_dir, "predictions.csv")
-    print(f"held-out accuracy after training: {after['correct'].mean():.3f}")
     return after
 
 
@@ -677,7 +725,8 @@ def pack_adapter(stage: Stage, adapter_dir) -> list[str]:
 
     zip_path = submission.pack(adapter_dir, stage.path("submission.zip"), dtype=submission.SUBMISSION_DTYPE)
     problems = submission.check(zip_path)
-    print(zip_path, "valid" if not problems else problems)
+    # where it lies once the stage finishes (it is written into the stage's fresh folder, swapped in by finish)
+    print(stage.final / zip_path.name, "valid" if not problems else problems)
     return problems
 
 

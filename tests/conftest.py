@@ -51,3 +51,15 @@ def smoke_run(tmp_path_factory):
 
     run_dir = tmp_path_factory.mktemp("smoke_run")
     return run_notebooks(SMOKE_OVERRIDES + [f"run_dir={run_dir}"], log_output=False)
+
+
+def pytest_terminal_summary(terminalreporter):
+    """The exactness checks this process ran (tests/exactness.py): candidate error, fp32 reference error, bound and
+    negative control against fp64, one line each (without xdist; workers keep their own)."""
+    import sys
+
+    exactness = sys.modules.get("exactness")
+    if exactness is not None and exactness.TABLE:
+        terminalreporter.section("exactness against fp64")
+        for row in exactness.TABLE:
+            terminalreporter.write_line(row.line())

@@ -1,5 +1,6 @@
-"""What a person sees while a stage runs (issue 28, item 9): plain step lines from SFT and GRPO's trainer instead of
-a bar that never moves under papermill, expected library warnings said once, a stage's LabError as one message."""
+"""What a person sees while a stage runs: plain step lines outside a notebook, one line redrawn in place inside one
+(its last state kept in the saved notebook), expected library warnings said once as a plain line, a LabError as one
+line in a notebook and one message from the stage runner."""
 
 import logging
 
@@ -33,7 +34,10 @@ def test_training_prints_plain_step_lines_with_loss_and_eta_not_a_bar(tmp_path, 
     assert "\r" not in out + err and "it/s]" not in err  # no redrawn bar
 
 
-def test_known_warnings_become_one_note_each(caplog):
+def test_known_warnings_become_one_plain_note_each(capsys):
+    """A known library message becomes one short line on stdout (a plain line in a notebook, not a stderr box), said
+    once; other messages of the same loggers pass as they are (to the loggers' own handlers: whether they propagate
+    depends on what the libraries set up earlier in the process)."""
     console.quiet_known_warnings()
     console.quiet_known_warnings()  # twice: still one filter per logger
     kernels = logging.getLogger("transformers.integrations.hub_kernels")
@@ -41,15 +45,29 @@ def test_known_warnings_become_one_note_each(caplog):
     assert sum(isinstance(f, console._SayOnce) for f in kernels.filters) == 1
     for f in kernels.filters + trl.filters:  # a fresh process: nothing said yet
         f.said = False
-    with caplog.at_level(logging.WARNING):
+    passed = []
+    keep = logging.Handler()
+    keep.emit = lambda record: passed.append(record.getMessage())
+    levels = [(lg, lg.level, lg.disabled) for lg in (kernels, trl)]  # a logging config run earlier may disable them
+    for lg, _, _ in levels:
+        lg.addHandler(keep)
+        lg.setLevel(logging.WARNING)
+        lg.disabled = False
+    try:
         for fn in ("causal_conv1d_fn", "mamba_chunk_scan_combined", "selective_state_update"):
             kernels.warning(f"`{fn}` is falling back to its reference PyTorch implementation because ...")
         for _ in range(5):
             trl.warning("All reward functions returned None for the following kwargs:\n{'prompt': '...'}")
         trl.warning("something else")
-    msgs = [r.getMessage() for r in caplog.records]
-    assert len(msgs) == 3 and msgs[0].startswith("note: the Mamba-2 layers") and "mask_truncated" in msgs[1]
-    assert msgs[2] == "something else"
+    finally:
+        for lg, level, disabled in levels:
+            lg.removeHandler(keep)
+            lg.setLevel(level)
+            lg.disabled = disabled
+    assert passed == ["something else"]
+    out = capsys.readouterr().out.splitlines()
+    assert len(out) == 2 and out[0].startswith("note: Mamba-2 runs on") and "mask_truncated" in out[1]
+    assert all(len(line) <= 160 for line in out)
 
 
 def test_progress_lines_count_every_batch_and_end_once(capsys):
@@ -79,3 +97,42 @@ def test_a_labs_error_inside_a_stage_is_one_message(tmp_path):
     assert msg.startswith("stage 02_sft stopped: 02_sft with model=nemotron_nano cannot run on this machine")
     assert "no CUDA device" in msg and str(tmp_path / "notebooks" / "02_sft.ipynb") in msg
     assert "Traceback" not in msg and "----" not in msg
+
+
+KERNEL_CELLS = ("""
+import time
+from lab.core.console import Progress
+p = Progress("generate", 30, "puzzles")
+for i in range(30):
+    p.update(1)
+    time.sleep(0.05)
+p.close()
+""", """
+from lab import LabError
+raise LabError("a refusal in one sentence")
+""")
+
+
+@pytest.mark.slow  # a Jupyter kernel
+def test_in_a_kernel_progress_is_one_line_that_ends_at_its_last_count_and_a_lab_error_one_line(tmp_path, monkeypatch):
+    """A papermill kernel: the counter is one display output whose saved state is its last count (not a frozen first
+    frame, not thirty lines); with LAB_PROGRESS_ECHO its plain lines go to the kernel's own stderr, not into the
+    notebook; a LabError's error output is its message alone."""
+    import nbformat
+    import papermill as pm
+    from nbformat.v4 import new_code_cell, new_notebook
+
+    from lab.core.paths import project_root
+
+    monkeypatch.setenv("PYTHONPATH", str(project_root()))
+    monkeypatch.setenv(console.ECHO_ENV, "1")
+    nbformat.write(new_notebook(cells=[new_code_cell(c) for c in KERNEL_CELLS]), tmp_path / "t.ipynb")
+    with pytest.raises(pm.PapermillExecutionError) as e:
+        pm.execute_notebook(str(tmp_path / "t.ipynb"), str(tmp_path / "out.ipynb"), kernel_name="python3",
+                            progress_bar=False, cwd=str(project_root()))
+    assert e.value.ename == "LabError"
+    cells = nbformat.read(tmp_path / "out.ipynb", as_version=4).cells
+    counter, error = [c.outputs for c in cells if c.cell_type == "code"]
+    assert len(counter) == 1 and counter[0].output_type == "display_data"
+    assert counter[0].data["text/plain"].startswith("generate 30/30 puzzles (100%)")
+    assert [o.output_type for o in error] == ["error"] and error[0].traceback == ["LabError: a refusal in one sentence"]

@@ -2,11 +2,13 @@
 Nemotron-H (conf/model/tiny.yaml's architecture), fp32, attached by the lab's own path (lab.model.lora.attach_lora).
 
 alpha = 2r (scaling 2; the recipe's is 1) so that a path that forgets the scaling is caught; lora_B is randomised (PEFT
-starts it at zero, where every LoRA term vanishes and any layout would pass)."""
+starts it at zero, where every LoRA term vanishes and any layout would pass). Exact means tests/exactness.py's rule: the
+routed fp32 path and the fold in fp32 both against the fold in fp64, negative controls 1,000x beyond the bound."""
 
 from __future__ import annotations
 
 import copy
+import functools
 import os
 
 import pytest
@@ -14,12 +16,13 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
+import exactness as ex  # noqa: E402
+
 from lab import LabError  # noqa: E402
 from lab.core import config  # noqa: E402
 from lab.model import experts_lora as el  # noqa: E402
 from lab.model import lora  # noqa: E402
 
-TOL = 1e-6
 EXPERTS_ONLY = "sft.lora.targets=[experts]"
 ALL_FAMILIES = ("sft.lora.targets=[q_proj,k_proj,v_proj,o_proj,in_proj,out_proj,shared_experts.up_proj,"
                 "shared_experts.down_proj,experts]")  # conf/sft/default.yaml's
@@ -46,13 +49,19 @@ def build(*extra, seed=0):
     return cfg, pm
 
 
+@functools.cache
+def build64(*extra, seed=0):
+    """build()'s model, the same weights, on PEFT's fold in fp64 with transformers' "eager" experts (torch's
+    grouped_mm has no fp64 kernel): the reference (built once per configuration; never switched to routed)."""
+    extra = [e for e in extra if not e.startswith("sft.lora.experts_path=")]
+    cfg, pm = build(*extra, "sft.lora.experts_path=fold", seed=seed)
+    pm.double()
+    pm.base_model.model.set_experts_implementation("eager")
+    return cfg, pm
+
+
 def lora_params(pm):
     return {n: p for n, p in pm.named_parameters() if "lora_" in n}
-
-
-def rel(a, b):
-    """max |a - b| / max(1, max |b|): absolute below 1, relative above."""
-    return ((a - b).abs().max() / b.abs().max().clamp(min=1)).item()
 
 
 def moe(pm, i=2):
@@ -79,10 +88,19 @@ def run_experts(experts, x, idx, w, grad_out, params):
     return y.detach(), x.grad, {n: p.grad.clone() for n, p in params.items() if p.grad is not None}
 
 
-def compare(a, b):
-    """Worst rel() over output, input grad and every LoRA grad (the same names must have one)."""
-    assert a[2].keys() == b[2].keys()
-    return max([rel(a[0], b[0]), rel(a[1], b[1])] + [rel(a[2][n], b[2][n]) for n in a[2]])
+def case64(pm64, case):
+    """`case` (experts_case) for the fp64 model: its experts module, the same tokens and routing, in fp64."""
+    _, x, idx, w, grad_out = case
+    return moe(pm64).experts, x.double(), idx, w.double(), grad_out.double()
+
+
+def check(name, routed, fold, fold64, negative=None):
+    """tests/exactness.py's rule on (output, input grad, LoRA grads): the routed path against the fp64 fold, beside
+    the fp32 fold's own error; `negative` (the same triple from a wrong path) 1,000x beyond."""
+    neg = [None] * 3 if negative is None else negative
+    ex.check_abs(f"{name}: output", routed[0], fold[0], fold64[0], neg[0])
+    ex.check_abs(f"{name}: input grad", routed[1], fold[1], fold64[1], neg[1])
+    ex.check_rel(f"{name}: LoRA grads", routed[2], fold[2], fold64[2], neg[2])
 
 
 # ---- the attach path ---------------------------------------------------------------------------------------------
@@ -129,39 +147,35 @@ def test_experts_module_matches_fold(impl):
     assert len(fold[2]) == 4 and all(v.abs().max() > 0 for v in fold[2].values())  # A, B of up_proj and down_proj
     assert el.enable(pm) == 2
     routed = run_experts(*case, params)
-    assert compare(routed, fold) <= TOL
+    _, pm64 = build64(EXPERTS_ONLY)
+    check(f"routed experts ({impl}), one layer", routed, fold, run_experts(*case64(pm64, case), lora_params(pm64)))
     base = case[0].get_base_layer()  # the frozen stacks get no gradient
     assert base.up_proj.grad is None and base.down_proj.grad is None and not base.up_proj.requires_grad
 
 
-@pytest.mark.parametrize("dtype, targets, tol", [(torch.float32, EXPERTS_ONLY, TOL),
-                                                 (torch.float64, ALL_FAMILIES, 1e-12)])
-def test_full_model_matches_fold(dtype, targets, tol):
-    """The whole tiny model: logits, input-embedding grads and every LoRA grad. fp32 with the experts' LoRA alone within
-    1e-6; with every family the rounding of the MoE layers reaches the earlier layers' gradients at about 1.2e-6 in
-    fp32, so that case runs in fp64 (torch's grouped_mm has no fp64 kernel: "eager"), where the paths agree to 1e-12,
-    which shows the fp32 differences are rounding, not a wrong term."""
+@pytest.mark.parametrize("targets", [EXPERTS_ONLY, ALL_FAMILIES])
+def test_full_model_matches_fold(targets):
+    """The whole tiny model: logits, input-embedding grads and every LoRA grad, routed (fp32) against the fold in
+    fp64, beside the fp32 fold's own error (with every family the MoE layers' rounding reaches the earlier layers'
+    gradients, about 1.2e-6 in fp32 on either path)."""
     _, pm = build(targets, "sft.lora.experts_path=fold")
-    pm.to(dtype)
-    if dtype == torch.float64:
-        pm.base_model.model.set_experts_implementation("eager")
-    params = lora_params(pm)
     ids = torch.randint(0, 768, (2, 40), generator=torch.Generator().manual_seed(3))
-    grad_logits = torch.randn(2, 40, 768, generator=torch.Generator().manual_seed(4), dtype=dtype) / 100
+    grad_logits = torch.randn(2, 40, 768, generator=torch.Generator().manual_seed(4)) / 100
 
-    def run():
+    def run(pm):
+        params = lora_params(pm)
         pm.zero_grad(set_to_none=True)
         emb = pm.get_input_embeddings()(ids).detach().requires_grad_()
         out = pm(inputs_embeds=emb).logits
-        (out * grad_logits).sum().backward()
+        (out * grad_logits.to(out.dtype)).sum().backward()
         frozen = [n for n, p in pm.named_parameters() if "lora_" not in n and p.grad is not None]
         assert not frozen, frozen
         return out.detach(), emb.grad, {n: p.grad.clone() for n, p in params.items()}
 
-    fold = run()
+    fold = run(pm)
     el.enable(pm)
-    routed = run()
-    assert compare(routed, fold) <= tol
+    routed = run(pm)
+    check(f"routed experts, whole model ({targets.split('=')[1]})", routed, fold, run(build64(targets)[1]))
     assert sum(".experts." in n and "shared" not in n for n in routed[2]) == 8  # 2 layers x 2 stacks x (A, B)
     assert all(g.abs().max() > 0 for g in routed[2].values())
 
@@ -184,7 +198,9 @@ def test_small_rank_uses_the_fallback_op():
     case = experts_case(pm)
     fold = run_experts(*case, params)
     el.enable(pm)
-    assert compare(run_experts(*case, params), fold) <= TOL
+    _, pm64 = build64(EXPERTS_ONLY, "sft.lora.r=2", "sft.lora.alpha=4")
+    check("routed experts, rank 2 (fallback op)", run_experts(*case, params), fold,
+          run_experts(*case64(pm64, case), lora_params(pm64)))
 
 
 def test_experts_rank_pattern():
@@ -196,26 +212,27 @@ def test_experts_rank_pattern():
     case = experts_case(pm)
     fold = run_experts(*case, params)
     el.enable(pm)
-    assert compare(run_experts(*case, params), fold) <= TOL
+    _, pm64 = build64("sft.lora.targets=[experts,q_proj]", "gpu.experts_rank=8")
+    check("routed experts, experts_rank 8", run_experts(*case, params), fold,
+          run_experts(*case64(pm64, case), lora_params(pm64)))
 
 
 def test_gradient_checkpointing():
     """Training mode, non-reentrant checkpointing (as TRL and lab.train.memory run it): the same grads as the fold."""
-    _, pm = build(EXPERTS_ONLY, "sft.lora.experts_path=fold")
-    pm.train()
-    pm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
-    params = lora_params(pm)
     ids = torch.randint(0, 768, (2, 32), generator=torch.Generator().manual_seed(5))
 
-    def run():
+    def run(pm):
+        pm.train()
+        pm.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
         pm.zero_grad(set_to_none=True)
         pm(input_ids=ids, labels=ids).loss.backward()
-        return {n: p.grad.clone() for n, p in params.items()}
+        return {n: p.grad.clone() for n, p in lora_params(pm).items()}
 
-    fold = run()
+    _, pm = build(EXPERTS_ONLY, "sft.lora.experts_path=fold")
+    fold = run(pm)
     el.enable(pm)
-    routed = run()
-    assert max(rel(routed[n], fold[n]) for n in fold) <= TOL
+    routed = run(pm)
+    ex.check_rel("routed experts, checkpointed: LoRA grads", routed, fold, run(build64.__wrapped__(EXPERTS_ONLY)[1]))
 
 
 # ---- negative controls: a wrong layout must fail the same comparison ---------------------------------------------
@@ -249,8 +266,11 @@ def test_a_wrong_layout_fails_the_comparison(monkeypatch, wrong):
     case = experts_case(pm)
     fold = run_experts(*case, params)
     el.enable(pm)
+    routed = run_experts(*case, params)
     monkeypatch.setattr(el, "expert_factors", wrong)
-    assert compare(run_experts(*case, params), fold) > 1e-2
+    _, pm64 = build64(EXPERTS_ONLY)
+    check(f"routed experts, negative control {wrong.__name__}", routed, fold,
+          run_experts(*case64(pm64, case), lora_params(pm64)), negative=run_experts(*case, params))
 
 
 # ---- adapter states, saving, the gradient check ------------------------------------------------------------------
@@ -265,7 +285,10 @@ def test_disable_adapter_is_the_base_and_disable_gives_the_fold_back():
         with pm.disable_adapter():
             assert torch.equal(experts(x, idx, w), plain)
         routed = experts(x, idx, w)
-        assert rel(routed, fold) <= TOL and rel(routed, plain) > 1e-2
+        _, pm64 = build64(EXPERTS_ONLY)
+        fold64 = moe(pm64).experts(x.double(), idx, w.double())
+        ex.check_abs("routed experts vs fold, the adapter off as negative control", routed, fold, fold64,
+                     negative=plain)
         assert el.disable(pm) == 2 and el.path_of(pm) == "fold"
         assert torch.equal(experts(x, idx, w), fold)
 

@@ -9,6 +9,8 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
+import exactness  # noqa: E402
+
 from lab.core import config  # noqa: E402
 from lab.model import lora, models
 from lab.train import sft
@@ -69,16 +71,23 @@ def test_fused_lora_head_equals_the_models_own_logits_and_reaches_the_adapter(ro
     labels = batch["labels"][:, 1:]
     mask = labels != -100
     want = torch.log_softmax(logits[:, :-1], -1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
-    torch.testing.assert_close(out.log_probs[mask], want[mask], rtol=1e-4, atol=1e-4)
     # the same call with the head's LoRA switched off differs: the fused head really applied it
     with pm.disable_adapter():
         off = pm(**batch, fused_lm_head=True).log_probs
-    assert (off[mask] - out.log_probs[mask]).abs().max() > 1e-2
     out.loss.backward()
     for name in ("lora_A", "lora_B"):
         g = getattr(head, name)["default"].weight.grad
         assert g is not None and g.abs().sum() > 0, name
     assert head.base_layer.weight.grad is None  # frozen
+    # exact (tests/exactness.py): both against the model's own forward in fp64 ("eager" experts: grouped_mm has no
+    # fp64 kernel), the adapter switched off as the negative control
+    pm.double()
+    pm.base_model.model.set_experts_implementation("eager")
+    with torch.no_grad():
+        logits64 = pm(input_ids=batch["input_ids"], attention_mask=batch["attention_mask"]).logits
+    want64 = torch.log_softmax(logits64[:, :-1], -1).gather(-1, labels.clamp(min=0).unsqueeze(-1)).squeeze(-1)
+    exactness.check_abs("fused LoRA head: log-probs", out.log_probs[mask].detach(), want[mask], want64[mask],
+                 negative=off[mask].detach())
 
 
 @pytest.mark.slow  # a real SFT run of three steps: seconds (the fast lane stays short)

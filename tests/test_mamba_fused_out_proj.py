@@ -2,7 +2,8 @@
 
 mamba_ssm's kernel does not run here, so a stand-in takes its place: `mamba_split_conv1d_scan_combined` computed by the
 mixer's own PyTorch path from the projected states (in_proj's output), with out_proj applied only when the caller
-passes `outproj_weight` (as the kernel does: mamba_ssm/ops/triton/ssd_combined.py, MambaSplitConv1dScanCombinedFn).
+passes `outproj_weight` (as the kernel does: mamba_ssm/ops/triton/ssd_combined.py, MambaSplitConv1dScanCombinedFn),
+behind transformers' hub wrapper and bound to mamba-ssm 2.3.2.post1's signature (tests/real_signatures.py).
 What this proves: the guard calls the kernel without out_proj and puts the mixer's out_proj module (with its LoRA)
 after it, so the model's outputs and every LoRA gradient equal the PyTorch path's. What it cannot prove: the CUDA
 kernel itself (not run on a GPU)."""
@@ -15,6 +16,9 @@ import pytest
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
+
+import exactness as ex  # noqa: E402
+import real_signatures as rs  # noqa: E402
 
 from lab.core import config  # noqa: E402
 from lab.model import lora  # noqa: E402
@@ -58,7 +62,9 @@ def make_stand_in(calls):
     return kernel
 
 
-def build():
+def build(fp64=False):
+    """The tiny model with in_proj and out_proj LoRAs (lora_B drawn); `fp64`: the same weights in fp64 (transformers'
+    "eager" experts: torch's grouped_mm has no fp64 kernel), the reference tests/exactness.py measures against."""
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
     cfg = config.compose(["sft.lora.targets=[in_proj,out_proj]"])
@@ -69,6 +75,9 @@ def build():
         for n, p in pm.named_parameters():
             if "lora_B" in n:
                 p.normal_(0, 0.1)
+    if fp64:
+        pm.double()
+        pm.base_model.model.set_experts_implementation("eager")
     pm.train()
     return pm
 
@@ -87,28 +96,32 @@ def test_fused_kernel_then_out_proj_lora_equals_the_pytorch_path(monkeypatch):
     pm = build()
     ids = torch.randint(5, 700, (2, 24), generator=torch.Generator().manual_seed(1))
     ref = step(pm, ids)  # no kernel on the CPU: the guard's inner returns None, the PyTorch path runs
+    ref64 = step(build(fp64=True), ids)
     calls = []
-    monkeypatch.setattr(mh.__dict__[lora.FUSED_FN], "inner", make_stand_in(calls))
+    guard = mh.__dict__[lora.FUSED_FN]
+    monkeypatch.setattr(guard, "inner", rs.hub_kernel(monkeypatch, "mamba_split_conv1d_scan_combined", guard.inner,
+                                                      make_stand_in(calls)))
     fused = step(pm, ids)
     n_mamba = sum(type(m).__name__.endswith("Mamba2Mixer") for m in pm.modules())
     assert len(calls) == n_mamba and all(c is None for c in calls)  # the kernel ran, without out_proj
-    assert torch.allclose(fused[0], ref[0], rtol=0, atol=1e-5)
     assert ref[1].keys() == fused[1].keys() and any(".out_proj." in n for n in ref[1])
     for n in ref[1]:
         assert fused[1][n] is not None and fused[1][n].abs().max() > 0, n
-        assert torch.allclose(fused[1][n], ref[1][n], rtol=1e-5, atol=1e-6), n
+    ex.check_abs("mamba fused kernel + out_proj LoRA (stand-in): logits", fused[0], ref[0], ref64[0])
+    ex.check_rel("mamba fused kernel + out_proj LoRA (stand-in): LoRA grads", fused[1], ref[1], ref64[1])
 
 
 def test_negative_control_kernel_with_out_proj_loses_the_lora(monkeypatch):
     """Without the guard's rewrite (the kernel multiplies by out_proj.weight itself, the pre-lab behaviour), the
-    out_proj LoRA gets no gradient: the test above would see it."""
+    out_proj LoRA gets no gradient: 1,000x beyond the bound the test above meets (tests/exactness.py)."""
     import transformers.models.nemotron_h.modeling_nemotron_h as mh
 
     pm = build()
     ids = torch.randint(5, 700, (2, 24), generator=torch.Generator().manual_seed(1))
+    ref, ref64 = step(pm, ids), step(build(fp64=True), ids)
     calls = []
-    kernel = make_stand_in(calls)
     guard = mh.__dict__[lora.FUSED_FN]
+    kernel = rs.hub_kernel(monkeypatch, "mamba_split_conv1d_scan_combined", guard.inner, make_stand_in(calls))
 
     def unguarded(*args, **kwargs):  # what transformers would call without lab.model.lora
         if not lora._RUNNING.get():
@@ -121,4 +134,7 @@ def test_negative_control_kernel_with_out_proj_loses_the_lora(monkeypatch):
     assert calls and all(c is not None for c in calls)
     out_proj = [n for n in grads if ".out_proj." in n]
     assert out_proj and all(grads[n] is None or grads[n].abs().max() == 0 for n in out_proj)
+    lost = {n: torch.zeros_like(ref[1][n]) if grads[n] is None else grads[n] for n in out_proj}
+    ex.check_rel("mamba kernel multiplying by out_proj itself: out_proj LoRA grads", *(
+        {n: r[1][n] for n in out_proj} for r in (ref, ref, ref64)), negative=lost)
     assert all(grads[n] is not None for n in grads if ".in_proj." in n)  # the rest still trains

@@ -4,8 +4,9 @@
 NLL of every completion token over the number of those tokens (transformers' Trainer `num_items_in_batch` and TRL's
 `SFTTrainer.compute_loss`: a token-weighted mean over the optimizer step). Packed: the same rows concatenated in one
 sequence with `position_ids` restarting at 0 per row, as TRL's padding-free collator builds it; the row's first
-label is never a target in either case. Tolerances (issue 42): per-token log-probs 1e-5 absolute, loss 1e-6
-relative, every LoRA gradient tensor 1e-5 relative (||g_packed - g_rows|| / ||g_rows||).
+label is never a target in either case. Exact means tests/exactness.py's rule: against the rows one by one in fp64,
+the packed fp32 run's per-token log-probs, loss and every LoRA gradient tensor (||g - g64|| / ||g64||) are within a
+small multiple of the fp32 rows' own error, and each negative control lies at least 1,000x beyond that bound.
 """
 
 from __future__ import annotations
@@ -17,12 +18,15 @@ import pytest
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 torch = pytest.importorskip("torch")
 
+import exactness as ex  # noqa: E402
+import real_signatures as rs  # noqa: E402
+
 from lab import LabError  # noqa: E402
 from lab.core import config  # noqa: E402
 from lab.model import lora, models, packed_rows  # noqa: E402
 
 LENGTHS = [37, 90, 13, 70]  # 210 tokens: rows shorter and longer than the tiny model's chunk_size 64
-LOGP_TOL, LOSS_TOL, GRAD_TOL = 1e-5, 1e-6, 1e-5
+LOSS_TOL, GRAD_TOL = 1e-6, 1e-5  # the SFTTrainer step only (slow lane): packed vs unpacked, both fp32
 
 
 def compose(root, *extra):
@@ -52,6 +56,15 @@ def root(tmp_path_factory):
 @pytest.fixture(scope="module")
 def pm(root):
     return build(root)
+
+
+@pytest.fixture(scope="module")
+def pm64(root):
+    """The same model (same seed) in fp64: the reference every fp32 path is measured against (transformers' "eager"
+    experts: torch's grouped_mm has no fp64 kernel)."""
+    model = build(root).double()
+    model.base_model.model.set_experts_implementation("eager")
+    return model
 
 
 def make_rows(lengths, seed=0, prompt_frac=0.4):
@@ -112,12 +125,13 @@ def run_packed(model, rows, position_ids=True):
     return [lp.detach() for lp in logps], loss.item(), grads(model)
 
 
-def compare(ref, got):
-    """(max |dlogp|, loss relative difference, largest per-tensor gradient relative difference)."""
-    logp = max((a - b).abs().max().item() for a, b in zip(ref[0], got[0]))
-    loss = abs(got[1] - ref[1]) / abs(ref[1])
-    grad = max(((got[2][n] - g).norm() / g.norm()).item() for n, g in ref[2].items())
-    return logp, loss, grad
+def check_exact(name, got, ref32, ref64, negative=None):
+    """tests/exactness.py's rule on a run's (per-row log-probs, loss, LoRA gradients): `got` (the packed fp32 run)
+    against the fp64 rows one by one, next to `ref32` (the fp32 rows one by one); `negative`: a run that must fail."""
+    neg = [None] * 3 if negative is None else negative
+    ex.check_abs(f"{name}: log-probs", got[0], ref32[0], ref64[0], neg[0])
+    ex.check_abs(f"{name}: loss", got[1], ref32[1], ref64[1], neg[1])
+    ex.check_rel(f"{name}: LoRA grads", got[2], ref32[2], ref64[2], neg[2])
 
 
 def installed(model, fn, **kw):
@@ -138,31 +152,28 @@ def test_seq_idx_follows_transformers_packed_rule():
     assert packed_rows.segments(seq_idx[0]) == [(0, 3), (3, 5), (5, 6), (6, 10)]
 
 
-def test_packed_equals_rows_one_by_one(pm):
+def test_packed_equals_rows_one_by_one(pm, pm64):
     rows = make_rows(LENGTHS)
     ref = run_rows(pm, rows)
     assert all(g.norm() > 0 for g in ref[2].values())  # every LoRA tensor has a gradient to compare
-    logp, loss, grad = compare(ref, installed(pm, lambda: run_packed(pm, rows)))
-    print(f"\npacked: max |dlogp| {logp:.2e}, loss rel {loss:.2e}, max grad rel {grad:.2e}")
-    assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
+    check_exact("packed rows (mask attention)", installed(pm, lambda: run_packed(pm, rows)), ref, run_rows(pm64, rows))
 
 
-def test_negative_control_without_row_boundaries(pm):
+def test_negative_control_without_row_boundaries(pm, pm64):
     """The same packed sequence without the mechanism (position_ids restart: transformers' attention is block-diagonal,
-    but the Mamba conv and scan state flows into the next row), and without position_ids at all: both must fail."""
+    but the Mamba conv and scan state flows into the next row), and without position_ids at all: both must fail by
+    1,000x the bound the mechanism meets."""
     rows = make_rows(LENGTHS)
-    ref = run_rows(pm, rows)
+    ref, ref64 = run_rows(pm, rows), run_rows(pm64, rows)
+    got = installed(pm, lambda: run_packed(pm, rows))
     for with_pos in (True, False):
-        got = run_packed(pm, rows, position_ids=with_pos)
-        logp, loss, grad = compare(ref, got)
-        print(f"\nno boundaries (position_ids={with_pos}): max |dlogp| {logp:.2e}, loss rel {loss:.2e}, "
-              f"max grad rel {grad:.2e}")
-        assert logp > LOGP_TOL and loss > LOSS_TOL and grad > GRAD_TOL
+        bad = run_packed(pm, rows, position_ids=with_pos)
+        check_exact(f"packed rows, no boundaries (position_ids={with_pos})", got, ref, ref64, negative=bad)
         # the first row has nothing before it: only the rows after it are wrong
-        assert (ref[0][0] - got[0][0]).abs().max() < LOGP_TOL and (ref[0][1] - got[0][1]).abs().max() > 1e-2
+        ex.check_abs("packed rows, no boundaries: the first row", bad[0][0], ref[0][0], ref64[0][0])
 
 
-def test_gradient_checkpointing_recomputes_with_the_boundaries(root):
+def test_gradient_checkpointing_recomputes_with_the_boundaries(root, pm64):
     """Checkpointed blocks are recomputed in backward, after model.forward returned: seq_idx travels in the
     checkpointed keyword arguments (transformers' GradientCheckpointingLayer), so the recomputation splits too."""
     model = build(root)
@@ -170,8 +181,8 @@ def test_gradient_checkpointing_recomputes_with_the_boundaries(root):
     model.base_model.model.enable_input_require_grads()
     rows = make_rows([40, 60, 25, 75], seed=2)
     ref = run_rows(model, rows)
-    logp, loss, grad = compare(ref, installed(model, lambda: run_packed(model, rows)))
-    assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
+    check_exact("packed rows, checkpointed", installed(model, lambda: run_packed(model, rows)), ref,
+                run_rows(pm64, rows))
 
 
 def test_masks_cache_and_remove(pm):
@@ -217,7 +228,7 @@ def _conv_with_seq_idx(hidden_states, weight, bias=None, activation=None, seq_id
     return torch.nn.functional.silu(out) if activation in ("silu", "swish") else out
 
 
-def test_kernel_path_hands_seq_idx_to_the_kernels(root, monkeypatch):
+def test_kernel_path_hands_seq_idx_to_the_kernels(root, pm64, monkeypatch):
     """The GPU path on CPU: stand-ins that take seq_idx replace the kernel functions the mixer calls (mamba_ssm's and
     causal_conv1d's signatures do), and the kernel path is forced: seq_idx must arrive through transformers' own
     kwargs (int32, contiguous, (batch, seq)), in the recomputation under checkpointing too, and the result be exact."""
@@ -226,7 +237,7 @@ def test_kernel_path_hands_seq_idx_to_the_kernels(root, monkeypatch):
     torch_scan, seen = mnh.mamba2_chunk_scan, []
 
     def scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=None, initial_states=None, dt_softplus=False,
-             dt_limit=(0.0, float("inf")), return_final_states=False, seq_idx=None, **kwargs):
+             dt_limit=(0.0, float("inf")), return_final_states=False, seq_idx=None, z=None, **kwargs):
         kw = dict(D=D, dt_bias=dt_bias, dt_softplus=dt_softplus, dt_limit=dt_limit)
         if seq_idx is None:
             return torch_scan(hidden_states, dt, A, B, C, chunk_size, **kw)
@@ -238,19 +249,28 @@ def test_kernel_path_hands_seq_idx_to_the_kernels(root, monkeypatch):
 
     assert packed_rows.kernel_functions_without_seq_idx(build(root).base_model.model.model.layers[0].mixer) \
         == list(packed_rows.KERNEL_FUNCTIONS)  # this CPU: the PyTorch fallbacks drop seq_idx
-    monkeypatch.setattr(mnh, "causal_conv1d_fn", _conv_with_seq_idx)
-    monkeypatch.setattr(mnh, "mamba2_chunk_scan", scan)
-    monkeypatch.setattr(mnh, "mamba2_split_conv1d_scan_combined", lambda *a, seq_idx=None, **k: None)  # unfused
+    rows = make_rows(LENGTHS, seed=3)
+    ref64 = run_rows(pm64, rows)  # before the stand-ins: transformers' own PyTorch path, in fp64
+    # each behind transformers' hub wrapper, with the pinned package's signature (tests/real_signatures.py)
+    monkeypatch.setattr(mnh, "causal_conv1d_fn",
+                        rs.hub_kernel(monkeypatch, "causal_conv1d_fn", mnh.causal_conv1d_fn, _conv_with_seq_idx))
+    monkeypatch.setattr(mnh, "mamba2_chunk_scan",
+                        rs.hub_kernel(monkeypatch, "mamba_chunk_scan_combined", torch_scan, scan))
+    fused = mnh.__dict__["mamba2_split_conv1d_scan_combined"]  # lab.model.lora's guard once a LoRA is attached
+    unfused = rs.hub_kernel(monkeypatch, "mamba_split_conv1d_scan_combined", getattr(fused, "inner", fused))
+    if isinstance(fused, lora._FusedScanGuard):
+        monkeypatch.setattr(fused, "inner", unfused)  # None: no fused result, the mixer runs conv and scan
+    else:
+        monkeypatch.setattr(mnh, "mamba2_split_conv1d_scan_combined", unfused)
     model = build(root)
     model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     mixers = [m for m in model.modules() if type(m).__name__ == packed_rows.MIXER_CLASS]
     assert all(packed_rows.kernel_functions_without_seq_idx(m) == [] for m in mixers)
-    rows = make_rows(LENGTHS, seed=3)
     ref = run_rows(model, rows)
     seen.clear()
-    logp, loss, grad = compare(ref, installed(model, lambda: run_packed(model, rows), force_kernel_path=True))
+    got = installed(model, lambda: run_packed(model, rows), force_kernel_path=True)
     assert seen == [(torch.int32, True, (1, sum(LENGTHS)))] * (2 * len(mixers))  # forward + recomputation
-    assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
+    check_exact("packed rows, kernel path (stand-ins)", got, ref, ref64)
 
 
 def test_real_model_packing_refuses_without_kernels(root, monkeypatch):
@@ -388,31 +408,30 @@ def _sdpa_masks(monkeypatch):
     return built
 
 
-def test_varlen_attention_packed_equals_rows_one_by_one(pm, monkeypatch):
+def test_varlen_attention_packed_equals_rows_one_by_one(pm, pm64, monkeypatch):
     """The packed call runs each row's attention alone (CPU reference path: one causal SDPA per row) and builds no
     [T x T] mask; remove() puts the model's own attention back."""
     built = _sdpa_masks(monkeypatch)
     rows = make_rows(LENGTHS)
     ref = run_rows(pm, rows)
     before = pm.config._attn_implementation
-    logp, loss, grad = compare(ref, installed(pm, lambda: run_packed(pm, rows), attention="varlen"))
-    print(f"\npacked, varlen attention (CPU path): max |dlogp| {logp:.2e}, loss rel {loss:.2e}, max grad rel {grad:.2e}")
-    assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
+    check_exact("packed rows, varlen attention (CPU path)",
+                installed(pm, lambda: run_packed(pm, rows), attention="varlen"), ref, run_rows(pm64, rows))
     assert not any(built)  # the packed call built no mask (the mask path, above, builds one per call)
     assert pm.config._attn_implementation == before != packed_rows.ATTENTION
     installed(pm, lambda: run_packed(pm, rows), attention="mask")
     assert any(built)  # the negative control: transformers' sdpa path builds the block-diagonal mask
 
 
-def test_varlen_attention_with_checkpointing_and_padding(root):
+def test_varlen_attention_with_checkpointing_and_padding(root, pm64):
     """Recomputed blocks get seq_idx too; a padded batch (not packed) still gets transformers' own mask."""
     model = build(root)
     model.base_model.model.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
     model.base_model.model.enable_input_require_grads()
     rows = make_rows([40, 60, 25, 75], seed=2)
     ref = run_rows(model, rows)
-    logp, loss, grad = compare(ref, installed(model, lambda: run_packed(model, rows), attention="varlen"))
-    assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
+    check_exact("packed rows, varlen attention, checkpointed",
+                installed(model, lambda: run_packed(model, rows), attention="varlen"), ref, run_rows(pm64, rows))
     model.eval()
     ids = torch.randint(5, 300, (2, 30), generator=torch.Generator().manual_seed(3))
     mask = torch.ones_like(ids)
@@ -421,7 +440,7 @@ def test_varlen_attention_with_checkpointing_and_padding(root):
         want = model(input_ids=ids, attention_mask=mask, use_cache=False).logits
         got = installed(model, lambda: model(input_ids=ids, attention_mask=mask, use_cache=False).logits,
                         attention="varlen")
-    assert (got - want).abs().max() < 1e-5
+    assert torch.equal(got, want)  # not packed: transformers' own attention, unchanged
     with pytest.raises(LabError, match="packed_attention"):
         packed_rows.install(model, attention="flash")
 
@@ -438,10 +457,10 @@ def _varlen_standin(calls, ignore_rows=False):
         return torch.cat([sdpa(q[s:e].transpose(0, 1), k[s:e].transpose(0, 1), v[s:e].transpose(0, 1),
                                is_causal=window_size == (-1, 0), scale=scale, enable_gqa=enable_gqa).transpose(0, 1)
                           for s, e in bounds])
-    return varlen_attn
+    return rs.stand_in("varlen_attn", varlen_attn)  # every call bound to torch's own varlen_attn signature
 
 
-def test_the_cuda_branch_hands_varlen_attn_each_rows_offsets(pm, monkeypatch):
+def test_the_cuda_branch_hands_varlen_attn_each_rows_offsets(pm, pm64, monkeypatch):
     """The branch that runs on CUDA, taken on CPU with a stand-in for varlen_attn: it gets (T, H, D) tensors, the
     rows' int32 cumulative offsets, the longest row, causal window and GQA; with the stand-in ignoring the offsets
     (the negative control) the rows after the first attend across their boundary and the check fails."""
@@ -453,13 +472,12 @@ def test_the_cuda_branch_hands_varlen_attn_each_rows_offsets(pm, monkeypatch):
     ref = run_rows(pm, rows)
     calls = []
     monkeypatch.setattr(packed_rows, "VARLEN_ATTN", _varlen_standin(calls))
-    logp, loss, grad = compare(ref, installed(pm, lambda: run_packed(pm, rows), attention="varlen"))
-    assert logp < LOGP_TOL and loss < LOSS_TOL and grad < GRAD_TOL, (logp, loss, grad)
+    got = installed(pm, lambda: run_packed(pm, rows), attention="varlen")
     cfg = pm.config
     assert calls and calls[0]["cu"] == [0, 37, 127, 140, 210] and calls[0]["max"] == 90
     assert calls[0]["window"] == (-1, 0) and calls[0]["dtype"] == torch.int32
     assert calls[0]["shape"] == (210, cfg.num_attention_heads, cfg.head_dim)
     assert calls[0]["gqa"] == (cfg.num_key_value_heads != cfg.num_attention_heads)
     monkeypatch.setattr(packed_rows, "VARLEN_ATTN", _varlen_standin([], ignore_rows=True))
-    logp, loss, grad = compare(ref, installed(pm, lambda: run_packed(pm, rows), attention="varlen"))
-    assert logp > LOGP_TOL and grad > GRAD_TOL, (logp, grad)
+    bad = installed(pm, lambda: run_packed(pm, rows), attention="varlen")
+    check_exact("packed rows, varlen_attn branch (stand-in)", got, ref, run_rows(pm64, rows), negative=bad)

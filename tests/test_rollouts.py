@@ -82,16 +82,18 @@ def test_engine_phase_moves_nothing_without_the_switch(trainee):
 
 def test_wake_reloads_the_weights_between_the_two_wake_ups_at_level_2():
     """Level 1: one wake_up. Level 2 (the weights were discarded): the weights' memory, the reload from the model
-    folder, then the KV cache; the reload's seconds are kept (vllm/entrypoints/llm.py wake_up tags)."""
+    folder, then the KV cache; the reload's seconds are kept (vllm/entrypoints/llm.py wake_up tags). The stand-in's
+    methods bind every call to vLLM 0.33's LLM.wake_up / LLM.collective_rpc (tests/real_signatures.py)."""
+    import real_signatures as rs
+
     class Engine:
         def __init__(self):
             self.calls = []
 
-        def wake_up(self, tags=None):
-            self.calls.append(("wake_up", tuple(tags) if tags else None))
-
-        def collective_rpc(self, method, *a, **k):
-            self.calls.append(("rpc", method))
+        wake_up = rs.stand_in("LLM.wake_up", method=True,
+                              body=lambda self, tags=None: self.calls.append(("wake_up", tuple(tags) if tags else None)))
+        collective_rpc = rs.stand_in("LLM.collective_rpc", method=True,
+                                     body=lambda self, method, *a, **k: self.calls.append(("rpc", method)))
 
     one, two, timings = Engine(), Engine(), {}
     rollouts.wake(one, 1, timings)

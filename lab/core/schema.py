@@ -50,8 +50,10 @@ from lab.core.paths import resolve_path
 # back-end names: each member's name is its value (an Enum field takes a name), so a member reads as that string
 GenerationBackend = StrEnum("GenerationBackend", ["hf", "vllm"])  # model.generation_backend, grpo.rollout_backend
 TrainBackend = StrEnum("TrainBackend", ["hf", "unsloth"])  # model.train_backend, sft.backend
-ExpertsPath = StrEnum("ExpertsPath", ["routed", "fold"])  # sft.lora.experts_path (lab.model.experts_lora)
-PackedAttention = StrEnum("PackedAttention", ["varlen", "mask"])  # sft.packed_attention (lab.model.packed_rows.ATTENTIONS)
+# fast paths (lab.train.fast_paths): auto takes the fast one where its kernel is here and its calibrated check passed
+ExpertsPath = StrEnum("ExpertsPath", ["auto", "routed", "fold"])  # sft.lora.experts_path (lab.model.experts_lora)
+PackedAttention = StrEnum("PackedAttention", ["auto", "varlen", "mask"])  # sft.packed_attention (lab.model.packed_rows)
+Switch = StrEnum("Switch", ["auto", "on", "off"])  # sft.fused_mamba (lab.model.lora)
 Tracker = StrEnum("Tracker", ["none", "tensorboard", "wandb", "mlflow"])  # report_to (lab.core.run.tracking_args)
 
 
@@ -228,7 +230,8 @@ class LoraConfig(Checked):
     dropout: float = _help("LoRA dropout (PEFT's ParamWrapper, the routed experts, supports none: lab.model.lora "
                             "refuses it with the experts family)", ge=0)
     targets: List[str] = _help("module families that get a LoRA (lab/model/lora.py; lm_head trains through lab.model.lora)")
-    experts_path: ExpertsPath = _help("how the routed experts' LoRA runs: routed (each expert's LoRA on the tokens "
+    experts_path: ExpertsPath = _help("how the routed experts' LoRA runs: auto (routed unless its calibrated exactness "
+                                      "check failed on this card: lab.train.fast_paths), routed (each expert's LoRA on the tokens "
                                       "routed to it, lab.model.experts_lora) or fold (PEFT's own W + B@A stack at "
                                       "every forward: ~1.2 GiB temporaries per MoE layer on the real model, +62% "
                                       "experts FLOPs); the same parameters and saved adapter either way")
@@ -261,9 +264,15 @@ class SftConfig(Checked):
                                        "max_seq_len each; null: max_seq_len. Longer packs spread the per-micro-step "
                                        "fixed cost over more tokens (lab.train.estimate); their memory is traced at "
                                        "this length (lab.train.memory)", ge=1)
-    packed_attention: PackedAttention = _help("with packing: varlen (each row's attention alone: torch's varlen flash kernel on "
+    packed_attention: PackedAttention = _help("with packing: auto (varlen where torch's varlen_attn and CUDA are here and "
+                                  "its calibrated check passed, else mask: lab.train.fast_paths), "
+                                  "varlen (each row's attention alone: torch's varlen flash kernel on "
                                   "CUDA, one causal SDPA per row on CPU; no [T x T] mask) or mask (transformers' sdpa "
                                   "with its block-diagonal mask over the whole pack); lab/model/packed_rows.py")
+    fused_mamba: Switch = _help("the fused Mamba-2 kernel (mamba_ssm's mamba_split_conv1d_scan_combined, the out_proj "
+                                "LoRA applied after it; lab.model.lora): auto (on where mamba_ssm, causal_conv1d and "
+                                "CUDA are here and its calibrated check passed: lab.train.fast_paths), on (refused "
+                                "where impossible) or off (the unfused mixer: causal_conv1d_fn + the chunk scan)")
     gradient_checkpointing: bool = _help("recompute activations in the backward pass (TRL's SFTConfig default; the "
                                          "real model needs it)")
     weight_decay: float = _help("AdamW weight decay", ge=0)

@@ -283,8 +283,11 @@ def prepare(cfg, need_answers: bool = True) -> tuple[pd.DataFrame, pd.DataFrame]
         info = read_json(folder / "split.json")
         made_with = info.get("settings")
         if made_with != settings:
-            raise LabError(f"{folder / 'split.json'}: this run's split was made with data settings {made_with}, "
-                           f"not {settings}; use another run_name (or delete {folder})")
+            made_with = made_with if isinstance(made_with, dict) else {}
+            changed = ", ".join(f"{k}={made_with.get(k)!r}, not {settings.get(k)!r}"
+                                for k in sorted(set(made_with) | set(settings)) if made_with.get(k) != settings.get(k))
+            raise LabError(f"{folder / 'split.json'}: this run's split was made with {changed}; use another run_name "
+                           f"(a notebook: new_run = True in its parameters cell), or delete {folder}")
         fresh = _data_file_changed(info.get("data_file"), source, folder, bool(cfg.data.get("resplit", False)))
     if fresh:
         train, val, extra = _new_split(cfg, need_answers)

@@ -10,7 +10,7 @@ installs from:
   Kaggle's image brings a CUDA torch). Only files git tracks go in (`tracked_files`), or an explicit list. It
   downloads nothing; `--fetch-wheels` (`wheel_commands`) then fills the folder with binary wheels for Kaggle's
   Python and every manylinux tag up to Kaggle's glibc (`PIP_PLATFORMS`) and lists them with sizes (`wheel_list`).
-- `build --notebook 02_sft -- OVERRIDES` (`build_kernel`) writes `kaggle_kernel/build/02_sft/`: kernel-metadata.json
+- `build --notebook 02_sft OVERRIDES` (`build_kernel`) writes `kaggle_kernel/build/02_sft/`: kernel-metadata.json
   (kaggle_kernel/kernel-metadata.json filled: internet off, private, GPU and `machine_shape`, sources from
   `conf/kaggle`) and the notebook with its parameters baked in by papermill's prepare-only mode, behind a first cell
   (kaggle_kernel/install_cell.py filled, `install_cell_source`) that checks the image's Python, installs the lab
@@ -27,12 +27,11 @@ installs from:
 
 What it simplifies:
 1. One dependency dataset for every kernel.
-2. No calls to the Kaggle API: push with the `kaggle` command-line tool (kaggle_kernel/README.md); the model source
+2. Building calls no Kaggle API: push with the `kaggle` command-line tool (kaggle_kernel/README.md), or let
+   `python -m lab kaggle run --chain` (lab.kaggle.run) push, wait and fetch through kaggle's own API; the model source
    is checked with the rule kaggle 2.2.5 applies on push (`check_model_source`), and tests/test_kaggle.py runs
    kaggle's own push validation on a built kernel where the package is installed.
 3. The username comes from --username or $KAGGLE_USERNAME, never from credential files.
-4. A chain's kernels must be pushed one after the other, each once the one before has finished (a kernel attaches
-   the latest output of its sources): the commands are printed, not run.
 """
 
 from __future__ import annotations
@@ -49,6 +48,7 @@ import sys
 import tarfile
 import tempfile
 import tomllib
+from datetime import datetime
 from importlib import metadata
 from pathlib import Path
 
@@ -466,6 +466,11 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
                                                             cfg.kaggle.scratch_dir),
                                         metadata={"tags": [INSTALL_TAG]})
     nb.cells.insert(0, install)
+    for cell in nb.cells:  # the cells made here get fixed ids, not random ones: the same build, the same files
+        tags = cell.get("metadata", {}).get("tags", [])
+        for tag in (INSTALL_TAG, "injected-parameters"):
+            if tag in tags:
+                cell["id"] = tag
     nbformat.validate(nb)
 
     out = resolve_path(out or f"{BUILD_DIR}/{name}")
@@ -482,13 +487,18 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
     return out
 
 
+def chain_run_name() -> str:
+    """A chain's run name when none is given: the date and time, as a local run's folder (conf/config.yaml)."""
+    return datetime.now().strftime("%Y-%m-%d_%H-%M-%S")
+
+
 def build_chain(stages: list[str], overrides: list[str] = (), username: str | None = None,
                 run_name: str | None = None, out: str | os.PathLike | None = None, title_prefix: str = "Nemotron lab",
                 **kw) -> list[Path]:
     """One kernel per stage of `stages` (in order), under `out` (default kaggle_kernel/build/chain-RUN), sharing one
-    run folder (`run_name`, default 'chain'): each kernel attaches the one before it (`kernel_sources`), so its install
-    cell copies back what it reads; 04_vote after a chain without 03_grpo votes with 02_sft's adapter
-    (vote.adapter=${sft.adapter_dir}). Returns the kernel folders in push order."""
+    run folder (`run_name`, default the date and time: `chain_run_name`): each kernel attaches the one before it
+    (`kernel_sources`), so its install cell copies back what it reads; 04_vote after a chain without 03_grpo votes
+    with 02_sft's adapter (vote.adapter=${sft.adapter_dir}). Returns the kernel folders in push order."""
     if not stages:
         raise LabError("--chain: name the stages, e.g. --chain 01_explore,02_sft,04_vote")
     names = [_notebook_name(s) for s in stages]
@@ -497,7 +507,7 @@ def build_chain(stages: list[str], overrides: list[str] = (), username: str | No
     if names != sorted(names, key=STAGES.index):
         raise LabError(f"--chain {','.join(stages)}: stages must come in the pipeline's order ({', '.join(STAGES)})")
     user = _username(username)
-    run_name = check_run_name(run_name or "chain")
+    run_name = check_run_name(run_name or chain_run_name())
     root = resolve_path(out or f"{BUILD_DIR}/chain-{slugify(run_name) or 'run'}")
     extra = list(overrides)
     keys = {o.key_or_group for o in parse_overrides(extra)}
@@ -545,37 +555,50 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m lab kaggle", description="offline Kaggle kernels and their dataset "
                                  "(quick start: kaggle_kernel/README.md)")
     sub = ap.add_subparsers(dest="cmd", required=True)
-    b = sub.add_parser("build", help="a push-ready kernel folder for one notebook, a chain of them, or the pipeline",
+    opts = argparse.ArgumentParser(add_help=False)  # what `build` and `run` share
+    opts.add_argument("overrides", nargs="*", help="Hydra overrides baked into the notebooks, key=value words at "
+                                                   "the end of the line")
+    opts.add_argument("--username", help="your Kaggle username (default: $KAGGLE_USERNAME; one of the two is needed)")
+    opts.add_argument("--run-name", help="run folder under /kaggle/working/outputs and part of each kernel's title "
+                                         "(default: the kernel's slug; --chain: the date and time, as a local run)")
+    opts.add_argument("--title", help="kernel title; its slug is the kernel id (default: 'Nemotron lab NAME'; "
+                                      "--chain: the prefix, default 'Nemotron lab', + RUN + STAGE)")
+    opts.add_argument("--out", help=f"folder to write (default: {BUILD_DIR}/NAME, --chain: {BUILD_DIR}/chain-RUN)")
+    opts.add_argument("--competition", help="competition slug; '' for none (default: kaggle.competition)")
+    opts.add_argument("--model-source", help="Kaggle Models handle owner/model/framework/instance/version; '' for "
+                                             "none (default: kaggle.model_source in conf/kaggle/default.yaml)")
+    opts.add_argument("--dataset", help=f"owner/slug of the dependency dataset (default: "
+                                        f"USER/{slugify(DATASET_TITLE)})")
+    opts.add_argument("--no-gpu", action="store_true", help="enable_gpu: false")
+    opts.add_argument("--machine-shape", help="Kaggle machine_shape (accelerator) of a GPU kernel, e.g. "
+                                              "NvidiaTeslaT4 (default: kaggle.machine_shape)")
+    opts.add_argument("--no-gpu-extra", action="store_true", help="install the lab without vllm/unsloth (default: "
+                                                                  "the extras the config needs, on a GPU kernel)")
+    opts.add_argument("--allow-local-paths", action="store_true",
+                      help="build even when an override names a path on this machine (named in a warning)")
+    opts.add_argument("--plan", action="store_true", help="print each stage's planned output (`kaggle plan`) and "
+                                                          "refuse a plan over kaggle.output_limit_gb")
+    b = sub.add_parser("build", parents=[opts],
+                       help="a push-ready kernel folder for one notebook, a chain of them, or the pipeline",
                        epilog="examples: python -m lab kaggle build --notebook 02_sft --username me "
-                              "--overrides experiment=competition | python -m lab kaggle build --chain "
-                              "01_explore,02_sft,04_vote --run-name comp1 --username me -- experiment=competition")
+                              "experiment=competition | python -m lab kaggle build --chain 01_explore,02_sft,04_vote "
+                              "--run-name comp1 --username me experiment=competition")
     which = b.add_mutually_exclusive_group(required=True)
     which.add_argument("--notebook", help=f"one of {', '.join(STAGES)} or {PIPELINE}")
     which.add_argument("--chain", help="comma-separated stages in order, one kernel each, each attaching the one "
                                        "before it (e.g. 01_explore,02_sft,04_vote)")
-    b.add_argument("--overrides", nargs="*", default=[], help="Hydra overrides baked into the notebook")
-    b.add_argument("--username", help="your Kaggle username (default: $KAGGLE_USERNAME)")
-    b.add_argument("--title", help="kernel title; its slug is the kernel id (default: 'Nemotron lab NAME'; --chain: "
-                                   "the prefix, default 'Nemotron lab', + RUN + STAGE)")
-    b.add_argument("--out", help=f"folder to write (default: {BUILD_DIR}/NAME, --chain: {BUILD_DIR}/chain-RUN)")
-    b.add_argument("--competition", help="competition slug; '' for none (default: kaggle.competition)")
-    b.add_argument("--model-source", help="Kaggle Models handle owner/model/framework/instance/version; '' for none "
-                        "(default: kaggle.model_source in conf/kaggle/default.yaml)")
-    b.add_argument("--dataset", help=f"owner/slug of the dependency dataset (default: USER/{slugify(DATASET_TITLE)})")
-    b.add_argument("--kernel-sources", nargs="*", default=[],
-                   help="other kernels (owner/slug) whose output to attach; what this stage reads of their "
+    b.add_argument("--kernel-sources", default="",
+                   help="comma-separated kernels (owner/slug) whose output to attach; what this stage reads of their "
                         "outputs/<run_name> is copied back and the run continues (--chain sets it)")
-    b.add_argument("--run-name", help="run folder under /kaggle/working/outputs (default: the slug; --chain: chain); "
-                                      "a name leaving /kaggle/working is refused")
-    b.add_argument("--no-gpu", action="store_true", help="enable_gpu: false")
-    b.add_argument("--machine-shape", help="Kaggle machine_shape (accelerator) of a GPU kernel, e.g. NvidiaTeslaT4 "
-                                           "(default: kaggle.machine_shape)")
-    b.add_argument("--no-gpu-extra", action="store_true",
-                   help="install the lab without vllm/unsloth (default: the extras the config needs, on a GPU kernel)")
-    b.add_argument("--allow-local-paths", action="store_true",
-                   help="build even when an override names a path on this machine (named in a warning)")
-    b.add_argument("--plan", action="store_true", help="print each stage's planned output (`kaggle plan`) and refuse "
-                                                       "a plan over kaggle.output_limit_gb")
+    r = sub.add_parser("run", parents=[opts], help="build a chain, then push each kernel, wait for it and fetch its "
+                       "output into the run folder before the next (needs Kaggle credentials; resumable)",
+                       epilog="example: python -m lab kaggle run --chain 01_explore,02_sft,04_vote --run-name comp1 "
+                              "--username me experiment=competition   (rerun the same command to resume)")
+    r.add_argument("--chain", required=True, help="comma-separated stages in order (e.g. 01_explore,02_sft,04_vote)")
+    r.add_argument("--run-dir", help="local folder for the kernels' outputs and the chain's state (default: "
+                                     "outputs/RUN)")
+    r.add_argument("--poll-s", type=float, default=30.0, help="first wait between status checks, growing by half "
+                                                              "each check up to 10 min (default: %(default)s)")
     d = sub.add_parser("dataset", help="the dataset folder with the lab's wheel, conf/notebooks and requirements.txt")
     d.add_argument("--username", help="your Kaggle username (default: $KAGGLE_USERNAME)")
     d.add_argument("--title", default=DATASET_TITLE, help="dataset title; its slug is the dataset id (default: %(default)s)")
@@ -597,28 +620,41 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.cmd == "plan":
         print(plan_main([*args.overrides, *extra], [s for s in args.stages.split(",") if s]))
-    elif args.cmd == "build":
+    elif args.cmd in ("build", "run"):
         kw = dict(competition=args.competition, model_source=args.model_source, dataset=args.dataset,
                   enable_gpu=not args.no_gpu, machine_shape=args.machine_shape, gpu_extra=not args.no_gpu_extra,
                   allow_local_paths=args.allow_local_paths, plan=args.plan)
+        overrides = [*args.overrides, *extra]
         if args.chain:
-            if args.kernel_sources:
+            if getattr(args, "kernel_sources", None):
                 raise LabError("--chain sets each kernel's --kernel-sources itself")
-            folders = build_chain(args.chain.split(","), [*args.overrides, *extra], username=args.username,
-                                  run_name=args.run_name, out=args.out, title_prefix=args.title or "Nemotron lab",
-                                  **kw)
+            run_name = args.run_name or chain_run_name()
+            folders = build_chain(args.chain.split(","), overrides, username=args.username, run_name=run_name,
+                                  out=args.out, title_prefix=args.title or "Nemotron lab", **kw)
         else:
-            folders = [build_kernel(args.notebook, [*args.overrides, *extra], username=args.username,
-                                    title=args.title, out=args.out, run_name=args.run_name,
-                                    kernel_sources=args.kernel_sources, **kw)]
-        ids = [json.loads((f / "kernel-metadata.json").read_text())["id"] for f in folders]
-        print("\n".join(f"wrote {f}: {f.name}.ipynb and kernel-metadata.json (id {i})" for f, i in zip(folders, ids)))
+            folders = [build_kernel(args.notebook, overrides, username=args.username, title=args.title, out=args.out,
+                                    run_name=args.run_name, kernel_sources=[k for k in args.kernel_sources.split(",")
+                                                                            if k], **kw)]
+        metas = [json.loads((f / "kernel-metadata.json").read_text()) for f in folders]
+        ids = [m["id"] for m in metas]
+        print("\n".join(f"wrote {f}: {m['code_file']} and kernel-metadata.json (id {m['id']})"
+                        for f, m in zip(folders, metas)))
+        if args.cmd == "run":
+            from lab.kaggle.run import run_chain
+
+            run_dir = resolve_path(args.run_dir or f"outputs/{run_name}")
+            print(f"running the chain into {run_dir}; interrupted, it resumes with the same command"
+                  + ("" if args.run_name else f" and --run-name {run_name}"))
+            run_chain(folders, run_dir, poll_s=args.poll_s)
+            print(f"done: each kernel's output is in {run_dir / 'kaggle'}")
+            return 0
         cmds = push_commands(folders)
         if len(cmds) == 1:
             print(f"push it with: {cmds[0]}")
         else:
             print("push them in this order, each after the one before has finished (kaggle kernels status ID: "
-                  "a kernel attaches the latest output of the one before it):")
+                  "a kernel attaches the latest output of the one before it), or let `python -m lab kaggle run` "
+                  "do it:")
             for i, (c, k) in enumerate(zip(cmds, ids), 1):
                 print(f"  {i}. {c}    # then wait: kaggle kernels status {k}")
     else:

@@ -219,8 +219,9 @@ def path_of(model) -> str:
 def apply(path: str, model) -> tuple[str, int]:
     """Switch `model`'s experts LoRA to `path` (routed | fold); checks that every experts module of the model that
     carries a LoRA was switched and returns (path taken, MoE layers with an experts LoRA)."""
+    path = "routed" if path == "auto" else path  # lab.train.fast_paths switched a failed calibration to fold
     if path not in PATHS:
-        raise LabError(f"sft.lora.experts_path={path!r}: must be one of {', '.join(PATHS)}")
+        raise LabError(f"sft.lora.experts_path={path!r}: must be one of auto, {', '.join(PATHS)}")
     expected = sum(is_nemotron_experts(m) for m in model.modules()) if expert_wrappers(model) else 0
     if path == "routed":
         n = enable(model)

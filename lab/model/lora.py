@@ -33,7 +33,8 @@ for `out_proj` only (never `conv1d`), and `guard_fused_mamba_out_proj` replaces 
 LoRA is running, calls the fused kernel without its out_proj (`outproj_weight=None`) and then the mixer's own
 `out_proj` module, LoRA included (issue 42; where the kernel is absent, the CPU, it returns None and the mixer's
 PyTorch path runs as before), and calls the original otherwise. The fused-then-out_proj path has not run on a GPU
-(`_FusedScanGuard`); `FUSED_OUT_PROJ = False` gives the earlier whole-PyTorch-path guard back. The "which mixer is running" signal is a context variable set by forward hooks on each mixer,
+(`_FusedScanGuard`); `sft.fused_mamba=off` takes the unfused mixer instead (conv and chunk scan kernels, out_proj
+after; lab.train.fast_paths switches it off where the fused kernel is missing or failed its calibration). The "which mixer is running" signal is a context variable set by forward hooks on each mixer,
 so it survives deepcopy, gradient checkpointing recomputation and device moves. The gradient check proves
 `out_proj` trains. Not covered: the `trust_remote_code` modeling file (refused with a clear error when an
 `out_proj` LoRA meets a mixer class without that module-level function) and hub kernels that replace the mixer's
@@ -209,15 +210,21 @@ def allow_out_proj():
 # ---- the fused Mamba kernel guard ------------------------------------------------------------
 
 FUSED_FN = "mamba2_split_conv1d_scan_combined"
-_RUNNING = contextvars.ContextVar("lab_mamba_out_proj_lora", default=None)  # the running mixer whose out_proj has a LoRA
-FUSED_OUT_PROJ = True  # False: such a mixer takes the whole PyTorch path (the guard before issue 42)
+_RUNNING = contextvars.ContextVar("lab_mamba_mixer", default=None)  # the Mamba-2 mixer running now
+
+
+def fused_mamba(cfg: DictConfig) -> bool:
+    """Whether the mixers may take the fused kernel: sft.fused_mamba on or auto (lab.train.fast_paths has set it to
+    off when the stage opened where the kernel is missing or failed its calibration)."""
+    return str(cfg.sft.get("fused_mamba", "auto")) != "off"
 
 
 class _FusedScanGuard:
-    """`mamba2_split_conv1d_scan_combined` in the mixer's module (module docstring). While a mixer whose `out_proj`
-    has a LoRA runs: the fused kernel WITHOUT its out_proj (`outproj_weight=None`), then the mixer's own `out_proj`
-    module (base + LoRA); None (the mixer's "no kernel: PyTorch path" answer) where the kernel is absent (the CPU) or
-    `FUSED_OUT_PROJ` is off. Otherwise the function it replaced, unchanged.
+    """`mamba2_split_conv1d_scan_combined` in the mixer's module (module docstring). For a mixer switched off
+    (`sft.fused_mamba=off`): None, the mixer's "no fused result" answer, so it runs conv and chunk scan. While a mixer
+    whose `out_proj` has a LoRA runs: the fused kernel WITHOUT its out_proj (`outproj_weight=None`), then the mixer's
+    own `out_proj` module (base + LoRA); None where the kernel is absent (the CPU). Otherwise the function it
+    replaced, unchanged.
 
     Rests on mamba_ssm 2.3.2's `mamba_ssm/ops/triton/ssd_combined.py`, `MambaSplitConv1dScanCombinedFn` (not installed
     here; read in its published source): with `outproj_weight=None` (and `outproj_bias=None`, which it asserts) forward
@@ -232,8 +239,10 @@ class _FusedScanGuard:
         mixer = _RUNNING.get()
         if mixer is None:
             return self.inner(*args, **kwargs)
-        if not FUSED_OUT_PROJ:
+        if not getattr(mixer, "_lab_fused_mamba", True):
             return None
+        if not _has_lora(mixer.out_proj):
+            return self.inner(*args, **kwargs)
         if kwargs.get("return_final_states"):
             return None  # the final states come back beside the output: leave that case to the PyTorch path
         out = self.inner(*args, **{**kwargs, "outproj_weight": None, "outproj_bias": None})
@@ -245,24 +254,25 @@ def _has_lora(module) -> bool:
 
 
 def _mixer_pre_hook(module, args):
-    _RUNNING.set(module if _has_lora(module.out_proj) else None)
+    _RUNNING.set(module)
 
 
 def _mixer_post_hook(module, args, output):
     _RUNNING.set(None)
 
 
-def guard_fused_mamba_out_proj(model) -> int:
+def guard_fused_mamba_out_proj(model, fused: bool = True) -> int:
     """Make every Mamba-2 mixer whose `out_proj` has a LoRA apply it in training (fused kernel without out_proj, then
     `out_proj`; the PyTorch path without the kernel): `_FusedScanGuard` in
-    the mixer class's module and forward hooks on each mixer, each installed once. Returns the number of mixers whose
-    out_proj has a LoRA now."""
+    the mixer class's module and forward hooks on each mixer, each installed once. `fused` False (`sft.fused_mamba=off`,
+    `fused_mamba(cfg)`): every mixer takes the unfused path. Returns the number of mixers whose out_proj has a LoRA."""
     n = 0
     for _, mod in _base(model).named_modules():
         if not (type(mod).__name__.endswith("Mamba2Mixer") and hasattr(mod, "out_proj")):
             continue
         has = _has_lora(mod.out_proj)
         n += has
+        mod._lab_fused_mamba = bool(fused)
         if getattr(mod, "_lab_out_proj_hooks", False):
             continue
         module = sys.modules[type(mod).__module__]
@@ -279,6 +289,21 @@ def guard_fused_mamba_out_proj(model) -> int:
         mod.register_forward_hook(_mixer_post_hook, always_call=True)
         mod._lab_out_proj_hooks = True
     return n
+
+
+@contextlib.contextmanager
+def fused_mamba_as(model, fused: bool):
+    """Within the block, every Mamba-2 mixer of `model` (guarded by `guard_fused_mamba_out_proj`) takes (`fused`) or
+    leaves the fused kernel, as `sft.fused_mamba` sets them for a run (calibrate's comparisons); as before after it."""
+    mixers = [m for m in _base(model).modules() if hasattr(m, "_lab_fused_mamba")]
+    before = [m._lab_fused_mamba for m in mixers]
+    for m in mixers:
+        m._lab_fused_mamba = bool(fused)
+    try:
+        yield
+    finally:
+        for m, b in zip(mixers, before):
+            m._lab_fused_mamba = b
 
 
 # ---- target table ------------------------------------------------------------------------------
@@ -324,7 +349,7 @@ def attach_lora(cfg: DictConfig, model):
     config = lora_config(cfg, model)
     with allow_out_proj():
         pm = get_peft_model(model, config)
-    guard_fused_mamba_out_proj(pm)
+    guard_fused_mamba_out_proj(pm, fused=fused_mamba(cfg))
     table = target_table(pm)
     check_table(cfg, table)
     switch_experts_lora(cfg, pm)
@@ -381,20 +406,22 @@ class GradientCheck:
     def report(self) -> pd.DataFrame:
         import pandas as pd
 
-        moved, tensors, still = defaultdict(float), defaultdict(int), defaultdict(int)
+        moved, seen, tensors, still = defaultdict(float), defaultdict(int), defaultdict(int), defaultdict(int)
         for n, p in self.model.named_parameters():
             if n in self.before:
                 fam = family_of(n) or "other"
                 d = float((_sample(p) - self.before[n]).abs().sum())
                 moved[fam] += d
+                seen[fam] += self.before[n].numel()
                 tensors[fam] += 1
                 still[fam] += d == 0.0
         fams = sorted(set(moved) | set(self.grad_norm))
         df = pd.DataFrame({"family": fams, "grad_norm_step1": [self.grad_norm.get(f, 0.0) for f in fams],
-                           "weight_change": [moved.get(f, 0.0) for f in fams],
+                           # the mean |change| of one LoRA weight (sampled), in the weights' own units
+                           "mean_abs_weight_change": [moved[f] / seen[f] if seen.get(f) else 0.0 for f in fams],
                            "tensors": [tensors.get(f, 0) for f in fams],
                            "tensors_unchanged": [still.get(f, 0) for f in fams]})
-        df["ok"] = (df["grad_norm_step1"] > 0) & (df["weight_change"] > 0) & (df["tensors_unchanged"] == 0)
+        df["ok"] = (df["grad_norm_step1"] > 0) & (df["mean_abs_weight_change"] > 0) & (df["tensors_unchanged"] == 0)
         return df
 
     def frozen_report(self) -> pd.DataFrame:

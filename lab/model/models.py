@@ -289,13 +289,13 @@ def load(cfg: DictConfig, adapter: str | os.PathLike | None = None, trainable: b
     if adapter is not None:
         from peft import PeftModel
 
-        from lab.model.lora import allow_out_proj, guard_fused_mamba_out_proj
+        from lab.model.lora import allow_out_proj, fused_mamba, guard_fused_mamba_out_proj
 
         adapter = resolve_path(adapter)
         if not (adapter / "adapter_config.json").is_file():
             raise LabError(f"{adapter}: not a LoRA adapter folder (no adapter_config.json)")
         with allow_out_proj():  # the lab trains out_proj through the PyTorch Mamba path (see lab.model.lora)
             model = PeftModel.from_pretrained(model, str(adapter), is_trainable=trainable)
-        guard_fused_mamba_out_proj(model)
+        guard_fused_mamba_out_proj(model, fused=fused_mamba(cfg))
     model.train(trainable)
     return model, tok

@@ -70,7 +70,9 @@ import torch
 from lab import LabError
 
 ATTENTION = "lab_packed_varlen"  # the attention implementation install(attention="varlen") registers and sets
-ATTENTIONS = ("varlen", "mask")  # sft.packed_attention: varlen (ATTENTION), mask (transformers' sdpa + block mask)
+# sft.packed_attention: varlen (ATTENTION), mask (transformers' sdpa + block mask), auto: varlen here (lab.train.fast_paths
+# has switched it to mask when the stage opened, where varlen_attn cannot run)
+ATTENTIONS = ("auto", "varlen", "mask")
 VARLEN_ATTN = None  # tests: a stand-in for torch's varlen_attn on CPU; None: torch.nn.attention.varlen.varlen_attn
 _PACKED_CALL = contextvars.ContextVar("lab_packed_call", default=False)  # a packed backbone call is running
 MIXER_CLASS = "NemotronHMamba2Mixer"
@@ -251,6 +253,7 @@ def install(model, force_kernel_path: bool = False, attention: str = "mask") -> 
     block-diagonal mask; "varlen", `ATTENTION` (module docstring)."""
     if attention not in ATTENTIONS:
         raise LabError(f"sft.packed_attention={attention!r}: one of {', '.join(ATTENTIONS)}")
+    attention = "varlen" if attention == "auto" else attention
     handle = Installed()
     backbones = [m for m in model.modules() if type(m).__name__ == BACKBONE_CLASS]
     if not backbones:

@@ -2,9 +2,10 @@
 
 `solve(prompt)` classifies the prompt, runs that category's solver and turns any exception into an
 `undetermined` Solution with the error as reason; with `style="derivation"` the category's `derive` rewrites
-the trace. `solve_frame(df)` does it for a DataFrame (with a tqdm bar for big frames) and, when the frame has a
-gold `answer` column, adds `correct` via lab.competition.metric.verify (the competition metric; an error there is raised,
-never replaced). `solve_frame` first builds each category's batch input from the frame's prompts
+the trace. `solve_frame(df)` does it for a DataFrame (with a progress line for big frames,
+`lab.core.console.Progress`) and, when the frame has a gold `answer` column, adds `correct` via
+lab.competition.metric.verify (the competition metric; an error there is raised, never replaced). `solve_frame`
+first builds each category's batch input from the frame's prompts
 (`Category.learn`: the cipher's pooled vocabulary, so a query word its own examples never spell out can still be
 read; the equations' priors from the numeric equation prompts' examples, never a gold answer).
 `replay` / `check_frame` replay traces with `lab.puzzles.check` and the category's own checker and operations.
@@ -117,8 +118,9 @@ def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int |
         workers = min(4, os.cpu_count() or 1) if len(prompts) >= 500 else 1
     bar = None
     if progress:
-        from tqdm.auto import tqdm
-        bar = tqdm(total=len(prompts), desc="solving", unit="puzzle")
+        from lab.core.console import Progress  # one line redrawn in a notebook, plain lines elsewhere
+
+        bar = Progress("solving", len(prompts), "puzzles")
     results = []
     if workers > 1:
         from concurrent.futures import ProcessPoolExecutor

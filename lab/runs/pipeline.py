@@ -31,6 +31,7 @@ from pathlib import Path
 
 from lab import LabError
 from lab.core.config import compose, names_run
+from lab.core.console import ECHO_ENV
 from lab.core.io import atomic_write_json, atomic_write_text, read_json
 from lab.core.paths import project_root, resolve_path
 from lab.core import lineage
@@ -40,6 +41,10 @@ STAGES = ["01_explore", "02_sft", "03_grpo", "04_vote", "05_errors"]
 
 # The smallest budget on which every stage still runs end to end (tests, sweeps' --smoke): conf/experiment/smoke.yaml.
 SMOKE_OVERRIDES = ["experiment=smoke"]
+
+
+# `python -m lab demo`'s budget unless the user chose an experiment: the default, GRPO and voting shortened.
+DEMO_OVERRIDE = "experiment=demo"
 
 
 def with_smoke(overrides: list[str]) -> list[str]:
@@ -70,7 +75,8 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: 
     """Run notebooks/<stage>.ipynb with papermill into <run_dir>/notebooks/; returns the executed copy.
 
     The one stage runner: `run_notebooks` (demo, the Kaggle pipeline kernel) and `lab.runs.sweep` call it. The
-    kernel's output goes to `log_file` when given, else to stdout when `log_output`. A notebook that runs to
+    kernel's output goes to `log_file` when given, else to stdout when `log_output` (and then its progress lines
+    too, which the saved notebook holds as one line: `lab.core.console.Progress`). A notebook that runs to
     the end without writing <run_dir>/<stage>/metrics.json is an error. A `LabError` raised inside the stage comes
     back as one LabError (its message and the executed notebook's path); any other error as papermill raises it.
     """
@@ -83,8 +89,9 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: 
     out.parent.mkdir(parents=True, exist_ok=True)
     kw = dict(parameters={"overrides": list(overrides)}, cwd=str(project_root()), kernel_name="python3",
               progress_bar=False, extra_arguments=KERNEL_ARGS)
+    echo = {ECHO_ENV: "1"} if log_file is None and log_output else {}  # progress lines to this console too
     try:
-        with plain_progress():
+        with plain_progress(), _env(echo):
             if log_file is None:
                 pm.execute_notebook(str(src), str(out), log_output=log_output, **kw)
             else:
@@ -107,6 +114,23 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: 
 
 
 @contextlib.contextmanager
+def _env(values: dict[str, str]):
+    """`values` in the environment (the kernels papermill starts inherit it), as it was after."""
+    import os
+
+    before = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in before.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+@contextlib.contextmanager
 def plain_progress():
     """The stage kernels print plain progress lines (`lab.core.console.live_progress`): `LAB_PROGRESS=plain` while
     papermill starts them, unless the caller set it. Needed where this runs inside a Jupyter kernel (a Kaggle
@@ -122,8 +146,76 @@ def plain_progress():
             os.environ.pop("LAB_PROGRESS", None)
 
 
+# What a stage costs, for the time `run_notebooks` expects: FIXED_CPU_S + PER_UNIT_CPU_S x its work units
+# (`work_units`), in CPU seconds of the machine they were measured on, whose probe (`probe`) took PROBE_CPU_S of CPU.
+# This machine's probe scales them to wall seconds: its wall / PROBE_CPU_S (its speed and the CPU share its load
+# leaves). Rough constants (RESULTS.md, "The demo's time"), from the 2-core development machine: FIXED_CPU_S is a
+# smoke run's CPU (experiment=smoke, 193 s in all on 2026-11-29, shared out by its stages' wall times: starting the
+# kernel, loading the libraries and the model); PER_UNIT_CPU_S is the rest of the 2026-11-27 demo's stage times
+# (02_sft 248 s, 03_grpo 152 s, 04_vote 56 s on the default budget, a quieter machine, read as CPU seconds) per unit.
+PROBE_CPU_S = 0.06
+FIXED_CPU_S = {"01_explore": 19.0, "02_sft": 48.0, "03_grpo": 63.0, "04_vote": 42.0, "05_errors": 14.0}
+PER_UNIT_CPU_S = {"01_explore": 0.0, "02_sft": 0.14, "03_grpo": 0.07, "04_vote": 0.02, "05_errors": 0.0}
+
+
+def work_units(stage: str, cfg) -> float:
+    """A stage's budget in one count: puzzles solved (01), training examples plus greedy evaluations (02), screening
+    samples plus training completions plus the evaluation (03), samples drawn (04), predictions analysed (05)."""
+    d, s, g = cfg.data, cfg.sft, cfg.grpo
+    if stage == "01_explore":
+        return float(d.explore_max)
+    if stage == "02_sft":
+        per_step = s.batch_size * s.grad_accum
+        steps = s.max_steps if s.max_steps > 0 else -(-d.n_train * s.epochs // per_step)
+        return float(steps * per_step + 2 * d.n_val)
+    if stage == "03_grpo":
+        return float(g.n_prompts * g.pass_rate_k + g.max_steps * g.prompts_per_step * g.num_generations + d.n_val)
+    if stage == "04_vote":
+        return float(d.n_val * cfg.vote.k)
+    return float(d.n_val)
+
+
+def probe(reps: int = 5) -> tuple[float, float]:
+    """(CPU seconds, wall seconds) of a fixed piece of work on one thread, as the stages will find this machine (its
+    load included): 5 x 20 products of two 256 x 256 float32 matrices."""
+    import torch
+
+    a = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    try:
+        wall0, cpu0 = time.perf_counter(), time.process_time()
+        for _ in range(reps * 20):
+            a @ a
+        return time.process_time() - cpu0, time.perf_counter() - wall0
+    finally:
+        torch.set_num_threads(threads)
+
+
+def cpu_seconds() -> float:
+    """CPU seconds used so far by this process and its finished children (the stages' kernels)."""
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+def expected_seconds(cfg, stages: list[str], probe_wall_s: float) -> dict[str, float]:
+    """{stage: projected wall seconds} from the stage budgets (`work_units`) and the probe's wall time
+    (`PROBE_CPU_S`); a projection for the tiny model on a CPU, not for the real model (`python -m lab estimate`)."""
+    scale = probe_wall_s / PROBE_CPU_S
+    return {s: scale * (FIXED_CPU_S[s] + PER_UNIT_CPU_S[s] * work_units(s, cfg)) for s in stages}
+
+
+def _clock(seconds: float) -> str:
+    s = int(max(seconds, 0))
+    return f"{s // 60}:{s % 60:02d}"
+
+
 def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: bool = True) -> Path:
-    """Execute the stage notebooks in order (`execute_stage`) under one run lock; returns the run directory."""
+    """Execute the stage notebooks in order (`execute_stage`) under one run lock; returns the run directory. Prints the
+    time it expects (the tiny model on a CPU: `expected_seconds`), then per stage its expectation, the ETA of the run
+    (the expected rest, scaled by how the stages so far compared with theirs) and its real time."""
     overrides = list(overrides)
     cfg = compose(overrides)  # validated: a bad value stops here, before any stage folder is touched
     unknown = [s for s in stages if s not in STAGES or not (project_root() / "notebooks" / f"{s}.ipynb").is_file()]
@@ -132,13 +224,31 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: 
     if not names_run(overrides):  # one time stamp for all stages, not one per notebook
         overrides.append(f"run_name={cfg.run_name}")
     run_dir = resolve_path(cfg.run_dir)
+    expected = None
+    if cfg.model.name == "tiny" and str(cfg.model.device) in ("auto", "cpu"):
+        cpu, wall = probe()
+        expected = expected_seconds(cfg, stages, wall)
+        print(f"Expected time: about {_clock(sum(expected.values()))} (min:s) for {len(stages)} stage(s): "
+              + ", ".join(f"{k} {v:.0f} s" for k, v in expected.items())
+              + f"; projected from the stage budgets and a probe of this machine ({wall:.3f} s wall, {cpu:.3f} s CPU; "
+              f"{PROBE_CPU_S:.3f} s CPU where the stages' CPU costs were measured: lab.runs.pipeline.FIXED_CPU_S)",
+              flush=True)
     with run_lock(run_dir):  # one writer per run folder; the notebooks' kernels inherit the lock
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
-        for name in stages:
-            t0 = time.time()
-            print(f"\n=== {name}: running {name}.ipynb -> {run_dir / 'notebooks' / (name + '.ipynb')}", flush=True)
+        took: dict[str, float] = {}
+        for i, name in enumerate(stages, 1):
+            t0, c0 = time.time(), cpu_seconds()
+            out = run_dir / "notebooks" / f"{name}.ipynb"
+            head = f"\n=== {name} ({i}/{len(stages)}): running {name}.ipynb -> {out}"
+            if expected:
+                pace = sum(took.values()) / sum(expected[k] for k in took) if took else 1.0
+                rest = pace * sum(expected[k] for k in stages[i - 1:])
+                head += f"\n=== expected {expected[name]:.0f} s; the run's ETA {_clock(rest)} (min:s)"
+            print(head, flush=True)
             execute_stage(name, run_dir, overrides, log_output=log_output)
-            print(f"=== {name}: done in {time.time() - t0:.0f} s", flush=True)
+            took[name] = time.time() - t0
+            said = f" (expected {expected[name]:.0f} s)" if expected else ""
+            print(f"=== {name}: done in {took[name]:.0f} s{said}, {cpu_seconds() - c0:.0f} s of CPU", flush=True)
     return run_dir
 
 
@@ -284,8 +394,18 @@ def summary(run_dir: Path) -> dict:
     return summ
 
 
+def demo_overrides(overrides: list[str]) -> list[str]:
+    """`python -m lab demo`'s overrides: into outputs/demo unless a run is named, on the demo's budget
+    (`DEMO_OVERRIDE`) unless an experiment is chosen; the user's keys come after, so they win."""
+    overrides = overrides if names_run(overrides) else ["run_name=demo", *overrides]
+    if not any(o.lstrip("+").split("=", 1)[0].strip() == "experiment" for o in overrides):
+        overrides = [DEMO_OVERRIDE, *overrides]
+    return overrides
+
+
 def demo_main(argv: list[str] | None = None) -> int:
-    p = argparse.ArgumentParser(prog="python -m lab demo", description="run all five notebooks on the embedded default")
+    p = argparse.ArgumentParser(prog="python -m lab demo", description="run all five notebooks on the embedded default "
+                                "(with experiment=demo's shorter GRPO and voting unless an experiment= is given)")
     p.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. seed=7 run_name=demo_seed7")
     p.add_argument("--stages", nargs="+", default=[], help="subset of stages to run (default: all five); stage "
                    "names and overrides may come in any order")
@@ -293,8 +413,7 @@ def demo_main(argv: list[str] | None = None) -> int:
     stages, overrides = stages_and_overrides([w for w in (sys.argv[1:] if argv is None else argv)
                                               if w not in ("--stages", "--")])
     t0 = time.time()
-    overrides = overrides if names_run(overrides) else ["run_name=demo", *overrides]
-    run_dir = run_notebooks(overrides, stages or STAGES)
+    run_dir = run_notebooks(demo_overrides(overrides), stages or STAGES)
     summary(run_dir)
     print(f"\nDemo finished in {time.time() - t0:.0f} s.")
     print(f"Executed notebooks: {run_dir / 'notebooks'}")

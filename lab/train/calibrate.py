@@ -294,14 +294,14 @@ def _variants(path: str):
             if wrong_attention:  # registered by install; the lab's own registered again on the way out
                 stack.callback(packed_rows.register_attention)
                 stack.enter_context(mock.patch.object(packed_rows, "packed_attention_forward", one_row))
-            stack.enter_context(mock.patch.object(lora, "FUSED_OUT_PROJ", fused))
+            stack.enter_context(lora.fused_mamba_as(pm, fused))
             handle = packed_rows.install(pm, attention=attention)
             stack.callback(handle.remove)
             yield
 
     @contextlib.contextmanager
     def leaky(pm, fused=True):  # no packed_rows: the Mamba state runs on from one row into the next
-        with mock.patch.object(lora, "FUSED_OUT_PROJ", fused):
+        with lora.fused_mamba_as(pm, fused):
             yield
 
     @contextlib.contextmanager
@@ -551,9 +551,9 @@ def step_speed(ctx) -> dict:
         experts_lora.apply("fold", st.pm)
         out["fold"] = st.measure(small)
         experts_lora.apply("routed", st.pm)
-    with mock.patch.object(lora, "FUSED_OUT_PROJ", False):
+    with lora.fused_mamba_as(st.pm, False):
         out["unfused"] = st.measure(small)
-        out["unfused"]["note"] = ("the out_proj LoRA mixers on transformers' PyTorch path with the kernels" if cuda
+        out["unfused"]["note"] = ("every Mamba mixer on transformers' PyTorch path with the kernels" if cuda
                                   else "no kernel on the CPU: the same path as the packs")
     ctx["partial"]("speed", out)
     grpo = int(cfg.model.max_model_len)

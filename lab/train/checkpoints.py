@@ -288,6 +288,6 @@ def keep_for_resume(checkpoint_dir: str | os.PathLike, keep_dir: str | os.PathLi
     return (f"{stage}: stopped by its wall-clock budget at step {step_of(newest)}. Kept to resume: {dst / newest.name} "
             f"({size / 1e9:.2f} GB: the adapter and the optimizer state) and {RUN_RECORD}. To resume, build the same "
             f"stage with the same overrides and run name, attaching this kernel: python -m lab kaggle build --notebook "
-            f"{stage} --run-name RUN --kernel-sources OWNER/THIS-KERNEL --title '... resumed' -- OVERRIDES, and push "
+            f"{stage} --run-name RUN --kernel-sources OWNER/THIS-KERNEL --title '... resumed' OVERRIDES, and push "
             f"it; its install cell copies checkpoints/{dst.name}/ into the scratch folder and {group}.resume=true "
             f"(the default) continues from step {step_of(newest)}")

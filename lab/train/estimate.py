@@ -468,21 +468,21 @@ def experts_lora_path(cfg: DictConfig) -> str:
         return "none"
     if cfg.sft.backend != "hf":
         return "fold"  # sft_unsloth attaches through Unsloth: lab.model.experts_lora is not switched on there
-    return str(cfg.sft.lora.get("experts_path", "routed"))
+    path = str(cfg.sft.lora.get("experts_path", "auto"))
+    return "routed" if path == "auto" else path
 
 
 def mamba_path(cfg: DictConfig, values: dict) -> str:
     """Which Mamba-2 implementation SFT runs (lab.model.lora `_FusedScanGuard`; lab.model.models
     check_mamba_kernels: the real model trains only with mamba_ssm and causal_conv1d)."""
-    from lab.model import lora
+    from lab.model.lora import fused_mamba
 
     if not values.get("use_mamba_kernels", True) or cfg.model.get("build_tiny"):
         return "torch: transformers' PyTorch path (no kernels; the tiny CPU model)"
     note = "the measured run was unfused; projected with its figures, an upper bound"
+    if not fused_mamba(cfg):
+        return "unfused: the mixer's PyTorch path with mamba_ssm's chunk scan and causal_conv1d (sft.fused_mamba=off)"
     if "out_proj" in [str(t) for t in cfg.sft.lora.targets] and cfg.sft.backend == "hf":
-        if not lora.FUSED_OUT_PROJ:
-            return ("unfused: the mixer's PyTorch path with mamba_ssm's chunk scan and causal_conv1d (the out_proj "
-                    "LoRA guard, lab.model.lora.FUSED_OUT_PROJ=False)")
         return ("fused: mamba_split_conv1d_scan_combined without out_proj, then the out_proj LoRA (lab.model.lora; not "
                 f"yet run on a GPU; {note})")
     return f"fused: mamba_split_conv1d_scan_combined ({note})"

@@ -59,6 +59,7 @@ What it simplifies:
 
 from __future__ import annotations
 
+import inspect
 import json
 import math
 import time
@@ -325,11 +326,18 @@ def _real_kernels():
         conv_label = "causal_conv1d (real kernel)"
     except Exception:
         conv, conv_label = mh.causal_conv1d_fn, "transformers causal_conv1d_fn (causal_conv1d absent)"
+    return (_named_keywords_only(scan), "mamba_ssm chunk scan (real kernel)"), (_named_keywords_only(conv), conv_label)
 
-    def conv_call(x, weight, bias=None, activation=None, **kwargs):  # transformers' signature, minus its extras
-        return conv(x, weight, bias, activation=activation)
 
-    return (scan, "mamba_ssm chunk scan (real kernel)"), (conv_call, conv_label)
+def _named_keywords_only(fn):
+    """`fn` called as transformers' hub-kernel wrapper calls a kernel (integrations/hub_kernels.py,
+    `use_kernel_func_from_hub_with_fallback`): with only the keywords `fn`'s signature names. The mixer hands every
+    kernel function all of its **kwargs; `seq_idx` among them reaches the kernels that take it."""
+    names = inspect.signature(fn).parameters
+
+    def call(*args, **kwargs):
+        return fn(*args, **{k: v for k, v in kwargs.items() if k in names})
+    return call
 
 
 def random_weights(pm) -> None:

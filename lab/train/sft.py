@@ -42,6 +42,7 @@ import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
+from lab.core.console import in_kernel
 from lab.core.io import atomic_write_csv, check_replaceable
 from lab.core.paths import adapter_dtype, resolve_path
 from lab.data.dataset import category_weights, oversample, trace_styles
@@ -244,7 +245,8 @@ def model_with_lora(cfg: DictConfig, stage, model=None, tokenizer=None):
         model, tokenizer = load(cfg)
     trl_private.install()
     pm, table = attach(cfg, model)  # the LoRA's initial weights: torch's global generator, as it stands here
-    print("LoRA targets:\n" + table.to_string(index=False))
+    if not in_kernel():  # a notebook shows the table as its cell's result (notebooks/02_sft.ipynb)
+        print("LoRA targets:\n" + table.to_string(index=False))
     atomic_write_csv(stage.path("lora_targets.csv"), table)
     return pm, tokenizer, table
 
@@ -269,7 +271,8 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model=None, token
         examples = examples.sample(frac=1.0, random_state=cfg.seed).head(cfg.sft.n_train)
     if examples.empty:
         raise LabError(f"{stage.dir}: no SFT examples left ({counts})")
-    print(f"SFT examples: {counts}")
+    if not in_kernel():  # a notebook shows them as a table (notebooks/02_sft.ipynb)
+        print(f"SFT examples: {counts}")
     atomic_write_csv(stage.path("sft_examples.csv"), examples[["id", "category", "tokens"]])
 
     if cfg.sft.packing:

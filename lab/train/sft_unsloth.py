@@ -101,7 +101,7 @@ def attach_lora(cfg: DictConfig, model):
             lora_dropout=config.lora_dropout, bias="none",
             use_gradient_checkpointing="unsloth" if cfg.sft.get("gradient_checkpointing", True) else False,
             random_state=cfg.seed, use_rslora=False, **kwargs)
-    lora.guard_fused_mamba_out_proj(pm)
+    lora.guard_fused_mamba_out_proj(pm, fused=lora.fused_mamba(cfg))
     table = lora.target_table(pm)
     lora.check_table(cfg, table, backend="unsloth")
     return pm, table
