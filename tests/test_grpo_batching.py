@@ -62,10 +62,15 @@ def test_trl_derives_one_generation_round_per_optimiser_step(root, micro, accum)
     assert args.generation_batch_size == 64 * args.world_size == 64  # every prompt's whole group, once per step
 
 
-def test_the_nemotron_nano_preset_trains_one_completion_per_micro_step():
+def test_the_nemotron_nano_preset_trains_a_step_in_packs():
+    """grpo.packing: TRL sees the step's completions as one micro-batch, the lab trains them in packs of
+    grpo.pack_tokens (lab.train.grpo_packed), and the memory trace takes one pack as the micro-step."""
     cfg = config.compose(["experiment=competition"])
-    assert cfg.grpo.per_device_train_batch_size == 1
-    assert memory.micro_batch(cfg) == (1, cfg.grpo.prompts_per_step * cfg.grpo.num_generations)
+    assert cfg.grpo.packing and cfg.grpo.per_device_train_batch_size is None
+    assert memory.micro_batch(cfg) == (cfg.grpo.prompts_per_step * cfg.grpo.num_generations, 1)
+    assert memory.step_shape(cfg, "grpo") == (1, cfg.grpo.pack_tokens, True)
+    with pytest.raises(LabError, match="per_device_train_batch_size=null"):
+        config.compose(["experiment=competition", "grpo.per_device_train_batch_size=1"])
 
 
 def test_a_config_trl_refuses_fails_before_any_sampling(root, monkeypatch):

@@ -168,10 +168,11 @@ def test_the_pytorch_scan_costs_more_than_the_kernel_and_8bit_adamw_less_than_fp
 def test_grpo_micro_step_is_the_trainers_micro_batch():
     cfg = compose(["model=nemotron_nano"])
     g = cfg.grpo
-    assert memory.step_shape(cfg, "grpo")[0] == g.per_device_train_batch_size == 1  # conf/grpo/nemotron_nano.yaml
-    cfg = compose(["model=nemotron_nano", "grpo.per_device_train_batch_size=null"])  # the whole step at once
+    assert g.packing  # conf/grpo/nemotron_nano.yaml: one pack of grpo.pack_tokens per forward/backward
+    assert memory.step_shape(cfg, "grpo") == (1, g.pack_tokens, g.gradient_checkpointing)
+    cfg = compose(["model=nemotron_nano", "grpo.packing=false"])  # the whole step at once
     assert memory.step_shape(cfg, "grpo")[0] == g.prompts_per_step * g.num_generations
-    cfg = compose(["model=nemotron_nano", "grpo.per_device_train_batch_size=2"])
+    cfg = compose(["model=nemotron_nano", "grpo.packing=false", "grpo.per_device_train_batch_size=2"])
     assert memory.step_shape(cfg, "grpo") == (2, cfg.model.max_model_len, g.gradient_checkpointing)
     assert memory.step_shape(cfg, "sft", tokens=2048) == (cfg.sft.batch_size, 2048, cfg.sft.gradient_checkpointing)
 
@@ -313,18 +314,33 @@ def test_each_rule_does_what_cuda_autocast_does(name):  # need a CUDA device gua
 def test_grpo_generation_phase_bound_adds_up_from_the_config(values, figures):
     """rollout_backend=vllm: the engine's bf16 weights, adapter slot, KV cache and Mamba state against its share, the
     trainer's LoRA and optimizer states beside it (lab.train.memory.generation_phase), by hand from config.json."""
-    cfg = compose([*PRESET, "gpu=h100_80gb", "grpo.rollout_backend=vllm"])
+    cfg = compose([*PRESET, "gpu=h100_80gb", "grpo.rollout_backend=vllm", "grpo.max_num_seqs=64"])
     ph = memory.generation_phase(cfg, values)
     GIB, P, base = 1024 ** 3, figures["trainable_params"], figures["base_params"]
-    seqs, tokens = 64, 8192  # min(infer.max_num_seqs 64, 8 prompts x 8 generations), model.max_model_len
+    seqs, tokens = 64, 8192  # grpo.max_num_seqs, model.max_model_len
     kv = 6 * 2 * 2 * 128 * 2 * seqs * tokens  # 6 attention layers x (K, V) x 2 kv heads x head_dim 128 x bf16
     mamba = 23 * (64 * 64 * 128 * 4 + 3 * (64 * 64 + 2 * 8 * 128) * 2) * seqs  # fp32 SSM state + bf16 conv state
     assert ph["engine_need_gib"] == pytest.approx((2 * base + 2 * P + kv + mamba) / GIB)
     assert ph["trainer_gib_total"] == pytest.approx((4 + 2 + 8 / 256) * P / GIB)  # fp32 LoRA + 8-bit AdamW
     assert ph["share"] == 0.88 and ph["fits"]  # null: 95% of 79.6 GiB less the trainer's 5.0 GiB, rounded down
     assert memory.engine_share(cfg) == 0.88
-    small = memory.generation_phase(compose([*PRESET, "gpu=h100_80gb", "grpo.vllm_gpu_memory_utilization=0.8"]), values)
+    small = memory.generation_phase(compose([*PRESET, "gpu=h100_80gb", "grpo.vllm_gpu_memory_utilization=0.8",
+                                             "grpo.max_num_seqs=64"]), values)
     assert not small["fits"]  # the negative control: 0.8 x 79.6 GiB cannot hold the engine's 66 GiB
     fp32 = memory.generation_phase(compose([*PRESET, "gpu=h100_80gb", "gpu.optim=adamw_torch_fused",
+                                            "grpo.max_num_seqs=64",
                                             "grpo.vllm_gpu_memory_utilization=0.88"]), values)
     assert not fp32["fits"]  # fp32 AdamW's 6.6 GiB of moments beside a 0.88 share pass 95% of the card
+
+
+@pytest.mark.parametrize("card", ["h100_80gb", "rtx_pro_6000"])
+def test_the_rollout_engine_takes_as_many_sequences_as_its_share_holds(values, card):
+    """grpo.max_num_seqs=null: the most sequences (in eights, at most one round's) whose KV cache and Mamba state fit
+    the engine's share beside the weights; eight more would not fit (the negative control)."""
+    cfg = compose([*PRESET, f"gpu={card}", "grpo.rollout_backend=vllm"])
+    ph = memory.generation_phase(cfg, values)
+    seqs = ph["sequences"]
+    assert seqs % 8 == 0 and 64 < seqs <= memory.rollout_round(cfg) and ph["fits"]
+    more = memory.generation_phase(compose([*PRESET, f"gpu={card}", "grpo.rollout_backend=vllm",
+                                            f"grpo.max_num_seqs={seqs + 8}"]), values)
+    assert more["engine_need_gib"] > more["share"] * more["card_gib"] and not more["fits"]

@@ -314,6 +314,9 @@ def test_schema_name_lists_match_their_owners():
     assert schema.METRIC_VERSIONS == tuple(metric.VERSIONS)
     assert schema.REWARD_NAMES == tuple(rewards.REWARDS)
     assert schema.TRACE_STYLES == tuple(dataset.TRACE_STYLES)
+    from lab.train import grpo_packed
+
+    assert schema.GRPO_LOSS_TYPES == grpo_packed.LOSS_TYPES and schema.OLD_LOGPROBS == grpo_packed.OLD_LOGPROBS
 
 
 def test_failed_stage_keeps_its_samples_for_the_rerun(tmp_path):

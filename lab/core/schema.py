@@ -63,6 +63,8 @@ VOTE_METHODS = ("greedy", "majority", "confidence", "early_stop")  # lab.eval.vo
 VOTE_OPTIONS = ("version", "keep_top", "conf_col", "window", "agree", "stop_prob")  # lab.eval.vote.OPTIONS
 METRIC_VERSIONS = ("final", "legacy")  # lab.competition.metric.VERSIONS
 REWARD_NAMES = ("correctness", "format", "length", "trace_agreement")  # lab.train.rewards.REWARDS
+GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo")  # lab.train.grpo_packed.LOSS_TYPES
+OLD_LOGPROBS = ("trainer", "sampler")  # lab.train.grpo_packed.OLD_LOGPROBS
 TRACE_STYLES = ("compact", "derivation")  # lab.data.dataset.TRACE_STYLES
 SEED_MAX = 2**32 - 1  # numpy.random.seed (transformers.set_seed calls it) takes 0 .. 2**32 - 1
 
@@ -377,7 +379,32 @@ class GrpoConfig(Checked):
                                             "wake-up (once); null: 1 when the host's memory allows it "
                                             "(lab.train.memory.sleep_level)", ge=1, le=2)
 
+    loss_type: str = _help(f"TRL's GRPO loss ({', '.join(GRPO_LOSS_TYPES)}; dapo is TRL 1.15's default: token losses "
+                           "over the step's completion tokens)")
+    packing: bool = _help("train a step's completions in packs of pack_tokens (per-row Mamba state and attention, "
+                          "lab.train.grpo_packed), each pack's backward before the next pack; false: TRL's padded "
+                          "micro-batches of per_device_train_batch_size")
+    pack_tokens: int = _help("with packing: tokens of one pack (one forward/backward); >= model.max_model_len, so any "
+                             "prompt + completion fits", ge=1)
+    old_logprobs: str = _help("trainer: the old policy's log-probs (policy lag, steps_per_generation > 1) from a "
+                              "no-grad forward of the trainer; sampler: the rollout's (vllm, after temperature), no "
+                              "forward; needs packing and rollout_backend=vllm. The gap is logged either way")
+    max_num_seqs: Optional[int] = _help("vllm rollouts: sequences the rollout engine decodes at once (its own, not "
+                                        "infer.max_num_seqs, the scorer's); null: infer.max_num_seqs. `python -m lab "
+                                        "memory --stage grpo` checks its KV and Mamba state fit the engine's share",
+                                        ge=1)
+
     def rules(self) -> list[str]:
+        out = [*choice_problems("grpo.loss_type", self.loss_type, GRPO_LOSS_TYPES),
+               *choice_problems("grpo.old_logprobs", self.old_logprobs, OLD_LOGPROBS)]
+        if self.old_logprobs == "sampler" and not (self.packing and self.rollout_backend == "vllm"):
+            out.append("grpo.old_logprobs=sampler needs grpo.packing=true and grpo.rollout_backend=vllm (the "
+                       "sampler's log-probs come from vLLM; the packed loss fills a token vLLM did not score)")
+        if self.packing and self.per_device_train_batch_size is not None:
+            out.append("grpo.packing=true: the micro-steps are packs of grpo.pack_tokens; set "
+                       "grpo.per_device_train_batch_size=null")
+        if out:
+            return out
         # the names themselves are checked where they are built (lab.train.rewards.build, before any rollout), whose
         # table a test may extend with a reward of its own
         if not self.rewards:

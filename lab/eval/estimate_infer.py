@@ -51,16 +51,19 @@ figures are PROJECTED, nothing of it has run on a GPU):
   decode step (issue 43: 16-37 minutes per optimizer step on an H100), while vLLM applies the LoRA in its kernels.
 - Pass rates: the same engine, before step 1, `grpo.n_prompts` x `grpo.pass_rate_k` samples in one hand-over, written
   per prompt as each finishes (`lab.train.grpo.pass_rate_table` with a cache).
-Training per optimizer step: prompts_per_step x num_generations completions, each one micro-step at batch 1, at the
-H100 projection of RESULTS.md ("First contact with a GPU": 1.05 s per micro-step plus 73 microseconds per token,
-forward + backward with checkpointing), plus one forward (a third of that) for the old log-probabilities the
-importance-sampling correction needs; other cards scaled by memory bandwidth (the fixed part is PEFT's expert-delta
-rebuild, memory traffic, by RESULTS.md's reading).
+- The rollout engine's slots: its own `max_num_seqs` (`grpo.max_num_seqs`; null: as many as its share of the card
+  holds, `lab.train.memory.generation_phase`), not the scorer's; each slot beyond the 64 `h100_step_s` was estimated
+  for adds its Mamba state (read and written) and its KV cache (read) to a step's memory traffic (`decode_step_s`).
+Training per optimizer step (`training_s`): the same micro-step line as SFT's projection (`lab.train.estimate.
+cost_model`, fixed seconds + seconds per token on the card), one micro-step per pack with `grpo.packing`
+(`lab.train.grpo_packed`) or per completion without, plus one no-grad forward (a third of that) for the old
+log-probabilities when a round feeds several steps and `grpo.old_logprobs=trainer`.
 """
 
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 from lab import LabError
 
@@ -78,10 +81,9 @@ CONSTANTS = {
                            "1,837 dev rows (assumed length of a finished completion)"),
     "truncated_share": (0.05, "assumed share of completions running to the budget (not measured on the real model)"),
     "prompt_tokens": (300, "assumed mean prompt length in tokens (the chat-rendered puzzle)"),
-    "micro_step_s": (1.05, "RESULTS.md 'First contact with a GPU': projected H100 micro-step, token-independent part"),
-    "per_token_s": (73e-6, "RESULTS.md 'First contact with a GPU': projected H100 micro-step, per token"),
     "old_logp_forward": (1 / 3, "assumed cost of the extra forward for old log-probabilities, as a share of "
                                 "forward + backward"),
+    "h100_step_seqs": (64, "the sequences in flight h100_step_s was estimated for (issue 43: infer.max_num_seqs)"),
     "switch_gbps": (25.0, "assumed effective host<->GPU copy rate, GB/s (PCIe Gen5 x16: 64 GB/s theoretical)"),
     "disk_gbps": (2.0, "assumed read rate of the model folder from local NVMe, GB/s, for a sleep-level-2 reload "
                        "(not measured)"),
@@ -107,12 +109,20 @@ def card_name(card) -> str:
     return name
 
 
-def decode_step_s(card) -> tuple[float, str, list[str]]:
-    """(seconds per vLLM decode step of max_num_seqs sequences on `card`, its arithmetic, constants used)."""
+def decode_step_s(card, slots: int | None = None, seq_bytes: float = 0.0) -> tuple[float, str, list[str]]:
+    """(seconds per vLLM decode step on `card`, its arithmetic, constants used): h100_step_s scaled by bandwidth; with
+    `slots` sequences beyond h100_step_seqs, each more adds the `seq_bytes` a step reads and writes for it (its Mamba
+    state read and written, its KV cache read: `lab.train.estimate.rollout_figures`) at the card's bandwidth (the step
+    stays memory-bound: the weights are read once whatever the batch)."""
     bw = CARD_BANDWIDTH[card_name(card)]
-    s = _c("h100_step_s") * _c("h100_tbps") / _c(bw)
-    text = f"decode step = h100_step_s {_c('h100_step_s')} s x h100_tbps {_c('h100_tbps')} / {bw} {_c(bw)} = {s:.4f} s"
-    return s, text, ["h100_step_s", "h100_tbps", bw]
+    base = _c("h100_step_s") * _c("h100_tbps") / _c(bw)
+    text = f"decode step = h100_step_s {_c('h100_step_s')} s x h100_tbps {_c('h100_tbps')} / {bw} {_c(bw)}"
+    extra = max(0, int(slots or _c("h100_step_seqs")) - int(_c("h100_step_seqs")))
+    s = base + extra * seq_bytes / (_c(bw) * 1e12)
+    if extra and seq_bytes:
+        text += (f" + ({slots} - h100_step_seqs {_c('h100_step_seqs'):g}) sequences x {seq_bytes / 1e6:.0f} MB "
+                 f"/ {_c(bw)} TB/s")
+    return s, text + f" = {s:.4f} s", ["h100_step_s", "h100_tbps", bw, *(["h100_step_seqs"] if extra else [])]
 
 
 def mean_completion_tokens(budget: int) -> tuple[float, str]:
@@ -123,10 +133,10 @@ def mean_completion_tokens(budget: int) -> tuple[float, str]:
                   f"{budget} = {mean:.0f} tokens")
 
 
-def generation_s(sequences: int, budget: int, slots: int, card) -> tuple[float, str, list[str]]:
+def generation_s(sequences: int, budget: int, slots: int, card, seq_bytes: float = 0.0) -> tuple[float, str, list[str]]:
     """Seconds to decode `sequences` completions handed over at once with `slots` in flight (no waves): decode
     steps = sequences x mean length / slots, plus one budget of steps for the tail."""
-    step, step_text, used = decode_step_s(card)
+    step, step_text, used = decode_step_s(card, slots, seq_bytes)
     mean, mean_text = mean_completion_tokens(budget)
     steps = sequences * mean / slots + budget
     secs = steps * step
@@ -174,26 +184,45 @@ def _grpo_budget(cfg) -> int:
     return int(b) if b is not None else int(cfg.infer.max_tokens)
 
 
-def pass_rate_hours(cfg, card) -> dict:
-    """GRPO's pass-rate sampling before step 1: grpo.n_prompts x grpo.pass_rate_k samples through the vLLM engine
-    with the start adapter served, in one hand-over (the GRPO completion budget, infer.max_num_seqs in flight)."""
-    g = cfg.grpo
+@dataclass
+class Rollout:
+    """What the GRPO figures take from the training side (`lab.train.estimate.rollout_figures`): the rollout engine's
+    sequences in flight and the bytes a decode step moves for each, and the training micro-step's line (seconds
+    fixed + per token) with one micro-step per pack (`grpo.packing`) or per completion, from SFT's model."""
+    slots: int
+    seq_bytes: float
+    slots_text: str
+    fixed_s: float
+    per_token_s: float
+    train_text: str
+
+
+def _rollout(cfg, rollout: Rollout | None) -> Rollout:
+    if rollout is not None:
+        return rollout
+    raise LabError("lab.eval.estimate_infer: the GRPO figures need the rollout engine and the training micro-step "
+                   "(lab.train.estimate.rollout_figures)")
+
+
+def pass_rate_hours(cfg, card, rollout: Rollout | None = None) -> dict:
+    """GRPO's pass-rate sampling before step 1: grpo.n_prompts x grpo.pass_rate_k samples through the rollout engine
+    with the start adapter served, in one hand-over (the GRPO completion budget, the rollout engine's slots)."""
+    g, r = cfg.grpo, _rollout(cfg, rollout)
     n = int(g.n_prompts) * int(g.pass_rate_k)
-    secs, text, used = generation_s(n, _grpo_budget(cfg), int(cfg.infer.max_num_seqs), card)
-    text += f" ({g.n_prompts} prompts x pass_rate_k {g.pass_rate_k}); hours = {secs / 3600:.2f} h"
+    secs, text, used = generation_s(n, _grpo_budget(cfg), r.slots, card, r.seq_bytes)
+    text += (f" ({g.n_prompts} prompts x pass_rate_k {g.pass_rate_k}; {r.slots} slots: {r.slots_text}); "
+             f"hours = {secs / 3600:.2f} h")
     return _result("pass_rate_hours", secs / 3600, "hours", text, used)
 
 
-def grpo_step_minutes(cfg, card) -> dict:
+def grpo_step_minutes(cfg, card, rollout: Rollout | None = None) -> dict:
     """Minutes per GRPO optimizer step with rollouts from the served adapter (the module docstring's design):
-    (one round's generation + the phase switches) / S + training of one step."""
-    g = cfg.grpo
+    (one round's generation + the phase switches) / S + training of one step (`training_s`)."""
+    g, r = cfg.grpo, _rollout(cfg, rollout)
     S = int(g.get("steps_per_generation") or _c("steps_per_generation"))
     group = int(g.prompts_per_step) * int(g.num_generations)
-    budget, slots = _grpo_budget(cfg), int(cfg.infer.max_num_seqs)
-    gen, gen_text, used = generation_s(S * group, budget, slots, card)
-    name = card_name(card)
-    bw = CARD_BANDWIDTH[name]
+    budget = _grpo_budget(cfg)
+    gen, gen_text, used = generation_s(S * group, budget, r.slots, card, r.seq_bytes)
     level = g.get("vllm_sleep_level")
     level = 2 if level is None else int(level)  # null: chosen from the host's memory at run time; project the slower
     weights_gb = _c("weights_gib") * GIB / 1e9
@@ -210,38 +239,71 @@ def grpo_step_minutes(cfg, card) -> dict:
         switch_text = (f"Switch per round (sleep level 2{note}) = 2 x weights_gib "
                        f"{_c('weights_gib')} GiB ({moved:.0f} GB) / switch_gbps {_c('switch_gbps')} + reload "
                        f"{weights_gb:.0f} GB / disk_gbps {_c('disk_gbps')} = {switch:.1f} s")
-    mean, _ = mean_completion_tokens(budget)
-    scale = _c("h100_tbps") / _c(bw)
-    micro = (_c("micro_step_s") + _c("per_token_s") * (_c("prompt_tokens") + mean)) * scale
-    train = group * micro * (1 + _c("old_logp_forward"))
+    train, train_text, tused = training_s(cfg, r, S)
     minutes = ((gen + switch) / S + train) / 60
-    text = (f"generation round of S = steps_per_generation {S} steps x {group} completions ({g.prompts_per_step} prompts x "
-            f"{g.num_generations}): {gen_text}. {switch_text}. Training per step = {group} "
-            f"micro-steps x (micro_step_s {_c('micro_step_s')} + per_token_s {_c('per_token_s'):g} x (prompt_tokens "
-            f"{_c('prompt_tokens'):g} + {mean:.0f})) x bandwidth scale {scale:.2f} x (1 + old_logp_forward "
-            f"{_c('old_logp_forward'):.2f}) = {train:.0f} s. Minutes per step = (({gen:,.0f} + {switch:.1f}) / {S} + "
-            f"{train:.0f}) / 60 = {minutes:.2f}")
-    used += ["weights_gib", "switch_gbps", *(["disk_gbps"] if level == 2 else []), "micro_step_s", "per_token_s", "prompt_tokens", "old_logp_forward",
-             "steps_per_generation"]
+    text = (f"generation round of S = steps_per_generation {S} steps x {group} completions ({g.prompts_per_step} "
+            f"prompts x {g.num_generations}) with {r.slots} slots ({r.slots_text}): {gen_text}. {switch_text}. "
+            f"{train_text}. Minutes per step = (({gen:,.0f} + {switch:.1f}) / {S} + {train:.1f}) / 60 = {minutes:.2f}")
+    used += ["weights_gib", "switch_gbps", *(["disk_gbps"] if level == 2 else []), *tused, "steps_per_generation"]
     return _result("step_minutes", minutes, "minutes per optimizer step", text, used,
                    parts_s={"generation_per_step": round(gen / S, 1), "switch_per_step": round(switch / S, 1),
-                            "training_per_step": round(train, 1)}, steps_per_generation=S, sleep_level=level)
+                            "training_per_step": round(train, 1)}, steps_per_generation=S, sleep_level=level,
+                   slots=r.slots)
 
 
-def sections(cfg, card) -> dict:
+def training_s(cfg, r: Rollout, S: int) -> tuple[float, str, list[str]]:
+    """Seconds of training per optimizer step: prompts_per_step x num_generations completions of prompt_tokens + the
+    mean completion; a truncated completion (truncated_share) carries no loss with mask_truncated_completions, and
+    packing does not run it. Packed (`grpo.packing`): the rest best-fit into packs of grpo.pack_tokens, one
+    micro-step each; unpacked: one micro-step per completion (TRL's batch of one, as conf/grpo/nemotron_nano.yaml
+    had). Each micro-step costs SFT's line (r.fixed_s + r.per_token_s x tokens), plus a no-grad forward
+    (old_logp_forward of it) for the old log-probs when S > 1 and grpo.old_logprobs=trainer."""
+    g = cfg.grpo
+    group = int(g.prompts_per_step) * int(g.num_generations)
+    budget = _grpo_budget(cfg)
+    mean, _ = mean_completion_tokens(budget)
+    finished = min(_c("trace_tokens"), budget)
+    p, share = _c("prompt_tokens"), _c("truncated_share")
+    packing = bool(g.get("packing", False))
+    old = S > 1 and str(g.get("old_logprobs", "trainer")) == "trainer"
+    f_old = 1 + (_c("old_logp_forward") if old else 0.0)
+    if packing:
+        masked = round(share * group) if g.mask_truncated_completions else 0
+        rows = [int(p + finished)] * (group - masked) + [int(p + budget)] * (0 if g.mask_truncated_completions
+                                                                          else masked)
+        per_pack = max(1, int(g.pack_tokens) // rows[0])
+        packs = math.ceil(len(rows) / per_pack)
+        tokens = sum(rows)
+        secs = (packs * r.fixed_s + tokens * r.per_token_s) * f_old
+        text = (f"Training per step, packed (grpo.packing, {int(g.pack_tokens):,}-token packs): {group} completions, "
+                f"{masked} of them truncated (truncated_share {share} x {group}, masked, not run), {len(rows)} rows of "
+                f"prompt_tokens {p:g} + trace_tokens {finished:g} = {rows[0]:,} tokens, {per_pack} a pack: {packs} "
+                f"packs; ({packs} x {r.fixed_s:.3f} s + {tokens:,} tokens x {r.per_token_s * 1e6:.1f} us)")
+    else:
+        tokens = group * (p + mean)
+        secs = (group * r.fixed_s + tokens * r.per_token_s) * f_old
+        text = (f"Training per step, unpacked: {group} micro-steps of one completion x ({r.fixed_s:.3f} s + "
+                f"(prompt_tokens {p:g} + mean {mean:.0f}) tokens x {r.per_token_s * 1e6:.1f} us)")
+    text += (f" x (1 + old_logp_forward {_c('old_logp_forward'):.2f}: old log-probs from the trainer)" if old else
+             (" (old log-probs from the sampler: no extra forward)" if S > 1 else " (S = 1: no old log-probs)"))
+    text += f" = {secs:.1f} s; the micro-step line: {r.train_text}"
+    return secs, text, ["prompt_tokens", "trace_tokens", "truncated_share", *(["old_logp_forward"] if old else [])]
+
+
+def sections(cfg, card, rollout: Rollout | None = None) -> dict:
     """The JSON sections `python -m lab estimate` adds: grpo (step_minutes, pass_rate_hours), eval
     (hours_per_1000), vote (hours), each with its arithmetic and constants."""
-    step, rates = grpo_step_minutes(cfg, card), pass_rate_hours(cfg, card)
+    step, rates = grpo_step_minutes(cfg, card, rollout), pass_rate_hours(cfg, card, rollout)
     return {"grpo": {"step_minutes": step["step_minutes"], "pass_rate_hours": rates["pass_rate_hours"],
                      "detail": {"step_minutes": step, "pass_rate_hours": rates}},
             "eval": eval_hours_per_1000(cfg, card), "vote": vote_hours(cfg, card)}
 
 
-def report(cfg, card) -> str:
+def report(cfg, card, rollout: Rollout | None = None) -> str:
     """The sections as lines for a terminal (03_grpo and 04_vote print theirs before any model loads)."""
     out = [f"PROJECTED on gpu={card_name(card)} (lab.eval.estimate_infer: constants and sources in its CONSTANTS)"]
-    for label, r in (("GRPO minutes per optimizer step", grpo_step_minutes(cfg, card)),
-                     ("GRPO pass-rate sampling, hours", pass_rate_hours(cfg, card)),
+    for label, r in (("GRPO minutes per optimizer step", grpo_step_minutes(cfg, card, rollout)),
+                     ("GRPO pass-rate sampling, hours", pass_rate_hours(cfg, card, rollout)),
                      ("greedy evaluation, hours per 1,000 puzzles", eval_hours_per_1000(cfg, card)),
                      ("04_vote, hours", vote_hours(cfg, card))):
         out.append(f"- {label}: {r[r['figure']]:.2f}\n    {r['arithmetic']}")

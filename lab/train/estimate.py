@@ -574,21 +574,45 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
     return out, lines
 
 
+def rollout_figures(cfg: DictConfig, card: str):
+    """`lab.eval.estimate_infer.Rollout` for the GRPO figures: the rollout engine's slots and the bytes a decode step
+    moves per sequence (`lab.train.memory.generation_phase`: its Mamba state read and written, its KV cache read at
+    prompt_tokens + the mean completion), and the training micro-step's line from SFT's `cost_model`."""
+    from lab.eval import estimate_infer as ei
+    from lab.train.memory import generation_phase, model_config_values
+
+    values = model_config_values(cfg)
+    ph = generation_phase(cfg, values)
+    b = ph["bytes_per_sequence"]
+    context = ei.CONSTANTS["prompt_tokens"][0] + ei.mean_completion_tokens(ei._grpo_budget(cfg))[0]
+    seq_bytes = 2 * b["mamba_state"] + b["kv_per_token"] * context
+    el = experts_lora_path(cfg)
+    model = cost_model(values, card, el if el != "none" else "none", int(cfg.gpu.experts_rank or cfg.sft.lora.r))
+    slots_text = (f"{ph['sequences_why']}; a step moves 2 x {b['mamba_state'] / 1e6:.1f} MB of Mamba state + "
+                  f"{b['kv_per_token'] / 1e3:.1f} kB x {context:,.0f} tokens of KV per sequence")
+    train_text = (f"SFT's micro-step (lab.train.estimate.cost_model, experts LoRA {el}) on {card}: "
+                  f"{model.fixed_s:.3f} s + {model.per_token_s * 1e6:.1f} us/token")
+    return ei.Rollout(int(ph["sequences"]), seq_bytes, slots_text, model.fixed_s, model.per_token_s, train_text)
+
+
 def inference_sections(cfg: DictConfig, card: str, **_) -> tuple[dict, list[str]]:
     """GRPO (minutes per optimizer step, pass-rate hours), greedy evaluation (hours per 1,000 puzzles) and 04_vote
-    (hours): `lab.eval.estimate_infer`, whose CONSTANTS name the source of each figure."""
+    (hours): `lab.eval.estimate_infer`, whose CONSTANTS name the source of each figure; GRPO's with
+    `rollout_figures`."""
     from lab.eval import estimate_infer
 
-    out = estimate_infer.sections(cfg, card)
+    r = rollout_figures(cfg, card)
+    out = estimate_infer.sections(cfg, card, r)
     out["grpo"].update(grpo_label())
-    return out, ["", *estimate_infer.report(cfg, card).splitlines(), f"  GRPO: {out['grpo']['source_detail']}"]
+    return out, ["", *estimate_infer.report(cfg, card, r).splitlines(), f"  GRPO: {out['grpo']['source_detail']}"]
 
 
 def grpo_label() -> dict:
     """GRPO's figures stay projected: the calibration measures no vLLM decode step yet (its `vllm` key), and the
-    training part uses lab.eval.estimate_infer's constants."""
+    training part uses SFT's projected micro-step line (`cost_model`) with lab.eval.estimate_infer's constants."""
     return {"source": "projected", "source_detail": "PROJECTED from lab.eval.estimate_infer's CONSTANTS (each with its "
-            "source); python -m lab calibrate does not measure vLLM's decode step yet"}
+            "source) and SFT's projected micro-step line (cost_model); python -m lab calibrate does not measure "
+            "vLLM's decode step yet"}
 
 
 # ---- sections: each (cfg, card, **options) -> (JSON dict, printed lines), under its name in the JSON -----------------
@@ -801,7 +825,7 @@ def stage_projection(stage: str, cfg: DictConfig) -> list[str]:
             return sft_section(cfg, card)[1]
         from lab.eval import estimate_infer
 
-        return estimate_infer.report(cfg, card).splitlines()
+        return estimate_infer.report(cfg, card, rollout_figures(cfg, card)).splitlines()
     except LabError as e:  # e.g. no data file to count: the stage itself says so, in its own words, when it reads it
         return [f"{stage}: no projection on gpu={card} ({e})"]
 

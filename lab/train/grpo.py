@@ -56,7 +56,8 @@ from lab.train.sft import optim_args
 RESUME_FREE_KEYS = ("max_steps", "save_steps", "logging_steps", "resume", "wall_clock_budget_min",
                     "truncation_warn_share", "zero_variance_warn_share", "gradient_check", "adapter_dir",
                     "init_adapter",
-                    "vllm_gpu_memory_utilization", "vllm_sleep_mode", "vllm_sleep_level")
+                    "vllm_gpu_memory_utilization", "vllm_sleep_mode", "vllm_sleep_level", "packing", "pack_tokens",
+                    "max_num_seqs")
 
 
 # ---- budget, prompts, schedule ----------------------------------------------------------------
@@ -211,7 +212,7 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, rew
         per_device_train_batch_size=micro, gradient_accumulation_steps=accum,
         steps_per_generation=accum * int(g.steps_per_generation),
         num_generations=g.num_generations, max_completion_length=int(max_completion_length),
-        temperature=g.temperature, top_p=g.top_p, top_k=0, beta=g.beta,
+        temperature=g.temperature, top_p=g.top_p, top_k=0, beta=g.beta, loss_type=str(g.loss_type),
         reward_weights=[float(w) for w in reward_weights], mask_truncated_completions=g.mask_truncated_completions,
         shuffle_dataset=False,  # the lab's schedule is the order (see `schedule`)
         logging_steps=g.logging_steps, save_steps=g.save_steps, save_total_limit=2, seed=cfg.seed,
@@ -228,6 +229,24 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, rew
         return GRPOConfig(**kw)
     except ValueError as e:
         raise LabError(f"conf/grpo: TRL's GRPOConfig refuses these settings: {e}") from None
+
+
+def install_packing(cfg: DictConfig, trainer, model, budget: int, puzzles: Sequence[str], tokenizer) -> None:
+    """`grpo.packing`: the trainer's loss and log-probs computed in packs of `grpo.pack_tokens`
+    (`lab.train.trl_private.install_packing`), rows kept apart by `lab.model.packed_rows` (varlen attention; the real
+    model only with the Mamba kernels). Refuses a pack smaller than the longest prompt + the completion budget."""
+    from lab.model import packed_rows
+    from lab.train import trl_private
+
+    g = cfg.grpo
+    longest = max(len(tokenizer(chat_prompt(tokenizer, p))["input_ids"]) for p in puzzles)
+    if int(g.pack_tokens) < longest + int(budget):
+        raise LabError(f"conf/grpo: pack_tokens={g.pack_tokens} is below the longest prompt + completion "
+                       f"({longest} + {budget}): such a row would fit no pack")
+    if not cfg.model.build_tiny:
+        packed_rows.require_kernels(model)
+    packed_rows.install(model, attention="varlen")
+    trl_private.install_packing(trainer, int(g.pack_tokens), str(g.old_logprobs))
 
 
 # ---- resume and training ------------------------------------------------------------------------------------
@@ -399,10 +418,12 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
                                       train_dataset=ds, processing_class=tokenizer,
                                       callbacks=[*callbacks, checkpoints.marker_callback()], rollout_func=rollout)
             use_text_progress(trainer)  # step lines from lab.train.callbacks.TrainProgress, not an HTML widget
-            if rollouts is not None:
+            if rollouts is not None and not g.packing:  # packed: the packed loss logs the gap (install_packing)
                 trl_private.watch_sampling_gap(trainer)  # rollout/logp_diff_*: where TRL computes the old log-probs
             # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
             install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
+            if g.packing:  # a step's completions in packs (lab.train.grpo_packed), each row's state its own
+                install_packing(cfg, trainer, model, budget, pool["prompt"].tolist(), tokenizer)
             with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_bytes(out, model)):
                 trainer.train(resume_from_checkpoint=str(last) if last else None)
             history, steps = trainer.state.log_history, int(trainer.state.global_step)

@@ -481,7 +481,9 @@ def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int
         from lab.model.packed_rows import pack_tokens
 
         return int(rows or cfg.sft.batch_size), int(tokens or pack_tokens(cfg)), bool(cfg.sft.gradient_checkpointing)
-    if stage == "grpo":
+    if stage == "grpo":  # with packing one pack of grpo.pack_tokens per forward/backward (lab.train.grpo_packed)
+        if cfg.grpo.get("packing", False):
+            return int(rows or 1), int(tokens or cfg.grpo.pack_tokens), bool(cfg.grpo.gradient_checkpointing)
         return (int(rows or micro_batch(cfg)[0]), int(tokens or cfg.model.max_model_len),
                 bool(cfg.grpo.gradient_checkpointing))
     raise LabError(f"lab.train.memory: stage {stage!r} is not sft or grpo")
@@ -645,7 +647,8 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
     The engine's figures are lower bounds of what vLLM needs (its activation and CUDA-graph memory, profiled inside the
     share, are not modelled): bf16 weights 2 B per base parameter; the adapter slot at rank r in bf16 (2 P);
     the attention KV cache, 2 (K, V) x key-value heads x head_dim x 2 B per attention layer and token, for every
-    sequence in flight (min(infer.max_num_seqs, prompts_per_step x num_generations)) at model.max_model_len tokens;
+    sequence in flight (the rollout engine's own `grpo.max_num_seqs`; null: as many as the share holds beside the
+    weights and the adapter, in eights, at most one round's sequences) at model.max_model_len tokens;
     each Mamba layer's state per sequence, SSM heads x head_dim x state in `mamba_ssm_cache_dtype` (config.json) plus
     the conv state (conv_kernel - 1) x (heads x head_dim + 2 x n_groups x state) in bf16. `counts`: (base, LoRA
     parameters) when the caller has them (`param_counts` otherwise)."""
@@ -654,26 +657,42 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
     pattern = str(values.get("hybrid_override_pattern", ""))
     attn, mamba = pattern.count("*"), pattern.count("M")
     g = cfg.grpo
-    seqs = min(int(cfg.infer.max_num_seqs), int(g.prompts_per_step) * int(g.num_generations))
     tokens = int(cfg.model.max_model_len)
     kv_per_token = attn * 2 * int(values.get("num_key_value_heads", 0)) * int(values.get("head_dim", 0)) * 2
     ssm_item = 4 if str(values.get("mamba_ssm_cache_dtype", "float32")) == "float32" else 2
     heads, hdim, state = (int(values.get(k, 0)) for k in ("mamba_num_heads", "mamba_head_dim", "ssm_state_size"))
     conv = (int(values.get("conv_kernel", 4)) - 1) * (heads * hdim + 2 * int(values.get("n_groups", 1)) * state) * 2
     mamba_per_seq = mamba * (heads * hdim * state * ssm_item + conv)
-    engine = {"bf16 base weights": 2 * base, "adapter slot (bf16, rank r)": 2 * P,
-              f"KV cache ({attn} attention layers x {seqs} sequences x {tokens:,} tokens)": kv_per_token * seqs * tokens,
-              f"Mamba state ({mamba} layers x {seqs} sequences)": mamba_per_seq * seqs}
     per, how = optimizer_bytes_per_param(cfg)
     trainer = {"LoRA weights (fp32)": 4 * P, f"optimizer states ({how})": int(per * P)}
     card = gpu_gib(cfg)
-    need, keep = sum(engine.values()) / GIB, sum(trainer.values()) / GIB
+    keep = sum(trainer.values()) / GIB
     share = float(OmegaConf.select(cfg, "grpo.vllm_gpu_memory_utilization", default=None) or 0.0)
     if not share and card is not None:  # null: the rest of the card once the trainer's part is set aside
         share = math.floor(100 * (float(cfg.gpu.max_use) * card - keep) / card) / 100
+    round_seqs = rollout_round(cfg)
+    asked = OmegaConf.select(cfg, "grpo.max_num_seqs", default=None)
+    per_seq = kv_per_token * tokens + mamba_per_seq
+    if asked is not None:
+        seqs, why = int(asked), f"grpo.max_num_seqs={int(asked)}"
+    elif card is not None and share > 0:  # null: as many as the share holds beside the weights, in eights
+        free = share * card * GIB - 2 * base - 2 * P
+        most = max(8, int(free // per_seq) // 8 * 8)
+        seqs = min(most, round_seqs)
+        why = (f"grpo.max_num_seqs=null: ({share:.2f} x {card:.1f} GiB - weights - adapter) / "
+               f"{per_seq / GIB:.4f} GiB a sequence = {free / per_seq:.0f}, in eights {most}, at most a round's "
+               f"{round_seqs}")
+    else:
+        seqs, why = int(cfg.infer.max_num_seqs), "grpo.max_num_seqs=null and no card size: infer.max_num_seqs"
+    engine = {"bf16 base weights": 2 * base, "adapter slot (bf16, rank r)": 2 * P,
+              f"KV cache ({attn} attention layers x {seqs} sequences x {tokens:,} tokens)":
+                  kv_per_token * seqs * tokens,
+              f"Mamba state ({mamba} layers x {seqs} sequences)": mamba_per_seq * seqs}
+    need = sum(engine.values()) / GIB
     out = {"engine_gib": {k: v / GIB for k, v in engine.items()}, "trainer_gib": {k: v / GIB for k, v in trainer.items()},
            "engine_need_gib": need, "trainer_gib_total": keep, "share": share, "card_gib": card,
-           "sequences": seqs, "tokens": tokens}
+           "sequences": seqs, "sequences_why": why, "tokens": tokens,
+           "bytes_per_sequence": {"mamba_state": mamba_per_seq, "kv_per_token": kv_per_token}}
     if card is not None:
         use = float(cfg.gpu.max_use)
         out["engine_share_gib"] = share * card
@@ -683,6 +702,17 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
     out["host"] = {"weights_gib": weights, "level_1_gib": 2 * weights + HOST_MARGIN_GIB,
                    "level_2_gib": weights + HOST_MARGIN_GIB, "this_machine_gib": host}
     return out
+
+
+def rollout_round(cfg: DictConfig) -> int:
+    """Sequences of one rollout round: grpo.steps_per_generation x prompts_per_step x num_generations."""
+    g = cfg.grpo
+    return int(g.get("steps_per_generation") or 1) * int(g.prompts_per_step) * int(g.num_generations)
+
+
+def rollout_seqs(cfg: DictConfig) -> int:
+    """The rollout engine's `max_num_seqs` (`generation_phase`: grpo.max_num_seqs, or null: what its share holds)."""
+    return int(generation_phase(cfg)["sequences"])
 
 
 HOST_MARGIN_GIB = 16.0  # host memory kept free beside the weights a switch holds (the process, pinned buffers, the OS)
@@ -757,6 +787,7 @@ def check_generation_fits(cfg: DictConfig) -> dict | None:
 
 def generation_report(ph: dict, use: float) -> str:
     lines = ["GRPO generation phase (grpo.rollout_backend=vllm), bounded from shapes (lab.train.memory.generation_phase):",
+             f"  the rollout engine decodes {ph['sequences']} sequences at once ({ph['sequences_why']})",
              f"  the engine needs at least {ph['engine_need_gib']:.1f} GiB:"]
     lines += [f"    {v:8.2f} GiB  {k}" for k, v in ph["engine_gib"].items()]
     lines.append(f"  the trainer keeps at most {ph['trainer_gib_total']:.1f} GiB on the card meanwhile:")

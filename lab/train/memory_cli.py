@@ -15,7 +15,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--stage", choices=("sft", "grpo"), default="sft", help="which training step (default: sft)")
     ap.add_argument("--tokens", type=int, default=None, help="tokens per row (default: the config's)")
     ap.add_argument("--rows", type=int, default=None, help="rows per micro-step (default: sft.batch_size; GRPO: "
-                    "grpo.per_device_train_batch_size, else prompts_per_step x num_generations)")
+                    "one pack of grpo.pack_tokens with grpo.packing, else grpo.per_device_train_batch_size, else "
+                    "prompts_per_step x num_generations)")
     ap.add_argument("--mamba", choices=("kernel", "torch"), default="kernel",
                     help="kernel: mamba_ssm + causal_conv1d (what real training requires); torch: transformers' "
                          "PyTorch scan (what runs when they are absent)")

@@ -171,7 +171,13 @@ class VLLMRollouts:
 
                 share = engine_share(self.cfg)
             timings["engine_share"] = float(share)
-            self.llm = generate.vllm_engine(self.cfg, models.model_path(self.cfg),
+            seqs = g.max_num_seqs
+            if seqs is None and self.cuda:  # null: as many as the engine's share holds (lab.train.memory)
+                from lab.train.memory import rollout_seqs
+
+                seqs = rollout_seqs(self.cfg)
+            timings["max_num_seqs"] = int(seqs or self.cfg.infer.max_num_seqs)
+            self.llm = generate.vllm_engine(self.cfg, models.model_path(self.cfg), max_num_seqs=seqs,
                                             gpu_memory_utilization=float(share),
                                             enable_sleep_mode=self.switch, logprobs_mode="processed_logprobs")
             timings["engine_start_s"] = time.perf_counter() - t
@@ -253,7 +259,8 @@ class VLLMRollouts:
         record = {"step": step, "lora_int_id": self.lora.lora_int_id, "folder": str(path.parent),
                   "sequences": len(completion_ids), **{k: round(v, 4) for k, v in timings.items()}}
         self.rounds.append(record)
-        for k in ("pack_s", "switch_s", "reload_s", "load_s", "sample_s", "engine_start_s", "engine_share"):
+        for k in ("pack_s", "switch_s", "reload_s", "load_s", "sample_s", "engine_start_s", "engine_share",
+                  "max_num_seqs"):
             if k in timings:
                 trl_private.log_metric(trainer, f"rollout/{k}", float(timings[k]))
         print(f"rollout round at step {step}: {len(distinct)} prompts x {n}, lora id {self.lora.lora_int_id}; "

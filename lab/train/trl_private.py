@@ -8,7 +8,11 @@
    `_generate_and_score_completions` and offers no public way to draw with the trainer's own generation.
    vLLM rollouts (`lab.train.rollouts`) use `prompt_ids` and `log_metric` too, and `watch_sampling_gap`
    (`GRPOTrainer._generate_and_score_completions`' output, `_metrics`).
-A TRL upgrade re-reads those two files and this module, nothing else.
+3. Packed GRPO training (`install_packing`, the maths in `lab.train.grpo_packed`): the trainer's `compute_loss`,
+   `_get_per_token_logps_and_entropies` and `_generate_and_score_completions` replaced on the instance, its
+   attributes read (`loss_type`, `epsilon_low`/`_high`, `beta`, `_step`, `_metrics`), and transformers' Trainer's
+   loss scaling before backward (`backward_scale`).
+A TRL upgrade re-reads those files (and transformers' trainer.py for `backward_scale`) and this module.
 
 The log-prob head: TRL 1.15 computes the per-token log-probabilities of SFT and GRPO through a "fused LM head"
 whose inner function, `ChunkedLogProbFunction`, is a Triton kernel. Where Triton cannot be
@@ -37,9 +41,10 @@ class TorchLogProbFunction:
     @staticmethod
     def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
               logit_scale=1.0, outputs=OPTIONAL_OUTPUTS):
-        y = (hidden.float() @ weight.float().t()) * logit_scale
+        dt = torch.promote_types(hidden.dtype, torch.float32)  # fp32, or fp64 for an fp64 reference
+        y = (hidden.to(dt) @ weight.to(dt).t()) * logit_scale
         if bias is not None:
-            y = y + bias.float()
+            y = y + bias.to(dt)
         if final_logit_softcapping is not None:
             y = final_logit_softcapping * torch.tanh(y / final_logit_softcapping)
         z = y / temperature
@@ -105,3 +110,105 @@ def watch_sampling_gap(trainer) -> None:
 
     trainer._generate_and_score_completions = wrapped
     trainer._lab_gap_watched = True
+
+
+# ---- packed GRPO training (lab.train.grpo_packed) ---------------------------------------------------------------
+
+def packed_settings(trainer, pack_tokens: int):
+    """`lab.train.grpo_packed.Settings` from the trainer's own attributes (GRPOTrainer.__init__ and `_compute_loss`)."""
+    from lab.train.grpo_packed import Settings
+
+    train = bool(trainer.model.training)
+    return Settings(loss_type=trainer.loss_type, epsilon_low=float(trainer.epsilon_low),
+                    epsilon_high=float(trainer.epsilon_high), delta=trainer.args.delta, beta=float(trainer.beta),
+                    bias_correction_kl=bool(trainer.args.use_bias_correction_kl),
+                    accumulation_steps=int(trainer.current_gradient_accumulation_steps) if train else 1,
+                    steps_per_generation=int(trainer.args.steps_per_generation) if train else 1,
+                    num_processes=int(trainer.accelerator.num_processes),
+                    max_completion_length=int(trainer.max_completion_length), pack_tokens=int(pack_tokens),
+                    train=train)
+
+
+def backward_scale(trainer, num_items_in_batch) -> float:
+    """The factor transformers 5.17's `Trainer.training_step` applies to `compute_loss`'s value before
+    `accelerator.backward` (transformers/trainer.py: divided by the accumulation steps when the model takes no loss
+    kwargs or `num_items_in_batch` is None, and no `compute_loss_func` is set): an earlier pack's backward must be
+    scaled the same way as the returned loss."""
+    if (not trainer.model_accepts_loss_kwargs or num_items_in_batch is None) and trainer.compute_loss_func is None:
+        return 1.0 / trainer.current_gradient_accumulation_steps
+    return 1.0
+
+
+def install_packing(trainer, pack_tokens: int, old_logprobs: str = "trainer") -> None:
+    """Train `trainer` (a GRPOTrainer) in packs (lab.train.grpo_packed): its `compute_loss` becomes
+    `micro_batch_loss` with each pack's backward done as the pack is formed, its `_get_per_token_logps_and_entropies`
+    (the no-grad old and reference log-probs of `_generate_and_score_completions`) the packed one. With
+    `old_logprobs="sampler"` the old log-probs TRL would compute (policy lag, `steps_per_generation` > accumulation
+    steps) are the rollout's `sampling_per_token_logps` instead, and that forward is skipped. The sampler/trainer gap
+    (|trainer's - sampler's| log-prob of the completion tokens, with grad's forward on the first step of each round,
+    where trainer and sampler are the same policy) is logged as `rollout/logp_diff_mean` / `_max`."""
+    from lab import LabError
+    from lab.train import grpo_packed
+
+    grpo_packed.check_supported(trainer.args, trainer.loss_type)
+    if trainer.aux_loss_enabled:
+        raise LabError("grpo.packing: the model's router aux loss is on (router_aux_loss_coef); packing does not "
+                       "add it")
+    if old_logprobs not in grpo_packed.OLD_LOGPROBS:
+        raise LabError(f"grpo.old_logprobs={old_logprobs!r}: one of {', '.join(grpo_packed.OLD_LOGPROBS)}")
+
+    def logps(model, input_ids, attention_mask, logits_to_keep, batch_size=None, compute_entropy=False,
+              compute_aux_loss=False, **kw):
+        if trainer._lab_skip_old:  # old log-probs from the sampler: the forward TRL asks for is not run
+            trainer._lab_skip_old = False
+            return input_ids.new_zeros(input_ids.shape[0], logits_to_keep, dtype=torch.float32), None, None
+        with trainer.accelerator.autocast():
+            lp, ent = grpo_packed.per_token_logps(model, input_ids, attention_mask, logits_to_keep, pack_tokens,
+                                                  compute_entropy)
+        return lp, ent, None
+
+    inner = trainer._generate_and_score_completions
+
+    def generate_and_score(*args, **kwargs):
+        a = trainer.args
+        lagged = a.gradient_accumulation_steps % (a.steps_per_generation * trainer.num_iterations) != 0
+        want = old_logprobs == "sampler" and lagged and trainer.model.training
+        trainer._lab_skip_old = want
+        try:
+            out = inner(*args, **kwargs)
+        finally:
+            skipped = want and not trainer._lab_skip_old  # `logps` took the flag: TRL asked for old log-probs
+            trainer._lab_skip_old = False
+        if skipped:
+            if out.get("sampling_per_token_logps") is None:
+                raise LabError("grpo.old_logprobs=sampler: the rollouts returned no log-probabilities "
+                               "(grpo.rollout_backend=vllm returns them)")
+            out["old_per_token_logps"] = out["sampling_per_token_logps"]
+        return out
+
+    def compute_loss(model, inputs, return_outputs=False, num_items_in_batch=None):
+        s = packed_settings(trainer, pack_tokens)
+        scale = backward_scale(trainer, num_items_in_batch)
+        loss, st = grpo_packed.micro_batch_loss(model, inputs, s,
+                                                backward=lambda part: trainer.accelerator.backward(part * scale))
+        mode = "train" if s.train else "eval"
+        red = trainer.accelerator.reduce(torch.tensor([st["entropy"], st["low"], st["high"], st["tokens"],
+                                                       st["logp_gap_sum"], st["gap_tokens"]], dtype=torch.float64,
+                                                      device=loss.device), reduction="sum").tolist()
+        tokens = max(red[3], 1.0)
+        trainer._metrics[mode]["entropy"].append(red[0] / tokens)
+        if s.loss_type != "cispo":
+            trainer._metrics[mode]["clip_ratio/low_mean"].append(red[1] / tokens)
+            trainer._metrics[mode]["clip_ratio/high_mean"].append(red[2] / tokens)
+            trainer._metrics[mode]["clip_ratio/region_mean"].append((red[1] + red[2]) / tokens)
+        first_of_round = trainer._step % int(trainer.args.steps_per_generation) == 0
+        if s.train and first_of_round and red[5] > 0:
+            trainer._metrics[mode]["rollout/logp_diff_mean"].append(red[4] / red[5])
+            trainer._metrics[mode]["rollout/logp_diff_max"].append(st["logp_gap_max"])
+        return loss
+
+    trainer._lab_skip_old = False
+    trainer._get_per_token_logps_and_entropies = logps
+    trainer._generate_and_score_completions = generate_and_score
+    trainer.compute_loss = compute_loss
+    trainer._lab_gap_watched = True  # the gap is logged by the packed loss (watch_sampling_gap adds nothing)

@@ -241,3 +241,48 @@ def test_sleep_level_2_reload_restores_the_weights_and_the_round_adapter_serves_
     assert before <= LOGP_TOL and after <= LOGP_TOL, (before, after)
     assert broken > LOGP_TOL, f"zeroed embeddings left the log-probs within {LOGP_TOL} ({broken:.2e})"
     assert ids == sorted(set(ids)) and len(ids) == 3  # a fresh LoRARequest each round, the reload in between
+
+
+@pytest.mark.parametrize("old_logprobs", ["trainer", "sampler"])
+def test_packed_grpo_with_vllm_rollouts_moves_the_adapter(lane, monkeypatch, old_logprobs):
+    """grpo.packing (lab.train.grpo_packed): 4 steps trained in packs from vLLM rollouts; every LoRA tensor moved,
+    no frozen weight did; the trainer/sampler log-prob gap (first step of each round, where both are the same
+    policy) is logged and within LOGP_TOL, whether the old log-probs come from the trainer or the sampler."""
+    from lab.core import config
+    from lab.core.run import Stage
+    from lab.model import lora, models
+    from lab.puzzles import generate as puzzles_gen
+    from lab.train import grpo, grpo_packed, rewards
+
+    monkeypatch.setitem(rewards.REWARDS, "token_mean", token_mean_reward)
+    packs_seen = []
+    real_packs = grpo_packed.packs
+    monkeypatch.setattr(grpo_packed, "packs", lambda rows, cap: packs_seen.append(len(real_packs(rows, cap))) or
+                        real_packs(rows, cap))
+    root = lane["root"] / f"grpo_vllm_packed_{old_logprobs}"
+    cfg = config.compose(lane["overrides"] + [
+        f"run_dir={root}", f"model.path={lane['base']}", "grpo.rollout_backend=vllm", "grpo.n_prompts=4",
+        "grpo.pass_rate_k=2", "grpo.drop_threshold=1.0", "grpo.drop_unsolved=false", "grpo.num_generations=4",
+        "grpo.prompts_per_step=2", "infer.max_tokens=12", "grpo.max_steps=4", "grpo.steps_per_generation=2",
+        "grpo.save_steps=10", "grpo.gradient_checkpointing=false", "grpo.mask_truncated_completions=false",
+        "+grpo.rewards.token_mean=1.0", "grpo.gradient_check=false", "grpo.packing=true",
+        "grpo.per_device_train_batch_size=null", "grpo.pack_tokens=400", f"grpo.old_logprobs={old_logprobs}"])
+    stage = Stage("03_grpo", [], cfg=cfg)
+    model, tok = models.load(cfg)
+    pm, _ = lora.attach_lora(cfg, model)
+    trainable0 = {n: p.detach().clone() for n, p in pm.named_parameters() if p.requires_grad}
+    frozen0 = {n: p.detach().clone() for n, p in pm.named_parameters() if not p.requires_grad}
+
+    m, model, log = grpo.train(cfg, stage, puzzles_gen("numeral_system", 6, 0), pm, tok)
+
+    assert m["steps"] == 4 and m["rollout_backend"] == "vllm" and m["lora_weight_change"] > 0
+    assert packs_seen and max(packs_seen) > 1, f"every micro-batch fit one pack ({packs_seen}): nothing packed"
+    moved = [n for n, p in model.named_parameters() if n in trainable0 and not torch.equal(p, trainable0[n])]
+    assert len(moved) == len(trainable0), f"{len(trainable0) - len(moved)} trainable LoRA tensors did not move"
+    assert all(torch.equal(p, frozen0[n]) for n, p in model.named_parameters() if n in frozen0)
+    gaps = [v for v in log.get("rollout/logp_diff_max", []) if v == v]
+    assert len(gaps) == 2, f"expected the gap on each round's first step (steps 1 and 3), got {gaps}"
+    assert max(gaps) <= LOGP_TOL, f"trainer's log-probs vs vLLM's: {max(gaps):.2e} > {LOGP_TOL}"
+    for r in m["rollout_rounds"]:
+        ROLLOUT_ROWS.append({"what": f"packed GRPO ({old_logprobs} old log-probs), round at step {r['step']}",
+                             "tokens": None, "max_abs_diff": max(gaps), "control": None, **r})
