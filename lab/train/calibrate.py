@@ -42,7 +42,8 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
-from lab.core.io import MADE_MARKER, atomic_write_json
+from lab.core import owner
+from lab.core.io import atomic_write_json
 from lab.train import estimate
 
 MADE_BY = estimate.CALIBRATION_MADE_BY
@@ -61,26 +62,21 @@ def default_path(cfg: DictConfig, cuda: bool) -> Path:
     return estimate.calibration_dir() / (f"{cfg.gpu.name}.json" if cuda else "cpu.json")
 
 
-def check_writable(path: Path, default: bool) -> None:
-    """A LabError unless `path` is new or a calibration this command made; the default folder must be the lab's
-    (made by `make_default_folder`) or absent."""
-    folder = path.parent
-    if default and folder.exists() and not (folder / MADE_MARKER).is_file():
-        raise LabError(f"{folder}: exists but the lab did not make it (no {MADE_MARKER}); calibrations go only "
-                       "into a folder the lab made: move it away")
-    if path.exists():
+def check_writable(path: Path, force: bool = False) -> None:
+    """`--json PATH` must be new, or a calibration this command made (its `meta.made_by`); anything else goes through
+    the lab's one owner check (`lab.core.owner.output_file`: refused unless --force)."""
+    if path.is_file():
         try:
-            made = json.loads(path.read_text(encoding="utf-8")).get("meta", {}).get("made_by") == MADE_BY
+            if json.loads(path.read_text(encoding="utf-8")).get("meta", {}).get("made_by") == MADE_BY:
+                return
         except (ValueError, AttributeError, OSError):
-            made = False
-        if not made:
-            raise LabError(f"{path}: exists and is not a calibration made by {MADE_BY}; nothing was written: choose "
-                           "a new path")
+            pass
+    owner.output_file(path, "calibrate --json", force, what="calibration file")
 
 
 def make_default_folder(path: Path) -> None:
-    path.parent.mkdir(parents=True, exist_ok=True)
-    (path.parent / MADE_MARKER).write_text("made by the lab (python -m lab calibrate)\n", encoding="utf-8")
+    """The card's calibration folder (`outputs/calibration`): new, or the one this command made (`owner.output_dir`)."""
+    owner.output_dir(path.parent, "calibrate")
 
 
 # ---- meta and env ---------------------------------------------------------------------------------------------------
@@ -679,6 +675,7 @@ def main(argv: list[str] | None = None) -> int:
                                  "the training step's speed on this card (module docstring of lab/train/calibrate.py)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=competition gpu=h100_80gb")
     ap.add_argument("--json", default=None, help="also write the calibration here (a new file)")
+    ap.add_argument("--force", action="store_true", help="--json may replace a file calibrate did not make")
     ap.add_argument("--report", default=None, help="print scripts/gpu_smoke.sh's report of this folder, run nothing")
     a = ap.parse_intermixed_args(argv)
     if a.report:
@@ -692,8 +689,8 @@ def main(argv: list[str] | None = None) -> int:
         raise LabError(f"model={cfg.model.name} without a GPU: calibrate runs the real model's shapes on a card only; "
                        "here it runs the tiny model (no model override)")
     paths = [default_path(cfg, cuda)] + ([Path(a.json)] if a.json else [])
-    for i, p in enumerate(paths):
-        check_writable(p, default=i == 0)
+    if a.json:
+        check_writable(paths[1], a.force)
     make_default_folder(paths[0])
     if not cuda:
         print("calibrate: NO GPU here: the composed model on the CPU with small packs (not a card's calibration)")
