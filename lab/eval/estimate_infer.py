@@ -6,8 +6,8 @@ constants with where each comes from.
 
 The model of a vLLM decode step (`decode_step_s`): with `infer.max_num_seqs` = 64 sequences in flight, each token
 routed to 6 of 128 experts in each MoE layer, a step touches almost every expert (128 x (1 - (1 - 6/128)^64) = 122 of
-128), so it reads about the whole 59 GiB of bf16 weights: memory-bound. Issue 43 puts the step at about 30 ms on an
-H100 (the 59 GiB read at the H100's 3.35 TB/s alone takes 19 ms); other cards scale by their memory bandwidth. Prefill
+128), so it reads about the whole 59 GiB of bf16 weights: memory-bound. The lab's estimate puts the step at about 30 ms
+on an H100 (the 59 GiB read at the H100's 3.35 TB/s alone takes 19 ms); other cards scale by their memory bandwidth. Prefill
 (1,000 prompts of a few hundred tokens: about 3e5 tokens, seconds) and engine start-up are left out.
 
 Completion lengths (`mean_completion_tokens`): a finished completion of a trained adapter is taken as long as the
@@ -17,7 +17,7 @@ assumed to run to the budget (`infer.max_tokens`); both are assumptions until a 
 
 Evaluation without waves (lab.model.generate: every prompt in one hand-over): decode steps = sequences x mean length
 / max_num_seqs, plus one budget's worth of steps for the tail (the last, longest completions run with the batch no
-longer full). In waves of 64 (the lab before issue 43), each wave costs its longest completion: with a 5% truncated
+longer full). In waves of 64 (the lab's earlier evaluation), each wave costs its longest completion: with a 5% truncated
 share, 96% of waves hold one that runs to the budget; `eval_hours_per_1000` reports that figure as `in_waves_hours`
 for comparison.
 
@@ -48,7 +48,7 @@ figures are PROJECTED, nothing of it has run on a GPU):
   the GPU switch's seconds; the packing of the real adapter (its routed experts split per expert) is not in this
   estimate.
 - Why this beats transformers rollouts: `generate` with the adapter attached rebuilds the experts' LoRA delta at every
-  decode step (issue 43: 16-37 minutes per optimizer step on an H100), while vLLM applies the LoRA in its kernels.
+  decode step (16-37 minutes per optimizer step on an H100), while vLLM applies the LoRA in its kernels.
 - Pass rates: the same engine, before step 1, `grpo.n_prompts` x `grpo.pass_rate_k` samples in one hand-over, written
   per prompt as each finishes (`lab.train.grpo.pass_rate_table` with a cache).
 - The rollout engine's slots: its own `max_num_seqs` (`grpo.max_num_seqs`; null: as many as its share of the card
@@ -71,9 +71,9 @@ GIB = 2 ** 30
 
 # name -> (value, source); every figure's arithmetic names the ones it uses
 CONSTANTS = {
-    "h100_step_s": (0.030, "issue 43's estimate of one vLLM decode step of 64 sequences on an H100 (projected; the "
+    "h100_step_s": (0.030, "the lab's estimate of one vLLM decode step of 64 sequences on an H100 (projected; the "
                            "59 GiB weight read alone takes 19 ms at 3.35 TB/s)"),
-    "weights_gib": (59.0, "issue 43 / README: the real model's bf16 weights"),
+    "weights_gib": (59.0, "README: the real model's bf16 weights"),
     "h100_tbps": (3.35, "NVIDIA H100 SXM5 80GB datasheet, HBM3 memory bandwidth (RESULTS.md's card: H100 80GB HBM3)"),
     "h200_tbps": (4.8, "NVIDIA H200 datasheet, HBM3e memory bandwidth"),
     "rtx_pro_6000_tbps": (1.792, "NVIDIA RTX PRO 6000 Blackwell datasheet, GDDR7 memory bandwidth"),
@@ -83,7 +83,7 @@ CONSTANTS = {
     "prompt_tokens": (300, "assumed mean prompt length in tokens (the chat-rendered puzzle)"),
     "old_logp_forward": (1 / 3, "assumed cost of the extra forward for old log-probabilities, as a share of "
                                 "forward + backward"),
-    "h100_step_seqs": (64, "the sequences in flight h100_step_s was estimated for (issue 43: infer.max_num_seqs)"),
+    "h100_step_seqs": (64, "the sequences in flight h100_step_s was estimated for (infer.max_num_seqs)"),
     "switch_gbps": (25.0, "assumed effective host<->GPU copy rate, GB/s (PCIe Gen5 x16: 64 GB/s theoretical)"),
     "disk_gbps": (2.0, "assumed read rate of the model folder from local NVMe, GB/s, for a sleep-level-2 reload "
                        "(not measured)"),

@@ -1,4 +1,4 @@
-"""The routed experts' LoRA on routed tokens only, instead of PEFT's fold (issue 42); `sft.lora.experts_path`.
+"""The routed experts' LoRA on routed tokens only, instead of PEFT's fold; `sft.lora.experts_path`.
 
 PEFT 0.21.2 trains a LoRA on a stacked expert parameter by folding it into the weights at every forward
 (peft/tuners/lora/layer.py, `ParamWrapper._activate_lora` registers a parametrization whose `_LoraFactorsProxy`

@@ -31,7 +31,7 @@ reported it as their largest single gain, and vLLM applies it at scoring): `allo
 for `out_proj` only (never `conv1d`), and `guard_fused_mamba_out_proj` replaces that module-level function in
 `transformers.models.nemotron_h.modeling_nemotron_h` by a wrapper that, while a mixer whose `out_proj` carries a
 LoRA is running, calls the fused kernel without its out_proj (`outproj_weight=None`) and then the mixer's own
-`out_proj` module, LoRA included (issue 42; where the kernel is absent, the CPU, it returns None and the mixer's
+`out_proj` module, LoRA included (where the kernel is absent, the CPU, it returns None and the mixer's
 PyTorch path runs as before), and calls the original otherwise. The fused-then-out_proj path has not run on a GPU
 (`_FusedScanGuard`); `sft.fused_mamba=off` takes the unfused mixer instead (conv and chunk scan kernels, out_proj
 after; lab.train.fast_paths switches it off where the fused kernel is missing or failed its calibration). The "which mixer is running" signal is a context variable set by forward hooks on each mixer,

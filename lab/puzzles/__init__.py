@@ -1,4 +1,4 @@
-"""Puzzle categories: parsers, solvers with learnable traces, and generators (see issue 4).
+"""Puzzle categories: parsers, solvers with learnable traces, and generators.
 
 Public API (other modules rely on exactly these names):
   CATEGORIES                      the six competition categories, in a fixed order

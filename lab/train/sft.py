@@ -214,7 +214,7 @@ def check_packing(cfg: DictConfig) -> None:
     if cfg.sft.packing and cfg.sft.backend == "unsloth":
         raise LabError("sft.packing=true is for sft.backend=hf (lab.model.packed_rows wraps transformers' Nemotron-H "
                        "under TRL's SFTTrainer; with Unsloth it is untested): set sft.packing=false, and sft.grad_accum "
-                       "to the rows a step should hold (16 in issue 16's recipe), since grad_accum counts packs")
+                       "to the rows a step should hold (16 in the competition recipe), since grad_accum counts packs")
     if cfg.sft.packing and not cfg.model.build_tiny:
         from lab.model import models, packed_rows
 
