@@ -144,7 +144,8 @@ def test_three_kernels_under_a_made_up_kaggle_layout(tmp_path, monkeypatch):
                               / "adapter_model.safetensors"))
     assert {v.dtype for v in kept_ckpt.values()} == {torch.float32}
     # 04_vote found 02_sft's adapter (copied back whole) and the split, and nothing else came back
-    made_here = {".lock", "evaluations", "base_model"}  # the run lock, the evaluation cache, the tiny model built
+    # the run lock, the run's marker (copied back with the run), the evaluation cache, the tiny model built
+    made_here = {".lock", ".lab-run", "evaluations", "base_model"}
     assert {f.split("/")[2] for f in vote} - made_here == {"data", "02_sft", "04_vote"}
     assert f"{run}04_vote/metrics.json" in vote
 
