@@ -41,6 +41,7 @@ def failing(monkeypatch):
     (KeyboardInterrupt(), "interrupted (Ctrl-C)"),
 ])
 def test_an_error_is_one_line_and_the_traceback_waits_for_debug(failing, capsys, monkeypatch, error, words):
+    monkeypatch.setenv("LAB_DEBUG", "0")  # recorded first, so `--debug` setting it below does not outlive the test
     failing["error"] = error
     rc = main(["boom"])
     err = capsys.readouterr().err
