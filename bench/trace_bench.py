@@ -83,6 +83,10 @@ def run_job(overrides: list[str], force: bool) -> dict:
     from lab.core.paths import resolve_path
     from lab.core.run import Stage
 
+    from lab.core import owner
+
+    first = compose(overrides)  # the job's run folder claimed before its split and tiny model are made in it
+    owner.claim_run(first.run_dir, first.run_name, bool(first.overwrite))
     cap, n = completion_cap(overrides)
     overrides = [*overrides, f"infer.max_tokens={cap}"]
     cfg = compose(overrides)

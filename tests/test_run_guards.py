@@ -230,6 +230,9 @@ def test_kaggle_paths_are_left_for_kaggle_to_check(tmp_path):
 def _crashed_grpo_rerun(run_dir: Path) -> Path:
     """03_grpo's folder after a finished run and a crashed rerun: the old adapter is still there, but the rerun
     removed metrics.json and left manifest.json "running" (lab.core.run.Stage)."""
+    from lab.core import owner
+
+    owner.claim_run(run_dir)  # a run folder the lab made
     adapter = run_dir / "03_grpo" / "adapter"
     adapter.mkdir(parents=True)
     (adapter / "adapter_config.json").write_text("{}")

@@ -47,6 +47,9 @@ def test_report_to_is_checked_and_off_by_default(tmp_path):
 @pytest.mark.slow  # real SFT and GRPO training steps: seconds (the fast lane stays short)
 def test_tensorboard_receives_the_sft_loss_and_the_grpo_reward_curves(tmp_path, monkeypatch):
     monkeypatch.delenv("TENSORBOARD_LOGGING_DIR", raising=False)
+    from lab.core import owner
+
+    owner.claim_run(tmp_path)  # a run folder, as a stage makes it, before the tiny model is built into it
     puzzles = generate("numeral_system", 6, 0)
     common = [f"run_dir={tmp_path}", f"model.path={tmp_path / 'base_model'}", "report_to=tensorboard"]
     cfg = config.compose([*common, "sft.batch_size=2", "sft.logging_steps=1", "sft.max_steps=2", "sft.save_steps=10"])
