@@ -5,12 +5,12 @@
 scripts/gpu_smoke.sh runs it there)
 
 What it does
-  The slice is the real model's config.json (`lab.train.memory.model_config_values`: the model folder, ../shared's copy or
+  The slice is the real model's config.json (`lab.plan.memory.model_config_values`: the model folder, ../shared's copy or
   the test fixture) with three decoder blocks instead of 52: one Mamba-2 mixer, one attention layer and one MoE
   layer (128 routed experts, the shared expert), the real vocabulary's embedding and `lm_head`, bf16, the
   configured LoRA (default `experiment=competition`: rank 32 on every family, `lm_head` included), gradient
   checkpointing, fused AdamW (`gpu=rtx_pro_6000`: no lever). For each token count and case it runs one SFT
-  micro-step through `lab.train.memory.trace`:
+  micro-step through `lab.plan.memory.trace`:
     - `traced`: on fake tensors on the CPU, the number `check_fits` trusts (the kernels' stand-ins, or the
       PyTorch scan);
     - `counted` / `allocator`: the same step on the card, counted by the same dispatch mode, and
@@ -24,7 +24,7 @@ What it does
   Writes `gpu_memory.json` and `gpu_memory.md` into `--out` (default `outputs/bench/`), atomically.
 
 What it simplifies
-  1. One row of `tokens` tokens, every position labelled (as `lab.train.memory` traces it); random weights, so the
+  1. One row of `tokens` tokens, every position labelled (as `lab.plan.memory` traces it); random weights, so the
      router spreads tokens over the experts about evenly (a trained router need not).
   2. `mamba_ssm` is loaded without its package `__init__` when its compiled Mamba-1 extension is missing
      (`load_mamba_ssm_triton`): Nemotron-H's Mamba-2 path uses only the Triton chunk scan. `causal_conv1d` is used
@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from lab.train import memory  # noqa: E402
+from lab.plan import memory  # noqa: E402
 from lab.model import models
 from lab.core.config import compose  # noqa: E402
 from lab.core.io import atomic_write_text  # noqa: E402

@@ -4,9 +4,9 @@ Packages, top to bottom as the import contract in pyproject.toml layers them (a 
   __main__     python -m lab COMMAND: the one table of commands
   kaggle       offline Kaggle kernels and their dataset; the gate (a submission.zip served by vLLM)
   runs         the one stage runner (papermill), the five notebooks headless, the run summary, sweeps, their report
-  stages       one function per stage (lab/stages.py), called by its notebook and its script; the greedy
-               evaluation cache
-  train        SFT and GRPO (TRL + PEFT), rewards, trainer callbacks, checkpoints, the memory trace, preflight
+  recipes      one module per notebook: its steps in order, called by the notebook cell by cell and by its script
+  train        SFT and GRPO (TRL + PEFT), rewards, trainer callbacks, checkpoints, calibration on the card
+  plan         before anything loads: the memory trace, the estimates, the Kaggle output plan, the preflight
   eval         voting and pass@k / maj@k, the error analysis, `score` and `compare`
   model        loading the model, LoRA, generation (HF / vLLM), packing and checking submission.zip
   data         the puzzle CSV, its split and the data mix; the GRPO curriculum

@@ -22,8 +22,8 @@ COMMANDS = {
     "puzzles": ("lab.puzzles.cli", "main", "solve | check | audit | generate: the per-category solvers"),
     # the config and the GPU plan
     "schema": ("lab.core.schema", "main", "every config key's type, help and range [GROUP]"),
-    "memory": ("lab.train.memory_cli", "main", "trace one training step on fake tensors: peak GPU memory, does it fit"),
-    "estimate": ("lab.train.estimate", "main", "projected SFT, GRPO, evaluation and vote time on the gpu= card"),
+    "memory": ("lab.plan.memory_cli", "main", "trace one training step on fake tensors: peak GPU memory, does it fit"),
+    "estimate": ("lab.plan.estimate", "main", "projected SFT, GRPO, evaluation and vote time on the gpu= card"),
     "calibrate": ("lab.train.calibrate", "main", "on the card: each fast path's exactness and the step's speed, for estimate"),
     # the submission and Kaggle
     "pack": ("lab.model.submission", "pack_main", "ADAPTER_DIR OUT.zip: pack a Kaggle submission.zip"),

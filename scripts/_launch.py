@@ -7,7 +7,7 @@
 - `done`: the exit status, and on the main process where the metrics went.
 
 Deliberately thin: the stage itself (training, then the main process alone evaluating and finishing it) is
-`lab.stages.sft` / `lab.stages.grpo`, the notebooks' own functions, given accelerate's state.
+`lab.recipes.sft.sft` / `lab.recipes.grpo.grpo`, the notebooks' own functions, given accelerate's state.
 """
 
 from __future__ import annotations
@@ -57,9 +57,9 @@ def check_world(env=os.environ, cuda: bool = True) -> None:
 
 
 def open_stage(name: str, overrides: list[str]):
-    """(PartialState, Stage): the environment and the real-model preflight (lab.stages.environment,
-    lab.train.preflight), then the main process first (split, tiny model), then the others."""
-    from lab.stages import environment
+    """(PartialState, Stage): the environment and the real-model preflight (lab.recipes.common.environment,
+    lab.plan.preflight), then the main process first (split, tiny model), then the others."""
+    from lab.recipes.common import environment
 
     environment()
     import torch
@@ -67,7 +67,7 @@ def open_stage(name: str, overrides: list[str]):
 
     from lab.data import dataset as data
     from lab.model import models
-    from lab.train import preflight
+    from lab.plan import preflight
     from lab.core.run import Stage
 
     check_world(cuda=torch.cuda.is_available())

@@ -4,7 +4,7 @@
         scripts/train_grpo.py model=nemotron_nano data=competition run_name=sft8
     python scripts/train_grpo.py run_name=demo         # one process, same outputs
 
-Runs what notebooks/03_grpo.ipynb runs, `lab.stages.grpo`, with the same Hydra overrides into the same folder:
+Runs what notebooks/03_grpo.ipynb runs, `lab.recipes.grpo.grpo`, with the same Hydra overrides into the same folder:
 it starts from the SFT adapter of the same run_dir (02_sft must have finished: notebook or
 scripts/train_sft.py); every process trains; the main process alone evaluates the saved adapter (packed, with the
 vllm back-end) on the held-out split against the SFT start, packs submission.zip and writes
@@ -23,9 +23,9 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides, no_eval = _launch.overrides_from(argv)
     state, stage = _launch.open_stage("03_grpo", overrides)
-    from lab import stages
+    from lab import recipes
 
-    stages.grpo(stage, launch=state, evaluate_adapter=not no_eval)
+    recipes.grpo.grpo(stage, launch=state, evaluate_adapter=not no_eval)
     return _launch.done(state, stage)
 
 

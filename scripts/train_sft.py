@@ -4,7 +4,7 @@
         scripts/train_sft.py model=nemotron_nano data=competition run_name=sft8
     python scripts/train_sft.py run_name=demo          # one process, same outputs
 
-Runs what notebooks/02_sft.ipynb runs, `lab.stages.sft`, with the same Hydra overrides into the same folder, so
+Runs what notebooks/02_sft.ipynb runs, `lab.recipes.sft.sft`, with the same Hydra overrides into the same folder, so
 both write the same files and metrics: every process trains; the main process alone evaluates the base model and
 the saved adapter on the held-out split (greedy, the competition's settings; with several processes the base
 model is evaluated after training, so no process waits on a long evaluation), packs submission.zip and writes
@@ -24,9 +24,9 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides, no_eval = _launch.overrides_from(argv)
     state, stage = _launch.open_stage("02_sft", overrides)
-    from lab import stages
+    from lab import recipes
 
-    stages.sft(stage, launch=state, evaluate_adapter=not no_eval)
+    recipes.sft.sft(stage, launch=state, evaluate_adapter=not no_eval)
     return _launch.done(state, stage)
 
 

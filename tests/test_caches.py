@@ -297,7 +297,7 @@ def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
     and a second evaluation with the same key is copied, not generated."""
     from types import SimpleNamespace
 
-    from lab import stages
+    from lab import recipes
     from lab.train import sft as sft_lib
 
     root, _, _ = run
@@ -310,7 +310,7 @@ def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
     monkeypatch.setattr(stages, "evaluate", lambda *a, **k: seen.append(k) or pd.DataFrame({"correct": [True]}))
     monkeypatch.setattr(sft_lib, "train", lambda *a, **k: (_ for _ in ()).throw(Stop()))
     with pytest.raises(Stop):
-        stages.sft(SimpleNamespace(cfg=cfg, path=lambda n: root / n))
+        recipes.sft.sft(SimpleNamespace(cfg=cfg, path=lambda n: root / n))
     assert seen and seen[0].get("cached", True) is True
     monkeypatch.undo()
 
@@ -318,7 +318,7 @@ def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
     real = G.predictions
     monkeypatch.setattr(G, "predictions", lambda *a, **k: made.append(1) or real(*a, **k))
     stage = SimpleNamespace(cfg=cfg, path=lambda n: root / n)
-    first = stages.evaluate(stage, FIVE[:2], None, "before_a.csv")
-    second = stages.evaluate(stage, FIVE[:2], None, "before_b.csv")
+    first = recipes.common.evaluate(stage, FIVE[:2], None, "before_a.csv")
+    second = recipes.common.evaluate(stage, FIVE[:2], None, "before_b.csv")
     assert made == [1]
     pd.testing.assert_frame_equal(first, second)

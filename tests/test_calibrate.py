@@ -14,7 +14,7 @@ import pytest
 from lab import LabError
 from lab.core import config
 from lab.train import calibrate as cal
-from lab.train import estimate as est
+from lab.plan import estimate as est
 
 REAL = ["model=nemotron_nano", "experiment=competition", "data=competition", "gpu=h100_80gb"]
 
@@ -106,7 +106,7 @@ def test_the_fit_and_the_verdict():
 
 def calibration_file(cfg, folder, card="h100_80gb", fixed_s=0.5, us=50.0, key=None):
     """A calibration as calibrate writes it (the keys the estimate reads; the figures made up for the test)."""
-    from lab.train.memory import model_config_values
+    from lab.plan.memory import model_config_values
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{card}.json"

@@ -49,18 +49,18 @@ def lab_root(tmp_path, monkeypatch):
 
 
 def test_a_stage_opened_without_run_name_joins_the_current_run_unless_told(lab_root, capsys):
-    from lab import stages
+    from lab import recipes
 
     run = lab_root / "outputs" / "2026-11-29_10-00-00"
     _finished(run, "01_explore", 200)
-    stage = stages.open_stage("02_sft", [])
+    stage = recipes.common.open_stage("02_sft", [])
     first = capsys.readouterr().out.splitlines()[0]
     assert stage.run_dir == run and first.startswith(f"joining the current run {run}") and "new_run=True" in first
     stage.finish({})  # lets go of the run's lock
-    fresh = stages.open_stage("02_sft", [], new_run=True)
+    fresh = recipes.common.open_stage("02_sft", [], new_run=True)
     assert fresh.run_dir.parent == run.parent and fresh.run_dir != run
     fresh.finish({})
-    named = stages.open_stage("02_sft", ["run_name=mine"])
+    named = recipes.common.open_stage("02_sft", ["run_name=mine"])
     assert named.run_dir == lab_root / "outputs" / "mine"
     named.finish({})
 

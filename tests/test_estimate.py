@@ -1,4 +1,4 @@
-"""`python -m lab estimate` (lab.train.estimate): the projection's arithmetic against the measured run it starts from,
+"""`python -m lab estimate` (lab.plan.estimate): the projection's arithmetic against the measured run it starts from,
 its JSON, and the directions it must get right (packing and the routed experts' LoRA are faster), with negative
 controls. Nothing here needs a GPU or a model; the counted-token case needs ../shared and skips without it."""
 
@@ -10,7 +10,7 @@ import pytest
 
 from lab import LabError
 from lab.core import config
-from lab.train import estimate as est
+from lab.plan import estimate as est
 
 REAL = ["model=nemotron_nano", "experiment=competition", "data=competition", "gpu=h100_80gb"]
 KEYS = {"tokens_per_s", "hours_per_epoch", "step_seconds", "packing", "experts_lora", "mamba_path"}
@@ -103,7 +103,7 @@ def test_counted_tokens_from_shared(tmp_path, monkeypatch):
 
 
 def test_the_command_joins_the_grpo_eval_and_vote_sections(tmp_path, capsys):
-    """One command, every section the issues ask for (lab.eval.estimate_infer's, joined through SECTIONS); with
+    """One command, every section the issues ask for (lab.plan.estimate_infer's, joined through SECTIONS); with
     packing, an optimizer step is grad_accum packs, not grad_accum rows."""
     path = tmp_path / "estimate.json"
     assert est.main([*REAL, "--assume-rows", "--explain", "--json", str(path)]) == 0
@@ -119,9 +119,9 @@ def test_the_command_joins_the_grpo_eval_and_vote_sections(tmp_path, capsys):
 
 def test_a_real_model_stage_prints_its_projection_when_it_opens(tmp_path, monkeypatch, capsys):
     """02_sft prints its SFT projection, 03_grpo and 04_vote the GRPO / evaluation / vote hours, before any model
-    loads (lab.stages.open_stage, after the preflight); the tiny model on gpu=none prints none."""
-    from lab import stages
-    from lab.train import preflight
+    loads (lab.recipes.common.open_stage, after the preflight); the tiny model on gpu=none prints none."""
+    from lab import recipes
+    from lab.plan import preflight
 
     monkeypatch.setattr(est, "row_tokens", lambda cfg, sample=None, assume=False: (est.assumed_tokens(
         int(cfg.sft.max_seq_len)), "assumed"))
@@ -132,7 +132,7 @@ def test_a_real_model_stage_prints_its_projection_when_it_opens(tmp_path, monkey
     assert "PROJECTED on gpu=" in grpo and "GRPO minutes per optimizer step" in grpo
     assert est.stage_projection("01_explore", cfg) == [] and est.stage_projection("02_sft", config.compose([])) == []
     monkeypatch.setattr(preflight, "check", lambda stage, overrides: None)  # a GPU machine with everything installed
-    stages.open_stage("02_sft", [*REAL, f"run_dir={tmp_path / 'run'}"])
+    recipes.common.open_stage("02_sft", [*REAL, f"run_dir={tmp_path / 'run'}"])
     out = capsys.readouterr().out
     assert out.index("SFT on h100_80gb") < out.index("run_dir = ")  # printed before the stage folder opens
 

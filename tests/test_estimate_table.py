@@ -10,7 +10,7 @@ import pytest
 
 from lab.core import config
 from lab.runs.pipeline import STAGES
-from lab.train import estimate as est
+from lab.plan import estimate as est
 
 REAL = ["model=nemotron_nano", "experiment=competition", "data=competition", "gpu=h100_80gb"]
 
@@ -119,7 +119,7 @@ def test_the_card_fit_uses_the_rollout_bound_and_says_what_it_did_not_trace(tmp_
 def test_lora_counts_are_kept_keyed_and_checked(tmp_path, monkeypatch):
     """The meta model is built once per shape, LoRA config and code; a cached file whose key does not match is not
     used."""
-    from lab.train import memory
+    from lab.plan import memory
 
     monkeypatch.setattr(est, "CACHE", tmp_path / "cache")
     cfg = config.compose(REAL)

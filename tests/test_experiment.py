@@ -2,7 +2,7 @@
 order and an explicit override still wins; `model=nemotron_nano` alone trains with the real model's recipe, not the
 tiny demo's; its values stay inside the competition's limits (Kaggle's scoring settings, conf/infer/kaggle.yaml);
 it runs under the sweep command; and (slow) one training step of its SFT and of its GRPO fits its card by
-lab.train.memory's check. The values themselves live, with their sources, in the conf/ files the preset names."""
+lab.plan.memory's check. The values themselves live, with their sources, in the conf/ files the preset names."""
 
 from __future__ import annotations
 
@@ -64,10 +64,10 @@ def test_the_preset_composes_under_the_sweep_command(tmp_path: Path):
 @pytest.mark.slow  # a fake-tensor trace of the 30B model: tens of seconds each
 @pytest.mark.parametrize("stage", ["sft", "grpo"])
 def test_one_training_step_of_the_preset_fits_its_card(stage, monkeypatch):
-    """lab.train.memory.check_fits as 02_sft and 03_grpo call it (it raises when the step does not fit the card), on a
+    """lab.plan.memory.check_fits as 02_sft and 03_grpo call it (it raises when the step does not fit the card), on a
     machine with the fused Mamba kernels real training needs; without them it refuses (tests/test_preflight.py)."""
     pytest.importorskip("torch")
-    from lab.train import memory
+    from lab.plan import memory
     from lab.model import models
 
     monkeypatch.setattr(models, "missing_mamba_kernels", lambda: {})  # as on a machine with the fused kernels

@@ -218,7 +218,7 @@ def test_experts_rank_pattern():
 
 
 def test_gradient_checkpointing():
-    """Training mode, non-reentrant checkpointing (as TRL and lab.train.memory run it): the same grads as the fold."""
+    """Training mode, non-reentrant checkpointing (as TRL and lab.plan.memory run it): the same grads as the fold."""
     ids = torch.randint(0, 768, (2, 32), generator=torch.Generator().manual_seed(5))
 
     def run(pm):
@@ -342,10 +342,10 @@ def test_gradient_check_proves_every_family_trained_on_the_routed_path():
 
 
 def test_memory_trace_names_the_path():
-    """lab.train.memory traces whichever path attach_lora took: the fold's baddbmm stacks on the fold, none on the
+    """lab.plan.memory traces whichever path attach_lora took: the fold's baddbmm stacks on the fold, none on the
     routed path, whose peak is not higher (the tiny model in bf16, fake tensors; its peak is in a Mamba backward, so
     equal here: the real model's peaks are `python -m lab memory`'s, in the report of issue 42)."""
-    from lab.train import memory
+    from lab.plan import memory
 
     traces = {p: memory.trace(config.compose(["model.dtype=bfloat16", f"sft.lora.experts_path={p}"]), "sft",
                               tokens=128, rows=2, mamba="torch", head="torch")

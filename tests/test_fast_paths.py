@@ -33,7 +33,7 @@ def test_a_missing_kernel_gives_the_named_line_and_the_stage_runs_the_exact_path
     import transformers.models.nemotron_h.modeling_nemotron_h as mh
     from transformers import NemotronHConfig, NemotronHForCausalLM
 
-    from lab.stages import open_stage
+    from lab.recipes.common import open_stage
 
     _gpu_without_mamba_ssm(monkeypatch)
     stage = open_stage("02_sft", [f"run_dir={tmp_path / 'run'}"])
@@ -83,10 +83,10 @@ def test_a_failed_calibration_switches_its_path_off(monkeypatch):
     assert overrides == ["sft.lora.experts_path=fold"]
     assert lines == ["fast path routed_experts off (sft.lora.experts_path=fold): it failed its calibrated exactness "
                      "check on this card (err 0.03 > bound 2e-05); the run takes PEFT's fold of the experts' LoRA "
-                     "(W + B@A stacks at every forward); cost: no projection (gpu=none: lab.train.estimate projects a "
+                     "(W + B@A stacks at every forward); cost: no projection (gpu=none: lab.plan.estimate projects a "
                      "configured card only)"]
     _, lines = fast_paths.resolve("02_sft", config.compose(["experiment=competition"]), FAILED)
-    assert "cost: projected on rtx_pro_6000: +0.361 s per micro-step" in lines[-1]  # lab.train.estimate's figures
+    assert "cost: projected on rtx_pro_6000: +0.361 s per micro-step" in lines[-1]  # lab.plan.estimate's figures
     _, forced = fast_paths.resolve("02_sft", config.compose(["sft.lora.experts_path=routed"]), FAILED)
     assert forced == ["fast path routed_experts forced on (sft.lora.experts_path=routed) although it failed its "
                       "calibrated exactness check on this card (err 0.03 > bound 2e-05)"]

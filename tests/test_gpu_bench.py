@@ -52,9 +52,9 @@ RECIPE_LORA = ["sft.lora.r=32", "sft.lora.alpha=32", "sft.lora.experts_path=fold
 @pytest.mark.slow  # three real-width traces: seconds
 @pytest.mark.parametrize("tokens, mamba", sorted(CARD))
 def test_the_trace_equals_what_an_h100_counted(bench, tokens, mamba):
-    """The fake-tensor trace of the slice, under CUDA's autocast rules (lab.train.autocast_rules), equals to
+    """The fake-tensor trace of the slice, under CUDA's autocast rules (lab.plan.autocast_rules), equals to
     the byte what the card counted for the same step. Pinned to the LoRA measured then, not to the preset."""
-    from lab.train import memory
+    from lab.plan import memory
 
     cfg, _ = bench("gpu_memory").slice_config(["experiment=competition", "gpu=rtx_pro_6000", *RECIPE_LORA])
     t = memory.trace(cfg, "sft", tokens=tokens, rows=1, mamba=mamba, head="chunked" if mamba == "kernel" else "torch")

@@ -195,11 +195,11 @@ def test_mamba_negative_control_a_kernel_without_seq_idx_is_caught(monkeypatch, 
 
 
 def test_the_benchs_real_kernel_calls_pass_seq_idx(monkeypatch):
-    """lab.train.memory's real-kernel path (`mamba=real`, the GPU bench) hands the kernels the mixer's keywords they
+    """lab.plan.memory's real-kernel path (`mamba=real`, the GPU bench) hands the kernels the mixer's keywords they
     name, seq_idx included (it used to drop every extra keyword), and only those."""
     import sys
 
-    from lab.train import memory
+    from lab.plan import memory
 
     calls = []
     conv = types.ModuleType("causal_conv1d")

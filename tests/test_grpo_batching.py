@@ -10,7 +10,8 @@ from omegaconf import OmegaConf
 torch = pytest.importorskip("torch")
 
 from lab.core import config  # noqa: E402
-from lab.train import grpo, memory
+from lab.plan import memory
+from lab.train import grpo
 from lab.model import lora, models
 from lab.core import paths
 from lab import LabError

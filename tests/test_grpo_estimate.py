@@ -1,12 +1,12 @@
-"""Projected GRPO / evaluation / vote costs (`lab.eval.estimate_infer`): positive figures, arithmetic that names
+"""Projected GRPO / evaluation / vote costs (`lab.plan.estimate_infer`): positive figures, arithmetic that names
 every constant it uses, and figures that move the right way when a setting changes."""
 
 import pytest
 
 from lab import LabError
 from lab.core.config import compose
-from lab.eval import estimate_infer as E
-from lab.train.estimate import rollout_figures
+from lab.plan import estimate_infer as E
+from lab.plan.estimate import rollout_figures
 
 REAL = ["model=nemotron_nano", "experiment=competition", "data=competition"]
 

@@ -20,7 +20,8 @@ from lab import LabError
 from lab.core.config import compose
 from lab.core.paths import checkpoint_root
 from lab.kaggle import kernel as kaggle
-from lab.train import checkpoints, output_plan
+from lab.plan import output_plan
+from lab.train import checkpoints
 
 
 def cells(path: Path) -> list[dict]:
@@ -90,9 +91,9 @@ def test_run_folder_must_stay_inside_kaggle_working(kw, tmp_path):
 def test_local_paths_in_overrides_are_refused_or_named(tmp_path, capsys):
     found = kaggle.local_paths(["model.path=/home/me/nano", "data.path=~/train.csv", "seed=3", "run_name=a/b",
                                 "model.path=/kaggle/input/nano", "sft.lora.targets=[q_proj,k_proj]",
-                                "data.path=./train.csv", "vote.adapter=${sft.adapter_dir}", "data.path=lab/stages.py"])
+                                "data.path=./train.csv", "vote.adapter=${sft.adapter_dir}", "data.path=lab/recipes/"])
     assert found == ["model.path=/home/me/nano", "data.path=~/train.csv", "data.path=./train.csv",
-                     "data.path=lab/stages.py"]
+                     "data.path=lab/recipes/"]
     with pytest.raises(LabError, match=r"model.path=/home/me/nano: a path on this machine"):
         kaggle.build_kernel("01_explore", ["model.path=/home/me/nano"], username="bob", out=tmp_path / "k",
                             model_source="")

@@ -1,5 +1,5 @@
 """The real model's shapes on the meta device with the competition preset's LoRA, and the traced memory of one
-training step (lab.train.memory): on the tiny model the fake-tensor trace equals the same step run on real tensors.
+training step (lab.plan.memory): on the tiny model the fake-tensor trace equals the same step run on real tensors.
 
 The config values are a small fixture copied from the published config.json (tests/fixtures/); when ../shared holds
 the real file, the fixture is checked against it. The 30B traces themselves (about a minute each) are in docs/memory.md,
@@ -16,7 +16,7 @@ from omegaconf import OmegaConf
 
 torch = pytest.importorskip("torch")
 
-from lab.train import autocast_rules, memory  # noqa: E402
+from lab.plan import autocast_rules, memory  # noqa: E402
 from lab import LabError
 from lab.core.config import compose  # noqa: E402
 from lab.core.paths import project_root  # noqa: E402
@@ -238,7 +238,7 @@ def test_a_fake_trace_runs_on_the_cpu_and_the_real_kernels_must_import():
             memory.trace(cfg, "sft", tokens=8, rows=1, mamba="real", fake=False)
 
 
-# ---- CUDA's autocast rules on the CPU (lab.train.autocast_rules) --------------------------------------------------------
+# ---- CUDA's autocast rules on the CPU (lab.plan.autocast_rules) --------------------------------------------------------
 
 # The rest of CUDA autocast's ops without a CPU autocast kernel (torch's aten/src/ATen/autocast_mode.h): they cast
 # down to bf16 or promote to the widest input, so the CPU trace counts as much or more.
@@ -313,7 +313,7 @@ def test_each_rule_does_what_cuda_autocast_does(name):  # need a CUDA device gua
 
 def test_grpo_generation_phase_bound_adds_up_from_the_config(values, figures):
     """rollout_backend=vllm: the engine's bf16 weights, adapter slot, KV cache and Mamba state against its share, the
-    trainer's LoRA and optimizer states beside it (lab.train.memory.generation_phase), by hand from config.json."""
+    trainer's LoRA and optimizer states beside it (lab.plan.memory.generation_phase), by hand from config.json."""
     cfg = compose([*PRESET, "gpu=h100_80gb", "grpo.rollout_backend=vllm", "grpo.max_num_seqs=64"])
     ph = memory.generation_phase(cfg, values)
     GIB, P, base = 1024 ** 3, figures["trainable_params"], figures["base_params"]

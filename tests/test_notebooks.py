@@ -20,7 +20,7 @@ def test_notebook_is_clean_and_parameterised(path):
     params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and "overrides: list[str] = []" in params[0].source
     assert nb.cells[0].cell_type == "markdown" and "What this notebook does" in nb.cells[0].source
-    assert any(f'stages.open_stage("{path.stem}", overrides' in c.source for c in code)
+    assert any(f'recipes.common.open_stage("{path.stem}", overrides' in c.source for c in code)
 
 
 @pytest.mark.slow
@@ -40,7 +40,7 @@ def test_all_notebooks_run_on_the_smoke_budget(smoke_run):
     # fixed - broken is the net change from the SFT start, counted once (not once per category and again in "all")
     assert m5["fixed_since_sft"] - m5["broken_since_sft"] == round(m5["n"] * (m5["accuracy"] - m3["accuracy_sft_start"]))
     assert (run_dir / "summary.md").is_file() and (run_dir / "02_sft" / "adapter" / "adapter_config.json").is_file()
-    # 04_vote's greedy pass of the GRPO adapter is 03_grpo's evaluation of it, reused (lab.stages.evaluate)
+    # 04_vote's greedy pass of the GRPO adapter is 03_grpo's evaluation of it, reused (lab.recipes.common.evaluate)
     assert (run_dir / "04_vote" / "predictions.csv").read_bytes() == (run_dir / "03_grpo" / "predictions.csv").read_bytes()
     said = [o.get("text", "") for c in nbformat.read(run_dir / "notebooks" / "04_vote.ipynb", as_version=4).cells
             for o in c.get("outputs", [])]
@@ -80,11 +80,11 @@ def test_the_smoke_preset_yields_to_the_users_keys_and_joins_another_experiment(
 
 @pytest.mark.slow  # a real-model config composed and checked end to end: seconds (the fast lane stays short)
 def test_a_notebooks_first_call_checks_the_machine_before_it_opens_the_stage(tmp_path):
-    """`lab.stages.open_stage`: the real model on a machine without CUDA is refused before any folder is made."""
+    """`lab.recipes.common.open_stage`: the real model on a machine without CUDA is refused before any folder is made."""
     import torch
 
     from lab import LabError
-    from lab.stages import open_stage
+    from lab.recipes.common import open_stage
 
     if torch.cuda.is_available():
         pytest.skip("needs a machine without CUDA")
@@ -165,13 +165,13 @@ STEPPED = {"01_explore": "explore", "02_sft": "sft", "03_grpo": "grpo", "05_erro
 
 @pytest.mark.parametrize("notebook", list(STEPPED))
 def test_each_notebook_runs_the_steps_its_stage_function_runs_in_the_same_order(notebook, monkeypatch):
-    """`lab.stages.<stage>` (what scripts/train_*.py and a headless caller run) is its public steps in order, and the
+    """`lab.recipes.<stage>` (what scripts/train_*.py and a headless caller run) is its public steps in order, and the
     notebook's cells call those same steps in that same order: the two write the same files and metrics. The stage
     function is run with every public step replaced by a recorder."""
     import inspect
     from unittest import mock
 
-    from lab import stages
+    from lab import recipes
 
     steps = [n for n, f in vars(stages).items() if inspect.isfunction(f) and f.__module__ == stages.__name__
              and not n.startswith("_") and n not in STEPPED.values()]
@@ -211,8 +211,8 @@ def _cell_calls(path) -> list[str]:
 
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=STAGES)
 def test_notebooks_reach_the_lab_through_stages_and_draw_figures_from_their_objects(path):
-    """A notebook imports `lab.stages` alone (05_errors used to reach into lab.core.run and a module that no longer
-    exists); the stepped notebooks draw figures from the figure objects the steps return (`stages.show`), not by
+    """A notebook imports `lab.recipes` alone (05_errors used to reach into lab.core.run and a module that no longer
+    exists); the stepped notebooks draw figures from the figure objects the steps return (`recipes.common.show`), not by
     reading the PNGs back."""
     import ast
 
@@ -226,7 +226,7 @@ def test_notebooks_reach_the_lab_through_stages_and_draw_figures_from_their_obje
         tree = ast.parse(code)
         assert not [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and str(n.value).endswith(".png")]
         assert not [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "Image"]
-        assert "stages.show(" in code
+        assert "recipes.common.show(" in code
 
 
 # ---- progress: the Trainer's live table in Jupyter, plain lines under papermill ----------------------------------
@@ -295,10 +295,10 @@ def test_under_papermill_figures_are_inline_and_progress_is_one_final_line(smoke
 
 @pytest.mark.slow
 def test_the_stage_functions_write_what_the_notebooks_write(smoke_run, tmp_path):
-    """`stages.sft` and `stages.grpo` called in one process (as scripts/train_sft.py and train_grpo.py call them)
+    """`recipes.sft.sft` and `recipes.grpo.grpo` called in one process (as scripts/train_sft.py and train_grpo.py call them)
     write the same metrics (timings and paths aside), predictions, LoRA table and submission.zip members (the
     config's base-model path aside) as the notebooks' cells did in the shared smoke run."""
-    from lab import stages
+    from lab import recipes
 
     def same(run_dir, stage):
         m = json.loads((run_dir / stage / "metrics.json").read_text())
@@ -316,8 +316,8 @@ def test_the_stage_functions_write_what_the_notebooks_write(smoke_run, tmp_path)
         return members, config
 
     run = tmp_path / "run"
-    for stage, fn in (("02_sft", stages.sft), ("03_grpo", stages.grpo)):
-        fn(stages.open_stage(stage, SMOKE_OVERRIDES + [f"run_dir={run}"]))
+    for stage, fn in (("02_sft", recipes.sft.sft), ("03_grpo", recipes.grpo.grpo)):
+        fn(recipes.common.open_stage(stage, SMOKE_OVERRIDES + [f"run_dir={run}"]))
         assert same(run, stage) == same(smoke_run, stage), stage
         assert (run / stage / "predictions.csv").read_bytes() == (smoke_run / stage / "predictions.csv").read_bytes()
         assert packed(run, stage) == packed(smoke_run, stage), stage
@@ -331,12 +331,12 @@ def test_a_trained_model_holder_is_empty_and_training_it_again_is_refused():
     import pandas as pd
 
     from lab import LabError
-    from lab.stages import Trainee
+    from lab.recipes.common import Trainee
 
     holder = Trainee(object(), object(), pd.DataFrame({"family": ["q_proj"], "modules": [2]}))
     model, tok = holder.take("sft_train")
     assert model is not None and holder.model is None and holder.tokenizer is None
-    with pytest.raises(LabError, match="already trained.*stages.sft_model"):
+    with pytest.raises(LabError, match="already trained.*recipes.sft.sft_model"):
         holder.take("sft_train")
     assert "released" in repr(holder) and "q_proj" in repr(holder)
 

@@ -292,7 +292,7 @@ def test_real_model_packing_refuses_without_kernels(root, monkeypatch):
     sft.check_packing(config.compose(["model=nemotron_nano", "sft.packing=false"]))
     # the preflight's own line: silent here (check_cuda / check_mamba_kernels name what is missing), but where the
     # packages import and a GPU is seen while transformers resolved its fallbacks (seq_idx dropped), it refuses
-    from lab.train import preflight
+    from lab.plan import preflight
 
     preflight.check_packing(cfg)
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)

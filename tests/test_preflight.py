@@ -6,18 +6,18 @@ import importlib.util
 
 import pytest
 
-from lab.train import preflight
+from lab.plan import preflight
 from lab import LabError
 from lab.core.config import compose
 
 
 @pytest.fixture(autouse=True)
 def _no_trace(monkeypatch, request):
-    """Test-only stand-in for lab.train.memory.check_fits (a 30-60 s fake-tensor trace of the real model, tested in
+    """Test-only stand-in for lab.plan.memory.check_fits (a 30-60 s fake-tensor trace of the real model, tested in
     tests/test_memory.py): it records that the preflight asked for the trace, and says it does not fit."""
     if "real_trace" in request.keywords:
         return
-    from lab.train import memory
+    from lab.plan import memory
 
     def check_fits(cfg, stage="sft"):
         raise LabError(f"{stage}: traced memory does not fit (stand-in)")
@@ -44,7 +44,7 @@ def test_wrong_machine_gets_one_list_of_everything_missing(tmp_path):
     assert "no CUDA device" in msg
     assert "model.path" in msg and "nemotron-3-nano" in msg
     assert "fused Mamba kernels" in msg  # lab.model.models.check_mamba_kernels: training needs mamba_ssm + causal_conv1d
-    assert "sft: traced memory does not fit" in msg  # lab.train.memory.check_fits, asked for the SFT step
+    assert "sft: traced memory does not fit" in msg  # lab.plan.memory.check_fits, asked for the SFT step
     assert msg.count("\n  - ") == 5
     assert not (tmp_path / "run").exists()  # refused before anything was written
 
@@ -57,7 +57,7 @@ def test_every_real_model_notebook_checks_before_it_opens_its_stage(stage):
 
     nb = json.loads((project_root() / "notebooks" / f"{stage}.ipynb").read_text())
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-    assert f'stages.open_stage("{stage}", overrides' in code  # preflight.check, then Stage (tests/test_notebooks.py)
+    assert f'recipes.common.open_stage("{stage}", overrides' in code  # preflight.check, then Stage (tests/test_notebooks.py)
 
 
 def test_unsloth_is_asked_for_only_where_the_stage_uses_it(tmp_path):
@@ -120,7 +120,7 @@ def test_grpo_refuses_vllm_rollouts_with_refine_before_the_stage(tmp_path):
 @pytest.mark.slow
 @pytest.mark.real_trace
 def test_the_real_trace_refuses_the_pytorch_scan_on_the_competition_card(tmp_path):
-    """The real lab.train.memory trace inside the preflight: without mamba_ssm the SFT step takes transformers' PyTorch
+    """The real lab.plan.memory trace inside the preflight: without mamba_ssm the SFT step takes transformers' PyTorch
     scan, which does not fit gpu=rtx_pro_6000 (the competition preset's card)."""
     if importlib.util.find_spec("mamba_ssm") is not None:
         pytest.skip("this machine has mamba_ssm")
@@ -130,9 +130,9 @@ def test_the_real_trace_refuses_the_pytorch_scan_on_the_competition_card(tmp_pat
 
 def test_grpo_with_vllm_rollouts_checks_the_generation_phase_and_the_host(tmp_path, monkeypatch):
     """03_grpo with rollout_backend=vllm (the real model's default): the engine's phase must fit the card beside what
-    the trainer keeps, and the host must hold the bf16 weights at a switch (lab.train.memory.check_generation_fits),
+    the trainer keeps, and the host must hold the bf16 weights at a switch (lab.plan.memory.check_generation_fits),
     before anything loads."""
-    from lab.train import memory
+    from lab.plan import memory
 
     cfg = compose(_real(tmp_path, "experiment=competition", "gpu=h100_80gb"))
     assert cfg.grpo.rollout_backend == "vllm"

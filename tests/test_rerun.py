@@ -159,10 +159,10 @@ def test_a_scheduler_transformers_does_not_know_is_refused_before_anything_is_to
     assert not (tmp_path / "run").exists()
 
 
-# ---- greedy evaluations cached by their key (lab.stages.evaluate) -------------------------------------
+# ---- greedy evaluations cached by their key (lab.recipes.common.evaluate) -------------------------------------
 
 def test_an_evaluation_key_follows_content_not_paths(tmp_path):
-    from lab.stages import evaluation_key
+    from lab.recipes.common import evaluation_key
 
     model = tmp_path / "model"
     model.mkdir()
@@ -311,7 +311,7 @@ def test_a_second_stage_reuses_the_greedy_evaluation_and_a_changed_key_generates
     """03_grpo's evaluation and 04_vote's greedy pass of the same model: one pass (generate.predictions counted,
     not replaced); another budget is another key, generated again."""
     from lab.model import generate
-    from lab import stages
+    from lab import recipes
 
     calls = []
     real = generate.predictions
@@ -323,7 +323,7 @@ def test_a_second_stage_reuses_the_greedy_evaluation_and_a_changed_key_generates
         st = Stage(name, cfg=compose([f"run_dir={run_dir}", f"model.path={root / 'base_model'}", "data.n_train=4",
                                       "data.n_val=3", "infer.max_tokens=8", *extra]))
         _, val = data.prepare(st.cfg)
-        pred = stages.evaluate(st, val, None, "predictions.csv")
+        pred = recipes.common.evaluate(st, val, None, "predictions.csv")
         st.finish({})
         return pred
 

@@ -107,7 +107,7 @@ def test_the_sleep_level_follows_the_hosts_memory():
     """Null: level 1 only where the host holds the bf16 weights twice (+ the margin), else 2; a host that cannot
     hold them once is refused before anything loads; an explicit level wins."""
     from lab.core.config import compose
-    from lab.train import memory
+    from lab.plan import memory
 
     cfg = compose(["grpo.rollout_backend=vllm"])
     w = 58.8

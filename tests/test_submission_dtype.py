@@ -46,7 +46,7 @@ def test_cli_packs_bf16_by_default_and_keep_keeps_fp32(tmp_path):
 def test_stage_notebooks_pack_the_submission_in_the_submission_dtype(notebook, adapter_key):
     import inspect
 
-    from lab import stages  # the notebooks' stage functions (lab.stages.sft / grpo) pack through stages.pack_adapter
+    from lab import recipes  # the notebooks' stage functions (lab.recipes.sft.sft / grpo) pack through recipes.common.pack_adapter
 
     assert f"pack_adapter(stage, cfg.{adapter_key}.adapter_dir)" in inspect.getsource(getattr(stages, adapter_key))
     calls = [line.strip() for line in inspect.getsource(stages).splitlines() if "submission.pack(" in line]

@@ -289,7 +289,7 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
         for name in ("vllm", "vllm.lora", "vllm.lora.request"):  # TRL probes for a real vllm while it trains
             monkeypatch.delitem(sys.modules, name, raising=False)
 
-    def load_spy(*a, **kw):  # the training model loads before `train` (lab.stages.sft_model): TRL probes there too
+    def load_spy(*a, **kw):  # the training model loads before `train` (lab.recipes.sft.sft_model): TRL probes there too
         without_fake_vllm()
         return real_model_with_lora(*a, **kw)
 
@@ -308,7 +308,7 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
     import train_sft
 
     run = tmp_path / "run"
-    _fake_vllm(monkeypatch, outputs)  # the base model's evaluation, before training (lab.stages.sft)
+    _fake_vllm(monkeypatch, outputs)  # the base model's evaluation, before training (lab.recipes.sft.sft)
     assert train_sft.main([f"run_dir={run}", "model.generation_backend=vllm", "sft.lora.r=8",
                            *SMOKE_OVERRIDES]) == 0
     gc.collect()

@@ -29,7 +29,7 @@ def _finished(run_dir, stage, adapter=True):
 
 
 def test_vote_uses_sfts_adapter_when_grpo_did_not_run(tmp_path):
-    from lab.stages import vote_adapter
+    from lab.recipes.vote import vote_adapter
 
     cfg = compose([f"run_dir={tmp_path}"])
     with pytest.raises(LabError, match="no finished training stage"):
@@ -49,7 +49,7 @@ def test_vote_uses_sfts_adapter_when_grpo_did_not_run(tmp_path):
 
 
 def test_an_explicit_vote_adapter_wins(tmp_path):
-    from lab.stages import vote_adapter
+    from lab.recipes.vote import vote_adapter
 
     sft = _finished(tmp_path, "02_sft")
     _finished(tmp_path, "03_grpo")
@@ -61,7 +61,7 @@ def test_an_explicit_vote_adapter_wins(tmp_path):
 
 
 def test_a_grpo_stage_that_is_no_longer_current_is_passed_over(tmp_path, capsys):
-    from lab.stages import vote_adapter
+    from lab.recipes.vote import vote_adapter
 
     sft = _finished(tmp_path, "02_sft")
     _finished(tmp_path, "03_grpo")

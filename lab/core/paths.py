@@ -63,7 +63,7 @@ def adapter_dtype(cfg, kaggle: bool | None = None) -> str | None:
     """The dtype 02_sft and 03_grpo save their adapter in (`lab.model.lora.save_adapter`): on Kaggle
     `kaggle.adapter_dtype` (bfloat16 by default: what the submission zip and vLLM compute in, half the bytes of the
     fp32 LoRA weights in the kept 20 GB); elsewhere None, the trained fp32. The resumable checkpoints keep fp32.
-    `kaggle`: whether to answer as on Kaggle (None: `on_kaggle()`; lab.train.output_plan plans for Kaggle)."""
+    `kaggle`: whether to answer as on Kaggle (None: `on_kaggle()`; lab.plan.output_plan plans for Kaggle)."""
     if not (on_kaggle() if kaggle is None else kaggle):
         return None
     from omegaconf import OmegaConf

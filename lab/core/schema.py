@@ -273,8 +273,8 @@ class SftConfig(Checked):
                           "needs the mamba_ssm and causal_conv1d kernels for it; sft.backend=hf only")
     pack_tokens: Optional[int] = _help("with packing: the tokens of one pack (TRL's max_length), whole rows of up to "
                                        "max_seq_len each; null: max_seq_len. Longer packs spread the per-micro-step "
-                                       "fixed cost over more tokens (lab.train.estimate); their memory is traced at "
-                                       "this length (lab.train.memory)", ge=1)
+                                       "fixed cost over more tokens (lab.plan.estimate); their memory is traced at "
+                                       "this length (lab.plan.memory)", ge=1)
     packed_attention: PackedAttention = _help("with packing: auto (varlen where torch's varlen_attn and CUDA are here and "
                                   "its calibrated check passed, else mask: lab.train.fast_paths), "
                                   "varlen (each row's attention alone: torch's varlen flash kernel on "
@@ -330,7 +330,7 @@ class GrpoConfig(Checked):
     per_device_train_batch_size: Optional[int] = _help(
         "completions per training micro-step (one forward/backward); must divide prompts_per_step x num_generations, "
         "and gradient accumulation makes up the rest so one optimiser step still covers every group "
-        "(lab.train.memory.micro_batch); null: all of a step's completions in one micro-step")
+        "(lab.plan.memory.micro_batch); null: all of a step's completions in one micro-step")
     max_steps: int = _help("optimiser steps", ge=1)
     learning_rate: float = _help("learning rate (constant schedule, no warmup)", gt=0)
     beta: float = _help("KL coefficient (0: no reference model, no KL term; >0: TRL keeps a frozen copy of the "
@@ -368,7 +368,7 @@ class GrpoConfig(Checked):
     vllm_gpu_memory_utilization: Optional[float] = _help(
         "vllm rollouts: GPU share of the rollout engine while it is awake (its weights, adapter slot and cache); with "
         "sleep mode the trainer's frozen weights are in CPU memory meanwhile, so on one card it can take most of it; "
-        "null: gpu.max_use of the card less the trainer's LoRA and optimizer states (lab.train.memory.engine_share; "
+        "null: gpu.max_use of the card less the trainer's LoRA and optimizer states (lab.plan.memory.engine_share; "
         "`python -m lab memory --stage grpo` prints both phases)", gt=0, le=1)
     vllm_sleep_mode: bool = _help("vllm rollouts on CUDA: engine and trainer take turns on the card (the engine "
                                   "sleeps while the trainer trains; the trainer's frozen weights go to CPU memory "
@@ -377,7 +377,7 @@ class GrpoConfig(Checked):
                                             "memory while it sleeps (the host holds the weights twice at a switch); "
                                             "2, it discards them and reloads them from the model folder at each "
                                             "wake-up (once); null: 1 when the host's memory allows it "
-                                            "(lab.train.memory.sleep_level)", ge=1, le=2)
+                                            "(lab.plan.memory.sleep_level)", ge=1, le=2)
 
     loss_type: str = _help(f"TRL's GRPO loss ({', '.join(GRPO_LOSS_TYPES)}; dapo is TRL 1.15's default: token losses "
                            "over the step's completion tokens)")
@@ -468,7 +468,7 @@ class VoteConfig(Checked):
     """conf/vote: inference-time voting (04_vote): k samples per held-out puzzle, compared with greedy."""
 
     adapter: Optional[str] = _help("the adapter whose samples are voted on; null: the latest finished training "
-                                   "stage's (03_grpo, else 02_sft: lab.stages.vote_adapter)")
+                                   "stage's (03_grpo, else 02_sft: lab.recipes.vote.vote_adapter)")
     k: int = _help("samples per puzzle", ge=1)
     temperature: float = _help("sampling temperature (`make bench` scans 0.1 / 0.3 / 0.5, RESULTS.md)", ge=0)
     top_p: float = _help("nucleus sampling", gt=0, le=1)
@@ -509,7 +509,7 @@ class KaggleConfig(Checked):
                                        "checkpoint_root); null or '': <run_dir>/checkpoints")
     output_limit_gb: float = _help("what Kaggle keeps of a kernel's /kaggle/working, in GB (10^9 bytes): a stage on "
                                    "Kaggle prints its planned output against it and refuses a plan over it "
-                                   "(lab.train.output_plan; `python -m lab kaggle plan`)", gt=0)
+                                   "(lab.plan.output_plan; `python -m lab kaggle plan`)", gt=0)
     run_limit_h: float = _help("the longest a Kaggle kernel runs, in hours: on Kaggle a training stage's "
                                "wall-clock budget (sft/grpo.wall_clock_budget_min: 0) defaults to this minus "
                                "budget_margin_min minus the time since the kernel started", gt=0)
@@ -522,7 +522,7 @@ class KaggleConfig(Checked):
 
 @dataclass
 class GpuConfig(Checked):
-    """conf/gpu: the card training runs on, and the levers that make one training step fit it (lab.train.memory traces
+    """conf/gpu: the card training runs on, and the levers that make one training step fit it (lab.plan.memory traces
     the step; docs/memory.md)."""
 
     name: str = _help("label of the card (none: no card configured; the CPU demo)")

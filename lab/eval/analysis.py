@@ -621,7 +621,7 @@ def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None =
     the solver-based tables are skipped. `style` is the trace style the departures compare with
     (`data.trace_style`, the style the model was trained on).
     `figures`, when given, receives each plot's matplotlib figure by name without `.png` (a notebook draws them
-    inline: `lab.stages.show`).
+    inline: `lab.recipes.common.show`).
 
     Returned dict (JSON-serialisable): n, accuracy, accuracy_by_category {category: {n, correct,
     accuracy, lo, hi}}, taxonomy {category: {class: count}} ('all' included), truncated, budget,

@@ -16,14 +16,14 @@ installs from:
   (kaggle_kernel/install_cell.py filled, `install_cell_source`) that checks the image's Python, installs the lab
   offline with only the extras the config needs (`kernel_extras`) and the fused Mamba kernels' wheels when the
   dataset holds them, unpacks the sources, and from a kernel attached with `--kernel-sources` copies back only what
-  the stage reads (`lab.train.output_plan.stage_reads`) and a stopped stage's checkpoint (into scratch). The
+  the stage reads (`lab.plan.output_plan.stage_reads`) and a stopped stage's checkpoint (into scratch). The
   overrides are composed here, so a typo fails now and not an hour into a Kaggle session; `run_dir` is
   `/kaggle/working/outputs/<run_name>` and must stay inside /kaggle/working (`check_run_dir`, `check_run_name`); an
   override naming a path on this machine is refused (`local_paths`). `--chain 01_explore,02_sft,04_vote`
   (`build_chain`) writes one kernel per stage, each attaching the one before, and prints the push commands in order.
   `--notebook pipeline` is one kernel that runs every stage through `lab.runs.pipeline.run_notebooks`.
 - `plan OVERRIDES` (`plan_main`): each stage's planned bytes in /kaggle/working and in scratch, with the arithmetic
-  (`lab.train.output_plan`; a stage on Kaggle prints the same and refuses a plan over `kaggle.output_limit_gb`).
+  (`lab.plan.output_plan`; a stage on Kaggle prints the same and refuses a plan over `kaggle.output_limit_gb`).
 
 What it simplifies:
 1. One dependency dataset for every kernel.
@@ -58,7 +58,7 @@ from lab.core.config import compose, split_at_dashes
 from lab.core.io import atomic_file, atomic_write_json, atomic_write_text
 from lab.core.paths import project_root, resolve_path
 from lab.runs.pipeline import STAGES
-from lab.train.preflight import PIPELINE, kernel_extras
+from lab.plan.preflight import PIPELINE, kernel_extras
 from lab.runs.sweep import parse_overrides
 
 SDIST_ONLY = ("antlr4-python3-runtime==4.9.3",)  # dependencies PyPI has no wheel of (omegaconf's): built with pip wheel
@@ -412,13 +412,13 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
     the dataset must hold their wheels. The run folder must lie inside /kaggle/working (`check_run_dir`); an override
     naming a path on this machine is refused (`local_paths`) unless `allow_local_paths`, then named in a warning.
     From an attached earlier kernel the install cell copies back only what this stage reads
-    (`lab.train.output_plan.stage_reads`) and its own resumable state (checkpoints/<stage>). `plan`: print the
-    stage's planned output against kaggle.output_limit_gb and refuse one over it (`lab.train.output_plan.check`).
+    (`lab.plan.output_plan.stage_reads`) and its own resumable state (checkpoints/<stage>). `plan`: print the
+    stage's planned output against kaggle.output_limit_gb and refuse one over it (`lab.plan.output_plan.check`).
     """
     import nbformat
     import papermill as pm
 
-    from lab.train import output_plan
+    from lab.plan import output_plan
 
     name = _notebook_name(notebook)
     user = _username(username)
@@ -537,8 +537,8 @@ def push_commands(folders: list[Path]) -> list[str]:
 
 def plan_main(overrides: list[str], stages: list[str]) -> str:
     """`python -m lab kaggle plan OVERRIDES`: each stage's planned bytes in /kaggle/working and in scratch, with the
-    arithmetic (`lab.train.output_plan`), for a run inside /kaggle/working."""
-    from lab.train import output_plan
+    arithmetic (`lab.plan.output_plan`), for a run inside /kaggle/working."""
+    from lab.plan import output_plan
 
     keys = {o.key_or_group for o in parse_overrides(overrides)}
     extra = [] if "run_dir" in keys else [f"run_dir={KAGGLE_WORKING}/outputs/plan"]

@@ -29,7 +29,7 @@ What each step rests on:
   refuses it already), mixed-adapter batches, other experts implementations (batched_mm, deepgemm), gated, biased or
   transposed experts (other models).
 
-Cost per MoE layer and micro-step, real model, r 32, 8,192 tokens, bf16 (the prototype's formulas, lab.train.estimate
+Cost per MoE layer and micro-step, real model, r 32, 8,192 tokens, bf16 (the prototype's formulas, lab.plan.estimate
 uses them; S = tokens x top-k routed rows, E experts, H hidden, I moe_intermediate, b bytes): fold's largest temporary
 E*I*H*b = 1.19 GiB, 2.80 GiB held for backward, +62% experts FLOPs; routed largest S*max(H, I)*b = 0.25 GiB (which the
 base path allocates anyway), 0.46 GiB held, +4.4% FLOPs.

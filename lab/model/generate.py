@@ -279,7 +279,7 @@ def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = Non
     vllm/model_executor/layers/mamba/mamba_mixer2.py); on a GPU all three stay as configured.
 
     GRPO's rollout engine (`lab.train.rollouts`) passes its own sequences in flight (`max_num_seqs`, sized for rollouts:
-    `lab.train.memory.rollout_seqs`; evaluations keep infer.max_num_seqs, the scorer's), its own memory share
+    `lab.plan.memory.rollout_seqs`; evaluations keep infer.max_num_seqs, the scorer's), its own memory share
     (`grpo.vllm_gpu_memory_utilization`),
     sleep mode (CUDA only: `LLM.sleep` / `wake_up` need it) and `logprobs_mode="processed_logprobs"` (the sampled
     token's log-probability after temperature and top_p, what TRL's own vLLM engine asks for,
@@ -531,7 +531,7 @@ SAMPLE_COLUMNS = ["id", "category", "subtype", "gold", "sample", "completion", "
 def engine_settings(cfg, backend: str) -> dict:
     """The settings besides the sampling spec and the weights that completions depend on: the back-end, dtype, model
     length and every `infer` setting (batch size, metric version, engine). Part of every cache key of generations
-    (`sample_key`, `lab.stages.evaluation_key`)."""
+    (`sample_key`, `lab.recipes.common.evaluation_key`)."""
     from omegaconf import OmegaConf
 
     return {"backend": backend, "dtype": cfg.model.dtype, "max_model_len": cfg.model.max_model_len,

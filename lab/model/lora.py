@@ -1,5 +1,5 @@
 """LoRA for Nemotron-H: the family table, building and attaching the adapter, the guards that make every family
-really train, the gradient check, saving. `lab.train.sft`, `lab.train.sft_unsloth`, `lab.train.grpo`, `lab.model.models`, `lab.train.memory` and
+really train, the gradient check, saving. `lab.train.sft`, `lab.train.sft_unsloth`, `lab.train.grpo`, `lab.model.models`, `lab.plan.memory` and
 `lab.model.submission` all read `TABLE` below; "support a new model" starts here.
 
 What it simplifies:

@@ -8,10 +8,5 @@
   rewards         GRPO reward functions, a name-to-function registry
   callbacks       trainer callbacks SFT and GRPO share, and GRPO's guard rails
   checkpoints     resumable checkpoints: fingerprinted, counted only when complete
-  memory          one training step traced on fake tensors: peak GPU memory, does it fit the gpu= card
-  memory_cli      `python -m lab memory`'s command line, apart so that its --help imports no torch
-  estimate        projected SFT speed and hours on the gpu= card, before anything loads (`python -m lab estimate`)
-  autocast_rules  CUDA's autocast casts on the CPU, for the memory trace
-  preflight       before a real-model stage: GPU packages, CUDA, the model folder, as one list of what is missing
   trl_private     every use of TRL 1.15's private API, in one place
 """

@@ -21,7 +21,7 @@ Steps, each one key of the JSON (docs/calibrate.md has the design and the time b
 - `vllm`: "absent" when vLLM does not import (the vLLM measurements are not written yet: see docs/calibrate.md).
 
 Written to `--json PATH` (a new file, or one this command made) and to `outputs/calibration/<gpu.name>.json` (CPU:
-`cpu.json`), a folder the lab made; `python -m lab estimate` reads the configured card's file (lab.train.estimate)."""
+`cpu.json`), a folder the lab made; `python -m lab estimate` reads the configured card's file (lab.plan.estimate)."""
 
 from __future__ import annotations
 
@@ -44,7 +44,7 @@ from omegaconf import DictConfig, OmegaConf
 from lab import LabError
 from lab.core import owner
 from lab.core.io import atomic_write_json
-from lab.train import estimate
+from lab.plan import estimate
 
 MADE_BY = estimate.CALIBRATION_MADE_BY
 GPU_PACKS = (1024, 8192, 16384)
@@ -415,7 +415,7 @@ class Stepper:
         import torch
 
         from lab.model import packed_rows
-        from lab.train import memory
+        from lab.plan import memory
 
         cfg, self.cuda = ctx["cfg"], ctx["cuda"]
         self.device = "cuda" if self.cuda else "cpu"
@@ -454,7 +454,7 @@ class Stepper:
     def step(self, rows: list[int], train: bool = True) -> float:
         import torch
 
-        from lab.train import memory
+        from lab.plan import memory
 
         ids = torch.randint(0, self.vocab, (1, sum(rows)), device=self.device)
         pos = torch.cat([torch.arange(n, device=self.device) for n in rows])[None]
@@ -517,7 +517,7 @@ def step_speed(ctx) -> dict:
     import torch
 
     from lab.model import experts_lora, lora
-    from lab.train import memory
+    from lab.plan import memory
 
     cfg, cuda = ctx["cfg"], ctx["cuda"]
     st = Stepper(ctx)
@@ -577,7 +577,7 @@ def calibrate(cfg: DictConfig, paths: list[Path], rows: list[int] | None = None)
     A step that fails is recorded as {"error": ...} and the next one runs."""
     import torch
 
-    from lab.train.memory import model_config_values
+    from lab.plan.memory import model_config_values
 
     cuda = torch.cuda.is_available()
     result: dict = {}

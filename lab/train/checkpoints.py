@@ -261,7 +261,7 @@ def keep_for_resume(checkpoint_dir: str | os.PathLike, keep_dir: str | os.PathLi
     """After a wall-clock budget stop: copy the newest complete checkpoint of `checkpoint_dir` (on Kaggle a scratch
     folder Kaggle does not keep) and its run record into `keep_dir` (`<run_dir>/checkpoints/<stage>` in
     /kaggle/working), replacing what an earlier stop kept there, and return the note that says how to resume.
-    The checkpoint holds the fp32 adapter and the optimizer's state (`lab.train.output_plan.checkpoint_bytes`): the
+    The checkpoint holds the fp32 adapter and the optimizer's state (`lab.plan.output_plan.checkpoint_bytes`): the
     next kernel resumes at the same step with the same moments and schedule."""
     src, dst = Path(checkpoint_dir), Path(keep_dir)
     done = [p for p in _checkpoints(src) if incomplete(p) is None]

@@ -1,4 +1,4 @@
-"""Fast paths that fall back with a reason, decided once when a training stage opens (`lab.stages.open_stage`).
+"""Fast paths that fall back with a reason, decided once when a training stage opens (`lab.recipes.common.open_stage`).
 
 Each fast path has a config key with an `auto` value, its fast value and its exact slow value:
 
@@ -9,7 +9,7 @@ Each fast path has a config key with an `auto` value, its fast value and its exa
 
 `auto` keeps the fast path where what it needs is here and, given a calibration of the card (`python -m lab calibrate`:
 `exact.<path> = {"err", "bound", "negative", "ok"}`), its exactness check passed there; otherwise the run takes the
-slow path and one line says which path, why, and what it costs in `lab.train.estimate`'s projection. The fast value
+slow path and one line says which path, why, and what it costs in `lab.plan.estimate`'s projection. The fast value
 forces the path (a LabError where it cannot run: a kernel missing; a failed calibration is only named); the slow value
 forces the exact path. A calibration that failed the unfused packed path leaves no exact packed path: refused.
 """
@@ -85,14 +85,14 @@ def calibration_failure(path: FastPath, calibration: dict | None) -> str | None:
 
 
 def cost(path: FastPath, cfg: DictConfig) -> str:
-    """What taking the slow path costs in lab.train.estimate's projection, in words (projected, or why there is no
+    """What taking the slow path costs in lab.plan.estimate's projection, in words (projected, or why there is no
     figure)."""
     if path.name == "routed_experts":
-        from lab.train import estimate
-        from lab.train.memory import model_config_values
+        from lab.plan import estimate
+        from lab.plan.memory import model_config_values
 
         if str(cfg.gpu.name) not in estimate.CARDS:
-            return f"no projection (gpu={cfg.gpu.name}: lab.train.estimate projects a configured card only)"
+            return f"no projection (gpu={cfg.gpu.name}: lab.plan.estimate projects a configured card only)"
         try:
             card = estimate.card_of(cfg)
             rank = int(cfg.gpu.experts_rank or cfg.sft.lora.r)
@@ -101,12 +101,12 @@ def cost(path: FastPath, cfg: DictConfig) -> str:
         except Exception as e:  # e.g. no model config to read: say so rather than guess
             return f"no projection ({type(e).__name__}: {e})"
         return (f"projected on {card}: {fold.fixed_s - routed.fixed_s:+.3f} s per micro-step and "
-                f"{(fold.per_token_s - routed.per_token_s) * 1e6:+.1f} us per token (lab.train.estimate.cost_model, "
+                f"{(fold.per_token_s - routed.per_token_s) * 1e6:+.1f} us per token (lab.plan.estimate.cost_model, "
                 "fold against routed)")
     if path.name == "packed_rows_fused":
-        return ("none projected: lab.train.estimate projects both Mamba paths with its measured unfused figures (the "
+        return ("none projected: lab.plan.estimate projects both Mamba paths with its measured unfused figures (the "
                 "fused kernel's gain is not measured)")
-    return ("not in lab.train.estimate's projection: each pack's whole T x T attention per attention layer instead of "
+    return ("not in lab.plan.estimate's projection: each pack's whole T x T attention per attention layer instead of "
             "each row's own")
 
 

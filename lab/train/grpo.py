@@ -12,7 +12,7 @@ are `lab.train.callbacks.GuardRails`; `grpo.rollout_backend` is `hf` (transforme
 adapter) or `vllm` (a vLLM engine samples from the adapter packed as the submission and served through a LoRARequest
 each round, `lab.train.rollouts`, TRL's `rollout_func`; never merged weights: `check_backend`, docs/grpo.md).
 One optimiser step covers `prompts_per_step x num_generations` completions per process, `per_device_train_batch_size`
-of them per forward/backward (`lab.train.memory.micro_batch`); one generation round feeds `grpo.steps_per_generation` optimiser steps.
+of them per forward/backward (`lab.plan.memory.micro_batch`); one generation round feeds `grpo.steps_per_generation` optimiser steps.
 GRPOConfig is built, and TRL's checks run, before pass-rate sampling.
 
 What it simplifies:
@@ -204,7 +204,7 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, rew
     from lab.core.run import tracking_args
 
     g = cfg.grpo
-    from lab.train.memory import micro_batch  # the micro-step's shape lives with the memory figures
+    from lab.plan.memory import micro_batch  # the micro-step's shape lives with the memory figures
 
     micro, accum = micro_batch(cfg)
     kw = dict(

@@ -17,7 +17,7 @@ One round (`VLLMRollouts.__call__`):
    Level 1 (`LLM.sleep(level=1)`: weights to CPU memory, KV cache freed; vllm/entrypoints/llm.py) needs the host to
    hold the weights twice at a switch; level 2 discards them and reloads them from the model folder at wake-up
    (`collective_rpc("reload_weights")`), holding them once (`grpo.vllm_sleep_level`, null: chosen from the host's
-   memory by `lab.train.memory.sleep_level`);
+   memory by `lab.plan.memory.sleep_level`);
 3. load: a `LoRARequest` with a fresh `lora_int_id` per round (vLLM caches adapters by id), loaded up front
    (`LLMEngine.add_lora`, vllm/v1/engine/llm_engine.py) so its time is its own; the previous round's id is removed;
 4. sample: one hand-over of the round's distinct prompts to the engine (`lab.model.generate.generate_vllm`), n =
@@ -34,7 +34,7 @@ tokens (`lab.train.trl_private.watch_sampling_gap`).
 
 Policy lag. With `grpo.steps_per_generation` = S > 1 one round feeds S optimiser steps; TRL then computes
 `old_per_token_logps` (its `gradient_accumulation_steps % (steps_per_generation x num_iterations) != 0`,
-`_generate_and_score_completions`) and its clipped ratio corrects the later steps (`lab.train.memory.micro_batch`).
+`_generate_and_score_completions`) and its clipped ratio corrects the later steps (`lab.plan.memory.micro_batch`).
 TRL's vLLM importance-sampling correction (`vllm_importance_sampling_correction`) runs only with its `use_vllm`, so
 the sampler-vs-trainer difference (bf16 kernels on a GPU) is measured, not corrected.
 
@@ -147,8 +147,8 @@ class VLLMRollouts:
         self.switch = self.cuda and bool(cfg.grpo.vllm_sleep_mode)
         self.pack_dtype = pack_dtype(cfg)
         self.level = 1
-        if self.switch:  # how the engine sleeps between rounds, from the host's memory (lab.train.memory.sleep_level)
-            from lab.train.memory import sleep_level
+        if self.switch:  # how the engine sleeps between rounds, from the host's memory (lab.plan.memory.sleep_level)
+            from lab.plan.memory import sleep_level
 
             self.level, why = sleep_level(cfg)
             print(f"rollout engine sleeps at level {self.level}: {why}", flush=True)
@@ -167,13 +167,13 @@ class VLLMRollouts:
             g = self.cfg.grpo
             share = g.vllm_gpu_memory_utilization
             if share is None:  # the card less what the trainer keeps on it while the engine samples
-                from lab.train.memory import engine_share
+                from lab.plan.memory import engine_share
 
                 share = engine_share(self.cfg)
             timings["engine_share"] = float(share)
             seqs = g.max_num_seqs
-            if seqs is None and self.cuda:  # null: as many as the engine's share holds (lab.train.memory)
-                from lab.train.memory import rollout_seqs
+            if seqs is None and self.cuda:  # null: as many as the engine's share holds (lab.plan.memory)
+                from lab.plan.memory import rollout_seqs
 
                 seqs = rollout_seqs(self.cfg)
             timings["max_num_seqs"] = int(seqs or self.cfg.infer.max_num_seqs)

@@ -225,7 +225,7 @@ def check_packing(cfg: DictConfig) -> None:
 def model_with_lora(cfg: DictConfig, stage, model=None, tokenizer=None):
     """The model SFT trains: the base model (loaded by `sft.backend`'s loader unless given) with the configured LoRA
     attached; the table of what received a LoRA is printed and saved (`lora_targets.csv`). Returns (peft_model,
-    tokenizer, table). `train` calls it unless given its result (`lab.stages.sft_model`: a notebook's own cell)."""
+    tokenizer, table). `train` calls it unless given its result (`lab.recipes.sft.sft_model`: a notebook's own cell)."""
     from lab.train import trl_private
     from lab.model import models
 

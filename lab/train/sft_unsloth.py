@@ -9,7 +9,7 @@ gradient check, resume, saving) is `lab.train.sft`'s, unchanged.
 
 `unsloth` is imported only when this backend is used (`fast_model()`), never at import time of the lab. Unsloth
 patches transformers, TRL and PEFT when it is imported and warns when they were imported before it;
-`lab.train.sft.train` loads through here (in 02_sft, `lab.stages.sft`, after the base
+`lab.train.sft.train` loads through here (in 02_sft, `lab.recipes.sft.sft`, after the base
 model's evaluation, which has imported transformers already).
 
 Checked here instead of trusted:

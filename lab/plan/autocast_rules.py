@@ -1,6 +1,6 @@
 """CUDA's autocast rules on the CPU: `cuda_autocast_rules()` makes CPU autocast cast as CUDA autocast does.
 
-`lab.train.memory` traces a GPU training step on CPU fake tensors (autograd cannot run fake CUDA tensors without CUDA),
+`lab.plan.memory` traces a GPU training step on CPU fake tensors (autograd cannot run fake CUDA tensors without CUDA),
 so it runs under the CPU's autocast, whose op lists differ from CUDA's. Inside `cuda_autocast_rules()` every op that
 CUDA autocast runs in fp32 and the CPU's leaves alone gets an AutocastCPU kernel that does what CUDA's does; on exit
 the kernels are removed. tests/test_memory.py checks each against CUDA's own kernel on fake CUDA tensors (dtypes and

@@ -1,7 +1,7 @@
 """Before a real-model stage spends anything: is this machine able to run it? The lab's one list of pre-run checks.
 
 A stage that trains or scores the real model (02_sft, 03_grpo, 04_vote with `model.build_tiny=false`) runs
-`check(stage, overrides)` just before it opens its `Stage` (`lab.stages.open_stage`; scripts/_launch.py), so nothing is
+`check(stage, overrides)` just before it opens its `Stage` (`lab.recipes.common.open_stage`; scripts/_launch.py), so nothing is
 touched and no model loaded on a machine that cannot run it. It is called there, not from `lab.core.run.Stage`, because
 the checks use modules that import lab.core.config themselves, and the lab's modules form no import cycle. `checks(stage)`
 is the list: each check is a plain function of the config that lives with what it checks and raises a `LabError`
@@ -14,8 +14,8 @@ saying what is missing and how to get it:
 - `lab.model.models.check_mamba_kernels` (02_sft, 03_grpo): the fused Mamba kernels import;
 - `check_packing` (02_sft with `sft.packing=true`): those kernels take each packed row's boundaries (`seq_idx`);
 - `lab.train.grpo.check_backend` (03_grpo): the rollout back-end is one that stays exact for Nemotron-H;
-- `lab.train.memory.check_fits` (02_sft, 03_grpo): one training micro-step traced on fake tensors fits `gpu=`;
-- `lab.train.memory.check_generation_fits` (03_grpo with rollout_backend=vllm): the rollout engine's phase, bounded
+- `lab.plan.memory.check_fits` (02_sft, 03_grpo): one training micro-step traced on fake tensors fits `gpu=`;
+- `lab.plan.memory.check_generation_fits` (03_grpo with rollout_backend=vllm): the rollout engine's phase, bounded
   from shapes, fits `gpu=` beside what the trainer keeps, and the host can hold the weights at a switch.
 Every check runs; the failures are gathered into ONE LabError, so a user on the wrong machine learns everything at once.
 
@@ -83,10 +83,11 @@ def check_packing(cfg: DictConfig) -> None:
 
 def checks(stage: str) -> list:
     """The checks `stage` runs, each a function of the config that raises a LabError."""
-    from lab.train import grpo, memory
+    from lab.plan import memory
+    from lab.train import grpo
     from lab.model import models
 
-    trains = {"02_sft": "sft", "03_grpo": "grpo"}.get(stage)  # what lab.train.memory calls the stage, if it trains
+    trains = {"02_sft": "sft", "03_grpo": "grpo"}.get(stage)  # what lab.plan.memory calls the stage, if it trains
     return [
         functools.partial(check_gpu_extra, stage=stage),
         check_cuda,

@@ -29,7 +29,7 @@ figures are PROJECTED, nothing of it has run on a GPU):
   so what is sampled is what would be submitted (no bf16 merge drift, `lab.train.grpo.check_backend`). The S steps
   then train on those completions, the later ones lagging the policy by up to S - 1 steps; TRL 1.15 corrects that
   with its old log-probabilities and clipped ratio (computed when `gradient_accumulation_steps % steps_per_generation
-  != 0`, trl/trainer/grpo_trainer.py `_generate_and_score_completions`; `lab.train.memory.micro_batch`). TRL's
+  != 0`, trl/trainer/grpo_trainer.py `_generate_and_score_completions`; `lab.plan.memory.micro_batch`). TRL's
   `vllm_importance_sampling_correction` runs only with its own `use_vllm`, which the lab never sets: the
   sampler-vs-trainer gap is logged (`rollout/logp_diff_*`), not corrected.
 - Taking turns on the card. The engine and the training model cannot both hold 59 GiB on an 80 or 96 GB card. The
@@ -41,7 +41,7 @@ figures are PROJECTED, nothing of it has run on a GPU):
   switch, about 134 GiB with a margin; level 2 (weights discarded, reloaded from the model folder at wake-up,
   `collective_rpc("reload_weights")`) moves 2 x 59 GiB and reads the weights from disk (`disk_gbps`, assumed),
   holding them once. `grpo.vllm_sleep_level` null picks level 1 only on a host that holds the weights twice
-  (`lab.train.memory.sleep_level`; a 128 GiB H100 machine does not), so this projection takes level 2 unless the
+  (`lab.plan.memory.sleep_level`; a 128 GiB H100 machine does not), so this projection takes level 2 unless the
   config says 1. Measured on CPU (the vLLM lane, tiny model): packing the adapter and loading its LoRARequest take
   hundredths of a second per round, and reloading the weights from the model folder restores what a change to
   them broke (tests/vllm_lane/test_vllm_rollouts.py); the sleep itself is CUDA only, so the lane says nothing about
@@ -52,9 +52,9 @@ figures are PROJECTED, nothing of it has run on a GPU):
 - Pass rates: the same engine, before step 1, `grpo.n_prompts` x `grpo.pass_rate_k` samples in one hand-over, written
   per prompt as each finishes (`lab.train.grpo.pass_rate_table` with a cache).
 - The rollout engine's slots: its own `max_num_seqs` (`grpo.max_num_seqs`; null: as many as its share of the card
-  holds, `lab.train.memory.generation_phase`), not the scorer's; each slot beyond the 64 `h100_step_s` was estimated
+  holds, `lab.plan.memory.generation_phase`), not the scorer's; each slot beyond the 64 `h100_step_s` was estimated
   for adds its Mamba state (read and written) and its KV cache (read) to a step's memory traffic (`decode_step_s`).
-Training per optimizer step (`training_s`): the same micro-step line as SFT's projection (`lab.train.estimate.
+Training per optimizer step (`training_s`): the same micro-step line as SFT's projection (`lab.plan.estimate.
 cost_model`, fixed seconds + seconds per token on the card), one micro-step per pack with `grpo.packing`
 (`lab.train.grpo_packed`) or per completion without, plus one no-grad forward (a third of that) for the old
 log-probabilities when a round feeds several steps and `grpo.old_logprobs=trainer`.
@@ -112,7 +112,7 @@ def card_name(card) -> str:
 def decode_step_s(card, slots: int | None = None, seq_bytes: float = 0.0) -> tuple[float, str, list[str]]:
     """(seconds per vLLM decode step on `card`, its arithmetic, constants used): h100_step_s scaled by bandwidth; with
     `slots` sequences beyond h100_step_seqs, each more adds the `seq_bytes` a step reads and writes for it (its Mamba
-    state read and written, its KV cache read: `lab.train.estimate.rollout_figures`) at the card's bandwidth (the step
+    state read and written, its KV cache read: `lab.plan.estimate.rollout_figures`) at the card's bandwidth (the step
     stays memory-bound: the weights are read once whatever the batch)."""
     bw = CARD_BANDWIDTH[card_name(card)]
     base = _c("h100_step_s") * _c("h100_tbps") / _c(bw)
@@ -186,7 +186,7 @@ def _grpo_budget(cfg) -> int:
 
 @dataclass
 class Rollout:
-    """What the GRPO figures take from the training side (`lab.train.estimate.rollout_figures`): the rollout engine's
+    """What the GRPO figures take from the training side (`lab.plan.estimate.rollout_figures`): the rollout engine's
     sequences in flight and the bytes a decode step moves for each, and the training micro-step's line (seconds
     fixed + per token) with one micro-step per pack (`grpo.packing`) or per completion, from SFT's model."""
     slots: int
@@ -200,8 +200,8 @@ class Rollout:
 def _rollout(cfg, rollout: Rollout | None) -> Rollout:
     if rollout is not None:
         return rollout
-    raise LabError("lab.eval.estimate_infer: the GRPO figures need the rollout engine and the training micro-step "
-                   "(lab.train.estimate.rollout_figures)")
+    raise LabError("lab.plan.estimate_infer: the GRPO figures need the rollout engine and the training micro-step "
+                   "(lab.plan.estimate.rollout_figures)")
 
 
 def pass_rate_hours(cfg, card, rollout: Rollout | None = None) -> dict:
@@ -301,7 +301,7 @@ def sections(cfg, card, rollout: Rollout | None = None) -> dict:
 
 def report(cfg, card, rollout: Rollout | None = None) -> str:
     """The sections as lines for a terminal (03_grpo and 04_vote print theirs before any model loads)."""
-    out = [f"PROJECTED on gpu={card_name(card)} (lab.eval.estimate_infer: constants and sources in its CONSTANTS)"]
+    out = [f"PROJECTED on gpu={card_name(card)} (lab.plan.estimate_infer: constants and sources in its CONSTANTS)"]
     for label, r in (("GRPO minutes per optimizer step", grpo_step_minutes(cfg, card, rollout)),
                      ("GRPO pass-rate sampling, hours", pass_rate_hours(cfg, card, rollout)),
                      ("greedy evaluation, hours per 1,000 puzzles", eval_hours_per_1000(cfg, card)),

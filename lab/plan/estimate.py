@@ -3,7 +3,7 @@ costs on the `gpu=` card, projected before anything is loaded (no model, no GPU)
 stage (`pipeline`: hours, the cost at the price, Kaggle's kernels and kept GB, whether it fits the card where that is
 cheap to know), and the total; `--explain` adds the derivation of every figure. The SFT figures (below): tokens/s,
 seconds per optimizer step, hours per epoch on the configured data, the packing efficiency, and which experts-LoRA and
-Mamba paths the run takes; GRPO, evaluation and vote hours come from lab.eval.estimate_infer. Every figure is a
+Mamba paths the run takes; GRPO, evaluation and vote hours come from lab.plan.estimate_infer. Every figure is a
 projection from one measured run plus stated derivations, unless the card has a calibration that applies (`python -m
 lab calibrate` on it, `load_calibration`; or `--calibration PATH`): then the SFT micro-step is the one it measured,
 and the JSON and the print say which (`sft.source`: measured | projected).
@@ -68,7 +68,7 @@ import numpy as np
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
-from lab.eval.estimate_infer import CARD_BANDWIDTH, CONSTANTS
+from lab.plan.estimate_infer import CARD_BANDWIDTH, CONSTANTS
 
 SHARED = Path(__file__).resolve().parents[2].parent / "shared"
 SHARED_DATA = SHARED / "data" / "train_dev.csv"
@@ -97,7 +97,7 @@ class Card:
 
 
 def _tb_per_s(card: str) -> float:
-    """The card's memory bandwidth: one home, lab.eval.estimate_infer.CONSTANTS (with its datasheet source)."""
+    """The card's memory bandwidth: one home, lab.plan.estimate_infer.CONSTANTS (with its datasheet source)."""
     return CONSTANTS[CARD_BANDWIDTH[card]][0]
 
 
@@ -123,7 +123,7 @@ def block_kinds(values: dict) -> list[str]:
     seq = values.get("layers_block_type") or list(values.get("hybrid_override_pattern") or "")
     bad = sorted({str(s) for s in seq if s not in KIND})
     if bad or not seq:
-        raise LabError(f"lab.train.estimate: block types {bad or 'none'} are not Mamba-2, attention or MoE blocks of "
+        raise LabError(f"lab.plan.estimate: block types {bad or 'none'} are not Mamba-2, attention or MoE blocks of "
                        "Nemotron-H; the cost model knows only those")
     return [KIND[s] for s in seq]
 
@@ -186,13 +186,13 @@ def measured_lines() -> dict:
 
 
 def measured_values() -> dict:
-    """The measured model's config.json values (lab.train.memory: ../shared's copy, else the test fixture)."""
-    from lab.train.memory import FIXTURE_CONFIG, REAL_CONFIG
+    """The measured model's config.json values (lab.plan.memory: ../shared's copy, else the test fixture)."""
+    from lab.plan.memory import FIXTURE_CONFIG, REAL_CONFIG
 
     for p in (REAL_CONFIG, FIXTURE_CONFIG):
         if p.is_file():
             return json.loads(p.read_text())
-    raise LabError(f"lab.train.estimate: the measured model's config.json is at neither {REAL_CONFIG} nor "
+    raise LabError(f"lab.plan.estimate: the measured model's config.json is at neither {REAL_CONFIG} nor "
                    f"{FIXTURE_CONFIG}")
 
 
@@ -281,7 +281,7 @@ def load_calibration(cfg: DictConfig, card: str, path: str | None = None) -> tup
     """(the calibration that applies to `card` and the configured model and recipe, or None; a line saying which
     file, or why none). `path` (--calibration) must apply (else a LabError); without it the card's file in
     `calibration_dir()` is used when it exists and applies."""
-    from lab.train.memory import model_config_values
+    from lab.plan.memory import model_config_values
 
     p = Path(path) if path else calibration_dir() / f"{card}.json"
     if not p.is_file():
@@ -338,7 +338,7 @@ def pack_bfd(tokens: list[int], capacity: int) -> list[int]:
     bins: list[int] = []
     for t in sorted(tokens, reverse=True):
         if t > capacity:
-            raise LabError(f"lab.train.estimate: a row of {t} tokens exceeds sft.max_seq_len={capacity}")
+            raise LabError(f"lab.plan.estimate: a row of {t} tokens exceeds sft.max_seq_len={capacity}")
         i = bisect.bisect_left(free, (t, -1))
         if i == len(free):
             bins.append(t)
@@ -511,7 +511,7 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
                 calibration: str | None = None) -> tuple[dict, list[str]]:
     """The SFT figures as (JSON dict, printed lines): projected (module docstring), or from the card's calibration
     (`load_calibration`) when one applies."""
-    from lab.train.memory import model_config_values
+    from lab.plan.memory import model_config_values
 
     values = model_config_values(cfg)
     el, mp = experts_lora_path(cfg), mamba_path(cfg, values)
@@ -520,7 +520,7 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
     model = measured_model(cal) if cal else cost_model(values, card, el if el != "none" else "none", rank)
     tokens, source = row_tokens(cfg, sample, assume)
     if not tokens:
-        raise LabError(f"lab.train.estimate: no SFT rows ({source})")
+        raise LabError(f"lab.plan.estimate: no SFT rows ({source})")
     from lab.model.packed_rows import pack_tokens
 
     cap, bs, ga = int(cfg.sft.max_seq_len), int(cfg.sft.batch_size), int(cfg.sft.grad_accum)
@@ -553,7 +553,7 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
            "rows": len(tokens), "tokens": real, "packed": packed, "unpacked": unpacked, "notes": notes}
     head = (f"SFT on {card}: the micro-step MEASURED (gpu={cal['meta'].get('card')}, {cal['meta'].get('date')}, lab "
             f"commit {cal['meta'].get('lab_commit')}); the epoch figures computed from it over these rows" if cal else
-            f"SFT on {card}, all figures PROJECTED (lab.train.estimate; not measured by this command)")
+            f"SFT on {card}, all figures PROJECTED (lab.plan.estimate; not measured by this command)")
     lines = [head,
              f"  experts LoRA: {el}    Mamba path: {mp}", *("  " + n for n in notes),
              f"  a micro-step: {model.fixed_s:.3f} s + {model.per_token_s * 1e6:.1f} us x tokens"]
@@ -575,11 +575,11 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
 
 
 def rollout_figures(cfg: DictConfig, card: str):
-    """`lab.eval.estimate_infer.Rollout` for the GRPO figures: the rollout engine's slots and the bytes a decode step
-    moves per sequence (`lab.train.memory.generation_phase`: its Mamba state read and written, its KV cache read at
+    """`lab.plan.estimate_infer.Rollout` for the GRPO figures: the rollout engine's slots and the bytes a decode step
+    moves per sequence (`lab.plan.memory.generation_phase`: its Mamba state read and written, its KV cache read at
     prompt_tokens + the mean completion), and the training micro-step's line from SFT's `cost_model`."""
-    from lab.eval import estimate_infer as ei
-    from lab.train.memory import generation_phase, model_config_values
+    from lab.plan import estimate_infer as ei
+    from lab.plan.memory import generation_phase, model_config_values
 
     values = model_config_values(cfg)
     ph = generation_phase(cfg, values)
@@ -590,16 +590,16 @@ def rollout_figures(cfg: DictConfig, card: str):
     model = cost_model(values, card, el if el != "none" else "none", int(cfg.gpu.experts_rank or cfg.sft.lora.r))
     slots_text = (f"{ph['sequences_why']}; a step moves 2 x {b['mamba_state'] / 1e6:.1f} MB of Mamba state + "
                   f"{b['kv_per_token'] / 1e3:.1f} kB x {context:,.0f} tokens of KV per sequence")
-    train_text = (f"SFT's micro-step (lab.train.estimate.cost_model, experts LoRA {el}) on {card}: "
+    train_text = (f"SFT's micro-step (lab.plan.estimate.cost_model, experts LoRA {el}) on {card}: "
                   f"{model.fixed_s:.3f} s + {model.per_token_s * 1e6:.1f} us/token")
     return ei.Rollout(int(ph["sequences"]), seq_bytes, slots_text, model.fixed_s, model.per_token_s, train_text)
 
 
 def inference_sections(cfg: DictConfig, card: str, **_) -> tuple[dict, list[str]]:
     """GRPO (minutes per optimizer step, pass-rate hours), greedy evaluation (hours per 1,000 puzzles) and 04_vote
-    (hours): `lab.eval.estimate_infer`, whose CONSTANTS name the source of each figure; GRPO's with
+    (hours): `lab.plan.estimate_infer`, whose CONSTANTS name the source of each figure; GRPO's with
     `rollout_figures`."""
-    from lab.eval import estimate_infer
+    from lab.plan import estimate_infer
 
     r = rollout_figures(cfg, card)
     out = estimate_infer.sections(cfg, card, r)
@@ -609,8 +609,8 @@ def inference_sections(cfg: DictConfig, card: str, **_) -> tuple[dict, list[str]
 
 def grpo_label() -> dict:
     """GRPO's figures stay projected: the calibration measures no vLLM decode step yet (its `vllm` key), and the
-    training part uses SFT's projected micro-step line (`cost_model`) with lab.eval.estimate_infer's constants."""
-    return {"source": "projected", "source_detail": "PROJECTED from lab.eval.estimate_infer's CONSTANTS (each with its "
+    training part uses SFT's projected micro-step line (`cost_model`) with lab.plan.estimate_infer's constants."""
+    return {"source": "projected", "source_detail": "PROJECTED from lab.plan.estimate_infer's CONSTANTS (each with its "
             "source) and SFT's projected micro-step line (cost_model); python -m lab calibrate does not measure "
             "vLLM's decode step yet"}
 
@@ -625,7 +625,7 @@ def card_of(cfg: DictConfig) -> str:
     if name == "none":
         return MEASURED["card"]
     if name not in CARDS:
-        raise LabError(f"gpu={name}: lab.train.estimate knows the cards {', '.join(CARDS)}; add its published bf16 "
+        raise LabError(f"gpu={name}: lab.plan.estimate knows the cards {', '.join(CARDS)}; add its published bf16 "
                        "peak and bandwidth to CARDS")
     return name
 
@@ -644,14 +644,14 @@ def estimate(cfg: DictConfig, sample: int | None = None, assume: bool = False,
 # ---- the pipeline on the card: one record per stage, for the renting decision ---------------------------------------
 
 def lora_counts(cfg: DictConfig, values: dict) -> tuple[int, int]:
-    """(base, trainable LoRA parameters): `lab.train.memory.param_counts` (the meta model, seconds to build), kept on
+    """(base, trainable LoRA parameters): `lab.plan.memory.param_counts` (the meta model, seconds to build), kept on
     disk beside the token counts, keyed by the model's shape, the LoRA config and the code and versions that count."""
     import peft
     import transformers
 
     from lab.core.io import atomic_write_json, read_json
     from lab.core.paths import project_root
-    from lab.train.memory import param_counts
+    from lab.plan.memory import param_counts
 
     here = Path(__file__).resolve().parents[1]
     code = [_sha(here / f) for f in ("model/lora.py", "model/experts_lora.py", "train/memory.py")]
@@ -670,8 +670,8 @@ def lora_counts(cfg: DictConfig, values: dict) -> tuple[int, int]:
 
 
 def _eval_hours(cfg: DictConfig, card: str, puzzles: int) -> float:
-    """One greedy pass over `puzzles` held-out puzzles (lab.eval.estimate_infer.generation_s, every prompt at once)."""
-    from lab.eval import estimate_infer
+    """One greedy pass over `puzzles` held-out puzzles (lab.plan.estimate_infer.generation_s, every prompt at once)."""
+    from lab.plan import estimate_infer
 
     return estimate_infer.generation_s(puzzles, int(cfg.infer.max_tokens), int(cfg.infer.max_num_seqs), card)[0] / 3600
 
@@ -695,7 +695,7 @@ def _stage_hours(cfg: DictConfig, card: str, out: dict, stage: str, val: int) ->
                 (f"training {steps} steps x {g['step_minutes']:.2f} min", steps * g["step_minutes"] / 60),
                 (f"adapter's evaluation, {val:,} held-out puzzles", ev)]
     if stage == "04_vote":
-        from lab.eval import estimate_infer
+        from lab.plan import estimate_infer
 
         v = estimate_infer.vote_hours(cfg, card, puzzles=val)
         return [(f"k={v['k']} samples x {val:,} held-out puzzles (the greedy pass: 03_grpo's, from the evaluation "
@@ -710,7 +710,7 @@ STAGE_WORK = {"01_explore": "the split and the solvers (CPU)", "02_sft": "SFT an
 
 def _card_fit(cfg: DictConfig, stage: str, counts: tuple[int, int] | None, values: dict) -> str:
     """Whether `stage` fits the card, from what is cheap to know: GRPO's generation phase is bounded from shapes
-    (lab.train.memory.generation_phase); a training step's peak needs its trace (`python -m lab memory`), which this
+    (lab.plan.memory.generation_phase); a training step's peak needs its trace (`python -m lab memory`), which this
     command does not run (it runs the whole model's step on fake tensors; the stage's preflight runs it and refuses a
     step that does not fit)."""
     if stage not in ("02_sft", "03_grpo", "04_vote"):
@@ -719,7 +719,7 @@ def _card_fit(cfg: DictConfig, stage: str, counts: tuple[int, int] | None, value
         return "serves the model in vLLM (not bounded here)"
     step = f"step: python -m lab memory --stage {stage[3:]}"
     if stage == "03_grpo" and cfg.grpo.rollout_backend == "vllm" and counts is not None:
-        from lab.train.memory import generation_phase
+        from lab.plan.memory import generation_phase
 
         ph = generation_phase(cfg, values, counts=counts)
         if ph.get("fits") is None:
@@ -734,10 +734,10 @@ def pipeline(cfg: DictConfig, out: dict, card: str, stages: list[str] | None = N
     """{"stages": one record per stage of the pipeline on `card`, "total", "held_out"}, from the sections' figures
     in `out` (`estimate`). A record: the stage's projected hours and their parts, the cost at `price` per hour,
     whether it fits the card (`_card_fit`) and Kaggle's limits (one kernel's `kaggle.run_limit_h` less
-    `kaggle.budget_margin_min`; the kept output against `kaggle.output_limit_gb`, lab.train.output_plan). The total:
+    `kaggle.budget_margin_min`; the kept output against `kaggle.output_limit_gb`, lab.plan.output_plan). The total:
     hours and kernels (and cost, given a price) over the stages, and those it could not project."""
-    from lab.train import output_plan
-    from lab.train.memory import model_config_values
+    from lab.plan import output_plan
+    from lab.plan.memory import model_config_values
 
     stages = list(stages or STAGE_WORK)
     val, val_how = output_plan.val_rows(cfg)
@@ -799,7 +799,7 @@ def table_lines(p: dict, card: str, sft_source: str = "projected") -> list[str]:
                  + f"  {total['kernels']} kernels")
     lines.append(f"Kaggle: one kernel runs {k['kernel_hours']:g} h (kaggle.run_limit_h less kaggle.budget_margin_min; "
                  f"a training stage stops and resumes in the next), keeps {k['kept_limit_gb']:g} GB "
-                 f"(lab.train.output_plan: python -m lab kaggle plan); the hours are {card}'s, Kaggle's kernels run on "
+                 f"(lab.plan.output_plan: python -m lab kaggle plan); the hours are {card}'s, Kaggle's kernels run on "
                  f"kaggle.machine_shape={k['machine_shape']}")
     h = p["held_out"]
     lines.append(f"each stage's hours (held-out puzzles: {h['puzzles']:,}, {h['source']}):")
@@ -813,9 +813,9 @@ def table_lines(p: dict, card: str, sft_source: str = "projected") -> list[str]:
 
 
 def stage_projection(stage: str, cfg: DictConfig) -> list[str]:
-    """What a real-model stage prints when it opens, before any model loads (`lab.stages.open_stage`): 02_sft its SFT
+    """What a real-model stage prints when it opens, before any model loads (`lab.recipes.common.open_stage`): 02_sft its SFT
     projection (tokens/s, hours per epoch) beside the memory trace the preflight printed; 03_grpo and 04_vote the
-    GRPO / evaluation / vote hours (`lab.eval.estimate_infer.report`). Empty for a stage that trains or samples
+    GRPO / evaluation / vote hours (`lab.plan.estimate_infer.report`). Empty for a stage that trains or samples
     nothing, or on a card the estimate does not know (gpu=none: the tiny model)."""
     if stage not in ("02_sft", "03_grpo", "04_vote") or str(cfg.gpu.name) not in CARDS:
         return []
@@ -823,7 +823,7 @@ def stage_projection(stage: str, cfg: DictConfig) -> list[str]:
     try:
         if stage == "02_sft":
             return sft_section(cfg, card)[1]
-        from lab.eval import estimate_infer
+        from lab.plan import estimate_infer
 
         return estimate_infer.report(cfg, card, rollout_figures(cfg, card)).splitlines()
     except LabError as e:  # e.g. no data file to count: the stage itself says so, in its own words, when it reads it

@@ -79,7 +79,7 @@ from torch.utils._pytree import tree_leaves
 
 from lab import LabError  # models.missing_mamba_kernels read at call time (tests stand in for it)
 from lab.model import models
-from lab.train.autocast_rules import cuda_autocast_rules
+from lab.plan.autocast_rules import cuda_autocast_rules
 from lab.model.lora import _base, attach_lora, head_as_linear, head_lora
 from lab.train.trl_private import TorchLogProbFunction
 
@@ -290,7 +290,7 @@ def _fake_chunk_scan(hidden_states, dt, A, B, C, chunk_size, D=None, dt_bias=Non
                      return_final_states=False, **kwargs):
     """transformers' `mamba2_chunk_scan` signature, routed to the `mamba_ssm` stand-in (training: no cache)."""
     if initial_states is not None or return_final_states:
-        raise LabError("lab.train.memory traces training steps only (no Mamba cache)")
+        raise LabError("lab.plan.memory traces training steps only (no Mamba cache)")
     return MambaChunkScanStandIn.apply(hidden_states, dt, A, B, C, D, dt_bias, chunk_size)
 
 
@@ -420,7 +420,7 @@ def _optimizer_step(params, name: str, lr: float, weight_decay: float):
                 state += [torch.zeros_like(p, dtype=torch.uint8) for _ in range(2)]
                 state += [torch.zeros(blocks, dtype=torch.float32, device=p.device) for _ in range(2)]
         return state
-    raise LabError(f"optimizer {name!r}: lab.train.memory traces adamw_torch_fused, adamw_torch or adamw_bnb_8bit")
+    raise LabError(f"optimizer {name!r}: lab.plan.memory traces adamw_torch_fused, adamw_torch or adamw_bnb_8bit")
 
 
 # ---- the trace -----------------------------------------------------------------------------------------------------
@@ -486,7 +486,7 @@ def step_shape(cfg: DictConfig, stage: str, tokens: int | None = None, rows: int
             return int(rows or 1), int(tokens or cfg.grpo.pack_tokens), bool(cfg.grpo.gradient_checkpointing)
         return (int(rows or micro_batch(cfg)[0]), int(tokens or cfg.model.max_model_len),
                 bool(cfg.grpo.gradient_checkpointing))
-    raise LabError(f"lab.train.memory: stage {stage!r} is not sft or grpo")
+    raise LabError(f"lab.plan.memory: stage {stage!r} is not sft or grpo")
 
 
 def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba: str = "kernel",
@@ -501,7 +501,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
     (`bench/gpu_memory.py`: traced against measured); `unpacked=False` leaves transformers' packed-row detection
     alone (the [T x T] pitfall test, module docstring)."""
     if fake and device != "cpu":
-        raise LabError(f"lab.train.memory: a fake-tensor trace runs on the CPU (autograd cannot run fake CUDA tensors "
+        raise LabError(f"lab.plan.memory: a fake-tensor trace runs on the CPU (autograd cannot run fake CUDA tensors "
                        f"without CUDA); device={device!r} needs fake=False")
     measure = torch.device(device).type == "cuda"  # a real step on the card: the allocator's peak too
     t0 = time.perf_counter()
@@ -630,7 +630,7 @@ def optimizer_bytes_per_param(cfg: DictConfig) -> tuple[float, str]:
         return 8.0, f"{name}: two fp32 moments = 8 B"
     if "sgd" in name or "adafactor" in name:
         return 4.0, f"{name}: one fp32 state (upper bound) = 4 B"
-    raise LabError(f"gpu.optim={name!r}: no output plan for this optimizer (lab/train/output_plan.py)")
+    raise LabError(f"gpu.optim={name!r}: no output plan for this optimizer (lab/plan/output_plan.py)")
 
 
 # ---- GRPO's generation phase (rollout_backend=vllm): a bound from shapes, not a trace --------------------------------
@@ -769,7 +769,7 @@ def engine_share(cfg: DictConfig) -> float:
 
 
 def check_generation_fits(cfg: DictConfig) -> dict | None:
-    """Before 03_grpo loads anything (`lab.train.preflight`), with rollout_backend=vllm: the generation phase's bound
+    """Before 03_grpo loads anything (`lab.plan.preflight`), with rollout_backend=vllm: the generation phase's bound
     fits the card (`generation_phase`) and the host can hold the weights at a switch (`sleep_level`); a LabError
     naming the figures otherwise. None for the hf back-end."""
     if cfg.grpo.rollout_backend != "vllm":
@@ -786,14 +786,14 @@ def check_generation_fits(cfg: DictConfig) -> dict | None:
 
 
 def generation_report(ph: dict, use: float) -> str:
-    lines = ["GRPO generation phase (grpo.rollout_backend=vllm), bounded from shapes (lab.train.memory.generation_phase):",
+    lines = ["GRPO generation phase (grpo.rollout_backend=vllm), bounded from shapes (lab.plan.memory.generation_phase):",
              f"  the rollout engine decodes {ph['sequences']} sequences at once ({ph['sequences_why']})",
              f"  the engine needs at least {ph['engine_need_gib']:.1f} GiB:"]
     lines += [f"    {v:8.2f} GiB  {k}" for k, v in ph["engine_gib"].items()]
     lines.append(f"  the trainer keeps at most {ph['trainer_gib_total']:.1f} GiB on the card meanwhile:")
     lines += [f"    {v:8.2f} GiB  {k}" for k, v in ph["trainer_gib"].items()]
     h = ph["host"]
-    lines.append(f"  host memory at a switch (lab.train.memory.sleep_level): sleep level 1 holds the weights twice, "
+    lines.append(f"  host memory at a switch (lab.plan.memory.sleep_level): sleep level 1 holds the weights twice, "
                  f"{h['level_1_gib']:.0f} GiB with the margin; level 2 once, {h['level_2_gib']:.0f} GiB"
                  + (f"; this machine has {h['this_machine_gib']:.0f} GiB" if h["this_machine_gib"] else ""))
     if ph.get("card_gib") is not None:
@@ -823,7 +823,7 @@ def check_fits(cfg: DictConfig, stage: str = "sft") -> Trace | None:
         print("  (no gpu.memory_gib and no CUDA device: nothing to check against)")
         return t
     if t.peak_gib > use * card:
-        msg = (f"{stage}: one training micro-step peaks at {t.peak_gib:.1f} GiB by the trace (lab.train.memory), more than "
+        msg = (f"{stage}: one training micro-step peaks at {t.peak_gib:.1f} GiB by the trace (lab.plan.memory), more than "
                f"gpu.max_use={use} of gpu.memory_gib={card:.1f} (gpu={cfg.gpu.name}); Mamba "
                f"path: {t.mamba_path}. "
                + ("The fused Mamba kernels (mamba_ssm, causal_conv1d) do not import here, so transformers' PyTorch "

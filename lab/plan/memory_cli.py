@@ -1,4 +1,4 @@
-"""`python -m lab memory`: the command line of `lab.train.memory`, apart from it so that `--help` answers without
+"""`python -m lab memory`: the command line of `lab.plan.memory`, apart from it so that `--help` answers without
 importing torch (the trace module subclasses torch's dispatch mode at import)."""
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from lab.core import owner
     from lab.core.config import compose
     from lab.core.io import atomic_write_text
-    from lab.train.memory import as_json, generation_phase, generation_report, gpu_gib, report, trace
+    from lab.plan.memory import as_json, generation_phase, generation_report, gpu_gib, report, trace
 
     cfg = compose(a.overrides)
     out_json = owner.output_file(a.json, "memory --json", a.force) if a.json else None

@@ -4,7 +4,7 @@ and refuses one over `kaggle.output_limit_gb`), `stage_reads(cfg, stage)` (what 
 before it: lab/kaggle/kernel.py) and `python -m lab kaggle plan OVERRIDES` (lab/kaggle/kernel.py `plan_main`).
 
 The figures (P = trainable LoRA parameters of the configured model and targets, counted on the meta model by
-`lab.train.memory.lora_figures`, the same table `lab.model.lora.attach_lora` prints):
+`lab.plan.memory.lora_figures`, the same table `lab.model.lora.attach_lora` prints):
 - the adapter: P x 2 bytes on Kaggle (`kaggle.adapter_dtype`, bf16 by default, `lab.core.paths.adapter_dtype`: the LoRA weights
   train in fp32 and `lab.model.lora.save_adapter` casts the saved copy; null keeps fp32, P x 4 bytes); the drills
   stage (`sft.stages` with drills) saves a second one beside it;
@@ -48,7 +48,7 @@ TRAINING = {"02_sft": "sft", "03_grpo": "grpo"}
 
 def trainable_params(cfg: DictConfig) -> int:
     """The configured LoRA's trainable parameters on the configured model (meta device: no weights read)."""
-    from lab.train.memory import param_counts
+    from lab.plan.memory import param_counts
 
     return param_counts(cfg)[1]
 
@@ -65,7 +65,7 @@ def adapter_bytes_per_param(cfg: DictConfig) -> tuple[int, str]:
 
 
 def checkpoint_bytes(cfg: DictConfig, params: int) -> tuple[int, str]:
-    from lab.train.memory import optimizer_bytes_per_param
+    from lab.plan.memory import optimizer_bytes_per_param
 
     per, how = optimizer_bytes_per_param(cfg)
     return int(params * (4 + per)), f"P x (4 B fp32 adapter + {how})"
@@ -117,7 +117,7 @@ def stage_reads(cfg: DictConfig, stage: str) -> list[str]:
     """The paths inside the run folder that `stage` reads from earlier stages: what a kernel copies back from the
     kernel before it (the split folder, the adapter's stage folder with its manifest and config, which
     `lab.core.lineage.stage_input` checks, and the stages below that one). 04_vote without `vote.adapter` votes with
-    the latest finished training stage (`lab.stages.vote_adapter`): both are copied back where they exist."""
+    the latest finished training stage (`lab.recipes.vote.vote_adapter`): both are copied back where they exist."""
     if stage == "01_explore":
         return []  # it makes the split
     split = _stage_folder_of(cfg, cfg.data.split_dir)
