@@ -1,23 +1,13 @@
 """Loading the base model and tokenizer, or building the tiny embedded one; attaching adapters.
 
-`model=tiny` builds a randomly initialised `NemotronHForCausalLM` with the real model's module
-names (Mamba-2 `in_proj/out_proj`, attention `q/k/v/o_proj`, routed `experts.up_proj/down_proj`
-as fused 3-D parameters, `shared_experts.up_proj/down_proj`, `lm_head`) and a small byte-level
-BPE tokenizer trained locally on a fixed text, with a chat template that follows Nemotron's
-conventions (`<|im_start|>`/`<|im_end|>` turns, an empty system turn first; with thinking on, the
-generation prompt ends with `<think>\\n`): it renders the real template's bytes (`CHAT_TEMPLATE`).
-Both are saved once to `model.path` and reloaded from there, so every stage of a run uses the same
+`model=tiny` builds a randomly initialised `NemotronHForCausalLM` with the real model's module names and a small
+byte-level BPE tokenizer trained locally on a fixed text, whose chat template (`CHAT_TEMPLATE`) renders the real
+template's bytes. Both are saved once to `model.path` and reloaded from there, so every stage of a run uses the same
 weights. Nothing is downloaded.
-
-`model=nemotron_nano` loads the real checkpoint through transformers' own Nemotron-H
-implementation (no remote code unless configured), from a local folder, the Kaggle model
-mount (detected), or the Hub id (download beforehand), straight onto its device (`device_map`).
-`check_mamba_kernels(cfg)` refuses real-model training without the fused Mamba kernels
-(`mamba_ssm`, `causal_conv1d`; built by scripts/build_mamba_wheels.sh).
-
-What it simplifies:
-1. The tiny tokenizer is trained on a fixed built-in text (the competition's prompt wording), not on the
-   run's data, so it is identical for every run and seed.
+`model=nemotron_nano` loads the real checkpoint through transformers' own Nemotron-H implementation (no remote code
+unless configured), from a local folder, the Kaggle model mount or the Hub cache, straight onto its device.
+`check_mamba_kernels(cfg)` refuses real-model training without the fused Mamba kernels (`mamba_ssm`,
+`causal_conv1d`; built by scripts/build_mamba_wheels.sh). More: docs/internals.md, lab.model.models.
 """
 
 from __future__ import annotations
