@@ -1,31 +1,15 @@
 """The config's schema: one dataclass per config group, each field typed, with its help text and its allowed range.
 
-`conf/` holds the values (each group's YAML files, `conf/config.yaml` the root); this module says what each key is
-and what it may be. `register()` stores `Config` in Hydra's ConfigStore as `schema`, the first entry of
-`conf/config.yaml`'s defaults list, so every group's YAML is merged onto its dataclass at compose time: a value of the
-wrong type (`seed=1.5`), a back-end name its Enum lacks (`grpo.rollout_backend=vlm`) or an unknown key
-(`sft.learnin_rate=1e-3`) fails there, naming the key. Ranges (`_help(..., ge=1)`) and cross-key rules (`rules`) are
-checked the way TRL's `GRPOConfig` checks them, in `__post_init__`: `problems(cfg)` builds the dataclasses with
-`OmegaConf.to_object` and returns what every `__post_init__` found, which `lab.core.config` raises as one LabError.
-`python -m lab schema [GROUP]` prints every key's type, help and range.
-
-The competition's fixed limits (LoRA rank 32, 7,680 completion tokens, vLLM's context of 8,192, the other scoring
-settings) are the defaults of the frozen `CompetitionLimits`: the composed config's read-only `competition` node
-(conf/infer/kaggle.yaml points `infer` at it), and `COMPETITION` for code without a config. `rank_problem` is the one
-check of a LoRA rank against them, for the config and for a packed adapter (lab.model.submission_check).
-
-Checked against the sources in .venv:
-1. hydra/core/config_store.py: a config stored without a group is found by name in a defaults list (`- schema`),
-   and merging it first types every key the YAML files set afterwards.
-2. omegaconf/nodes.py: an `int` field refuses 1.5 and "many"; a `float` field stores an int as a float; an Enum
-   field takes a member's name. An interpolation is checked against the field's type when resolved (compose
-   resolves it). omegaconf/dictconfig.py `_to_object`: children are built before their parent.
-3. A field is `MISSING` (`???`) until a YAML file sets it: the values have one home, conf/ (the competition's
-   limits excepted). `OmegaConf.structured(Config)` builds each group once with every field `MISSING`
-   (omegaconf/_utils.py, `get_dataclass_data`): such an instance is not checked.
-
-What it simplifies: names only a library knows (`sft.lr_scheduler_type`, `model.dtype`) and the paths that must
-exist are checked in lab/core/config.py, where importing transformers or touching the disk belongs.
+`conf/` holds the values; this module says what each key is and what it may be. `register()` stores `Config` in
+Hydra's ConfigStore as `schema`, the first entry of `conf/config.yaml`'s defaults list, so every group's YAML is
+merged onto its dataclass at compose: a wrong type (`seed=1.5`), a name its Enum lacks or an unknown key fails
+there, naming the key. Ranges (`_help(..., ge=1)`) and cross-key rules (`rules`) are checked in `__post_init__`, as
+TRL's `GRPOConfig` checks its own; `problems(cfg)` returns what they found, which `lab.core.config` raises as one
+LabError. A field is `MISSING` until a YAML file sets it: the values have one home, conf/. The competition's fixed
+limits are the defaults of the frozen `CompetitionLimits` (the read-only `competition` node; `COMPETITION` for code
+without a config), and `rank_problem` is the one check of a LoRA rank against them. Names only a library knows and
+paths that must exist are checked in lab/core/config.py. `python -m lab schema [GROUP]` prints every key.
+The Hydra and OmegaConf behaviour this rests on: docs/internals.md, lab.core.schema.
 """
 
 from __future__ import annotations
