@@ -63,7 +63,8 @@ KAGGLE_WORKING = "/kaggle/working"
 LAB_ROOT_ON_KAGGLE = "/tmp/lab_root"
 INSTALL_TAG = "lab-offline-install"
 # the fused Mamba kernels' wheels (scripts/build_mamba_wheels.sh writes them into the dataset folder) and the one
-# dependency of theirs the lab's set lacks (mamba_ssm's Triton scan imports einops); lab.model.models.check_mamba_kernels
+# dependency of theirs the lab's set lacks (mamba_ssm's Triton scan imports einops);
+# lab.model.models.check_mamba_kernels
 MAMBA_WHEEL_GLOBS = ("causal_conv1d-*.whl", "mamba_ssm-*.whl")
 MAMBA_EXTRA_DEP = "einops==0.8.2"
 
@@ -278,7 +279,8 @@ def wheel_list(folder: str | os.PathLike) -> str:
 
 # ---- the kernel ----------------------------------------------------------------------------------------------------
 
-TEMPLATES = "kaggle_kernel"  # the install cell, the metadata and the pipeline notebook, as files (kaggle_kernel/README.md)
+# the install cell, the metadata and the pipeline notebook, as files (kaggle_kernel/README.md)
+TEMPLATES = "kaggle_kernel"
 FILLED = ("# ---- FILLED by `python -m lab kaggle build`", "# ---- end of FILLED ----")
 
 
@@ -307,7 +309,8 @@ def install_cell_source(dataset_slug: str, run_dir: str, package: str = DIST_NAM
     if not mark or not end:
         raise LabError(f"{project_root() / TEMPLATES / 'install_cell.py'}: the FILLED markers are missing")
     values = {"LAB_DATASET": dataset_slug, "RUN_DIR": run_dir, "PACKAGE": package, "PYTHON_VERSION": python_version,
-              "COPY_BACK": copy_back, "RESUME": resume, "RUN_MARKER": owner.RUN_MARKER, "SCRATCH_DIR": scratch_dir or None,
+              "COPY_BACK": copy_back, "RESUME": resume, "RUN_MARKER": owner.RUN_MARKER,
+              "SCRATCH_DIR": scratch_dir or None,
               "KAGGLE_INPUT": KAGGLE_INPUT, "KAGGLE_WORKING": KAGGLE_WORKING, "LAB_ROOT": LAB_ROOT_ON_KAGGLE,
               "WHEEL_GLOB": WHEEL_GLOB, "MAMBA_WHEEL_GLOBS": list(MAMBA_WHEEL_GLOBS),
               "MAMBA_EXTRA_DEP": MAMBA_EXTRA_DEP, "SRC_TARBALL": SRC_TARBALL}
@@ -351,7 +354,8 @@ def check_run_name(run_name: str) -> str:
     norm = os.path.normpath(os.path.join("outputs", str(run_name)))
     if not str(run_name).strip() or os.path.isabs(str(run_name)) or not norm.startswith("outputs" + os.sep):
         raise LabError(f"--run-name {run_name!r} leaves {KAGGLE_WORKING}/outputs (the run folder would be "
-                       f"{os.path.normpath(os.path.join(KAGGLE_WORKING, norm))}): a run name is a folder name, e.g. comp1")
+                       f"{os.path.normpath(os.path.join(KAGGLE_WORKING, norm))}): a run name is a folder name, "
+                       "e.g. comp1")
     return run_name
 
 
@@ -586,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
                                                               "each check up to 10 min (default: %(default)s)")
     d = sub.add_parser("dataset", help="the dataset folder with the lab's wheel, conf/notebooks and requirements.txt")
     d.add_argument("--username", help="your Kaggle username (default: $KAGGLE_USERNAME)")
-    d.add_argument("--title", default=DATASET_TITLE, help="dataset title; its slug is the dataset id (default: %(default)s)")
+    d.add_argument("--title", default=DATASET_TITLE,
+                   help="dataset title; its slug is the dataset id (default: %(default)s)")
     d.add_argument("--out", help=f"folder to write (default: {BUILD_DIR}/dataset)")
     d.add_argument("--force", action="store_true", help="write into --out even when it holds files the lab did not "
                                                         "make for `kaggle dataset` (refused otherwise)")
@@ -597,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
                                         "git tracks, `git ls-files`; needed outside a git checkout)")
     d.add_argument("--fetch-wheels", action="store_true",
                    help="then fill the folder with the dependency wheels (needs the package index): pip wheel for "
-                        f"{', '.join(SDIST_ONLY)}, pip download --only-binary=:all: for the rest; prints them with sizes")
+                        f"{', '.join(SDIST_ONLY)}, pip download --only-binary=:all: for the rest; prints them with "
+                        "sizes")
     d.add_argument("--python-version", help="Kaggle's Python for --fetch-wheels (default: kaggle.python_version in "
                                             "conf/kaggle/default.yaml)")
     pl = sub.add_parser("plan", help="each stage's planned bytes in /kaggle/working and scratch, with the arithmetic",

@@ -125,11 +125,11 @@ def lora_config(cfg: DictConfig, model):
 
 def expert_patterns(cfg: DictConfig) -> tuple[dict, dict]:
     """PEFT rank_pattern/alpha_pattern for `gpu.experts_rank` (routed experts at a lower rank, same alpha/r scale;
-    1 to sft.lora.r, lab/core/schema.py); empty when unset. PEFT matches the keys against `...mixer.experts.up_proj` (`get_pattern_key`,
-    peft/utils/other.py), which `shared_experts.up_proj` does not match; `lab.model.submission.pack` rewrites them for
-    vLLM's per-expert names. PEFT 0.21 warns that these keys "did not match any targeted module and were ignored"
-    (`tuners_utils.py` checks module names, not targeted parameters); they are applied: rank and scale are checked
-    on the wrapped model in tests/test_memory.py."""
+    1 to sft.lora.r, lab/core/schema.py); empty when unset. PEFT matches the keys against `...mixer.experts.up_proj`
+    (`get_pattern_key`, peft/utils/other.py), which `shared_experts.up_proj` does not match;
+    `lab.model.submission.pack` rewrites them for vLLM's per-expert names. PEFT 0.21 warns that these keys "did not
+    match any targeted module and were ignored" (`tuners_utils.py` checks module names, not targeted parameters); they
+    are applied: rank and scale are checked on the wrapped model in tests/test_memory.py."""
     er, lc = cfg.gpu.experts_rank, cfg.sft.lora
     if er is None or int(er) == lc.r or "experts" not in [str(t) for t in lc.targets]:
         return {}, {}
@@ -224,8 +224,8 @@ def guard_fused_mamba_out_proj(model, fused: bool = True) -> int:
         if fn is None:
             if has:
                 raise LabError(f"{type(mod).__module__}.{type(mod).__name__} has no module-level {FUSED_FN}, so "
-                               "lab.model.lora cannot keep its fused Mamba kernel from bypassing the out_proj LoRA; use "
-                               "transformers' own Nemotron-H (model.trust_remote_code=false) or drop out_proj")
+                               "lab.model.lora cannot keep its fused Mamba kernel from bypassing the out_proj LoRA; "
+                               "use transformers' own Nemotron-H (model.trust_remote_code=false) or drop out_proj")
             continue
         if not isinstance(fn, _FusedScanGuard):
             setattr(module, FUSED_FN, _FusedScanGuard(fn))
@@ -386,7 +386,8 @@ class GradientCheck:
         rep, frozen = self.report(), self.frozen_report()
         atomic_write_csv(folder / "gradient_check.csv", rep)
         atomic_write_csv(folder / "frozen_check.csv", frozen)
-        return rep.loc[~rep["ok"], "family"].tolist() + [f"frozen:{t}" for t in frozen.loc[~frozen["unchanged"], "tensor"]]
+        return (rep.loc[~rep["ok"], "family"].tolist()
+                + [f"frozen:{t}" for t in frozen.loc[~frozen["unchanged"], "tensor"]])
 
 
 # ---- the lm_head LoRA under TRL's fused head --------------------------------------------------
@@ -468,14 +469,15 @@ def install_fused_lora_head(model, temperature: float = 1.0,
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     if is_deepspeed_zero3_enabled():
-        raise LabError("lm_head LoRA under DeepSpeed ZeRO-3: lab.model.lora reads the head's weights outside its module, "
-                       "where ZeRO-3 leaves them sharded, and its gather (TRL's maybe_gather_lm_head_ctx) was never "
-                       "run here (no DeepSpeed, no GPU); use ddp or deepspeed_zero2, or drop lm_head (docs/scaling.md)")
+        raise LabError("lm_head LoRA under DeepSpeed ZeRO-3: lab.model.lora reads the head's weights outside its "
+                       "module, where ZeRO-3 leaves them sharded, and its gather (TRL's maybe_gather_lm_head_ctx) was "
+                       "never run here (no DeepSpeed, no GPU); use ddp or deepspeed_zero2, or drop lm_head "
+                       "(docs/scaling.md)")
     tc = base.config.get_text_config()
     for key in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling"):
         if getattr(tc, key, None) not in (None, 1.0):
-            raise LabError(f"lm_head LoRA: the model's config sets {key}={getattr(tc, key)!r}, which lab.model.lora's fused "
-                           "head does not apply; drop lm_head from the LoRA targets for this model")
+            raise LabError(f"lm_head LoRA: the model's config sets {key}={getattr(tc, key)!r}, which lab.model.lora's "
+                           "fused head does not apply; drop lm_head from the LoRA targets for this model")
 
     @functools.wraps(type(base).forward)
     def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kw):

@@ -68,7 +68,9 @@ CHAT_TEMPLATE = r"""
 """.strip()
 
 # The fixed text the tiny tokenizer learns its merges from: the competition's wording.
-_TOKENIZER_TEXT = """In Alice's Wonderland, a secret bit manipulation rule transforms 8-bit binary numbers. The transformation involves operations like bit shifts, rotations, XOR, AND, OR, NOT, and possibly majority or choice functions.
+_TOKENIZER_TEXT = """In Alice's Wonderland, a secret bit manipulation rule transforms 8-bit binary numbers. \
+The transformation involves operations like bit shifts, rotations, XOR, AND, OR, NOT, and possibly majority or \
+choice functions.
 Here are some examples of input -> output:
 Now, determine the output for:
 In Alice's Wonderland, the gravitational constant has been secretly changed. Here are some example observations:
@@ -194,13 +196,15 @@ def model_path(cfg: DictConfig) -> str:
 # (models/nemotron_h/modeling_nemotron_h.py: `use_kernel_func_from_hub_with_fallback(name, package)`, resolved at import
 # time in integrations/hub_kernels.py through `_KERNELS_INTERNAL_PATH_MAPPINGS`): package -> (module, functions).
 MAMBA_KERNELS = {
-    "mamba_ssm": ("mamba_ssm.ops.triton.ssd_combined", ("mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined")),
+    "mamba_ssm": ("mamba_ssm.ops.triton.ssd_combined",
+                  ("mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined")),
     "causal_conv1d": ("causal_conv1d", ("causal_conv1d_fn", "causal_conv1d_update")),
 }
 MAMBA_WHEELS_HELP = ("build the two wheels once with scripts/build_mamba_wheels.sh (causal-conv1d 1.7.0, mamba-ssm "
-                     "2.3.2.post1 against torch 2.14's CUDA build, for sm_90 and sm_120; `pip install --no-build-isolation "
-                     "causal-conv1d==1.7.0 mamba-ssm==2.3.2.post1` does the same in place, needs nvcc) and install them; "
-                     "on Kaggle put them in the wheel dataset, the kernel's install cell installs them")
+                     "2.3.2.post1 against torch 2.14's CUDA build, for sm_90 and sm_120; `pip install "
+                     "--no-build-isolation causal-conv1d==1.7.0 mamba-ssm==2.3.2.post1` does the same in place, needs "
+                     "nvcc) and install them; on Kaggle put them in the wheel dataset, the kernel's install cell "
+                     "installs them")
 
 
 def missing_mamba_kernels() -> dict[str, str]:

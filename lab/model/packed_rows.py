@@ -24,8 +24,8 @@ import torch
 from lab import LabError
 
 ATTENTION = "lab_packed_varlen"  # the attention implementation install(attention="varlen") registers and sets
-# sft.packed_attention: varlen (ATTENTION), mask (transformers' sdpa + block mask), auto: varlen here (lab.train.fast_paths
-# has switched it to mask when the stage opened, where varlen_attn cannot run)
+# sft.packed_attention: varlen (ATTENTION), mask (transformers' sdpa + block mask), auto: varlen here
+# (lab.train.fast_paths has switched it to mask when the stage opened, where varlen_attn cannot run)
 ATTENTIONS = ("auto", "varlen", "mask")
 VARLEN_ATTN = None  # tests: a stand-in for torch's varlen_attn on CPU; None: torch.nn.attention.varlen.varlen_attn
 _PACKED_CALL = contextvars.ContextVar("lab_packed_call", default=False)  # a packed backbone call is running

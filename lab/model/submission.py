@@ -133,7 +133,8 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
     if not cfg_path.is_file():
         raise LabError(f"{adapter_dir}: no {CONFIG_NAME}; not a PEFT adapter folder")
     if not w_path.is_file():
-        hint = " (adapter_model.bin found: re-save with safe_serialization)" if (adapter_dir / "adapter_model.bin").is_file() else ""
+        hint = (" (adapter_model.bin found: re-save with safe_serialization)"
+                if (adapter_dir / "adapter_model.bin").is_file() else "")
         raise LabError(f"{adapter_dir}: no {WEIGHTS_NAME}{hint}")
     config = read_json(cfg_path, kind=dict)
     dropped = sorted(set(config) - lora_config_fields())

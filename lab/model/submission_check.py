@@ -484,7 +484,8 @@ def check(path_to_zip: str | os.PathLike, base_model: str | os.PathLike | None =
                     problems.append(f"{CONFIG_NAME} is not valid JSON ({e})")
                     config = None
             if WEIGHTS_NAME not in names:
-                bin_hint = " (adapter_model.bin is not accepted: save with safetensors)" if "adapter_model.bin" in names else ""
+                bin_hint = (" (adapter_model.bin is not accepted: save with safetensors)"
+                            if "adapter_model.bin" in names else "")
                 problems.append(f"missing {WEIGHTS_NAME} at the zip's root{bin_hint}")
             else:
                 with tempfile.TemporaryDirectory() as tmp:  # read to the end: the zip checks the member's CRC-32

@@ -133,7 +133,8 @@ def solve(prompt: str, vocab: Counter | None = None) -> Solution:
             m = matches(cw, c2p, p2c, vocab)
             if m:
                 pw = m[0]
-                status, reason = ("ambiguous", f"'{cw}' matches {len(m)} words") if status == "solved" else (status, reason)
+                status, reason = (("ambiguous", f"'{cw}' matches {len(m)} words") if status == "solved"
+                                  else (status, reason))
             else:
                 pw = "".join(c2p.get(a, "?") for a in cw)
                 status, reason = "undetermined", f"'{cw}' matches no known word"

@@ -161,7 +161,8 @@ def search_lines(exs, query, value, max_cands: int | None = None, max_chars: int
     """The written search for a symbolic puzzle: exs [(x, op, y, rhs)], query (x, op, y); `value(meaning, x, y, mode,
     sym, tag, lines)` appends a meaning's arithmetic lines and returns the written result (`equations._eq_value`,
     passed in: this module sits below `equations`). Raises Unfit."""
-    lines: list[str] = ["note each example's signature and its catalog readings; then search from the fewest candidates"]
+    lines: list[str] = ["note each example's signature and its catalog readings; "
+                        "then search from the fewest candidates"]
     size = [len(lines[0])]
 
     def emit(s):

@@ -25,7 +25,8 @@ from .common import Solution, finish, has_key, missing, undetermined
 
 NAME = "equation_transformation"
 KEY = "transformation rules is applied to equations"
-HEADER = "In Alice's Wonderland, a secret set of transformation rules is applied to equations. Below are a few examples:"
+HEADER = ("In Alice's Wonderland, a secret set of transformation rules is applied to equations. "
+          "Below are a few examples:")
 
 EQ_LINE_RE = re.compile(r"^\s*(\S.*?) = (.*?)\s*$")
 NUMERIC_LHS_RE = re.compile(r"^\d+\D\d+$")
