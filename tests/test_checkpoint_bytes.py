@@ -10,7 +10,9 @@ torch = pytest.importorskip("torch")
 
 from lab.core import config  # noqa: E402
 from lab.plan import shapes  # noqa: E402
-from lab.train import checkpoints, sft  # noqa: E402
+from lab.train import checkpoints, sft, trl_private  # noqa: E402
+
+pytestmark = pytest.mark.slow  # trains the tiny model one step and saves it: tens of seconds on two cores
 
 TENSOR_FILES = ("adapter_model.safetensors", "optimizer.pt")  # what the projection counts
 PER_TENSOR = 1024  # serialisation overhead allowed per saved tensor (safetensors header, torch.save's zip entry)
@@ -31,6 +33,7 @@ def saved(tmp_path_factory):
     trainable = [p for p in pm.parameters() if p.requires_grad]
     examples, _ = sft.sft_examples(tok, generate("numeral_system", 4, 0), 10_000)
     out = root / "ck"
+    trl_private.install()  # CPU: TRL's Triton log-prob kernel is absent, its PyTorch twin goes in its slot
     trainer = sft.build_trainer(cfg, out, pm, tok, examples, [checkpoints.marker_callback()])
     trainer.train()
     return cfg, sum(p.numel() for p in trainable), len(trainable), out
@@ -45,6 +48,8 @@ def test_the_projection_matches_a_saved_adamw_checkpoint(saved):
     # AdamW saves two moments per tensor and the adapter one copy: at most PER_TENSOR bytes of framing each
     assert projected <= tensor_bytes <= projected + 3 * tensors * PER_TENSOR, (tensor_bytes, projected, tensors)
     whole = checkpoints.measured_checkpoint_bytes(out)
+    print(f"P = {params:,} trainable in {tensors} tensors; projected {projected:,} B; adapter + optimizer.pt "
+          f"{tensor_bytes:,} B ({tensor_bytes / projected - 1:+.2%}); the whole checkpoint {whole:,} B")
     assert tensor_bytes < whole <= tensor_bytes + SMALL_FILES, sorted(
         (p.name, p.stat().st_size) for p in ck.iterdir() if p.name not in TENSOR_FILES)
     # the disk-full message takes the measured checkpoint once one exists, the projection before
