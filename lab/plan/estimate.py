@@ -487,10 +487,6 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
              "not modelled: evaluation, checkpoint saves, data loading, a trained router's imbalance"]
     if card != str(cfg.gpu.name):
         notes.insert(0, f"gpu={cfg.gpu.name}: no card configured; projected for {card}")
-    sample_file = None if assume else data_sources(cfg)[0]
-    if sample_file is not None and sample_file.name != "train.csv":
-        notes.insert(1, f"rows: of {sample_file.name}, not the competition's train.csv (data.path): an epoch's hours "
-                        "grow with its rows")
     out = {"tokens_per_s": chosen["tokens_per_s"], "hours_per_epoch": chosen["hours_per_epoch"],
            "step_seconds": chosen["step_seconds"],
            "packing": {"enabled": packing, "efficiency": packed["fill"], "unpacked_fill": unpacked["fill"],
