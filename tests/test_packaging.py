@@ -42,6 +42,28 @@ def test_the_measured_models_values_ship_with_the_package():
     assert values["hybrid_override_pattern"].count("E") == 23 and values["n_routed_experts"] == 128
 
 
+def test_an_installed_package_composes_its_own_conf_in_the_working_folder(tmp_path, monkeypatch):
+    """No $LAB_ROOT, no checkout around the package, no conf/ in the working folder: the config comes from the conf/
+    the package ships (`lab/conf`), and the project root, where outputs go, is the working folder."""
+    import shutil
+
+    from lab.core import config, paths
+
+    site = tmp_path / "site-packages"
+    shutil.copytree(ROOT / "conf", site / "lab" / "conf")
+    monkeypatch.setattr(paths, "__file__", str(site / "lab" / "core" / "paths.py"))  # where a wheel puts it
+    monkeypatch.setattr(paths, "PACKAGED_CONF", site / "lab" / "conf")
+    monkeypatch.delenv("LAB_ROOT", raising=False)
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.chdir(work)
+    assert paths.project_root() == work.resolve() and paths.config_dir() == site / "lab" / "conf"
+    assert config.compose(["model=nemotron_nano"]).model.name == "nemotron_nano"
+    monkeypatch.setattr(paths, "PACKAGED_CONF", site / "gone")  # negative control: nothing shipped, nothing found
+    with pytest.raises(Exception, match="conf/config.yaml not found"):
+        paths.project_root()
+
+
 def _venv_python(venv: Path) -> Path:
     return venv / ("Scripts" if os.name == "nt" else "bin") / "python"
 
