@@ -12,7 +12,8 @@ are `lab.train.callbacks.GuardRails`; `grpo.rollout_backend` is `hf` (transforme
 adapter) or `vllm` (a vLLM engine samples from the adapter packed as the submission and served through a LoRARequest
 each round, `lab.train.rollouts`, TRL's `rollout_func`; never merged weights: `check_backend`, docs/grpo.md).
 One optimiser step covers `prompts_per_step x num_generations` completions per process, `per_device_train_batch_size`
-of them per forward/backward (`lab.plan.memory.micro_batch`); one generation round feeds `grpo.steps_per_generation` optimiser steps.
+of them per forward/backward (`lab.plan.grpo_policy.micro_batch`); one generation round feeds
+`grpo.steps_per_generation` optimiser steps.
 GRPOConfig is built, and TRL's checks run, before pass-rate sampling.
 
 What it simplifies:
@@ -183,7 +184,7 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, rew
     from lab.core.run import tracking_args
 
     g = cfg.grpo
-    from lab.plan.memory import micro_batch  # the micro-step's shape lives with the memory figures
+    from lab.plan.grpo_policy import micro_batch  # the trace and the preflight size the same micro-step
 
     micro, accum = micro_batch(cfg)
     kw = dict(
@@ -403,7 +404,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
             install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
             if g.packing:  # a step's completions in packs (lab.train.grpo_packed), each row's state its own
                 install_packing(cfg, trainer, model, budget, pool["prompt"].tolist(), tokenizer)
-            with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_bytes(out, model)):
+            with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_need(out, cfg, model)):
                 trainer.train(resume_from_checkpoint=str(last) if last else None)
             history, steps = trainer.state.log_history, int(trainer.state.global_step)
     finally:
@@ -412,7 +413,7 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
     metrics_rounds = rollouts.rounds if rollouts is not None else []
     if "ref" in getattr(model, "peft_config", {}):
         model.delete_adapter("ref")  # TRL's frozen reference copy: not part of the trained adapter
-    with checkpoints.disk_full_guard(resolve_path(g.adapter_dir), lambda: checkpoints.checkpoint_bytes(out, model)):
+    with checkpoints.disk_full_guard(resolve_path(g.adapter_dir), lambda: checkpoints.checkpoint_need(out, cfg, model)):
         from lab.core.paths import adapter_dtype
 
         save_adapter(model, resolve_path(g.adapter_dir), dtype=adapter_dtype(cfg))  # on Kaggle bf16 (kaggle.adapter_dtype)
