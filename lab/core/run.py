@@ -207,7 +207,7 @@ def run_lock(run_dir: str | os.PathLike):
 
 
 # Files a stage writes in its folder that are keyed by what made them (a changed input starts them afresh), so a
-# rerun after a failure may carry them over: 04_vote's samples (lab.model.generate.sample_table's cache).
+# rerun after a failure may carry them over: 04_vote's samples (lab.eval.sampling.sample_table's cache).
 KEYED_CACHES = ("samples.jsonl",)
 
 
@@ -273,7 +273,7 @@ class Stage:
     def _fresh_keeping_caches(self) -> None:
         """Replace the folder a stage that died left (`dir`) by an empty one holding only its `KEYED_CACHES`: the
         expensive work it finished (04_vote's samples) is not drawn again by the rerun, which reuses a cache only
-        under the same key (`lab.model.generate.sample_table`: another key starts afresh)."""
+        under the same key (`lab.eval.sampling.sample_table`: another key starts afresh)."""
         kept = [self.dir / n for n in KEYED_CACHES if (self.dir / n).is_file()]
         if kept and (why := self._inputs_changed()):
             print(f"note: {self.dir}: not keeping {', '.join(f.name for f in kept)} from the attempt that did not "

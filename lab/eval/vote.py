@@ -1,7 +1,7 @@
 r"""Inference-time voting over sampled completions, and the pass@k / maj@k curves that judge it.
 
 Everything here is a pure function of a *samples table* (one row per sampled completion, as
-`lab.model.generate.sample_table` writes it): ``id``, ``category``, ``gold`` (absent or None for
+`lab.eval.sampling.sample_table` writes it): ``id``, ``category``, ``gold`` (absent or None for
 unlabeled data), ``sample`` (0..K-1, the order samples were drawn), ``answer`` (extracted),
 ``tokens`` (completion tokens), ``finish_reason``, ``mean_logprob`` (NaN when not recorded).
 A greedy table has the same columns and one row per id. No model is needed.
@@ -234,7 +234,7 @@ def early_stop_live(draw: Callable[[list[str], int, int], pd.DataFrame], ids: Se
     applies to samples drawn in full), at most `k` samples each.
 
     `draw(ids, round, n)` generates n samples for each of `ids` (round 0, 1, ...: the caller seeds each round
-    apart) and returns a samples table (`lab.model.generate.sample_table`'s columns; at least id, answer, tokens; n
+    apart) and returns a samples table (`lab.eval.sampling.sample_table`'s columns; at least id, answer, tokens; n
     rows per id). Returns (results, samples): `results` has `replay`'s columns (one row per id; samples_used and
     tokens_used are what was generated: the sum of the drawn completions' tokens), `samples` every drawn row, with
     `sample` numbered in drawing order across rounds and a `round` column. Replaying early_stop with the same

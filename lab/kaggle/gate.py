@@ -3,7 +3,7 @@
 `python -m lab gate ZIP --model PATH [--n N] [--data CSV]` (docs/vllm_lane.md, "The gate"):
 1. `lab.model.submission.check` on the zip against the base model at PATH; any problem stops here.
 2. One vLLM engine on PATH with the scorer's settings (`lab.model.generate.vllm_engine`, conf/infer/kaggle.yaml) and the
-   zip served exactly as `lab.model.generate` serves it (`served_adapter`, `LoRARequest`).
+   zip served exactly as `lab.model.generate` serves it (`lab.model.submission.served_adapter`, `LoRARequest`).
 3. Greedy (temperature 0, top_p 1) completions for N puzzles without and with the adapter: accuracy under the
    competition metric (`lab.competition.metric`), the share cut off at the completion budget, the puzzles that changed.
 4. For each LoRA family in the zip (`lab.model.lora.family_of`), a copy of the adapter holding only that
@@ -160,7 +160,7 @@ def gate(zip_path: str, model: str, n: int = 64, data: str | None = None, log=pr
                     "device": "cuda" if torch.cuda.is_available() else "cpu"}
     with tempfile.TemporaryDirectory(prefix="lab_gate_") as work:
         work = Path(work)
-        full = generate.served_adapter(zip_path, work)
+        full = submission.served_adapter(zip_path, work)
         copies = family_copies(full, work)
         requests = {"adapter": LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=str(full))}
         for i, (fam, d) in enumerate(copies.items()):

@@ -60,6 +60,7 @@ def vote(stage: Stage) -> dict:
     from lab.data import dataset as data
     from lab.model import generate
     from lab.core import plots
+    from lab.eval import sampling
     from lab.eval import vote as vote_lib
 
     cfg, v = stage.cfg, stage.cfg.vote
@@ -70,14 +71,14 @@ def vote(stage: Stage) -> dict:
     with generate.Generator(cfg, adapter=adapter) as gen:
         greedy = common.evaluate(stage, val, adapter, "predictions.csv", gen=gen)
         spec = generate.Sampling.competition(cfg, n=v.k, temperature=v.temperature, top_p=v.top_p, logprobs=v.logprobs)
-        samples = generate.sample_table(gen, val, spec, cache=stage.path("samples.jsonl"))
+        samples = sampling.sample_table(gen, val, spec, cache=stage.path("samples.jsonl"))
         if v.live_early_stop and "early_stop" in v.methods:
             opts = {o: x for o, x in dict(v.options.get("early_stop", {})).items() if o in ("window", "agree",
                                                                                              "stop_prob")}
             by_id = val.assign(id=val["id"].astype(str)).set_index("id", drop=False)
 
             def draw(ids, rnd, n):  # round r: its own seed and cache file, so a killed run resumes round by round
-                return generate.sample_table(gen, by_id.loc[ids].reset_index(drop=True),
+                return sampling.sample_table(gen, by_id.loc[ids].reset_index(drop=True),
                                              replace(spec, n=n, seed=spec.seed + 1_000_003 * (rnd + 1)),
                                              cache=stage.path(f"early_stop_round{rnd}.jsonl"))
 
