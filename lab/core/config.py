@@ -5,7 +5,7 @@ all before any folder is touched; `load_saved(path)` reads a saved config back o
 
 What it simplifies:
 - a notebook's `overrides` parameter may be a list or the string papermill's `-p` passes
-  (`'["seed=7", "run_name=seed7"]'`, JSON or YAML): `parse_overrides` reads both;
+  (`'["seed=7", "run_name=seed7"]'`, JSON or YAML): `parse_overrides` reads both, `hydra_overrides` parses them;
 - run folders: without `run_name` (or `run_dir`) a run gets its own time-stamped folder
   (`outputs/<YYYY-MM-DD_HH-MM-SS>`, Hydra's `now` resolver), so an interactive run never
   writes into `outputs/demo`, which only `python -m lab demo` (`make demo`) uses.
@@ -71,11 +71,9 @@ def _dict_overrides(overrides: list[str]) -> tuple[list[str], list[tuple[str, ob
     hydra/_internal/config_loader_impl.py, calls `OmegaConf.update(..., merge=True)`): `grpo.rewards={format: 1.0}`
     means format alone, `grpo.rewards={}` means none. An override Hydra's grammar cannot parse is left to Hydra,
     which reports it."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception:  # noqa: BLE001 - Hydra's compose reports the same error in its words
+        parsed = hydra_overrides(overrides)
+    except LabError:  # Hydra's compose reports the same error in its words
         return overrides, []
     rest, dicts, below = [], [], []
     for line, o in zip(overrides, parsed):
@@ -261,6 +259,18 @@ def parse_overrides(value: str | Iterable[str] | None) -> list[str]:
         return list(value)
     raise LabError(f"notebook parameter overrides={value!r}: expected a list of strings such as \"seed=7\"; "
                    f"{OVERRIDES_HELP}")
+
+
+def hydra_overrides(value: str | Iterable[str] | None) -> list:
+    """`parse_overrides(value)` read by Hydra's own grammar: one `Override` per line (key, value, sweep or not), for
+    the sweep and the Kaggle kernels that look at keys. A syntax error is a LabError naming the overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = parse_overrides(value)
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except Exception as e:  # noqa: BLE001 - OverrideParseException and friends
+        raise LabError(f"cannot parse overrides {overrides}: {e}") from None
 
 
 def names_run(overrides: Iterable[str]) -> bool:
