@@ -9,6 +9,7 @@
   run       a run and its stages: `Stage`, stage folders, the manifest, the run lock, seeding, report_to
   lineage   content hashes of what a stage read and wrote, and whether a finished stage is still current
   console   progress lines for training and generation; known library warnings said once
+  env       every change the lab makes to the process environment (`setenv`, `scoped`)
   stats     the Wilson interval on a share
   plots     every plot of the lab in one style (functions that take a table and return a Figure), the PNG writer
 """

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
-from lab.core import lineage, owner
+from lab.core import env, lineage, owner
 from lab.core.config import compose, library_problems, names_run, parse_overrides, validate
 from lab.core.console import quiet_known_warnings
 from lab.core.io import atomic_write_json, atomic_write_text, is_main_process, read_json
@@ -64,7 +64,7 @@ def tracking_args(cfg: DictConfig, stage: str) -> dict[str, Any]:
     if name == "tensorboard":
         # transformers' TensorBoardCallback reads its folder from this variable (TrainingArguments has no
         # logging_dir in transformers 5)
-        os.environ["TENSORBOARD_LOGGING_DIR"] = str(resolve_path(cfg.run_dir) / "tensorboard" / stage)
+        env.setenv({"TENSORBOARD_LOGGING_DIR": str(resolve_path(cfg.run_dir) / "tensorboard" / stage)})
     return {"report_to": name, "run_name": f"{cfg.run_name}/{stage}"}
 
 
@@ -83,7 +83,7 @@ def seed_everything(seed: int) -> None:
     from transformers import set_seed
 
     set_seed(int(seed), deterministic=not torch.cuda.is_available())
-    os.environ.setdefault("PYTHONHASHSEED", str(seed))
+    env.setenv({"PYTHONHASHSEED": str(seed)}, keep=True)
 
 
 def git_commit() -> str | None:
@@ -192,17 +192,11 @@ def release_lock(run_dir: str | os.PathLike) -> None:
 def run_lock(run_dir: str | os.PathLike):
     """Hold the run folder's lock for a driver; the notebooks it runs inherit it through $LAB_RUN_LOCK."""
     took = acquire_lock(run_dir)
-    before = os.environ.get(LOCK_ENV)
-    if took:
-        os.environ[LOCK_ENV] = _HELD[Path(_lock(run_dir).lock_file)][1]
     try:
-        yield
+        with env.scoped({LOCK_ENV: _HELD[Path(_lock(run_dir).lock_file)][1]} if took else {}):
+            yield
     finally:
         if took:
-            if before is None:
-                os.environ.pop(LOCK_ENV, None)
-            else:
-                os.environ[LOCK_ENV] = before
             release_lock(run_dir)
 
 

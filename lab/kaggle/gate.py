@@ -123,11 +123,11 @@ def reach(base: list, other: list) -> tuple[float, int]:
 
 def gate(zip_path: str, model: str, n: int = 64, data: str | None = None, log=print) -> dict:
     """Run the gate (module docstring); returns the report and prints it with `log`."""
-    import os
-
     import torch
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the report, not vLLM's start-up log (read at import)
+    from lab.core import env
+
+    env.setenv({"VLLM_LOGGING_LEVEL": "WARNING"}, keep=True)  # the report, not vLLM's start-up log (read at import)
 
     from lab.model import generate, submission
     from lab.competition.metric import score
