@@ -40,7 +40,7 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
 
     overrides = list(overrides)
     conf_dir = project_root() / "conf"
-    schema.register()  # conf/config.yaml's first default, `schema`: every group merges onto its dataclass (lab/core/schema.py)
+    schema.register()  # conf/config.yaml's first default, `schema`: every group merges onto its dataclass
     GlobalHydra.instance().clear()
     if hydra_keys := [o for o in overrides if o.lstrip("+~").split("=", 1)[0].strip().split(".")[0] == "hydra"]:
         raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: {', '.join(hydra_keys)}: the "
@@ -234,7 +234,8 @@ def split_at_dashes(argv: list[str] | None) -> tuple[list[str], list[str]]:
 
 
 OVERRIDES_HELP = ("""pass a list of Hydra overrides: in Python overrides = ["seed=7", "run_name=seed7"]; """
-                  """with papermill -p overrides '["seed=7", "run_name=seed7"]' or -y 'overrides: [seed=7, run_name=seed7]'""")
+                  """with papermill -p overrides '["seed=7", "run_name=seed7"]' """
+                  """or -y 'overrides: [seed=7, run_name=seed7]'""")
 
 
 def parse_overrides(value: str | Iterable[str] | None) -> list[str]:
@@ -252,7 +253,8 @@ def parse_overrides(value: str | Iterable[str] | None) -> list[str]:
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise LabError(f"notebook parameter overrides={text!r}: not a JSON/YAML list ({e}); {OVERRIDES_HELP}") from None
+            raise LabError(f"notebook parameter overrides={text!r}: not a JSON/YAML list ({e}); "
+                           f"{OVERRIDES_HELP}") from None
         if not isinstance(value, list):
             raise LabError(f"notebook parameter overrides={text!r}: not a list; {OVERRIDES_HELP}")
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
@@ -290,7 +292,8 @@ def library_problems(cfg: DictConfig) -> list[str]:
 
         names = [e.value for e in SchedulerType]
         if sched not in names:
-            problems.append(f"sft.lr_scheduler_type={sched!r} is not one of transformers' schedulers ({', '.join(names)})")
+            problems.append(f"sft.lr_scheduler_type={sched!r} is not one of transformers' schedulers "
+                            f"({', '.join(names)})")
     dtype = OmegaConf.select(cfg, "model.dtype", default=None)
     if dtype not in (None, "auto"):
         import torch

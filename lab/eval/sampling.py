@@ -9,7 +9,6 @@ no room under the model's length is skipped (`SKIPPED`, scored wrong), not fatal
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict, replace
 from pathlib import Path
@@ -17,8 +16,9 @@ from pathlib import Path
 import pandas as pd
 
 from lab.competition.metric import extract_answer, verify
+from lab.core.cache import append_log, read_log, write_log
 from lab.core.console import Progress
-from lab.core.io import atomic_write_csv, atomic_write_text
+from lab.core.io import atomic_write_csv
 from lab.model.generate import Completion, Generator, Sampling, completion_budgets
 
 SKIPPED = "prompt_too_long"  # finish_reason of a puzzle whose prompt cannot fit: not generated, scored wrong
@@ -51,35 +51,20 @@ def sample_key(gen: Generator, spec: Sampling, chunk: int) -> dict:
 
 
 def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:
-    """The complete puzzles (all n samples) of a cache made with `key`; anything else is dropped, with a note
-    naming what changed, and the file is rewritten to hold only what is kept (under a fresh key line)."""
-    def parse(line: str):
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a kill: redo that puzzle
-            return None
-
+    """The complete puzzles (all n samples) of a cache made with `key` (`lab.core.cache.read_log`); anything else is
+    dropped, with a note, and the file is rewritten to hold only what is kept (under a fresh key line)."""
+    records, clean = read_log(cache, key, "the samples are drawn afresh")
     done: dict[str, list[dict]] = {}
-    lines = cache.read_text(encoding="utf-8").splitlines() if cache.is_file() else []
-    head = parse(lines[0]) if lines else None
-    old = head.get("key") if isinstance(head, dict) else None
-    if lines and old != key:
-        changed = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k)) if old else []
-        print(f"note: {cache}: made with other settings ({', '.join(changed) if changed else 'no key line'}); "
-              f"its {len(lines) - 1} line(s) are not reused, the samples are drawn afresh", flush=True)
-    elif lines:
-        for rec in filter(None, map(parse, lines[1:])):
-            done.setdefault(str(rec["id"]), []).append(rec)
-        partial = [pid for pid, recs in done.items() if sorted(r["sample"] for r in recs) != list(range(n))]
-        for pid in partial:
-            del done[pid]
-        if partial:
-            print(f"note: {cache}: {len(partial)} puzzle(s) with fewer than {n} samples written are drawn again",
-                  flush=True)
-    if lines and len(lines) == 1 + sum(len(r) for r in done.values()) and old == key:
-        return done
-    kept = [r for recs in done.values() for r in recs]
-    atomic_write_text(cache, "".join(json.dumps(r) + "\n" for r in [{"key": key}, *kept]))
+    for rec in records:
+        done.setdefault(str(rec["id"]), []).append(rec)
+    partial = [pid for pid, recs in done.items() if sorted(r["sample"] for r in recs) != list(range(n))]
+    for pid in partial:
+        del done[pid]
+    if partial:
+        print(f"note: {cache}: {len(partial)} puzzle(s) with fewer than {n} samples written are drawn again",
+              flush=True)
+    if not (clean and not partial):
+        write_log(cache, key, [r for recs in done.values() for r in recs])
     return done
 
 
@@ -114,11 +99,10 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, spec: Sampling | None = 
       finished puzzle, and the rerun hands over only the rest (and samples them as the first run would have);
       without `cache`, one `LLM.generate` call.
     - hf: chunks of `chunk` puzzles, chunk i seeded with spec.seed + its first position, appended chunk by chunk.
-    With `cache`, a JSON-lines file whose first line is the `sample_key`, the finished puzzles are skipped when the call
-    is repeated with the same key (`_read_cache`: another key starts afresh), their rows scored again (`_rescored`). A
-    puzzle whose prompt leaves no room
-    under model.max_model_len is not generated: its rows have finish_reason `SKIPPED`, no completion, and count as
-    wrong; a note names its id.
+    With `cache`, a JSON-lines file whose first line is the `sample_key`, the finished puzzles are skipped when the
+    call is repeated with the same key (`_read_cache`: another key starts afresh), their rows scored again
+    (`_rescored`). A puzzle whose prompt leaves no room under model.max_model_len is not generated: its rows have
+    finish_reason `SKIPPED`, no completion, and count as wrong; a note names its id.
     """
     spec = spec or Sampling.competition(gen.cfg)
     version = gen.cfg.infer.get("metric_version", "final")
@@ -146,8 +130,7 @@ def sample_table(gen: Generator, puzzles: pd.DataFrame, spec: Sampling | None = 
             new_tokens += c.tokens
         done[recs[0]["id"]] = recs
         if cache is not None:
-            with open(cache, "a", encoding="utf-8") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in recs))
+            append_log(cache, recs)
 
     # whole: one hand-over (max 1: a cache that holds every puzzle leaves nothing to hand over, and range's step
     # must not be 0)

@@ -1,4 +1,4 @@
-"""Sweeps over the stage notebooks: `python -m lab sweep` (`lab.runs.cli`; the report across them: `lab.runs.sweep_report`).
+"""Sweeps over the stage notebooks: `python -m lab sweep` (`lab.runs.cli`; the report: `lab.runs.sweep_report`).
 
 A sweep is a Hydra multirun over the lab's own config (`conf/config.yaml`), driven by Hydra's
 machinery: its override grammar and BasicSweeper make the grid (`sft.learning_rate=1e-3,3e-3`,
