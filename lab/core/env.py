@@ -1,7 +1,7 @@
 """The lab's changes to the process environment, in one place.
 
 Every variable the lab sets goes through `setenv` (or `scoped`, for the length of a block), called where the setting
-is decided, so `git grep -n "env.setenv\|env.scoped" lab/` lists them all. What is set is inherited by the processes
+is decided, so `git grep -nE "env[.](setenv|scoped)" lab/` lists them all. What is set is inherited by the processes
 started afterwards (the stage kernels papermill starts, vLLM's engine), and a library that reads a variable when it
 is imported needs it set before that import.
 """
