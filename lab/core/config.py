@@ -5,7 +5,8 @@ all before any folder is touched; `load_saved(path)` reads a saved config back o
 
 What it simplifies:
 - a notebook's `overrides` parameter may be a list or the string papermill's `-p` passes
-  (`'["seed=7", "run_name=seed7"]'`, JSON or YAML): `parse_overrides` reads both, `hydra_overrides` parses them;
+  (`'["seed=7", "run_name=seed7"]'`, JSON or YAML): `parse_overrides` reads both into a list of strings, and
+  `parsed_overrides` reads them with Hydra's grammar (the sweep, the Kaggle kernels);
 - run folders: without `run_name` (or `run_dir`) a run gets its own time-stamped folder
   (`outputs/<YYYY-MM-DD_HH-MM-SS>`, Hydra's `now` resolver), so an interactive run never
   writes into `outputs/demo`, which only `python -m lab demo` (`make demo`) uses.
@@ -72,7 +73,7 @@ def _dict_overrides(overrides: list[str]) -> tuple[list[str], list[tuple[str, ob
     means format alone, `grpo.rewards={}` means none. An override Hydra's grammar cannot parse is left to Hydra,
     which reports it."""
     try:
-        parsed = hydra_overrides(overrides)
+        parsed = parsed_overrides(overrides)
     except LabError:  # Hydra's compose reports the same error in its words
         return overrides, []
     rest, dicts, below = [], [], []
@@ -263,7 +264,7 @@ def parse_overrides(value: str | Iterable[str] | None) -> list[str]:
                    f"{OVERRIDES_HELP}")
 
 
-def hydra_overrides(value: str | Iterable[str] | None) -> list:
+def parsed_overrides(value: str | Iterable[str] | None) -> list:
     """`parse_overrides(value)` read by Hydra's own grammar: one `Override` per line (key, value, sweep or not), for
     the sweep and the Kaggle kernels that look at keys. A syntax error is a LabError naming the overrides."""
     from hydra.core.override_parser.overrides_parser import OverridesParser
