@@ -47,6 +47,7 @@ from lab.train.checkpoints import RUN_RECORD  # the checkpoint folder's run reco
 from lab.data.dataset import trace_style
 from lab.core.lineage import lora_checksum
 from lab.model.generate import completion_budget
+from lab.plan.preflight import check_backend  # a config check the preflight runs before anything loads
 from lab.train.grpo_refine import refine_prompt_text, refine_rollout
 from lab.core.io import atomic_write_csv, check_replaceable, is_main_process, read_json
 from lab.core.paths import resolve_path
@@ -168,28 +169,6 @@ def base_model_type(cfg: DictConfig) -> str | None:
         return json.loads(Path(found).read_text()).get("model_type")
     except (LabError, OSError, ValueError, TypeError):
         return None
-
-
-def check_backend(cfg: DictConfig) -> str:
-    """`grpo.rollout_backend`, checked: `hf` or `vllm`.
-
-    vllm never means TRL's own vLLM (`use_vllm`, colocate or server): TRL 1.15 feeds that engine merged weights at
-    every sync (`_iter_named_params`, trl/generation/vllm_generation.py: `model.merge_adapter()`, stream every base
-    weight, `model.unmerge_adapter()`), and PEFT 0.21 merges with `weight += delta` and unmerges with `weight -= delta`
-    in the weights' own dtype (`Linear.merge` / `ParamWrapper.merge` and `unmerge`, peft/tuners/lora/layer.py). In
-    bf16, (W + d) - d is not W: every sync would leave rounding drift in the frozen base weights the trainer goes on
-    using. Instead TRL 1.15's `rollout_func` hook (`GRPOTrainer(rollout_func=...)`, called from `_generate` in
-    trl/trainer/grpo_trainer.py with the process's prompts and the trainer) is given `lab.train.rollouts.VLLMRollouts`:
-    each round the in-memory adapter is packed by the submission's own code and served to one vLLM engine through a
-    `LoRARequest`, so the base weights are never touched and what is sampled is what would be submitted. That is the
-    route for Nemotron-H on one GPU (the engine and the trainer take turns on the card with vLLM's sleep mode).
-    `refine` with vllm is refused (its drafts use TRL's own generation, which would be transformers')."""
-    backend = cfg.grpo.rollout_backend  # hf or vllm: lab/core/schema.py's GenerationBackend, refused at compose otherwise
-    if backend == "vllm" and cfg.grpo.refine:
-        raise LabError("conf/grpo: refine=true with rollout_backend=vllm is not built: refinement draws its drafts "
-                       "with TRL's own generation (lab.train.grpo_refine), which is transformers' here. Set "
-                       "grpo.rollout_backend=hf with refine, or grpo.refine=false")
-    return backend
 
 
 def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],
