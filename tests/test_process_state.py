@@ -30,7 +30,8 @@ def test_no_module_of_lab_writes_os_environ_itself_but_env_and_the_recipes():
     assert out.returncode in (0, 1) and found == []
 
 
-def test_consumed_records_into_the_open_stage_only(tmp_path):
+def test_consumed_records_into_the_open_stage_only(tmp_path, monkeypatch):
+    monkeypatch.setattr(lineage, "_open_stage", None)  # an earlier test's Stage may still be open in this process
     run = tmp_path / "run"
     own = run / "04_vote"
     own.mkdir(parents=True)
