@@ -7,7 +7,7 @@ What it does
   For each probe category, each style (`data.trace_style=compact|derivation`) and seeds 1..N, one job under
   `outputs/bench/trace_bench/<probe>/<style>/seed<k>/`: the category's synthetic puzzles (`lab.data.dataset.prepare`), a
   fresh tiny model built with that seed, one SFT run (`lab.train.sft.train`, the config's recipe, the 02_sft stage's
-  folder layout and manifest), and the saved adapter scored greedily on the held-out puzzles (`lab.model.generate`).
+  folder layout and manifest), and the saved adapter scored greedily on the held-out puzzles (`lab.eval.sampling`).
   Per job: held-out accuracy with its 95% Wilson interval (`lab.eval.analysis.wilson_interval`), completions that hit
   the token cap, the training traces' p50 / max completion tokens (the model's own tokenizer), train loss and
   wall seconds; then per probe x style the accuracy pooled over seeds. Output: a printed table and
@@ -76,6 +76,7 @@ def run_job(overrides: list[str], force: bool) -> dict:
     import numpy as np
 
     from lab.data import dataset as data
+    from lab.eval import sampling
     from lab.model import generate
     from lab.train import sft
     from lab.core.config import compose, config_data, saved_config_matches
@@ -101,7 +102,7 @@ def run_job(overrides: list[str], force: bool) -> dict:
     del model
     generate.release_memory()
     with generate.Generator(cfg, adapter=cfg.sft.adapter_dir) as gen:
-        pred = generate.predictions(gen, val, out_csv=stage.path("predictions.csv"))
+        pred = sampling.predictions(gen, val, out_csv=stage.path("predictions.csv"))
     return stage.finish({"n": len(pred), "correct": int(pred["correct"].sum()),
                          "capped": int((pred["finish_reason"] == "length").sum()), "max_tokens": cap,
                          "trace_tokens_p50": float(np.median(n)) if n else None, "trace_tokens_max": max(n, default=0),

@@ -4,7 +4,7 @@ What it measures
   1. Voting, on one fixed sample table. K = 32 completions per held-out puzzle are drawn once
      from the trained adapter (`outputs/demo/03_grpo/adapter`, else `02_sft`'s) with the vote
      settings of that run (temperature, top_p, seed) and per-token log-probabilities, through
-     `lab.model.generate.sample_table`. The table is cached in `outputs/bench/samples_K32.jsonl`
+     `lab.eval.sampling.sample_table`. The table is cached in `outputs/bench/samples_K32.jsonl`
      (appended chunk by chunk; an interrupted run resumes) and written as `samples_K32.csv`.
      Every method of `lab.eval.vote.METHODS` is then replayed on that table: greedy (the first
      sample), majority (maj@32, the baseline), DeepConf-style confidence weighting for several
@@ -166,7 +166,8 @@ def cache_key(cfg, adapter: Path, val, k: int) -> dict:
 def sample(gen, val, k: int, out: Path, key: dict) -> tuple[object, dict]:
     """The K-sample table at key["temperature"], drawn once and cached; returns (table, info about this call)."""
     from lab.core.io import atomic_write_csv, atomic_write_json, read_json
-    from lab.model.generate import Sampling, sample_table
+    from lab.eval.sampling import sample_table
+    from lab.model.generate import Sampling
 
     out.mkdir(parents=True, exist_ok=True)
     cache, meta, csv = out / f"samples_K{k}.jsonl", out / f"samples_K{k}.meta.json", out / f"samples_K{k}.csv"
@@ -200,7 +201,7 @@ def sample(gen, val, k: int, out: Path, key: dict) -> tuple[object, dict]:
 def greedy_reference(gen, val, out: Path, key: dict):
     """Greedy decoding (the competition's setting), cached like the samples."""
     from lab.core.io import atomic_write_json, read_json
-    from lab.model.generate import predictions
+    from lab.eval.sampling import predictions
 
     cache, meta = out / "greedy.jsonl", out / "greedy.meta.json"
     gkey = {x: v for x, v in key.items() if x not in ("k", "temperature")}

@@ -4,11 +4,10 @@ table is the only list of them (`python -m lab --help` prints it)."""
 from __future__ import annotations
 
 import importlib
-import os
 import sys
 
 from lab import LabError
-from lab.core import console
+from lab.core import console, env
 
 COMMANDS = {
     # running the notebooks
@@ -46,7 +45,7 @@ def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     if "--debug" in argv:
         argv.remove("--debug")
-        os.environ[console.DEBUG_ENV] = "1"  # the stage kernels a command starts inherit it
+        env.setenv({console.DEBUG_ENV: "1"})  # the stage kernels a command starts inherit it
     if not argv or argv[0] in ("-h", "--help") or argv[0] not in COMMANDS:
         if argv and argv[0] not in ("-h", "--help"):
             print(f"error: no command {argv[0]!r}", file=sys.stderr)

@@ -1,14 +1,16 @@
 """Every artefact a rerun trusts is keyed by what produced it: 04_vote's sample cache (and every evaluation that
-passes a cache to `lab.model.generate.sample_table`), GRPO's run record, sweep jobs. A mismatch starts fresh (or refuses);
-a match is reused."""
+passes a cache to `lab.eval.sampling.sample_table`), GRPO's run record, sweep jobs. A mismatch starts fresh (or
+refuses); a match is reused."""
 
 import json
 
 import pandas as pd
 import pytest
 
+from lab.eval import sampling as S
 from lab.model import generate as G
 from lab.model import models
+from lab.core import lineage
 from lab.core.config import compose
 from lab.core.io import atomic_write_json
 
@@ -51,7 +53,7 @@ def _vote_samples(root, tok, monkeypatch, *over, adapter=None, k=2, temperature=
     gen = G.Generator(cfg, adapter=adapter) if adapter else G.Generator(cfg, model=models.load(cfg)[0], tokenizer=tok)
     calls = _counting(gen, monkeypatch)
     spec = G.Sampling.competition(cfg, n=k, temperature=temperature, top_p=top_p, logprobs=True)
-    t = G.sample_table(gen, PUZZLES, spec, cache=root / "samples.jsonl", progress=False)
+    t = S.sample_table(gen, PUZZLES, spec, cache=root / "samples.jsonl", progress=False)
     return t, sum(calls)
 
 
@@ -90,7 +92,7 @@ def test_vote_samples_rerun_with_a_retrained_adapter_regenerates(run, tmp_path, 
     _adapter(model, adapter, seed=2)  # retrained in place: same path, other weights
     second, n2 = _vote_samples(root, tok, monkeypatch, adapter=adapter)
     assert (n1, n_same, n2) == (3, 0, 3)
-    assert json.loads(cache.read_text().splitlines()[0])["key"]["adapter_sha256"] == G.content_hash(adapter)
+    assert json.loads(cache.read_text().splitlines()[0])["key"]["adapter_sha256"] == lineage.content_hash(adapter)
 
 
 def test_a_puzzle_counts_as_done_only_with_all_its_samples(run, monkeypatch):
@@ -251,7 +253,7 @@ def test_vllm_evaluation_hands_every_prompt_over_at_once_and_resumes_per_request
     (root / "vllm_whole.jsonl").unlink(missing_ok=True)
 
     whole = _FakeEngine()
-    full = G.sample_table(_fake_vllm_generator(cfg, tok, whole, monkeypatch), FIVE, spec, progress=False, chunk=2,
+    full = S.sample_table(_fake_vllm_generator(cfg, tok, whole, monkeypatch), FIVE, spec, progress=False, chunk=2,
                           cache=root / "vllm_whole.jsonl")
     assert whole.added_at_first_step == 5 and len(whole.added) == 5 and whole.steps == 3  # one hand-over, chunk=2 unused
     params = whole.added[0][2].kw
@@ -260,19 +262,19 @@ def test_vllm_evaluation_hands_every_prompt_over_at_once_and_resumes_per_request
 
     killed = _FakeEngine(per_step=1, die_after=3)
     with pytest.raises(KeyboardInterrupt):
-        G.sample_table(_fake_vllm_generator(cfg, tok, killed, monkeypatch), FIVE, spec, cache=cache, progress=False)
+        S.sample_table(_fake_vllm_generator(cfg, tok, killed, monkeypatch), FIVE, spec, cache=cache, progress=False)
     kept = [json.loads(l) for l in cache.read_text().splitlines()[1:]]
     assert sorted({r["id"] for r in kept}) == ["c", "d", "e"] and len(kept) == 6  # the three that finished
     assert len(killed.aborted) == 2  # the two still running were aborted in the engine
 
     rest = _FakeEngine()
-    again = G.sample_table(_fake_vllm_generator(cfg, tok, rest, monkeypatch), FIVE, spec, cache=cache, progress=False)
+    again = S.sample_table(_fake_vllm_generator(cfg, tok, rest, monkeypatch), FIVE, spec, cache=cache, progress=False)
     assert len(rest.added) == 2 and rest.added_at_first_step == 2
     assert {p for _, p, _ in rest.added} == set(G.Generator.prompts(_fake_vllm_generator(cfg, tok, rest, monkeypatch),
                                                                      FIVE["prompt"][:2].tolist()))
     pd.testing.assert_frame_equal(again, full)
     done = _FakeEngine()  # every puzzle cached: nothing handed over (a whole hand-over of none, not a crash)
-    pd.testing.assert_frame_equal(G.sample_table(_fake_vllm_generator(cfg, tok, done, monkeypatch), FIVE, spec,
+    pd.testing.assert_frame_equal(S.sample_table(_fake_vllm_generator(cfg, tok, done, monkeypatch), FIVE, spec,
                                                  cache=cache, progress=False), full)
     assert done.added == [] and done.steps == 0
     key = json.loads(cache.read_text().splitlines()[0])["key"]
@@ -307,7 +309,7 @@ def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
     class Stop(Exception):
         pass
 
-    monkeypatch.setattr(stages, "evaluate", lambda *a, **k: seen.append(k) or pd.DataFrame({"correct": [True]}))
+    monkeypatch.setattr(recipes.common, "evaluate", lambda *a, **k: seen.append(k) or pd.DataFrame({"correct": [True]}))
     monkeypatch.setattr(sft_lib, "train", lambda *a, **k: (_ for _ in ()).throw(Stop()))
     with pytest.raises(Stop):
         recipes.sft.sft(SimpleNamespace(cfg=cfg, path=lambda n: root / n))
@@ -315,8 +317,8 @@ def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
     monkeypatch.undo()
 
     made = []
-    real = G.predictions
-    monkeypatch.setattr(G, "predictions", lambda *a, **k: made.append(1) or real(*a, **k))
+    real = S.predictions
+    monkeypatch.setattr(S, "predictions", lambda *a, **k: made.append(1) or real(*a, **k))
     stage = SimpleNamespace(cfg=cfg, path=lambda n: root / n)
     first = recipes.common.evaluate(stage, FIVE[:2], None, "before_a.csv")
     second = recipes.common.evaluate(stage, FIVE[:2], None, "before_b.csv")

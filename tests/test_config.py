@@ -1,4 +1,5 @@
-"""Every config group composes; bad overrides and bad paths fail with messages naming the file; manifests hold no secrets."""
+"""Every config group composes; bad overrides and bad paths fail with messages naming the file; manifests hold no
+secrets."""
 
 import dataclasses
 import json
@@ -149,6 +150,24 @@ def test_overrides_parameter_accepts_papermills_string_and_lists():
     for bad in ("seed=7", "{seed: 7}", "[seed=7", ["seed=7", 7]):
         with pytest.raises(LabError, match="overrides"):
             parse_overrides(bad)
+
+
+def test_parsed_overrides_reads_the_same_forms_and_checks_the_grammar():
+    """The sweep and the Kaggle kernels had their own `parse_overrides`: Hydra's grammar over `list(value)`, so the
+    papermill string `'["seed=7"]'` was read one character at a time; the notebooks' `parse_overrides` read that
+    string but never checked Hydra's grammar. `parsed_overrides` is the notebooks' reading, then the grammar."""
+    from lab.core.config import parsed_overrides, parse_overrides
+
+    for value in ('["seed=7", "sft.learning_rate=1e-3,3e-3"]', ["seed=7", "sft.learning_rate=1e-3,3e-3"]):
+        parsed = parsed_overrides(value)
+        assert [o.key_or_group for o in parsed] == ["seed", "sft.learning_rate"]
+        assert not parsed[0].is_sweep_override() and parsed[1].is_sweep_override()
+    assert parsed_overrides(None) == [] and parsed_overrides("") == []
+    assert parse_overrides(["seed=[1"]) == ["seed=[1"]  # the list as it is: compose reports the grammar error
+    with pytest.raises(LabError, match=r"cannot parse overrides \['seed=\[1'\]"):
+        parsed_overrides(["seed=[1"])
+    with pytest.raises(LabError, match="not a list"):
+        parsed_overrides("seed=7")
 
 
 def test_stage_reads_the_overrides_string(tmp_path):

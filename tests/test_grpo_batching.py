@@ -92,6 +92,7 @@ def test_a_config_trl_refuses_fails_before_any_sampling(root, monkeypatch):
 
 
 def test_pass_rate_sampling_uses_the_rollouts_top_p(root, monkeypatch):
+    import lab.eval.sampling as S
     import lab.model.generate as G
 
     seen = {}
@@ -105,7 +106,7 @@ def test_pass_rate_sampling_uses_the_rollouts_top_p(root, monkeypatch):
         return pd.DataFrame({"id": ["a", "a"], "gold": ["1", "1"], "answer": ["1", "2"], "tokens": [3, 3]})
 
     monkeypatch.setattr(G, "Generator", FakeGenerator)
-    monkeypatch.setattr(G, "sample_table", fake_sample_table)
+    monkeypatch.setattr(S, "sample_table", fake_sample_table)
     cfg = compose(root, "grpo.top_p=0.85", "grpo.temperature=0.6")
     rates = grpo.pass_rate_table(cfg, None, None, pd.DataFrame({"id": ["a"], "prompt": ["p"]}), budget=10)
     assert seen == {"backend": "hf", "n": 2, "temperature": 0.6, "top_p": 0.85, "max_tokens": 10}

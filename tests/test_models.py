@@ -4,6 +4,7 @@ import json
 
 import pytest
 
+from lab.eval import sampling as S
 from lab.model import generate as G
 from lab.model import models
 from lab import LabError
@@ -97,12 +98,12 @@ def test_sample_table_resumes_from_its_cache(tiny, tmp_path, monkeypatch):
 
     puzzles = pd.DataFrame({"id": ["a", "b", "c"], "prompt": [PUZZLE] * 3, "answer": ["XXXVIII"] * 3})
     cache = tmp_path / "samples.jsonl"
-    first = G.sample_table(gen, puzzles.head(2), G.Sampling.competition(cfg, n=2), cache=cache, progress=False)
-    assert len(first) == 4 and set(first.columns) == set(G.SAMPLE_COLUMNS)
+    first = S.sample_table(gen, puzzles.head(2), G.Sampling.competition(cfg, n=2), cache=cache, progress=False)
+    assert len(first) == 4 and set(first.columns) == set(S.SAMPLE_COLUMNS)
     with open(cache, "a") as f:
         f.write('{"id": "c", "trunc')  # a write cut short by a kill
     calls = []
     real = gen.run
     monkeypatch.setattr(gen, "run", lambda prompts, **kw: calls.append(len(prompts)) or real(prompts, **kw))
-    full = G.sample_table(gen, puzzles, G.Sampling.competition(cfg, n=2), cache=cache, progress=False)
+    full = S.sample_table(gen, puzzles, G.Sampling.competition(cfg, n=2), cache=cache, progress=False)
     assert calls == [1] and len(full) == 6 and list(full["id"]) == ["a", "a", "b", "b", "c", "c"]

@@ -3,6 +3,7 @@ skipped, named and scored wrong; the other puzzles of its batch are generated as
 
 import pandas as pd
 
+from lab.eval import sampling as S
 from lab.model import generate as G
 from lab.model import models
 from lab.core.config import compose
@@ -18,12 +19,12 @@ def test_an_oversized_prompt_is_skipped_and_named_not_fatal(tmp_path, capsys):
     puzzles = pd.DataFrame({"id": ["ok1", "huge", "ok2"], "prompt": [PUZZLE, huge, PUZZLE],
                             "answer": ["XXXVIII"] * 3})
     with G.Generator(cfg, model=model, tokenizer=tok) as gen:
-        pred = G.predictions(gen, puzzles, out_csv=tmp_path / "predictions.csv",
+        pred = S.predictions(gen, puzzles, out_csv=tmp_path / "predictions.csv",
                              cache=tmp_path / "cache.jsonl")
-        samples = G.sample_table(gen, puzzles, G.Sampling.competition(cfg, n=2, temperature=0.5), progress=False)
+        samples = S.sample_table(gen, puzzles, G.Sampling.competition(cfg, n=2, temperature=0.5), progress=False)
     assert pred["id"].tolist() == ["ok1", "huge", "ok2"]
     row = pred.set_index("id").loc["huge"]
-    assert row["finish_reason"] == G.SKIPPED and not row["correct"] and row["tokens"] == 0
+    assert row["finish_reason"] == S.SKIPPED and not row["correct"] and row["tokens"] == 0
     assert set(pred.set_index("id").loc[["ok1", "ok2"], "finish_reason"]) <= {"stop", "length"}
     assert (pred.set_index("id").loc[["ok1", "ok2"], "tokens"] > 0).all()
     assert samples[samples["id"] == "huge"]["sample"].tolist() == [0, 1]  # all n samples, so voting counts it

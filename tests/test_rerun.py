@@ -308,14 +308,14 @@ def test_sft_survives_a_full_disk_and_resumes_from_the_newest_complete_checkpoin
 
 @pytest.mark.slow
 def test_a_second_stage_reuses_the_greedy_evaluation_and_a_changed_key_generates_again(root, monkeypatch):
-    """03_grpo's evaluation and 04_vote's greedy pass of the same model: one pass (generate.predictions counted,
+    """03_grpo's evaluation and 04_vote's greedy pass of the same model: one pass (sampling.predictions counted,
     not replaced); another budget is another key, generated again."""
-    from lab.model import generate
+    from lab.eval import sampling
     from lab import recipes
 
     calls = []
-    real = generate.predictions
-    monkeypatch.setattr(generate, "predictions", lambda gen, puzzles, **kw: calls.append(len(puzzles)) or
+    real = sampling.predictions
+    monkeypatch.setattr(sampling, "predictions", lambda gen, puzzles, **kw: calls.append(len(puzzles)) or
                         real(gen, puzzles, **kw))
     run_dir = root / "evals"
 

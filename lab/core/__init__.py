@@ -8,7 +8,9 @@
   io        atomic writes (a reader never sees half a file); only the main process writes under a launcher
   run       a run and its stages: `Stage`, stage folders, the manifest, the run lock, seeding, report_to
   lineage   content hashes of what a stage read and wrote, and whether a finished stage is still current
+  cache     content-keyed caches: a sealed file under its key's digest, or a keyed log of JSON lines
   console   progress lines for training and generation; known library warnings said once
+  env       every change the lab makes to the process environment (`setenv`, `scoped`)
   stats     the Wilson interval on a share
   plots     every plot of the lab in one style (functions that take a table and return a Figure), the PNG writer
 """

@@ -5,7 +5,8 @@ all before any folder is touched; `load_saved(path)` reads a saved config back o
 
 What it simplifies:
 - a notebook's `overrides` parameter may be a list or the string papermill's `-p` passes
-  (`'["seed=7", "run_name=seed7"]'`, JSON or YAML): `parse_overrides` reads both;
+  (`'["seed=7", "run_name=seed7"]'`, JSON or YAML): `parse_overrides` reads both into a list of strings, and
+  `parsed_overrides` reads them with Hydra's grammar (the sweep, the Kaggle kernels);
 - run folders: without `run_name` (or `run_dir`) a run gets its own time-stamped folder
   (`outputs/<YYYY-MM-DD_HH-MM-SS>`, Hydra's `now` resolver), so an interactive run never
   writes into `outputs/demo`, which only `python -m lab demo` (`make demo`) uses.
@@ -40,7 +41,7 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
 
     overrides = list(overrides)
     conf_dir = config_dir()
-    schema.register()  # conf/config.yaml's first default, `schema`: every group merges onto its dataclass (lab/core/schema.py)
+    schema.register()  # conf/config.yaml's first default, `schema`: every group merges onto its dataclass
     GlobalHydra.instance().clear()
     if hydra_keys := [o for o in overrides if o.lstrip("+~").split("=", 1)[0].strip().split(".")[0] == "hydra"]:
         raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: {', '.join(hydra_keys)}: the "
@@ -71,11 +72,9 @@ def _dict_overrides(overrides: list[str]) -> tuple[list[str], list[tuple[str, ob
     hydra/_internal/config_loader_impl.py, calls `OmegaConf.update(..., merge=True)`): `grpo.rewards={format: 1.0}`
     means format alone, `grpo.rewards={}` means none. An override Hydra's grammar cannot parse is left to Hydra,
     which reports it."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
     try:
-        parsed = OverridesParser.create().parse_overrides(overrides)
-    except Exception:  # noqa: BLE001 - Hydra's compose reports the same error in its words
+        parsed = parsed_overrides(overrides)
+    except LabError:  # Hydra's compose reports the same error in its words
         return overrides, []
     rest, dicts, below = [], [], []
     for line, o in zip(overrides, parsed):
@@ -236,7 +235,8 @@ def split_at_dashes(argv: list[str] | None) -> tuple[list[str], list[str]]:
 
 
 OVERRIDES_HELP = ("""pass a list of Hydra overrides: in Python overrides = ["seed=7", "run_name=seed7"]; """
-                  """with papermill -p overrides '["seed=7", "run_name=seed7"]' or -y 'overrides: [seed=7, run_name=seed7]'""")
+                  """with papermill -p overrides '["seed=7", "run_name=seed7"]' """
+                  """or -y 'overrides: [seed=7, run_name=seed7]'""")
 
 
 def parse_overrides(value: str | Iterable[str] | None) -> list[str]:
@@ -254,13 +254,26 @@ def parse_overrides(value: str | Iterable[str] | None) -> list[str]:
         try:
             value = yaml.safe_load(text)
         except yaml.YAMLError as e:
-            raise LabError(f"notebook parameter overrides={text!r}: not a JSON/YAML list ({e}); {OVERRIDES_HELP}") from None
+            raise LabError(f"notebook parameter overrides={text!r}: not a JSON/YAML list ({e}); "
+                           f"{OVERRIDES_HELP}") from None
         if not isinstance(value, list):
             raise LabError(f"notebook parameter overrides={text!r}: not a list; {OVERRIDES_HELP}")
     if isinstance(value, (list, tuple)) and all(isinstance(v, str) for v in value):
         return list(value)
     raise LabError(f"notebook parameter overrides={value!r}: expected a list of strings such as \"seed=7\"; "
                    f"{OVERRIDES_HELP}")
+
+
+def parsed_overrides(value: str | Iterable[str] | None) -> list:
+    """`parse_overrides(value)` read by Hydra's own grammar: one `Override` per line (key, value, sweep or not), for
+    the sweep and the Kaggle kernels that look at keys. A syntax error is a LabError naming the overrides."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    overrides = parse_overrides(value)
+    try:
+        return OverridesParser.create().parse_overrides(overrides)
+    except Exception as e:  # noqa: BLE001 - OverrideParseException and friends
+        raise LabError(f"cannot parse overrides {overrides}: {e}") from None
 
 
 def names_run(overrides: Iterable[str]) -> bool:
@@ -280,7 +293,8 @@ def library_problems(cfg: DictConfig) -> list[str]:
 
         names = [e.value for e in SchedulerType]
         if sched not in names:
-            problems.append(f"sft.lr_scheduler_type={sched!r} is not one of transformers' schedulers ({', '.join(names)})")
+            problems.append(f"sft.lr_scheduler_type={sched!r} is not one of transformers' schedulers "
+                            f"({', '.join(names)})")
     dtype = OmegaConf.select(cfg, "model.dtype", default=None)
     if dtype not in (None, "auto"):
         import torch

@@ -194,8 +194,9 @@ def quiet_progress_bars() -> None:
     """Turn off the tqdm bars of transformers (e.g. "Loading weights"), datasets (TRL's map and filter passes over
     the training set) and huggingface_hub: a redrawn bar freezes at its first frame in a saved notebook and in
     papermill's log. The lab's own `Progress` counts what takes long."""
-    os.environ["HF_DATASETS_DISABLE_PROGRESS_BARS"] = "1"
-    os.environ["HF_HUB_DISABLE_PROGRESS_BARS"] = "1"
+    from lab.core import env
+
+    env.setenv({"HF_DATASETS_DISABLE_PROGRESS_BARS": "1", "HF_HUB_DISABLE_PROGRESS_BARS": "1"})
     from transformers.utils import logging as hf_logging
 
     hf_logging.disable_progress_bar()

@@ -1,42 +1,24 @@
 """Stage lineage: what each stage consumed and produced, as content hashes, and whether a finished stage is current.
 
-A stage (`lab.core.run.Stage`) records in its `manifest.json`:
-- `inputs`: the content hash of everything it read from the run: the split folder (`lab.data.dataset.prepare`), and every
-  path it took from an earlier stage through `lab.core.run.stage_output` / `stage_input` (an upstream adapter, an
-  upstream predictions file, or a whole upstream stage folder), keyed by the path relative to the run folder;
-- `outputs`: the content hash of every file it wrote into its own folder (manifest.json aside).
+A stage's `manifest.json` records `inputs` (the content hash of everything it read from the run: the split, and every
+path taken from an earlier stage through `lab.core.run.stage_output` / `stage_input`) and `outputs` (every file it
+wrote). `problems(run_dir, stage)` compares both with the disk: an edited output, or an input changed by a rerun
+upstream, makes the stage not current, and `stage_output` refuses to read it.
 
-`problems(run_dir, stage)` compares both with what is on disk now: an output that differs is a hand-edit (or a
-damaged file); an input that differs means an upstream stage was rerun (or edited) after this one read it; an
-upstream stage with problems makes every stage that read it stale too. `lab.core.run.stage_output` / `stage_input`
-refuse to read a stage with problems (a LabError), and `lab.runs.pipeline.summary` marks it.
-
-It is also the lab's one home for "what a rerun may trust": `files` (the files of a folder that count),
-`content_hash` (the one file hasher: lineage, `lab.model.generate`'s cache keys, `lab.train.checkpoints`' model
-fingerprint), `diff` (what changed between a recorded key and the current one: resumed checkpoints, the tiny model's
-recipe), and `seal` / `check_seal` (a record, written atomically beside the files it vouches for, of what made them
-and their content hashes: the greedy evaluation cache, the token-count cache, a checkpoint's lab_complete.json, a
-sweep job's done.json). Nothing is trusted that its seal or its
-manifest does not vouch for: a missing, unreadable or unfinished manifest makes a stage not current.
-
-What it simplifies:
-1. `content_hash` is memoised per process by path, size and modification time; a file over 1 GiB contributes its
-   size and its first and last 64 MiB. This module imports nothing from the lab but `lab.core.io` (which imports
-   nothing back), so `lab.core.run` (Stage, stage_output) can use it without an import cycle.
-2. A seal or a manifest vouches for content, not for who wrote it: a hand edit that rewrites a file and its record
-   consistently is not caught (a damaged or partly edited one is).
-3. Files added to a finished stage folder are not flagged, only files changed or removed.
+It is also the lab's one home for what a rerun may trust: `content_hash` (the one file hasher), `model_hash` and
+`lora_checksum` (the weights a generation comes from), `diff` (what changed between two keys), and `seal` /
+`check_seal` (a record, written after the files it vouches for, of what made them and their hashes).
+The one piece of process state is the stage open in this process (`opened`, `closed`, `open_stage`), to which
+`consumed` records an input; docs/internals.md says what this simplifies.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 from pathlib import Path
-
-_OPEN: list = []  # the stage this process has open (lab.core.run.Stage), to which `consumed` records its inputs
-
 
 _HASHES: dict[tuple, str] = {}
 _WHOLE = 1 << 30  # files up to 1 GiB are hashed whole
@@ -82,6 +64,29 @@ def content_hash(path: str | Path) -> str:
     return h.hexdigest()
 
 
+def model_hash(path: str) -> str:
+    """A local model folder's `content_hash`; for a Hub id, the commit of its snapshot in the local Hub cache."""
+    if os.path.isdir(path):
+        return content_hash(path)
+    from huggingface_hub import try_to_load_from_cache
+
+    found = try_to_load_from_cache(path, "config.json")
+    return f"hub:{Path(found).parent.name}" if isinstance(found, str) else f"hub:{path}"
+
+
+def lora_checksum(model, trainable: bool = False) -> str:
+    """sha256 over an in-memory model's LoRA tensors (names containing `lora_`; with `trainable`, the tensors that
+    require grad instead), names and bytes, on CPU: tells two adapters apart exactly."""
+    import torch
+
+    h = hashlib.sha256()
+    for n, p in model.named_parameters():
+        if (p.requires_grad if trainable else "lora_" in n):
+            h.update(n.encode())
+            h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
 def key(run_dir: Path, path: Path) -> str:
     """How a path is named in a manifest: relative to the run folder when inside it, else absolute."""
     try:
@@ -96,26 +101,43 @@ def stage_of(k: str) -> str | None:
     return first if re.fullmatch(r"\d\d_\w+", first) else None
 
 
+# ---- the stage open in this process: `lab.core.run.Stage` opens and closes it, `consumed` records into it --------
+
+_open_stage = None  # the one `lab.core.run.Stage` open in this process, or None
+
+
 def opened(stage) -> None:
-    _OPEN[:] = [stage]
+    """Make `stage` the stage open in this process (`lab.core.run.Stage` when it starts)."""
+    global _open_stage
+    _open_stage = stage
 
 
 def closed(stage) -> None:
-    if _OPEN and _OPEN[0] is stage:
-        _OPEN.clear()
+    """No stage open any more, if `stage` was the open one (`Stage.finish`, or a test's failed attempt)."""
+    global _open_stage
+    if _open_stage is stage:
+        _open_stage = None
+
+
+def open_stage():
+    """The stage open in this process (`opened`), or None."""
+    return _open_stage
 
 
 def consumed(path) -> None:
-    """Record `path`'s content hash as an input of the open stage (none open, or a path in its own folder: nothing to
-    do)."""
-    if not _OPEN:
-        return
-    stage = _OPEN[0]
+    """Record `path` as an input of the stage open in this process (`record_input`); none open: nothing to do."""
+    if _open_stage is not None:
+        record_input(_open_stage, path)
+
+
+def record_input(stage, path) -> None:
+    """Add `path`'s content hash to `stage`'s manifest inputs (a path in its own folder: nothing to do) and rewrite
+    the running manifest, so a rerun after a failure can compare what the attempt read (`lab.core.run.Stage`)."""
     p = Path(path).resolve()
     if p.exists() and not any(p.is_relative_to(own.resolve()) for own in (stage.dir, stage.final)):
         stage.manifest.setdefault("inputs", {})[key(stage.run_dir, p)] = content_hash(p)
-        if (stage.dir / "manifest.json").is_file():  # the running stage's manifest says what it read so far: a rerun
-            from lab.core.io import atomic_write_json  # after a failure compares it (lab.core.run.Stage)
+        if (stage.dir / "manifest.json").is_file():
+            from lab.core.io import atomic_write_json
 
             atomic_write_json(stage.dir / "manifest.json", stage.manifest)
 

@@ -28,7 +28,7 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
-from lab.core import lineage, owner
+from lab.core import env, lineage, owner
 from lab.core.config import compose, library_problems, names_run, parse_overrides, validate
 from lab.core.console import quiet_known_warnings
 from lab.core.io import atomic_write_json, atomic_write_text, is_main_process, read_json
@@ -64,7 +64,7 @@ def tracking_args(cfg: DictConfig, stage: str) -> dict[str, Any]:
     if name == "tensorboard":
         # transformers' TensorBoardCallback reads its folder from this variable (TrainingArguments has no
         # logging_dir in transformers 5)
-        os.environ["TENSORBOARD_LOGGING_DIR"] = str(resolve_path(cfg.run_dir) / "tensorboard" / stage)
+        env.setenv({"TENSORBOARD_LOGGING_DIR": str(resolve_path(cfg.run_dir) / "tensorboard" / stage)})
     return {"report_to": name, "run_name": f"{cfg.run_name}/{stage}"}
 
 
@@ -83,7 +83,7 @@ def seed_everything(seed: int) -> None:
     from transformers import set_seed
 
     set_seed(int(seed), deterministic=not torch.cuda.is_available())
-    os.environ.setdefault("PYTHONHASHSEED", str(seed))
+    env.setenv({"PYTHONHASHSEED": str(seed)}, keep=True)
 
 
 def git_commit() -> str | None:
@@ -192,22 +192,16 @@ def release_lock(run_dir: str | os.PathLike) -> None:
 def run_lock(run_dir: str | os.PathLike):
     """Hold the run folder's lock for a driver; the notebooks it runs inherit it through $LAB_RUN_LOCK."""
     took = acquire_lock(run_dir)
-    before = os.environ.get(LOCK_ENV)
-    if took:
-        os.environ[LOCK_ENV] = _HELD[Path(_lock(run_dir).lock_file)][1]
     try:
-        yield
+        with env.scoped({LOCK_ENV: _HELD[Path(_lock(run_dir).lock_file)][1]} if took else {}):
+            yield
     finally:
         if took:
-            if before is None:
-                os.environ.pop(LOCK_ENV, None)
-            else:
-                os.environ[LOCK_ENV] = before
             release_lock(run_dir)
 
 
 # Files a stage writes in its folder that are keyed by what made them (a changed input starts them afresh), so a
-# rerun after a failure may carry them over: 04_vote's samples (lab.model.generate.sample_table's cache).
+# rerun after a failure may carry them over: 04_vote's samples (lab.eval.sampling.sample_table's cache).
 KEYED_CACHES = ("samples.jsonl",)
 
 
@@ -273,7 +267,7 @@ class Stage:
     def _fresh_keeping_caches(self) -> None:
         """Replace the folder a stage that died left (`dir`) by an empty one holding only its `KEYED_CACHES`: the
         expensive work it finished (04_vote's samples) is not drawn again by the rerun, which reuses a cache only
-        under the same key (`lab.model.generate.sample_table`: another key starts afresh)."""
+        under the same key (`lab.eval.sampling.sample_table`: another key starts afresh)."""
         kept = [self.dir / n for n in KEYED_CACHES if (self.dir / n).is_file()]
         if kept and (why := self._inputs_changed()):
             print(f"note: {self.dir}: not keeping {', '.join(f.name for f in kept)} from the attempt that did not "

@@ -1,6 +1,6 @@
 r"""Inference-time voting over sampled completions, and the pass@k / maj@k curves that judge it.
 
-Pure functions of a *samples table* (one row per completion, as `lab.model.generate.sample_table` writes it: id,
+Pure functions of a *samples table* (one row per completion, as `lab.eval.sampling.sample_table` writes it: id,
 category, gold, sample, answer, tokens, finish_reason, mean_logprob); no model is needed. Two answers are one vote
 when the competition's `verify` says so. `METHODS` (greedy, majority, confidence, early_stop) are replayed offline by
 `replay`; `early_stop_live` applies the early-stopping rule while sampling, so its token saving is real.
@@ -183,7 +183,7 @@ def early_stop_live(draw: Callable[[list[str], int, int], pd.DataFrame], ids: Se
     applies to samples drawn in full), at most `k` samples each.
 
     `draw(ids, round, n)` generates n samples for each of `ids` (round 0, 1, ...: the caller seeds each round
-    apart) and returns a samples table (`lab.model.generate.sample_table`'s columns; at least id, answer, tokens; n
+    apart) and returns a samples table (`lab.eval.sampling.sample_table`'s columns; at least id, answer, tokens; n
     rows per id). Returns (results, samples): `results` has `replay`'s columns (one row per id; samples_used and
     tokens_used are what was generated: the sum of the drawn completions' tokens), `samples` every drawn row, with
     `sample` numbered in drawing order across rounds and a `round` column. Replaying early_stop with the same

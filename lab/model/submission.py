@@ -26,7 +26,7 @@ from pathlib import Path
 from lab import LabError
 from lab.core import owner
 from lab.core.io import atomic_file, check_not_input, read_json
-from lab.core.paths import project_root
+from lab.core.paths import project_root, resolve_path
 from lab.model.submission_check import (_FUSED, BASE_COPIES, CONFIG_NAME, EXPERT_PARAMS, WEIGHTS_NAME, _strip,
                                   alpha_for, check, config_problems, lora_config_fields, rank_for)
 
@@ -192,6 +192,28 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
     return out_zip
 
 # ---- CLI ------------------------------------------------------------------------------------------------
+
+def served_adapter(adapter: str | os.PathLike, workdir: str | os.PathLike, dtype: str | None = None) -> Path:
+    """The folder vLLM is given for `adapter`: a PEFT adapter folder packed with `pack` (experts split per expert,
+    the zip Kaggle scores; `dtype`: the tensors cast to it) and unzipped into `workdir`, or a packed .zip checked with
+    `check` and unzipped. Packed because vLLM 0.33 refuses the raw folder's fused expert LoRA under the competition's
+    engine settings, and because the lab scores the form Kaggle loads (docs/internals.md)."""
+    src, workdir = resolve_path(adapter), Path(workdir)
+    if src.is_dir() and (src / "adapter_config.json").is_file():
+        packed = pack(src, workdir / "adapter.zip", dtype=dtype)
+    elif src.is_file() and zipfile.is_zipfile(src):
+        problems = check(src)
+        if problems:
+            raise LabError(f"{src}: not a servable adapter zip: " + "; ".join(problems))
+        packed = src
+    else:
+        raise LabError(f"{src}: not a LoRA adapter (a folder with adapter_config.json, or a zip made by "
+                       "`python -m lab pack`)")
+    out = workdir / "adapter"
+    with zipfile.ZipFile(packed) as z:  # check() allows exactly two plain files at the root
+        z.extractall(out)
+    return out
+
 
 def pack_main(argv: list[str] | None = None) -> int:
     """`python -m lab pack ADAPTER_DIR OUT.zip [--dtype D] [--base-model DIR] [--base-model-name HUB_ID]`."""

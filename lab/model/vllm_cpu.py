@@ -12,15 +12,15 @@ docs/internals.md, lab.model.vllm_cpu.
 
 from __future__ import annotations
 
-import os
-
 _REFUSAL = "is_act_and_mul=False is supported only for CUDA, XPU and ROCm"
 
 
 def cpu_environment() -> None:
     """The environment vLLM's CPU build needs here; call before `import vllm` (values already set are kept)."""
-    os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")  # GiB of KV cache; the default takes a share of RAM
-    os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")  # engine core in this process
+    from lab.core import env
+
+    env.setenv({"VLLM_CPU_KVCACHE_SPACE": "1",  # GiB of KV cache; the default takes a share of RAM
+                "VLLM_ENABLE_V1_MULTIPROCESSING": "0"}, keep=True)  # the engine core in this process
 
 
 def expert_matmul_standin(self, output, hidden_states, w1, w2, topk_weights, topk_ids, activation,

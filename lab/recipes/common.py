@@ -194,24 +194,25 @@ def finish_training(stage: Stage, trained, scores, problems: list[str], launch=N
 # ---- greedy evaluation, cached by its key -----------------------------------------------------------------------
 
 def evaluation_key(cfg, adapter, puzzles: pd.DataFrame) -> dict:
-    """What a greedy evaluation's predictions depend on: the base model's content hash (`generate.model_hash`), the
+    """What a greedy evaluation's predictions depend on: the base model's content hash (`lineage.model_hash`), the
     adapter's (`lineage.content_hash`; None for the base model alone), a sha256 of the puzzles (id, prompt, answer,
     category, subtype), the seed, every `infer` setting (greedy sampling, max_tokens, metric version, engine), and
-    the back-end, dtype and max_model_len (`generate.engine_settings`, as the samples cache's key). Paths are left
+    the back-end, dtype and max_model_len (`sampling.engine_settings`, as the samples cache's key). Paths are left
     out: 03_grpo's adapter in its working folder and the same adapter read by 04_vote from the finished one are the
     same key."""
-    from lab.model import generate, models
-    from lab.core.lineage import content_hash
+    from lab.eval import sampling
+    from lab.model import models
+    from lab.core.lineage import content_hash, model_hash
 
     cols = [c for c in ("id", "prompt", "answer", "category", "subtype") if c in puzzles.columns]
-    return {"model_sha256": generate.model_hash(models.model_path(cfg)),
+    return {"model_sha256": model_hash(models.model_path(cfg)),
             "adapter_sha256": content_hash(resolve_path(adapter)) if adapter is not None else None,
             "puzzles_sha256": hashlib.sha256(puzzles[cols].astype(str).to_csv(index=False).encode()).hexdigest(),
-            "seed": cfg.seed, **generate.engine_settings(cfg, cfg.model.generation_backend)}
+            "seed": cfg.seed, **sampling.engine_settings(cfg, cfg.model.generation_backend)}
 
 
 def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, cached: bool = True) -> pd.DataFrame:
-    """Greedy predictions (the competition's settings, `generate.predictions`) of the base model plus `adapter`
+    """Greedy predictions (the competition's settings, `sampling.predictions`) of the base model plus `adapter`
     (None: the base model alone) on `puzzles`, written to the stage's file `name` and returned as
     `lab.eval.analysis.load_predictions` reads them. `gen`: a Generator of that adapter already open (else one is made
     only when needed). Cached as `<run_dir>/evaluations/<key digest>.csv`, sealed by `<key digest>.json` (the key and
@@ -222,8 +223,9 @@ def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, 
     cached like the others: `generate.generate_hf` seeds its batches inside `torch.random.fork_rng`, so torch's
     random state after it (from which SFT initialises the LoRA next) is the same whether it was generated or reused
     (tests/test_caches.py checks both)."""
-    from lab.model import generate
+    from lab.eval import sampling
     from lab.eval.analysis import load_predictions
+    from lab.model import generate
 
     key = evaluation_key(stage.cfg, adapter, puzzles)
     digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
@@ -243,7 +245,7 @@ def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, 
     if why:
         print(f"note: greedy evaluation cache not reused: {why}; generating it again")
     with contextlib.nullcontext(gen) if gen is not None else generate.Generator(stage.cfg, adapter=adapter) as g:
-        generate.predictions(g, puzzles, out_csv=out)
+        sampling.predictions(g, puzzles, out_csv=out)
     if cached:
         _copy(out, entry)
         lineage.seal(entry.with_suffix(".json"), key, [entry])  # the seal last: it vouches for a complete entry

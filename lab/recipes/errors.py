@@ -53,13 +53,14 @@ def final_predictions(stage: Stage) -> pd.DataFrame:
 
 def error_budget(stage: Stage, pred: pd.DataFrame) -> int:
     """The completion budget the evaluation allowed: that of the prompts that were generated (a prompt with no
-    room was skipped: `generate.SKIPPED`), else `infer.max_tokens`."""
+    room was skipped: `sampling.SKIPPED`), else `infer.max_tokens`."""
     from lab.competition.prompts import chat_prompt
+    from lab.eval import sampling
     from lab.model import generate, models
 
     cfg = stage.cfg
     tok = models.load_tokenizer(cfg)
-    kept = [chat_prompt(tok, p) for p, why in zip(pred["prompt"], pred["finish_reason"]) if why != generate.SKIPPED]
+    kept = [chat_prompt(tok, p) for p, why in zip(pred["prompt"], pred["finish_reason"]) if why != sampling.SKIPPED]
     budget = (generate.completion_budget(tok, kept, cfg.infer.max_tokens, cfg.model.max_model_len) if kept
               else cfg.infer.max_tokens)
     print(f"{len(pred)} predictions, completion budget {budget} tokens")

@@ -101,9 +101,9 @@ def _sampling(stage: Stage):
 def sample(stage: Stage, val: pd.DataFrame, gen) -> pd.DataFrame:
     """k samples per puzzle at `vote.temperature` (`samples.csv`, one row each; cached in `samples.jsonl` so a killed
     run resumes): every method below is replayed on this one table, so they are compared on equal draws."""
-    from lab.model import generate
+    from lab.eval import sampling
 
-    samples = generate.sample_table(gen, val, _sampling(stage), cache=stage.path("samples.jsonl"))
+    samples = sampling.sample_table(gen, val, _sampling(stage), cache=stage.path("samples.jsonl"))
     atomic_write_csv(stage.path("samples.csv"), samples)
     print(f"{len(samples)} samples")
     return samples
@@ -113,8 +113,8 @@ def early_stop_live(stage: Stage, val: pd.DataFrame, gen) -> pd.DataFrame | None
     """With `vote.live_early_stop` (and early_stop among the methods): early stopping sampled for real, in rounds
     (`lab.eval.vote.early_stop_live`), so its token saving was generated, not replayed (`early_stop_live.csv`,
     `early_stop_live_samples.csv`). None when off."""
+    from lab.eval import sampling
     from lab.eval import vote as vote_lib
-    from lab.model import generate
 
     v = stage.cfg.vote
     if not (v.live_early_stop and "early_stop" in v.methods):
@@ -124,7 +124,7 @@ def early_stop_live(stage: Stage, val: pd.DataFrame, gen) -> pd.DataFrame | None
     by_id = val.assign(id=val["id"].astype(str)).set_index("id", drop=False)
 
     def draw(ids, rnd, n):  # round r: its own seed and cache file, so a killed run resumes round by round
-        return generate.sample_table(gen, by_id.loc[ids].reset_index(drop=True),
+        return sampling.sample_table(gen, by_id.loc[ids].reset_index(drop=True),
                                      replace(spec, n=n, seed=spec.seed + 1_000_003 * (rnd + 1)),
                                      cache=stage.path(f"early_stop_round{rnd}.jsonl"))
 

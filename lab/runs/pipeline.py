@@ -21,7 +21,7 @@ from lab.core.config import compose, names_run
 from lab.core.console import ECHO_ENV, debugging
 from lab.core.io import atomic_write_json, atomic_write_text, read_json
 from lab.core.paths import project_root
-from lab.core import lineage, owner
+from lab.core import env, lineage, owner
 from lab.core.run import run_lock
 
 STAGES = ["01_explore", "02_sft", "03_grpo", "04_vote", "05_errors"]
@@ -84,7 +84,7 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: 
               progress_bar=False, extra_arguments=KERNEL_ARGS)
     echo = {ECHO_ENV: "1"} if log_file is None and log_output else {}  # progress lines to this console too
     try:
-        with plain_progress(), _env(echo):
+        with plain_progress(), env.scoped(echo):
             if log_file is None:
                 pm.execute_notebook(str(src), str(out), log_output=log_output, **kw)
             else:
@@ -115,37 +115,11 @@ def execute_stage(stage: str, run_dir: Path, overrides: list[str], *, log_file: 
     return out
 
 
-@contextlib.contextmanager
-def _env(values: dict[str, str]):
-    """`values` in the environment (the kernels papermill starts inherit it), as it was after."""
-    import os
-
-    before = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
-        yield
-    finally:
-        for k, v in before.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-
-
-@contextlib.contextmanager
 def plain_progress():
     """The stage kernels print plain progress lines (`lab.core.console.live_progress`): `LAB_PROGRESS=plain` while
     papermill starts them, unless the caller set it. Needed where this runs inside a Jupyter kernel (a Kaggle
     notebook running the pipeline), whose `JPY_SESSION_NAME` the stage kernels would otherwise inherit."""
-    import os
-
-    had = os.environ.get("LAB_PROGRESS")
-    os.environ.setdefault("LAB_PROGRESS", "plain")
-    try:
-        yield
-    finally:
-        if had is None:
-            os.environ.pop("LAB_PROGRESS", None)
+    return env.scoped({"LAB_PROGRESS": "plain"}, keep=True)
 
 
 # What a stage costs, for the time `run_notebooks` expects: FIXED_CPU_S + PER_UNIT_CPU_S x its work units, in CPU

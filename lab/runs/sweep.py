@@ -31,7 +31,7 @@ from typing import Any, Iterable
 
 from lab import LabError
 from lab.core import lineage, owner
-from lab.core.config import compose, config_data, saved_config_matches
+from lab.core.config import compose, config_data, parsed_overrides, saved_config_matches
 from lab.core.io import atomic_write_json, atomic_write_text, read_json
 from lab.core.paths import project_root, resolve_path
 from lab.core.run import _now, run_lock  # _now: the manifests' UTC time stamp, so job.json's read the same
@@ -54,17 +54,6 @@ def quote(value: str) -> str:
     return "'" + str(value).replace("'", "\\'") + "'"
 
 
-def parse_overrides(overrides: Iterable[str]):
-    """Hydra's own parser; a syntax error becomes a LabError naming the overrides."""
-    from hydra.core.override_parser.overrides_parser import OverridesParser
-
-    overrides = list(overrides)
-    try:
-        return OverridesParser.create().parse_overrides(overrides)
-    except Exception as e:  # OverrideParseException and friends
-        raise LabError(f"cannot parse overrides {overrides}: {e}") from None
-
-
 # ---------------------------------------------------------------------------------------------
 # one job
 # ---------------------------------------------------------------------------------------------
@@ -73,7 +62,7 @@ def job_params(overrides: list[str], exclude_keys: Iterable[str]) -> dict[str, A
     """The job's parameters: its overrides whose keys are swept (not in `exclude_keys`), values parsed."""
     exclude = set(exclude_keys)
     out = {}
-    for o in parse_overrides(overrides):
+    for o in parsed_overrides(overrides):
         if o.key_or_group not in exclude:
             v = o.value()
             out[o.key_or_group] = v if isinstance(v, (int, float, bool, str)) or v is None else str(v)
@@ -260,14 +249,14 @@ def plan(overrides: list[str], seeds: int | None = None, smoke: bool = False) ->
     overrides = list(overrides)
     if smoke:
         overrides = with_smoke(overrides)
-    parsed = parse_overrides(overrides)
+    parsed = parsed_overrides(overrides)
     if seeds is not None:
         if seeds < 1:
             raise LabError(f"--seeds {seeds}: need at least 1")
         if any(o.key_or_group == "seed" for o in parsed):
             raise LabError("give either --seeds N or seed=..., not both")
         overrides.append("seed=" + ",".join(str(s) for s in range(1, seeds + 1)))
-        parsed = parse_overrides(overrides)
+        parsed = parsed_overrides(overrides)
     lab, hydra, named, fixed = [], [], [], []
     for line, o in zip(overrides, parsed):
         key = o.key_or_group

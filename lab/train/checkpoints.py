@@ -19,10 +19,9 @@ from typing import Any, Iterable
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
-from lab.model.generate import model_hash
 from lab.core.io import atomic_write_json, is_main_process, read_json
 from lab.core import lineage
-from lab.core.lineage import diff, files
+from lab.core.lineage import diff, files, model_hash
 from lab.model.models import model_path
 
 RUN_RECORD = "lab_run.json"
@@ -31,7 +30,7 @@ COMPLETE = "lab_complete.json"
 
 def fingerprint(cfg: DictConfig, group: str, free_keys: Iterable[str], **extra: Any) -> dict:
     """What must not change between a run and its resumption: `cfg[group]` without `free_keys`, the seed, the model's
-    dtype and content hash (`lab.model.generate.model_hash`; not its path: a run copied elsewhere, or the model moved,
+    dtype and content hash (`lab.core.lineage.model_hash`; not its path: a run copied elsewhere, or the model moved,
     still resumes), and `extra` (what the stage adds)."""
     free = set(free_keys)
     g = {k: v for k, v in OmegaConf.to_container(cfg[group], resolve=True).items() if k not in free}

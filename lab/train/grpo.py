@@ -46,7 +46,8 @@ from lab import LabError
 from lab.train import checkpoints
 from lab.train.checkpoints import RUN_RECORD  # the checkpoint folder's run record (tests read it here)
 from lab.data.dataset import trace_style
-from lab.model.generate import completion_budget, lora_checksum
+from lab.core.lineage import lora_checksum
+from lab.model.generate import completion_budget
 from lab.plan.preflight import check_backend  # a config check the preflight runs before anything loads
 from lab.train.grpo_refine import refine_prompt_text, refine_rollout
 from lab.core.io import atomic_write_csv, check_replaceable, is_main_process, read_json
@@ -133,10 +134,11 @@ def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, bu
 
     With `cache` (`train` passes `<checkpoint_dir>/pass_rate_samples.jsonl`), the samples are appended after every
     generate call, one `infer.batch_size` of completions (`sample_table`'s chunk), keyed by the sampling spec and
-    the start adapter's weights (`generate.sample_key`: `lora_checksum` of the in-memory model): a run killed part-way
-    keeps every prompt it finished, and the rerun samples only the rest."""
-    from lab.model import generate
+    the start adapter's weights (`lab.eval.sampling.sample_key`: `lora_checksum` of the in-memory model): a run
+    killed part-way keeps every prompt it finished, and the rerun samples only the rest."""
+    from lab.eval import sampling
     from lab.eval.vote import pass_rates
+    from lab.model import generate
 
     g = cfg.grpo
     spec = generate.Sampling(max_tokens=int(budget), n=g.pass_rate_k, temperature=float(g.temperature),
@@ -146,9 +148,9 @@ def pass_rate_table(cfg: DictConfig, model, tokenizer, puzzles: pd.DataFrame, bu
         Path(cache).parent.mkdir(parents=True, exist_ok=True)
     if rollouts is not None:  # the key names the in-memory adapter's checksum (`VLLMRollouts.pass_rate_generator`)
         with rollouts.pass_rate_generator() as gen:
-            return pass_rates(generate.sample_table(gen, puzzles, spec, cache=cache, chunk=chunk))
+            return pass_rates(sampling.sample_table(gen, puzzles, spec, cache=cache, chunk=chunk))
     gen = generate.Generator(cfg, model=model, tokenizer=tokenizer, backend="hf")
-    return pass_rates(generate.sample_table(gen, puzzles, spec, cache=cache, chunk=chunk))
+    return pass_rates(sampling.sample_table(gen, puzzles, spec, cache=cache, chunk=chunk))
 
 
 # ---- GRPOConfig -------------------------------------------------------------------------------

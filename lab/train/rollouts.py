@@ -17,7 +17,8 @@ from pathlib import Path
 
 from lab import LabError
 from lab.core.io import atomic_dir
-from lab.model import generate
+from lab.core import lineage
+from lab.model import generate, submission
 from lab.model.submission import pack_dtype
 from lab.train import trl_private
 
@@ -138,9 +139,9 @@ class VLLMRollouts:
         return self.llm
 
     def pack(self, key: str) -> Path:
-        """The in-memory "default" adapter as vLLM serves it (`generate.served_adapter`), in
+        """The in-memory "default" adapter as vLLM serves it (`submission.served_adapter`), in
         `rollouts/<key>-<checksum>`: written atomically, reused when it exists (same key, same weights)."""
-        sha = generate.lora_checksum(self.model, trainable=True)[:16]
+        sha = lineage.lora_checksum(self.model, trainable=True)[:16]
         folder = self.dir / f"{key}-{sha}"
         if (folder / "adapter" / "adapter_config.json").is_file():
             return folder / "adapter"
@@ -148,7 +149,7 @@ class VLLMRollouts:
         with atomic_dir(folder, "rollout adapter") as tmp:
             # only the trained adapter: TRL's "ref" copy (beta > 0) is not served
             self.model.save_pretrained(str(tmp / "peft"), selected_adapters=["default"], save_embedding_layers=False)
-            generate.served_adapter(tmp / "peft", tmp, dtype=self.pack_dtype)
+            submission.served_adapter(tmp / "peft", tmp, dtype=self.pack_dtype)
             shutil.rmtree(tmp / "peft")
             (tmp / "adapter.zip").unlink(missing_ok=True)
         for old in sorted((p for p in self.dir.iterdir() if p.is_dir() and p != folder and "-" in p.name),
@@ -234,8 +235,8 @@ class VLLMRollouts:
         path = self.pack("start")
         timings["pack_s"] = time.perf_counter() - t
         base = models.model_path(self.cfg)
-        source = {"model": base, "model_sha256": generate.model_hash(base), "weights": "in memory, served packed",
-                  "lora_sha256": generate.lora_checksum(self.model)}
+        source = {"model": base, "model_sha256": lineage.model_hash(base), "weights": "in memory, served packed",
+                  "lora_sha256": lineage.lora_checksum(self.model)}
         with engine_phase(self.model, self.llm if self.llm is not None else _Lazy(self), self.switch, timings,
                           self.level):
             self._engine(timings)

@@ -45,7 +45,7 @@ def test_a_seal_vouches_for_its_key_and_its_files_content(tmp_path):
 def test_a_cut_evaluation_cache_is_generated_again_not_reused(tmp_path, monkeypatch, capsys):
     """Case 3: `<run>/evaluations/<key>.csv` cut to 2 of 4 rows, all correct, was 'reused, not generated'."""
     from lab import recipes
-    from lab.model import generate
+    from lab.eval import sampling
 
     made = []
 
@@ -53,8 +53,8 @@ def test_a_cut_evaluation_cache_is_generated_again_not_reused(tmp_path, monkeypa
         made.append(len(puzzles))
         atomic_write_csv(out_csv, preds([True, False, False, False]))
 
-    monkeypatch.setattr(stages, "evaluation_key", lambda cfg, adapter, puzzles: {"model": "m", "puzzles": "p"})
-    monkeypatch.setattr(generate, "predictions", predictions)
+    monkeypatch.setattr(recipes.common, "evaluation_key", lambda cfg, adapter, puzzles: {"model": "m", "puzzles": "p"})
+    monkeypatch.setattr(sampling, "predictions", predictions)
     stage_dir = tmp_path / "02_sft"
     stage_dir.mkdir()
     stage = types.SimpleNamespace(cfg=types.SimpleNamespace(run_dir=str(tmp_path)), path=lambda n: stage_dir / n)
@@ -189,7 +189,7 @@ def test_a_copied_runs_checkpoints_keep_their_fingerprint(tmp_path):
 def test_cached_samples_are_scored_again_and_a_changed_gold_is_drawn_again(tmp_path, capsys):
     """Second probe: a samples.jsonl row hand-edited to correct=true was reused as correct; a puzzle whose gold answer
     changed kept its old rows."""
-    from lab.model.generate import _rescored
+    from lab.eval.sampling import _rescored
 
     def rec(pid, gold, completion, correct):
         return {"id": pid, "gold": gold, "sample": 0, "completion": completion, "answer": "?", "correct": correct}
