@@ -57,7 +57,7 @@ def test_every_real_model_notebook_checks_before_it_opens_its_stage(stage):
 
     nb = json.loads((project_root() / "notebooks" / f"{stage}.ipynb").read_text())
     code = "".join("".join(c["source"]) for c in nb["cells"] if c["cell_type"] == "code")
-    assert f'recipes.common.open_stage("{stage}", overrides' in code  # preflight.check, then Stage (tests/test_notebooks.py)
+    assert f'common.open_stage("{stage}", overrides' in code  # preflight.check, then Stage (tests/test_notebooks.py)
 
 
 def test_unsloth_is_asked_for_only_where_the_stage_uses_it(tmp_path):
