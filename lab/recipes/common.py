@@ -189,14 +189,14 @@ class Scores:
     figure: object
 
 
-def save_training(stage: Stage, log: pd.DataFrame, check, skip_check: bool = False) -> list[str] | None:
+def save_training(stage: Stage, log: pd.DataFrame, check) -> list[str] | None:
     """What a training run returned, written into the stage folder: `train_log.csv`, and the gradient check's
     `gradient_check.csv` and `frozen_check.csv` (`lab.model.lora.GradientCheck.save`). Returns what the check found
     failed (None without a check); each failure is printed as a warning."""
     from lab.core.io import atomic_write_csv
 
     atomic_write_csv(stage.path("train_log.csv"), log)
-    if check is None or skip_check:
+    if check is None:
         return None
     failed = check.save(stage.dir)
     if failed:

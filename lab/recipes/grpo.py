@@ -104,6 +104,7 @@ def drop_solved(stage: Stage, run, rates: pd.DataFrame) -> list[str]:
         return [str(i) for i in run.record["order"]]
     kept, _ = curriculum.select(rates, threshold=g.drop_threshold, drop_unsolved=g.drop_unsolved)
     if not kept:
+        run.close()  # the rollout engine, if any: nothing will be trained
         raise LabError(f"{stage.dir}: no training prompt has a pass rate below {g.drop_threshold}"
                        + (" and above 0" if g.drop_unsolved else "") + f" over {g.pass_rate_k} samples (see "
                        f"{stage.path('pass_rates.csv')}): nothing to learn from. A start that solves nothing "

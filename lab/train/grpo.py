@@ -369,7 +369,7 @@ class GrpoRun:
             return self._train()
         finally:
             self.close()
-            self.model = self.tokenizer = None
+            self.model = self.tokenizer = self.rollouts = None
 
     def close(self) -> None:
         if self.rollouts is not None and not getattr(self, "_closed", False):
