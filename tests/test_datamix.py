@@ -72,7 +72,7 @@ def test_sft_examples_use_each_categorys_style(monkeypatch):
             return {"input_ids": text.split()}
 
     monkeypatch.setattr("lab.puzzles.solve", fake_solve)
-    monkeypatch.setattr(sft, "chat_prompt", lambda tok, p: p)
+    monkeypatch.setattr("lab.data.sft_examples.chat_prompt", lambda tok, p: p)
     puzzles = pd.DataFrame({"id": ["a", "b"], "prompt": ["pa", "pb"], "answer": ["1", "1"],
                             "category": ["bit_manipulation", "gravity"]})
     ex, counts = sft.sft_examples(Tok(), puzzles, 100, {"bit_manipulation": "compact", "gravity": "derivation"})

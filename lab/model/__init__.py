@@ -9,6 +9,7 @@
   packed_rows       packed SFT rows made exact: each row's Mamba state and attention start at its own first
                     token (`sft.packing`)
   generate          one generation interface for every stage: transformers (hf, CPU or GPU) or vLLM; cached samples
+  torch_logprob     TRL's fused log-prob head in plain PyTorch (CPU training, the memory trace's CPU head)
   vllm_cpu          vLLM's CPU build on the tiny model, with a test-only stand-in for its expert matmul
   submission        packing the Kaggle submission.zip (`python -m lab pack`)
   submission_check  every problem of a submission.zip (`python -m lab check`)

@@ -78,6 +78,14 @@ SUBMISSION_DTYPE = "bfloat16"
 PACK_DTYPES = ("bfloat16", "float16", "float32")  # what --dtype names (torch's spelling)
 
 
+def pack_dtype(cfg) -> str | None:
+    """The dtype GRPO's rounds pack their served adapter in: the model's when it is a half type, since vLLM casts the
+    LoRA to the model's dtype when it loads it (lora_dtype "auto", vllm/config/lora.py), so a bf16 pack serves the
+    same weights at half the bytes and is what the submission holds (`SUBMISSION_DTYPE`); None (as trained, fp32)
+    for the fp32 tiny model."""
+    return str(cfg.model.dtype) if str(cfg.model.dtype) in ("bfloat16", "float16") else None
+
+
 # ---- the expert conversion --------------------------------------------------------------------------
 
 def split_fused_experts(tensors: dict, config: dict, num_experts: int | None = None) -> tuple[dict, list]:

@@ -430,7 +430,7 @@ def counted_tokens(cfg: DictConfig, data: Path, tok: Path, sample: int | None) -
             print(f"note: token count cache not reused: {e}; counting again", flush=True)
     from transformers import AutoTokenizer
 
-    from lab.train.sft import sft_examples
+    from lab.data.sft_examples import sft_examples
 
     df = dataset.add_categories(dataset.load_puzzles(data))
     train, _ = dataset.split(df, cfg.data.val_fraction, cfg.seed)

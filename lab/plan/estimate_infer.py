@@ -26,7 +26,7 @@ figures are PROJECTED, nothing of it has run on a GPU):
 - Rounds. One generation round samples `grpo.steps_per_generation` (S) optimizer steps' prompts x num_generations in
   one hand-over to a vLLM engine on the base model with the current adapter packed by the submission's own code
   (`lab.model.submission.pack`) and served through a `LoRARequest` with a new lora_int_id each round: never merged,
-  so what is sampled is what would be submitted (no bf16 merge drift, `lab.train.grpo.check_backend`). The S steps
+  so what is sampled is what would be submitted (no bf16 merge drift, `lab.plan.preflight.check_backend`). The S steps
   then train on those completions, the later ones lagging the policy by up to S - 1 steps; TRL 1.15 corrects that
   with its old log-probabilities and clipped ratio (computed when `gradient_accumulation_steps % steps_per_generation
   != 0`, trl/trainer/grpo_trainer.py `_generate_and_score_completions`; `lab.plan.memory.micro_batch`). TRL's

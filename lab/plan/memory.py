@@ -25,7 +25,7 @@ real kernel allocates and saves, read from their sources (downloaded with `pip d
   statistics and one `[min(tokens, 4096), 32768]` tile buffer in the compute dtype; saves `hidden, weight, bias,
   targets, log_z, entropy`; backward allocates fp32 `grad_hidden`, fp32 `grad_weight` (when the head's weight needs
   a gradient: the lab's `lm_head` LoRA, `lab.model.lora.head_as_linear`), a tile buffer, and returns them cast back.
-  `head="torch"` uses `lab.train.trl_private`'s real PyTorch head instead (what a CPU step runs; the tiny-model test).
+  `head="torch"` uses `lab.model.torch_logprob`'s real PyTorch head instead (what a CPU step runs; the tiny-model test).
 - `bitsandbytes`' 8-bit AdamW (`bitsandbytes-0.50.2` wheel, `bitsandbytes/optim/optimizer.py`,
   `Optimizer2State.init_state`): uint8 `state1/state2` and fp32 `absmax1/absmax2` per 256 values for tensors of at
   least 4,096 values (`min_8bit_size`), fp32 states otherwise; its update is in place.
@@ -81,7 +81,7 @@ from lab import LabError  # models.missing_mamba_kernels read at call time (test
 from lab.model import models
 from lab.plan.autocast_rules import cuda_autocast_rules
 from lab.model.lora import _base, attach_lora, head_as_linear, head_lora
-from lab.train.trl_private import TorchLogProbFunction
+from lab.model.torch_logprob import TorchLogProbFunction
 
 GIB = 1024 ** 3
 REAL_CONFIG = Path(__file__).resolve().parents[2].parent / "shared" / "tokenizer" / "nemotron-3-nano" / "config.json"
@@ -495,7 +495,7 @@ def trace(cfg: DictConfig, stage: str = "sft", tokens: int | None = None, mamba:
     """Run one training micro-step of `stage` and count its live storage bytes (module docstring).
 
     `mamba`: kernel (the `mamba_ssm`/`causal_conv1d` stand-ins), torch (transformers' PyTorch path) or real (the
-    installed kernels, CUDA); `head`: chunked (TRL's Triton head stand-in), torch (`lab.train.trl_private`) or triton
+    installed kernels, CUDA); `head`: chunked (TRL's Triton head stand-in), torch (`lab.model.torch_logprob`) or triton
     (TRL's kernel, CUDA); `fake=False` runs the same step on real tensors (the test that the fake count is right);
     `device="cuda"` (with `fake=False`) runs it on the GPU and also records the allocator's peak
     (`bench/gpu_memory.py`: traced against measured); `unpacked=False` leaves transformers' packed-row detection

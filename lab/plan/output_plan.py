@@ -181,7 +181,7 @@ def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None)
         if drills:
             scratch[f"checkpoints/{stage}_drills: {keep} kept + 1 being written"] = (keep + 1) * ckpt
         if stage == "03_grpo" and cfg.grpo.rollout_backend == "vllm":  # lab.train.rollouts keeps the last two rounds
-            from lab.train.rollouts import pack_dtype
+            from lab.model.submission import pack_dtype
 
             b = 2 if pack_dtype(cfg) else 4  # the rounds' packed adapters: the model's half dtype, else fp32
             scratch["checkpoints/03_grpo/rollouts: the last 2 rounds' served adapters + one being packed"] = (

@@ -13,7 +13,7 @@ saying what is missing and how to get it:
   local Hub cache (nothing is downloaded at run time);
 - `lab.model.models.check_mamba_kernels` (02_sft, 03_grpo): the fused Mamba kernels import;
 - `check_packing` (02_sft with `sft.packing=true`): those kernels take each packed row's boundaries (`seq_idx`);
-- `lab.train.grpo.check_backend` (03_grpo): the rollout back-end is one that stays exact for Nemotron-H;
+- `check_backend` (03_grpo): the rollout back-end is one that stays exact for Nemotron-H;
 - `lab.plan.memory.check_fits` (02_sft, 03_grpo): one training micro-step traced on fake tensors fits `gpu=`;
 - `lab.plan.memory.check_generation_fits` (03_grpo with rollout_backend=vllm): the rollout engine's phase, bounded
   from shapes, fits `gpu=` beside what the trainer keeps, and the host can hold the weights at a switch.
@@ -81,11 +81,22 @@ def check_packing(cfg: DictConfig) -> None:
         packed_rows.require_kernels()
 
 
+def check_backend(cfg: DictConfig) -> str:
+    """`grpo.rollout_backend`, checked: `hf` or `vllm` (the vllm route: lab.train.rollouts, never TRL's own
+    `use_vllm`, which syncs merged bf16 weights and drifts the frozen base: docs/grpo.md). `refine` with vllm is
+    refused (its drafts use TRL's own generation, which would be transformers')."""
+    backend = cfg.grpo.rollout_backend  # hf or vllm: lab/core/schema.py's GenerationBackend, refused at compose otherwise
+    if backend == "vllm" and cfg.grpo.refine:
+        raise LabError("conf/grpo: refine=true with rollout_backend=vllm is not built: refinement draws its drafts "
+                       "with TRL's own generation (lab.train.grpo_refine), which is transformers' here. Set "
+                       "grpo.rollout_backend=hf with refine, or grpo.refine=false")
+    return backend
+
+
 def checks(stage: str) -> list:
     """The checks `stage` runs, each a function of the config that raises a LabError."""
-    from lab.plan import memory
-    from lab.train import grpo
     from lab.model import models
+    from lab.plan import memory
 
     trains = {"02_sft": "sft", "03_grpo": "grpo"}.get(stage)  # what lab.plan.memory calls the stage, if it trains
     return [
@@ -94,7 +105,7 @@ def checks(stage: str) -> list:
         lambda cfg: check_model_path(str(cfg.model.path)),  # its messages name model.path
         *([models.check_mamba_kernels] if trains else []),
         *([check_packing] if stage == "02_sft" else []),
-        *([grpo.check_backend] if stage == "03_grpo" else []),
+        *([check_backend] if stage == "03_grpo" else []),
         *([functools.partial(memory.check_fits, stage=trains)] if trains else []),
         *([memory.check_generation_fits] if stage == "03_grpo" else []),
     ]

@@ -60,10 +60,10 @@ def grpo_model(stage: Stage, start: Start) -> common.Trainee:
     is checked (a refused one fails before the model loads)."""
     from lab.model import models
     from lab.model.lora import target_table
-    from lab.train import grpo as grpo_lib
+    from lab.plan.preflight import check_backend
 
     cfg = stage.cfg
-    grpo_lib.check_backend(cfg)
+    check_backend(cfg)
     model, tokenizer = models.load(cfg, adapter=stage_input(cfg, cfg.grpo.init_adapter), trainable=True)
     print(f"starting from {cfg.grpo.init_adapter}"
           + (f" (held-out accuracy {start.accuracy:.3f})" if start.accuracy is not None else ""))

@@ -3,7 +3,8 @@ run (prompt pool, completion budget, rewards, GRPOConfig, rollout engine, resume
 rates, records the prompt order the recipe chose (`keep_order`) and trains it (`train`: the adapter saved to
 `grpo.adapter_dir`). `grpo.rollout_backend` is `hf` (transformers samples from the in-memory adapter) or `vllm` (an
 engine serves the adapter packed as the submission each round, `lab.train.rollouts`; never merged weights,
-`check_backend`). Nothing here writes a stage's files. The design and TRL/PEFT source it rests on: docs/internals.md.
+`lab.plan.preflight.check_backend`). Nothing here writes a stage's files. The design and the TRL/PEFT source it
+rests on: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -25,6 +26,7 @@ from lab.train import checkpoints
 from lab.train.checkpoints import RUN_RECORD  # the checkpoint folder's run record (tests read it here)
 from lab.data.dataset import trace_style
 from lab.model.generate import completion_budget, lora_checksum
+from lab.plan.preflight import check_backend  # a config check the preflight runs before anything loads
 from lab.train.grpo_refine import refine_prompt_text, refine_rollout
 from lab.core.io import check_replaceable, is_main_process, read_json
 from lab.core.paths import resolve_path
@@ -145,19 +147,6 @@ def base_model_type(cfg: DictConfig) -> str | None:
         return json.loads(Path(found).read_text()).get("model_type")
     except (LabError, OSError, ValueError, TypeError):
         return None
-
-
-def check_backend(cfg: DictConfig) -> str:
-    """`grpo.rollout_backend`, checked: `hf` or `vllm`. vllm never means TRL's own vLLM (`use_vllm`), which syncs
-    merged weights and leaves bf16 rounding drift in the frozen base (docs/internals.md): the adapter is packed as the
-    submission each round and served through a `LoRARequest` (`lab.train.rollouts`, TRL's `rollout_func`). `refine`
-    with vllm is refused (its drafts use TRL's own generation, which would be transformers')."""
-    backend = cfg.grpo.rollout_backend  # hf or vllm (lab/core/schema.py's GenerationBackend, checked at compose)
-    if backend == "vllm" and cfg.grpo.refine:
-        raise LabError("conf/grpo: refine=true with rollout_backend=vllm is not built: refinement draws its drafts "
-                       "with TRL's own generation (lab.train.grpo_refine), which is transformers' here. Set "
-                       "grpo.rollout_backend=hf with refine, or grpo.refine=false")
-    return backend
 
 
 def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, reward_weights: list[float],

@@ -4,7 +4,7 @@ TRL 1.15's `GRPOTrainer(rollout_func=...)` (trl/trainer/grpo_trainer.py, `_gener
 trainer)` once per generation round with this process's slice of the generation batch (the prompts as the dataset
 holds them, each one repeated `num_generations` times in a row by TRL's `RepeatSampler`) and takes back a dict with
 `prompt_ids`, `completion_ids` and `logprobs` (one entry per prompt entry, in order); other keys go to the reward
-functions. TRL's own `use_vllm` stays off: it would feed its engine merged weights (`lab.train.grpo.check_backend`).
+functions. TRL's own `use_vllm` stays off: it would feed its engine merged weights (`lab.plan.preflight.check_backend`).
 
 One round (`VLLMRollouts.__call__`):
 1. pack: the trainer's in-memory "default" adapter is saved (`save_pretrained`, that adapter only) and packed and
@@ -57,17 +57,10 @@ from pathlib import Path
 from lab import LabError
 from lab.core.io import atomic_dir
 from lab.model import generate
+from lab.model.submission import pack_dtype
 from lab.train import trl_private
 
 ROUND_DIRS_KEPT = 2  # round folders kept on disk (the one being served and the one before)
-
-
-def pack_dtype(cfg) -> str | None:
-    """The dtype a round's adapter is packed in: the model's when it is a half type, since vLLM casts the LoRA to the
-    model's dtype when it loads it (lora_dtype "auto", vllm/config/lora.py), so a bf16 pack serves the same weights
-    at half the bytes and is what the submission holds (lab.model.submission.SUBMISSION_DTYPE); None (as trained,
-    fp32) for the fp32 tiny model."""
-    return str(cfg.model.dtype) if str(cfg.model.dtype) in ("bfloat16", "float16") else None
 
 
 def wake(llm, level: int, timings: dict) -> None:

@@ -20,41 +20,15 @@ imported (PyTorch's CPU build), TRL leaves `trl.trainer.utils._ChunkedLogProbFun
 every training step fails with `'NoneType' object has no attribute 'apply'`.
 
 `install()` fills that slot, when it is empty or no CUDA device is present (Triton without a CPU backend, as in the
-vLLM lane's venv), with the same computation in plain PyTorch and returns the same five outputs. On a GPU with
-Triton, nothing changes.
-
-What it simplifies:
-1. It materialises the logits instead of chunking them: fine for small vocabularies and short sequences,
-   which is the only place it is used.
+vLLM lane's venv), with the same computation in plain PyTorch (`lab.model.torch_logprob`), which returns the same five
+outputs. On a GPU with Triton, nothing changes.
 """
 
 from __future__ import annotations
 
 import torch
 
-OPTIONAL_OUTPUTS = ("entropy", "log_sum_sq_probs", "mean_logits", "is_top1")
-
-
-class TorchLogProbFunction:
-    """Same call signature and outputs as `trl.kernels.ChunkedLogProbFunction.apply`, in plain PyTorch."""
-
-    @staticmethod
-    def apply(hidden, weight, bias, targets, temperature, chunk_size, final_logit_softcapping=None,
-              logit_scale=1.0, outputs=OPTIONAL_OUTPUTS):
-        dt = torch.promote_types(hidden.dtype, torch.float32)  # fp32, or fp64 for an fp64 reference
-        y = (hidden.to(dt) @ weight.to(dt).t()) * logit_scale
-        if bias is not None:
-            y = y + bias.to(dt)
-        if final_logit_softcapping is not None:
-            y = final_logit_softcapping * torch.tanh(y / final_logit_softcapping)
-        z = y / temperature
-        logp = torch.log_softmax(z, dim=-1)
-        target_logp = logp.gather(-1, targets.unsqueeze(-1)).squeeze(-1)
-        entropy = -(logp.exp() * logp).sum(-1) if "entropy" in outputs else None
-        lssp = torch.logsumexp(2 * logp, dim=-1).detach() if "log_sum_sq_probs" in outputs else None
-        mean_logits = z.mean(-1).detach() if "mean_logits" in outputs else None
-        is_top1 = (z.argmax(-1) == targets).detach() if "is_top1" in outputs else None
-        return target_logp, entropy, lssp, mean_logits, is_top1
+from lab.model.torch_logprob import TorchLogProbFunction
 
 
 def install() -> None:
