@@ -53,7 +53,7 @@ def test_a_cut_evaluation_cache_is_generated_again_not_reused(tmp_path, monkeypa
         made.append(len(puzzles))
         atomic_write_csv(out_csv, preds([True, False, False, False]))
 
-    monkeypatch.setattr(stages, "evaluation_key", lambda cfg, adapter, puzzles: {"model": "m", "puzzles": "p"})
+    monkeypatch.setattr(recipes.common, "evaluation_key", lambda cfg, adapter, puzzles: {"model": "m", "puzzles": "p"})
     monkeypatch.setattr(generate, "predictions", predictions)
     stage_dir = tmp_path / "02_sft"
     stage_dir.mkdir()
