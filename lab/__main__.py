@@ -24,7 +24,8 @@ COMMANDS = {
     "schema": ("lab.core.schema", "main", "every config key's type, help and range [GROUP]"),
     "memory": ("lab.plan.memory_cli", "main", "trace one training step on fake tensors: peak GPU memory, does it fit"),
     "estimate": ("lab.plan.estimate", "main", "projected SFT, GRPO, evaluation and vote time on the gpu= card"),
-    "calibrate": ("lab.train.calibrate", "main", "on the card: each fast path's exactness and the step's speed, for estimate"),
+    "calibrate": ("lab.train.calibrate", "main",
+                  "on the card: each fast path's exactness and the step's speed, for estimate"),
     # the submission and Kaggle
     "pack": ("lab.model.submission", "pack_main", "ADAPTER_DIR OUT.zip: pack a Kaggle submission.zip"),
     "check": ("lab.model.submission", "check_main", "ZIP: every problem of a submission.zip; exit 0 when valid"),

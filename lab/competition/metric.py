@@ -1,49 +1,16 @@
 r"""The competition's scorer, reproduced to the character: answer extraction, comparison, accuracy.
 
-Two versions are selectable with `version=`:
-
-``final`` (default, the published metric)
-  Extraction, first rule that fires wins (`judge` reports which one as `source`):
-
-  1. ``boxed``: for every ``\boxed{`` occurrence, the text from just after it up to the LAST ``}``
-     before the next ``\boxed{`` (or the end of the text); a segment with no ``}`` at all (an
-     unclosed box) is taken whole. So ``\boxed{\frac{1}{2}}`` gives ``\frac{1}{2}`` and
-     ``\boxed{@&}}`` gives ``@&}``. The last non-empty (after stripping) candidate wins, stripped;
-     if every candidate is empty, the last one (stripped, i.e. the empty string: an answer that
-     is then compared, not a fall-through to the next rules).
-  2. ``phrase``: the patterns ``The final answer is:``, ``Final answer is:``, ``Final answer\s*[:：]``
-     (ASCII or full-width colon), case-insensitive, each followed by ``\s*([^\n]+)``. As in the
-     reference code the patterns are tried IN THAT ORDER and the first pattern with any match
-     returns its last match, stripped (so an earlier "The final answer is: 5" beats a later
-     "Final answer: 7"). ``\s*`` may cross a line break, so "Final answer:\n42" gives ``42``.
-  3. ``number``: the last match of ``-?\d+(?:\.\d+)?`` (Python's Unicode ``\d``).
-  4. ``last_line``: the last non-blank line of ``text.splitlines()``, stripped.
-  5. ``not_found``: ``NOT_FOUND``. ``None`` or empty text gives ``NOT_FOUND`` too.
-
-  Comparison (`verify`): both sides stripped. A gold answer made only of ``0``/``1`` is compared
-  as a string, case-insensitively (``00011011`` != ``11011``, ``1`` != ``1.0``). Otherwise, if both
-  sides parse with Python's ``float()``, ``math.isclose(gold, pred, rel_tol=1e-2, abs_tol=1e-5)``;
-  if either does not parse, case-insensitive string equality.
-
-``legacy`` (the earlier metric)
-  The boxed rule is the regex ``\\boxed\{([^}]*)\}`` (content stops at the FIRST ``}``; an
-  unclosed box is not a match), with the same last-non-empty choice; binary gold answers are
-  compared as floats when both sides parse (``00011011`` == ``11011``). Everything else as final.
-
-Consequences of using ``float()`` exactly as the reference does (documented, deliberate):
-``nan`` never equals anything (not even ``nan``: isclose is False, and there is no string
-fall-back once both parsed); ``inf`` equals ``inf``; ``1e5`` equals ``100000``; ``1_000`` parses
-as 1000; ``0x10`` does not parse (string comparison); full-width or other Unicode digits parse.
-
-What it simplifies:
-1. No LaTeX normalisation (``\frac{1}{2}`` is not ``0.5``).
-2. No unit stripping (``3.5 m`` is not ``3.5``): the scorer is only as lenient as the competition's.
-Beyond the reference: `verify` raises TypeError for a non-string gold answer instead of failing
-on ``.strip()``, treats a ``None`` prediction as ``NOT_FOUND``; `score` of no rows is 0.0.
-
-Command line: ``python -m lab score PREDICTIONS.csv --gold GOLD.csv [--version legacy]`` (`lab.eval.cli.score_main`:
-it adds the per-category table, which needs `lab.puzzles`, so this module imports nothing of the lab's but
-`LabError`).
+`version="final"` (default, the published metric). Extraction, the first rule that fires (`judge` reports which as
+`source`): 1. ``boxed``: each ``\boxed{`` up to the LAST ``}`` before the next ``\boxed{`` (an unclosed box taken
+whole); the last non-empty one, stripped. 2. ``phrase``: ``The final answer is:``, ``Final answer is:``,
+``Final answer\s*[:：]``, tried in that order, case-insensitively; the first with a match gives its last match.
+3. ``number``: the last ``-?\d+(?:\.\d+)?``. 4. ``last_line``: the last non-blank line. 5. ``NOT_FOUND``.
+Comparison (`verify`), both sides stripped: a gold answer of only ``0``/``1`` as a string, case-insensitively; else
+``math.isclose(gold, pred, rel_tol=1e-2, abs_tol=1e-5)`` when both parse with ``float()``; else case-insensitive
+string equality. `version="legacy"` (the earlier metric): the box stops at the FIRST ``}`` and binary answers are
+compared as floats. No LaTeX normalisation, no unit stripping: the scorer is only as lenient as the competition's.
+Every rule's edge cases (empty boxes, line breaks, what ``float()`` accepts) and where this goes beyond the
+reference: docs/internals.md, lab.competition.metric. This module imports nothing of the lab's but `LabError`.
 """
 
 from __future__ import annotations

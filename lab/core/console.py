@@ -1,34 +1,15 @@
 """What a person sees while a stage runs: one progress line, training as a live table or that line, known-harmless
 library notes as one line each, a refusal as one sentence.
 
-`Progress` counts steps, e.g. `SFT step 12/150 (8%) | loss 1.234 | 0:01:10 elapsed, ETA 0:13:20`. In a notebook
-kernel (Jupyter or papermill) it is one display line redrawn in place (`display(..., display_id=True)` and its
-updates): live in Jupyter, and its last state is what a saved notebook keeps, since nbclient applies each update to
-the stored output (nbclient/client.py, `_update_display_id`). Outside a kernel (a script, a terminal) it prints a
-plain line at most every `EVERY_S` seconds. A stage runner that shows its kernels' output on a console
-(`lab.runs.pipeline.execute_stage`) sets `LAB_PROGRESS_ECHO`: the kernel then also writes the plain lines to its own
-process's stderr, which it inherits from the runner (its console), not into the notebook.
-SFT and GRPO count their steps with it (`lab.train.callbacks.TrainProgress`), generation its puzzles
-(`lab.model.generate`), the solvers theirs (`lab.puzzles.solve`).
-
-`live_progress()` says where the Trainer's own live table is wanted instead: in a notebook a person has open in
-Jupyter (a kernel started by a Jupyter server), the Trainer keeps transformers' `NotebookProgressCallback` (its
-HTML table, redrawn in place) and the step line is left out. `show_figure(fig)` draws a figure of `lab.core.plots`
-inline in a notebook from the figure object (the PNG beside it is written by the same call, `plots.save`).
-
-`quiet_known_warnings()` (run when a stage opens, `lab.core.run.Stage`) turns library messages that are expected in
-this lab into one plain note each on stdout, shown once per process (not a red stderr box in a notebook):
-- transformers' "`...` is falling back to its reference PyTorch implementation" (one line per Mamba-2 kernel at
-  every model load; transformers/integrations/hub_kernels.py) where causal_conv1d / mamba_ssm are not installed;
-- TRL's "All reward functions returned None ..." (trl/trainer/grpo_trainer.py, `_calculate_rewards`) with the whole
-  puzzle, which is what `grpo.mask_truncated_completions=true` asks for: a completion cut at the budget gets no
-  reward (lab.train.rewards), and the lab's own guard (lab.train.grpo) warns when a whole step had nothing to score.
-`quiet_progress_bars()` turns off the tqdm bars of transformers (loading weights), datasets (TRL's map and filter
-passes) and huggingface_hub: under papermill each freezes at its first frame ("0/45") in the saved notebook.
-The Jupyter kernel's "running over TCP without encryption" warning (ipykernel/kernelapp.py; the kernel papermill
-starts listens on localhost) is silenced where papermill starts the kernel (`lab.runs.pipeline.execute_stage`).
-
-What it simplifies: one interval for every plain line; the ETA is the mean rate since this run (re)started.
+`Progress` counts steps (`SFT step 12/150 (8%) | loss 1.234 | 0:01:10 elapsed, ETA 0:13:20`): in a notebook kernel
+one display line redrawn in place, whose last state is what the saved notebook keeps; elsewhere a plain line at most
+every `EVERY_S` seconds, also written to the runner's console when it sets `LAB_PROGRESS_ECHO`. SFT, GRPO,
+generation and the solvers count with it. `live_progress()` says where the Trainer's own live table is wanted
+instead (a notebook open in Jupyter); `show_figure(fig)` draws a figure inline. `quiet_known_warnings()` (run when
+a stage opens) turns library messages expected in this lab into one plain note each, once per process;
+`quiet_progress_bars()` turns off the libraries' tqdm bars, which freeze at their first frame in a saved notebook.
+The ETA is the mean rate since this run (re)started. Which messages, and the library source behind each behaviour:
+docs/internals.md, lab.core.console.
 """
 
 from __future__ import annotations

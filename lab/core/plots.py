@@ -178,7 +178,8 @@ def accuracy_bars(tables: Mapping[str, pd.DataFrame], title: str, by: str = "cat
         ax.bar(pos, acc, width=w * 0.92, color=colour, edgecolor=colour, linewidth=1.2, label=name)
         ax.errorbar(pos, acc, yerr=[lo, hi], fmt="none", ecolor="black", elinewidth=1, capsize=3)
         for p, a, h in zip(pos, acc, acc + hi):
-            ax.text(p, h + 0.015, f"{a:.2f}", ha="center", va="bottom", fontsize=7, rotation=90 if len(names) > 2 else 0)
+            ax.text(p, h + 0.015, f"{a:.2f}", ha="center", va="bottom", fontsize=7,
+                    rotation=90 if len(names) > 2 else 0)
     ns = first["n"].tolist()
     many = len(groups) > 4
     ax.set_xticks(x, [f"{g}\n(n={n})" for g, n in zip(groups, ns)], rotation=20 if many else 0,
@@ -234,7 +235,8 @@ def vote_k(curves: pd.DataFrame, greedy: float | None, title: str = "Accuracy ag
             ax.axhspan(lo[0], hi[0], color="black", alpha=0.07, linewidth=0)
     _integer_x(ax, curves["k"])
     k0, k1 = float(curves["k"].min()), float(curves["k"].max())
-    ax.set_xlim(k0 - 0.3 if k0 == k1 else k0 - 0.03 * (k1 - k0), k1 + max(0.4, 0.12 * (k1 - k0)))  # room for the end labels
+    # room for the end labels
+    ax.set_xlim(k0 - 0.3 if k0 == k1 else k0 - 0.03 * (k1 - k0), k1 + max(0.4, 0.12 * (k1 - k0)))
     ax.set_xlabel("k (samples per puzzle)")
     ax.set_ylabel("accuracy" + (f" (bands: Wilson 95%, n={n})" if n else ""))
     ax.set_ylim(0, 1.02)
@@ -322,7 +324,8 @@ def lengths(df: pd.DataFrame, budget: int, categories: list[str]) -> Figure:
     for i, cat in enumerate(cats):
         ax = axes(fig, nrows, ncols, i + 1)
         g = df[df["category"] == cat]
-        right, wrong = g[g["correct"]]["tokens"].dropna().astype(float), g[~g["correct"]]["tokens"].dropna().astype(float)
+        right, wrong = (g[g["correct"]]["tokens"].dropna().astype(float),
+                        g[~g["correct"]]["tokens"].dropna().astype(float))
         if len(right):
             ax.hist(right, bins=bins, color=PALETTE[0], alpha=0.55, label=f"correct ({len(right)})")
         if len(wrong):
@@ -412,7 +415,8 @@ def sweep_seeds(df: pd.DataFrame, metrics: list[str]) -> Figure:
         mean = pd.to_numeric(df[m], errors="coerce").mean()
         if not math.isnan(mean):
             ax.hlines(mean, j - 0.42, j + 0.42, color="black", linewidth=2)
-            ax.annotate(f"mean {mean:.3f}", (j, mean), textcoords="offset points", xytext=(0, 8), ha="center", fontsize=7)
+            ax.annotate(f"mean {mean:.3f}", (j, mean), textcoords="offset points", xytext=(0, 8), ha="center",
+                        fontsize=7)
     ax.axhline(0, color=GREY, linewidth=0.5)
     ax.set_xticks(range(len(metrics)), metrics, rotation=15, fontsize=7)
     ax.set_title(f"Headline metrics per seed ({len(seeds)} seeds); black: mean", fontsize=9)

@@ -1,31 +1,15 @@
 """The config's schema: one dataclass per config group, each field typed, with its help text and its allowed range.
 
-`conf/` holds the values (each group's YAML files, `conf/config.yaml` the root); this module says what each key is
-and what it may be. `register()` stores `Config` in Hydra's ConfigStore as `schema`, the first entry of
-`conf/config.yaml`'s defaults list, so every group's YAML is merged onto its dataclass at compose time: a value of the
-wrong type (`seed=1.5`), a back-end name its Enum lacks (`grpo.rollout_backend=vlm`) or an unknown key
-(`sft.learnin_rate=1e-3`) fails there, naming the key. Ranges (`_help(..., ge=1)`) and cross-key rules (`rules`) are
-checked the way TRL's `GRPOConfig` checks them, in `__post_init__`: `problems(cfg)` builds the dataclasses with
-`OmegaConf.to_object` and returns what every `__post_init__` found, which `lab.core.config` raises as one LabError.
-`python -m lab schema [GROUP]` prints every key's type, help and range.
-
-The competition's fixed limits (LoRA rank 32, 7,680 completion tokens, vLLM's context of 8,192, the other scoring
-settings) are the defaults of the frozen `CompetitionLimits`: the composed config's read-only `competition` node
-(conf/infer/kaggle.yaml points `infer` at it), and `COMPETITION` for code without a config. `rank_problem` is the one
-check of a LoRA rank against them, for the config and for a packed adapter (lab.model.submission_check).
-
-Checked against the sources in .venv:
-1. hydra/core/config_store.py: a config stored without a group is found by name in a defaults list (`- schema`),
-   and merging it first types every key the YAML files set afterwards.
-2. omegaconf/nodes.py: an `int` field refuses 1.5 and "many"; a `float` field stores an int as a float; an Enum
-   field takes a member's name. An interpolation is checked against the field's type when resolved (compose
-   resolves it). omegaconf/dictconfig.py `_to_object`: children are built before their parent.
-3. A field is `MISSING` (`???`) until a YAML file sets it: the values have one home, conf/ (the competition's
-   limits excepted). `OmegaConf.structured(Config)` builds each group once with every field `MISSING`
-   (omegaconf/_utils.py, `get_dataclass_data`): such an instance is not checked.
-
-What it simplifies: names only a library knows (`sft.lr_scheduler_type`, `model.dtype`) and the paths that must
-exist are checked in lab/core/config.py, where importing transformers or touching the disk belongs.
+`conf/` holds the values; this module says what each key is and what it may be. `register()` stores `Config` in
+Hydra's ConfigStore as `schema`, the first entry of `conf/config.yaml`'s defaults list, so every group's YAML is
+merged onto its dataclass at compose: a wrong type (`seed=1.5`), a name its Enum lacks or an unknown key fails
+there, naming the key. Ranges (`_help(..., ge=1)`) and cross-key rules (`rules`) are checked in `__post_init__`, as
+TRL's `GRPOConfig` checks its own; `problems(cfg)` returns what they found, which `lab.core.config` raises as one
+LabError. A field is `MISSING` until a YAML file sets it: the values have one home, conf/. The competition's fixed
+limits are the defaults of the frozen `CompetitionLimits` (the read-only `competition` node; `COMPETITION` for code
+without a config), and `rank_problem` is the one check of a LoRA rank against them. Names only a library knows and
+paths that must exist are checked in lab/core/config.py. `python -m lab schema [GROUP]` prints every key.
+The Hydra and OmegaConf behaviour this rests on: docs/internals.md, lab.core.schema.
 """
 
 from __future__ import annotations
@@ -240,12 +224,13 @@ class LoraConfig(Checked):
     alpha: int = _help("LoRA scaling numerator (scale = alpha / r)", gt=0)
     dropout: float = _help("LoRA dropout (PEFT's ParamWrapper, the routed experts, supports none: lab.model.lora "
                             "refuses it with the experts family)", ge=0)
-    targets: List[str] = _help("module families that get a LoRA (lab/model/lora.py; lm_head trains through lab.model.lora)")
+    targets: List[str] = _help("module families that get a LoRA (lab/model/lora.py; lm_head trains through "
+                               "lab.model.lora)")
     experts_path: ExpertsPath = _help("how the routed experts' LoRA runs: auto (routed unless its calibrated exactness "
-                                      "check failed on this card: lab.train.fast_paths), routed (each expert's LoRA on the tokens "
-                                      "routed to it, lab.model.experts_lora) or fold (PEFT's own W + B@A stack at "
-                                      "every forward: ~1.2 GiB temporaries per MoE layer on the real model, +62% "
-                                      "experts FLOPs); the same parameters and saved adapter either way")
+                                      "check failed on this card: lab.train.fast_paths), routed (each expert's LoRA on "
+                                      "the tokens routed to it, lab.model.experts_lora) or fold (PEFT's own W + B@A "
+                                      "stack at every forward: ~1.2 GiB temporaries per MoE layer on the real model, "
+                                      "+62% experts FLOPs); the same parameters and saved adapter either way")
 
 
 @dataclass
@@ -275,8 +260,8 @@ class SftConfig(Checked):
                                        "max_seq_len each; null: max_seq_len. Longer packs spread the per-micro-step "
                                        "fixed cost over more tokens (lab.plan.estimate); their memory is traced at "
                                        "this length (lab.plan.memory)", ge=1)
-    packed_attention: PackedAttention = _help("with packing: auto (varlen where torch's varlen_attn and CUDA are here and "
-                                  "its calibrated check passed, else mask: lab.train.fast_paths), "
+    packed_attention: PackedAttention = _help("with packing: auto (varlen where torch's varlen_attn and CUDA are here "
+                                  "and its calibrated check passed, else mask: lab.train.fast_paths), "
                                   "varlen (each row's attention alone: torch's varlen flash kernel on "
                                   "CUDA, one causal SDPA per row on CPU; no [T x T] mask) or mask (transformers' sdpa "
                                   "with its block-diagonal mask over the whole pack); lab/model/packed_rows.py")
@@ -298,8 +283,8 @@ class SftConfig(Checked):
     n_train: Optional[int] = _help("null: all training traces; else the first N (after shuffling)", ge=1)
     adapter_dir: str = _help("where the trained adapter is saved (03_grpo reads it)")
     stages: List[str] = _help("SFT stages in order: [traces] (the solver traces), or [drills, traces]: first recall "
-                              "drills of the symbolic signature catalog (lab.puzzles.eqsearch.drills), then the traces, "
-                              "continuing the drills' adapter (saved beside adapter_dir as drills_adapter)")
+                              "drills of the symbolic signature catalog (lab.puzzles.eqsearch.drills), then the "
+                              "traces, continuing the drills' adapter (saved beside adapter_dir as drills_adapter)")
     drill_n: int = _help("drills stage: catalog drill examples (signatures with at most eqsearch.MAX_CANDS candidates)")
 
     def rules(self) -> list[str]:
@@ -343,9 +328,9 @@ class GrpoConfig(Checked):
                                              "overlong filtering)")
     gradient_checkpointing: bool = _help("recompute activations in the backward pass (needed for the 30B model; off "
                                          "is faster on the tiny one)")
-    rewards: Dict[str, float] = _help("reward name -> weight; names from lab.train.rewards.REWARDS (correctness: 1 if the "
-                                      "boxed answer passes the competition metric; format: </think> once, one final "
-                                      "non-empty box, nothing after)")
+    rewards: Dict[str, float] = _help("reward name -> weight; names from lab.train.rewards.REWARDS (correctness: 1 if "
+                                      "the boxed answer passes the competition metric; format: </think> once, one "
+                                      "final non-empty box, nothing after)")
     n_prompts: int = _help("training prompts drawn from the train split (the pool)", ge=1)
     pass_rate_k: int = _help("samples per pool prompt to estimate its pass rate (never re-estimated on resume)",
                               ge=1)
@@ -447,9 +432,9 @@ class InferConfig(Checked):
     max_lora_rank: int = _help("the largest LoRA rank the lab's vLLM engines load, 1 to competition.max_lora_rank")
     gpu_memory_utilization: float = _help("vLLM memory share", gt=0, le=1)
     local_gpu_memory_utilization: Optional[float] = _help(
-        "vLLM memory share of the lab's own evaluation engines (lab.model.generate.vllm_engine), not a scoring setting; "
-        "null: gpu_memory_utilization. On a card where the scorer's share leaves no room for the Mamba state and KV "
-        "cache after the weights (an 80 GB H100: docs/real_model.md, step 5) set e.g. 0.95; the "
+        "vLLM memory share of the lab's own evaluation engines (lab.model.generate.vllm_engine), not a scoring "
+        "setting; null: gpu_memory_utilization. On a card where the scorer's share leaves no room for the Mamba state "
+        "and KV cache after the weights (an 80 GB H100: docs/real_model.md, step 5) set e.g. 0.95; the "
         "scorer's stays competition.gpu_memory_utilization", gt=0, le=1)
     tensor_parallel_size: int = _help("vLLM tensor parallel size: GPUs one evaluation engine spans (the vllm back-end; "
                                       "e.g. infer.tensor_parallel_size=4 for local evaluation on 4 GPUs); the "

@@ -1,7 +1,8 @@
 """The interval the lab puts on a share: the Wilson score interval, in one place.
 
-`lab.eval.analysis` (accuracy tables, re-exported there as `lab.eval.analysis.wilson_interval`), `lab.runs.pipeline` (the headline
-table) and `lab.core.plots` (the voting figures) use it; it lives below all three so none imports another for it.
+`lab.eval.analysis` (accuracy tables, re-exported there as `lab.eval.analysis.wilson_interval`), `lab.runs.pipeline`
+(the headline table) and `lab.core.plots` (the voting figures) use it; it lives below all three so none imports another
+for it.
 What it simplifies: no continuity correction; n = 0 gives the whole range (0, 1).
 """
 

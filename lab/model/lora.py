@@ -1,72 +1,16 @@
-"""LoRA for Nemotron-H: the family table, building and attaching the adapter, the guards that make every family
-really train, the gradient check, saving. `lab.train.sft`, `lab.train.sft_unsloth`, `lab.train.grpo`, `lab.model.models`, `lab.plan.memory` and
-`lab.model.submission` all read `TABLE` below; "support a new model" starts here.
+"""LoRA for Nemotron-H: the family table, attaching the adapter, the guards that make every family really train, the
+gradient check, saving. Every module that names LoRA families reads `TABLE` (lab.train.sft, sft_unsloth, grpo,
+lab.model.models, lab.plan.memory, lab.model.submission): "support a new model" starts here.
 
-What it simplifies:
-1. One table of LoRA families (`TABLE`): the names `sft.lora.targets` uses, what PEFT is given for each, and the
-   module names a packed adapter holds for vLLM (what `lab.model.submission` checks).
-2. Every configured family must match something in the model (else an error naming the target and listing the
-   families that exist), and after wrapping every configured family must own trainable LoRA parameters
-   (`target_table`, `check_table`). The rank is the schema's to check, once, at compose (lab/core/schema.py,
-   `rank_problem`, against `competition.max_lora_rank`).
-3. The gradient check (`GradientCheck`): at the first optimiser step every family must have a non-zero gradient;
-   after training every LoRA tensor must have moved and a sample of frozen base tensors (one per layer-agnostic
-   name) must NOT have moved. It compares a strided sample of each tensor (at most 65,536 values), so it stays
-   cheap on the 30B model.
-4. `out_proj` of the Mamba-2 mixers trains (see below), and an `lm_head` LoRA trains under TRL's fused head.
-5. `save_adapter`: only the LoRA weights, atomically, from the main process.
-
-Module families of Nemotron-H (same names in the tiny model and the real one): attention
-`q_proj/k_proj/v_proj/o_proj`, Mamba `in_proj/out_proj`, shared expert `shared_experts.up_proj/down_proj`, routed
-experts `experts` (fused 3-D parameters `experts.up_proj/down_proj`, targeted with PEFT's `target_parameters`;
-PEFT nests one ParamWrapper in the other and saves them as `experts.base_layer.lora_*` = up_proj and
-`experts.lora_*` = down_proj; `lab.model.submission` converts them for vLLM), and `lm_head`.
-
-`out_proj`: PEFT 0.21 refuses it for Nemotron-H because, in training mode, `NemotronHMamba2Mixer.forward` first
-calls the module-level function `mamba2_split_conv1d_scan_combined(..., outproj_weight=self.out_proj.weight, ...)`
-and returns its result when it is not None. With `mamba_ssm` installed that is the fused CUDA kernel, which
-multiplies by `out_proj.weight` itself: a LoRA on `out_proj` would get no gradient. Without it (CPU), the decorated
-fallback returns None and the PyTorch path calls `self.out_proj(...)`. The lab offers `out_proj` anyway (teams
-reported it as their largest single gain, and vLLM applies it at scoring): `allow_out_proj` lifts PEFT's refusal
-for `out_proj` only (never `conv1d`), and `guard_fused_mamba_out_proj` replaces that module-level function in
-`transformers.models.nemotron_h.modeling_nemotron_h` by a wrapper that, while a mixer whose `out_proj` carries a
-LoRA is running, calls the fused kernel without its out_proj (`outproj_weight=None`) and then the mixer's own
-`out_proj` module, LoRA included (where the kernel is absent, the CPU, it returns None and the mixer's
-PyTorch path runs as before), and calls the original otherwise. The fused-then-out_proj path has not run on a GPU
-(`_FusedScanGuard`); `sft.fused_mamba=off` takes the unfused mixer instead (conv and chunk scan kernels, out_proj
-after; lab.train.fast_paths switches it off where the fused kernel is missing or failed its calibration). The "which mixer is running" signal is a context variable set by forward hooks on each mixer,
-so it survives deepcopy, gradient checkpointing recomputation and device moves. The gradient check proves
-`out_proj` trains. Not covered: the `trust_remote_code` modeling file (refused with a clear error when an
-`out_proj` LoRA meets a mixer class without that module-level function) and hub kernels that replace the mixer's
-whole forward (`use_kernels=True`, not used by the lab).
-
-`lm_head`: TRL 1.15's SFTTrainer and GRPOTrainer compute the per-token log-probabilities through a fused LM head
-(`trl/trainer/utils.py`, `add_fused_lm_head`): the patched forward runs the backbone and hands
-`get_output_embeddings().weight` to `ChunkedLogProbFunction` (`trl/kernels/chunked_logprob.py`), which
-tiles over the vocabulary. A PEFT LoRA on `lm_head` is a wrapper module whose `.weight` is the frozen base
-weight, so the adapter would be ignored; both trainers therefore refuse it in `__init__`
-(`isinstance(model.get_output_embeddings(), BaseTunerLayer)`, `trl/trainer/sft_trainer.py` and
-`grpo_trainer.py`).
-
-The LoRA head is itself one linear map over a wider input: `W h + s B A h = [W | B] [h ; s A h]`. So:
-- `trainer_accepts_head_lora(model)` shows the trainer the base `lm_head` while it is built (the only
-  place the refusal and the fused-head patch look at it);
-- `install_fused_lora_head(model, ...)` then wraps TRL's fused forward: when the head carries an active
-  LoRA, the hidden states of the labelled positions are extended with `s A(dropout(h))` for each active
-  adapter and the weight with the matching `B`, and the same `ChunkedLogProbFunction` runs on them. The
-  logits are still built tile by tile (never `tokens x vocabulary` at once, the extra memory is one
-  `[vocab, hidden + r]` copy of the head and its fp32 gradient), and autograd carries the gradient to `A`
-  and `B`. Without a LoRA on the head, or for ordinary (non-fused) calls, TRL's forward runs unchanged.
-
-No second loss implementation (TRL's kernel, masking and loss normalisation are reused), no full logits, and
-generation (`model.generate`, vLLM) is untouched because the module itself is not changed.
-Not supported (refused with an error): DoRA or a LoRA bias on `lm_head`, MoE router logits in the fused
-call (Nemotron-H has none), logit soft-capping or scaling (Nemotron-H uses neither), DeepSpeed ZeRO-3 (the
-head's weights are read outside its module; TRL gathers them there, which was never run here). Under FSDP2 the
-head reads every weight through `full_weight` (`DTensor.full_tensor()`, as TRL's head); `cast_lm_head_to_fp32`
-runs the head in float32 outside autocast, as TRL's (GRPOTrainer refuses that flag with a PEFT head itself).
-Not verified without a GPU: TRL's Triton kernel on the concatenated head (the CPU tests run the same
-computation through lab.train.trl_private).
+- Every configured family must match a module and, once wrapped, own trainable LoRA parameters (`check_table`);
+  `GradientCheck` proves that each family gets a gradient and moves while sampled base tensors do not.
+- `out_proj` of the Mamba-2 mixers: PEFT refuses it, and the fused CUDA kernel multiplies by its weight itself, so
+  `allow_out_proj` lifts the refusal and `guard_fused_mamba_out_proj` runs the kernel without out_proj and then the
+  module, LoRA included (`sft.fused_mamba=off` takes the unfused mixer instead).
+- `lm_head`: TRL's fused head reads the bare weight and would ignore a LoRA wrapper; `trainer_accepts_head_lora` and
+  `install_fused_lora_head` give it `[W | B]` and `[h ; s A h]`, the same linear map, still tile by tile.
+- `save_adapter`: only the LoRA weights, atomically, from the main process.
+The library source each guard rests on, what is supported and what is refused: docs/internals.md, lab.model.lora.
 """
 
 from __future__ import annotations
@@ -181,11 +125,11 @@ def lora_config(cfg: DictConfig, model):
 
 def expert_patterns(cfg: DictConfig) -> tuple[dict, dict]:
     """PEFT rank_pattern/alpha_pattern for `gpu.experts_rank` (routed experts at a lower rank, same alpha/r scale;
-    1 to sft.lora.r, lab/core/schema.py); empty when unset. PEFT matches the keys against `...mixer.experts.up_proj` (`get_pattern_key`,
-    peft/utils/other.py), which `shared_experts.up_proj` does not match; `lab.model.submission.pack` rewrites them for
-    vLLM's per-expert names. PEFT 0.21 warns that these keys "did not match any targeted module and were ignored"
-    (`tuners_utils.py` checks module names, not targeted parameters); they are applied: rank and scale are checked
-    on the wrapped model in tests/test_memory.py."""
+    1 to sft.lora.r, lab/core/schema.py); empty when unset. PEFT matches the keys against `...mixer.experts.up_proj`
+    (`get_pattern_key`, peft/utils/other.py), which `shared_experts.up_proj` does not match;
+    `lab.model.submission.pack` rewrites them for vLLM's per-expert names. PEFT 0.21 warns that these keys "did not
+    match any targeted module and were ignored" (`tuners_utils.py` checks module names, not targeted parameters); they
+    are applied: rank and scale are checked on the wrapped model in tests/test_memory.py."""
     er, lc = cfg.gpu.experts_rank, cfg.sft.lora
     if er is None or int(er) == lc.r or "experts" not in [str(t) for t in lc.targets]:
         return {}, {}
@@ -280,8 +224,8 @@ def guard_fused_mamba_out_proj(model, fused: bool = True) -> int:
         if fn is None:
             if has:
                 raise LabError(f"{type(mod).__module__}.{type(mod).__name__} has no module-level {FUSED_FN}, so "
-                               "lab.model.lora cannot keep its fused Mamba kernel from bypassing the out_proj LoRA; use "
-                               "transformers' own Nemotron-H (model.trust_remote_code=false) or drop out_proj")
+                               "lab.model.lora cannot keep its fused Mamba kernel from bypassing the out_proj LoRA; "
+                               "use transformers' own Nemotron-H (model.trust_remote_code=false) or drop out_proj")
             continue
         if not isinstance(fn, _FusedScanGuard):
             setattr(module, FUSED_FN, _FusedScanGuard(fn))
@@ -442,7 +386,8 @@ class GradientCheck:
         rep, frozen = self.report(), self.frozen_report()
         atomic_write_csv(folder / "gradient_check.csv", rep)
         atomic_write_csv(folder / "frozen_check.csv", frozen)
-        return rep.loc[~rep["ok"], "family"].tolist() + [f"frozen:{t}" for t in frozen.loc[~frozen["unchanged"], "tensor"]]
+        return (rep.loc[~rep["ok"], "family"].tolist()
+                + [f"frozen:{t}" for t in frozen.loc[~frozen["unchanged"], "tensor"]])
 
 
 # ---- the lm_head LoRA under TRL's fused head --------------------------------------------------
@@ -524,14 +469,15 @@ def install_fused_lora_head(model, temperature: float = 1.0,
     from transformers.integrations import is_deepspeed_zero3_enabled
 
     if is_deepspeed_zero3_enabled():
-        raise LabError("lm_head LoRA under DeepSpeed ZeRO-3: lab.model.lora reads the head's weights outside its module, "
-                       "where ZeRO-3 leaves them sharded, and its gather (TRL's maybe_gather_lm_head_ctx) was never "
-                       "run here (no DeepSpeed, no GPU); use ddp or deepspeed_zero2, or drop lm_head (docs/scaling.md)")
+        raise LabError("lm_head LoRA under DeepSpeed ZeRO-3: lab.model.lora reads the head's weights outside its "
+                       "module, where ZeRO-3 leaves them sharded, and its gather (TRL's maybe_gather_lm_head_ctx) was "
+                       "never run here (no DeepSpeed, no GPU); use ddp or deepspeed_zero2, or drop lm_head "
+                       "(docs/scaling.md)")
     tc = base.config.get_text_config()
     for key in ("final_logit_softcapping", "logit_scale", "output_multiplier", "lm_head_multiplier", "logits_scaling"):
         if getattr(tc, key, None) not in (None, 1.0):
-            raise LabError(f"lm_head LoRA: the model's config sets {key}={getattr(tc, key)!r}, which lab.model.lora's fused "
-                           "head does not apply; drop lm_head from the LoRA targets for this model")
+            raise LabError(f"lm_head LoRA: the model's config sets {key}={getattr(tc, key)!r}, which lab.model.lora's "
+                           "fused head does not apply; drop lm_head from the LoRA targets for this model")
 
     @functools.wraps(type(base).forward)
     def forward(self, *args, fused_lm_head=False, labels=None, shift_labels=None, num_items_in_batch=None, **kw):

@@ -1,23 +1,13 @@
 """Loading the base model and tokenizer, or building the tiny embedded one; attaching adapters.
 
-`model=tiny` builds a randomly initialised `NemotronHForCausalLM` with the real model's module
-names (Mamba-2 `in_proj/out_proj`, attention `q/k/v/o_proj`, routed `experts.up_proj/down_proj`
-as fused 3-D parameters, `shared_experts.up_proj/down_proj`, `lm_head`) and a small byte-level
-BPE tokenizer trained locally on a fixed text, with a chat template that follows Nemotron's
-conventions (`<|im_start|>`/`<|im_end|>` turns, an empty system turn first; with thinking on, the
-generation prompt ends with `<think>\\n`): it renders the real template's bytes (`CHAT_TEMPLATE`).
-Both are saved once to `model.path` and reloaded from there, so every stage of a run uses the same
+`model=tiny` builds a randomly initialised `NemotronHForCausalLM` with the real model's module names and a small
+byte-level BPE tokenizer trained locally on a fixed text, whose chat template (`CHAT_TEMPLATE`) renders the real
+template's bytes. Both are saved once to `model.path` and reloaded from there, so every stage of a run uses the same
 weights. Nothing is downloaded.
-
-`model=nemotron_nano` loads the real checkpoint through transformers' own Nemotron-H
-implementation (no remote code unless configured), from a local folder, the Kaggle model
-mount (detected), or the Hub id (download beforehand), straight onto its device (`device_map`).
-`check_mamba_kernels(cfg)` refuses real-model training without the fused Mamba kernels
-(`mamba_ssm`, `causal_conv1d`; built by scripts/build_mamba_wheels.sh).
-
-What it simplifies:
-1. The tiny tokenizer is trained on a fixed built-in text (the competition's prompt wording), not on the
-   run's data, so it is identical for every run and seed.
+`model=nemotron_nano` loads the real checkpoint through transformers' own Nemotron-H implementation (no remote code
+unless configured), from a local folder, the Kaggle model mount or the Hub cache, straight onto its device.
+`check_mamba_kernels(cfg)` refuses real-model training without the fused Mamba kernels (`mamba_ssm`,
+`causal_conv1d`; built by scripts/build_mamba_wheels.sh). More: docs/internals.md, lab.model.models.
 """
 
 from __future__ import annotations
@@ -78,7 +68,9 @@ CHAT_TEMPLATE = r"""
 """.strip()
 
 # The fixed text the tiny tokenizer learns its merges from: the competition's wording.
-_TOKENIZER_TEXT = """In Alice's Wonderland, a secret bit manipulation rule transforms 8-bit binary numbers. The transformation involves operations like bit shifts, rotations, XOR, AND, OR, NOT, and possibly majority or choice functions.
+_TOKENIZER_TEXT = """In Alice's Wonderland, a secret bit manipulation rule transforms 8-bit binary numbers. \
+The transformation involves operations like bit shifts, rotations, XOR, AND, OR, NOT, and possibly majority or \
+choice functions.
 Here are some examples of input -> output:
 Now, determine the output for:
 In Alice's Wonderland, the gravitational constant has been secretly changed. Here are some example observations:
@@ -204,13 +196,15 @@ def model_path(cfg: DictConfig) -> str:
 # (models/nemotron_h/modeling_nemotron_h.py: `use_kernel_func_from_hub_with_fallback(name, package)`, resolved at import
 # time in integrations/hub_kernels.py through `_KERNELS_INTERNAL_PATH_MAPPINGS`): package -> (module, functions).
 MAMBA_KERNELS = {
-    "mamba_ssm": ("mamba_ssm.ops.triton.ssd_combined", ("mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined")),
+    "mamba_ssm": ("mamba_ssm.ops.triton.ssd_combined",
+                  ("mamba_chunk_scan_combined", "mamba_split_conv1d_scan_combined")),
     "causal_conv1d": ("causal_conv1d", ("causal_conv1d_fn", "causal_conv1d_update")),
 }
 MAMBA_WHEELS_HELP = ("build the two wheels once with scripts/build_mamba_wheels.sh (causal-conv1d 1.7.0, mamba-ssm "
-                     "2.3.2.post1 against torch 2.14's CUDA build, for sm_90 and sm_120; `pip install --no-build-isolation "
-                     "causal-conv1d==1.7.0 mamba-ssm==2.3.2.post1` does the same in place, needs nvcc) and install them; "
-                     "on Kaggle put them in the wheel dataset, the kernel's install cell installs them")
+                     "2.3.2.post1 against torch 2.14's CUDA build, for sm_90 and sm_120; `pip install "
+                     "--no-build-isolation causal-conv1d==1.7.0 mamba-ssm==2.3.2.post1` does the same in place, needs "
+                     "nvcc) and install them; on Kaggle put them in the wheel dataset, the kernel's install cell "
+                     "installs them")
 
 
 def missing_mamba_kernels() -> dict[str, str]:

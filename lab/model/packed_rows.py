@@ -1,61 +1,15 @@
-"""Packed rows, exact, for transformers 5.17's Nemotron-H: each packed row's Mamba state starts at its own first token.
+"""Packed SFT rows made exact for Nemotron-H: each packed row's Mamba state and attention start at its own first token
+(`sft.packing`, `sft.packed_attention`).
 
-`sft.packing=true` lets TRL 1.15 pack several rows into one micro-batch (`packing_strategy="bfd"`: best-fit
-decreasing, rows kept whole; its padding-free collator concatenates them and restarts `position_ids` at 0 for every
-row, with no `attention_mask`). For attention that is already exact; for the Mamba-2 mixers it is not, and this
-module makes it so. Every claim below was read in the pinned sources (site-packages/...):
-
-- Attention (transformers/masking_utils.py): with `attention_mask=None` and no cache, `_preprocess_mask_arguments`
-  calls `find_packed_sequence_indices(position_ids)` (a new row wherever the position does not grow by 1) and
-  `create_causal_mask` adds `packed_sequence_mask_function`: block-diagonal causal for sdpa/eager; flash attention
-  switches to its varlen kernel on the same position_ids (modeling_flash_attention_utils.py `_is_packed_sequence`).
-  A 2-D attention_mask, even all ones, or a cache switches that detection off.
-- Mamba-2 (transformers/models/nemotron_h/modeling_nemotron_h.py): nothing derives a `seq_idx`. But
-  `NemotronHModel.forward` hands its extra keyword arguments (`**kwargs`) to every `NemotronHBlock`, which hands them
-  to its mixer, and `NemotronHMamba2Mixer.forward` passes them on to `mamba2_split_conv1d_scan_combined`,
-  `causal_conv1d_fn` and `mamba2_chunk_scan`. Those are decorated with `use_kernel_func_from_hub_with_fallback`
-  (transformers/integrations/hub_kernels.py), whose wrapper keeps only the keywords the resolved implementation
-  names (`applicable_params`): mamba_ssm 2.3.2.post1's `mamba_chunk_scan_combined` / `mamba_split_conv1d_scan_combined`
-  (mamba_ssm/ops/triton/ssd_combined.py) and causal-conv1d 1.7.0's `causal_conv1d_fn`
-  (causal_conv1d/causal_conv1d_interface.py) take `seq_idx` (int32, (batch, seq), contiguous: csrc/causal_conv1d.cpp);
-  the PyTorch fallbacks do not, and silently drop it, carrying conv and scan state from one row into the next.
-- Gradient checkpointing (transformers/modeling_layers.py `GradientCheckpointingLayer.__call__`) binds the block's
-  keyword arguments into the function it checkpoints, so the recomputation in backward sees the same `seq_idx`.
-- The loss needs nothing: transformers' Trainer counts `labels[..., 1:] != -100` over the whole optimizer step
-  (`_get_num_items_in_batch`) and TRL's `SFTTrainer.compute_loss` divides the summed NLL by that count, so a step's
-  gradient is the token-weighted mean over its rows, packed or not (the collator masks each row's first label).
-
-`install(model)`:
-1. a forward pre-hook on every `NemotronHModel` (the backbone; TRL's fused LM head calls it directly) derives
-   `seq_idx` from `position_ids` with `find_packed_sequence_indices`' rule, adds it to the forward's kwargs, sets
-   `use_cache=False` (else `config.use_cache` builds a DynamicCache, which turns the packed mask off) and drops an
-   all-ones 2-D `attention_mask`. A call with padding in its mask, a 4-D mask, a cache, or one row per batch row is
-   left alone;
-2. every `NemotronHMamba2Mixer` gets a forward that, given `seq_idx`:
-   - kernel path: on CUDA, when the three kernel functions resolve to implementations that take `seq_idx`, runs the
-     mixer unchanged and `seq_idx` reaches mamba_ssm and causal_conv1d through transformers' own kwargs;
-   - CPU path (the reference, everything else): runs the mixer once per row (zero initial state) and concatenates:
-     exactly what the mixer computes for each row alone. Correct anywhere, slow (one mixer call per row).
-`require_kernels(model)` refuses (LabError) a model whose mixers would not take the kernel path on the GPU: the real
-model is never trained on the per-row CPU path. `remove()` on what `install` returns undoes both.
-
-Attention over packed rows (`install(..., attention="varlen")`, `sft.packed_attention`). transformers' sdpa path
-builds a [T x T] block-diagonal mask for a pack (`sdpa_mask` with `packed_sequence_mask_function`) and hands it to
-`scaled_dot_product_attention`, whose CUDA kernels then cannot skip anything: with a boolean mask torch takes the
-memory-efficient kernel over the whole T x T, not flash's causal half (torch/nn/functional.py's SDPA dispatch), so a
-pack of 16,384 tokens pays for 16,384^2 scores whatever its rows. "varlen" registers an attention implementation,
-`ATTENTION`, with transformers' `AttentionInterface` (transformers/modeling_utils.py) and its `AttentionMaskInterface`
-(transformers/masking_utils.py):
-- a packed call (the backbone pre-hook found several rows) builds no mask (`_mask` answers None while the call runs)
-  and `packed_attention_forward` runs each pack row by row: on CUDA in one call of torch's
-  `torch.nn.attention.varlen.varlen_attn` (flash attention over cumulative row offsets `cu_seq`, causal with
-  `window_size=(-1, 0)`, `enable_gqa` for Nemotron-H's 32 query / 2 key-value heads; read in the installed torch 2.13,
-  torch/nn/attention/varlen.py, with its autograd), so each row costs what it costs alone; on CPU (the reference)
-  with one causal SDPA call per row;
-- every other call (padding masks, generation, one row) is transformers' own `sdpa_attention_forward` with
-  `sdpa_mask`, unchanged.
-The varlen kernel is CUDA only and has not run here: tests/test_packed_rows.py checks the CPU path against rows one by
-one and the CUDA branch's arguments with a CPU stand-in for `varlen_attn` (`VARLEN_ATTN`).
+TRL's padding-free packing restarts `position_ids` at 0 for every row. transformers' attention follows them, but its
+Mamba-2 mixers carry conv and scan state from one row into the next. `install(model)` derives `seq_idx` from
+`position_ids` in a pre-hook on the backbone and gives every mixer a forward that honours it: the fused kernels take
+`seq_idx` on CUDA; elsewhere (the reference) the mixer runs once per row. `require_kernels(model)` refuses a model
+that would take the per-row path on the GPU. `install(..., attention="varlen")` registers `ATTENTION`, which runs a
+pack row by row (torch's `varlen_attn` on CUDA, one SDPA call per row on CPU) instead of one T x T masked call;
+every other call is transformers' own sdpa. `remove()` on what `install` returns undoes both. The loss needs nothing.
+The varlen kernel is CUDA only and has not run here. The pinned sources each claim was read in:
+docs/internals.md, lab.model.packed_rows.
 """
 
 from __future__ import annotations
@@ -70,8 +24,8 @@ import torch
 from lab import LabError
 
 ATTENTION = "lab_packed_varlen"  # the attention implementation install(attention="varlen") registers and sets
-# sft.packed_attention: varlen (ATTENTION), mask (transformers' sdpa + block mask), auto: varlen here (lab.train.fast_paths
-# has switched it to mask when the stage opened, where varlen_attn cannot run)
+# sft.packed_attention: varlen (ATTENTION), mask (transformers' sdpa + block mask), auto: varlen here
+# (lab.train.fast_paths has switched it to mask when the stage opened, where varlen_attn cannot run)
 ATTENTIONS = ("auto", "varlen", "mask")
 VARLEN_ATTN = None  # tests: a stand-in for torch's varlen_attn on CPU; None: torch.nn.attention.varlen.varlen_attn
 _PACKED_CALL = contextvars.ContextVar("lab_packed_call", default=False)  # a packed backbone call is running

@@ -1,53 +1,13 @@
 """Packing the Kaggle `submission.zip` (a LoRA adapter for vLLM 0.33), and its command, `python -m lab pack`.
 
-`pack(adapter_dir, out_zip)` writes a zip with exactly two files at its root,
-`adapter_config.json` and `adapter_model.safetensors`: no folders, no nested zip. The config
-keeps only standard PEFT LoraConfig fields (fields another back-end added, e.g. Unsloth's, are
-dropped) and names the base model by a relative path or Hub id, never this machine's absolute
-path. A config `check` would refuse (DoRA, a rank above the competition's `max_lora_rank`, `modules_to_save`,
-LoRA biases, ...: `config_problems`) is refused before anything is converted; an unreadable adapter is a LabError
-naming the file. The zip is written to a temporary file, checked with `check`, given the user's normal file
-permissions and only then renamed into place.
-
-Routed experts. PEFT's `target_parameters` stores a LoRA on the fused expert parameters of
-Nemotron-H (`mixer.experts.up_proj`, shape (E, out, in)) as ONE pair per parameter, and nests
-the two wrappers, so an adapter holds `...mixer.experts.base_layer.lora_{A,B}.weight` (up_proj,
-the first parameter of `NemotronHExperts`) and `...mixer.experts.lora_{A,B}.weight` (down_proj),
-with lora_A of shape (r*E, in) (expert-major blocks: expert e is rows e*r..(e+1)*r) and lora_B of
-shape (out, r*E) (rank-major: expert e is columns e, e+E, e+2E, ...), see
-`peft.tuners.lora.layer.ParamWrapper.get_delta_weight`. vLLM 0.33 reads Nemotron-H expert LoRAs
-per expert instead (read in the vllm 0.33.0 wheel): `NemotronHForCausalLM` leaves
-`is_3d_moe_weight` at the SupportsLoRA default False (models/interfaces.py) and sets
-`is_non_gated_moe`; its `get_expert_mapping` (models/nemotron_h.py) yields the checkpoint names
-`experts.{e}.up_proj` (w1) and `experts.{e}.down_proj` (w2)
-(`RoutedExperts.build_expert_params_mapping`, layers/fused_moe/routed_experts.py), which
-`process_packed_modules_mapping` (vllm/lora/utils.py) makes the packed sub-modules of each
-`...mixer.experts`; `LoRAModelManager._create_merged_loras_inplace` (vllm/lora/model_manager.py)
-looks the adapter's tensors up under those names and `PackedLoRALayerWeights.pack_moe`
-(vllm/lora/lora_weights.py) stacks them, refusing experts of one projection with different
-ranks. Fused keys are refused at load (`_validate_moe_lora_format`: "contains fused 3D MoE
-weights"). `split_fused_experts` therefore writes `...mixer.experts.{e}.up_proj.lora_A.weight`
-(r, in) / `.lora_B.weight` (out, r), and the same for down_proj; the split reproduces PEFT's own
-per-expert deltas exactly on the tiny model (tests/test_submission.py). vLLM also needs a LoRA
-on BOTH up_proj and down_proj of EVERY routed expert of a layer (`pack_moe` asserts it).
-Not verified here: loading a packed zip into a running vLLM engine (GPU only).
-
-rank_pattern / alpha_pattern. vLLM 0.33 applies them per module (`PEFTHelper.get_rank_and_scaling`,
-vllm/lora/peft_helper.py, matched like PEFT's `get_pattern_key` against the names in the file)
-and refuses an adapter whose largest rank (r or any rank_pattern value) exceeds max_lora_rank.
-PEFT matched the fused name `...experts.up_proj`, vLLM matches `...experts.3.up_proj` (`LoRAModel.from_lora_tensors`,
-vllm/lora/lora_model.py), so `pack` adds one escaped key per layer where the two would differ.
-
-lm_head. PEFT saves `base_model.model.lm_head.lora_A.weight` (r, hidden) / `.lora_B.weight`
-(vocab, r), which is what vLLM 0.33 reads: `parse_fine_tuned_lora_name` gives module `lm_head`,
-`NemotronHForCausalLM.embedding_modules` lists it and `LogitsProcessorWithLoRA`
-(vllm/lora/layers/logits_processor.py) holds (r, hidden) / (vocab, r). PEFT also saves a full copy
-`lm_head.base_layer.weight` when lm_head is targeted; vLLM skips that name
-(`is_base_embedding_weights`), so `pack` drops it.
-
-`check(zip, base_model=None)` lists every problem of a zip in plain words (lab/model/submission_check.py).
-
-What it simplifies: `pack` reads the whole adapter into memory to convert it (fine for the ranks Kaggle loads).
+`pack(adapter_dir, out_zip)` writes exactly `adapter_config.json` and `adapter_model.safetensors` at the zip's root;
+the config keeps only standard PEFT LoraConfig fields and names the base model by a relative path or Hub id, never
+this machine's absolute path. A config `check` would refuse is refused before anything is converted; the zip is
+written to a temporary file, checked with `check` (lab/model/submission_check.py), given the user's normal file
+permissions and only then renamed into place. Three conversions turn PEFT's adapter into what vLLM reads: the fused
+routed-expert LoRAs split per expert (`split_fused_experts`), rank/alpha patterns rewritten for the per-expert
+names, lm_head's full base copy dropped. Why each, read in the vllm 0.33.0 wheel: docs/internals.md,
+lab.model.submission.
 
 Commands: `python -m lab pack ADAPTER_DIR OUT.zip [--dtype bfloat16] [--base-model-name HUB_ID]` and
 `python -m lab check ZIP [--base-model DIR]` (exit 0 only when valid); `python -m lab gate` (the zip served by
@@ -181,7 +141,8 @@ def pack(adapter_dir: str | os.PathLike, out_zip: str | os.PathLike, dtype: str 
     if not cfg_path.is_file():
         raise LabError(f"{adapter_dir}: no {CONFIG_NAME}; not a PEFT adapter folder")
     if not w_path.is_file():
-        hint = " (adapter_model.bin found: re-save with safe_serialization)" if (adapter_dir / "adapter_model.bin").is_file() else ""
+        hint = (" (adapter_model.bin found: re-save with safe_serialization)"
+                if (adapter_dir / "adapter_model.bin").is_file() else "")
         raise LabError(f"{adapter_dir}: no {WEIGHTS_NAME}{hint}")
     config = read_json(cfg_path, kind=dict)
     dropped = sorted(set(config) - lora_config_fields())

@@ -1,37 +1,13 @@
 """Checking a Kaggle `submission.zip` (a LoRA adapter for vLLM 0.33): `check(zip, base_model=None)` returns every
 problem in plain words (an empty list = valid); `lab.model.submission.pack` runs it on every zip it writes.
 
-- the zip: exactly the two files at the root, names exact (`layout_problems`): no other member, no folder or
-  symbolic-link member, no `..` paths, duplicate or encrypted members or nested zips; a zip that would inflate past 16
-  GiB or more than 100:1 is refused unread (zip bomb);
-  every byte read back must match the zip's CRC-32;
-- the safetensors file, with safetensors' own reader (`safe_open`, whose Rust `validate` refuses a header
-  that disagrees with the data: a tensor past the end of a truncated file, bytes no tensor owns, ranges that
-  overlap or are not dtype size x shape long): floating-point dtypes, every value finite and below 1e4 in
-  magnitude (`torch.isfinite`; random bytes read as floats are mostly NaN or huge; overwritten bytes that happen
-  to read as small finite numbers cannot be told from weights);
-- the config (`config_problems`, also what `pack` refuses before converting): the fields vLLM 0.33's PEFTHelper
-  requires or refuses, only `peft.LoraConfig`'s fields, every rank (r and each rank_pattern value) within the
-  competition's `max_lora_rank` (`lab.core.schema.rank_problem`, the config's own rank check);
-- the config against the tensors: every LoRA module is named by `target_modules` (routed experts
-  also by `target_parameters`), every name there has tensors;
-- the tensors: names vLLM parses, pairs complete, A (r, in) and B (out, r) at each module's rank (PEFT's
-  `get_pattern_key` resolves rank_pattern/alpha_pattern, as vLLM's `PEFTHelper._match_pattern` does),
-  complete expert sets; against the base model's modules built on the meta device (no weights)
-  when its config is at hand (`base_model`, or the adapter's `base_model_name_or_path` as a
-  folder, relative to the project root, or in the local Hub cache), else against the Nemotron-H
-  module families.
-Base model: an ERROR (a problem) when it is known not to be Nemotron-H (a config whose model_type
-is not `nemotron_h`, or a Hub id that names no Nemotron model, e.g. `meta-llama/Llama-3-8B`):
-Kaggle's vLLM puts the adapter on Nemotron-3-Nano whatever the field says, so it cannot be what
-the user meant. A WARNING (printed to stderr and kept in the result's `.warnings`; the zip stays
-valid) when it cannot be checked here (no field, a Nemotron Hub id not downloaded, a folder not
-on this machine): vLLM never reads the field, so refusing would reject every good real-model
-adapter checked without the 60 GB checkpoint; its tensors are still checked against the
-families and the rank.
-
-What it simplifies: the weights are extracted from the zip to a temporary file (safetensors reads files, not
-streams) and read one tensor at a time; the library checks the file's layout, this module only the values.
+In order: the zip's layout (`layout_problems`: the two files and nothing else, no zip bomb, every CRC); the
+safetensors file (safetensors' own reader, then every value finite and below 1e4 in magnitude); the config
+(`config_problems`: what vLLM's PEFTHelper requires or refuses, every rank within `max_lora_rank`); the config
+against the tensors; the tensors against the base model's modules (built on the meta device when its config is at
+hand, else the Nemotron-H families). A base model known not to be Nemotron-H is a problem; one that cannot be
+checked here is a warning (`.warnings`; vLLM never reads the field). Each check in detail: docs/internals.md,
+lab.model.submission_check.
 """
 
 from __future__ import annotations
@@ -508,7 +484,8 @@ def check(path_to_zip: str | os.PathLike, base_model: str | os.PathLike | None =
                     problems.append(f"{CONFIG_NAME} is not valid JSON ({e})")
                     config = None
             if WEIGHTS_NAME not in names:
-                bin_hint = " (adapter_model.bin is not accepted: save with safetensors)" if "adapter_model.bin" in names else ""
+                bin_hint = (" (adapter_model.bin is not accepted: save with safetensors)"
+                            if "adapter_model.bin" in names else "")
                 problems.append(f"missing {WEIGHTS_NAME} at the zip's root{bin_hint}")
             else:
                 with tempfile.TemporaryDirectory() as tmp:  # read to the end: the zip checks the member's CRC-32

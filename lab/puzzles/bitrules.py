@@ -1,47 +1,13 @@
 """Bit manipulation puzzles, the rule space and its solver: a hidden rule maps 8-bit inputs to 8-bit outputs.
 
-The rule space searched, cheapest first (cost = (level, number of NOTs)):
-  level 0  a constant (00000000 or 11111111)
-  level 1  one copy t(x), or NOT t(x); t is x, shl1..7, shr1..7 (zero fill), rotl1..4, rotr1..3
-  level 2  t1 OP t2 with OP in AND, OR, XOR, each side possibly NOT
-  level 3  MAJ(t1,t2,t3), CH(t1,t2,t3) = (t1 AND t2) OR (NOT t1 AND t3), t1 XOR t2 XOR t3,
-           (t1 OP1 t2) OP2 t3, each possibly NOT as a whole (no NOTs inside)
-  level 4  a pipeline of 2 or 3 steps applied in turn, each step a copy (x := t(x)), NOT, or
-           x := x OP t(x) (OP in AND, OR, XOR): a rule written as a program rather than an
-           expression, e.g. rotl3 then XOR shr2, which is rotl3(x) XOR shr2(rotl3(x)), a copy no
-           lower level has. Searched breadth-first on the examples and the query only, states
-           equal there merged, so the first depth with a fit is the shortest pipeline
-  level 5  any boolean function of three copies (a truth table of 8 entries, NOTs anywhere): every
-           bit position of every example is one observation of the table, so 8 examples give 64;
-           a triple counts only if its table is consistent and covers every key the query needs
-  level 6  a level-1 or level-2 rule, then XOR, AND or OR with a constant 8-bit mask (x XOR
-           10100101, say); the examples fix the mask's bits, and a prediction that needs a bit they
-           leave open counts only when no other fit needs one
-All rules of a level are checked at once with numpy; the query is carried along as an extra
-column, so every consistent rule's prediction comes for free. If all consistent rules of the
-minimal cost agree on the query the status is `solved`, else `ambiguous` (answer: the one the
-competition's layout with the fewest copies gives, when those layouts agree on one of the tied
-predictions (`shift_tables`), else the most common prediction). If no rule up to level 6 fits: level 7, an XOR of any number of copies, maybe NOT
-(solved over GF(2), every bit of every example one equation; `solved` only if every query bit is
-forced); then level 8, any function of four copies (as level 5, a 16-entry table); then an affine
-rule (each output bit its own XOR of input bits and maybe 1, solved over GF(2); `solved` only if
-every query bit is forced); then a per-bit fallback treats each output bit as a function of the
-fewest input bits (at most 4) that explains the examples (`ambiguous` unless every bit is forced).
-Levels 4 to 8 share the structure of the named rules (the same operation at every bit position of
-shifted copies, a mask aside), which is why 8 examples pin them down where the per-bit fallbacks,
-8 separate functions, cannot (what each level adds: RESULTS.md, "Notes moved from module docstrings").
-
-Trace (structured rule): the rule, the query, each copy, each operation, one line each:
-    rule: shl1 XOR rotr3
-    x = 00110100
-    shl1 = 01101000
-    rotr3 = 10000110
-    shl1 XOR rotr3 = 11101110
-A level-4 trace gives each step's value in turn (`XOR shr2: 10100001 XOR 00101000 = 10001001`); a
-level-5 trace lists the copies, the table entries the query needs, each bit position's key (the
-three copies' bits there) and `table(keys) = answer`.
-Deliberately simplified: no rules outside this space except via the per-bit fallback; the
-preference among equally cheap rules is plain counting, not a learned prior.
+The rule space is searched cheapest first (cost = (level, number of NOTs)): a constant, one shifted or rotated copy
+of x, two copies combined by AND/OR/XOR, three copies (MAJ, CH, XOR3, two operations), a pipeline of 2-3 steps,
+any boolean function of three copies (a truth table), a rule with a constant mask; then an XOR of any number of
+copies, any function of four copies, an affine rule over GF(2), and a per-bit fallback. All rules of a level are
+checked at once with numpy, the query carried as an extra column. `solved` when every consistent rule of the
+minimal cost agrees on the query, else `ambiguous` (answer: the competition's layout with the fewest copies when
+those agree, else the most common prediction). Traces give the rule, the query, each copy and each operation, one
+line each. The levels in full, the trace formats and what is left out: docs/internals.md, lab.puzzles.bitrules.
 """
 
 from __future__ import annotations

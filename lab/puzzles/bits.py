@@ -1,31 +1,14 @@
 """The bit-manipulation category: its Category object, its derivation trace and its compact-line checker.
 
-The rule space and the solver are `bitrules`; the layout and its anchor scans `bitlayout`. Derivation (`derive`):
-the competition's layout: each output bit is one function F of the bits at its position of up to three copies,
-rotl a, shl b, shr c, read off the examples on the page (`_anchored`):
-- anchors: at bits 7, 0, 6 and 1 (`bitlayout.ANCHORS`) a shifted-out bit reads 0, so a layout reads at most two bits
-  of x there and the output bit is a function of them. `scan P I J` lines test, example by example, whether output
-  bit P is a function of x's bits I, J; bits 7 and 0 are scanned on no bit and on each bit first (`first_scans`);
-- tries: the layouts in `bitlayout.LAYOUTS` order (one copy, shl+shr, rotl+shl, rotl+shr, all three; smaller shifts
-  first), each skipped when a written scan of its bits at an anchor failed, else tried once its bits at every
-  anchor pass, a scan written just before it where no passed set explains them (`scans_before`). Per example its
-  copies (written once; a later try cites the line) and `fill` (each position's `key:bit`), the examples that
-  clashed before first (the latest first), until a key shows both bits (`clash`: the next `try`) or every example
-  fits;
-- the table: `table` collects F (one bit per key, checked); the query's keys are read from it, a key no example
-  shows reading 0 (`default`). F is never named.
-A trace that would pass `TOKEN_CAP` states its layout instead (`_layout`: `note choose`, then the same table).
-A puzzle no layout answers keeps the older trace: the 22 copies of `bitrules.T_NAMES` screened on the examples
-until one example rejects each; the first survivor is the rule, and when none survives the trace names the
-solver's rule (a note: recall) and verifies it on every example before applying it. Written in binary: hex would
-hide the bit positions the shifts and keys work on.
-Compact traces (`check_line`): the query, each named copy or expression of x, and the affine per-bit XORs are
-recomputed; the rule line and the per-bit fallback's table reads are claims.
-Simplifies: three operations of its own (`scan`, `fill`, `try`: `Category.ops`, `branches`); the rest is `check`'s
-shared grammar. The checker recomputes each scan from the prompt and refuses a `try` that is not the next layout
-passing every anchor (`bitlayout.candidates`) or comes before the last one clashed, and a `fill` that is not the
-next example in the fill order or not that layout's copies of it and its output, so the search is replayed, not
-taken on trust.
+The rule space and the solver are `bitrules`; the competition's layout and its anchor scans are `bitlayout`.
+Derivation (`derive`): each output bit is one function F of the bits at its position of up to three copies (rotl a,
+shl b, shr c), read off the examples on the page: `scan` lines at the anchor bits rule layouts out, `try` lines take
+the layouts in `bitlayout.LAYOUTS` order, `fill` lines write each example's `key:bit` pairs until a key shows both
+bits (the next `try`) or every example fits, and `table` collects F, from which the query is read. A trace that
+would pass `TOKEN_CAP` states its layout instead; a puzzle no layout answers keeps the older screen of the 22 copies
+of `bitrules.T_NAMES`. Written in binary, so the bit positions stay visible. `scan`, `fill` and `try` are this
+category's own operations (`Category.ops`, `branches`), recomputed by the checker, so the search is replayed, not
+taken on trust. In detail: docs/internals.md, lab.puzzles.bits.
 """
 
 from __future__ import annotations

@@ -1,37 +1,15 @@
 """The trace checker: replays a solver trace line by line against its prompt (`python -m lab puzzles check SOLVED.csv`).
 
-Derivation traces (`trace_style: derivation`, built by `lab.puzzles.derive`) follow one small grammar, so
-the replay is exact and the same for every category. A step line is `[tag: ]BODY`, where the optional tag
-is one lowercase word and digits (`ex3:`, `q:`) that the checker ignores, and BODY is one of
-
-  OP ARG ... = RESULT   one operation from `OPS` on the ARGs (whitespace-separated values); RESULT is
-                        recomputed and must match. Every ARG must be *available*: written in the prompt
-                        (as a whole value, not inside a longer number or word) or in an earlier line.
-  copy VALUE            VALUE is available (a copy from the prompt or an earlier line).
-  let SYMBOL = DIGIT    (symbolic equations) a recalled symbol->digit hypothesis; `decode`/`encode` use them.
-  recall VALUE          a value the trace recalls rather than derives (a bits rule's mask, a cipher word
-                        taken from the word list); it becomes available. Counted per category.
-  note TEXT             prose; checked for nothing, and nothing in it becomes available.
-Bit tables: `keys` (the copies' bits per position), `pairs` (`key:bit` per position), `table = ...` (every
-pair written since the table began, one bit per key, else it fails; a bits `try` line begins a new one),
-`default KEY = KEY:0` (only for a key no pair shows) and `read KEYS = BITS` (each key's bit from a pair of the
-table).
-
-Numbers: `add sub mul div sq mid max min median` compute exactly (fractions) and accept RESULT when it is
-the exact value rounded to RESULT's own number of decimals (`div 14.915 0.93845 = 15.89322819`). After the
-steps come `</think>` and `\\boxed{ANSWER}`; ANSWER must equal the last step's RESULT (or copied VALUE).
-
-A category may add operations of its own (`Category.ops`, `Category.branches`: the symbolic equations'
-written search, `eqsearch`); everything else is this one table.
-
-Compact traces are replayed by `replay_compact` with the category's `check_line` (`line_rules` builds one from
-regexes): the line shapes its compact trace uses (`x = ...`, `6.69/10.08 = 0.6637`, `|37-12| = 25`, ...) are
-recomputed where they state a computation; lines that state a choice (`rule: ...`, `mode: ...`, `factor = ...`,
-a cipher key) are claims, counted but not recomputed, since the compact style never shows where they come from.
-Which category a trace belongs to is looked up by `solve.replay`; this module knows no category.
-
-Simplifies: one grammar and one table of operations for every category; results are compared as written,
-so a wrong digit, a skipped step (a value used before it is written) and a wrong box all fail at their own line.
+Derivation traces follow one small grammar, the same for every category: a step line is `[tag: ]BODY`, BODY one of
+`OP ARG ... = RESULT` (an operation of `OPS`, its RESULT recomputed; every ARG must be available: written in the
+prompt as a whole value or in an earlier line), `copy VALUE`, `let SYMBOL = DIGIT`, `recall VALUE` (counted per
+category), `note TEXT` (checked for nothing), and the bit-table lines. Numbers compute exactly (fractions) and a
+RESULT is accepted when it is the exact value rounded to its own decimals. After the steps, `</think>` and
+`\\boxed{ANSWER}`, ANSWER equal to the last step's result. A category may add operations (`Category.ops`,
+`Category.branches`). Compact traces are replayed by `replay_compact` with the category's `check_line`: computations
+recomputed, stated choices counted as claims. This module knows no category (`solve.replay` looks it up). A wrong
+digit, a skipped step and a wrong box all fail at their own line. The grammar in full: docs/internals.md,
+lab.puzzles.check.
 """
 
 from __future__ import annotations

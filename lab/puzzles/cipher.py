@@ -1,27 +1,16 @@
 """Text cipher puzzles: a hidden letter substitution; examples `cipher -> plain`, query cipher text.
 
-parse  -> examples [(cipher, plain)] and the query
-solve  -> the letter key from the aligned examples; query letters the key does not cover are found
-          by matching each query word against known plaintext words of the same length, consistent
-          with the key, the word's own letter pattern and bijectivity; a unique match fixes its
-          letters and the matching repeats until nothing changes. Known words, in the order a tie
-          is broken: the puzzle's own example words, then the batch vocabulary (`vocabulary(prompts)`:
-          the plaintext words of every cipher example in the file being solved, most frequent
-          first; `solve_frame` builds it, so a word one puzzle only encrypts is read from the
-          examples of others), then the built-in word list WORDS. Status: solved if every query
-          letter is fixed, ambiguous if some word still has several matches (the first is used),
-          undetermined if some word has none (unknown letters shown as '?').
-`method` says where the weakest query word came from: key, examples' words, batch words, word
-list, or no word. Trace:
+`solve` reads the letter key from the aligned examples; query letters the key does not cover are found by matching
+each query word against known plaintext words of the same length (consistent with the key, the word's letter
+pattern and bijectivity), repeated until nothing changes. Known words, in tie-break order: the puzzle's own example
+words, the batch vocabulary (`vocabulary(prompts)`, built by `solve_frame`), the built-in list WORDS. `solved` if
+every query letter is fixed, `ambiguous` if a word still has several matches, `undetermined` if one has none.
+`method` says where the weakest query word came from. Trace:
     key: t=c r=a b=t w=i
     trb = cat
     hffk = ?oo? = book
-(the key line lists only the query's letters that the examples give; a word with letters the
-examples do not give shows its partial decryption, then the matched word).
-Derivation: each query letter read from an example word pair that contains it; a word the examples do not
-spell out is matched against a known word (copied when the examples show it, recalled otherwise) and
-checked to fit the letters known so far.
-Deliberately simple: only a-z is substituted (anything else stands for itself, case is kept); no letter-frequency statistics or language model.
+Only a-z is substituted (anything else stands for itself, case is kept); no letter frequencies or language model.
+The solver and the derivation in detail: docs/internals.md, lab.puzzles.cipher.
 """
 
 from __future__ import annotations
@@ -144,7 +133,8 @@ def solve(prompt: str, vocab: Counter | None = None) -> Solution:
             m = matches(cw, c2p, p2c, vocab)
             if m:
                 pw = m[0]
-                status, reason = ("ambiguous", f"'{cw}' matches {len(m)} words") if status == "solved" else (status, reason)
+                status, reason = (("ambiguous", f"'{cw}' matches {len(m)} words") if status == "solved"
+                                  else (status, reason))
             else:
                 pw = "".join(c2p.get(a, "?") for a in cw)
                 status, reason = "undetermined", f"'{cw}' matches no known word"

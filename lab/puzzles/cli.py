@@ -64,8 +64,8 @@ def summary(out, has_gold: bool) -> str:
     text += "\n(trace_tokens: " + ("tokenizer count)" if _TOK else "ESTIMATE, no tokenizer given)")
     text += f"\n\ntrace tokens (budget {COMPETITION.max_tokens:,}):\n" + token_table(out).to_string(index=False)
     by_method = method_table(out)
-    text += "\n\nby method (what answered: bits, the rule level; cipher, the word source; equations, mode and meaning," \
-        " the subtraction's marker form included):\n" \
+    text += "\n\nby method (what answered: bits, the rule level; cipher, the word source; equations, mode and " \
+        "meaning, the subtraction's marker form included):\n" \
         + (by_method.to_string(index=False) if len(by_method) else "(no puzzle of a category with several methods)")
     by_family = family_table(out)
     if len(by_family):
@@ -114,7 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     a.add_argument("--tokenizer", default=None, help="local tokenizer folder: distances in its tokens")
     a.add_argument("--show", type=int, default=20, help="referential breaks to print")
     g = sub.add_parser("generate", help="write generated puzzles to a CSV")
-    g.add_argument("--category", required=True, help="the category to generate, e.g. numeral_system (lab.puzzles.categories)")
+    g.add_argument("--category", required=True,
+                   help="the category to generate, e.g. numeral_system (lab.puzzles.categories)")
     g.add_argument("--n", type=int, required=True, help="number of puzzles")
     g.add_argument("--seed", type=int, default=0, help="random seed (default: %(default)s)")
     g.add_argument("--set", action="append", default=[], metavar="KEY=VALUE", help="difficulty knob")

@@ -1,36 +1,13 @@
 """Symbolic equations searched on the page: a signature catalog and a bounded, written depth-first search.
 
-The catalog (`catalog()`) comes from the rule space, never from a file's rows: every reading of
-`equations` (mode x meaning) applied to every operand pair 00..99, each example written as its
-*signature*, the symbol-repetition pattern of `AB op CD = out` (`ABoCD=EAo`: letters in order of first
-appearance, `o` the operator and its marker, `-` when the operator is `-`). A signature maps to its
-candidates `READING:OPERANDS:RESULT` (`r:a*b:1234:0582`; reading `p`/`r` for plain/reversed and the
-meaning with `_` for spaces). What a model recalls is this one finite table, the same for every puzzle.
-
-The derivation (`search_lines`) writes, per example, its signature and the catalog's readings of it, then
-a depth-first search whose every line is local:
-  cands LHS RHS = C ...    the catalog's candidates for an example, kept when they agree with the digits
-                           bound so far, the mode and the operators' meanings (families distinct);
-  try C                    a branch on the last `cands` line at this depth: bind the candidate's digits, mode and meaning;
-  assume OP MEANING        a branch: an operator whose operands are already decoded takes a meaning
-                           the catalog lists for that example;
-  decode, the meaning's arithmetic (as in numeric derivations), fit RHS DIGITS = yes|no
-                           (binds the result's new symbols on yes);
-  rest SYMBOL = DIGIT      nine symbols bound: the query's tenth takes the one digit left;
-  back                     the branch is closed (failed, or its answer written); the state before it returns.
-Next example: one whose operands are decoded and whose operator has a meaning (computed); else one
-whose operands are decoded (branch on meanings); else the one with the fewest catalog candidates
-(branch on them). Every complete branch computes the query. When every branch gives one answer it is
-copied; a puzzle whose search gives none or several answers, leaves a query symbol or result digit
-unbound, needs an anchor of more than `MAX_CANDS` candidates, or would exceed `MAX_CHARS`, gets the
-stated fallback trace instead (`equations._symbolic`), as does a puzzle the solver does not mark `solved`.
-
-`Search` holds the state both the writer and the checker use, so they agree by construction on what a `cands`
-line lists; `OPS` and `BRANCHES` are the search's lines for `check.Replay` (the equations category's `ops` and
-`branches`), and the checker recomputes every line.
-
-Simplifies: operands of two symbols (the real file's shape); no relaxation of the distinct-families rule
-(the solver's fallbacks get the fallback trace); the character cap stands in for a token count.
+The catalog (`catalog()`) comes from the rule space, never from a file's rows: every reading of `equations` (mode x
+meaning) applied to every operand pair 00..99, each example written as its signature (the symbol-repetition pattern
+of `AB op CD = out`), mapped to its candidate readings: one finite table a model can recall, the same for every
+puzzle. `search_lines` writes each example's signature and readings, then a depth-first search whose every line is
+local (`cands`, `try`, `assume`, `fit`, `rest`, `back`). A puzzle whose search gives no single answer or exceeds
+`MAX_CANDS` / `MAX_CHARS` gets the stated fallback trace (`equations._symbolic`). `Search` holds the state both the
+writer and the checker use, so they agree by construction; `OPS` and `BRANCHES` are its lines for `check.Replay`.
+The lines, the order of examples and what it simplifies: docs/internals.md, lab.puzzles.eqsearch.
 """
 
 from __future__ import annotations
@@ -184,7 +161,8 @@ def search_lines(exs, query, value, max_cands: int | None = None, max_chars: int
     """The written search for a symbolic puzzle: exs [(x, op, y, rhs)], query (x, op, y); `value(meaning, x, y, mode,
     sym, tag, lines)` appends a meaning's arithmetic lines and returns the written result (`equations._eq_value`,
     passed in: this module sits below `equations`). Raises Unfit."""
-    lines: list[str] = ["note each example's signature and its catalog readings; then search from the fewest candidates"]
+    lines: list[str] = ["note each example's signature and its catalog readings; "
+                        "then search from the fewest candidates"]
     size = [len(lines[0])]
 
     def emit(s):

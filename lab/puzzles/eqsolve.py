@@ -1,61 +1,15 @@
 """Equation transformation puzzles, the rule model and the solvers: two operands around a hidden operator (`34/44 = 1`).
 
-One rule model, shared by the numeric and the symbolic solver and by the generator:
-  mode     per puzzle, shared by all its operators. plain: operands read as written, result
-           written as computed. reversed: each operand read with its digits reversed, the result's
-           digit string reversed, leading zeros kept (`06*79 = 0285`: 60*97 = 5820).
-  meaning  per operator, each from its own family (a puzzle repeats a family only rarely):
-             add     a+b, a+b+1, a+b-1
-             mul     a*b, a*b+1, a*b-1
-             concat  ab, ba (the operand strings joined, either order)
-             mod     mod: max(a, b) mod min(a, b)
-             sub     the digits of |a-b| and, by marker form, the operator's own symbol as a marker:
-                     |a-b| never, a-b when a<b, b-a when a>b, ±|a-b| always (never on a zero result,
-                     written `0`); in front, or (reversed mode only, never for a `-` operator) at
-                     the end: `a-b end`, `b-a end`, `±|a-b| end`.
-Symbolic puzzles are the same model behind a substitution: each digit written as a secret symbol
-(operator characters are never digit symbols; the subtraction marker is the operator's symbol).
-
-Priors: `learn_priors(prompts)` counts, over a file's numeric prompts (their examples, never an
-answer), the mode of every puzzle whose examples fit one mode only, the family of every operator
-whose examples leave it one family (by symbol: `+`, `-`, `*`, other) and the meaning of every
-operator they leave one meaning. `solve_frame` learns them from the batch it solves; a puzzle solved
-on its own uses DEFAULT_COUNTS (the same counts, from the development sample's prompts). Every
-reading that fits the examples (a mode + one meaning per operator) weighs
-P(mode) * prod P(family | symbol) P(meaning | family); the answer with the most weight wins.
-Operator never shown in the examples: a meaning from a family the examples did not use, weighted
-by `unseen_family_weight` (the usual meaning for `+ - *`, else add / multiply / subtract evenly).
-
-Numeric solver: every meaning of every operator that fits its examples, per mode; the joint
-hypotheses with distinct families. Only where none exists: the readings that leave out the fewest
-operators (a rule outside the model), then share the fewest families; the symbolic solver relaxes
-the same way (families may repeat, then the query operator's examples alone).
-Symbolic solver (per mode): each example's candidates (meaning, digits) come from a table of the
-equality pattern of x+y+result over all 00..99 operand pairs; arc consistency prunes candidates no
-example sharing a symbol or the operator agrees with; a depth-first join (indexed on bound symbols,
-families kept distinct) enumerates every consistent symbol->digit map, up to a solution cap and a
-per-puzzle work cap (`JOIN_CAP` join nodes, then `VOTE_CAP` votes: counted, never timed, so a rerun on any
-machine under any load stops at the same place; the reason says when a cap stopped it). Every map, completed
-in every way for query symbols the examples never fix, votes its weight on the query's answer; answers with a
-digit whose symbol never appears are dropped.
-Status: `solved` only when every fitting hypothesis gives the same answer (and the search was
-complete); `ambiguous` with the best-weighted answer otherwise; `undetermined` when the query's
-operator never appears (the answer is still the best guess) or nothing fits.
-`method` is the query operator's mode and meaning (`reversed b-a end`); `family(meaning)` names
-its family, for the per-family tables.
-Traces (numeric; symbolic adds a `digits:` line and the decoded query):
-    mode: reversed
-    } means b-a end (fits 2 examples)
-    73}21: a = 37, b = 12
-    |37-12| = 25
-    written: 52}
-    answer: 52}
-Deliberately simplified:
-- the meaning list is what the real file's examples need; rules outside it are never forced (the
-  operator is left out, or the puzzle is undetermined);
-- operands of symbolic puzzles are two symbols each (the real file's shape);
-- the symbolic search stops at its caps rather than counting digit maps cleverly; a capped search
-  is never `solved`.
+One rule model for the numeric and the symbolic solver and the generator: a `mode` per puzzle (plain, or reversed:
+operands and result read with their digits reversed) and a `meaning` per operator, each from its own family (add,
+mul, concat, mod, sub with its marker forms). Symbolic puzzles are the same model behind a digit substitution.
+Priors (`learn_priors`, from a batch's prompts, never an answer; DEFAULT_COUNTS otherwise) weigh every reading that
+fits the examples; the answer with the most weight wins. The numeric solver enumerates the fitting readings per
+mode; the symbolic one joins each example's candidates into symbol->digit maps, up to counted (never timed) caps,
+so a rerun stops at the same place anywhere. `solved` only when every fitting hypothesis gives the same answer and
+the search was complete; else `ambiguous` (best-weighted answer) or `undetermined`. `method` names the query
+operator's mode and meaning. The meanings, the relaxations, the traces and the caps: docs/internals.md,
+lab.puzzles.eqsolve.
 """
 
 from __future__ import annotations
@@ -71,7 +25,8 @@ from .common import Solution, finish, has_key, missing, undetermined
 
 NAME = "equation_transformation"
 KEY = "transformation rules is applied to equations"
-HEADER = "In Alice's Wonderland, a secret set of transformation rules is applied to equations. Below are a few examples:"
+HEADER = ("In Alice's Wonderland, a secret set of transformation rules is applied to equations. "
+          "Below are a few examples:")
 
 EQ_LINE_RE = re.compile(r"^\s*(\S.*?) = (.*?)\s*$")
 NUMERIC_LHS_RE = re.compile(r"^\d+\D\d+$")

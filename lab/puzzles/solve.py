@@ -151,7 +151,8 @@ def solve_frame(df, tokenizer=None, progress: bool | None = None, workers: int |
 
 def token_table(out, budget: int | None = None):
     """Trace tokens per category (and `trace_style` when the frame has it): n, p50, p90, p99, max, and the
-    share over `budget` (default: the competition's `max_tokens`, `lab.core.schema.COMPETITION`). The trace is the whole completion the scorer sees after `<think>\\n`."""
+    share over `budget` (default: the competition's `max_tokens`, `lab.core.schema.COMPETITION`). The trace is the
+    whole completion the scorer sees after `<think>\\n`."""
     budget = COMPETITION.max_tokens if budget is None else budget
     keys = ["category"] + (["trace_style"] if "trace_style" in out else [])
     g = out.groupby(keys)["trace_tokens"]

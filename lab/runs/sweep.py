@@ -1,45 +1,16 @@
-"""Sweeps over the stage notebooks: `python -m lab sweep` (`lab.runs.cli`; the report across them: `lab.runs.sweep_report`).
+"""Sweeps over the stage notebooks: `python -m lab sweep` (`lab.runs.cli`; the report across them:
+`lab.runs.sweep_report`).
 
-A sweep is a Hydra multirun over the lab's own config (`conf/config.yaml`), driven by Hydra's
-machinery: its override grammar and BasicSweeper make the grid (`sft.learning_rate=1e-3,3e-3`,
-`range(...)`, ...), and its launcher plugins run the jobs: `basic` (one after another in this
-process), `joblib` (local processes in parallel), `submitit_local` and `submitit_slurm` (submitit;
-SLURM settings are ordinary Hydra overrides such as `hydra.launcher.partition=gpu`). Each job is
-Hydra's task function `_Job`, which executes the chosen notebooks with the lab's one stage runner
-(`lab.runs.pipeline.execute_stage`, papermill) with the job's overrides plus `run_dir=<sweep_dir>/<job_name>`, so
-every job is a complete run folder:
-
-    <sweep_dir>/sweep.json                 what was asked (fixed overrides, stages, launcher)
-    <sweep_dir>/<job_name>/                the job's run_dir; job_name is Hydra's override_dirname
-                                           of the swept keys, e.g. `seed=1,sft.learning_rate=0.01`
-        job.json                           the job manifest: overrides, params, status, times
-        config.yaml                        the job's resolved config
-        notebooks/<stage>.ipynb            executed notebooks (kept, partly executed, on failure)
-        logs/<stage>.log                   the kernels' stdout/stderr
-        <stage>/metrics.json ...           what each notebook writes (lab.core.run.Stage)
-        summary.md, summary.json           lab.runs.pipeline.summary of the job
-        error.txt                          only for a failed job: stage, error, traceback
-        done.json                          written atomically LAST: the job finished (a seal, lab.core.lineage)
-        .hydra/, job.log                   Hydra's own record of the job
-
-A job counts as finished only when `done.json` (`lab.core.lineage.seal`) holds the same overrides and the same
-resolved config (its sha256: a default changed in `conf/` since is another job), and vouches for every requested
-stage's `metrics.json` and `manifest.json` by their content hashes, each still current (`lab.core.lineage.problems`):
-a stage rerun by hand in the job's folder, with other settings or the same, makes the job unfinished.
-Running the same sweep again skips finished jobs and reruns failed or unfinished ones; inside a
-rerun, the leading stages that already finished with identical overrides and an identical resolved
-config are kept, and everything from the first unfinished stage on is executed again. A job holds
-its folder's lock (`lab.core.run.run_lock`) while it runs. A failing job writes `error.txt` and
-returns; the other jobs go on. `--seeds N` is shorthand for `seed=1,2,...,N` (seeds 1..N, not the
-config's seed plus offsets, so job names read `seed=1`, `seed=2`, ...).
-
-At the end, `python -m lab sweep` runs `python -m lab report` on the sweep folder (`lab.runs.sweep_report`).
-
-What it simplifies:
-1. Jobs never share state (each builds or reads its own base model and split under its run_dir): no
-   cross-job caching.
-2. A job's name comes from its swept overrides, so a sweep folder's fixed overrides cannot change between
-   reruns (refused: use a new --name); values holding '/' make nested job folders.
+A sweep is a Hydra multirun over the lab's own config: Hydra's override grammar and BasicSweeper make the grid
+(`sft.learning_rate=1e-3,3e-3`, `range(...)`, ...) and its launcher plugins run the jobs (`basic`, `joblib`,
+`submitit_local`, `submitit_slurm`). Each job (`_Job`) executes the chosen notebooks with the lab's one stage runner
+(`lab.runs.pipeline.execute_stage`), its overrides plus `run_dir=<sweep_dir>/<job_name>`, so every job is a complete
+run folder named by its swept overrides (`seed=1,sft.learning_rate=0.01`). A job counts as finished only when its
+`done.json` seal holds the same overrides and resolved config and vouches for every requested stage's outputs, each
+still current; the same sweep run again skips finished jobs and reruns the others from their first unfinished
+stage. A failing job writes `error.txt` and the others go on; jobs never share state. At the end the sweep runs
+`python -m lab report` on its folder. The folder's layout and the rerun rules in full: docs/internals.md,
+lab.runs.sweep.
 """
 
 from __future__ import annotations

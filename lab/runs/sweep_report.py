@@ -1,4 +1,5 @@
-"""One report across a sweep's jobs: `python -m lab report SWEEP_DIR` (`lab.runs.cli`; the sweep itself: `lab.runs.sweep`).
+"""One report across a sweep's jobs: `python -m lab report SWEEP_DIR` (`lab.runs.cli`; the sweep itself:
+`lab.runs.sweep`).
 
 It collects every job folder of the sweep (`lab.runs.sweep.find_jobs`; failed and unfinished ones too, with a status
 column) into `report.csv` and `report.md`: the parameters (the swept overrides, parsed), where the job ran, and
