@@ -1,5 +1,5 @@
 """Error analysis (lab.eval.analysis): taxonomy classes and their priority, Wilson intervals, departures
-from solver traces, length tables, comparing runs, the compare CLI and analyse's files.
+from solver traces, length tables, comparing runs, the compare CLI, and the files 05_errors' recipe writes.
 
 All predictions are hand-made; the solver is replaced by hand-made solutions or a monkeypatched
 `lab.puzzles.solve`, so nothing here depends on the solvers' quality.
@@ -17,9 +17,8 @@ import pytest
 from lab.eval import analysis as errors
 from lab import LabError
 from lab.core.io import atomic_write_csv, atomic_write_json
-from lab.eval.analysis import (CLASSES, FAILURE_PRIORITY, accuracy_table, analyse, classify_failure, compare,
-                          departure_table, examples, first_departure, length_table, load_predictions, taxonomy,
-                          wilson_interval)
+from lab.eval.analysis import (CLASSES, FAILURE_PRIORITY, accuracy_table, classify_failure, compare, departure_table,
+                               examples, first_departure, length_table, load_predictions, taxonomy, wilson_interval)
 from lab.eval.cli import compare_main, find_predictions
 
 
@@ -330,38 +329,76 @@ def test_load_predictions_types_and_errors(tmp_path):
         load_predictions(tmp_path / "none.csv")
 
 
-def test_analyse_writes_tables_plots_and_metrics(fake_solver, tmp_path):
+def test_the_analysis_returns_tables_and_a_headline_and_writes_nothing(fake_solver, tmp_path, monkeypatch):
+    """The library returns data: the taxonomy, the solver's view and the headline, with no file written (the
+    solver cache only where asked)."""
+    monkeypatch.chdir(tmp_path)
     pred = pd.DataFrame(CASES)
     pred["prompt"] = ["solved " + i for i in pred["id"]]
-    m = analyse(pred, tmp_path / "errors", budget=7680)
+    failures = errors.with_failures(pred, budget=7680)
+    view = errors.solver_view(failures)
+    m = errors.headline(accuracy_table(failures), taxonomy(failures), 7680, view)
     json.dumps(m, allow_nan=False)
-    out = tmp_path / "errors"
-    for name in ("accuracy_by_category.csv", "accuracy_by_subtype.csv", "accuracy_by_status.csv", "taxonomy.csv",
-                 "failures.csv", "departures.csv", "departure_summary.csv", "lengths.csv", "solutions.csv",
-                 "errors_metrics.json", "accuracy_by_category.png", "taxonomy.png", "lengths.png"):
-        assert (out / name).is_file(), name
-        assert name in m["files"]
-    for png in out.glob("*.png"):
-        assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert m["n"] == len(CASES)
+    assert m["n"] == len(CASES) and m["budget"] == 7680
     assert m["accuracy"] == pytest.approx(2 / len(CASES))
     assert m["accuracy_by_category"]["gravity"]["n"] == 6
     assert m["taxonomy"]["all"]["wrong_format"] == 5
-    assert m["accuracy_by_status"]["solved"]["n"] == len(CASES)
-    failures = pd.read_csv(out / "failures.csv", dtype=str, keep_default_na=False)
-    assert failures["failure"].tolist() == [i.rsplit("-", 1)[0] for i in pred["id"]]
-    assert json.loads((out / "errors_metrics.json").read_text()) == m
+    assert m["accuracy_by_status"]["solved"]["n"] == len(CASES) and "all" in m["imitation"]
+    table = errors.failures_table(view.failures)
+    assert table["failure"].tolist() == [i.rsplit("-", 1)[0] for i in pred["id"]]
+    assert list(table.columns) == list(errors.FAILURE_COLUMNS)
+    assert "accuracy_by_status" not in errors.headline(accuracy_table(failures), taxonomy(failures), 7680)
+    assert list(tmp_path.iterdir()) == []
 
-    m2 = analyse(pred, tmp_path / "no_solver", solver=False)
-    assert "accuracy_by_status" not in m2 and not (tmp_path / "no_solver" / "solutions.csv").exists()
+
+def test_the_errors_recipe_writes_the_files_it_lists(fake_solver, tmp_path):
+    """lab.recipes.errors' steps after the predictions, on a stand-in stage (a folder and a `finish` that keeps the
+    metrics): every file of ANALYSIS_FILES and SOLVER_FILES is written, nothing else, and errors_metrics.json lists
+    them; without prompts the solver's files are left out."""
+    from lab.core.config import compose
+    from lab.recipes import errors as recipe
+
+    class StandIn:
+        def __init__(self, folder):
+            self.dir, self.cfg, self.finished = folder, compose(["experiment=smoke"]), None
+            folder.mkdir()
+
+        def path(self, *parts):
+            return self.dir.joinpath(*parts)
+
+        def finish(self, metrics):
+            self.finished = metrics
+            return metrics
+
+    pred = pd.DataFrame(CASES)
+    for name, prompts in (("with_solver", True), ("no_prompts", False)):
+        pred["prompt"] = ["solved " + i for i in pred["id"]] if prompts else ""
+        stage = StandIn(tmp_path / name)
+        failures = recipe.classify(pred, 7680)
+        by_category, classes = recipe.accuracy(stage, failures), recipe.taxonomy(stage, failures)
+        solver = recipe.solver_or_imitation(stage, failures)
+        recipe.lengths(stage, failures, 7680)
+        changes = pd.DataFrame({"category": ["all"], "fixed": [3], "broken": [1]})
+        m = recipe.errors_finish(stage, failures, solver, by_category, classes, 7680, changes)
+        expected = sorted(recipe.ANALYSIS_FILES + (recipe.SOLVER_FILES if prompts else ()))
+        assert sorted(p.name for p in stage.dir.iterdir()) == expected
+        assert json.loads(stage.path("errors_metrics.json").read_text())["files"] == expected
+        for png in stage.dir.glob("*.png"):
+            assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+        assert (m["fixed_since_sft"], m["broken_since_sft"], m["n"]) == (3, 1, len(CASES))
+        assert ("accuracy_by_status" in m) is prompts and "files" not in m
+        failures_csv = pd.read_csv(stage.path("failures.csv"), dtype=str, keep_default_na=False)
+        assert failures_csv["failure"].tolist() == [i.rsplit("-", 1)[0] for i in pred["id"]]
 
 
 def test_empty_predictions():
+    from lab.recipes import errors as recipe
+
     empty = pd.DataFrame(columns=list(CASES[0]))
     assert taxonomy(empty)["n"].tolist() == [0]
     assert accuracy_table(empty)["n"].tolist() == [0]
     with pytest.raises(LabError, match="no predictions"):
-        analyse(empty, "unused")
+        recipe.classify(empty, 7680)
 
 
 def test_solver_cache_keyed_by_trace_style(fake_solver):
@@ -403,7 +440,8 @@ def test_imitation_table_on_literal_completions():
                                          done("q: mul 2 4.9 = 9.8", "9.80")]})
     df = with_solver(pred, solutions=sol)
     dep = departure_table(df)
-    assert dict(zip(dep["id"], dep["kind"])) == {"p1": "", "p2": "add", "p3": "add", "g1": "", "g2": ""}  # the trace's line there
+    # the trace's line there
+    assert dict(zip(dep["id"], dep["kind"])) == {"p1": "", "p2": "add", "p3": "add", "g1": "", "g2": ""}
     t = imitation_table(df, dep).set_index("category")
     eq = t.loc["equation_transformation"]
     assert (eq["n"], eq["model_accuracy"], eq["solver_accuracy"]) == (3, round(2 / 3, 4), 1.0)

@@ -1,4 +1,5 @@
-"""The five notebooks: stored clean with a `parameters` cell, and executed end to end by papermill on the smoke budget."""
+"""The five notebooks: stored clean with a `parameters` cell, calling their recipe's steps in its order, and executed
+end to end by papermill on the smoke budget."""
 
 import json
 import re
@@ -20,7 +21,7 @@ def test_notebook_is_clean_and_parameterised(path):
     params = [c for c in code if "parameters" in c.metadata.get("tags", [])]
     assert len(params) == 1 and "overrides: list[str] = []" in params[0].source
     assert nb.cells[0].cell_type == "markdown" and "What this notebook does" in nb.cells[0].source
-    assert any(f'recipes.common.open_stage("{path.stem}", overrides' in c.source for c in code)
+    assert any(f'common.open_stage("{path.stem}", overrides' in c.source for c in code)
 
 
 @pytest.mark.slow
@@ -38,10 +39,12 @@ def test_all_notebooks_run_on_the_smoke_budget(smoke_run):
     assert {"accuracy_by_category", "taxonomy"} <= set(st["05_errors"])
     m3, m5 = (json.loads((run_dir / stage / "metrics.json").read_text()) for stage in ("03_grpo", "05_errors"))
     # fixed - broken is the net change from the SFT start, counted once (not once per category and again in "all")
-    assert m5["fixed_since_sft"] - m5["broken_since_sft"] == round(m5["n"] * (m5["accuracy"] - m3["accuracy_sft_start"]))
+    net = m5["fixed_since_sft"] - m5["broken_since_sft"]
+    assert net == round(m5["n"] * (m5["accuracy"] - m3["accuracy_sft_start"]))
     assert (run_dir / "summary.md").is_file() and (run_dir / "02_sft" / "adapter" / "adapter_config.json").is_file()
     # 04_vote's greedy pass of the GRPO adapter is 03_grpo's evaluation of it, reused (lab.recipes.common.evaluate)
-    assert (run_dir / "04_vote" / "predictions.csv").read_bytes() == (run_dir / "03_grpo" / "predictions.csv").read_bytes()
+    greedy = (run_dir / "04_vote" / "predictions.csv").read_bytes()
+    assert greedy == (run_dir / "03_grpo" / "predictions.csv").read_bytes()
     said = [o.get("text", "") for c in nbformat.read(run_dir / "notebooks" / "04_vote.ipynb", as_version=4).cells
             for o in c.get("outputs", [])]
     assert any("reused, not generated" in t for t in said)
@@ -80,7 +83,8 @@ def test_the_smoke_preset_yields_to_the_users_keys_and_joins_another_experiment(
 
 @pytest.mark.slow  # a real-model config composed and checked end to end: seconds (the fast lane stays short)
 def test_a_notebooks_first_call_checks_the_machine_before_it_opens_the_stage(tmp_path):
-    """`lab.recipes.common.open_stage`: the real model on a machine without CUDA is refused before any folder is made."""
+    """`lab.recipes.common.open_stage`: the real model on a machine without CUDA is refused before any folder is
+    made."""
     import torch
 
     from lab import LabError
@@ -158,75 +162,130 @@ def test_two_interactive_runs_with_defaults_get_two_folders_and_leave_the_demo_a
         "the demo's own summary"
 
 
-# ---- the notebooks' cells are the stage functions' steps (issue 41) ------------------------------------------------
+# ---- the notebooks' cells are their recipe's steps --------------------------------------------------------------
 
-STEPPED = {"01_explore": "explore", "02_sft": "sft", "03_grpo": "grpo", "05_errors": "errors"}
+RECIPES = dict(zip(STAGES, ("explore", "sft", "grpo", "vote", "errors")))  # notebook -> lab.recipes module
+UNPACKED = {"common.split": 2, "explore.explore_split": 3, "common.gradient_check": 2, "vote.vote_adapter": 2}
 
 
-@pytest.mark.parametrize("notebook", list(STEPPED))
-def test_each_notebook_runs_the_steps_its_stage_function_runs_in_the_same_order(notebook, monkeypatch):
-    """`lab.recipes.<stage>` (what scripts/train_*.py and a headless caller run) is its public steps in order, and the
-    notebook's cells call those same steps in that same order: the two write the same files and metrics. The stage
-    function is run with every public step replaced by a recorder."""
+def _recipe_run(notebook: str, monkeypatch) -> list[str]:
+    """The steps (`module.function`) the stage function `lab.recipes.<recipe>.<recipe>` calls, in order, run with
+    every public function of its module and of `lab.recipes.common` replaced by a recorder, on the smoke config
+    (so a loop over `vote.methods` runs); a step called several times in a row counts once."""
     import inspect
     from unittest import mock
 
     from lab import recipes
+    from lab.core.config import compose
 
-    steps = [n for n, f in vars(stages).items() if inspect.isfunction(f) and f.__module__ == stages.__name__
-             and not n.startswith("_") and n not in STEPPED.values()]
-    ran = []
+    name = RECIPES[notebook]
+    ran: list[str] = []
 
-    unpacked = {"split": 2, "explore_split": 3, "gradient_check": 2}  # the steps whose result is a tuple
+    def recorder(step):
+        def call(*args, **kwargs):
+            if not ran or ran[-1] != step:
+                ran.append(step)
+            n = UNPACKED.get(step)
+            return mock.MagicMock(name=step) if n is None else tuple(mock.MagicMock(name=f"{step}[{i}]")
+                                                                     for i in range(n))
+        return call
 
-    def recorder(name):
-        def step(*args, **kwargs):
-            ran.append(name)
-            result = mock.MagicMock(name=name)
-            return tuple(mock.MagicMock(name=f"{name}[{i}]") for i in range(unpacked[name])) \
-                if name in unpacked else result
-        return step
-
-    for name in steps:
-        monkeypatch.setattr(stages, name, recorder(name))
-    getattr(stages, STEPPED[notebook])(mock.MagicMock(name="stage"))
-    assert len(ran) >= 4, ran  # a stage of steps, not one call
-    in_notebook = [c for c in _cell_calls(project_root() / "notebooks" / f"{notebook}.ipynb") if c in set(ran)]
-    assert in_notebook == ran
+    for module in (recipes.common, getattr(recipes, name)):
+        short = module.__name__.rsplit(".", 1)[1]
+        for fn_name, fn in vars(module).items():
+            if inspect.isfunction(fn) and fn.__module__ == module.__name__ and not fn_name.startswith("_") \
+                    and fn_name != name:
+                monkeypatch.setattr(module, fn_name, recorder(f"{short}.{fn_name}"))
+    stage = mock.MagicMock(name="stage")
+    stage.cfg = compose(SMOKE_OVERRIDES)
+    getattr(getattr(recipes, name), name)(stage)
+    return ran
 
 
 def _cell_calls(path) -> list[str]:
+    """The recipe steps the notebook's code cells call (`module.function`), in the order they stand: names bound by
+    `from lab import recipes` (`recipes.vote.replay`) and `from lab.recipes import common, vote as recipe`
+    (`recipe.replay`) are resolved to their module."""
     import ast
 
+    nb = nbformat.read(path, as_version=4)
+    cells = [ast.parse(c.source) for c in nb.cells
+             if c.cell_type == "code" and "parameters" not in c.metadata.get("tags", [])]
+    bound = {}  # local name -> dotted module path
+    for tree in cells:
+        for n in ast.walk(tree):
+            if isinstance(n, ast.ImportFrom) and n.module:
+                bound.update({a.asname or a.name: f"{n.module}.{a.name}" for a in n.names})
     out = []
-    for cell in nbformat.read(path, as_version=4).cells:
-        if cell.cell_type != "code" or "parameters" in cell.metadata.get("tags", []):
-            continue
-        found = [(n.lineno, n.col_offset, n.func.attr) for n in ast.walk(ast.parse(cell.source))
-                 if isinstance(n, ast.Call) and isinstance(n.func, ast.Attribute)
-                 and isinstance(n.func.value, ast.Name) and n.func.value.id == "stages"]
+    for tree in cells:
+        found = []
+        for n in ast.walk(tree):
+            if not isinstance(n, ast.Call) or not isinstance(n.func, ast.Attribute):
+                continue
+            parts, node = [], n.func
+            while isinstance(node, ast.Attribute):
+                parts.insert(0, node.attr)
+                node = node.value
+            if isinstance(node, ast.Name) and node.id in bound:
+                dotted = f"{bound[node.id]}.{'.'.join(parts)}"
+                if dotted.startswith("lab.recipes."):
+                    found.append((n.lineno, n.col_offset, ".".join(dotted.split(".")[-2:])))
         out += [name for *_, name in sorted(found)]
     return out
 
 
+def _follows(notebook: str, path, monkeypatch) -> tuple[list[str], list[str]]:
+    """(the stage function's steps, the notebook's calls of those steps): equal when the notebook runs them all, in
+    the recipe's order."""
+    ran = _recipe_run(notebook, monkeypatch)
+    calls = _cell_calls(path)
+    return ran, [c for i, c in enumerate(calls) if c in set(ran) and (i == 0 or calls[i - 1] != c)]
+
+
+@pytest.mark.parametrize("notebook", STAGES)
+def test_each_notebook_runs_the_steps_its_recipe_runs_in_the_same_order(notebook, monkeypatch):
+    """`lab.recipes.<recipe>.<recipe>` (what scripts/train_*.py and a headless caller run) is its steps in order, and
+    the notebook's cells call those same steps in that same order: the two write the same files and metrics."""
+    ran, in_notebook = _follows(notebook, project_root() / "notebooks" / f"{notebook}.ipynb", monkeypatch)
+    assert len(ran) >= 4, ran  # a stage of steps, not one call
+    assert in_notebook == ran
+
+
+@pytest.mark.parametrize("change", ["skip", "swap"])
+def test_a_notebook_that_skips_or_reorders_a_step_fails_the_check(change, tmp_path, monkeypatch):
+    """The negative control: 04_vote with its sampling call dropped, or its curves and replay cells swapped, no
+    longer follows its recipe."""
+    nb = nbformat.read(project_root() / "notebooks" / "04_vote.ipynb", as_version=4)
+    if change == "skip":
+        cell = next(c for c in nb.cells if "recipe.sample(" in c.source)
+        cell.source = "\n".join(line for line in cell.source.splitlines() if "recipe.sample(" not in line)
+    else:
+        i, j = (next(k for k, c in enumerate(nb.cells) if s in c.source)
+                for s in ("recipe.pass_maj_curves(", "recipe.replay("))
+        nb.cells[i], nb.cells[j] = nb.cells[j], nb.cells[i]
+    nbformat.write(nb, tmp_path / "04_vote.ipynb")
+    ran, in_notebook = _follows("04_vote", tmp_path / "04_vote.ipynb", monkeypatch)
+    assert in_notebook != ran and sorted(set(in_notebook)) == sorted(set(ran) - ({"vote.sample"} if change == "skip"
+                                                                                   else set()))
+
+
 @pytest.mark.parametrize("path", NOTEBOOKS, ids=STAGES)
-def test_notebooks_reach_the_lab_through_stages_and_draw_figures_from_their_objects(path):
-    """A notebook imports `lab.recipes` alone (05_errors used to reach into lab.core.run and a module that no longer
-    exists); the stepped notebooks draw figures from the figure objects the steps return (`recipes.common.show`), not by
-    reading the PNGs back."""
+def test_notebooks_reach_the_lab_through_recipes_and_draw_figures_from_their_objects(path):
+    """A notebook imports `lab.recipes` alone, and draws figures from the figure objects the steps return
+    (`common.show`), not by reading the PNGs back."""
     import ast
 
     code = "\n".join(c.source for c in nbformat.read(path, as_version=4).cells if c.cell_type == "code")
-    for node in ast.walk(ast.parse(code)):
+    tree = ast.parse(code)
+    for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "lab":
-            assert node.module == "lab" and [a.name for a in node.names] == ["stages"], ast.unparse(node)
+            assert node.module == "lab.recipes" or (node.module == "lab" and [a.name for a in node.names] ==
+                                                    ["recipes"]), ast.unparse(node)
         if isinstance(node, ast.Import):
             assert not any(a.name.split(".")[0] == "lab" for a in node.names), ast.unparse(node)
-    if path.stem in STEPPED:
-        tree = ast.parse(code)
-        assert not [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and str(n.value).endswith(".png")]
-        assert not [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "Image"]
-        assert "recipes.common.show(" in code
+    assert not [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and str(n.value).endswith(".png")]
+    assert not [n for n in ast.walk(tree) if isinstance(n, ast.Name) and n.id == "Image"]
+    assert "common.show" in _cell_calls(path)
 
 
 # ---- progress: the Trainer's live table in Jupyter, plain lines under papermill ----------------------------------
@@ -275,7 +334,7 @@ def test_under_papermill_figures_are_inline_and_progress_is_one_final_line(smoke
     """The executed notebooks of the shared smoke run: each figure drawn inline as a PNG output (from the figure
     object), the training steps as one display line saved at its last count (not a line per step, not a frozen first
     frame), no HTML progress table, no library bar ("0%|") and the Mamba note not on stderr."""
-    expected = {"01_explore": 1, "02_sft": 2, "03_grpo": 2, "05_errors": 3}
+    expected = {"01_explore": 1, "02_sft": 2, "03_grpo": 2, "04_vote": 2, "05_errors": 3}
     for stage, n in expected.items():
         outputs = [o for c in nbformat.read(smoke_run / "notebooks" / f"{stage}.ipynb", as_version=4).cells
                    for o in c.get("outputs", [])]
@@ -295,14 +354,15 @@ def test_under_papermill_figures_are_inline_and_progress_is_one_final_line(smoke
 
 @pytest.mark.slow
 def test_the_stage_functions_write_what_the_notebooks_write(smoke_run, tmp_path):
-    """`recipes.sft.sft` and `recipes.grpo.grpo` called in one process (as scripts/train_sft.py and train_grpo.py call them)
-    write the same metrics (timings and paths aside), predictions, LoRA table and submission.zip members (the
-    config's base-model path aside) as the notebooks' cells did in the shared smoke run."""
+    """`recipes.sft.sft` and `recipes.grpo.grpo` called in one process (as scripts/train_sft.py and train_grpo.py
+    call them) write the same metrics (timings and paths aside), predictions, LoRA table and submission.zip members
+    (the config's base-model path aside) as the notebooks' cells did in the shared smoke run; so do
+    `recipes.vote.vote` and `recipes.errors.errors` (samples, curves, methods, taxonomy, failures)."""
     from lab import recipes
 
     def same(run_dir, stage):
         m = json.loads((run_dir / stage / "metrics.json").read_text())
-        return {k: v for k, v in m.items() if "seconds" not in k and k != "resumed_from"}
+        return {k: v for k, v in m.items() if "seconds" not in k and k not in ("resumed_from", "adapter")}
 
     def packed(run_dir, stage):
         """The zip's members; the config without base_model_name_or_path, which names the run folder's tiny model
@@ -323,6 +383,12 @@ def test_the_stage_functions_write_what_the_notebooks_write(smoke_run, tmp_path)
         assert packed(run, stage) == packed(smoke_run, stage), stage
     for name in ("02_sft/train_log.csv", "02_sft/predictions_before.csv", "02_sft/lora_targets.csv"):
         assert (run / name).read_bytes() == (smoke_run / name).read_bytes(), name  # (GRPO's log has step times)
+    for stage, fn in (("04_vote", recipes.vote.vote), ("05_errors", recipes.errors.errors)):
+        fn(recipes.common.open_stage(stage, SMOKE_OVERRIDES + [f"run_dir={run}"]))
+        assert same(run, stage) == same(smoke_run, stage), stage
+    for name in ("04_vote/samples.csv", "04_vote/curves.csv", "04_vote/methods.csv", "05_errors/taxonomy.csv",
+                 "05_errors/failures.csv", "05_errors/errors_metrics.json"):
+        assert (run / name).read_bytes() == (smoke_run / name).read_bytes(), name
 
 
 def test_a_trained_model_holder_is_empty_and_training_it_again_is_refused():
@@ -336,7 +402,7 @@ def test_a_trained_model_holder_is_empty_and_training_it_again_is_refused():
     holder = Trainee(object(), object(), pd.DataFrame({"family": ["q_proj"], "modules": [2]}))
     model, tok = holder.take("sft_train")
     assert model is not None and holder.model is None and holder.tokenizer is None
-    with pytest.raises(LabError, match="already trained.*recipes.sft.sft_model"):
+    with pytest.raises(LabError, match="already trained.*sft_model"):
         holder.take("sft_train")
     assert "released" in repr(holder) and "q_proj" in repr(holder)
 

@@ -1,55 +1,11 @@
-"""Error analysis of one evaluation run, and the difference between two runs.
+"""Error analysis of one predictions table, and the difference between two: functions that return tables.
 
-Input is the eval stage's predictions table (`predictions.csv`, one row per puzzle):
-`id, category, subtype, prompt, gold, completion, answer, correct, tokens, finish_reason`.
-`load_predictions` reads it as strings and converts `correct` (bool) and `tokens` (nullable
-int) itself; every public function also accepts such a DataFrame built in memory and
-normalises it the same way (`normalise_predictions`).
-
-What it produces:
-  accuracy_table(pred, by)      n, correct, accuracy and the Wilson 95% interval (lo, hi) per
-                                group: category, (category, subtype), or the solver's status
-                                (`status`, from `lab.puzzles.solve` on the prompt, cached)
-  classify_failure(row)         exactly one class per row, first match in FAILURE_PRIORITY
-  taxonomy(pred), examples(...) counts per category and class; sample rows of one class
-  first_departure(c, trace)     first (1-based) reasoning step where the model leaves the
-                                solver's trace; departure_table(pred) per row, with the kind of line
-                                there (line_kind: a derivation step's operation, a compact line's label)
-  imitation_table(pred, dep)    per category: perfect-trace rate, median departure line and its most
-                                common kind, solver accuracy minus model accuracy (the solver's miss or
-                                the imitation's)
-  length_table                  completion tokens, correct vs wrong, against the budget
-  compare(pred_a, pred_b)       puzzles fixed and broken between two runs (`python -m lab compare`, in `lab.eval.cli`)
-  analyse(pred, out_dir, budget) every table as CSV and plot as PNG (drawn by `lab.core.plots`), headline
-                                metrics as a dict
-
-Failure classes, in priority order (the first that applies wins; correct rows are `correct`):
-  truncated           finish_reason == 'length', or tokens >= budget when a budget is given
-  think_unclosed      no `</think>` although the model wrote `<think>` or any reasoning text
-                      (the completion starts after the prompt's `<think>\\n`, so a closed
-                      think block shows only as `</think>` in the completion)
-  no_box              no `\\boxed{` anywhere in the completion
-  empty_box           a box exists but the extracted answer is blank
-  wrong_format        the answer's shape cannot be right for the category: bit_manipulation
-                      not a binary string of the gold's length (8 when the gold is not
-                      binary), numeral_system not Roman letters (any case, as the metric
-                      ignores case; a number when the gold is a number), gravity / unit_conversion not a plain number
-  near_miss           gravity / unit_conversion: |answer - gold| <= 5% of |gold|, yet the
-                      metric rejected it
-  right_in_reasoning  the gold answer appears in the text before the final box (as a whole
-                      token; for numeric categories also any number equal to the gold's value)
-  wrong               none of the above
-
-Deliberate simplifications:
-  * The shape checks are charset / length checks, not validity checks ("IIII" passes as Roman);
-    text_cipher and equation_transformation have no shape check (answers can be any symbols).
-  * near_miss only for the real-valued categories; equation answers that happen to be numbers
-    are not "near" in any useful sense.
-  * right_in_reasoning is a literal token search, so very short golds ("1", "a") over-report it.
-  * first_departure compares whitespace-normalised non-empty lines strictly in order, with no
-    alignment: one inserted line makes every later line differ, and the index is the first.
-  * The solver cache is keyed by a hash of the prompt and a fingerprint of `lab/puzzles/*.py`;
-    it lives in the analysis folder (`solutions.csv`) and in memory for the process.
+Input is a stage's `predictions.csv` (id, category, subtype, prompt, gold, completion, answer, correct, tokens,
+finish_reason), read by `load_predictions` or built in memory (`normalise_predictions`). `classify_failure` gives
+each wrong prediction one class, the first that applies in FAILURE_PRIORITY; around it: accuracy tables with Wilson
+intervals, the taxonomy, the solver's view (`solver_view`: status, where a completion leaves the solver's trace,
+solver or imitation), lengths against the budget, `compare` of two runs, and the `headline` numbers.
+The classes' rules and what the analysis simplifies: docs/internals.md, lab.eval.analysis.
 """
 
 from __future__ import annotations
@@ -58,6 +14,7 @@ import hashlib
 import math
 import os
 import re
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Iterable, Mapping
 
@@ -66,7 +23,7 @@ import pandas as pd
 
 from lab import LabError
 from lab.core.schema import COMPETITION
-from lab.core.io import atomic_write_csv, atomic_write_json
+from lab.core.io import atomic_write_csv
 from lab.core.stats import wilson_interval  # also lab.eval.analysis.wilson_interval, as before
 from lab.competition.metric import extract_answer, read_table, verify
 from lab import puzzles
@@ -157,14 +114,14 @@ def _rank(order: Iterable[str] = ()):
     return lambda v: (pos.get(v, len(pos)), str(v))
 
 
-def _ordered_categories(df: pd.DataFrame) -> list[str]:
+def ordered_categories(df: pd.DataFrame) -> list[str]:
     """The categories present, in CATEGORY_ORDER (others after, by name)."""
     return sorted(dict.fromkeys(df["category"]), key=_rank(CATEGORY_ORDER))
 
 
 def _per_category(df: pd.DataFrame):
-    """(category, its rows) for each category present (`_ordered_categories`), then ('all', every row)."""
-    for cat in _ordered_categories(df) + ["all"]:
+    """(category, its rows) for each category present (`ordered_categories`), then ('all', every row)."""
+    for cat in ordered_categories(df) + ["all"]:
         yield cat, df if cat == "all" else df[df["category"] == cat]
 
 
@@ -340,7 +297,7 @@ def classify_failure(row: Mapping | pd.Series, budget: int | None = None) -> str
     """One class from CLASSES for one prediction row (`correct` when the row is correct).
 
     The row needs `completion`, `gold`, `category`, `correct` (bool or 'True'/'False') and may
-    have `answer` (else extracted), `finish_reason` and `tokens`. See the module docstring for
+    have `answer` (else extracted), `finish_reason` and `tokens`. See docs/internals.md (lab.eval.analysis) for
     the classes and their priority.
     """
     completion = str(_field(row, "completion"))
@@ -595,7 +552,39 @@ def compare(pred_a: pd.DataFrame, pred_b: pd.DataFrame, budget: int | None = Non
 
 
 # --------------------------------------------------------------------------------------------
-# everything at once
+# the solver's tables and the headline
+
+
+@dataclass
+class SolverView:
+    """The solver's side of an analysis (`solver_view`): `failures` with the solver's columns and the departure line
+    added, accuracy by solver status, the departure table, its summary and the imitation table."""
+    failures: pd.DataFrame
+    by_status: pd.DataFrame
+    departures: pd.DataFrame
+    departure_summary: pd.DataFrame
+    imitation: pd.DataFrame
+
+
+def solver_view(failures: pd.DataFrame, cache_path: str | os.PathLike | None = None,
+                style: str = "compact") -> SolverView:
+    """Each prediction's prompt solved (`with_solver`, trace in `style`: the style the model was trained on; the
+    solutions cached at `cache_path`), then accuracy by solver status, where completions leave the trace and
+    whether a miss is the solver's or the imitation's."""
+    df = with_solver(failures, cache_path=cache_path, style=style)
+    dep = departure_table(df)
+    dep_map = dict(zip(dep["id"], dep["departure"]))
+    df["departure"] = pd.array([dep_map.get(i, pd.NA) for i in df["id"]], dtype="Int64")
+    return SolverView(df, accuracy_table(df, ("status",)), dep, departure_summary(dep), imitation_table(df, dep))
+
+
+FAILURE_COLUMNS = ("id", "category", "subtype", "gold", "answer", "correct", "failure", "tokens", "finish_reason",
+                   "status", "solver_answer", "departure")
+
+
+def failures_table(failures: pd.DataFrame) -> pd.DataFrame:
+    """One row per prediction with its class (and the solver's status, answer and departure when present)."""
+    return failures[[c for c in FAILURE_COLUMNS if c in failures.columns]]
 
 
 def _jsonable(v: Any) -> Any:
@@ -610,75 +599,17 @@ def _by(table: pd.DataFrame, key: str, cols: Iterable[str] | None = None, total:
             for r in table.to_dict("records") if total or r[key] != "all"}
 
 
-def analyse(pred: pd.DataFrame, out_dir: str | os.PathLike, budget: int | None = None,
-            solver: bool = True, style: str = "compact", figures: dict | None = None) -> dict[str, Any]:
-    """Write every table (CSV) and plot (PNG) into `out_dir`; return the headline metrics.
-
-    Files: accuracy_by_category.csv, accuracy_by_subtype.csv, accuracy_by_status.csv,
-    taxonomy.csv, failures.csv (one row per prediction with its class), departures.csv,
-    departure_summary.csv, imitation.csv, lengths.csv, solutions.csv (the solver cache), and the plots
-    accuracy_by_category.png, taxonomy.png, lengths.png. With `solver=False` (or no prompts)
-    the solver-based tables are skipped. `style` is the trace style the departures compare with
-    (`data.trace_style`, the style the model was trained on).
-    `figures`, when given, receives each plot's matplotlib figure by name without `.png` (a notebook draws them
-    inline: `lab.recipes.common.show`).
-
-    Returned dict (JSON-serialisable): n, accuracy, accuracy_by_category {category: {n, correct,
-    accuracy, lo, hi}}, taxonomy {category: {class: count}} ('all' included), truncated, budget,
-    imitation and accuracy_by_status (when the solver ran), files (names written).
-    """
-    budget = COMPETITION.max_tokens if budget is None else budget
-    df = with_failures(pred, budget=budget)
-    if df.empty:
-        raise LabError(f"analyse: no predictions to analyse (writing to {out_dir})")
-    out = Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    files: list[str] = []
-
-    def write(name: str, table: pd.DataFrame) -> None:
-        atomic_write_csv(out / name, table)
-        files.append(name)
-
-    acc = accuracy_table(df, ("category",))
-    write("accuracy_by_category.csv", acc)
-    write("accuracy_by_subtype.csv", accuracy_table(df, ("category", "subtype")))
-    tax = taxonomy(df)
-    write("taxonomy.csv", tax)
-    write("lengths.csv", length_table(df, budget))
-    total, counts = acc[acc["category"] == "all"].iloc[0], _by(tax, "category", CLASSES, total=True)
+def headline(accuracy: pd.DataFrame, tax: pd.DataFrame, budget: int, solver: SolverView | None = None
+             ) -> dict[str, Any]:
+    """The analysis in JSON-serialisable numbers: n, accuracy, accuracy_by_category {category: {n, correct,
+    accuracy, lo, hi}}, taxonomy {category: {class: count}} ('all' included), truncated, budget, and with the
+    solver imitation and accuracy_by_status."""
+    total, counts = accuracy[accuracy["category"] == "all"].iloc[0], _by(tax, "category", CLASSES, total=True)
     metrics: dict[str, Any] = {
         "n": int(total["n"]), "accuracy": _jsonable(total["accuracy"]),
-        "accuracy_by_category": _by(acc, "category", ("n", "correct", "accuracy", "lo", "hi")),
+        "accuracy_by_category": _by(accuracy, "category", ("n", "correct", "accuracy", "lo", "hi")),
         "taxonomy": counts, "truncated": counts["all"]["truncated"], "budget": int(budget)}
-
-    if solver and (df["prompt"] != "").all():
-        df = with_solver(df, cache_path=out / "solutions.csv", style=style)
-        files.append("solutions.csv")
-        status_acc = accuracy_table(df, ("status",))
-        write("accuracy_by_status.csv", status_acc)
-        dep = departure_table(df)
-        write("departures.csv", dep)
-        write("departure_summary.csv", departure_summary(dep))
-        imitation = imitation_table(df, dep)
-        write("imitation.csv", imitation)
-        metrics["imitation"] = _by(imitation, "category", total=True)
-        metrics["accuracy_by_status"] = _by(status_acc, "status", ("n", "correct", "accuracy"))
-        dep_map = dict(zip(dep["id"], dep["departure"]))
-        df["departure"] = pd.array([dep_map.get(i, pd.NA) for i in df["id"]], dtype="Int64")
-    cols = [c for c in ("id", "category", "subtype", "gold", "answer", "correct", "failure", "tokens",
-                        "finish_reason", "status", "solver_answer", "departure") if c in df.columns]
-    write("failures.csv", df[cols])
-
-    from lab.core import plots
-
-    for name, fig in (("accuracy_by_category.png", plots.accuracy_bars({"final": acc}, "Held-out accuracy by category")),
-                      ("taxonomy.png", plots.taxonomy(tax)),
-                      ("lengths.png", plots.lengths(df, budget, _ordered_categories(df)))):
-        plots.save(fig, out / name)
-        files.append(name)
-        if figures is not None:
-            figures[name.removesuffix(".png")] = fig
-    files.append("errors_metrics.json")
-    metrics["files"] = sorted(files)
-    atomic_write_json(out / "errors_metrics.json", metrics)
+    if solver is not None:
+        metrics["imitation"] = _by(solver.imitation, "category", total=True)
+        metrics["accuracy_by_status"] = _by(solver.by_status, "status", ("n", "correct", "accuracy"))
     return metrics

@@ -1,14 +1,8 @@
-"""The evaluation commands (`python -m lab score|compare`, registered in `lab/__main__.py`): arguments in, one call,
-printing.
+"""The evaluation commands, `python -m lab score|compare`: arguments in, one call, printing.
 
-  score PREDICTIONS.csv --gold GOLD.csv   the competition's metric (`lab.competition.metric`) over a file, overall and per
-                                          category (a `category` column of either file, else the prompts classified)
-  compare RUN_A RUN_B                     puzzles fixed and broken between two runs (`lab.eval.analysis.compare`); each
-                                          argument a predictions.csv or a run folder (`find_predictions`: its last
-                                          finished, current stage's)
-
-What it simplifies: the commands only parse arguments, call `lab.competition.metric` or `lab.eval.analysis` and
-print; every table they print is computed there.
+  score PREDICTIONS.csv --gold GOLD.csv   the competition's metric over a file, overall and per category
+  compare RUN_A RUN_B                     puzzles fixed and broken between two runs (`lab.eval.analysis.compare`);
+                                          each a predictions.csv or a run folder (`find_predictions`)
 """
 
 from __future__ import annotations

@@ -1,62 +1,10 @@
 r"""Inference-time voting over sampled completions, and the pass@k / maj@k curves that judge it.
 
-Everything here is a pure function of a *samples table* (one row per sampled completion, as
-`lab.model.generate.sample_table` writes it): ``id``, ``category``, ``gold`` (absent or None for
-unlabeled data), ``sample`` (0..K-1, the order samples were drawn), ``answer`` (extracted),
-``tokens`` (completion tokens), ``finish_reason``, ``mean_logprob`` (NaN when not recorded).
-A greedy table has the same columns and one row per id. No model is needed.
-
-Answer classes
-  Two answers are the same vote when the competition's own `lab.competition.metric.verify` says so, not
-  when the strings are equal: ``12.00`` and ``12.001`` merge (1 % relative tolerance), ``0101``
-  and ``101`` do not (binary answers compare as strings), ``ABC`` and ``abc`` merge. `verify`
-  is not symmetric (the binary rule looks only at the gold side: ``verify("1.0", "1")`` is True,
-  ``verify("1", "1.0")`` is False) and its tolerance is not transitive, so classes are built
-  greedily in sample order: each answer joins the first existing class whose representative
-  (the class's first-seen answer) accepts it *as gold*, ``verify(representative, answer)``,
-  else it opens a new class. The voted answer is that representative, as written.
-  No-answers (``NOT_FOUND``, empty or blank strings, None/NaN) form classes like any answer
-  but never win while any real answer exists.
-
-Methods (`METHODS`, used by `replay`), each over the first k samples of an id in ``sample`` order:
-  ``greedy``     the first row (sample 0, or the greedy table's single row); 1 sample.
-  ``majority``   the most frequent class; ties go to the class seen first.
-  ``confidence`` DeepConf-style offline filtering: trace confidence = ``mean_logprob`` (or the
-                 column named by ``conf_col``, e.g. ``min_window_logprob``); keep the most
-                 confident ``keep_top`` share of the traces that have an answer (at least one;
-                 ties keep the earlier sample), then vote with weight ``exp(confidence)`` (the
-                 geometric-mean token probability, a positive number in (0, 1]); ties go to
-                 the class seen first. If any trace of the id lacks a confidence (NaN) it falls
-                 back to plain majority over all k samples. All k samples count as used.
-  ``early_stop`` draws windows of ``window`` samples in sample order up to the budget k and
-                 stops after a window when the leading real answer holds at least ``agree`` of
-                 the samples so far (``agree=1.0``: unanimous), or when no other class (nor a
-                 brand-new one) could overtake it with all remaining samples; the answer is the
-                 majority of the samples drawn. With ``stop_prob`` it also stops when the leader is
-                 probably the true majority (Adaptive-Consistency, Aggarwal et al. 2023): with a
-                 leader count a and runner-up count b, P(leader's share > runner-up's) under a
-                 uniform prior, the Beta(a+1, b+1) mass above 1/2 (`leader_probability`), reaches
-                 ``stop_prob``; ``agree=None`` turns the agreement rule off. Every token of every
-                 drawn sample is counted.
-
-Metrics: `pass_at_k` (the unbiased estimator of Chen et al. 2021 in its stable product form),
-`curves` (pass@k, maj@k, tokens per puzzle and per correct answer for k = 1..K), `summary` of a
-`replay` table, and `pass_rates` (per-id share of correct samples, which the GRPO curriculum reads).
-
-Live early stopping (`early_stop_live`): the same rule, applied while sampling: rounds of ``window`` samples for
-every puzzle still open, a puzzle closed once its answers agree (the rule above, `_stops`), so the tokens it reports
-were generated; 04_vote runs it (`vote.live_early_stop`) besides the replay, which stays a labelled what-if.
-
-What it simplifies:
-1. `replay` votes offline on samples already drawn: early stopping there "draws" by reading the next rows, so
-   its token saving is a what-if; `early_stop_live` is the one that saves them.
-2. The overtaking test counts classes as they stand and ignores the (rare) non-transitive case where a later
-   answer would join a different class.
-3. Confidence is one number per trace (no online per-group stopping inside a trace as in DeepConf-online).
-4. Correctness is always recomputed with `verify` (a ``correct`` column in the table is ignored).
-5. `replay` votes over the first k samples (one draw per id), while `curves` averages maj@k
-   over the K cyclic windows of k consecutive samples (so it meets pass@k at k = 1), with the classes formed
-   over all K samples in sample order.
+Pure functions of a *samples table* (one row per completion, as `lab.model.generate.sample_table` writes it: id,
+category, gold, sample, answer, tokens, finish_reason, mean_logprob); no model is needed. Two answers are one vote
+when the competition's `verify` says so. `METHODS` (greedy, majority, confidence, early_stop) are replayed offline by
+`replay`; `early_stop_live` applies the early-stopping rule while sampling, so its token saving is real.
+The answer classes, each method's rule, the estimators and what they simplify: docs/internals.md, lab.eval.vote.
 """
 
 from __future__ import annotations
@@ -90,7 +38,8 @@ def is_answer(answer) -> bool:
 def assign_classes(answers: Iterable, version: str = "final") -> tuple[list[int], list[str]]:
     """(labels, representatives): label i is the class of answers[i]; classes are numbered in first-seen order.
 
-    answer joins the first class with ``verify(representative, answer, version)``; see the module docstring.
+    answer joins the first class with ``verify(representative, answer, version)`` (docs/internals.md,
+    lab.eval.vote).
     """
     reps: list[str] = []
     labels = [_join(reps, _norm(a), version) for a in answers]  # _join adds each new class to reps
@@ -186,7 +135,7 @@ def _check_early_stop(window: int, agree: float | None, stop_prob: float | None)
 
 def _stops(labels: Sequence[int], reps: Sequence[str], budget: int, agree: float | None,
            stop_prob: float | None) -> bool:
-    """Whether early stopping draws nothing more after the samples labelled so far (the module docstring's rule):
+    """Whether early stopping draws nothing more after the samples labelled so far (docs/internals.md, lab.eval.vote):
     the budget is spent, or the leading real answer holds `agree` of them, is the majority with probability
     `stop_prob`, or cannot be overtaken by the samples left. `early_stop_vote` (replayed) and `early_stop_live`
     (sampled) both decide with it."""
@@ -209,7 +158,7 @@ def _stops(labels: Sequence[int], reps: Sequence[str], budget: int, agree: float
 def early_stop_vote(answers: Sequence, tokens: Sequence[int], budget: int | None = None, window: int = 4,
                     agree: float | None = 1.0, version: str = "final", stop_prob: float | None = None
                     ) -> tuple[str, int, int]:
-    """(answer, samples_used, tokens_used): the module docstring's ``early_stop`` over `answers` in order, drawing at
+    """(answer, samples_used, tokens_used): the ``early_stop`` rule over `answers` in order, drawing at
     most `budget` samples (default: all given); tokens_used sums `tokens` of every drawn sample."""
     answers = [_norm(a) for a in answers]
     tokens = [int(t) for t in tokens]
@@ -367,7 +316,8 @@ def replay(samples: pd.DataFrame, method: str, k: int | None = None, **opts) -> 
         answer, used, toks = fn(g, **opts)
         gold = _gold_of(g)
         rows.append({"id": pid, "category": g["category"].iloc[0], "answer": answer, "samples_used": int(used),
-                     "tokens_used": int(toks), "correct": pd.NA if gold is None else bool(verify(gold, answer, version))})
+                     "tokens_used": int(toks),
+                     "correct": pd.NA if gold is None else bool(verify(gold, answer, version))})
     out = pd.DataFrame(rows, columns=RESULT_COLUMNS)
     return out.astype({"samples_used": "int64", "tokens_used": "int64", "correct": "boolean"})
 
@@ -459,7 +409,8 @@ def curves(samples: pd.DataFrame, K: int | None = None, version: str = "final") 
 
 
 def summary(results: pd.DataFrame) -> dict:
-    """Totals of a `replay` table: puzzles, accuracy (over labeled ids), mean samples/tokens used, tokens per correct."""
+    """Totals of a `replay` table: puzzles, accuracy (over labeled ids), mean samples/tokens used, tokens per
+    correct."""
     labeled = results["correct"].dropna().astype(bool)
     n_correct = int(labeled.sum())
     tok = float(results["tokens_used"].sum())

@@ -1,23 +1,10 @@
 """Running the five notebooks headless and summarising a run: `python -m lab demo` / `summary`.
 
-`execute_stage` is the lab's one stage runner: it executes one stage notebook with papermill (parameters,
-cwd, kernel, log) and checks the stage wrote its metrics.json; the sweep (`lab.runs.sweep`) and the Kaggle
-pipeline kernel run stages through it. `run_notebooks` runs notebooks/01_explore ... 05_errors in order, each
-with the same Hydra overrides (the notebooks' `parameters` cell holds `overrides`), writing the
-executed copies into `<run_dir>/notebooks/`. All five share one run folder: without `run_name`
-or `run_dir` the time-stamped name is resolved once and handed to every stage. `python -m lab demo`
-(`make demo`) runs into `outputs/demo` unless told otherwise.
-
-`summary` collects every stage's `metrics.json` into `summary.json`, and writes `summary.md`:
-one headline table (stage, metric, value, Wilson 95% interval, n, puzzles fixed / broken
-against the previous stage, from the stages' predictions files). Per-step series stay in the
-stages' CSVs and plots.
-
-What it simplifies:
-1. Stages run one after another in one process tree, under one run lock; sweeps over many runs live in
-   `lab.runs.sweep`.
-2. Each stage checks the stages it reads finished itself (`lab.core.run.stage_output` / `stage_input`), so the
-   runner only checks that each stage wrote its metrics.json.
+`execute_stage`, the lab's one stage runner, executes one stage notebook with papermill into
+`<run_dir>/notebooks/` and checks the stage finished (the sweep and the Kaggle pipeline kernel use it too);
+`run_notebooks` runs 01_explore ... 05_errors in order into one run folder with the same Hydra overrides;
+`summary` collects every stage's metrics.json into summary.json and a headline table, summary.md.
+What it simplifies and where its time constants come from: docs/internals.md, lab.runs.pipeline.
 """
 
 from __future__ import annotations
@@ -64,9 +51,7 @@ def with_smoke(overrides: list[str]) -> list[str]:
     return [*SMOKE_OVERRIDES, *out]
 
 
-# The notebook kernel's own log: only errors. Its one warning, "Kernel is running over TCP without encryption"
-# (ipykernel/kernelapp.py), concerns the localhost sockets papermill opens to it; nbclient hands these arguments
-# to the kernel's command line (nbclient/client.py, `extra_arguments`).
+# The notebook kernel's own log: only errors (its one warning is about papermill's localhost sockets).
 KERNEL_ARGS = ["--IPKernelApp.log_level=ERROR"]
 
 
@@ -163,13 +148,9 @@ def plain_progress():
             os.environ.pop("LAB_PROGRESS", None)
 
 
-# What a stage costs, for the time `run_notebooks` expects: FIXED_CPU_S + PER_UNIT_CPU_S x its work units
-# (`work_units`), in CPU seconds of the machine they were measured on, whose probe (`probe`) took PROBE_CPU_S of CPU.
-# This machine's probe scales them to wall seconds: its wall / PROBE_CPU_S (its speed and the CPU share its load
-# leaves). Rough constants (RESULTS.md, "The demo's time"), from the 2-core development machine: FIXED_CPU_S is a
-# smoke run's CPU (experiment=smoke, 193 s in all on 2026-11-29, shared out by its stages' wall times: starting the
-# kernel, loading the libraries and the model); PER_UNIT_CPU_S is the rest of the 2026-11-27 demo's stage times
-# (02_sft 248 s, 03_grpo 152 s, 04_vote 56 s on the default budget, a quieter machine, read as CPU seconds) per unit.
+# What a stage costs, for the time `run_notebooks` expects: FIXED_CPU_S + PER_UNIT_CPU_S x its work units, in CPU
+# seconds of the machine whose probe took PROBE_CPU_S; measured on the 2-core development machine
+# (docs/internals.md, lab.runs.pipeline; RESULTS.md, "The demo's time").
 PROBE_CPU_S = 0.06
 FIXED_CPU_S = {"01_explore": 19.0, "02_sft": 48.0, "03_grpo": 63.0, "04_vote": 42.0, "05_errors": 14.0}
 PER_UNIT_CPU_S = {"01_explore": 0.0, "02_sft": 0.14, "03_grpo": 0.07, "04_vote": 0.02, "05_errors": 0.0}
@@ -343,11 +324,13 @@ def headline_table(run_dir: Path, stages: dict | None = None, stale: dict | None
 
     m = stages.get("01_explore", {})
     if "n_train" in m:
-        rows += [_row("01_explore", "training puzzles", m["n_train"]), _row("01_explore", "held-out puzzles", m.get("n_val"))]
+        rows += [_row("01_explore", "training puzzles", m["n_train"]),
+                 _row("01_explore", "held-out puzzles", m.get("n_val"))]
         if "solver_solved_share" in m:
             rows.append(_row("01_explore", "solver: share solved", float(m["solver_solved_share"])))
 
-    sft_before, sft = _predictions(run_dir / "02_sft" / "predictions_before.csv"), _predictions(run_dir / "02_sft" / "predictions.csv")
+    sft_before = _predictions(run_dir / "02_sft" / "predictions_before.csv")
+    sft = _predictions(run_dir / "02_sft" / "predictions.csv")
     m = stages.get("02_sft", {})
     if "accuracy_after" in m:
         n = len(sft) if sft is not None else m.get("n_val") or stages.get("01_explore", {}).get("n_val")
@@ -391,9 +374,8 @@ def read_files(run_dir: Path, stale: dict) -> list[str]:
 
 
 def lineage_problems(run_dir: Path) -> dict[str, list[str]]:
-    """{stage: why it is not current} for the run's finished stages (`lab.core.lineage.problems`; empty lists omitted)."""
-    from lab.core import lineage, owner
-
+    """{stage: why it is not current} for the run's finished stages (`lab.core.lineage.problems`; empty lists
+    omitted)."""
     memo: dict = {}
     found = {name: lineage.problems(Path(run_dir), name, memo) for name in STAGES
              if (Path(run_dir) / name / "metrics.json").is_file()}
@@ -413,8 +395,11 @@ def summary(run_dir: Path) -> dict:
             "total_wall_seconds": round(sum(s.get("wall_seconds", 0) for s in stages.values()), 1),
             "headline": rows, "not_current": stale, "read": read}
     atomic_write_json(run_dir / "summary.json", summ)
-    text = [{**r, "value": f"{r['value']:.3f}" if isinstance(r["value"], float) else ("" if r["value"] is None else str(r["value"])),
-             "n": "" if r["n"] is None else str(int(r["n"]))} for r in rows]  # before pandas turns ints into floats
+    def value(v) -> str:
+        return f"{v:.3f}" if isinstance(v, float) else "" if v is None else str(v)
+
+    # as text before pandas turns ints into floats
+    text = [{**r, "value": value(r["value"]), "n": "" if r["n"] is None else str(int(r["n"]))} for r in rows]
     table = pd.DataFrame(text, columns=["stage", "metric", "value", "ci95", "n", "fixed / broken"])
     table = table.rename(columns={"ci95": "95% interval", "fixed / broken": "fixed / broken vs previous stage"})
     walls = ", ".join(f"{k} {v['wall_seconds']:.0f} s" for k, v in stages.items() if "wall_seconds" in v)
