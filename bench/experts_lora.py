@@ -169,7 +169,7 @@ def main():
               f"{big / MiB:7.2f} MiB   saved for backward (non-parameter) {saved / MiB:7.2f} MiB")
     b = torch.tensor([], dtype=dtype).element_size()
     print("analytic, these shapes:", fmt(analytic(a.experts, a.hidden, a.inter, a.rank, a.tokens, a.top_k, b), MiB, "MiB"))
-    # the real model: tests/fixtures/nemotron_3_nano_config_values.json (128 experts, top-6, H 2688, I 1856, bf16,
+    # the real model: lab/plan/nemotron_3_nano_config.json (128 experts, top-6, H 2688, I 1856, bf16,
     # 23 MoE layers in hybrid_override_pattern); T = one 8,192-token sequence (conf/sft/nemotron_nano.yaml)
     for r in (32, 16):
         real = analytic(128, 2688, 1856, r, 8192, 6, 2)

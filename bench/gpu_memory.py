@@ -5,7 +5,7 @@
 scripts/gpu_smoke.sh runs it there)
 
 What it does
-  The slice is the real model's config.json (`lab.plan.memory.model_config_values`: the model folder, ../shared's copy or
+  The slice is the real model's config.json (`lab.plan.shapes.model_config_values`: the model folder, ../shared's copy or
   the test fixture) with three decoder blocks instead of 52: one Mamba-2 mixer, one attention layer and one MoE
   layer (128 routed experts, the shared expert), the real vocabulary's embedding and `lm_head`, bf16, the
   configured LoRA (default `experiment=competition`: rank 32 on every family, `lm_head` included), gradient
@@ -49,7 +49,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import torch  # noqa: E402
 from omegaconf import OmegaConf  # noqa: E402
 
-from lab.plan import memory  # noqa: E402
+from lab.plan import memory, shapes  # noqa: E402
 from lab.model import models
 from lab.core.config import compose  # noqa: E402
 from lab.core.io import atomic_write_text  # noqa: E402
@@ -90,12 +90,12 @@ def load_mamba_ssm_triton() -> str:
 def slice_config(overrides: list[str]):
     """The composed config with `model.architecture` = the real config.json values cut to one block of each kind."""
     cfg = compose(overrides)
-    values = memory.model_config_values(cfg)
+    values = shapes.model_config_values(cfg)
     values = {k: v for k, v in values.items() if k not in ("layers_block_type", "auto_map", "architectures")}
     values.update(hybrid_override_pattern=SLICE, num_hidden_layers=len(SLICE))
     plain = OmegaConf.to_container(cfg, resolve=True)
     plain["model"]["architecture"] = values
-    return OmegaConf.create(plain), memory.model_config_values(cfg)
+    return OmegaConf.create(plain), shapes.model_config_values(cfg)
 
 
 def _clear():
@@ -154,8 +154,8 @@ def block_seconds(cfg, tokens: int, mamba: str) -> dict:
     training runs it) and of the slice's whole step, on the card, with the configured LoRA attached."""
     from torch.utils.checkpoint import checkpoint
 
-    values = dict(memory.model_config_values(cfg), use_mamba_kernels=False)
-    fig = memory.lora_figures(cfg, values, torch.bfloat16)
+    values = dict(shapes.model_config_values(cfg), use_mamba_kernels=False)
+    fig = shapes.lora_figures(cfg, values, torch.bfloat16)
     pm = fig["model"]
     pm.to_empty(device="cuda")
     memory.random_weights(pm)

@@ -3,7 +3,7 @@
 What it measures: the tiny model (conf/model/tiny.yaml, built as the demo builds it) with the lab's LoRA
 (conf/sft/default.yaml's families, `lab.model.lora.attach_lora`, lora_B at PEFT's zeros), gradient checkpointing on,
 fp32, trained on the same `--rows` SFT rows per optimizer step (the recipe's 16): the demo's puzzles turned into SFT
-rows by `lab.train.sft.sft_examples` and tokenised by TRL's SFTTrainer exactly as 02_sft tokenises them
+rows by `lab.data.sft_examples` and tokenised by TRL's SFTTrainer exactly as 02_sft tokenises them
 (`sft.build_trainer`, completion-only labels).
 - unpacked: one row per micro-step (batch 1, grad_accum = rows);
 - packed: the rows packed by TRL's best-fit decreasing (`trl.pack_dataset(..., strategy="bfd")`) into packs of up

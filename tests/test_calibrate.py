@@ -106,7 +106,7 @@ def test_the_fit_and_the_verdict():
 
 def calibration_file(cfg, folder, card="h100_80gb", fixed_s=0.5, us=50.0, key=None):
     """A calibration as calibrate writes it (the keys the estimate reads; the figures made up for the test)."""
-    from lab.plan.memory import model_config_values
+    from lab.plan.shapes import model_config_values
 
     folder.mkdir(parents=True, exist_ok=True)
     path = folder / f"{card}.json"

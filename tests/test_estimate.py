@@ -10,9 +10,12 @@ import pytest
 
 from lab import LabError
 from lab.core import config
+from lab.core.paths import project_root
 from lab.plan import estimate as est
 
 REAL = ["model=nemotron_nano", "experiment=competition", "data=competition", "gpu=h100_80gb"]
+SHARED = project_root().parent / "shared"  # the development sample and the real tokenizer, where this checkout has them
+SHARED_DATA, SHARED_TOKENIZER = SHARED / "data" / "train_dev.csv", SHARED / "tokenizer" / "nemotron-3-nano"
 KEYS = {"tokens_per_s", "hours_per_epoch", "step_seconds", "packing", "experts_lora", "mamba_path"}
 
 
@@ -88,13 +91,14 @@ def test_refusals():
         est.block_kinds({"hybrid_override_pattern": "M-E"})
 
 
-@pytest.mark.skipif(not (est.SHARED_DATA.is_file() and (est.SHARED_TOKENIZER / "tokenizer.json").is_file()),
+@pytest.mark.skipif(not (SHARED_DATA.is_file() and (SHARED_TOKENIZER / "tokenizer.json").is_file()),
                     reason="../shared (development data and the real tokenizer) is absent")
 def test_counted_tokens_from_shared(tmp_path, monkeypatch):
-    """data=competition with ../shared: the rows' tokens are counted with the real tokenizer (a 30-puzzle sample),
-    cached by what produced them, and read back from the cache."""
+    """data=competition with ../shared's files named in the config (the package looks nowhere else): the rows'
+    tokens are counted with the real tokenizer (a 30-puzzle sample), cached by what produced them, and read back from
+    the cache."""
     monkeypatch.setattr(est, "CACHE", tmp_path / "cache")
-    cfg = config.compose(REAL)
+    cfg = config.compose([*REAL, f"data.path={SHARED_DATA}", f"data.tokenizer_path={SHARED_TOKENIZER}"])
     tokens, source = est.row_tokens(cfg, sample=30)
     assert source.startswith("counted") and len(tokens) > 30 and 100 < sorted(tokens)[len(tokens) // 2] < 8192
     again, source2 = est.row_tokens(cfg, sample=30)

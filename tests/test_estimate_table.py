@@ -119,11 +119,11 @@ def test_the_card_fit_uses_the_rollout_bound_and_says_what_it_did_not_trace(tmp_
 def test_lora_counts_are_kept_keyed_and_checked(tmp_path, monkeypatch):
     """The meta model is built once per shape, LoRA config and code; a cached file whose key does not match is not
     used."""
-    from lab.plan import memory
+    from lab.plan import shapes
 
     monkeypatch.setattr(est, "CACHE", tmp_path / "cache")
     cfg = config.compose(REAL)
-    values = memory.model_config_values(cfg)
+    values = shapes.model_config_values(cfg)
     first = est.lora_counts(cfg, values)
     files = list((tmp_path / "cache").glob("params_*.json"))
     assert len(files) == 1 and first[1] > 0
@@ -131,7 +131,7 @@ def test_lora_counts_are_kept_keyed_and_checked(tmp_path, monkeypatch):
     def refuse(*a, **k):
         raise AssertionError("counted again")
 
-    monkeypatch.setattr(memory, "param_counts", refuse)
+    monkeypatch.setattr(shapes, "param_counts", refuse)
     assert est.lora_counts(cfg, values) == first  # from the file
     doc = json.loads(files[0].read_text())
     doc["key"]["lora"]["r"] = 999  # a file that was not written for this key

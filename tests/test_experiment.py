@@ -67,11 +67,11 @@ def test_one_training_step_of_the_preset_fits_its_card(stage, monkeypatch):
     """lab.plan.memory.check_fits as 02_sft and 03_grpo call it (it raises when the step does not fit the card), on a
     machine with the fused Mamba kernels real training needs; without them it refuses (tests/test_preflight.py)."""
     pytest.importorskip("torch")
-    from lab.plan import memory
     from lab.model import models
+    from lab.plan import memory, shapes
 
     monkeypatch.setattr(models, "missing_mamba_kernels", lambda: {})  # as on a machine with the fused kernels
     cfg = compose(["experiment=competition"])
     t = memory.check_fits(cfg, stage)
     assert t is not None and "stand-in" in t.mamba_path
-    assert t.peak_gib <= cfg.gpu.max_use * memory.gpu_gib(cfg)
+    assert t.peak_gib <= cfg.gpu.max_use * shapes.gpu_gib(cfg)

@@ -10,7 +10,7 @@ from omegaconf import OmegaConf
 torch = pytest.importorskip("torch")
 
 from lab.core import config  # noqa: E402
-from lab.plan import memory
+from lab.plan import grpo_policy, memory
 from lab.train import grpo
 from lab.model import lora, models
 from lab.core import paths
@@ -43,14 +43,14 @@ def literal(prompts, generations, micro):
     (3, 2, 3, (3, 2)),       # a micro-batch need not hold whole groups
 ])
 def test_micro_batch_arithmetic_covers_the_whole_group(prompts, generations, micro, expect):
-    m, accum = memory.micro_batch(literal(prompts, generations, micro))
+    m, accum = grpo_policy.micro_batch(literal(prompts, generations, micro))
     assert (m, accum) == expect and m * accum == prompts * generations
 
 
 @pytest.mark.parametrize("micro", [3, 0, 65])
 def test_a_micro_batch_that_does_not_divide_the_step_is_refused(micro):
     with pytest.raises(LabError, match=rf"per_device_train_batch_size={micro} must divide .* = 64"):
-        memory.micro_batch(literal(8, 8, micro))
+        grpo_policy.micro_batch(literal(8, 8, micro))
 
 
 @pytest.mark.parametrize("micro, accum", [(1, 64), (2, 32), (None, 1)])
@@ -69,7 +69,7 @@ def test_the_nemotron_nano_preset_trains_a_step_in_packs():
     grpo.pack_tokens (lab.train.grpo_packed), and the memory trace takes one pack as the micro-step."""
     cfg = config.compose(["experiment=competition"])
     assert cfg.grpo.packing and cfg.grpo.per_device_train_batch_size is None
-    assert memory.micro_batch(cfg) == (cfg.grpo.prompts_per_step * cfg.grpo.num_generations, 1)
+    assert grpo_policy.micro_batch(cfg) == (cfg.grpo.prompts_per_step * cfg.grpo.num_generations, 1)
     assert memory.step_shape(cfg, "grpo") == (1, cfg.grpo.pack_tokens, True)
     with pytest.raises(LabError, match="per_device_train_batch_size=null"):
         config.compose(["experiment=competition", "grpo.per_device_train_batch_size=1"])

@@ -16,12 +16,12 @@ from omegaconf import OmegaConf
 
 torch = pytest.importorskip("torch")
 
-from lab.plan import autocast_rules, memory  # noqa: E402
+from lab.plan import autocast_rules, grpo_policy, memory, shapes  # noqa: E402
 from lab import LabError
 from lab.core.config import compose  # noqa: E402
 from lab.core.paths import project_root  # noqa: E402
 
-FIXTURE = project_root() / "tests" / "fixtures" / "nemotron_3_nano_config_values.json"
+FIXTURE = shapes.MEASURED_MODEL
 REAL = project_root().parent / "shared" / "tokenizer" / "nemotron-3-nano" / "config.json"
 PRESET = ["model=nemotron_nano", "experiment=competition", "data=competition"]
 
@@ -33,7 +33,7 @@ def values():
 
 @pytest.fixture(scope="module")
 def figures(values):
-    return memory.lora_figures(compose(PRESET), values)
+    return shapes.lora_figures(compose(PRESET), values)
 
 
 def test_fixture_holds_the_published_values():
@@ -207,15 +207,15 @@ def test_experts_rank_lowers_only_the_routed_experts_rank_and_keeps_the_scale(va
     from lab.model.lora import lora_config
 
     cfg = compose([*PRESET, "gpu=h100_80gb", "gpu.experts_rank=16"])
-    lc = lora_config(cfg, memory.meta_model(values))
+    lc = lora_config(cfg, shapes.meta_model(values))
     assert lc.r == 32 and set(lc.rank_pattern.values()) == {16}
     assert all(lc.alpha_pattern[k] / lc.rank_pattern[k] == lc.lora_alpha / lc.r for k in lc.rank_pattern)
-    assert lora_config(compose(PRESET), memory.meta_model(values)).rank_pattern == {}
+    assert lora_config(compose(PRESET), shapes.meta_model(values)).rank_pattern == {}
 
 
 @pytest.mark.slow
 def test_experts_rank_halves_the_expert_parameters_only(values, figures):
-    low = memory.lora_figures(compose([*PRESET, "gpu.experts_rank=16"]), values)
+    low = shapes.lora_figures(compose([*PRESET, "gpu.experts_rank=16"]), values)
     a, b = figures["table"].set_index("family"), low["table"].set_index("family")
     assert b.loc["experts", "trainable_params"] * 2 == a.loc["experts", "trainable_params"]
     others = [f for f in a.index if f != "experts"]
@@ -313,9 +313,9 @@ def test_each_rule_does_what_cuda_autocast_does(name):  # need a CUDA device gua
 
 def test_grpo_generation_phase_bound_adds_up_from_the_config(values, figures):
     """rollout_backend=vllm: the engine's bf16 weights, adapter slot, KV cache and Mamba state against its share, the
-    trainer's LoRA and optimizer states beside it (lab.plan.memory.generation_phase), by hand from config.json."""
+    trainer's LoRA and optimizer states beside it (lab.plan.grpo_policy.generation_phase), by hand from config.json."""
     cfg = compose([*PRESET, "gpu=h100_80gb", "grpo.rollout_backend=vllm", "grpo.max_num_seqs=64"])
-    ph = memory.generation_phase(cfg, values)
+    ph = grpo_policy.generation_phase(cfg, values)
     GIB, P, base = 1024 ** 3, figures["trainable_params"], figures["base_params"]
     seqs, tokens = 64, 8192  # grpo.max_num_seqs, model.max_model_len
     kv = 6 * 2 * 2 * 128 * 2 * seqs * tokens  # 6 attention layers x (K, V) x 2 kv heads x head_dim 128 x bf16
@@ -323,11 +323,11 @@ def test_grpo_generation_phase_bound_adds_up_from_the_config(values, figures):
     assert ph["engine_need_gib"] == pytest.approx((2 * base + 2 * P + kv + mamba) / GIB)
     assert ph["trainer_gib_total"] == pytest.approx((4 + 2 + 8 / 256) * P / GIB)  # fp32 LoRA + 8-bit AdamW
     assert ph["share"] == 0.88 and ph["fits"]  # null: 95% of 79.6 GiB less the trainer's 5.0 GiB, rounded down
-    assert memory.engine_share(cfg) == 0.88
-    small = memory.generation_phase(compose([*PRESET, "gpu=h100_80gb", "grpo.vllm_gpu_memory_utilization=0.8",
+    assert grpo_policy.engine_share(cfg) == 0.88
+    small = grpo_policy.generation_phase(compose([*PRESET, "gpu=h100_80gb", "grpo.vllm_gpu_memory_utilization=0.8",
                                              "grpo.max_num_seqs=64"]), values)
     assert not small["fits"]  # the negative control: 0.8 x 79.6 GiB cannot hold the engine's 66 GiB
-    fp32 = memory.generation_phase(compose([*PRESET, "gpu=h100_80gb", "gpu.optim=adamw_torch_fused",
+    fp32 = grpo_policy.generation_phase(compose([*PRESET, "gpu=h100_80gb", "gpu.optim=adamw_torch_fused",
                                             "grpo.max_num_seqs=64",
                                             "grpo.vllm_gpu_memory_utilization=0.88"]), values)
     assert not fp32["fits"]  # fp32 AdamW's 6.6 GiB of moments beside a 0.88 share pass 95% of the card
@@ -338,9 +338,9 @@ def test_the_rollout_engine_takes_as_many_sequences_as_its_share_holds(values, c
     """grpo.max_num_seqs=null: the most sequences (in eights, at most one round's) whose KV cache and Mamba state fit
     the engine's share beside the weights; eight more would not fit (the negative control)."""
     cfg = compose([*PRESET, f"gpu={card}", "grpo.rollout_backend=vllm"])
-    ph = memory.generation_phase(cfg, values)
+    ph = grpo_policy.generation_phase(cfg, values)
     seqs = ph["sequences"]
-    assert seqs % 8 == 0 and 64 < seqs <= memory.rollout_round(cfg) and ph["fits"]
-    more = memory.generation_phase(compose([*PRESET, f"gpu={card}", "grpo.rollout_backend=vllm",
+    assert seqs % 8 == 0 and 64 < seqs <= grpo_policy.rollout_round(cfg) and ph["fits"]
+    more = grpo_policy.generation_phase(compose([*PRESET, f"gpu={card}", "grpo.rollout_backend=vllm",
                                             f"grpo.max_num_seqs={seqs + 8}"]), values)
     assert more["engine_need_gib"] > more["share"] * more["card_gib"] and not more["fits"]

@@ -130,19 +130,19 @@ def test_the_real_trace_refuses_the_pytorch_scan_on_the_competition_card(tmp_pat
 
 def test_grpo_with_vllm_rollouts_checks_the_generation_phase_and_the_host(tmp_path, monkeypatch):
     """03_grpo with rollout_backend=vllm (the real model's default): the engine's phase must fit the card beside what
-    the trainer keeps, and the host must hold the bf16 weights at a switch (lab.plan.memory.check_generation_fits),
+    the trainer keeps, and the host must hold the bf16 weights at a switch (lab.plan.grpo_policy.check_generation_fits),
     before anything loads."""
-    from lab.plan import memory
+    from lab.plan import grpo_policy
 
     cfg = compose(_real(tmp_path, "experiment=competition", "gpu=h100_80gb"))
     assert cfg.grpo.rollout_backend == "vllm"
-    monkeypatch.setattr(memory, "host_gib", lambda: 24.0)  # a small machine
+    monkeypatch.setattr(grpo_policy, "host_gib", lambda: 24.0)  # a small machine
     assert any("24 GiB of memory" in p and "at least once" in p for p in preflight.problems("03_grpo", cfg))
-    monkeypatch.setattr(memory, "host_gib", lambda: 128.0)  # the H100 machine: level 2, no problem
+    monkeypatch.setattr(grpo_policy, "host_gib", lambda: 128.0)  # the H100 machine: level 2, no problem
     assert not any("GiB of memory" in p or "rollout_backend=vllm does not fit" in p
                    for p in preflight.problems("03_grpo", cfg))
     greedy = compose(_real(tmp_path, "experiment=competition", "gpu=h100_80gb", "grpo.vllm_gpu_memory_utilization=0.95"))
     assert any("rollout_backend=vllm does not fit gpu=h100_80gb" in p for p in preflight.problems("03_grpo", greedy))
     hf = compose(_real(tmp_path, "experiment=competition", "gpu=h100_80gb", "grpo.rollout_backend=hf"))
-    monkeypatch.setattr(memory, "host_gib", lambda: 24.0)
+    monkeypatch.setattr(grpo_policy, "host_gib", lambda: 24.0)
     assert not any("GiB of memory" in p for p in preflight.problems("03_grpo", hf))  # transformers' rollouts: no engine

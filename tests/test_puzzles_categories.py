@@ -2,7 +2,7 @@
 
 A throwaway category defined in this file (mirrored words) goes through everything a real one does: generate,
 classify, solve in both styles, the replay of both, `solve_frame` + `check_frame`, and the SFT dataset builder
-(`lab.train.sft.sft_examples`); no file of lab/ is touched to add it. Every registered category writes a derivation
+(`lab.data.sft_examples`); no file of lab/ is touched to add it. Every registered category writes a derivation
 (a category without one cannot be built, and a derivation that fails is never replaced by a compact trace)."""
 
 import ast

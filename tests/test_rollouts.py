@@ -107,15 +107,15 @@ def test_the_sleep_level_follows_the_hosts_memory():
     """Null: level 1 only where the host holds the bf16 weights twice (+ the margin), else 2; a host that cannot
     hold them once is refused before anything loads; an explicit level wins."""
     from lab.core.config import compose
-    from lab.plan import memory
+    from lab.plan import grpo_policy
 
     cfg = compose(["grpo.rollout_backend=vllm"])
     w = 58.8
-    assert memory.sleep_level(cfg, host=2 * w + memory.HOST_MARGIN_GIB, weights_gib=w)[0] == 1
-    assert memory.sleep_level(cfg, host=128, weights_gib=w)[0] == 2  # a 128 GiB H100 machine
+    assert grpo_policy.sleep_level(cfg, host=2 * w + grpo_policy.HOST_MARGIN_GIB, weights_gib=w)[0] == 1
+    assert grpo_policy.sleep_level(cfg, host=128, weights_gib=w)[0] == 2  # a 128 GiB H100 machine
     with pytest.raises(LabError, match="holds the 58.8 GiB of bf16 weights in it at least once"):
-        memory.sleep_level(cfg, host=64, weights_gib=w)
-    assert memory.sleep_level(compose(["grpo.vllm_sleep_level=1"]), host=128, weights_gib=w) == (
+        grpo_policy.sleep_level(cfg, host=64, weights_gib=w)
+    assert grpo_policy.sleep_level(compose(["grpo.vllm_sleep_level=1"]), host=128, weights_gib=w) == (
         1, "grpo.vllm_sleep_level=1")
 
 

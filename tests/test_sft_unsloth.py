@@ -135,9 +135,9 @@ def test_get_peft_model_gets_the_labs_targets(tmp_path, calls):
     pytest.importorskip("torch")
     from omegaconf import OmegaConf
 
-    from lab.plan import memory
+    from lab.plan import shapes
 
-    tiny = memory.meta_model(OmegaConf.to_container(config.compose([]).model.architecture))  # shapes only
+    tiny = shapes.meta_model(OmegaConf.to_container(config.compose([]).model.architecture))  # shapes only
     cfg = cfg_for(tmp_path, "sft.lora.targets=[q_proj,in_proj,experts]", "sft.lora.r=16", "sft.lora.alpha=8")
     with pytest.raises(Recorded):
         sft_unsloth.attach_lora(cfg, tiny)

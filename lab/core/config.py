@@ -28,7 +28,7 @@ from omegaconf.errors import (ConfigAttributeError, ConfigKeyError, MissingManda
 from lab import LabError
 from lab.core import schema
 from lab.core.owner import run_dir_problems
-from lab.core.paths import check_model_path, elsewhere, find_data_file, project_root
+from lab.core.paths import check_model_path, config_dir, elsewhere, find_data_file, project_root
 
 
 def compose(overrides: Iterable[str] = ()) -> DictConfig:
@@ -39,7 +39,7 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
     from hydra.errors import HydraException
 
     overrides = list(overrides)
-    conf_dir = project_root() / "conf"
+    conf_dir = config_dir()
     schema.register()  # conf/config.yaml's first default, `schema`: every group merges onto its dataclass (lab/core/schema.py)
     GlobalHydra.instance().clear()
     if hydra_keys := [o for o in overrides if o.lstrip("+~").split("=", 1)[0].strip().split(".")[0] == "hydra"]:

@@ -14,16 +14,29 @@ from pathlib import Path
 from lab import LabError
 
 
+PACKAGED_CONF = Path(__file__).resolve().parents[1] / "conf"  # conf/ as an installed wheel ships it (pyproject.toml)
+
+
 def project_root() -> Path:
-    """The folder holding `conf/config.yaml`: $LAB_ROOT, else the checkout this package lives in."""
+    """The folder holding `conf/config.yaml`: $LAB_ROOT, else the checkout this package lives in, else the working
+    directory or one above it. An installed package with none of these works in the working directory and composes
+    the conf/ it ships (`config_dir`)."""
     env = os.environ.get("LAB_ROOT")
     candidates = [Path(env)] if env else []
     candidates += [Path(__file__).resolve().parents[2], Path.cwd(), *Path.cwd().parents]
     for c in candidates:
         if (c / "conf" / "config.yaml").is_file():
             return c.resolve()
+    if (PACKAGED_CONF / "config.yaml").is_file():
+        return Path.cwd().resolve()
     raise LabError(f"conf/config.yaml not found (looked in {', '.join(map(str, candidates))}); "
                    "set LAB_ROOT to the lab's checkout")
+
+
+def config_dir() -> Path:
+    """The folder the config is composed from: the project root's conf/, else the copy an installed package ships."""
+    own = project_root() / "conf"
+    return own if (own / "config.yaml").is_file() else PACKAGED_CONF
 
 
 def resolve_path(p: str | os.PathLike) -> Path:

@@ -315,7 +315,7 @@ class GrpoConfig(Checked):
     per_device_train_batch_size: Optional[int] = _help(
         "completions per training micro-step (one forward/backward); must divide prompts_per_step x num_generations, "
         "and gradient accumulation makes up the rest so one optimiser step still covers every group "
-        "(lab.plan.memory.micro_batch); null: all of a step's completions in one micro-step")
+        "(lab.plan.grpo_policy.micro_batch); null: all of a step's completions in one micro-step")
     max_steps: int = _help("optimiser steps", ge=1)
     learning_rate: float = _help("learning rate (constant schedule, no warmup)", gt=0)
     beta: float = _help("KL coefficient (0: no reference model, no KL term; >0: TRL keeps a frozen copy of the "
@@ -353,7 +353,7 @@ class GrpoConfig(Checked):
     vllm_gpu_memory_utilization: Optional[float] = _help(
         "vllm rollouts: GPU share of the rollout engine while it is awake (its weights, adapter slot and cache); with "
         "sleep mode the trainer's frozen weights are in CPU memory meanwhile, so on one card it can take most of it; "
-        "null: gpu.max_use of the card less the trainer's LoRA and optimizer states (lab.plan.memory.engine_share; "
+        "null: gpu.max_use of the card less the trainer's LoRA and optimizer states (lab.plan.grpo_policy.engine_share; "
         "`python -m lab memory --stage grpo` prints both phases)", gt=0, le=1)
     vllm_sleep_mode: bool = _help("vllm rollouts on CUDA: engine and trainer take turns on the card (the engine "
                                   "sleeps while the trainer trains; the trainer's frozen weights go to CPU memory "
@@ -362,7 +362,7 @@ class GrpoConfig(Checked):
                                             "memory while it sleeps (the host holds the weights twice at a switch); "
                                             "2, it discards them and reloads them from the model folder at each "
                                             "wake-up (once); null: 1 when the host's memory allows it "
-                                            "(lab.plan.memory.sleep_level)", ge=1, le=2)
+                                            "(lab.plan.grpo_policy.sleep_level)", ge=1, le=2)
 
     loss_type: str = _help(f"TRL's GRPO loss ({', '.join(GRPO_LOSS_TYPES)}; dapo is TRL 1.15's default: token losses "
                            "over the step's completion tokens)")

@@ -158,7 +158,7 @@ def _under(files: list[str], folder: str) -> list[str]:
 
 def _build_wheel(dest: Path, files: list[str] | None = None) -> Path:
     """`pip wheel --no-deps --no-build-isolation --no-index` on a temporary copy of pyproject.toml and the tracked
-    files of lab/ (`tracked_files`; offline)."""
+    files of lab/ and conf/ (`tracked_files`; offline; the wheel ships conf/ as lab/conf)."""
     root = project_root()
     files = tracked_files() if files is None else files
     for old in dest.glob(WHEEL_GLOB):
@@ -167,7 +167,7 @@ def _build_wheel(dest: Path, files: list[str] | None = None) -> Path:
         src = Path(tmp) / "src"
         src.mkdir()
         shutil.copy2(root / "pyproject.toml", src / "pyproject.toml")
-        for f in _under(files, "lab"):
+        for f in _under(files, "lab") + _under(files, "conf"):
             (src / f).parent.mkdir(parents=True, exist_ok=True)
             shutil.copy2(root / f, src / f)
         readme = root / "README.md"

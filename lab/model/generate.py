@@ -279,7 +279,7 @@ def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = Non
     vllm/model_executor/layers/mamba/mamba_mixer2.py); on a GPU all three stay as configured.
 
     GRPO's rollout engine (`lab.train.rollouts`) passes its own sequences in flight (`max_num_seqs`, sized for rollouts:
-    `lab.plan.memory.rollout_seqs`; evaluations keep infer.max_num_seqs, the scorer's), its own memory share
+    `lab.plan.grpo_policy.rollout_seqs`; evaluations keep infer.max_num_seqs, the scorer's), its own memory share
     (`grpo.vllm_gpu_memory_utilization`),
     sleep mode (CUDA only: `LLM.sleep` / `wake_up` need it) and `logprobs_mode="processed_logprobs"` (the sampled
     token's log-probability after temperature and top_p, what TRL's own vLLM engine asks for,

@@ -1,15 +1,9 @@
 """CUDA's autocast rules on the CPU: `cuda_autocast_rules()` makes CPU autocast cast as CUDA autocast does.
 
-`lab.plan.memory` traces a GPU training step on CPU fake tensors (autograd cannot run fake CUDA tensors without CUDA),
-so it runs under the CPU's autocast, whose op lists differ from CUDA's. Inside `cuda_autocast_rules()` every op that
-CUDA autocast runs in fp32 and the CPU's leaves alone gets an AutocastCPU kernel that does what CUDA's does; on exit
-the kernels are removed. tests/test_memory.py checks each against CUDA's own kernel on fake CUDA tensors (dtypes and
-bytes) and the split against the installed torch.
-
-What it simplifies: CUDA autocast caches its casts of leaf weights for the forward, these kernels cast afresh at
-each call (Nemotron-H hands none of these ops a weight: its norms compute in fp32 by hand); ops CUDA casts down or
-promotes are left to the CPU (it keeps the wider type, or the op promotes by itself), so a trace there can count
-more, never less.
+`lab.plan.memory` traces a GPU training step on CPU fake tensors, under the CPU's autocast, whose op lists differ from
+CUDA's; inside `cuda_autocast_rules()` every op CUDA runs in fp32 and the CPU leaves alone gets a kernel that does what
+CUDA's does (removed on exit). A trace so run can count more than the GPU step, never less (docs/internals.md,
+lab.plan.autocast_rules).
 """
 
 from __future__ import annotations

@@ -1,56 +1,11 @@
 """`python -m lab estimate [OVERRIDES...] [--price-per-hour X] [--explain] [--json PATH]`: what the configured pipeline
-costs on the `gpu=` card, projected before anything is loaded (no model, no GPU). It prints first a table, one row per
-stage (`pipeline`: hours, the cost at the price, Kaggle's kernels and kept GB, whether it fits the card where that is
-cheap to know), and the total; `--explain` adds the derivation of every figure. The SFT figures (below): tokens/s,
-seconds per optimizer step, hours per epoch on the configured data, the packing efficiency, and which experts-LoRA and
-Mamba paths the run takes; GRPO, evaluation and vote hours come from lab.plan.estimate_infer. Every figure is a
-projection from one measured run plus stated derivations, unless the card has a calibration that applies (`python -m
-lab calibrate` on it, `load_calibration`; or `--calibration PATH`): then the SFT micro-step is the one it measured,
-and the JSON and the print say which (`sft.source`: measured | projected).
+costs on the `gpu=` card, projected before anything loads (no model, no GPU): a table, one row per stage (hours, cost,
+Kaggle kernels and kept GB), the total, and with `--explain` the derivation of every figure.
 
-**Measured** (RESULTS.md, "First contact with a GPU": one H100 80GB HBM3, 2026-11-27, `bench/gpu_memory.py`, a
-real-width slice with one Mamba-2, one attention and one MoE block, bf16, the experiment=competition LoRA: rank 32 on
-every family with `lm_head`, non-reentrant checkpointing, one row per micro-step; mamba_ssm's Triton chunk scan,
-`causal_conv1d` absent, PEFT's fold of the experts' LoRA, the Mamba mixer unfused by the out_proj LoRA guard):
-forward + backward per block at 1,024 / 8,192 tokens, Mamba-2 16.3 / 18.1 ms, attention 10.7 / 12.0 ms, MoE 30.0 /
-48.8 ms, the whole slice step 0.050 / 0.117 s (`MEASURED`). The bench's projection to the 52-block model (the slice
-step plus 22 Mamba-2, 5 attention and 22 MoE blocks more) gives 1.12 s at 1,024 tokens and 1.65 s at 8,192: about
-1.04 s per micro-step whatever its length plus about 74 us per token.
-
-**Derived** (here; each step printed with its arithmetic):
-1. Each block kind's time is a line through its two measured points (fixed + per-token); the rest of the slice step
-   (embedding, head, optimizer; the slice step less its three blocks) too. The model's step = rest + sum over its
-   blocks (the bench's `project`, continuous in the token count).
-2. The per-token part runs at the measured model's FLOPs per token over its measured per-token seconds (an effective
-   rate, ~300 TFLOP/s on the H100). FLOPs per token = 6 x active matmul parameters (forward, checkpoint recompute,
-   input-gradient backward; computed from config.json) + the experts' LoRA path's own: PEFT's fold also computes the
-   full weight gradient of each folded stack (2 x 2 x top_k x H x I per MoE layer and token), the routed path adds
-   16 x top_k x r x (H + I) (lab.model.experts_lora's prototype). Other families' LoRA FLOPs (~1-2%) and attention's
-   quadratic term (inside the measured slope) are not modelled separately.
-3. The fold's fixed memory traffic per MoE layer and micro-step (peft/tuners/lora/layer.py `_activate_lora` +
-   `_LoraFactorsProxy`; torch/nn/utils/parametrize.py `register_parametrization` evaluates the parametrization once
-   to check it, lines 586-588 in the installed torch): per projection stack P = E x I x H x 2 bytes, each forward
-   (twice under checkpointing) runs `baddbmm` twice (the check and the cached value), reading W and writing W' (4P);
-   the backward writes the stack's full gradient and reads it for each factor (3P): 11P per projection, 22P per MoE
-   layer (28.1 GB on the real model) over the card's published bandwidth (an optimistic, i.e. smallest, time). The
-   measured MoE fixed part less this is what the routed path keeps.
-4. Another card (no measurement): the per-token part scales with the published bf16 dense peak, the fixed part with
-   the published memory bandwidth where it is lower than the H100's (never faster: launch latency does not scale).
-   The fused Mamba kernel is not measured (the measured run had the out_proj LoRA guard's unfused mixer): a run
-   that takes it, as the lab's now does with an out_proj LoRA too, is projected with the unfused figures (an upper
-   bound on its fixed part).
-5. Rows: unpacked, `sft.batch_size` rows per micro-step padded to the longest; packed (`sft.packing`), rows
-   best-fit-decreasing into micro-steps of up to `sft.pack_tokens` tokens (else `sft.max_seq_len`), each row's
-   attention alone (`sft.packed_attention=varlen`, lab.model.packed_rows: the measured single-row attention line
-   applies to each row; with `mask` sdpa computes the whole pack's T x T and the projection says it leaves that out).
-   A pack longer than the measured 8,192 tokens extrapolates the measured per-token line (printed). Both are printed.
-   The optimizer step keeps the recipe's rows (`batch_size x grad_accum`), so seconds per
-   step = epoch seconds / ceil(rows / (batch_size x grad_accum)).
-
-The JSON (`--json`): {"card", "stages": [one record per stage: "stage", "hours", "parts", "cost", "card",
-"kaggle"], "total": {"hours", "kernels", "cost" with a price}, "held_out", "kaggle", "sft": {"tokens_per_s",
-"hours_per_epoch", "step_seconds", "packing", "experts_lora", "mamba_path", "source", "packed": {...},
-"unpacked": {...}, "card", "rows", "notes"}, "grpo", "eval", "vote"}; more sections join through `SECTIONS` (below).
+The SFT micro-step is projected from one measured H100 run (`MEASURED`) through stated derivations, or taken from the
+card's calibration when one applies (`python -m lab calibrate`, `load_calibration`); GRPO, evaluation and vote hours
+come from lab.plan.estimate_infer. The measured run, the derivations and the JSON's layout: docs/internals.md,
+lab.plan.estimate.
 """
 
 from __future__ import annotations
@@ -70,12 +25,9 @@ from omegaconf import DictConfig, OmegaConf
 from lab import LabError
 from lab.plan.estimate_infer import CARD_BANDWIDTH, CONSTANTS
 
-SHARED = Path(__file__).resolve().parents[2].parent / "shared"
-SHARED_DATA = SHARED / "data" / "train_dev.csv"
-SHARED_TOKENIZER = SHARED / "tokenizer" / "nemotron-3-nano"
 CACHE: Path | None = None  # where counted token lengths are kept; None: <project root>/outputs/.cache/estimate
 
-# ---- the measured run (RESULTS.md, "First contact with a GPU"; module docstring) ------------------------------------
+# ---- the measured run (RESULTS.md, "First contact with a GPU"; docs/internals.md, lab.plan.estimate) ---------------
 
 MEASURED = {
     "source": "RESULTS.md, 'First contact with a GPU' (one H100 80GB HBM3, 2026-11-27, bench/gpu_memory.py)",
@@ -104,7 +56,8 @@ def _tb_per_s(card: str) -> float:
 CARDS = {
     "h100_80gb": Card(989.0, _tb_per_s("h100_80gb"), "H100 SXM5 80GB datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3",
                       measured=True),
-    "h200": Card(989.0, _tb_per_s("h200"), "H200 SXM datasheet: 989 TFLOP/s bf16 dense (the H100's die), 4.8 TB/s HBM3e"),
+    "h200": Card(989.0, _tb_per_s("h200"),
+                 "H200 SXM datasheet: 989 TFLOP/s bf16 dense (the H100's die), 4.8 TB/s HBM3e"),
     "rtx_pro_6000": Card(500.0, _tb_per_s("rtx_pro_6000"), "RTX PRO 6000 Blackwell: 1,792 GB/s (512-bit GDDR7 at 28 "
                          "Gbps, published); bf16 dense ~500 TFLOP/s ASSUMED (NVIDIA publishes 4,000 AI TOPS = FP4 with "
                          "2:4 sparsity; /2 dense, /4 for bf16); no bf16 datasheet figure"),
@@ -151,13 +104,13 @@ def experts_dims(values: dict) -> dict:
 
 
 def fold_bytes(values: dict, itemsize: int = 2) -> float:
-    """PEFT's fold traffic per MoE layer and micro-step: 22 x E x I x H x bytes (module docstring, 3.)."""
+    """PEFT's fold traffic per MoE layer and micro-step: 22 x E x I x H x bytes (derivation 3, docs/internals.md)."""
     d = experts_dims(values)
     return 22.0 * d["E"] * d["I"] * d["H"] * itemsize
 
 
 def flops_per_token(values: dict, experts_lora: str, experts_rank: int) -> float:
-    """6 x active matmul parameters + the experts' LoRA path's own FLOPs (module docstring, 2.)."""
+    """6 x active matmul parameters + the experts' LoRA path's own FLOPs (derivation 2, docs/internals.md)."""
     kinds, p, d = block_kinds(values), active_params(values), experts_dims(values)
     base = 6.0 * (sum(p[kind] for kind in kinds) + p["head"])
     n_moe = kinds.count("moe")
@@ -178,7 +131,7 @@ def _line(points_s):
 
 
 def measured_lines() -> dict:
-    """Each block kind's and the slice rest's (fixed s, s/token) on the measured card (module docstring, 1.)."""
+    """Each block kind's and the slice rest's (fixed s, s/token) on the measured card (derivation 1)."""
     lines = {kind: _line((a / 1e3, b / 1e3)) for kind, (a, b) in MEASURED["block_ms"].items()}
     step = _line(MEASURED["slice_step_s"])
     lines["rest"] = (step[0] - sum(v[0] for v in lines.values()), step[1] - sum(v[1] for v in lines.values()))
@@ -186,14 +139,10 @@ def measured_lines() -> dict:
 
 
 def measured_values() -> dict:
-    """The measured model's config.json values (lab.plan.memory: ../shared's copy, else the test fixture)."""
-    from lab.plan.memory import FIXTURE_CONFIG, REAL_CONFIG
+    """The measured model's config.json values (`lab.plan.shapes.MEASURED_MODEL`, shipped with the package)."""
+    from lab.plan.shapes import MEASURED_MODEL
 
-    for p in (REAL_CONFIG, FIXTURE_CONFIG):
-        if p.is_file():
-            return json.loads(p.read_text())
-    raise LabError(f"lab.plan.estimate: the measured model's config.json is at neither {REAL_CONFIG} nor "
-                   f"{FIXTURE_CONFIG}")
+    return json.loads(MEASURED_MODEL.read_text())
 
 
 @dataclass
@@ -205,7 +154,7 @@ class Model:
 
 
 def cost_model(values: dict, card: str, experts_lora: str, experts_rank: int) -> Model:
-    """The projected per-micro-step line for `values`' model on `card` (module docstring, 1.-4.)."""
+    """The projected per-micro-step line for `values`' model on `card` (derivations 1-4, docs/internals.md)."""
     meas, c, h100 = measured_values(), CARDS[card], CARDS[MEASURED["card"]]
     lines_m = measured_lines()
     kinds_m, kinds = block_kinds(meas), block_kinds(values)
@@ -281,7 +230,7 @@ def load_calibration(cfg: DictConfig, card: str, path: str | None = None) -> tup
     """(the calibration that applies to `card` and the configured model and recipe, or None; a line saying which
     file, or why none). `path` (--calibration) must apply (else a LabError); without it the card's file in
     `calibration_dir()` is used when it exists and applies."""
-    from lab.plan.memory import model_config_values
+    from lab.plan.shapes import model_config_values
 
     p = Path(path) if path else calibration_dir() / f"{card}.json"
     if not p.is_file():
@@ -376,8 +325,8 @@ def _sha(path: Path) -> str:
 
 def data_sources(cfg: DictConfig) -> tuple[Path | None, Path | None, str]:
     """(data file, tokenizer folder, why not) for real token counts: data=competition's file (`data.path`, $LAB_DATA,
-    data/train.csv, Kaggle; else ../shared/data/train_dev.csv) and the tokenizer (`data.tokenizer_path`, a local
-    model folder, else ../shared/tokenizer/nemotron-3-nano)."""
+    data/train.csv, Kaggle: `lab.core.paths.find_data_file`) and the tokenizer (`data.tokenizer_path`, else a local
+    model folder, `model.path`)."""
     from lab.core.paths import find_data_file, resolve_path
 
     if cfg.data.source != "competition":
@@ -387,14 +336,12 @@ def data_sources(cfg: DictConfig) -> tuple[Path | None, Path | None, str]:
     try:
         data = find_data_file(cfg.data.path)
     except LabError:
-        data = SHARED_DATA if SHARED_DATA.is_file() else None
+        data = None
     tok = None
     for p in (cfg.data.get("tokenizer_path"), cfg.model.path):
         if p and (resolve_path(str(p)) / "tokenizer.json").is_file():
             tok = resolve_path(str(p))
             break
-    if tok is None and (SHARED_TOKENIZER / "tokenizer.json").is_file():
-        tok = SHARED_TOKENIZER
     why = "" if data and tok else ("no competition data file" if not data else "no local tokenizer")
     return data, tok, why
 
@@ -509,9 +456,9 @@ def _figures(model: Model, steps: list[int], units: int, per_step: int, capacity
 
 def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: bool = False,
                 calibration: str | None = None) -> tuple[dict, list[str]]:
-    """The SFT figures as (JSON dict, printed lines): projected (module docstring), or from the card's calibration
-    (`load_calibration`) when one applies."""
-    from lab.plan.memory import model_config_values
+    """The SFT figures as (JSON dict, printed lines): projected (docs/internals.md, lab.plan.estimate), or from the
+    card's calibration (`load_calibration`) when one applies."""
+    from lab.plan.shapes import model_config_values
 
     values = model_config_values(cfg)
     el, mp = experts_lora_path(cfg), mamba_path(cfg, values)
@@ -540,9 +487,6 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
              "not modelled: evaluation, checkpoint saves, data loading, a trained router's imbalance"]
     if card != str(cfg.gpu.name):
         notes.insert(0, f"gpu={cfg.gpu.name}: no card configured; projected for {card}")
-    if not assume and data_sources(cfg)[0] == SHARED_DATA:
-        notes.insert(1, f"rows: of ../shared's sample ({SHARED_DATA.name}), not the competition's train.csv "
-                        "(data.path): an epoch's hours grow with its rows")
     out = {"tokens_per_s": chosen["tokens_per_s"], "hours_per_epoch": chosen["hours_per_epoch"],
            "step_seconds": chosen["step_seconds"],
            "packing": {"enabled": packing, "efficiency": packed["fill"], "unpacked_fill": unpacked["fill"],
@@ -576,10 +520,11 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
 
 def rollout_figures(cfg: DictConfig, card: str):
     """`lab.plan.estimate_infer.Rollout` for the GRPO figures: the rollout engine's slots and the bytes a decode step
-    moves per sequence (`lab.plan.memory.generation_phase`: its Mamba state read and written, its KV cache read at
+    moves per sequence (`lab.plan.grpo_policy.generation_phase`: its Mamba state read and written, its KV cache read at
     prompt_tokens + the mean completion), and the training micro-step's line from SFT's `cost_model`."""
     from lab.plan import estimate_infer as ei
-    from lab.plan.memory import generation_phase, model_config_values
+    from lab.plan.grpo_policy import generation_phase
+    from lab.plan.shapes import model_config_values
 
     values = model_config_values(cfg)
     ph = generation_phase(cfg, values)
@@ -644,17 +589,17 @@ def estimate(cfg: DictConfig, sample: int | None = None, assume: bool = False,
 # ---- the pipeline on the card: one record per stage, for the renting decision ---------------------------------------
 
 def lora_counts(cfg: DictConfig, values: dict) -> tuple[int, int]:
-    """(base, trainable LoRA parameters): `lab.plan.memory.param_counts` (the meta model, seconds to build), kept on
+    """(base, trainable LoRA parameters): `lab.plan.shapes.param_counts` (the meta model, seconds to build), kept on
     disk beside the token counts, keyed by the model's shape, the LoRA config and the code and versions that count."""
     import peft
     import transformers
 
     from lab.core.io import atomic_write_json, read_json
     from lab.core.paths import project_root
-    from lab.plan.memory import param_counts
+    from lab.plan.shapes import param_counts
 
     here = Path(__file__).resolve().parents[1]
-    code = [_sha(here / f) for f in ("model/lora.py", "model/experts_lora.py", "train/memory.py")]
+    code = [_sha(here / f) for f in ("model/lora.py", "model/experts_lora.py", "plan/shapes.py")]
     key_src = {"values": values, "lora": OmegaConf.to_container(cfg.sft.lora, resolve=True),
                "experts_rank": OmegaConf.select(cfg, "gpu.experts_rank", default=None), "code": code,
                "versions": [transformers.__version__, peft.__version__]}
@@ -710,7 +655,7 @@ STAGE_WORK = {"01_explore": "the split and the solvers (CPU)", "02_sft": "SFT an
 
 def _card_fit(cfg: DictConfig, stage: str, counts: tuple[int, int] | None, values: dict) -> str:
     """Whether `stage` fits the card, from what is cheap to know: GRPO's generation phase is bounded from shapes
-    (lab.plan.memory.generation_phase); a training step's peak needs its trace (`python -m lab memory`), which this
+    (lab.plan.grpo_policy.generation_phase); a training step's peak needs its trace (`python -m lab memory`), which this
     command does not run (it runs the whole model's step on fake tensors; the stage's preflight runs it and refuses a
     step that does not fit)."""
     if stage not in ("02_sft", "03_grpo", "04_vote"):
@@ -719,7 +664,7 @@ def _card_fit(cfg: DictConfig, stage: str, counts: tuple[int, int] | None, value
         return "serves the model in vLLM (not bounded here)"
     step = f"step: python -m lab memory --stage {stage[3:]}"
     if stage == "03_grpo" and cfg.grpo.rollout_backend == "vllm" and counts is not None:
-        from lab.plan.memory import generation_phase
+        from lab.plan.grpo_policy import generation_phase
 
         ph = generation_phase(cfg, values, counts=counts)
         if ph.get("fits") is None:
@@ -737,7 +682,7 @@ def pipeline(cfg: DictConfig, out: dict, card: str, stages: list[str] | None = N
     `kaggle.budget_margin_min`; the kept output against `kaggle.output_limit_gb`, lab.plan.output_plan). The total:
     hours and kernels (and cost, given a price) over the stages, and those it could not project."""
     from lab.plan import output_plan
-    from lab.plan.memory import model_config_values
+    from lab.plan.shapes import model_config_values
 
     stages = list(stages or STAGE_WORK)
     val, val_how = output_plan.val_rows(cfg)
@@ -813,9 +758,9 @@ def table_lines(p: dict, card: str, sft_source: str = "projected") -> list[str]:
 
 
 def stage_projection(stage: str, cfg: DictConfig) -> list[str]:
-    """What a real-model stage prints when it opens, before any model loads (`lab.recipes.common.open_stage`): 02_sft its SFT
-    projection (tokens/s, hours per epoch) beside the memory trace the preflight printed; 03_grpo and 04_vote the
-    GRPO / evaluation / vote hours (`lab.plan.estimate_infer.report`). Empty for a stage that trains or samples
+    """What a real-model stage prints when it opens, before any model loads (`lab.recipes.common.open_stage`): 02_sft
+    its SFT projection (tokens/s, hours per epoch) beside the memory trace the preflight printed; 03_grpo and 04_vote
+    the GRPO / evaluation / vote hours (`lab.plan.estimate_infer.report`). Empty for a stage that trains or samples
     nothing, or on a card the estimate does not know (gpu=none: the tiny model)."""
     if stage not in ("02_sft", "03_grpo", "04_vote") or str(cfg.gpu.name) not in CARDS:
         return []

@@ -1,63 +1,8 @@
 """Projected costs of the generation-bound stages on one card: greedy evaluation, 04_vote, GRPO's pass rates and its
-optimizer step. For `python -m lab estimate` (its `eval`, `vote` and `grpo` sections) and for 03_grpo / 04_vote to
-print before any model loads. Every figure is PROJECTED from the constants below, none is measured on the real
-model: each function returns the figure, the arithmetic as text (every constant named with its value) and the
-constants with where each comes from.
-
-The model of a vLLM decode step (`decode_step_s`): with `infer.max_num_seqs` = 64 sequences in flight, each token
-routed to 6 of 128 experts in each MoE layer, a step touches almost every expert (128 x (1 - (1 - 6/128)^64) = 122 of
-128), so it reads about the whole 59 GiB of bf16 weights: memory-bound. The lab's estimate puts the step at about 30 ms
-on an H100 (the 59 GiB read at the H100's 3.35 TB/s alone takes 19 ms); other cards scale by their memory bandwidth. Prefill
-(1,000 prompts of a few hundred tokens: about 3e5 tokens, seconds) and engine start-up are left out.
-
-Completion lengths (`mean_completion_tokens`): a finished completion of a trained adapter is taken as long as the
-derivation traces SFT trains on (RESULTS.md, "First contact with a GPU": prompt + trace mean 1,209 tokens with the
-real tokenizer, used whole, so an upper bound for the trace alone), and a share `TRUNCATED_SHARE` of completions is
-assumed to run to the budget (`infer.max_tokens`); both are assumptions until a real evaluation measures them.
-
-Evaluation without waves (lab.model.generate: every prompt in one hand-over): decode steps = sequences x mean length
-/ max_num_seqs, plus one budget's worth of steps for the tail (the last, longest completions run with the batch no
-longer full). In waves of 64 (the lab's earlier evaluation), each wave costs its longest completion: with a 5% truncated
-share, 96% of waves hold one that runs to the budget; `eval_hours_per_1000` reports that figure as `in_waves_hours`
-for comparison.
-
-GRPO rollouts from the served adapter, on one GPU (`grpo.rollout_backend=vllm`, built in `lab.train.rollouts`; these
-figures are PROJECTED, nothing of it has run on a GPU):
-- Rounds. One generation round samples `grpo.steps_per_generation` (S) optimizer steps' prompts x num_generations in
-  one hand-over to a vLLM engine on the base model with the current adapter packed by the submission's own code
-  (`lab.model.submission.pack`) and served through a `LoRARequest` with a new lora_int_id each round: never merged,
-  so what is sampled is what would be submitted (no bf16 merge drift, `lab.plan.preflight.check_backend`). The S steps
-  then train on those completions, the later ones lagging the policy by up to S - 1 steps; TRL 1.15 corrects that
-  with its old log-probabilities and clipped ratio (computed when `gradient_accumulation_steps % steps_per_generation
-  != 0`, trl/trainer/grpo_trainer.py `_generate_and_score_completions`; `lab.plan.memory.micro_batch`). TRL's
-  `vllm_importance_sampling_correction` runs only with its own `use_vllm`, which the lab never sets: the
-  sampler-vs-trainer gap is logged (`rollout/logp_diff_*`), not corrected.
-- Taking turns on the card. The engine and the training model cannot both hold 59 GiB on an 80 or 96 GB card. The
-  engine sleeps while the trainer trains, and the trainer moves its frozen base weights to CPU memory while the
-  engine samples (the LoRA and its optimizer states stay on the card): `lab.train.rollouts.engine_phase`. Sleep
-  level 1 (`LLM.sleep(level=1)`: weights offloaded to CPU memory, KV cache freed; `wake_up()` copies them back)
-  moves 4 x 59 GiB per round over PCIe (`switch_gbps`, an assumed constant rate; `engine_phase` moves the trainer's
-  weights one tensor at a time, unpinned, so the real rate may be lower) and holds both copies on the host at a
-  switch, about 134 GiB with a margin; level 2 (weights discarded, reloaded from the model folder at wake-up,
-  `collective_rpc("reload_weights")`) moves 2 x 59 GiB and reads the weights from disk (`disk_gbps`, assumed),
-  holding them once. `grpo.vllm_sleep_level` null picks level 1 only on a host that holds the weights twice
-  (`lab.plan.memory.sleep_level`; a 128 GiB H100 machine does not), so this projection takes level 2 unless the
-  config says 1. Measured on CPU (the vLLM lane, tiny model): packing the adapter and loading its LoRARequest take
-  hundredths of a second per round, and reloading the weights from the model folder restores what a change to
-  them broke (tests/vllm_lane/test_vllm_rollouts.py); the sleep itself is CUDA only, so the lane says nothing about
-  the GPU switch's seconds; the packing of the real adapter (its routed experts split per expert) is not in this
-  estimate.
-- Why this beats transformers rollouts: `generate` with the adapter attached rebuilds the experts' LoRA delta at every
-  decode step (16-37 minutes per optimizer step on an H100), while vLLM applies the LoRA in its kernels.
-- Pass rates: the same engine, before step 1, `grpo.n_prompts` x `grpo.pass_rate_k` samples in one hand-over, written
-  per prompt as each finishes (`lab.train.grpo.pass_rate_table` with a cache).
-- The rollout engine's slots: its own `max_num_seqs` (`grpo.max_num_seqs`; null: as many as its share of the card
-  holds, `lab.plan.memory.generation_phase`), not the scorer's; each slot beyond the 64 `h100_step_s` was estimated
-  for adds its Mamba state (read and written) and its KV cache (read) to a step's memory traffic (`decode_step_s`).
-Training per optimizer step (`training_s`): the same micro-step line as SFT's projection (`lab.plan.estimate.
-cost_model`, fixed seconds + seconds per token on the card), one micro-step per pack with `grpo.packing`
-(`lab.train.grpo_packed`) or per completion without, plus one no-grad forward (a third of that) for the old
-log-probabilities when a round feeds several steps and `grpo.old_logprobs=trainer`.
+optimizer step, for `python -m lab estimate` and for 03_grpo / 04_vote to print before any model loads. Every figure is
+PROJECTED from `CONSTANTS` (each with its source), none measured on the real model; each function returns the figure,
+its arithmetic as text and the constants it used. The decode-step model, the completion lengths and the parts of a GRPO
+round: docs/internals.md, lab.plan.estimate_infer.
 """
 
 from __future__ import annotations
@@ -87,8 +32,8 @@ CONSTANTS = {
     "switch_gbps": (25.0, "assumed effective host<->GPU copy rate, GB/s (PCIe Gen5 x16: 64 GB/s theoretical)"),
     "disk_gbps": (2.0, "assumed read rate of the model folder from local NVMe, GB/s, for a sleep-level-2 reload "
                        "(not measured)"),
-    "steps_per_generation": (4, "optimizer steps per generation round when the config has none (grpo.steps_per_generation "
-                                "is used when set: conf/grpo/nemotron_nano.yaml sets 4)"),
+    "steps_per_generation": (4, "optimizer steps per generation round when the config has none "
+                                "(grpo.steps_per_generation is used when set: conf/grpo/nemotron_nano.yaml sets 4)"),
 }
 CARD_BANDWIDTH = {"h100_80gb": "h100_tbps", "h200": "h200_tbps", "rtx_pro_6000": "rtx_pro_6000_tbps"}
 
@@ -163,8 +108,8 @@ def eval_hours_per_1000(cfg, card) -> dict:
     wave_h = waves * wave_steps * step / 3600
     text += (f"; hours = {secs:,.0f} / 3600 = {secs / 3600:.2f} h. In waves of {slots} (each wave waiting for its "
              f"longest): {waves} waves "
-             f"x ({p_long:.2f} x {budget} + {1 - p_long:.2f} x {min(_c('trace_tokens'), budget):g}) steps x {step:.4f} s "
-             f"= {wave_h:.2f} h")
+             f"x ({p_long:.2f} x {budget} + {1 - p_long:.2f} x {min(_c('trace_tokens'), budget):g}) steps "
+             f"x {step:.4f} s = {wave_h:.2f} h")
     return _result("hours_per_1000", secs / 3600, "hours per 1,000 puzzles", text, used,
                    in_waves_hours=round(wave_h, 3))
 
@@ -216,8 +161,9 @@ def pass_rate_hours(cfg, card, rollout: Rollout | None = None) -> dict:
 
 
 def grpo_step_minutes(cfg, card, rollout: Rollout | None = None) -> dict:
-    """Minutes per GRPO optimizer step with rollouts from the served adapter (the module docstring's design):
-    (one round's generation + the phase switches) / S + training of one step (`training_s`)."""
+    """Minutes per GRPO optimizer step with rollouts from the served adapter (docs/internals.md,
+    lab.plan.estimate_infer): (one round's generation + the phase switches) / S + training of one step
+    (`training_s`)."""
     g, r = cfg.grpo, _rollout(cfg, rollout)
     S = int(g.get("steps_per_generation") or _c("steps_per_generation"))
     group = int(g.prompts_per_step) * int(g.num_generations)

@@ -26,7 +26,9 @@ def main(argv: list[str] | None = None) -> int:
     from lab.core import owner
     from lab.core.config import compose
     from lab.core.io import atomic_write_text
-    from lab.plan.memory import as_json, generation_phase, generation_report, gpu_gib, report, trace
+    from lab.plan.grpo_policy import generation_phase, generation_report
+    from lab.plan.memory import as_json, report, trace
+    from lab.plan.shapes import gpu_gib
 
     cfg = compose(a.overrides)
     out_json = owner.output_file(a.json, "memory --json", a.force) if a.json else None

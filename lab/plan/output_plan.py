@@ -1,43 +1,20 @@
-"""What a stage will leave in Kaggle's kept output folder (/kaggle/working, 20 GB) and in scratch, planned from the config
-before the stage starts: `planned_output_bytes(cfg, stage)`, `check(cfg, stage)` (a stage on Kaggle prints the plan
-and refuses one over `kaggle.output_limit_gb`), `stage_reads(cfg, stage)` (what a kernel copies back from the kernel
-before it: lab/kaggle/kernel.py) and `python -m lab kaggle plan OVERRIDES` (lab/kaggle/kernel.py `plan_main`).
-
-The figures (P = trainable LoRA parameters of the configured model and targets, counted on the meta model by
-`lab.plan.memory.lora_figures`, the same table `lab.model.lora.attach_lora` prints):
-- the adapter: P x 2 bytes on Kaggle (`kaggle.adapter_dtype`, bf16 by default, `lab.core.paths.adapter_dtype`: the LoRA weights
-  train in fp32 and `lab.model.lora.save_adapter` casts the saved copy; null keeps fp32, P x 4 bytes); the drills
-  stage (`sft.stages` with drills) saves a second one beside it;
-- the submission zip: P x 2 bytes (`lab.model.submission.SUBMISSION_DTYPE`, bf16; deflate barely shrinks weights);
-- one checkpoint (`checkpoint_bytes`): the fp32 adapter (4 P) and the optimizer's states: AdamW (transformers'
-  default, `adamw_torch_fused`) two fp32 moments, 8 P; 8-bit AdamW (`adamw_bnb_8bit`, bitsandbytes
-  `Optimizer2State`) two uint8 states and an fp32 absmax per 256 values, 2 P + 8 P / 256 (tensors under 4,096
-  values keep fp32 states, `min_8bit_size`: none of the recipe's LoRA matrices is that small);
-- text outputs: every evaluation pass writes at most one completion of `infer.max_tokens` per held-out puzzle, at
-  `TEXT_BYTES_PER_TOKEN` bytes of text per token; 04_vote writes k samples twice (samples.jsonl, samples.csv);
-- what the kernel copied back from the kernel before it (`stage_reads`): the split (about the data file's size) and
-  the adapter the stage starts from.
-In /kaggle/working a training stage plans for the adapter, the zip, its text outputs, what it copied back and one
-checkpoint (the resumable state it keeps there when its wall-clock budget stops it). Scratch holds the checkpoints
-the Trainer keeps while training (`sft.save_total_limit`, GRPO's 2, plus the one being written).
-
-What it simplifies:
-1. Upper bounds from shapes: no file is measured; config.yaml, manifest.json, metrics, plots and tracker logs are
-   `SMALL_FILES` in all.
-2. The held-out puzzles are `data.n_val`, else `data.val_fraction` of the data file's rows when the file is found
-   here, else of `COMPETITION_ROWS`.
+"""What a stage will leave in Kaggle's kept output folder (/kaggle/working, 20 GB) and in scratch, planned from the
+config before the stage starts: `planned_output_bytes(cfg, stage)`, `check(cfg, stage)` (a stage on Kaggle prints the
+plan and refuses one over `kaggle.output_limit_gb`), `stage_reads(cfg, stage)` (what a kernel copies back from the
+kernel before it) and `python -m lab kaggle plan OVERRIDES`. Upper bounds from shapes, no file measured; each figure's
+arithmetic: docs/internals.md, lab.plan.output_plan.
 """
 
 from __future__ import annotations
 
 import contextlib
 import os
-from pathlib import Path
 
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
 from lab.core.paths import adapter_dtype, find_data_file, on_kaggle, resolve_path
+from lab.plan.shapes import checkpoint_bytes
 
 GB = 10 ** 9
 SMALL_FILES = 64 * 2 ** 20  # config, manifest, metrics, plots, logs of one stage
@@ -48,7 +25,7 @@ TRAINING = {"02_sft": "sft", "03_grpo": "grpo"}
 
 def trainable_params(cfg: DictConfig) -> int:
     """The configured LoRA's trainable parameters on the configured model (meta device: no weights read)."""
-    from lab.plan.memory import param_counts
+    from lab.plan.shapes import param_counts
 
     return param_counts(cfg)[1]
 
@@ -62,13 +39,6 @@ def adapter_bytes_per_param(cfg: DictConfig) -> tuple[int, str]:
     if not isinstance(dtype, torch.dtype):
         raise LabError(f"kaggle.adapter_dtype={name!r} is not a torch dtype (bfloat16, float16, float32 or null)")
     return dtype.itemsize, {"bfloat16": "bf16", "float16": "fp16", "float32": "fp32"}.get(name, name)
-
-
-def checkpoint_bytes(cfg: DictConfig, params: int) -> tuple[int, str]:
-    from lab.plan.memory import optimizer_bytes_per_param
-
-    per, how = optimizer_bytes_per_param(cfg)
-    return int(params * (4 + per)), f"P x (4 B fp32 adapter + {how})"
 
 
 def val_rows(cfg: DictConfig) -> tuple[int, str]:
@@ -175,7 +145,8 @@ def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None)
         working[f"{stage}/submission.zip (bf16)"] = 2 * P
         passes = 2 if stage == "02_sft" else 1
         working[f"{stage}/predictions ({passes} evaluation passes)"] = passes * per_pass
-        working[f"checkpoints/{stage}: the resumable state, kept when the budget stops the stage (one checkpoint)"] = ckpt
+        kept = f"checkpoints/{stage}: the resumable state, kept when the budget stops the stage (one checkpoint)"
+        working[kept] = ckpt
         keep = int(cfg.sft.save_total_limit) if group == "sft" else 2  # lab.train.grpo.grpo_args: save_total_limit=2
         scratch[f"checkpoints/{stage}: {keep} kept + 1 being written"] = (keep + 1) * ckpt
         if drills:
@@ -189,7 +160,8 @@ def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None)
             lines.append(f"rollouts: 2 kept rounds x served adapter P x {b} B (the model's {cfg.model.dtype}) + the "
                          f"round being packed (its fp32 PEFT folder P x 4 B, zip and served folder 2 x P x {b} B) = "
                          f"{_gb((4 * b + 4) * P)}")
-        lines += [f"adapter = P x {per_param} B ({adapter_kind}, kaggle.adapter_dtype) = {_gb(adapter)}", f"submission.zip = P x 2 B (bf16) = {_gb(2 * P)}",
+        lines += [f"adapter = P x {per_param} B ({adapter_kind}, kaggle.adapter_dtype) = {_gb(adapter)}",
+                  f"submission.zip = P x 2 B (bf16) = {_gb(2 * P)}",
                   f"one checkpoint = {how} = P x {ckpt / max(P, 1):.2f} B = {_gb(ckpt)}",
                   f"scratch: ({keep} kept ({group}.save_total_limit) + 1 being written) x {_gb(ckpt)} = "
                   f"{_gb((keep + 1) * ckpt)}"]

@@ -1,25 +1,11 @@
-"""Before a real-model stage spends anything: is this machine able to run it? The lab's one list of pre-run checks.
+"""Before a real-model stage spends anything: can this machine run it? The lab's one list of pre-run checks.
 
-A stage that trains or scores the real model (02_sft, 03_grpo, 04_vote with `model.build_tiny=false`) runs
-`check(stage, overrides)` just before it opens its `Stage` (`lab.recipes.common.open_stage`; scripts/_launch.py), so nothing is
-touched and no model loaded on a machine that cannot run it. It is called there, not from `lab.core.run.Stage`, because
-the checks use modules that import lab.core.config themselves, and the lab's modules form no import cycle. `checks(stage)`
-is the list: each check is a plain function of the config that lives with what it checks and raises a `LabError`
-saying what is missing and how to get it:
-- `check_gpu_extra`: the GPU packages this stage uses as configured are importable (`importlib.util.find_spec`;
-  the same rule as the Kaggle kernel's installs, `kernel_extras`, which the Kaggle kernel's install cell uses too);
-- `check_cuda`: torch sees a CUDA device;
-- `lab.core.paths.check_model_path`: `model.path` is a local model folder, the Kaggle mount, or a Hub id already in the
-  local Hub cache (nothing is downloaded at run time);
-- `lab.model.models.check_mamba_kernels` (02_sft, 03_grpo): the fused Mamba kernels import;
-- `check_packing` (02_sft with `sft.packing=true`): those kernels take each packed row's boundaries (`seq_idx`);
-- `check_backend` (03_grpo): the rollout back-end is one that stays exact for Nemotron-H;
-- `lab.plan.memory.check_fits` (02_sft, 03_grpo): one training micro-step traced on fake tensors fits `gpu=`;
-- `lab.plan.memory.check_generation_fits` (03_grpo with rollout_backend=vllm): the rollout engine's phase, bounded
-  from shapes, fits `gpu=` beside what the trainer keeps, and the host can hold the weights at a switch.
-Every check runs; the failures are gathered into ONE LabError, so a user on the wrong machine learns everything at once.
-
-What it simplifies: the checks look at this machine once, when the stage opens; nothing is loaded to test them.
+02_sft, 03_grpo and 04_vote on the real model call `check(stage, overrides)` before they open their stage folder
+(`lab.recipes.common.open_stage`, scripts/_launch.py), so nothing is touched and no model loaded on a machine that
+cannot run it. `checks(stage)` lists the checks, each a function of the config that raises a LabError saying what is
+missing; every check runs and the failures come as ONE LabError, so a user on the wrong machine learns everything at
+once. It imports no trainer: the checks are config checks and bounds from shapes (docs/internals.md,
+lab.plan.preflight).
 """
 
 from __future__ import annotations
@@ -85,7 +71,7 @@ def check_backend(cfg: DictConfig) -> str:
     """`grpo.rollout_backend`, checked: `hf` or `vllm` (the vllm route: lab.train.rollouts, never TRL's own
     `use_vllm`, which syncs merged bf16 weights and drifts the frozen base: docs/grpo.md). `refine` with vllm is
     refused (its drafts use TRL's own generation, which would be transformers')."""
-    backend = cfg.grpo.rollout_backend  # hf or vllm: lab/core/schema.py's GenerationBackend, refused at compose otherwise
+    backend = cfg.grpo.rollout_backend  # hf or vllm: lab/core/schema.py's GenerationBackend refuses others at compose
     if backend == "vllm" and cfg.grpo.refine:
         raise LabError("conf/grpo: refine=true with rollout_backend=vllm is not built: refinement draws its drafts "
                        "with TRL's own generation (lab.train.grpo_refine), which is transformers' here. Set "
@@ -96,7 +82,7 @@ def check_backend(cfg: DictConfig) -> str:
 def checks(stage: str) -> list:
     """The checks `stage` runs, each a function of the config that raises a LabError."""
     from lab.model import models
-    from lab.plan import memory
+    from lab.plan import grpo_policy, memory
 
     trains = {"02_sft": "sft", "03_grpo": "grpo"}.get(stage)  # what lab.plan.memory calls the stage, if it trains
     return [
@@ -107,7 +93,7 @@ def checks(stage: str) -> list:
         *([check_packing] if stage == "02_sft" else []),
         *([check_backend] if stage == "03_grpo" else []),
         *([functools.partial(memory.check_fits, stage=trains)] if trains else []),
-        *([memory.check_generation_fits] if stage == "03_grpo" else []),
+        *([grpo_policy.check_generation_fits] if stage == "03_grpo" else []),
     ]
 
 

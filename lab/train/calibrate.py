@@ -1,27 +1,10 @@
 """`python -m lab calibrate [OVERRIDES...] [--json PATH]`: a rented card's first minutes, measured. Random weights at
-the configured model's shapes (nothing downloaded); every step's result is written (atomically) as soon as it ends,
-so a run killed mid-way keeps what it measured. Without a GPU the same steps run on the composed model (the tiny one
-by default) with small packs, and the JSON says so: a CPU calibration is never read as a card's.
-
-Steps, each one key of the JSON (docs/calibrate.md has the design and the time budget):
-- `meta`: the card (`gpu=`), the device, the date, the lab's commit, the model and recipe key `lab estimate` checks.
-- `env`: versions; which kernels import; whether each call the lab makes into a GPU-only package binds to the
-  installed function (`inspect.signature(...).bind`) and whether the Mamba kernels take `seq_idx`.
-- `exact.<path>`: each fast path against its slow path, outputs and LoRA gradients, `{err, base, bound, negative,
-  factor, ok}`. On a GPU the candidate runs in bf16 on a real-width slice (one Mamba-2, one attention, one MoE
-  block) against the slow path in fp32; on the CPU in fp32 against fp64 on the composed model. `base` is the slow
-  path's own error in the candidate's dtype; bound = 4 x base + 4 eps; the negative control (a known-wrong variant
-  of the fast path) must lie `factor` x beyond the bound (1,000 in fp32, 10 in bf16, whose bound is already ~1e-2).
-  Errors are max |a - b| / max |b| per tensor, the worst tensor. A path whose kernel is absent is
-  `{"skipped": why}`, with `cpu_branch`: the same comparison on the branch the lab takes here.
-- `speed`: full depth, the recipe's LoRA, paths and optimizer; packs of 1,024 / 8,192 / 16,384 tokens (CPU: 64 /
-  256 / 512) of rows drawn from the data's row lengths, one warm-up and three timed steps each, the allocator's peak
-  beside `lab memory`'s trace; the fold and unfused paths at the smallest pack; one GRPO-length row (training and
-  a no-grad forward); the least-squares fit `speed.fit.{fixed_s, us_per_token}` over the packs.
-- `vllm`: "absent" when vLLM does not import (the vLLM measurements are not written yet: see docs/calibrate.md).
-
-Written to `--json PATH` (a new file, or one this command made) and to `outputs/calibration/<gpu.name>.json` (CPU:
-`cpu.json`), a folder the lab made; `python -m lab estimate` reads the configured card's file (lab.plan.estimate)."""
+the configured model's shapes (nothing downloaded); every step's result is written atomically as soon as it ends, so a
+run killed mid-way keeps what it measured. Without a GPU the same steps run on the composed model with small packs and
+the JSON says so: a CPU calibration is never read as a card's. Written to `--json PATH` and to
+`outputs/calibration/<gpu.name>.json`, which `python -m lab estimate` reads. Its steps and their JSON keys:
+docs/internals.md, lab.train.calibrate; the design and the time budget: docs/calibrate.md.
+"""
 
 from __future__ import annotations
 
@@ -326,7 +309,7 @@ def _variants(path: str):
 
 
 def exact_path(ctx, path: str) -> dict:
-    """One `exact.<path>` entry (module docstring)."""
+    """One `exact.<path>` entry (docs/internals.md, lab.train.calibrate)."""
     import torch
 
     from lab.model import experts_lora
@@ -415,12 +398,12 @@ class Stepper:
         import torch
 
         from lab.model import packed_rows
-        from lab.plan import memory
+        from lab.plan import memory, shapes
 
         cfg, self.cuda = ctx["cfg"], ctx["cuda"]
         self.device = "cuda" if self.cuda else "cpu"
         self.dtype = getattr(torch, str(cfg.model.dtype))
-        fig = memory.lora_figures(cfg, ctx["values"], self.dtype)
+        fig = shapes.lora_figures(cfg, ctx["values"], self.dtype)
         self.pm = fig["model"]
         self.pm.to_empty(device=self.device)
         memory.random_weights(self.pm)
@@ -577,7 +560,7 @@ def calibrate(cfg: DictConfig, paths: list[Path], rows: list[int] | None = None)
     A step that fails is recorded as {"error": ...} and the next one runs."""
     import torch
 
-    from lab.plan.memory import model_config_values
+    from lab.plan.shapes import model_config_values
 
     cuda = torch.cuda.is_available()
     result: dict = {}
@@ -672,7 +655,7 @@ def main(argv: list[str] | None = None) -> int:
     from lab.core.config import compose
 
     ap = argparse.ArgumentParser(prog="python -m lab calibrate", description="measure the fast paths' exactness and "
-                                 "the training step's speed on this card (module docstring of lab/train/calibrate.py)")
+                                 "the training step's speed on this card (docs/internals.md, lab.train.calibrate)")
     ap.add_argument("overrides", nargs="*", help="Hydra overrides, e.g. experiment=competition gpu=h100_80gb")
     ap.add_argument("--json", default=None, help="also write the calibration here (a new file)")
     ap.add_argument("--force", action="store_true", help="--json may replace a file calibrate did not make")

@@ -1,30 +1,9 @@
 """Resumable training checkpoints, shared by SFT (`lab.train.sft`) and GRPO (`lab.train.grpo`): what a run may resume.
 
-- **Keyed by what produced them.** A run's checkpoint folder holds `lab_run.json` with the run's `fingerprint`
-  (the stage's config group without the keys that do not change the trajectory, the seed, the model's dtype and
-  `lab.core.lineage.content_hash` (not its path), and what the stage adds: GRPO its budget, pool and start adapter, SFT
-  a hash of its
-  training examples). A rerun whose fingerprint differs starts afresh with a note naming every changed key
-  (`lab.core.lineage.diff`); when the user asked to resume (`sft.resume=true` / `grpo.resume=true` among the overrides)
-  it is a LabError instead.
-- **A checkpoint counts only when complete.** The Trainer writes `checkpoint-N/` file by file; `CompleteMarker`
-  (a TrainerCallback: transformers calls `on_save` after `Trainer._save_checkpoint` returned, trainer.py
-  `_maybe_log_save_evaluate`) then seals it with `lab_complete.json` (`lab.core.lineage.seal`: every file's content
-  hash, written atomically). `resume_point` deletes every checkpoint without its seal or with a file missing or
-  changed since (a crash or a full disk mid-save, a damaged copy), so the Trainer never trips over them, then resumes
-  the newest one left (transformers'
-  `get_last_checkpoint`), and says so.
-- **A full disk is a message.** `disk_full_guard` turns `OSError` ENOSPC / EDQUOT (and torch's `RuntimeError` from
-  its zip writer, when the disk has less free space than one checkpoint) into a LabError naming the folder, the
-  space one checkpoint needs and the space left.
-
-What it simplifies:
-1. Completeness is names and sizes, not a hash of every byte: a checkpoint of the real model holds gigabytes of
-   optimiser state, and what a crash or a full disk leaves is a missing or short file.
-2. The space a checkpoint needs is the size of the newest complete one, else 12 bytes per trainable parameter
-   (fp32 weights and AdamW's two moments).
-3. Under several processes every process makes the same resume decision and deletes the same folders (deletions
-   tolerate one another); only the main process writes the completeness marker.
+A run's checkpoint folder records the fingerprint of what produced it (a rerun with other settings starts afresh, or
+refuses when asked to resume); a checkpoint counts only once sealed complete (`CompleteMarker`), so a crash or a full
+disk mid-save never becomes a resume point; a full disk is a LabError naming the space one checkpoint needs; on Kaggle a
+budget stop keeps the newest checkpoint for the next kernel. The details: docs/internals.md, lab.train.checkpoints.
 """
 
 from __future__ import annotations
@@ -187,12 +166,23 @@ def write_record(out: Path, record: dict) -> None:
 
 # ---- a full disk -------------------------------------------------------------------------------------
 
-def checkpoint_bytes(out: Path, model) -> int:
-    """The size of the newest complete checkpoint in `out`, else 12 bytes per trainable parameter of `model`."""
+def measured_checkpoint_bytes(out: Path) -> int | None:
+    """The size on disk of the newest complete checkpoint in `out`; None when it holds none."""
     for p in reversed(_checkpoints(out)):
         if incomplete(p) is None:
             return sum(f.stat().st_size for f in p.rglob("*") if f.is_file())
-    return 12 * sum(p.numel() for p in model.parameters() if p.requires_grad)
+    return None
+
+
+def checkpoint_need(out: Path, cfg: DictConfig, model) -> int:
+    """The space one more checkpoint in `out` needs: the newest complete one's size, else the projection for
+    `model`'s trainable parameters and `gpu.optim` (`lab.plan.shapes.checkpoint_bytes`, as the Kaggle output plan)."""
+    from lab.plan.shapes import checkpoint_bytes
+
+    measured = measured_checkpoint_bytes(out)
+    if measured is not None:
+        return measured
+    return checkpoint_bytes(cfg, sum(p.numel() for p in model.parameters() if p.requires_grad))[0]
 
 
 def _mb(n: int) -> str:
@@ -261,7 +251,7 @@ def keep_for_resume(checkpoint_dir: str | os.PathLike, keep_dir: str | os.PathLi
     """After a wall-clock budget stop: copy the newest complete checkpoint of `checkpoint_dir` (on Kaggle a scratch
     folder Kaggle does not keep) and its run record into `keep_dir` (`<run_dir>/checkpoints/<stage>` in
     /kaggle/working), replacing what an earlier stop kept there, and return the note that says how to resume.
-    The checkpoint holds the fp32 adapter and the optimizer's state (`lab.plan.output_plan.checkpoint_bytes`): the
+    The checkpoint holds the fp32 adapter and the optimizer's state (`lab.plan.shapes.checkpoint_bytes`): the
     next kernel resumes at the same step with the same moments and schedule."""
     src, dst = Path(checkpoint_dir), Path(keep_dir)
     done = [p for p in _checkpoints(src) if incomplete(p) is None]

@@ -89,7 +89,7 @@ def cost(path: FastPath, cfg: DictConfig) -> str:
     figure)."""
     if path.name == "routed_experts":
         from lab.plan import estimate
-        from lab.plan.memory import model_config_values
+        from lab.plan.shapes import model_config_values
 
         if str(cfg.gpu.name) not in estimate.CARDS:
             return f"no projection (gpu={cfg.gpu.name}: lab.plan.estimate projects a configured card only)"

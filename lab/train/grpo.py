@@ -163,7 +163,7 @@ def grpo_args(cfg: DictConfig, output_dir: Path, max_completion_length: int, rew
     from lab.core.run import tracking_args
 
     g = cfg.grpo
-    from lab.plan.memory import micro_batch  # the micro-step's shape lives with the memory figures
+    from lab.plan.grpo_policy import micro_batch  # the trace and the preflight size the same micro-step
 
     micro, accum = micro_batch(cfg)
     kw = dict(
@@ -424,13 +424,14 @@ class GrpoRun:
             install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
             if g.packing:  # a step's completions in packs (lab.train.grpo_packed), each row's state its own
                 install_packing(cfg, trainer, model, self.budget, self.pool["prompt"].tolist(), tokenizer)
-            with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_bytes(out, model)):
+            with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_need(out, cfg, model)):
                 trainer.train(resume_from_checkpoint=str(last) if last else None)
             history, steps = trainer.state.log_history, int(trainer.state.global_step)
         self.close()
         if "ref" in getattr(model, "peft_config", {}):
             model.delete_adapter("ref")  # TRL's frozen reference copy: not part of the trained adapter
-        with checkpoints.disk_full_guard(resolve_path(g.adapter_dir), lambda: checkpoints.checkpoint_bytes(out, model)):
+        need = lambda: checkpoints.checkpoint_need(out, cfg, model)  # noqa: E731 - asked only when the disk is full
+        with checkpoints.disk_full_guard(resolve_path(g.adapter_dir), need):
             from lab.core.paths import adapter_dtype
 
             save_adapter(model, resolve_path(g.adapter_dir), dtype=adapter_dtype(cfg))  # on Kaggle bf16

@@ -1,49 +1,10 @@
 """GRPO rollouts from the served adapter: `VLLMRollouts`, TRL's `rollout_func` for `grpo.rollout_backend=vllm`.
 
-TRL 1.15's `GRPOTrainer(rollout_func=...)` (trl/trainer/grpo_trainer.py, `_generate`) calls `rollout_func(prompts,
-trainer)` once per generation round with this process's slice of the generation batch (the prompts as the dataset
-holds them, each one repeated `num_generations` times in a row by TRL's `RepeatSampler`) and takes back a dict with
-`prompt_ids`, `completion_ids` and `logprobs` (one entry per prompt entry, in order); other keys go to the reward
-functions. TRL's own `use_vllm` stays off: it would feed its engine merged weights (`lab.plan.preflight.check_backend`).
-
-One round (`VLLMRollouts.__call__`):
-1. pack: the trainer's in-memory "default" adapter is saved (`save_pretrained`, that adapter only) and packed and
-   unzipped exactly as the evaluations serve an adapter (`lab.model.generate.served_adapter`: `lab.model.submission.pack`,
-   the submission's own packing and `check`), into `<checkpoint_dir>/rollouts/step<global step>-<lora checksum>`,
-   written atomically (`lab.core.io.atomic_dir`) and keyed by what produced it (the step and the weights' checksum:
-   a rerun reuses a folder only for the same weights); older round folders are removed, the last two kept;
-2. switch (CUDA with `grpo.vllm_sleep_mode`, else nothing): the training model's frozen parameters go to CPU memory
-   and the engine wakes up (`wake`); after sampling it sleeps and the frozen parameters come back (`engine_phase`).
-   Level 1 (`LLM.sleep(level=1)`: weights to CPU memory, KV cache freed; vllm/entrypoints/llm.py) needs the host to
-   hold the weights twice at a switch; level 2 discards them and reloads them from the model folder at wake-up
-   (`collective_rpc("reload_weights")`), holding them once (`grpo.vllm_sleep_level`, null: chosen from the host's
-   memory by `lab.plan.memory.sleep_level`);
-3. load: a `LoRARequest` with a fresh `lora_int_id` per round (vLLM caches adapters by id), loaded up front
-   (`LLMEngine.add_lora`, vllm/v1/engine/llm_engine.py) so its time is its own; the previous round's id is removed;
-4. sample: one hand-over of the round's distinct prompts to the engine (`lab.model.generate.generate_vllm`), n =
-   num_generations, temperature and top_p from conf/grpo (top_k off, as `grpo_args` sets TRL's), max_tokens = the
-   GRPO budget (TRL's `max_completion_length`), one seed per group (cfg.seed + n x the group's running index over the
-   run, so no two groups share a seed); the prompt token ids are TRL's own tokenisation of the prompt
-   (`lab.train.trl_private.prompt_ids`), handed to vLLM as token ids, so the trainer scores exactly the ids sampled;
-   `logprobs` are the sampled tokens' log-probabilities after temperature (the engine runs with
-   `logprobs_mode="processed_logprobs"`, as TRL's own vLLM engine does), the quantity TRL's trainer computes.
-Each part's seconds go to TRL's metrics (`rollout/pack_s`, `rollout/switch_s`, `rollout/load_s`, `rollout/sample_s`)
-and to `self.rounds` (one dict per round). Where TRL computes the old log-probabilities (policy lag,
-`grpo.steps_per_generation` > 1) `rollout/logp_diff_mean` / `_max` log |vLLM's - the trainer's| over the completion
-tokens (`lab.train.trl_private.watch_sampling_gap`).
-
-Policy lag. With `grpo.steps_per_generation` = S > 1 one round feeds S optimiser steps; TRL then computes
-`old_per_token_logps` (its `gradient_accumulation_steps % (steps_per_generation x num_iterations) != 0`,
-`_generate_and_score_completions`) and its clipped ratio corrects the later steps (`lab.plan.memory.micro_batch`).
-TRL's vLLM importance-sampling correction (`vllm_importance_sampling_correction`) runs only with its `use_vllm`, so
-the sampler-vs-trainer difference (bf16 kernels on a GPU) is measured, not corrected.
-
-Pass rates: `pass_rate_generator()` serves the start adapter (packed the same way, round "start") from the same engine
-as a `lab.model.generate.Generator`, so `lab.train.grpo.pass_rate_table`'s per-prompt cache works as for evaluations.
-
-What it simplifies: one process (one GPU); the engine is built once, at the first use; the frozen parameters move
-one by one (no pinned staging buffer); the old LoRA id is removed before the new one is added (one adapter slot).
-Not run on a GPU: the switch (sleep mode, moving parameters) runs only with CUDA and is untested; on CPU it is a no-op.
+Each generation round packs the trainer's in-memory adapter exactly as the submission is packed, serves it to one vLLM
+engine through a fresh `LoRARequest` and samples the round's prompts in one hand-over, so what GRPO samples is what
+would be submitted and the base weights are never merged. On CUDA the engine and the trainer take turns on the card
+(vLLM's sleep mode, `engine_phase`). The round step by step, TRL's hooks and vLLM's calls it relies on, and what is not
+run on a GPU yet: docs/internals.md, lab.train.rollouts.
 """
 
 from __future__ import annotations
@@ -126,9 +87,9 @@ def groups(prompts: list, n: int) -> list:
 
 
 class VLLMRollouts:
-    """TRL `rollout_func` sampling from the served adapter (module docstring). `model` is the PEFT model being
-    trained, `workdir` the run's checkpoint folder (round folders go under `workdir/rollouts`), `budget` the GRPO
-    completion budget. `engine` is built at first use unless handed in (tests)."""
+    """TRL `rollout_func` sampling from the served adapter (docs/internals.md, lab.train.rollouts). `model` is the PEFT
+    model being trained, `workdir` the run's checkpoint folder (round folders go under `workdir/rollouts`), `budget`
+    the GRPO completion budget. `engine` is built at first use unless handed in (tests)."""
 
     def __init__(self, cfg, model, tokenizer, workdir: str | Path, budget: int, engine=None):
         import torch
@@ -140,8 +101,8 @@ class VLLMRollouts:
         self.switch = self.cuda and bool(cfg.grpo.vllm_sleep_mode)
         self.pack_dtype = pack_dtype(cfg)
         self.level = 1
-        if self.switch:  # how the engine sleeps between rounds, from the host's memory (lab.plan.memory.sleep_level)
-            from lab.plan.memory import sleep_level
+        if self.switch:  # how the engine sleeps between rounds, from the host's memory (grpo_policy.sleep_level)
+            from lab.plan.grpo_policy import sleep_level
 
             self.level, why = sleep_level(cfg)
             print(f"rollout engine sleeps at level {self.level}: {why}", flush=True)
@@ -160,13 +121,13 @@ class VLLMRollouts:
             g = self.cfg.grpo
             share = g.vllm_gpu_memory_utilization
             if share is None:  # the card less what the trainer keeps on it while the engine samples
-                from lab.plan.memory import engine_share
+                from lab.plan.grpo_policy import engine_share
 
                 share = engine_share(self.cfg)
             timings["engine_share"] = float(share)
             seqs = g.max_num_seqs
-            if seqs is None and self.cuda:  # null: as many as the engine's share holds (lab.plan.memory)
-                from lab.plan.memory import rollout_seqs
+            if seqs is None and self.cuda:  # null: as many as the engine's share holds (lab.plan.grpo_policy)
+                from lab.plan.grpo_policy import rollout_seqs
 
                 seqs = rollout_seqs(self.cfg)
             timings["max_num_seqs"] = int(seqs or self.cfg.infer.max_num_seqs)

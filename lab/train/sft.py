@@ -243,7 +243,7 @@ def train(cfg: DictConfig, lora: tuple, examples: Examples, checkpoint_dir: Path
         checkpoints.write_record(out, {"fingerprint": fp})
     callbacks = trainer_callbacks(check, checkpoints.wall_clock_budget(cfg, "sft"))
     trainer = build_trainer(cfg, out, pm, tokenizer, examples.table, [*callbacks, checkpoints.marker_callback()])
-    need = lambda: checkpoints.checkpoint_bytes(out, pm)  # noqa: E731 - asked only when the disk is full
+    need = lambda: checkpoints.checkpoint_need(out, cfg, pm)  # noqa: E731 - asked only when the disk is full
     with checkpoints.disk_full_guard(out, need):
         result = trainer.train(resume_from_checkpoint=str(last) if last else None)
     adapter_dir = resolve_path(cfg.sft.adapter_dir)

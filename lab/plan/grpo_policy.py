@@ -1,0 +1,216 @@
+"""GRPO's runtime choices, made from config and the card before anything loads, and the bound they come from.
+
+The trainer and the rollout engine (`lab.train.grpo`, `lab.train.rollouts`) take them at run time, the preflight and the
+estimates before it, so they live here, apart from the fake-tensor trace (`lab.plan.memory`), and import no trainer: the
+trainer's micro-batch (`micro_batch`); with `grpo.rollout_backend=vllm`, the memory bound of the generation phase
+(`generation_phase`: the engine's weights, adapter slot, KV cache and Mamba state beside what the trainer keeps on the
+card), from which the engine's memory share (`engine_share`) and its sequences in flight (`rollout_seqs`) follow, and
+the level the engine sleeps at between rounds, from the host's memory (`sleep_level`). TRL's batching and vLLM's sleep
+mode, as read in their sources: docs/internals.md, lab.plan.grpo_policy.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any, Mapping
+
+from omegaconf import DictConfig, OmegaConf
+
+from lab import LabError
+from lab.plan.shapes import GIB, gpu_gib, model_config_values, optimizer_bytes_per_param, param_counts
+
+
+def micro_batch(cfg: DictConfig) -> tuple[int, int]:
+    """(completions per training micro-step, micro-steps per optimiser step) for one process.
+
+    One optimiser step covers `prompts_per_step x num_generations` completions per process (the whole group of
+    every prompt); `grpo.per_device_train_batch_size` of them go through one forward/backward (null: all at once).
+    `lab.train.grpo.grpo_args` sets TRL's `steps_per_generation` to the second value (times
+    `grpo.steps_per_generation`), so one generation round feeds whole optimiser steps and the summed micro-steps give
+    the loss of the one big step (TRL's batching, read in its source: docs/internals.md, lab.plan.grpo_policy)."""
+    g = cfg.grpo
+    group = g.prompts_per_step * g.num_generations
+    m = group if g.per_device_train_batch_size is None else int(g.per_device_train_batch_size)
+    if not 1 <= m <= group or group % m:
+        raise LabError(f"conf/grpo: per_device_train_batch_size={m} must divide prompts_per_step x num_generations "
+                       f"= {g.prompts_per_step} x {g.num_generations} = {group} (the completions of one optimiser "
+                       "step), or be null (all of them in one micro-step)")
+    return m, group // m
+
+
+# ---- the generation phase (rollout_backend=vllm): a bound from shapes, not a trace --------------------------------
+
+def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
+                     counts: tuple[int, int] | None = None) -> dict:
+    """GPU memory while GRPO samples through vLLM on the same card (`grpo.rollout_backend=vllm`): the engine holds the
+    bf16 base weights, one adapter slot and the cache of the round's sequences, inside its share
+    (`grpo.vllm_gpu_memory_utilization` of the card, which vLLM claims whole; null: `gpu.max_use` of the card less the
+    trainer's part, rounded down to a hundredth, `engine_share`); the trainer keeps what it does not
+    move to the CPU while the engine is awake: its fp32 LoRA weights and the optimizer's states (an upper bound: the
+    frozen base is moved out, lab.train.rollouts). Both must fit `gpu.max_use` of the card together.
+
+    The engine's figures are lower bounds of what vLLM needs (its activation and CUDA-graph memory, profiled inside the
+    share, are not modelled): bf16 weights 2 B per base parameter; the adapter slot at rank r in bf16 (2 P);
+    the attention KV cache, 2 (K, V) x key-value heads x head_dim x 2 B per attention layer and token, for every
+    sequence in flight (the rollout engine's own `grpo.max_num_seqs`; null: as many as the share holds beside the
+    weights and the adapter, in eights, at most one round's sequences) at model.max_model_len tokens;
+    each Mamba layer's state per sequence, SSM heads x head_dim x state in `mamba_ssm_cache_dtype` (config.json) plus
+    the conv state (conv_kernel - 1) x (heads x head_dim + 2 x n_groups x state) in bf16. `counts`: (base, LoRA
+    parameters) when the caller has them (`param_counts` otherwise)."""
+    values = dict(values or model_config_values(cfg))
+    base, P = counts or param_counts(cfg, values)
+    pattern = str(values.get("hybrid_override_pattern", ""))
+    attn, mamba = pattern.count("*"), pattern.count("M")
+    g = cfg.grpo
+    tokens = int(cfg.model.max_model_len)
+    kv_per_token = attn * 2 * int(values.get("num_key_value_heads", 0)) * int(values.get("head_dim", 0)) * 2
+    ssm_item = 4 if str(values.get("mamba_ssm_cache_dtype", "float32")) == "float32" else 2
+    heads, hdim, state = (int(values.get(k, 0)) for k in ("mamba_num_heads", "mamba_head_dim", "ssm_state_size"))
+    conv = (int(values.get("conv_kernel", 4)) - 1) * (heads * hdim + 2 * int(values.get("n_groups", 1)) * state) * 2
+    mamba_per_seq = mamba * (heads * hdim * state * ssm_item + conv)
+    per, how = optimizer_bytes_per_param(cfg)
+    trainer = {"LoRA weights (fp32)": 4 * P, f"optimizer states ({how})": int(per * P)}
+    card = gpu_gib(cfg)
+    keep = sum(trainer.values()) / GIB
+    share = float(OmegaConf.select(cfg, "grpo.vllm_gpu_memory_utilization", default=None) or 0.0)
+    if not share and card is not None:  # null: the rest of the card once the trainer's part is set aside
+        share = math.floor(100 * (float(cfg.gpu.max_use) * card - keep) / card) / 100
+    round_seqs = rollout_round(cfg)
+    asked = OmegaConf.select(cfg, "grpo.max_num_seqs", default=None)
+    per_seq = kv_per_token * tokens + mamba_per_seq
+    if asked is not None:
+        seqs, why = int(asked), f"grpo.max_num_seqs={int(asked)}"
+    elif card is not None and share > 0:  # null: as many as the share holds beside the weights, in eights
+        free = share * card * GIB - 2 * base - 2 * P
+        most = max(8, int(free // per_seq) // 8 * 8)
+        seqs = min(most, round_seqs)
+        why = (f"grpo.max_num_seqs=null: ({share:.2f} x {card:.1f} GiB - weights - adapter) / "
+               f"{per_seq / GIB:.4f} GiB a sequence = {free / per_seq:.0f}, in eights {most}, at most a round's "
+               f"{round_seqs}")
+    else:
+        seqs, why = int(cfg.infer.max_num_seqs), "grpo.max_num_seqs=null and no card size: infer.max_num_seqs"
+    engine = {"bf16 base weights": 2 * base, "adapter slot (bf16, rank r)": 2 * P,
+              f"KV cache ({attn} attention layers x {seqs} sequences x {tokens:,} tokens)":
+                  kv_per_token * seqs * tokens,
+              f"Mamba state ({mamba} layers x {seqs} sequences)": mamba_per_seq * seqs}
+    need = sum(engine.values()) / GIB
+    out = {"engine_gib": {k: v / GIB for k, v in engine.items()},
+           "trainer_gib": {k: v / GIB for k, v in trainer.items()},
+           "engine_need_gib": need, "trainer_gib_total": keep, "share": share, "card_gib": card,
+           "sequences": seqs, "sequences_why": why, "tokens": tokens,
+           "bytes_per_sequence": {"mamba_state": mamba_per_seq, "kv_per_token": kv_per_token}}
+    if card is not None:
+        use = float(cfg.gpu.max_use)
+        out["engine_share_gib"] = share * card
+        out["fits"] = bool(need <= share * card and share * card + keep <= use * card)
+    weights = engine["bf16 base weights"] / GIB
+    host = host_gib()
+    out["host"] = {"weights_gib": weights, "level_1_gib": 2 * weights + HOST_MARGIN_GIB,
+                   "level_2_gib": weights + HOST_MARGIN_GIB, "this_machine_gib": host}
+    return out
+
+
+def rollout_round(cfg: DictConfig) -> int:
+    """Sequences of one rollout round: grpo.steps_per_generation x prompts_per_step x num_generations."""
+    g = cfg.grpo
+    return int(g.get("steps_per_generation") or 1) * int(g.prompts_per_step) * int(g.num_generations)
+
+
+def rollout_seqs(cfg: DictConfig) -> int:
+    """The rollout engine's `max_num_seqs` (`generation_phase`: grpo.max_num_seqs, or null: what its share holds)."""
+    return int(generation_phase(cfg)["sequences"])
+
+
+HOST_MARGIN_GIB = 16.0  # host memory kept free beside the weights a switch holds (the process, pinned buffers, the OS)
+
+
+def host_gib() -> float | None:
+    """This machine's physical memory in GiB (None where the OS does not say)."""
+    import os
+
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / GIB
+    except (ValueError, OSError, AttributeError):
+        return None
+
+
+def sleep_level(cfg: DictConfig, host: float | None = None, weights_gib: float | None = None) -> tuple[int, str]:
+    """(the level the rollout engine sleeps at between rounds, why). Level 1 (vLLM keeps its weights in CPU memory
+    while it sleeps) makes the host hold the weights twice at a switch: the engine's copy and the trainer's frozen
+    base, which moves to the CPU while the engine is awake. Level 2 discards the engine's weights and reloads them
+    from the model folder at each wake-up (`LLM.collective_rpc("reload_weights")`), so the host holds them once, at
+    the price of reading them from disk each round. `grpo.vllm_sleep_level` chooses; null: 1 when the host holds
+    twice the bf16 weights plus `HOST_MARGIN_GIB`, else 2. A LabError when it cannot hold them once."""
+    level = OmegaConf.select(cfg, "grpo.vllm_sleep_level", default=None)
+    if weights_gib is None:
+        weights_gib = 2 * param_counts(cfg)[0] / GIB
+    host = host_gib() if host is None else host
+    if host is not None and host < weights_gib + HOST_MARGIN_GIB:
+        raise LabError(f"grpo.rollout_backend=vllm: this machine has {host:.0f} GiB of memory; a switch between the "
+                       f"trainer and the rollout engine holds the {weights_gib:.1f} GiB of bf16 weights in it at "
+                       f"least once (+{HOST_MARGIN_GIB:.0f} GiB margin). Use a machine with more memory, or "
+                       "grpo.rollout_backend=hf")
+    if level is not None:
+        return int(level), f"grpo.vllm_sleep_level={int(level)}"
+    if host is None:
+        return 2, "the host's memory is unknown: level 2 (the weights once on the host)"
+    if host >= 2 * weights_gib + HOST_MARGIN_GIB:
+        return 1, (f"the host's {host:.0f} GiB hold the {weights_gib:.1f} GiB of weights twice: level 1 (the engine "
+                   "keeps its weights in CPU memory while it sleeps)")
+    return 2, (f"the host's {host:.0f} GiB cannot hold the {weights_gib:.1f} GiB of weights twice: level 2 (the "
+               "engine reloads its weights from the model folder at each wake-up)")
+
+
+def engine_share(cfg: DictConfig) -> float:
+    """The `gpu_memory_utilization` GRPO's vLLM engine is built with: `grpo.vllm_gpu_memory_utilization`, or when
+    null the share `generation_phase` leaves it (needs the card's size: `gpu.memory_gib` or a CUDA device)."""
+    ph = generation_phase(cfg)
+    if not ph["share"]:
+        raise LabError("grpo.vllm_gpu_memory_utilization=null needs the card's size (gpu.memory_gib, or a CUDA device "
+                       "here): set gpu=<card> or the share itself")
+    if ph["share"] <= 0:
+        raise LabError(f"grpo.vllm_gpu_memory_utilization: the trainer keeps {ph['trainer_gib_total']:.1f} GiB during "
+                       f"generation, more than gpu.max_use of the card leaves; use gpu.optim=adamw_bnb_8bit")
+    return ph["share"]
+
+
+def check_generation_fits(cfg: DictConfig) -> dict | None:
+    """Before 03_grpo loads anything (`lab.plan.preflight`), with rollout_backend=vllm: the generation phase's bound
+    fits the card (`generation_phase`) and the host can hold the weights at a switch (`sleep_level`); a LabError
+    naming the figures otherwise. None for the hf back-end."""
+    if cfg.grpo.rollout_backend != "vllm":
+        return None
+    ph = generation_phase(cfg)
+    if ph.get("fits") is False:
+        raise LabError(f"03_grpo with rollout_backend=vllm does not fit gpu={cfg.gpu.name}:\n"
+                       + generation_report(ph, float(cfg.gpu.max_use))
+                       + "\nlower grpo.vllm_gpu_memory_utilization (null: the rest of the card), or the trainer's "
+                         "part (gpu.optim=adamw_bnb_8bit)")
+    if cfg.grpo.vllm_sleep_mode:
+        ph["sleep_level"] = sleep_level(cfg, weights_gib=ph["host"]["weights_gib"])
+    return ph
+
+
+def generation_report(ph: dict, use: float) -> str:
+    """The generation phase's bound (`generation_phase`) as lines for a person: what the engine and the trainer hold
+    and whether both fit the card."""
+    lines = ["GRPO generation phase (grpo.rollout_backend=vllm), bounded from shapes "
+             "(lab.plan.grpo_policy.generation_phase):",
+             f"  the rollout engine decodes {ph['sequences']} sequences at once ({ph['sequences_why']})",
+             f"  the engine needs at least {ph['engine_need_gib']:.1f} GiB:"]
+    lines += [f"    {v:8.2f} GiB  {k}" for k, v in ph["engine_gib"].items()]
+    lines.append(f"  the trainer keeps at most {ph['trainer_gib_total']:.1f} GiB on the card meanwhile:")
+    lines += [f"    {v:8.2f} GiB  {k}" for k, v in ph["trainer_gib"].items()]
+    h = ph["host"]
+    lines.append(f"  host memory at a switch (lab.plan.grpo_policy.sleep_level): sleep level 1 holds the weights "
+                 f"twice, {h['level_1_gib']:.0f} GiB with the margin; level 2 once, {h['level_2_gib']:.0f} GiB"
+                 + (f"; this machine has {h['this_machine_gib']:.0f} GiB" if h["this_machine_gib"] else ""))
+    if ph.get("card_gib") is not None:
+        card, share = ph["card_gib"], ph["share"]
+        verdict = "fits" if ph["fits"] else "does NOT fit"
+        lines.append(f"  {verdict}: engine {ph['engine_need_gib']:.1f} GiB within its share grpo.vllm_gpu_memory_"
+                     f"utilization {share:.2f} x {card:.1f} = {share * card:.1f} GiB, and share + trainer "
+                     f"{share * card + ph['trainer_gib_total']:.1f} GiB within {use:.0%} of the card = "
+                     f"{use * card:.1f} GiB")
+    return "\n".join(lines)
+
