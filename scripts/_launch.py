@@ -65,13 +65,15 @@ def open_stage(name: str, overrides: list[str]):
     import torch
     from accelerate import PartialState
 
+    from lab.core.config import compose
     from lab.data import dataset as data
     from lab.model import models
     from lab.plan import preflight
     from lab.core.run import Stage
 
     check_world(cuda=torch.cuda.is_available())
-    preflight.check(name, overrides)  # the real model: the notebooks' one list of what is missing, before anything
+    cfg = compose(overrides)  # once: the preflight and the stage take it
+    preflight.check(name, cfg)  # the real model: the notebooks' one list of what is missing, before anything
     if not torch.cuda.is_available():
         # accelerate names a CPU rank's device `cpu:0` (state.py, set_device); the Trainer then resumes the optimizer
         # with torch.load(map_location=cpu:0), which torch refuses ("don't know how to restore data location ...
@@ -82,7 +84,7 @@ def open_stage(name: str, overrides: list[str]):
     # default would leave each process alone (DistributedType.NO), every one training and writing by itself.
     state = PartialState(cpu=not torch.cuda.is_available())
     with state.main_process_first():
-        stage = Stage(name, overrides)
+        stage = Stage(name, overrides, cfg=cfg)
         data.prepare(stage.cfg)
         models.model_path(stage.cfg)  # builds the tiny model once
     return state, stage

@@ -310,7 +310,7 @@ def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
         pass
 
     monkeypatch.setattr(recipes.common, "evaluate", lambda *a, **k: seen.append(k) or pd.DataFrame({"correct": [True]}))
-    monkeypatch.setattr(sft_lib, "train", lambda *a, **k: (_ for _ in ()).throw(Stop()))
+    monkeypatch.setattr(sft_lib, "model_with_lora", lambda *a, **k: (_ for _ in ()).throw(Stop()))
     with pytest.raises(Stop):
         recipes.sft.sft(SimpleNamespace(cfg=cfg, path=lambda n: root / n))
     assert seen and seen[0].get("cached", True) is True

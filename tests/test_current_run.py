@@ -65,6 +65,26 @@ def test_a_stage_opened_without_run_name_joins_the_current_run_unless_told(lab_r
     named.finish({})
 
 
+def test_a_stage_composes_its_config_once_and_again_only_to_join_a_run(lab_root, monkeypatch):
+    """`open_stage` composes the overrides once; the preflight, the fast paths and `Stage` take that config. Joining
+    the current run composes once more, with its run_name (the run folder is part of many resolved paths)."""
+    from lab import recipes
+    from lab.core import config, run
+    from lab.plan import preflight
+
+    calls = []
+    real = config.compose
+    for module in (config, run, preflight):  # every name a stage opening could compose through
+        monkeypatch.setattr(module, "compose", lambda overrides=(): calls.append(list(overrides)) or real(overrides))
+    recipes.common.open_stage("01_explore", ["run_name=first"]).finish({})
+    assert calls == [["run_name=first"]]
+    calls.clear()
+    stage = recipes.common.open_stage("02_sft", [])  # joins "first", whose 01_explore just finished
+    assert calls == [[], ["run_name=first"]] and stage.run_dir.name == "first"
+    assert stage.manifest["overrides"] == ["run_name=first"]
+    stage.finish({})
+
+
 @pytest.mark.slow  # two notebooks, each in its own kernel, on the smoke budget
 def test_01_then_02_without_run_name_share_one_run_and_a_refusal_is_one_line(lab_root, tmp_path):
     """01_explore then 02_sft executed with their parameters cells as stored (no run_name): one run folder holds both

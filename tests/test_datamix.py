@@ -104,10 +104,10 @@ def test_synthetic_train_holds_the_whole_real_file_for_validation(tmp_path):
                          "data.synthetic_train=true"]))
 
 
-def test_sft_stages_are_checked(tmp_path):
-    from lab.train.sft import sft_stages
+def test_sft_phases_are_checked(tmp_path):
+    from lab.train.sft import phases
 
-    assert sft_stages(compose([f"run_dir={tmp_path}"])) == ["traces"]
-    assert sft_stages(compose([f"run_dir={tmp_path}", "sft.stages=[drills,traces]"])) == ["drills", "traces"]
+    assert phases(compose([f"run_dir={tmp_path}"])) == ["traces"]
+    assert phases(compose([f"run_dir={tmp_path}", "sft.stages=[drills,traces]"])) == ["drills", "traces"]
     with pytest.raises(LabError, match="stages"):
-        sft_stages(compose([f"run_dir={tmp_path}", "sft.stages=[traces,drills]"]))
+        phases(compose([f"run_dir={tmp_path}", "sft.stages=[traces,drills]"]))

@@ -24,6 +24,7 @@ from lab import LabError
 from lab.core.run import Stage  # noqa: E402
 from lab.competition.prompts import BOXED_INSTRUCTION, chat_prompt  # noqa: E402
 from lab.puzzles import generate  # noqa: E402
+from train_steps import grpo_train  # noqa: E402  (tests/train_steps.py: the recipe's training steps)
 
 
 def token_mean_reward(prompts, completions, completion_ids=None, **kwargs):
@@ -67,7 +68,7 @@ def start(cfg, overrides=()):
 
 def run(cfg, puzzles, overrides=()):
     stage, pm, tok = start(cfg, overrides)
-    return grpo.train(cfg, stage, puzzles, pm, tok)
+    return grpo_train(cfg, stage, puzzles, pm, tok)
 
 
 def adapter(cfg):
@@ -142,7 +143,7 @@ def test_unknown_or_unavailable_rollout_backend_is_a_clear_error(root, puzzles):
         grpo.check_backend(compose(root, "args", "grpo.rollout_backend=vllm", "grpo.refine=true"))
     if importlib.util.find_spec("vllm") is None:  # the main venv: fails before touching anything
         with pytest.raises(LabError, match="vllm is not installed.*grpo.rollout_backend=hf"):
-            grpo.train(cfg, None, puzzles, None, None)
+            grpo.GrpoRun(cfg, puzzles, None, None, root / "unused")
 
 
 def test_max_completion_length_is_the_competitions_budget_never_trls_default(root, puzzles):
@@ -282,7 +283,7 @@ def test_grpo_trains_the_adapter_and_generation_uses_it(root, puzzles):
     frozen_before = {k: v.detach().clone() for k, v in frozen.items()}
     lora_before = {n: p.detach().clone() for n, p in pm.named_parameters() if p.requires_grad}
 
-    m, model, log = grpo.train(cfg, stage, puzzles, pm, tok)
+    m, model, log = grpo_train(cfg, stage, puzzles, pm, tok)
 
     # training happened, every step: finite rewards that vary, each reward's mean and std, KL (beta > 0)
     assert m["steps"] == 3 == len(log) and m["logged_steps"] == [1, 2, 3] and not m["stopped_by_budget"]
@@ -350,7 +351,7 @@ def test_grpo_moves_the_policy_towards_the_reward(root, puzzles):
                               for comps in outs for c in comps]))
 
     before = mean_id()
-    m, pm, _ = grpo.train(cfg, stage, puzzles, pm, tok)
+    m, pm, _ = grpo_train(cfg, stage, puzzles, pm, tok)
     after = mean_id()
     assert m["steps"] == 6 and after > before + 40, (before, after)  # ~96 samples: standard error about 5
 
@@ -426,7 +427,7 @@ def test_refine_trains_on_refinements_of_the_best_draft(root, puzzles, monkeypat
     built = []
     original = grpo_refine.refine_prompt_ids
     monkeypatch.setattr(grpo_refine, "refine_prompt_ids", lambda *a: built.append(original(*a)) or built[-1])
-    m, model, log = grpo.train(cfg, stage, puzzles, pm, tok)
+    m, model, log = grpo_train(cfg, stage, puzzles, pm, tok)
     assert m["refine"] and m["steps"] == 1 and m["max_completion_length"] == 12
     assert len(built) == 2  # one refinement prompt per prompt of the step
     for ids in built:
@@ -450,7 +451,7 @@ def test_grpo_trains_an_lm_head_lora(root, puzzles):
     head = pm.get_base_model().lm_head
     base_before = head.base_layer.weight.detach().clone()
     before = {n: p.detach().clone() for n, p in pm.named_parameters() if "lm_head.lora_" in n}
-    m, model, _ = grpo.train(cfg, stage, puzzles, pm, tok)
+    m, model, _ = grpo_train(cfg, stage, puzzles, pm, tok)
     assert m["steps"] == 2 and m["gradient_check_failed"] == [] and len(before) == 2
     params = dict(model.named_parameters())
     for n, v in before.items():

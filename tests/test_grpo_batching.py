@@ -17,6 +17,7 @@ from lab.core import paths
 from lab import LabError
 from lab.core.run import Stage  # noqa: E402
 from lab.puzzles import generate  # noqa: E402
+from train_steps import grpo_train  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -85,10 +86,10 @@ def test_a_config_trl_refuses_fails_before_any_sampling(root, monkeypatch):
     model, tok = models.load(cfg)
     pm, _ = lora.attach_lora(cfg, model)
     with pytest.raises(LabError, match="GRPOConfig refuses these settings: GRPO requires at least 2 generations"):
-        grpo.train(cfg, stage, generate("numeral_system", 4, 0), pm, tok)
+        grpo_train(cfg, stage, generate("numeral_system", 4, 0), pm, tok)
     micro = compose(root, "grpo.per_device_train_batch_size=3")  # 4 x 8 = 32 completions: 3 does not divide it
     with pytest.raises(LabError, match="per_device_train_batch_size=3 must divide"):
-        grpo.train(micro, stage, generate("numeral_system", 4, 0), pm, tok)
+        grpo_train(micro, stage, generate("numeral_system", 4, 0), pm, tok)
 
 
 def test_pass_rate_sampling_uses_the_rollouts_top_p(root, monkeypatch):
@@ -139,7 +140,7 @@ def test_micro_batched_step_equals_the_one_big_step(root, monkeypatch):
         stage = Stage("03_grpo", cfg=cfg)
         model, tok = models.load(cfg)
         pm, _ = lora.attach_lora(cfg, model)
-        metrics, _, _ = grpo.train(cfg, stage, puzzles, pm, tok)
+        metrics, _, _ = grpo_train(cfg, stage, puzzles, pm, tok)
         assert metrics["steps"] == 1 and metrics["lora_weight_change"] > 0
         out[micro] = (metrics, load_file(str(paths.resolve_path(cfg.grpo.adapter_dir) / "adapter_model.safetensors")))
     (m_a, a), (m_b, b) = out["null"], out["2"]

@@ -17,6 +17,7 @@ from lab.train import sft
 from lab.core import paths
 from lab.core.run import Stage  # noqa: E402
 from lab.puzzles import generate  # noqa: E402
+from train_steps import sft_train  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -107,7 +108,7 @@ def test_sft_trains_the_lm_head_lora_and_leaves_frozen_weights(root, puzzles):
 
     sft.attach_lora = attach
     try:
-        m, pm, _, _ = sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles, model, tok)
+        m, pm, _, _ = sft_train(cfg, Stage("02_sft", cfg=cfg), puzzles, model, tok)
     finally:
         sft.attach_lora = original
     assert m["steps"] == 3 and m["gradient_check_failed"] == []

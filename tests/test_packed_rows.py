@@ -24,6 +24,7 @@ import real_signatures as rs  # noqa: E402
 from lab import LabError  # noqa: E402
 from lab.core import config  # noqa: E402
 from lab.model import lora, models, packed_rows  # noqa: E402
+from train_steps import sft_train  # noqa: E402
 
 LENGTHS = [37, 90, 13, 70]  # 210 tokens: rows shorter and longer than the tiny model's chunk_size 64
 LOSS_TOL, GRAD_TOL = 1e-6, 1e-5  # the SFTTrainer step only (slow lane): packed vs unpacked, both fp32
@@ -344,7 +345,7 @@ def test_sft_with_packing_trains_through_the_lab_and_matches_unpacked(root, monk
         return out
 
     monkeypatch.setattr(packed_rows, "seq_idx_from_position_ids", spy)
-    metrics, pm, *_ = sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles)
+    metrics, pm, *_ = sft_train(cfg, Stage("02_sft", cfg=cfg), puzzles)
     monkeypatch.undo()
     assert metrics["steps"] == 2 and metrics["gradient_check_failed"] == []
     assert rows_seen and max(rows_seen) > 1  # packs of several rows reached the model

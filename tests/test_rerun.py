@@ -254,10 +254,10 @@ def sft_cfg(root, name, *extra):
 
 
 def sft_run(cfg, overrides=()):
-    from lab.train import sft
     from lab.puzzles import generate
+    from train_steps import sft_train
 
-    return sft.train(cfg, Stage("02_sft", overrides, cfg=cfg), generate("numeral_system", 6, 0))[0]
+    return sft_train(cfg, Stage("02_sft", overrides, cfg=cfg), generate("numeral_system", 6, 0))[0]
 
 
 @pytest.mark.slow

@@ -18,6 +18,7 @@ from lab import LabError
 from lab.core.run import Stage  # noqa: E402
 from lab.competition.prompts import chat_prompt, user_message  # noqa: E402
 from lab.puzzles import generate, solve  # noqa: E402
+from train_steps import sft_train  # noqa: E402  (tests/train_steps.py: the recipe's training steps)
 
 ALL = ["q_proj", "k_proj", "v_proj", "o_proj", "in_proj", "out_proj", "shared_experts.up_proj",
        "shared_experts.down_proj", "experts"]
@@ -97,7 +98,7 @@ def test_unsloth_backend_without_unsloth_is_a_clear_error(root, puzzles):
         pytest.skip("unsloth is installed here")
     cfg = compose(root, "unsloth", "sft.backend=unsloth")
     with pytest.raises(LabError, match=r"backend=unsloth needs the `unsloth` package.*sft\.backend=hf"):
-        sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles)
+        sft_train(cfg, Stage("02_sft", cfg=cfg), puzzles)
 
 
 # ---- the SFT data --------------------------------------------------------------------------------
@@ -248,7 +249,7 @@ def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeyp
               "router": L[moe].mixer.gate.weight}
     frozen_before = {k: v.detach().clone() for k, v in frozen.items()}
     st_a = Stage("02_sft", cfg=cfg_a)
-    m_a, pm, _, log = sft.train(cfg_a, st_a, puzzles, model, tok)
+    m_a, pm, _, log = sft_train(cfg_a, st_a, puzzles, model, tok)
     assert m_a["steps"] == 6 and not m_a["stopped_by_budget"] and len(log) == 6
 
     # the gradient check passed for every family, every LoRA tensor moved, sampled frozen tensors did not
@@ -275,12 +276,12 @@ def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeyp
     cfg_b = compose(root, "interrupted", *common)
     original = callbacks.trainer_callbacks
     monkeypatch.setattr(callbacks, "trainer_callbacks", lambda *args: original(*args) + [_stop_at(3)])
-    m_b1, *_ = sft.train(cfg_b, Stage("02_sft", cfg=cfg_b), puzzles)
+    m_b1, *_ = sft_train(cfg_b, Stage("02_sft", cfg=cfg_b), puzzles)
     assert m_b1["steps"] == 3
     ck = paths.resolve_path(cfg_b.run_dir) / "checkpoints" / "02_sft"
     assert (ck / "checkpoint-3" / "adapter_model.safetensors").is_file()
     monkeypatch.setattr(callbacks, "trainer_callbacks", original)
-    m_b2, *_ = sft.train(cfg_b, Stage("02_sft", cfg=cfg_b), puzzles)
+    m_b2, *_ = sft_train(cfg_b, Stage("02_sft", cfg=cfg_b), puzzles)
     assert m_b2["steps"] == 6 and m_b2["resumed_from"].endswith("checkpoint-3")
     b = _adapter(cfg_b)
     assert set(a) == set(b)
@@ -294,7 +295,7 @@ def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeyp
 
     # resume=false starts afresh: the old checkpoints are gone
     cfg_c = compose(root, "interrupted", "sft.max_steps=1", "sft.resume=false", "sft.gradient_check=false")
-    m_c, *_ = sft.train(cfg_c, Stage("02_sft", cfg=cfg_c), puzzles)
+    m_c, *_ = sft_train(cfg_c, Stage("02_sft", cfg=cfg_c), puzzles)
     assert m_c["resumed_from"] is None and m_c["steps"] == 1 and not (ck / "checkpoint-3").exists()
 
 
@@ -302,7 +303,7 @@ def test_gradient_check_and_resume_reach_the_same_adapter(root, puzzles, monkeyp
 def test_wall_clock_budget_saves_and_stops_cleanly(root, puzzles):
     cfg = compose(root, "budget", "sft.max_steps=5", "sft.save_steps=100", "sft.wall_clock_budget_min=1e-6",
                   "sft.gradient_check=false")
-    m, *_ = sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles)
+    m, *_ = sft_train(cfg, Stage("02_sft", cfg=cfg), puzzles)
     assert m["stopped_by_budget"] and m["steps"] == 1 < m["max_steps"] == 5
     ck = paths.resolve_path(cfg.run_dir) / "checkpoints" / "02_sft" / "checkpoint-1"
     for f in ("adapter_model.safetensors", "optimizer.pt", "trainer_state.json"):
@@ -317,7 +318,7 @@ def test_drills_stage_trains_first_and_the_traces_continue_its_adapter(root, puz
 
     cfg = compose(root, "drills", "sft.stages=[drills,traces]", "sft.drill_n=8", "sft.max_steps=2",
                   "sft.save_steps=100", "sft.gradient_check=false", "sft.resume=false")
-    m, *_ = sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles)
+    m, *_ = sft_train(cfg, Stage("02_sft", cfg=cfg), puzzles)
     assert 0 < m["drills"]["examples"] <= 8 and m["drills"]["steps"] == 2 and m["steps"] == 2
     final_dir = paths.resolve_path(cfg.sft.adapter_dir)
     drills = load_file(str(final_dir.parent / "drills_adapter" / "adapter_model.safetensors"))

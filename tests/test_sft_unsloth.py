@@ -24,6 +24,7 @@ from lab import LabError
 from lab.core import config
 from lab.train import sft, sft_unsloth
 from lab.core.run import Stage
+from train_steps import sft_train  # noqa: E402
 
 FROM_PRETRAINED = (
     "model_name", "max_seq_length", "dtype", "load_in_4bit", "load_in_8bit", "load_in_16bit", "full_finetuning",
@@ -119,7 +120,7 @@ def test_sft_loads_through_fastmodel_with_the_configs_values(tmp_path, monkeypat
     cfg = cfg_for(tmp_path, "sft.lora.targets=[q_proj,experts]", "sft.max_seq_len=4096", "seed=7",
                   "sft.gradient_checkpointing=false")
     with pytest.raises(Recorded):
-        sft.train(cfg, Stage("02_sft", cfg=cfg), generate("numeral_system", 2, 0))
+        sft_train(cfg, Stage("02_sft", cfg=cfg), generate("numeral_system", 2, 0))
     (name, kw), = calls
     assert name == "from_pretrained" and kw["model_name"] == "/models/nemotron"
     assert kw["max_seq_length"] == 4096 and str(kw["dtype"]) == "torch.bfloat16" and kw["random_state"] == 7
@@ -153,7 +154,7 @@ def test_lm_head_is_refused_before_unsloth_is_imported(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "unsloth", None)  # an import now would raise the "needs the package" error
     cfg = cfg_for(tmp_path)
     with pytest.raises(LabError, match=r"lm_head.*modules_to_save.*sft\.backend=hf"):
-        sft.train(cfg, Stage("02_sft", cfg=cfg), None)
+        sft_train(cfg, Stage("02_sft", cfg=cfg), None)
     with pytest.raises(LabError, match=r"lm_head.*sft\.backend=hf"):
         sft_unsloth.attach_lora(cfg, model=None)
 

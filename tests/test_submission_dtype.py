@@ -46,9 +46,11 @@ def test_cli_packs_bf16_by_default_and_keep_keeps_fp32(tmp_path):
 def test_stage_notebooks_pack_the_submission_in_the_submission_dtype(notebook, adapter_key):
     import inspect
 
-    from lab import recipes  # the notebooks' stage functions (lab.recipes.sft.sft / grpo) pack through recipes.common.pack_adapter
+    from lab import recipes  # the stage functions (lab.recipes.sft.sft / grpo) pack through lab.recipes.common
 
-    assert f"pack_adapter(stage, cfg.{adapter_key}.adapter_dir)" in inspect.getsource(getattr(stages, adapter_key))
-    calls = [line.strip() for line in inspect.getsource(stages).splitlines() if "submission.pack(" in line]
+    recipe = getattr(recipes, adapter_key)
+    assert f"pack_adapter(stage, cfg.{adapter_key}.adapter_dir)" in inspect.getsource(getattr(recipe, adapter_key))
+    calls = [line.strip() for m in (recipe, recipes.common) for line in inspect.getsource(m).splitlines()
+             if "submission.pack(" in line]
     assert calls == ['zip_path = submission.pack(adapter_dir, stage.path("submission.zip"), '
                      "dtype=submission.SUBMISSION_DTYPE)"]

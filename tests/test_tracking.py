@@ -20,6 +20,7 @@ from lab import LabError
 from lab.core.run import tracking_args  # noqa: E402
 from lab.core.run import Stage
 from lab.puzzles import generate  # noqa: E402
+from train_steps import grpo_train, sft_train  # noqa: E402
 
 
 def scalars(folder) -> dict[str, list[float]]:
@@ -54,7 +55,7 @@ def test_tensorboard_receives_the_sft_loss_and_the_grpo_reward_curves(tmp_path, 
     common = [f"run_dir={tmp_path}", f"model.path={tmp_path / 'base_model'}", "report_to=tensorboard"]
     cfg = config.compose([*common, "sft.batch_size=2", "sft.logging_steps=1", "sft.max_steps=2", "sft.save_steps=10"])
     model, tok = models.load(cfg)
-    m, _, _, _ = sft.train(cfg, Stage("02_sft", cfg=cfg), puzzles, model, tok)
+    m, _, _, _ = sft_train(cfg, Stage("02_sft", cfg=cfg), puzzles, model, tok)
     got = scalars(tmp_path / "tensorboard" / "02_sft")
     assert len(got["train/loss"]) == m["steps"] == 2 and all(math.isfinite(v) for v in got["train/loss"])
 
@@ -66,7 +67,7 @@ def test_tensorboard_receives_the_sft_loss_and_the_grpo_reward_curves(tmp_path, 
     stage = Stage("03_grpo", cfg=cfg)
     model, tok = models.load(cfg)
     pm, _ = lora.attach_lora(cfg, model)
-    m, _, log = grpo.train(cfg, stage, puzzles, pm, tok)
+    m, _, log = grpo_train(cfg, stage, puzzles, pm, tok)
     got = scalars(tmp_path / "tensorboard" / "03_grpo")
     for name in m["rewards_per_step"]:  # every reward function's mean, as the lab's own train_log.csv has it
         assert got[f"train/rewards/{name}/mean"] == pytest.approx(m["rewards_per_step"][name]["mean"], abs=1e-4), name

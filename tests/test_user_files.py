@@ -91,16 +91,19 @@ def test_save_adapter_refuses_a_users_folder(tmp_path):
 
 @pytest.mark.parametrize("module,key", [("sft", "sft.adapter_dir"), ("grpo", "grpo.adapter_dir")])
 def test_train_refuses_a_users_adapter_dir_before_training(tmp_path, module, key):
-    """Item 1: the refusal comes before any training (the check opens `train`), naming the key."""
-    import importlib
+    """Item 1: the refusal comes before any training (the check opens SFT's model with its LoRA, and the GRPO run),
+    naming the key."""
+    from lab.train import grpo, sft
 
     victim = tmp_path / "adapter"
     victim.mkdir()
     (victim / "notes.txt").write_text("secret")
     cfg = _cfg(tmp_path, f"{key}={victim}")
-    train = importlib.import_module(f"lab.train.{module}").train
     with pytest.raises(LabError, match=key.replace(".", r"\.")):
-        train(cfg, None, pd.DataFrame({"id": [], "prompt": []}), None, None)
+        if module == "sft":
+            sft.model_with_lora(cfg)
+        else:
+            grpo.GrpoRun(cfg, pd.DataFrame({"id": [], "prompt": []}), None, None, tmp_path / "checkpoints")
     assert sorted(p.name for p in victim.iterdir()) == ["notes.txt"]
 
 

@@ -296,7 +296,7 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
     def spy(*a, **kw):
         without_fake_vllm()
         out = real_train(*a, **kw)
-        trained.append(weakref.ref(out[1]))
+        trained.append(weakref.ref(out.model))
         # the stand-in appears only now: TRL probes for a real vllm package while it trains
         rec = _fake_vllm(monkeypatch, outputs)
         rec["on_engine"] = lambda kw: seen.update(model_alive_at_engine_start=trained[0]() is not None)
@@ -337,18 +337,18 @@ def test_training_script_gives_vllm_the_packed_adapter_after_releasing_the_model
     # scripts/train_grpo.py from that SFT adapter: the same order and the same packed form
     from lab.train import grpo
 
-    real_grpo = grpo.train
+    real_grpo = grpo.GrpoRun.train
 
     def grpo_spy(*a, **kw):
         for name in ("vllm", "vllm.lora", "vllm.lora.request"):  # TRL probes for a real vllm while it trains
             monkeypatch.delitem(sys.modules, name, raising=False)
         out = real_grpo(*a, **kw)
-        trained.append(weakref.ref(out[1]))
+        trained.append(weakref.ref(out.model))
         rec = _fake_vllm(monkeypatch, outputs)
         rec["on_engine"] = lambda kw: seen.update(grpo_model_alive_at_engine_start=trained[-1]() is not None)
         return out
 
-    monkeypatch.setattr(grpo, "train", grpo_spy)
+    monkeypatch.setattr(grpo.GrpoRun, "train", grpo_spy)
     import train_grpo
 
     seen.pop("served")

@@ -220,9 +220,13 @@ class Stage:
     """
 
     def __init__(self, name: str, overrides: str | Iterable[str] = (), cfg: DictConfig | None = None):
+        """`name`: the stage's name ("02_sft"); `overrides`: what the config was composed from (recorded in the
+        manifest); `cfg`: the config already composed from them (`lab.recipes.common.open_stage` composes once),
+        else composed here."""
         self.name = name
         self.overrides = parse_overrides(overrides)
-        if cfg is None and not names_run(self.overrides) and int(os.environ.get("WORLD_SIZE", "1")) > 1:
+        several = int(os.environ.get("WORLD_SIZE", "1")) > 1
+        if several and (cfg is None or self.overrides) and not names_run(self.overrides):
             raise LabError(f"{name}: several processes (WORLD_SIZE={os.environ['WORLD_SIZE']}) would each make their "
                            "own time-stamped run folder; pass run_name=... so they share one")
         self.cfg = cfg if cfg is not None else compose(self.overrides)
@@ -359,8 +363,8 @@ class Stage:
 
 def stage_output(cfg: DictConfig, stage: str, *parts: str) -> Path:
     """Path to an earlier stage's output; a clear error if that stage has not finished, or is not current
-    (`lab.core.lineage.problems`: an output edited since, or an input of it changed by a later rerun upstream). The path is
-    recorded as an input of the stage open in this process (`lab.core.lineage.consumed`)."""
+    (`lab.core.lineage.problems`: an output edited since, or an input of it changed by a later rerun upstream). The
+    path is recorded as an input of the stage open in this process (`lab.core.lineage.consumed`)."""
     d = resolve_path(cfg.run_dir) / stage
     if not (d / "metrics.json").is_file():
         raise LabError(f"{d}: stage '{stage}' has no finished output (no metrics.json); run notebooks/{stage}.ipynb "

@@ -1,20 +1,10 @@
 """Loading, validating and splitting the competition's puzzle files; the data mix SFT trains on.
 
-`lab.core.paths.find_data_file` says where a file is, `load_puzzles` reads it with every value kept byte for byte as a string
-(`01010001` keeps its zeros, `NA` stays `NA`, nothing is stripped) and stops with a `LabError`
-that names the file, the row and the problem. `split` makes a seeded held-out set stratified
-by category, and `save_split` / `load_split` write and re-read it with content hashes, so a
-later stage can prove it trains and evaluates on exactly the puzzles the split named.
-
-Row numbers in messages use spreadsheet numbering: the header is row 1, the first puzzle is
-row 2 (a puzzle whose prompt spans several lines is still one row). Parse errors that happen
-before rows exist name the physical line of the file instead, and say so.
-
-Deliberate choices: the file must be UTF-8 (a leading BOM is accepted and dropped); fields are
-read with Python's `csv` module, not pandas, because pandas pads a short row with empty
-strings instead of reporting it; blank lines at the end of a file are ignored, blank lines
-between rows are an error; an id, prompt or answer that is empty or only whitespace is an
-error. Extra columns are kept, as strings.
+`load_puzzles` reads a file with every value kept byte for byte as a string (`01010001` keeps its zeros, `NA` stays
+`NA`) and stops with a `LabError` naming the file, the row (spreadsheet numbering: the header is row 1) and the
+problem; `split` makes a seeded held-out set stratified by category, written and re-read with content hashes
+(`prepare`), so a later stage can prove it trains and evaluates on exactly the puzzles the split named. Why the
+file is read with Python's `csv` and the other deliberate choices: docs/internals.md.
 """
 
 from __future__ import annotations

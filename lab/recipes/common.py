@@ -1,14 +1,15 @@
-"""The steps every stage shares: opening the stage (environment, preflight, fast paths), the split, showing
-figures, the cached greedy evaluation, packing the adapter and finishing a training stage.
+"""The steps every stage shares: opening it (environment, preflight, the config composed once, fast paths), the
+split, figures shown inline, the cached greedy evaluation, saving what training returned, packing the adapter,
+finishing a training stage.
 
-Every greedy evaluation goes through `evaluate`, cached in `<run_dir>/evaluations/` by `evaluation_key` (the base
-model's and the adapter's content hashes, the puzzles, the sampling settings, the budget), so 03_grpo's score of its
-adapter and 04_vote's greedy pass are one pass. A stage runs in one process (or one accelerate launch); stages hand
-each other files through the run folder; a notebook's steps run once each, in order, as "Run all" does."""
+A stage is one notebook of a run (`Stage`, named "02_sft"); it runs in one process (or one accelerate launch) and
+hands later stages files through the run folder. Every greedy evaluation goes through `evaluate`, cached in
+`<run_dir>/evaluations/` by `evaluation_key`, so 03_grpo's score of its adapter and 04_vote's greedy pass are one."""
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import hashlib
 import json
 import os
@@ -37,12 +38,14 @@ def environment() -> None:
 
 
 def open_stage(name: str, overrides, new_run: bool = False) -> Stage:
-    """A notebook's first step: `environment`, the real-model preflight (`lab.plan.preflight.check`: one list of what is
-    missing on this machine, before anything is touched), then the stage folder.
+    """A notebook's first step: `environment`, the config composed once, the real-model preflight
+    (`lab.plan.preflight.check`: one list of what is missing on this machine, before anything is touched), the
+    projection of how long it takes, the fast paths, then the stage folder.
 
     Without run_name (or run_dir) a stage after 01_explore joins the current run (`lab.core.run.current_run`: the
     newest run whose earlier stage finished), so notebooks opened one after the other share one run folder; the
-    first line says which. `new_run=True`, or no such run, starts a new time-stamped one."""
+    first line says which (the config is then composed again, with that run_name). `new_run=True`, or no such run,
+    starts a new time-stamped one. `overrides` may be a composed config (taken as it is)."""
     environment()
     from lab.core.console import quiet_progress_bars
     from lab.plan import preflight
@@ -52,16 +55,19 @@ def open_stage(name: str, overrides, new_run: bool = False) -> Stage:
     from lab.core.paths import on_kaggle
     from lab.core.run import JOINS_AFTER, current_run
 
-    if not isinstance(overrides, DictConfig):
+    if isinstance(overrides, DictConfig):
+        cfg, overrides = overrides, None
+    else:
         overrides = parse_overrides(overrides)
+        cfg = compose(overrides)
         if not new_run and not names_run(overrides):
-            joined = current_run(resolve_path(compose(overrides).run_dir).parent, name)
+            joined = current_run(resolve_path(cfg.run_dir).parent, name)
             if joined is not None:
                 overrides = [*overrides, f"run_name={joined.name}"]
+                cfg = compose(overrides)
                 print(f"joining the current run {joined} (the newest where {' or '.join(JOINS_AFTER[name])} "
                       "finished); new_run=True starts a new one", flush=True)
-    preflight.check(name, overrides)
-    cfg = overrides if isinstance(overrides, DictConfig) else compose(overrides)
+    preflight.check(name, cfg)
     from lab.data.dataset import check_data_settings
 
     check_data_settings(cfg)  # the free-form data knobs against what their consumers take
@@ -75,16 +81,12 @@ def open_stage(name: str, overrides, new_run: bool = False) -> Stage:
         from lab.plan import output_plan
 
         output_plan.check(cfg, name)
-    switches = fast_paths(name, cfg)  # e.g. ["sft.fused_mamba=off"]: the stage composes with them (config.yaml)
-    if not switches:
-        stage = Stage(name, overrides)
-    elif isinstance(overrides, DictConfig):
+    switches = fast_paths(name, cfg)  # e.g. ["sft.fused_mamba=off"]: the stage runs with them (config.yaml)
+    if switches:
         cfg = cfg.copy()
         for s in switches:
             OmegaConf.update(cfg, *s.split("=", 1))
-        stage = Stage(name, overrides, cfg=cfg)
-    else:
-        stage = Stage(name, [*parse_overrides(overrides), *switches])
+    stage = Stage(name, [*overrides, *switches] if overrides is not None else (), cfg=cfg)
     print(f"run_dir = {stage.run_dir}   seed = {stage.cfg.seed}   model = {stage.cfg.model.name}   "
           f"data = {stage.cfg.data.source}")
     return stage
@@ -136,7 +138,7 @@ def show(*items) -> None:
             show_figure(item)
 
 
-def _save(stage: Stage, fig, name: str):
+def save_figure(stage: Stage, fig, name: str):
     """`lab.core.plots.save` into the stage folder; returns the figure (for `show`)."""
     from lab.core import plots
 
@@ -159,7 +161,7 @@ class Trainee:
         """(model, tokenizer), emptying this holder; a holder already trained is refused."""
         if self.model is None:
             raise LabError(f"{step}: this model was already trained (its holder is emptied by the training step); "
-                           f"make a fresh one first (stages.sft_model / stages.grpo_model)")
+                           f"make a fresh one first (lab.recipes.sft.sft_model / lab.recipes.grpo.grpo_model)")
         model, tokenizer = self.model, self.tokenizer
         self.release()
         return model, tokenizer
@@ -169,9 +171,42 @@ class Trainee:
         return f"Trainee({state}; LoRA on:\n{self.table.to_string(index=False)})"
 
 
+@dataclasses.dataclass
+class Trained:
+    """A training step's result: the stage's training metrics, the step log, the figure drawn from it (None off the
+    main process) and whether this is the main process (a launch's other processes stop after training)."""
+    metrics: dict
+    log: pd.DataFrame
+    figure: object
+    main: bool
+
+
+@dataclasses.dataclass
+class Scores:
+    """The trained adapter's scores against where it started: metrics, the per-category table, the figure."""
+    metrics: dict
+    table: pd.DataFrame
+    figure: object
+
+
+def save_training(stage: Stage, log: pd.DataFrame, check) -> list[str] | None:
+    """What a training run returned, written into the stage folder: `train_log.csv`, and the gradient check's
+    `gradient_check.csv` and `frozen_check.csv` (`lab.model.lora.GradientCheck.save`). Returns what the check found
+    failed (None without a check); each failure is printed as a warning."""
+    from lab.core.io import atomic_write_csv
+
+    atomic_write_csv(stage.path("train_log.csv"), log)
+    if check is None:
+        return None
+    failed = check.save(stage.dir)
+    if failed:
+        print(f"WARNING: gradient check failed for: {', '.join(failed)} (see gradient_check.csv, frozen_check.csv)")
+    return failed
+
+
 def gradient_check(stage: Stage) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:
-    """(gradients, frozen): the gradient check the training step wrote (`lab.model.lora.GradientCheck.save`: every
-    LoRA family received a gradient and moved; the frozen weights did not), None where it was off."""
+    """(gradients, frozen): the gradient check the training step wrote (every LoRA family received a gradient and
+    moved; the frozen weights did not), None where it was off."""
     read = lambda name: pd.read_csv(stage.path(name)) if stage.path(name).is_file() else None  # noqa: E731
     return read("gradient_check.csv"), read("frozen_check.csv")
 
@@ -179,11 +214,10 @@ def gradient_check(stage: Stage) -> tuple[pd.DataFrame | None, pd.DataFrame | No
 def score_adapter(stage: Stage, val: pd.DataFrame, adapter_dir) -> pd.DataFrame:
     """The saved adapter's greedy predictions on the held-out puzzles (`predictions.csv`, through `evaluate`, cached
     by content): the adapter as written to disk, never the in-memory model."""
-    after = evaluate(stage, val, adapter_dir, "predictions.csv")
-    return after
+    return evaluate(stage, val, adapter_dir, "predictions.csv")
 
 
-def finish_training(stage: Stage, trained, scores, problems: list[str], launch=None) -> dict:
+def finish_training(stage: Stage, trained: Trained, scores: Scores | None, problems: list[str], launch=None) -> dict:
     """02_sft's or 03_grpo's metrics.json: the zip's problems, the scores (None without an evaluation), the
     training metrics, the number of processes; finishes the stage."""
     scored = scores.metrics if scores is not None else {}

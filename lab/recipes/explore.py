@@ -1,6 +1,10 @@
-"""01_explore: the split, the solvers on the training rows, the trace audit."""
+"""01_explore: the split, what the solvers answer on the training puzzles, trace lengths in the model's tokens,
+the trace audit, one trace per category. `explore` runs the steps below in order; notebooks/01_explore.ipynb runs
+the same steps as cells."""
 
 from __future__ import annotations
+
+import dataclasses
 
 import pandas as pd
 
@@ -8,13 +12,8 @@ from lab.core.io import atomic_write_csv
 from lab.core.run import Stage
 from lab.recipes import common
 
-
-# ---- 01_explore -------------------------------------------------------------------------------------------------
-
 def explore(stage: Stage) -> dict:
-    """The split, puzzles per category, what the solvers answer, trace lengths in the model's tokens, the trace
-    audit, and one trace per category (`trace_examples.csv`): `explore_split`, `explore_solvers`, `explore_audit`,
-    `explore_finish`, the cells of notebooks/01_explore.ipynb."""
+    """The whole stage: `explore_split`, `explore_solvers`, `explore_audit`, `explore_finish`."""
     train, val, counts = explore_split(stage)
     solved = explore_solvers(stage, train)
     audit = explore_audit(stage, solved)
@@ -31,14 +30,36 @@ def explore_split(stage: Stage) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFram
     return train, val, counts
 
 
-def explore_solvers(stage: Stage, train: pd.DataFrame):
+@dataclasses.dataclass
+class Solved:
+    """What `explore_solvers` found: the sample of training puzzles, one solver row per puzzle, the trace style and
+    the tokenizer counted with, the status, method and equation-family tables, the token table, the histogram."""
+    sample: pd.DataFrame
+    solved: pd.DataFrame
+    style: str
+    counter: object
+    status: pd.DataFrame
+    methods: pd.DataFrame
+    families: pd.DataFrame
+    tokens: pd.DataFrame
+    figure: object
+
+
+@dataclasses.dataclass
+class Audit:
+    """What `explore_audit` found: the audit per category, the line shapes, the referential breaks, one trace per
+    category."""
+    audit: pd.DataFrame
+    shapes: pd.DataFrame
+    breaks: pd.DataFrame
+    examples: pd.DataFrame
+
+
+def explore_solvers(stage: Stage, train: pd.DataFrame) -> Solved:
     """The solvers over at most `data.explore_max` training puzzles, with trace lengths in tokens of the model's
     tokenizer (`data.tokenizer_path` when set). Writes `solver_status.csv`, `solver_methods.csv`,
-    `solver_equation_families.csv`, `trace_tokens.png`, `trace_tokens.csv` (both trace styles, against the budget).
-    Returns a namespace: sample, solved (one row per puzzle), style, counter (the tokenizer counted with), status,
-    methods, families, tokens (tables) and figure (the trace-length histogram)."""
-    from types import SimpleNamespace
-
+    `solver_equation_families.csv`, `trace_tokens.png`, `trace_tokens.csv` (both trace styles, against the
+    budget)."""
     from lab import puzzles
     from lab.core import plots
     from lab.data import dataset as data
@@ -55,24 +76,22 @@ def explore_solvers(stage: Stage, train: pd.DataFrame):
     atomic_write_csv(stage.path("solver_status.csv"), status)
     atomic_write_csv(stage.path("solver_methods.csv"), methods)
     atomic_write_csv(stage.path("solver_equation_families.csv"), families)
-    fig = common._save(stage, plots.histogram(solved, "trace_tokens", "category", "Solver trace length",
-                                       "tokens (model tokenizer)"), "trace_tokens.png")
+    fig = common.save_figure(stage, plots.histogram(solved, "trace_tokens", "category", "Solver trace length",
+                                                    "tokens (model tokenizer)"), "trace_tokens.png")
     # both styles, counted as the completion the scorer sees, against the budget
     other = "compact" if style == "derivation" else "derivation"
     both = pd.concat([solved.assign(trace_style=style),
                       puzzles.solve_frame(sample, tokenizer=counter, style=other).assign(trace_style=other)])
     tokens = puzzles.token_table(both)
     atomic_write_csv(stage.path("trace_tokens.csv"), tokens)
-    return SimpleNamespace(sample=sample, solved=solved, style=style, counter=counter, status=status,
-                           methods=methods, families=families, tokens=tokens, figure=fig)
+    return Solved(sample=sample, solved=solved, style=style, counter=counter, status=status, methods=methods,
+                  families=families, tokens=tokens, figure=fig)
 
 
-def explore_audit(stage: Stage, solved):
+def explore_audit(stage: Stage, solved: Solved) -> Audit:
     """The trace audit of `explore_solvers`' traces (`lab.puzzles.audit.audit_frame`; `python -m lab puzzles audit`
     prints the same) and one trace per category. Writes `trace_audit.csv`, `trace_shapes.csv`,
-    `trace_examples.csv`. Returns a namespace: audit, shapes, breaks (referential breaks), examples."""
-    from types import SimpleNamespace
-
+    `trace_examples.csv`."""
     from lab.puzzles.audit import audit_frame
 
     audit, shapes, breaks = audit_frame(solved.solved.assign(prompt=solved.sample["prompt"].tolist(),
@@ -81,11 +100,11 @@ def explore_audit(stage: Stage, solved):
     atomic_write_csv(stage.path("trace_shapes.csv"), shapes)
     examples = solved.solved.groupby("category").head(1)[["category", "status", "trace"]].sort_values("category")
     atomic_write_csv(stage.path("trace_examples.csv"), examples)
-    return SimpleNamespace(audit=audit, shapes=shapes, breaks=breaks, examples=examples)
+    return Audit(audit=audit, shapes=shapes, breaks=breaks, examples=examples)
 
 
-def explore_finish(stage: Stage, train: pd.DataFrame, val: pd.DataFrame, counts: pd.DataFrame, solved,
-                   audit) -> dict:
+def explore_finish(stage: Stage, train: pd.DataFrame, val: pd.DataFrame, counts: pd.DataFrame, solved: Solved,
+                   audit: Audit) -> dict:
     """01_explore's metrics.json from the steps' results; finishes the stage."""
     s = solved.solved
     metrics = {

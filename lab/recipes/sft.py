@@ -1,30 +1,32 @@
-"""02_sft: the base model scored, the SFT adapter trained and scored, its submission packed."""
+"""02_sft: the base model scored, a LoRA attached and trained on solver traces, the saved adapter scored, its
+submission packed. `sft` runs the steps below in order; notebooks/02_sft.ipynb runs the same steps as cells, and
+scripts/train_sft.py runs `sft` under `accelerate launch`."""
 
 from __future__ import annotations
 
 import pandas as pd
 
+from lab.core.io import atomic_write_csv
 from lab.core.run import Stage
 from lab.recipes import common
 
 
-# ---- 02_sft -----------------------------------------------------------------------------------------------------
-
 def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
-    """Greedy held-out accuracy of the base model, SFT (`lab.train.sft.train`), the saved adapter's accuracy, the
-    submission zip: the steps `split`, `score_base`, `sft_model`, `sft_train`, `score_adapter`, `sft_scores`,
-    `pack_adapter`, `finish_training`, in that order (the cells of notebooks/02_sft.ipynb).
+    """The whole stage: `common.split`, `score_base`, `sft_model`, `sft_examples`, `sft_train`,
+    `common.score_adapter`, `sft_scores`, `common.pack_adapter`, `common.finish_training`.
 
-    `launch`: accelerate's PartialState under `accelerate launch` (scripts/train_sft.py): every process trains, the
-    main process alone evaluates and finishes the stage (the others return their training metrics). Under several
-    processes the base model is evaluated after training, so that no process waits through a long evaluation in a
-    collective. `evaluate_adapter=False` (`--no-eval`) skips both evaluations."""
+    `launch`: accelerate's PartialState under `accelerate launch`: every process trains, the main process alone
+    evaluates and finishes the stage (the others return their training metrics). Under several processes the base
+    model is scored after training, so no process waits through a long evaluation in a collective.
+    `evaluate_adapter=False` (`--no-eval`) skips both evaluations."""
     cfg = stage.cfg
     train, val = common.split(stage)
     before = None
-    if evaluate_adapter and common._processes(launch) == 1:  # the training model is not loaded yet (vLLM needs the GPU)
+    if evaluate_adapter and common._processes(launch) == 1:  # before the training model loads (vLLM needs the GPU)
         before = score_base(stage, val)
-    trained = sft_train(stage, train, sft_model(stage), launch)
+    trainee = sft_model(stage)
+    examples = sft_examples(stage, train, trainee)
+    trained = sft_train(stage, examples, trainee, launch)
     if not trained.main:
         return trained.metrics
     scores = None
@@ -36,8 +38,8 @@ def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
 
 
 def score_base(stage: Stage, val: pd.DataFrame, cached: bool = True) -> pd.DataFrame:
-    """The base model's greedy predictions on the held-out puzzles (`predictions_before.csv`, through `evaluate`,
-    cached like every evaluation: a rerun reuses it; generating leaves torch's random state as it was)."""
+    """The base model's greedy predictions on the held-out puzzles (`predictions_before.csv`, through
+    `common.evaluate`, cached like every evaluation; generating leaves torch's random state as it was)."""
     before = common.evaluate(stage, val, None, "predictions_before.csv", cached=cached)
     print(f"held-out accuracy before training: {before['correct'].mean():.3f}")
     return before
@@ -45,40 +47,62 @@ def score_base(stage: Stage, val: pd.DataFrame, cached: bool = True) -> pd.DataF
 
 def sft_model(stage: Stage) -> common.Trainee:
     """The base model with the configured LoRA attached (`lab.train.sft.model_with_lora`: every configured family
-    must match, the rank at most Kaggle's); writes `lora_targets.csv`."""
+    must match, the rank at most Kaggle's); writes what received a LoRA, `lora_targets.csv`."""
     from lab.train import sft as sft_lib
 
-    return common.Trainee(*sft_lib.model_with_lora(stage.cfg, stage))
+    model, tokenizer, table = sft_lib.model_with_lora(stage.cfg)
+    atomic_write_csv(stage.path("lora_targets.csv"), table)
+    return common.Trainee(model, tokenizer, table)
 
 
-def sft_train(stage: Stage, train: pd.DataFrame, trainee: common.Trainee, launch=None):
-    """SFT on the training puzzles' solver traces (`lab.train.sft.train`: examples, checkpoints and resume, the
-    gradient check, the adapter saved to `sft.adapter_dir`), then the training model's memory released (`trainee`
-    is emptied). Writes `sft_examples.csv`, `train_log.csv`, `gradient_check.csv`, `frozen_check.csv` and, on the
-    main process, `loss.png`. Returns a namespace: metrics, log (the step log), figure (the loss), main (False on a
-    launch's other processes, which stop here)."""
-    from types import SimpleNamespace
+def sft_examples(stage: Stage, train: pd.DataFrame, trainee: common.Trainee):
+    """The training examples (`lab.train.sft.training_examples`: the solver traces whose answer the metric accepts,
+    in `data.trace_style`, overlong ones counted and dropped); writes `sft_examples.csv` (id, category, tokens).
+    Returns `lab.train.sft.Examples` (table, counts)."""
+    from lab.train import sft as sft_lib
 
+    examples = sft_lib.training_examples(stage.cfg, trainee.tokenizer, train)
+    atomic_write_csv(stage.path("sft_examples.csv"), examples.table[["id", "category", "tokens"]])
+    return examples
+
+
+def sft_train(stage: Stage, examples, trainee: common.Trainee, launch=None) -> common.Trained:
+    """SFT (`lab.train.sft.train`: checkpoints and resume, the gradient check, the adapter saved to
+    `sft.adapter_dir`), then the training model's memory released (`trainee` is emptied). Writes `train_log.csv`,
+    `gradient_check.csv`, `frozen_check.csv` and, on the main process, `loss.png`."""
     from lab.core import plots
+    from lab.train import checkpoints
     from lab.train import sft as sft_lib
 
     lora = (*trainee.take("sft_train"), trainee.table)
-    metrics, model, tokenizer, log = sft_lib.train(stage.cfg, stage, train, lora=lora)  # unsloth: lab.train.sft_unsloth
-    common._stopped_note(stage, metrics, "sft")  # a wall-clock budget stop: how the next run (or Kaggle kernel) resumes
-    del model, tokenizer, lora  # the saved adapter is scored, never the in-memory model
+    result = sft_lib.train(stage.cfg, lora, examples, stage.checkpoint_dir,
+                           resume_asked=checkpoints.asked_to_resume(stage.overrides, "sft.resume"))
+    metrics, log = save_trained(stage, result), result.log
+    common._stopped_note(stage, metrics, "sft")  # a wall-clock budget stop: how the next run resumes
+    del result, lora  # the saved adapter is scored, never the in-memory model
     main = common._main_alone(launch)
-    fig = common._save(stage, plots.line(log, "step", ["loss"], "SFT training loss", "loss"), "loss.png") if main else None
-    return SimpleNamespace(metrics=metrics, log=log, figure=fig, main=main)
+    fig = None
+    if main:
+        fig = common.save_figure(stage, plots.line(log, "step", ["loss"], "SFT training loss", "loss"), "loss.png")
+    return common.Trained(metrics=metrics, log=log, figure=fig, main=main)
 
 
-def sft_scores(stage: Stage, before: pd.DataFrame, after: pd.DataFrame):
-    """Accuracy before and after SFT, overall and per category; writes `accuracy.png`. Returns a namespace: metrics
-    (accuracy_before, accuracy_after, lift, per_category), table (per category), figure."""
-    from types import SimpleNamespace
+def save_trained(stage: Stage, result) -> dict:
+    """What `lab.train.sft.train` returned, written into the stage folder (`train_log.csv`, the gradient check);
+    returns its metrics with the gradient check's failures."""
+    failed = common.save_training(stage, result.log, result.check)
+    if failed is not None:
+        result.metrics["gradient_check_failed"] = failed
+    return result.metrics
 
+
+def sft_scores(stage: Stage, before: pd.DataFrame, after: pd.DataFrame) -> common.Scores:
+    """Accuracy before and after SFT, overall and per category (metrics: accuracy_before, accuracy_after, lift,
+    per_category); writes `accuracy.png`."""
     print(f"held-out accuracy: before SFT {before['correct'].mean():.3f}, after {after['correct'].mean():.3f}")
     per_category = common._per_category(before=before, after=after)
-    fig = common._save(stage, common._accuracy_plot(before, after, "before SFT", "after SFT", "SFT"), "accuracy.png")
+    fig = common.save_figure(stage, common._accuracy_plot(before, after, "before SFT", "after SFT", "SFT"),
+                             "accuracy.png")
     metrics = {"accuracy_before": float(before["correct"].mean()), "accuracy_after": float(after["correct"].mean()),
                "lift": float(after["correct"].mean() - before["correct"].mean()), "per_category": per_category}
-    return SimpleNamespace(metrics=metrics, table=pd.DataFrame.from_dict(per_category, orient="index"), figure=fig)
+    return common.Scores(metrics=metrics, table=pd.DataFrame.from_dict(per_category, orient="index"), figure=fig)

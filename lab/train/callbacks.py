@@ -87,8 +87,8 @@ class TrainProgress(TrainerCallback):
 
 
 def trainer_callbacks(check, budget_min: float) -> list:
-    """[LabCallback, TrainProgress] for a trainer: `check` is a `lab.model.lora.GradientCheck` or None, `budget_min` 0 for
-    no budget. TrainProgress prints; the caller takes the trainer's own bar off with `use_text_progress`. In a
+    """[LabCallback, TrainProgress] for a trainer: `check` is a `lab.model.lora.GradientCheck` or None, `budget_min`
+    0 for no budget. TrainProgress prints; the caller takes the trainer's own bar off with `use_text_progress`. In a
     notebook open in Jupyter (`lab.core.console.live_progress`) [LabCallback] alone: the Trainer's live table shows
     the steps."""
     return [LabCallback(check, budget_min), *([] if live_progress() else [TrainProgress()])]
@@ -100,8 +100,8 @@ def use_text_progress(trainer) -> None:
 
     Inside a Jupyter kernel the Trainer draws an HTML widget, which a headless papermill run shows as
     `<IPython.core.display.HTML object>` and never updates; its text bar (tqdm, redrawn with '\\r') shows only its
-    first frame in papermill's log. A line every few seconds shows in both places (lab.core.console). The bar taken off is
-    the one the Trainer added, `DEFAULT_PROGRESS_CALLBACK` (transformers/trainer.py: the notebook bar under a
+    first frame in papermill's log. A line every few seconds shows in both places (lab.core.console). The bar taken
+    off is the one the Trainer added, `DEFAULT_PROGRESS_CALLBACK` (transformers/trainer.py: the notebook bar under a
     notebook, else `ProgressCallback`).
     """
     from transformers.trainer import DEFAULT_PROGRESS_CALLBACK

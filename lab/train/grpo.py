@@ -1,30 +1,10 @@
-"""GRPO from the SFT adapter with TRL's GRPOTrainer: `train(cfg, stage, train_puzzles, model, tokenizer)`.
-
-What the 03_grpo notebook calls: picks a pool of `grpo.n_prompts` puzzles, estimates their pass rates
-with `grpo.pass_rate_k` samples (`pass_rates.csv`), drops those solved at or above `grpo.drop_threshold`
-(and, with `drop_unsolved`, those never solved), orders the rest (`lab.data.curriculum`), trains on the
-rewards named in `grpo.rewards` (`lab.train.rewards`) and saves the trained "default" LoRA to
-`grpo.adapter_dir`, with `train_log.csv` and per-step metrics. Each step's share of truncated and
-zero-variance groups is checked against `grpo.*_warn_share` and warned about in `metrics["warnings"]`.
-`grpo.resume` continues from the newest checkpoint only when the run's fingerprint matches (`fingerprint`);
-`grpo.refine` trains on refinements of the best of a first round of drafts (`lab.train.grpo_refine`); the guard rails
-are `lab.train.callbacks.GuardRails`; `grpo.rollout_backend` is `hf` (transformers generates from the in-memory
-adapter) or `vllm` (a vLLM engine samples from the adapter packed as the submission and served through a LoRARequest
-each round, `lab.train.rollouts`, TRL's `rollout_func`; never merged weights: `check_backend`, docs/grpo.md).
-One optimiser step covers `prompts_per_step x num_generations` completions per process, `per_device_train_batch_size`
-of them per forward/backward (`lab.plan.grpo_policy.micro_batch`); one generation round feeds
-`grpo.steps_per_generation` optimiser steps.
-GRPOConfig is built, and TRL's checks run, before pass-rate sampling.
-
-What it simplifies:
-1. One adapter trained in place; TRL's reference (beta > 0) is its starting copy, deleted before saving.
-2. Pass rates are measured once, before training, on the start model, and reused on resume; their samples are
-   kept as they come (`pass_rate_table`'s cache), so a run killed while sampling them resumes without resampling.
-3. The prompt order is one long dataset handed to TRL with `shuffle_dataset=False`, so a resumed run
-   skips exactly the rows already trained on.
-4. The completion budget is the competition's (`lab.model.generate.completion_budget`), never TRL's 512.
-5. Under several processes every process selects the prompts itself (same seed, same result), and rank 0's
-   prompt order is broadcast.
+"""GRPO from the SFT adapter with TRL's GRPOTrainer, as steps 03_grpo runs (`lab.recipes.grpo`): `GrpoRun` opens a
+run (prompt pool, completion budget, rewards, GRPOConfig, rollout engine, resume point), measures the pool's pass
+rates, records the prompt order the recipe chose (`keep_order`) and trains it (`train`: the adapter saved to
+`grpo.adapter_dir`). `grpo.rollout_backend` is `hf` (transformers samples from the in-memory adapter) or `vllm` (an
+engine serves the adapter packed as the submission each round, `lab.train.rollouts`; never merged weights,
+`lab.plan.preflight.check_backend`). Nothing here writes a stage's files. The design and the TRL/PEFT source it
+rests on: docs/internals.md.
 """
 
 from __future__ import annotations
@@ -34,7 +14,6 @@ import hashlib
 import importlib.util
 import json
 import math
-import shutil
 from pathlib import Path
 from typing import Sequence
 
@@ -50,7 +29,7 @@ from lab.core.lineage import lora_checksum
 from lab.model.generate import completion_budget
 from lab.plan.preflight import check_backend  # a config check the preflight runs before anything loads
 from lab.train.grpo_refine import refine_prompt_text, refine_rollout
-from lab.core.io import atomic_write_csv, check_replaceable, is_main_process, read_json
+from lab.core.io import check_replaceable, is_main_process, read_json
 from lab.core.paths import resolve_path
 from lab.competition.prompts import chat_prompt
 from lab.train.sft import optim_args
@@ -66,8 +45,8 @@ RESUME_FREE_KEYS = ("max_steps", "save_steps", "logging_steps", "resume", "wall_
 # ---- budget, prompts, schedule ----------------------------------------------------------------
 
 def max_completion_length(cfg: DictConfig, tokenizer, puzzles: Sequence[str]) -> int:
-    """GRPOConfig's `max_completion_length` for these raw puzzle texts: `lab.model.generate.completion_budget` with prompts
-    counted as TRL counts them (with the tokenizer's special tokens); with `refine` the draft and the refinement
+    """GRPOConfig's `max_completion_length` for these raw puzzle texts: `lab.model.generate.completion_budget` with
+    prompts counted as TRL counts them (with the tokenizer's special tokens); with `refine` the draft and the refinement
     share what the refinement prompt leaves, min(infer.max_tokens, (max_model_len - longest) // 2). Or
     `grpo.max_completion_length` when set, checked against that limit."""
     g, max_len = cfg.grpo, cfg.model.max_model_len
@@ -234,9 +213,9 @@ def install_packing(cfg: DictConfig, trainer, model, budget: int, puzzles: Seque
 # ---- resume and training ------------------------------------------------------------------------------------
 
 def fingerprint(cfg: DictConfig, pool_ids: Sequence[str], model, budget: int) -> dict:
-    """What must not change between a run and its resumption (`lab.train.checkpoints.fingerprint`: every trajectory-changing
-    grpo key, seed, model and its content hash); the pass rates and prompt order of a run record are reused only
-    under the same fingerprint, which adds the budget, the pool and the start adapter's checksum."""
+    """What must not change between a run and its resumption (`lab.train.checkpoints.fingerprint`: every
+    trajectory-changing grpo key, seed, model and its content hash); the pass rates and prompt order of a run record
+    are reused only under the same fingerprint, which adds the budget, the pool and the start adapter's checksum."""
     return checkpoints.fingerprint(
         cfg, "grpo", RESUME_FREE_KEYS, max_completion_length=int(budget),
         pool_sha256=hashlib.sha256("\n".join(map(str, pool_ids)).encode()).hexdigest(),
@@ -285,102 +264,143 @@ def _trainable_sample(model, size: int = 65536) -> dict:
     return out
 
 
-def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer):
-    """Select prompts by pass rate, run GRPO, save the adapter; returns (metrics, model, step log)."""
-    import torch
-    from trl import GRPOTrainer
+@dataclasses.dataclass
+class Trained:
+    """What `GrpoRun.train` returns: the metrics, the trained model, the step log, the gradient check (None when off
+    or nothing was trained), the warnings so far (resume notes, guard rails), refine's records, and whether the
+    checkpoint was already at `max_steps` (nothing trained)."""
+    metrics: dict
+    model: object
+    log: pd.DataFrame
+    check: object
+    warnings: list[str]
+    refinements: list[dict]
+    finished: bool
 
-    from lab.data import curriculum
-    from lab.train import trl_private
-    from lab.train.callbacks import GroupSpread, GuardRails, trainer_callbacks, use_text_progress
-    from lab.model.lora import GradientCheck, allow_out_proj, install_fused_lora_head, save_adapter, trainer_accepts_head_lora
-    from lab.train.rewards import build
 
-    g = cfg.grpo
-    # an adapter_dir pointed outside the stage at a folder the lab did not make is refused before training, not after
-    check_replaceable(resolve_path(g.adapter_dir), "adapter (grpo.adapter_dir)")
-    backend = check_backend(cfg)
-    if backend == "vllm" and importlib.util.find_spec("vllm") is None:
-        raise LabError("conf/grpo: rollout_backend=vllm but vllm is not installed (on a GPU: pip install -e "
-                       "'.[gpu]'; on CPU, vLLM's CPU build: the lane's .venv-vllm, docs/vllm_lane.md); or set "
-                       "grpo.rollout_backend=hf")
-    trl_private.install()
-    max_steps, per_step = g.max_steps, g.prompts_per_step  # max_steps >= 1: lab/core/schema.py
+class GrpoRun:
+    """One GRPO run on `model` (the start adapter, trainable), in the order 03_grpo calls it: opening it picks the
+    pool of `grpo.n_prompts` puzzles, the completion budget, the rewards, TRL's arguments (its checks run here,
+    before any sampling), the rollout engine (vllm) and the resume point; then `pass_rates`, the recipe's choice of
+    prompts and their order (`keep_order`), `train`. `close` shuts the engine (`train` does, however it ends)."""
 
-    pool = train_puzzles.sample(n=min(g.n_prompts, len(train_puzzles)), random_state=cfg.seed)
-    pool = pool.assign(id=pool["id"].astype(str)).reset_index(drop=True)
-    budget = max_completion_length(cfg, tokenizer, pool["prompt"].tolist())
-    out = stage.checkpoint_dir  # outside the stage folder: a rerun's fresh folder (lab.core.run.Stage) still finds them
-    funcs, weights = build(dict(g.rewards), max_completion_length=budget, eos_token_ids=[tokenizer.eos_token_id],
-                           truncation="mask" if g.mask_truncated_completions else "penalise",
-                           metric_version=cfg.infer.metric_version)
-    spread = None
-    names = [f.__name__ for f in funcs]
-    if "correctness" in names:
-        i = names.index("correctness")
-        funcs[i] = spread = GroupSpread(funcs[i], g.num_generations)
-    args = grpo_args(cfg, out, budget, weights)  # TRL's own checks, before the costly pass-rate sampling
-    rollouts = None
-    if backend == "vllm" and int(args.world_size) > 1:
-        raise LabError(f"conf/grpo: rollout_backend=vllm runs in one process on one GPU (lab.train.rollouts), not "
-                       f"{args.world_size} processes; launch one process, or set grpo.rollout_backend=hf")
-    if backend == "vllm":  # one engine for the pass rates and every round, built at its first use
-        from lab.train.rollouts import VLLMRollouts
+    def __init__(self, cfg: DictConfig, train_puzzles: pd.DataFrame, model, tokenizer, checkpoint_dir: Path,
+                 resume_asked: bool = False):
+        from lab.train import trl_private
+        from lab.train.callbacks import GroupSpread
+        from lab.train.rewards import build
 
-        rollouts = VLLMRollouts(cfg, model, tokenizer, out, budget)
-    try:  # the rollout engine (vllm) is shut down however training ends
-        fp = fingerprint(cfg, pool["id"].tolist(), model, budget)
-        last, record, notes = resume_point(cfg, out, fp, asked=checkpoints.asked_to_resume(stage.overrides, "grpo.resume"))
+        g = self.g = cfg.grpo
+        self.cfg, self.model, self.tokenizer, self.out = cfg, model, tokenizer, Path(checkpoint_dir)
+        # an adapter_dir pointed outside the stage at a folder the lab did not make is refused before training
+        check_replaceable(resolve_path(g.adapter_dir), "adapter (grpo.adapter_dir)")
+        self.backend = check_backend(cfg)
+        if self.backend == "vllm" and importlib.util.find_spec("vllm") is None:
+            raise LabError("conf/grpo: rollout_backend=vllm but vllm is not installed (on a GPU: pip install -e "
+                           "'.[gpu]'; on CPU, vLLM's CPU build: the lane's .venv-vllm, docs/vllm_lane.md); or set "
+                           "grpo.rollout_backend=hf")
+        trl_private.install()
+        pool = train_puzzles.sample(n=min(g.n_prompts, len(train_puzzles)), random_state=cfg.seed)
+        self.pool = pool.assign(id=pool["id"].astype(str)).reset_index(drop=True)
+        self.budget = max_completion_length(cfg, tokenizer, self.pool["prompt"].tolist())
+        self.funcs, self.weights = build(dict(g.rewards), max_completion_length=self.budget,
+                                         eos_token_ids=[tokenizer.eos_token_id],
+                                         truncation="mask" if g.mask_truncated_completions else "penalise",
+                                         metric_version=cfg.infer.metric_version)
+        self.spread = None
+        self.names = [f.__name__ for f in self.funcs]
+        if "correctness" in self.names:
+            i = self.names.index("correctness")
+            self.funcs[i] = self.spread = GroupSpread(self.funcs[i], g.num_generations)
+        self.args = grpo_args(cfg, self.out, self.budget, self.weights)  # TRL's checks, before the costly sampling
+        self.rollouts = None
+        if self.backend == "vllm" and int(self.args.world_size) > 1:
+            raise LabError(f"conf/grpo: rollout_backend=vllm runs in one process on one GPU (lab.train.rollouts), not "
+                           f"{self.args.world_size} processes; launch one process, or set grpo.rollout_backend=hf")
+        if self.backend == "vllm":  # one engine for the pass rates and every round, built at its first use
+            from lab.train.rollouts import VLLMRollouts
+
+            self.rollouts = VLLMRollouts(cfg, model, tokenizer, self.out, self.budget)
+        try:
+            self.fingerprint = fingerprint(cfg, self.pool["id"].tolist(), model, self.budget)
+            self.last, self.record, notes = resume_point(cfg, self.out, self.fingerprint, asked=resume_asked)
+        except BaseException:
+            self.close()
+            raise
         for n in notes:
             print(f"WARNING: {n}" if not n.startswith("resuming from") else n)
-        notes = [n for n in notes if not n.startswith("resuming from")]
+        self.notes = [n for n in notes if not n.startswith("resuming from")]
 
-        fresh = record is None
-        if fresh:  # a fresh run: estimate pass rates, select and order the prompts, record them
-            # the main process keeps its samples as they come (a killed run resumes them); the others sample alone
-            rates = pass_rate_table(cfg, model, tokenizer, pool, budget,
-                                    cache=out / "pass_rate_samples.jsonl" if is_main_process() else None,
-                                    rollouts=rollouts)
-            atomic_write_csv(stage.path("pass_rates.csv"), rates)
-            thr, unsolved = g.drop_threshold, g.drop_unsolved
-            kept, _ = curriculum.select(rates, threshold=thr, drop_unsolved=unsolved)
-            if not kept:
-                raise LabError(f"{stage.dir}: no training prompt has a pass rate below {thr}"
-                               + (" and above 0" if unsolved else "") + f" over {g.pass_rate_k} samples (see "
-                               f"{stage.path('pass_rates.csv')}): nothing to learn from. A start that solves nothing "
-                               "needs more SFT, not GRPO; or set grpo.drop_unsolved=false.")
-            chosen = curriculum.order(pool[pool["id"].isin(set(kept))], rates, curriculum=g.curriculum,
-                                      shape=g.curriculum_shape, seed=cfg.seed)
-            atomic_write_csv(stage.path("prompt_order.csv"), chosen[["id", "category", "pass_rate", "bucket"]]
-                             if "category" in chosen else chosen[["id", "pass_rate", "bucket"]])
-            record = {"fingerprint": fp, "order": chosen["id"].tolist(),
-                      "selection": curriculum.selection_summary(rates, threshold=thr, drop_unsolved=unsolved)}
-            checkpoints.write_record(out, record)
-        else:
-            print(f"resuming: reusing the prompt order of {out / RUN_RECORD} ({len(record['order'])} prompts)")
-        for name in ("pass_rates.csv", "prompt_order.csv"):  # kept beside the record: a resumed run's fresh stage folder
-            src, dst = (stage.path(name), out / name) if fresh else (out / name, stage.path(name))  # gets them back
-            if src.is_file() and is_main_process():  # only the main process writes (lab.core.io.atomic_file)
-                shutil.copyfile(src, dst)
-        if torch.distributed.is_available() and torch.distributed.is_initialized():  # scripts/train_grpo.py, N processes:
+    @property
+    def resumed(self) -> bool:
+        """True when a run record of the same fingerprint holds the pass rates and prompt order to reuse."""
+        return self.record is not None
+
+    def pass_rates(self) -> pd.DataFrame:
+        """`pass_rate_table` of the pool on the start model; the main process keeps its samples as they come in the
+        checkpoint folder (a run killed while sampling resumes them), the others sample alone."""
+        cache = self.out / "pass_rate_samples.jsonl" if is_main_process() else None
+        try:
+            return pass_rate_table(self.cfg, self.model, self.tokenizer, self.pool, self.budget, cache=cache,
+                                   rollouts=self.rollouts)
+        except BaseException:
+            self.close()
+            raise
+
+    def keep_order(self, order: Sequence[str], selection: dict) -> None:
+        """Record the prompt order (ids) and the selection's summary in the checkpoint folder's run record, under
+        this run's fingerprint: a resumed run trains the same order."""
+        self.record = {"fingerprint": self.fingerprint, "order": [str(i) for i in order], "selection": selection}
+        checkpoints.write_record(self.out, self.record)
+
+    def train(self) -> Trained:
+        """GRPO on the recorded prompt order, then the adapter saved to `grpo.adapter_dir`; closes the run, which lets
+        go of the model (the result holds it: deleting the result frees its memory)."""
+        try:
+            return self._train()
+        finally:
+            self.close()
+            self.model = self.tokenizer = self.rollouts = None
+
+    def close(self) -> None:
+        if self.rollouts is not None and not getattr(self, "_closed", False):
+            self.rollouts.close()
+        self._closed = True
+
+    def _train(self) -> Trained:
+        import torch
+        from trl import GRPOTrainer
+
+        from lab.train import trl_private
+        from lab.train.callbacks import GuardRails, trainer_callbacks, use_text_progress
+        from lab.model.lora import (GradientCheck, allow_out_proj, install_fused_lora_head, save_adapter,
+                                    trainer_accepts_head_lora)
+
+        cfg, g, model, tokenizer, out, last = self.cfg, self.g, self.model, self.tokenizer, self.out, self.last
+        if self.record is None:
+            raise LabError("GrpoRun.train: no prompt order (keep_order first, or resume a run that recorded one)")
+        record = self.record
+        if torch.distributed.is_available() and torch.distributed.is_initialized():  # scripts/train_grpo.py, N ranks
             box = [record]  # every rank trains rank 0's prompt order (its own sampled pass rates could differ)
             torch.distributed.broadcast_object_list(box, src=0)
             record = box[0]
         order = [str(i) for i in record["order"]]
-        by_id = pool.set_index("id")
+        by_id = self.pool.set_index("id")
         missing = [i for i in order if i not in by_id.index]
         if missing:
             raise LabError(f"{out / RUN_RECORD}: prompt ids {missing[:5]} are not in this run's pool")
-        # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps, and
-        # the last round's whole generation batch (a round samples steps_per_generation steps' prompts at once)
+        # every optimiser step takes prompts_per_step prompts per process: the schedule covers all processes' steps,
+        # and the last round's whole generation batch (a round samples steps_per_generation steps' prompts at once)
+        max_steps = g.max_steps  # >= 1: lab/core/schema.py
         rounds = math.ceil(max_steps / int(g.steps_per_generation)) * int(g.steps_per_generation)
-        ids = schedule(order, rounds * per_step * int(args.world_size), shuffle=not g.curriculum,
+        ids = schedule(order, rounds * g.prompts_per_step * int(self.args.world_size), shuffle=not g.curriculum,
                        seed=cfg.seed)
         ds = build_dataset(tokenizer, by_id.loc[ids].reset_index(), trace_style(cfg))
 
         check = GradientCheck(model) if g.gradient_check else None
-        guard = GuardRails(g, spread)
-        callbacks = [guard, *trainer_callbacks(check, checkpoints.wall_clock_budget(cfg, "grpo"))]  # tests wrap trainer_callbacks
+        guard = GuardRails(g, self.spread)
+        budget_stop = trainer_callbacks(check, checkpoints.wall_clock_budget(cfg, "grpo"))  # tests wrap it
+        callbacks = [guard, *budget_stop]
         before = _trainable_sample(model)
         refinements: list[dict] = []
         finished = last is not None and checkpoints.step_of(last) >= max_steps
@@ -390,63 +410,51 @@ def train(cfg: DictConfig, stage, train_puzzles: pd.DataFrame, model, tokenizer)
             state = read_json(last / "trainer_state.json", kind=dict)
             history, steps = state.get("log_history", []), int(state["global_step"])
         else:
-            rollout = rollouts
+            rollout = self.rollouts
             if g.refine:
                 rows_by_prompt = {r["prompt"]: r for r in ds}
-                rollout = refine_rollout(tokenizer, funcs, weights, rows_by_prompt, refinements)
+                rollout = refine_rollout(tokenizer, self.funcs, self.weights, rows_by_prompt, refinements)
             # beta > 0: TRL adds a "ref" copy of the adapter (out_proj included); an lm_head LoRA: see lab.model.lora
             with allow_out_proj(), trainer_accepts_head_lora(model):
-                trainer = GRPOTrainer(model=model, reward_funcs=funcs, args=args,
+                trainer = GRPOTrainer(model=model, reward_funcs=self.funcs, args=self.args,
                                       train_dataset=ds, processing_class=tokenizer,
                                       callbacks=[*callbacks, checkpoints.marker_callback()], rollout_func=rollout)
             use_text_progress(trainer)  # step lines from lab.train.callbacks.TrainProgress, not an HTML widget
-            if rollouts is not None and not g.packing:  # packed: the packed loss logs the gap (install_packing)
+            if self.rollouts is not None and not g.packing:  # packed: the packed loss logs the gap (install_packing)
                 trl_private.watch_sampling_gap(trainer)  # rollout/logp_diff_*: where TRL computes the old log-probs
             # GRPOTrainer's fused head: its sampling temperature, log_probs and entropy (trl/trainer/grpo_trainer.py)
             install_fused_lora_head(model, temperature=float(trainer.temperature), outputs=("log_probs", "entropy"))
             if g.packing:  # a step's completions in packs (lab.train.grpo_packed), each row's state its own
-                install_packing(cfg, trainer, model, budget, pool["prompt"].tolist(), tokenizer)
+                install_packing(cfg, trainer, model, self.budget, self.pool["prompt"].tolist(), tokenizer)
             with checkpoints.disk_full_guard(out, lambda: checkpoints.checkpoint_need(out, cfg, model)):
                 trainer.train(resume_from_checkpoint=str(last) if last else None)
             history, steps = trainer.state.log_history, int(trainer.state.global_step)
-    finally:
-        if rollouts is not None:
-            rollouts.close()
-    metrics_rounds = rollouts.rounds if rollouts is not None else []
-    if "ref" in getattr(model, "peft_config", {}):
-        model.delete_adapter("ref")  # TRL's frozen reference copy: not part of the trained adapter
-    with checkpoints.disk_full_guard(resolve_path(g.adapter_dir), lambda: checkpoints.checkpoint_need(out, cfg, model)):
-        from lab.core.paths import adapter_dtype
+        self.close()
+        if "ref" in getattr(model, "peft_config", {}):
+            model.delete_adapter("ref")  # TRL's frozen reference copy: not part of the trained adapter
+        need = lambda: checkpoints.checkpoint_need(out, cfg, model)  # noqa: E731 - asked only when the disk is full
+        with checkpoints.disk_full_guard(resolve_path(g.adapter_dir), need):
+            from lab.core.paths import adapter_dtype
 
-        save_adapter(model, resolve_path(g.adapter_dir), dtype=adapter_dtype(cfg))  # on Kaggle bf16 (kaggle.adapter_dtype)
+            save_adapter(model, resolve_path(g.adapter_dir), dtype=adapter_dtype(cfg))  # on Kaggle bf16
 
-    log = pd.DataFrame([h for h in history if "completions/mean_length" in h])  # per-step logs
-    atomic_write_csv(stage.path("train_log.csv"), log)
-    if refinements:
-        atomic_write_csv(stage.path("refinements.csv"), pd.DataFrame(refinements))
-    after = _trainable_sample(model)
-    changed = sum(float((after[n] - before[n]).abs().sum()) for n in after if n in before)
-    late: list[str] = []
-    sel = record.get("selection", {})
-    metrics = {
-        "prompts_pool": len(pool), "prompts_dropped": int(sel.get("dropped", 0)),
-        "prompts_unsolved": int(sel.get("unsolved", 0)), "prompts_trained": len(order),
-        "max_completion_length": budget, "rollout_backend": backend, "refine": g.refine,
-        "steps": steps, "max_steps": max_steps, "resumed_from": str(last) if last else None,
-        "already_finished": finished, "stopped_by_budget": bool(callbacks[1].stopped_by_budget),
-        **step_metrics(log, names, g.beta),  # GroupSpread keeps the name of the reward it wraps
-        # this process's reward calls since this run (re)started: one per step without refine
-        "correctness_flat_group_share_per_step": [round(x, 4) for x in spread.shares] if spread else [],
-        "lora_weight_change": changed,
-        "rollout_rounds": metrics_rounds,  # vllm: per round its step, LoRA id, folder and seconds (lab.train.rollouts)
-    }
-    if check is not None and not finished:
-        bad = metrics["gradient_check_failed"] = check.save(stage.dir)
-        if bad:
-            late.append(f"gradient check failed for: {', '.join(bad)} (see gradient_check.csv, frozen_check.csv)")
-    if not finished and changed == 0.0:
-        late.append("the adapter did not change: every step had zero advantage or no scorable completion")
-    for w in late:
-        print(f"WARNING: {w}")
-    metrics["warnings"] = list(notes) + guard.warnings + late
-    return metrics, model, log
+        log = pd.DataFrame([h for h in history if "completions/mean_length" in h])  # per-step logs
+        after = _trainable_sample(model)
+        changed = sum(float((after[n] - before[n]).abs().sum()) for n in after if n in before)
+        sel = record.get("selection", {})
+        spread = self.spread
+        metrics = {
+            "prompts_pool": len(self.pool), "prompts_dropped": int(sel.get("dropped", 0)),
+            "prompts_unsolved": int(sel.get("unsolved", 0)), "prompts_trained": len(order),
+            "max_completion_length": self.budget, "rollout_backend": self.backend, "refine": g.refine,
+            "steps": steps, "max_steps": max_steps, "resumed_from": str(last) if last else None,
+            "already_finished": finished, "stopped_by_budget": bool(budget_stop[0].stopped_by_budget),
+            **step_metrics(log, self.names, g.beta),  # GroupSpread keeps the name of the reward it wraps
+            # this process's reward calls since this run (re)started: one per step without refine
+            "correctness_flat_group_share_per_step": [round(x, 4) for x in spread.shares] if spread else [],
+            "lora_weight_change": changed,
+            # vllm: per round its step, LoRA id, folder and seconds (lab.train.rollouts)
+            "rollout_rounds": self.rollouts.rounds if self.rollouts is not None else [],
+        }
+        return Trained(metrics, model, log, None if finished else check, list(self.notes) + guard.warnings,
+                       refinements, finished)

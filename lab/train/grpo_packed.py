@@ -1,28 +1,8 @@
-"""Packed GRPO training (`grpo.packing`): a micro-batch's completions trained in packs, as SFT trains its rows.
-
-TRL 1.15's GRPOTrainer scores a micro-batch as one padded (rows x (prompt + completion)) tensor
-(`_get_per_token_logps_and_entropies`, trl/trainer/grpo_trainer.py): every row pays for the longest. Here each row,
-its prompt without padding and its completion up to the end of `completion_mask`, is laid end to end with others
-into packs of at most `grpo.pack_tokens` tokens (best-fit decreasing, rows whole); `position_ids` restart at 0 for
-each row, which `lab.model.packed_rows` turns into per-row Mamba state and per-row attention. The fused LM head
-returns each completion token's log-probability (and entropy) and they go back to the (rows, completion) layout TRL
-uses, zero where the mask is zero, as TRL's own head leaves them.
-
-`micro_batch_loss` is TRL's `_compute_loss` for the loss types in LOSS_TYPES, evaluated pack by pack: each pack's
-part of the micro-batch loss is formed with the micro-batch's own normaliser (read in `_compute_loss`):
-- grpo: sum over rows of (sum of the row's token losses / its tokens) / rows / accumulation steps;
-- bnpo: sum of token losses / the micro-batch's completion tokens / accumulation steps;
-- dr_grpo: sum of token losses / (rows x max_completion_length) / accumulation steps;
-- dapo, cispo: sum of token losses / (num_items_in_batch / processes x accumulation steps / steps_per_generation),
-so the packs' parts add up to TRL's loss, and each pack can go backward before the next one's forward (memory: one
-pack's activations). Rows whose completion is wholly masked (truncated with `mask_truncated_completions`) carry no
-loss and are not run. The per-token loss is TRL's (token-level importance ratio, two-sided clip, the KL term with
-beta > 0); the settings TRL offers beyond those (sequence-level ratios, entropy masks and bonuses, off-policy masks,
-vLLM's importance correction, tool masks, router aux loss) are refused by `check_supported`.
-
-Old log-probabilities (`grpo.old_logprobs`): "trainer" scores them packed the same way (no grad, one pack at a time);
-"sampler" takes the sampler's (the rollout's log-probabilities after temperature) and skips that forward. A sampler
-token without a log-probability (NaN) gets the trainer's own, i.e. no correction on that token.
+"""Packed GRPO training (`grpo.packing`): a micro-batch's completions trained in packs of at most `grpo.pack_tokens`
+tokens (rows whole, each row's Mamba state and attention its own through `lab.model.packed_rows`), with TRL's loss
+for the loss types in LOSS_TYPES formed pack by pack so the parts add up to TRL's (`micro_batch_loss`); what TRL
+offers beyond those is refused (`check_supported`). `grpo.old_logprobs`: "trainer" scores them packed, "sampler" takes
+the rollout's. The normalisers and the TRL source they are read from: docs/internals.md.
 """
 
 from __future__ import annotations

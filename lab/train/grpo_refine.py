@@ -77,7 +77,7 @@ def refine_rollout(tokenizer, funcs, weights, rows_by_prompt: dict[str, dict], r
 
     def rollout(prompts: list, trainer) -> dict:
         group = int(trainer.num_generations)
-        draft_ids, _ = trl_private.generate(trainer, trl_private.prompt_ids(trainer, prompts), group)  # stage one: drafts
+        draft_ids, _ = trl_private.generate(trainer, trl_private.prompt_ids(trainer, prompts), group)  # 1: drafts
         drafts = tokenizer.batch_decode(draft_ids, skip_special_tokens=True)
         rows = [rows_by_prompt[p] for p in prompts]
         scores = draft_scores(funcs, weights, prompts, drafts, draft_ids, rows)
@@ -89,7 +89,7 @@ def refine_rollout(tokenizer, funcs, weights, rows_by_prompt: dict[str, dict], r
             records.append({"step": int(trainer.state.global_step) + 1, "id": rows[b]["id"],
                             "draft_reward": scores[b], "draft_rewards": json.dumps(scores[b - b % group:][:group]),
                             "draft_tokens": len(draft_ids[b]), "draft": drafts[b]})
-        completion_ids, logprobs = trl_private.generate(trainer, refined, group)  # stage two: refinements
+        completion_ids, logprobs = trl_private.generate(trainer, refined, group)  # 2: refinements
         finite = [s for s in scores if math.isfinite(s)]
         chosen = [scores[b] for b in best if math.isfinite(scores[b])]
         trl_private.log_metric(trainer, "refine/draft_reward_mean", float(np.mean(finite)) if finite else math.nan)

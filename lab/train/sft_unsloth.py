@@ -1,38 +1,8 @@
-"""`sft.backend=unsloth`: the model is loaded and wrapped by Unsloth's own loader, GPU only.
-
-Unsloth 2026.10.9 (read from its wheel, `unsloth/models/loader.py`): `FastLanguageModel.from_pretrained` has
-dedicated paths only for Llama-family model types and hands every other type, `nemotron_h` included, to
-`FastModel.from_pretrained`, which is where Nemotron-H's setup lives (it registers float32 Triton precision for
-the Mamba-2 kernels). So the lab calls `FastModel` directly: `FastModel.from_pretrained` (16-bit LoRA: no 4-bit,
-no 8-bit, no full fine-tuning) and `FastModel.get_peft_model`. Everything else (the data, TRL's SFTTrainer, the
-gradient check, resume, saving) is `lab.train.sft`'s, unchanged.
-
-`unsloth` is imported only when this backend is used (`fast_model()`), never at import time of the lab. Unsloth
-patches transformers, TRL and PEFT when it is imported and warns when they were imported before it;
-`lab.train.sft.train` loads through here (in 02_sft, `lab.recipes.sft.sft`, after the base
-model's evaluation, which has imported transformers already).
-
-Checked here instead of trusted:
-- Unsloth's default targets are Llama's (`gate_proj`, ...): Nemotron-H has no `gate_proj`, and its routed experts
-  are fused 3-D parameters (`mixer.experts.up_proj/down_proj`) reachable only through PEFT's `target_parameters`,
-  which `FastModel.get_peft_model` accepts (`unsloth/models/vision.py`). The lab passes its own
-  `target_modules` / `target_parameters` (from `lab.model.lora.lora_config`), and after wrapping the target table must
-  show trainable LoRA parameters for every configured family, else a LabError lists what did get a LoRA.
-- `lm_head`: `FastModel.get_peft_model` moves `lm_head` from `target_modules` to `modules_to_save`
-  (`_redirect_embedding_targets` in `unsloth/models/vision.py`): a full trained copy of the head, which vLLM 0.33
-  does not load for Nemotron-H. So an `lm_head` target with this backend is refused; use `sft.backend=hf`
-  (lab.model.lora trains the head's LoRA) or drop `lm_head`.
-- Unsloth may write its own fields into adapter_config.json; `lab.model.submission.pack` keeps only standard PEFT
-  LoraConfig fields.
-- `out_proj` of the Mamba mixers: `lab.model.lora`'s fused-kernel guard is applied after wrapping, and the gradient check
-  shows whether out_proj trained.
-
-What it simplifies:
-1. 16-bit LoRA only (no 4-bit, no 8-bit, no full fine-tuning), through `FastModel` directly.
-2. Only loading and wrapping are Unsloth's; training, checks and saving stay `lab.train.sft`'s.
-
-Not verified here (no GPU, no Unsloth in the CPU environment): a real Unsloth run. tests/test_sft_unsloth.py drives
-this module with a stand-in `unsloth` module that records what it is given.
+"""`sft.backend=unsloth`: the model loaded and wrapped by Unsloth's own loader (`FastModel`, 16-bit LoRA), GPU only;
+everything else (data, TRL's SFTTrainer, the gradient check, resume, saving) is `lab.train.sft`'s. `unsloth` is
+imported only when this backend is used (`fast_model`). What is checked here instead of trusted (the targets, an
+`lm_head` target refused) and the Unsloth source it rests on: docs/internals.md. Not run here: a real Unsloth run
+(tests/test_sft_unsloth.py drives it with a stand-in module).
 """
 
 from __future__ import annotations
@@ -82,7 +52,8 @@ def check_targets(cfg: DictConfig) -> None:
     if "lm_head" in {str(t) for t in cfg.sft.lora.targets}:
         raise LabError("conf/sft: lora.targets has lm_head with sft.backend=unsloth: Unsloth 2026.10.9 moves lm_head "
                        "to modules_to_save (a full trained copy of the head, which vLLM does not load for Nemotron-H); "
-                       "use sft.backend=hf (lab.model.lora trains an lm_head LoRA) or drop lm_head from sft.lora.targets")
+                       "use sft.backend=hf (lab.model.lora trains an lm_head LoRA) or drop lm_head from "
+                       "sft.lora.targets")
 
 
 def attach_lora(cfg: DictConfig, model):

@@ -23,6 +23,7 @@ import pytest
 import torch
 from lane_report import ROLLOUT_ROWS
 from test_vllm_parity import FAMILIES, SCALE, make_adapter
+from train_steps import grpo_train  # noqa: E402
 
 # vLLM's CPU build against HF in float32: the parity table's largest log-prob difference on one adapter family is
 # about 5e-3 (docs/vllm_lane.md); the same tolerance as its near-tie threshold
@@ -110,7 +111,7 @@ def test_grpo_with_vllm_rollouts_moves_the_adapter_round_by_round(lane, monkeypa
     trainable0 = {n: p.detach().clone() for n, p in pm.named_parameters() if p.requires_grad}
     frozen0 = {n: p.detach().clone() for n, p in pm.named_parameters() if not p.requires_grad}
 
-    m, model, log = grpo.train(cfg, stage, puzzles_gen("numeral_system", 6, 0), pm, tok)
+    m, model, log = grpo_train(cfg, stage, puzzles_gen("numeral_system", 6, 0), pm, tok)
 
     assert m["steps"] == 4 and m["rollout_backend"] == "vllm" and m["lora_weight_change"] > 0
     moved = [n for n, p in model.named_parameters() if n in trainable0 and not torch.equal(p, trainable0[n])]
@@ -273,7 +274,7 @@ def test_packed_grpo_with_vllm_rollouts_moves_the_adapter(lane, monkeypatch, old
     trainable0 = {n: p.detach().clone() for n, p in pm.named_parameters() if p.requires_grad}
     frozen0 = {n: p.detach().clone() for n, p in pm.named_parameters() if not p.requires_grad}
 
-    m, model, log = grpo.train(cfg, stage, puzzles_gen("numeral_system", 6, 0), pm, tok)
+    m, model, log = grpo_train(cfg, stage, puzzles_gen("numeral_system", 6, 0), pm, tok)
 
     assert m["steps"] == 4 and m["rollout_backend"] == "vllm" and m["lora_weight_change"] > 0
     assert packs_seen and max(packs_seen) > 1, f"every micro-batch fit one pack ({packs_seen}): nothing packed"
