@@ -1,6 +1,6 @@
 """Every plot of the lab, in one style: small functions that take a table and return a matplotlib Figure.
 
-Stage notebooks, the error analysis (`lab.eval.analysis.analyse`), the voting notebook and the sweep report
+Stage notebooks, the error analysis (`lab.recipes.errors`), the voting notebook and the sweep report
 (`lab.runs.sweep_report.report`) all draw here; `save` writes a PNG atomically.
 
 The style, once for all: the Okabe-Ito palette (told apart with any colour vision), constrained layout,

@@ -353,8 +353,8 @@ class GrpoConfig(Checked):
     vllm_gpu_memory_utilization: Optional[float] = _help(
         "vllm rollouts: GPU share of the rollout engine while it is awake (its weights, adapter slot and cache); with "
         "sleep mode the trainer's frozen weights are in CPU memory meanwhile, so on one card it can take most of it; "
-        "null: gpu.max_use of the card less the trainer's LoRA and optimizer states (lab.plan.grpo_policy.engine_share; "
-        "`python -m lab memory --stage grpo` prints both phases)", gt=0, le=1)
+        "null: gpu.max_use of the card less the trainer's LoRA and optimizer states "
+        "(lab.plan.grpo_policy.engine_share; `python -m lab memory --stage grpo` prints both phases)", gt=0, le=1)
     vllm_sleep_mode: bool = _help("vllm rollouts on CUDA: engine and trainer take turns on the card (the engine "
                                   "sleeps while the trainer trains; the trainer's frozen weights go to CPU memory "
                                   "while the engine samples); false: both stay resident")
