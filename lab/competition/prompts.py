@@ -5,8 +5,8 @@ Kaggle appends one fixed instruction line to the puzzle text, sends it as a sing
 Nemotron-3-Nano's template then writes an empty system turn first, so the real prompt is
 `<|im_start|>system\\n<|im_end|>\\n<|im_start|>user\\n{puzzle}\\n{instruction}<|im_end|>\\n`
 `<|im_start|>assistant\\n<think>\\n`;
-the tiny tokenizer's template (lab.model.models.CHAT_TEMPLATE) renders the same bytes (tests/test_prompts.py
-holds both against the real template when ../shared has it).
+the tiny tokenizer's template (lab.model.models.CHAT_TEMPLATE) renders the same bytes (the prompt tests
+hold both against the real template when it is present).
 Every stage that generates or trains goes through `chat_prompt`, so train and test prompts
 are the same bytes.
 

@@ -47,7 +47,7 @@ def resolve_path(p: str | os.PathLike) -> Path:
 
 # Where the competition data and the base model are: here, below the modules that use them, so the
 # compose-time check in `validate` needs no import of lab.data.dataset or lab.model.models (they re-export these names).
-# $LAB_KAGGLE_ROOT (default /kaggle) lets a test lay out a made-up Kaggle tree (tests/test_kaggle_chain.py)
+# $LAB_KAGGLE_ROOT (default /kaggle) lets a test lay out a made-up Kaggle tree
 KAGGLE_ROOT = Path(os.environ.get("LAB_KAGGLE_ROOT") or "/kaggle")
 KAGGLE_INPUT = KAGGLE_ROOT / "input"
 KAGGLE_WORKING = KAGGLE_ROOT / "working"  # what Kaggle keeps of a kernel (its output, 20 GB at most)

@@ -42,7 +42,7 @@ Tracker = StrEnum("Tracker", ["none", "tensorboard", "wandb", "mlflow"])  # repo
 
 
 # Names owned by packages above lab/core, which may not import them (pyproject.toml's layers contract), repeated here
-# so that compose checks them before anything runs; tests/test_user_files.py holds each list to its owner.
+# so that compose checks them before anything runs; a test holds each list to its owner.
 VOTE_METHODS = ("greedy", "majority", "confidence", "early_stop")  # lab.eval.vote.METHODS
 VOTE_OPTIONS = ("version", "keep_top", "conf_col", "window", "agree", "stop_prob")  # lab.eval.vote.OPTIONS
 METRIC_VERSIONS = ("final", "legacy")  # lab.competition.metric.VERSIONS

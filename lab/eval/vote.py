@@ -187,7 +187,7 @@ def early_stop_live(draw: Callable[[list[str], int, int], pd.DataFrame], ids: Se
     rows per id). Returns (results, samples): `results` has `replay`'s columns (one row per id; samples_used and
     tokens_used are what was generated: the sum of the drawn completions' tokens), `samples` every drawn row, with
     `sample` numbered in drawing order across rounds and a `round` column. Replaying early_stop with the same
-    window on `samples` gives the same answers and counts (tests/test_vote.py)."""
+    window on `samples` gives the same answers and counts."""
     _check_early_stop(window, agree, stop_prob)
     if int(k) < 1:
         raise ValueError(f"k must be >= 1, got {k}")

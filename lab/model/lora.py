@@ -129,7 +129,7 @@ def expert_patterns(cfg: DictConfig) -> tuple[dict, dict]:
     (`get_pattern_key`, peft/utils/other.py), which `shared_experts.up_proj` does not match;
     `lab.model.submission.pack` rewrites them for vLLM's per-expert names. PEFT 0.21 warns that these keys "did not
     match any targeted module and were ignored" (`tuners_utils.py` checks module names, not targeted parameters); they
-    are applied: rank and scale are checked on the wrapped model in tests/test_memory.py."""
+    are applied: rank and scale are checked on the wrapped model by the memory trace's tests."""
     er, lc = cfg.gpu.experts_rank, cfg.sft.lora
     if er is None or int(er) == lc.r or "experts" not in [str(t) for t in lc.targets]:
         return {}, {}
@@ -174,7 +174,7 @@ class _FusedScanGuard:
     here; read in its published source): with `outproj_weight=None` (and `outproj_bias=None`, which it asserts) forward
     returns the gated, group-RMS-normed scan output [batch, seq, d_inner] that it would otherwise multiply by
     out_proj, and backward skips the out_proj step (`if outproj_weight is not None: dout = F.linear(dout, W.t())`).
-    NOT RUN ON A GPU: the CPU tests check the plumbing with a stand-in for the kernel (tests/test_sft.py)."""
+    NOT RUN ON A GPU: the CPU tests check the plumbing with a stand-in for the kernel."""
 
     def __init__(self, inner):
         self.inner = inner

@@ -34,7 +34,7 @@ THINK_TOKENS = ["<think>", "</think>"]  # ordinary added tokens: they stay visib
 # message is a system message); an assistant turn gets `<think></think>` when it has no think tags, is trimmed,
 # and, when a later user turn follows it and `truncate_history_thinking` (default true) holds, keeps only what
 # follows its last `</think>`; the generation prompt opens `<think>\n` (`<think></think>` with thinking off).
-# tests/test_prompts.py renders it against the real template (../shared) for each of these cases.
+# The prompt tests render it against the real template, when present, for each of these cases.
 CHAT_TEMPLATE = r"""
 {%- set enable_thinking = enable_thinking if enable_thinking is defined else true -%}
 {%- set truncate_history_thinking = truncate_history_thinking if truncate_history_thinking is defined else true -%}

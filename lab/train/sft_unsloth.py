@@ -2,7 +2,7 @@
 everything else (data, TRL's SFTTrainer, the gradient check, resume, saving) is `lab.train.sft`'s. `unsloth` is
 imported only when this backend is used (`fast_model`). What is checked here instead of trusted (the targets, an
 `lm_head` target refused) and the Unsloth source it rests on: docs/internals.md. Not run here: a real Unsloth run
-(tests/test_sft_unsloth.py drives it with a stand-in module).
+(its tests drive it with a stand-in module).
 """
 
 from __future__ import annotations
