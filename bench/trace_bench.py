@@ -59,14 +59,14 @@ def job_overrides(probe: str, style: str, seed: int, root: Path, extra: list[str
 def completion_cap(overrides: list[str]) -> tuple[int, list[int]]:
     """The per-style cap and the training completions' token counts, from the run's own split and tokenizer."""
     from lab.data import dataset as data
+    from lab.data.sft_examples import sft_examples
     from lab.model import models
-    from lab.train import sft
     from lab.core.config import compose
 
     cfg = compose(overrides)
     train, _ = data.prepare(cfg)
     tok = models.load_tokenizer(cfg)
-    examples, _ = sft.sft_examples(tok, train, cfg.sft.max_seq_len, data.trace_style(cfg))
+    examples, _ = sft_examples(tok, train, cfg.sft.max_seq_len, data.trace_style(cfg))
     n = [len(tok(c, add_special_tokens=False)["input_ids"]) for c in examples["completion"]]
     return max(64, math.ceil(1.25 * max(n, default=0))), n
 
@@ -78,7 +78,7 @@ def run_job(overrides: list[str], force: bool) -> dict:
     from lab.data import dataset as data
     from lab.eval import sampling
     from lab.model import generate
-    from lab.train import sft
+    from lab.recipes import sft as recipe
     from lab.core.config import compose, config_data, saved_config_matches
     from lab.core.io import read_json
     from lab.core.paths import resolve_path
@@ -98,8 +98,8 @@ def run_job(overrides: list[str], force: bool) -> dict:
     stage = Stage("02_sft", overrides)
     cfg = stage.cfg
     train, val = data.prepare(cfg)
-    metrics, model, _, _ = sft.train(cfg, stage, train)
-    del model
+    trainee = recipe.sft_model(stage)  # the 02_sft recipe's own steps: LoRA, examples, training (model released)
+    metrics = recipe.sft_train(stage, recipe.sft_examples(stage, train, trainee), trainee).metrics
     generate.release_memory()
     with generate.Generator(cfg, adapter=cfg.sft.adapter_dir) as gen:
         pred = sampling.predictions(gen, val, out_csv=stage.path("predictions.csv"))
