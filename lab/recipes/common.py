@@ -182,6 +182,13 @@ class Trained:
 
 
 @dataclasses.dataclass
+class Drawn:
+    """A table a step wrote as CSV and the figure it saved as PNG (`show` draws it inline)."""
+    table: pd.DataFrame
+    figure: object  # a matplotlib Figure
+
+
+@dataclasses.dataclass
 class Scores:
     """The trained adapter's scores against where it started: metrics, the per-category table, the figure."""
     metrics: dict

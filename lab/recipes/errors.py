@@ -6,7 +6,6 @@ which returns data; every file of `<run_dir>/05_errors/` is written here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import pandas as pd
@@ -14,6 +13,7 @@ import pandas as pd
 from lab import LabError
 from lab.core.io import atomic_write_csv, atomic_write_json
 from lab.core.run import Stage, stage_output
+from lab.recipes import common
 
 if TYPE_CHECKING:
     from lab.eval.analysis import SolverView
@@ -22,13 +22,6 @@ if TYPE_CHECKING:
 ANALYSIS_FILES = ("accuracy_by_category.csv", "accuracy_by_subtype.csv", "accuracy_by_category.png", "taxonomy.csv",
                   "taxonomy.png", "lengths.csv", "lengths.png", "failures.csv", "errors_metrics.json")
 SOLVER_FILES = ("solutions.csv", "accuracy_by_status.csv", "departures.csv", "departure_summary.csv", "imitation.csv")
-
-
-@dataclass
-class Drawn:
-    """A table the step wrote as CSV and the figure it saved as PNG (`common.show` draws it inline)."""
-    table: pd.DataFrame
-    figure: object  # a matplotlib Figure
 
 
 def errors(stage: Stage) -> dict:
@@ -80,7 +73,7 @@ def classify(pred: pd.DataFrame, budget: int) -> pd.DataFrame:
     return failures
 
 
-def accuracy(stage: Stage, failures: pd.DataFrame) -> Drawn:
+def accuracy(stage: Stage, failures: pd.DataFrame) -> common.Drawn:
     """Accuracy per category with Wilson 95% intervals (`accuracy_by_category.csv`, `.png`), and per subtype
     (`accuracy_by_subtype.csv`)."""
     from lab.core import plots
@@ -91,10 +84,10 @@ def accuracy(stage: Stage, failures: pd.DataFrame) -> Drawn:
     atomic_write_csv(stage.path("accuracy_by_subtype.csv"), analysis.accuracy_table(failures, ("category", "subtype")))
     fig = plots.accuracy_bars({"final": table}, "Held-out accuracy by category")
     plots.save(fig, stage.path("accuracy_by_category.png"))
-    return Drawn(table, fig)
+    return common.Drawn(table, fig)
 
 
-def taxonomy(stage: Stage, failures: pd.DataFrame) -> Drawn:
+def taxonomy(stage: Stage, failures: pd.DataFrame) -> common.Drawn:
     """Counts per category and failure class (`taxonomy.csv`, `taxonomy.png`)."""
     from lab.core import plots
     from lab.eval import analysis
@@ -103,7 +96,7 @@ def taxonomy(stage: Stage, failures: pd.DataFrame) -> Drawn:
     atomic_write_csv(stage.path("taxonomy.csv"), table)
     fig = plots.taxonomy(table)
     plots.save(fig, stage.path("taxonomy.png"))
-    return Drawn(table, fig)
+    return common.Drawn(table, fig)
 
 
 def failure_examples(failures: pd.DataFrame, cls: str, n: int = 1) -> pd.DataFrame:
@@ -130,7 +123,7 @@ def solver_or_imitation(stage: Stage, failures: pd.DataFrame) -> SolverView | No
     return view
 
 
-def lengths(stage: Stage, failures: pd.DataFrame, budget: int) -> Drawn:
+def lengths(stage: Stage, failures: pd.DataFrame, budget: int) -> common.Drawn:
     """Completion tokens per category, correct against wrong, and how many hit the budget (`lengths.csv`,
     `lengths.png`)."""
     from lab.core import plots
@@ -140,7 +133,7 @@ def lengths(stage: Stage, failures: pd.DataFrame, budget: int) -> Drawn:
     atomic_write_csv(stage.path("lengths.csv"), table)
     fig = plots.lengths(failures, budget, analysis.ordered_categories(failures))
     plots.save(fig, stage.path("lengths.png"))
-    return Drawn(table, fig)
+    return common.Drawn(table, fig)
 
 
 def changes_since_sft(stage: Stage, pred: pd.DataFrame) -> pd.DataFrame:
@@ -153,8 +146,8 @@ def changes_since_sft(stage: Stage, pred: pd.DataFrame) -> pd.DataFrame:
     return changes
 
 
-def errors_finish(stage: Stage, failures: pd.DataFrame, solver: SolverView | None, by_category: Drawn,
-                  classes: Drawn, budget: int, changes: pd.DataFrame) -> dict:
+def errors_finish(stage: Stage, failures: pd.DataFrame, solver: SolverView | None, by_category: common.Drawn,
+                  classes: common.Drawn, budget: int, changes: pd.DataFrame) -> dict:
     """`failures.csv` (one row per prediction with its class), `errors_metrics.json` (the headline and the files
     written) and metrics.json (the headline and the net change since 02_sft); finishes the stage."""
     from lab.eval import analysis

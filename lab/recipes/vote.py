@@ -6,7 +6,7 @@ figures they return. Every file of `<run_dir>/04_vote/` is written here."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from pathlib import Path
 
 import pandas as pd
@@ -19,13 +19,6 @@ from lab.core.run import Stage, stage_input
 from lab.recipes import common
 
 TRAINING_STAGES = (("03_grpo", "grpo"), ("02_sft", "sft"))  # latest first: (stage, the config node with adapter_dir)
-
-
-@dataclass
-class Drawn:
-    """A table the step wrote as CSV and the figure it saved as PNG (`common.show` draws it inline)."""
-    table: pd.DataFrame
-    figure: object  # a matplotlib Figure
 
 
 def vote(stage: Stage) -> dict:
@@ -135,7 +128,7 @@ def early_stop_live(stage: Stage, val: pd.DataFrame, gen) -> pd.DataFrame | None
     return live
 
 
-def pass_maj_curves(stage: Stage, samples: pd.DataFrame, greedy: pd.DataFrame) -> Drawn:
+def pass_maj_curves(stage: Stage, samples: pd.DataFrame, greedy: pd.DataFrame) -> common.Drawn:
     """pass@k and maj@k for k = 1..K against the greedy score (`curves.csv`, `vote_k.png`)."""
     from lab.core import plots
     from lab.eval import vote as vote_lib
@@ -144,7 +137,7 @@ def pass_maj_curves(stage: Stage, samples: pd.DataFrame, greedy: pd.DataFrame) -
     atomic_write_csv(stage.path("curves.csv"), curves)
     fig = plots.vote_k(curves, greedy=float(greedy["correct"].mean()), n=len(greedy))
     plots.save(fig, stage.path("vote_k.png"))
-    return Drawn(curves, fig)
+    return common.Drawn(curves, fig)
 
 
 def replay(stage: Stage, samples: pd.DataFrame, method: str) -> dict:
@@ -160,7 +153,7 @@ def replay(stage: Stage, samples: pd.DataFrame, method: str) -> dict:
 
 
 def methods_table(stage: Stage, greedy: pd.DataFrame, replayed: list[dict], live: pd.DataFrame | None,
-                  curves: Drawn) -> Drawn:
+                  curves: common.Drawn) -> common.Drawn:
     """Greedy, every replayed method and live early stopping: accuracy against tokens per puzzle (`methods.csv`,
     `vote_tokens.png`)."""
     from lab.core import plots
@@ -176,11 +169,11 @@ def methods_table(stage: Stage, greedy: pd.DataFrame, replayed: list[dict], live
     atomic_write_csv(stage.path("methods.csv"), methods)
     fig = plots.vote_tokens(curves.table, methods, n=len(greedy))
     plots.save(fig, stage.path("vote_tokens.png"))
-    return Drawn(methods, fig)
+    return common.Drawn(methods, fig)
 
 
 def vote_finish(stage: Stage, source: str, adapter: Path, greedy: pd.DataFrame, samples: pd.DataFrame,
-                curves: Drawn, methods: Drawn, live: pd.DataFrame | None) -> dict:
+                curves: common.Drawn, methods: common.Drawn, live: pd.DataFrame | None) -> dict:
     """metrics.json: the adapter, greedy accuracy, maj@k and pass@k at k, every method's row and live early
     stopping's generated cost against sampling in full; finishes the stage."""
     from lab.eval import vote as vote_lib
