@@ -5,7 +5,7 @@ import pytest
 
 from lab.puzzles import eqsearch as Q
 from lab.puzzles.check import Replay, replay_derivation
-from lab.puzzles.eqsolve import HEADER, compute
+from lab.puzzles.eqrules import HEADER, compute
 from lab.puzzles.solve import derivation, solve
 
 # generated (`generate('equation_transformation', 60, seed=3, symbolic=1.0, n_examples=5)`): plain a+b+1, plain a+b

@@ -7,11 +7,12 @@ import pytest
 
 from lab.competition.metric import verify
 from lab.puzzles import generate, solve, solve_frame
+from lab.puzzles import eqrules as rules
 from lab.puzzles import eqsolve as eq
 
 
 def prompt(lines, query):
-    return "\n".join([eq.HEADER, *lines, f"Now, determine the result for: {query}"])
+    return "\n".join([rules.HEADER, *lines, f"Now, determine the result for: {query}"])
 
 
 # Invented puzzles, worked by hand (the comment under each says how).
@@ -78,7 +79,7 @@ def test_priors_never_read_answers():
     assert eq.learn_priors(df["prompt"]).as_dict() == eq.learn_priors(shuffled).as_dict()
 
 
-CASES = [(mode, m) for mode in eq.MODES for m in eq.MEANINGS if m in eq.meanings_for(mode, "+")]
+CASES = [(mode, m) for mode in rules.MODES for m in rules.MEANINGS if m in rules.meanings_for(mode, "+")]
 
 
 @pytest.mark.parametrize("mode,meaning", CASES)
@@ -106,18 +107,18 @@ def test_roundtrip_guess_uses_an_unused_family(symbolic):
     for p in df["prompt"]:
         s = solve(p)
         assert s.status == "undetermined" and "never appears" in s.reason and s.answer
-        examples, query = eq.equation_parts(p)
+        examples, query = rules.equation_parts(p)
         if symbolic:
             continue
-        shown = {eq.family(h[2][o]) for h in eq.numeric_hypotheses(eq.by_operator(examples), eq.default_prior())
+        shown = {rules.family(h[2][o]) for h in eq.numeric_hypotheses(eq.by_operator(examples), eq.default_prior())
                  for o in h[2]}
         if len(shown) == len(eq.by_operator(examples)):  # every shown operator's family is determined
-            assert eq.family(s.method.split(" ", 1)[1]) not in shown
+            assert rules.family(s.method.split(" ", 1)[1]) not in shown
 
 
 def test_symbolic_caps_are_never_solved():
     # one concatenation example: every digit map fits (5,040 per mode), and all give the same answer
-    examples, q = eq.equation_parts(prompt(["<>+[] = <>[]"], "[<+>]"))
+    examples, q = rules.equation_parts(prompt(["<>+[] = <>[]"], "[<+>]"))
     full = eq.solve_symbolic(examples, q, "symbolic_deduce", cap=20_000)
     assert (full.answer, full.status) == ("[<>]", "solved")
     for kw, why in [({"join_cap": 1_000}, "work cap"), ({"vote_cap": 10}, "work cap"),

@@ -194,7 +194,7 @@ def test_real_examples_classified_and_solved():
 
 
 def test_equation_backtick_is_a_symbol():
-    from lab.puzzles.eqsolve import equation_parts
+    from lab.puzzles.eqrules import equation_parts
     assert equation_parts(EQ_SYMBOLIC_REAL) == ([("`!*[{", "'\"[`")], "[[-!'")
     # a puzzle whose symbols include the backtick, at the edges of lines too, solves like the same puzzle
     # written with another symbol in its place

@@ -33,7 +33,7 @@ def category(name: str) -> Category:
 
 def classify(prompt: str) -> tuple[str, str]:
     """(category, subtype) from the prompt's opening wording, keys checked in table order; ('unknown', '') when
-    no key matches, never a guess. Subtypes: equations have four, `<kind>_<mode>` (`eqsolve.equation_subtype`);
+    no key matches, never a guess. Subtypes: equations have four, `<kind>_<mode>` (`eqrules.equation_subtype`);
     every other category has ''."""
     for c in TABLE:
         if has_key(prompt, c.key):

@@ -15,7 +15,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from .check import Fail
-from .eqsolve import FAMILY, MEANINGS, MODES, compute, meanings_for
+from .eqrules import FAMILY, MEANINGS, MODES, compute, meanings_for
 
 MAX_CANDS = 150     # largest candidate list a branch point may write
 MAX_CHARS = 11_500  # trace characters before the search gives up (the real tokenizer: see lab/puzzles/README.md)

@@ -1,7 +1,7 @@
 """The equation-transformation category: its Category object, its derivation traces and its compact-line checker.
 
-The rule model and the solvers are `eqsolve`; the symbolic written search is `eqsearch`. Derivation (`derive`):
-  numeric   the query operator's candidate meanings, modes `plain` then `reversed`, meanings in `eqsolve.MEANINGS`
+The rule model is `eqrules`, the solvers `eqsolve`; the symbolic written search is `eqsearch`. Derivation (`derive`):
+  numeric   the query operator's candidate meanings, modes `plain` then `reversed`, meanings in `eqrules.MEANINGS`
             order, each computed on that operator's examples in turn until one rejects it; the first that no
             example rejects is kept when it gives the solver's answer (for a `solved` puzzle every fitting reading
             does, unless the other operators rule it out); otherwise a note says the solver's priors set it aside,
@@ -21,8 +21,8 @@ from __future__ import annotations
 from .check import line_rules
 from .common import Category, Solution
 from .eqsearch import BRANCHES, OPS, Unfit, search_lines
-from .eqsolve import (KEY, MODES, NAME, SUB, by_operator, compute, equation_parts, equation_subtype, generate_one,
-                      learn_priors, meanings_for, solve, split_lhs, split_numeric)
+from .eqrules import KEY, MODES, SUB, compute, equation_parts, equation_subtype, meanings_for
+from .eqsolve import NAME, by_operator, generate_one, learn_priors, solve, split_lhs, split_numeric
 
 
 def _eq_value(meaning: str, x: str, y: str, mode: str, sym: str, tag: str, lines: list[str]) -> str | None:
