@@ -150,7 +150,7 @@ def test_accuracy_table_by_category_and_subtype():
 
 @pytest.fixture
 def fake_solver(monkeypatch):
-    """Replace lab.puzzles.solve: status by the prompt's first word, trace 'step a / step b'."""
+    """Replace the solver analysis calls: status by the prompt's first word, trace 'step a / step b'."""
     calls = []
 
     def solve(prompt, style="compact", **inputs):
@@ -160,7 +160,7 @@ def fake_solver(monkeypatch):
         return SimpleNamespace(answer="1", status=status, trace=done("step a\nstep b", "1"), reason="")
 
     solve.inputs = []
-    monkeypatch.setattr(errors.puzzles, "solve", solve)
+    monkeypatch.setattr(errors, "solve", solve)
     monkeypatch.setattr(errors, "_SOLVER_MEMO", {})
     return calls
 
@@ -179,7 +179,7 @@ def test_accuracy_by_status_and_solver_cache(fake_solver, tmp_path):
     assert list(acc.index) == ["solved", "ambiguous", "undetermined", "all"]
     assert acc.loc["solved", ["n", "correct"]].tolist() == [2, 1]
     assert len(fake_solver) == 4
-    assert errors.puzzles.solve.inputs == [["priors", "vocab"]] * 4  # the batch's inputs, as solve_frame builds them
+    assert errors.solve.inputs == [["priors", "vocab"]] * 4  # the batch's inputs, as solve_frame builds them
     accuracy_table(_status_pred(), ("status",))  # memo: no new solver calls
     assert len(fake_solver) == 4
 

@@ -191,9 +191,9 @@ def test_find_nothing_lists_places(isolated):
 # ---------------------------------------------------------------------------------------------
 
 def test_add_categories(monkeypatch):
-    fake = types.ModuleType("lab.puzzles")
+    fake = types.ModuleType("lab.puzzles.categories")
     fake.classify = lambda p: ("bit_manipulation", "xor") if "bit" in p else ("unknown", "unknown")
-    monkeypatch.setitem(sys.modules, "lab.puzzles", fake)
+    monkeypatch.setitem(sys.modules, "lab.puzzles.categories", fake)
     df = pd.DataFrame({"id": ["1", "2"], "prompt": ["bit rule", "??"]}, dtype=str)
     out = add_categories(df)
     assert out["category"].tolist() == ["bit_manipulation", "unknown"]

@@ -1,6 +1,8 @@
 """The data-mix knobs of conf/data (lab.data.dataset): per-category oversampling weights, per-category trace styles and
 synthetic-only training with the real file held for validation. Literal frames; no model."""
 
+import importlib
+
 import pandas as pd
 import pytest
 
@@ -71,7 +73,7 @@ def test_sft_examples_use_each_categorys_style(monkeypatch):
         def __call__(self, text, add_special_tokens=False):
             return {"input_ids": text.split()}
 
-    monkeypatch.setattr("lab.puzzles.solve", fake_solve)
+    monkeypatch.setattr(importlib.import_module("lab.puzzles.solve"), "solve", fake_solve)  # the module
     monkeypatch.setattr("lab.data.sft_examples.chat_prompt", lambda tok, p: p)
     puzzles = pd.DataFrame({"id": ["a", "b"], "prompt": ["pa", "pb"], "answer": ["1", "1"],
                             "category": ["bit_manipulation", "gravity"]})

@@ -106,7 +106,7 @@ def add_categories(df: pd.DataFrame) -> pd.DataFrame:
     """A copy of `df` with `category` and `subtype` from `lab.puzzles.classify(prompt)`. A file's own `category` or
     `subtype` column that says otherwise is kept, as `category_in_file` / `subtype_in_file`, with a note (extra
     columns are kept: it is never silently replaced)."""
-    from lab.puzzles import classify
+    from lab.puzzles.categories import classify
 
     if "prompt" not in df.columns:
         raise LabError(f"add_categories: no 'prompt' column (columns are {list(df.columns)})")
@@ -243,7 +243,7 @@ def category_problems(cfg) -> list[str]:
     of `lab.puzzles.CATEGORIES` (the one list: a new category is one puzzles module and one TABLE line), and each key
     of `data.difficulty.<category>` that is not a knob of that category's generator (`lab.puzzles.generate.knobs`)."""
     from lab.core.schema import choice_problems
-    from lab.puzzles import CATEGORIES
+    from lab.puzzles.categories import CATEGORIES
     from lab.puzzles.generate import knob_problems
 
     d, known = cfg.data, tuple(CATEGORIES)
@@ -487,7 +487,7 @@ def _style(key: str, style: str) -> str:
 
 def _by_category(cfg, key: str) -> dict:
     """`data.<key>` as a dict ({} when unset), every key checked to be a category."""
-    from lab.puzzles import CATEGORIES
+    from lab.puzzles.categories import CATEGORIES
 
     per = dict(cfg.data.get(key, None) or {})
     for cat in per:
@@ -550,7 +550,7 @@ def oversample(examples: pd.DataFrame, weights: dict[str, float], seed: int) -> 
 def trace_styles(cfg) -> dict[str, str]:
     """{category: style} for every category: `data.trace_styles.<category>` where set, else `data.trace_style`.
     An unknown category or style is a LabError."""
-    from lab.puzzles import CATEGORIES
+    from lab.puzzles.categories import CATEGORIES
 
     default = trace_style(cfg)
     per = {cat: _style(f"trace_styles.{cat}", st) for cat, st in _by_category(cfg, "trace_styles").items()}
@@ -573,7 +573,8 @@ def synthetic_train_split(cfg, real: pd.DataFrame, categories: list[str] | None)
 def _generated(cfg, categories: list[str] | None, n: int, seed: int, exclude=()) -> pd.DataFrame:
     """`n` puzzles of each category (all when None) from `lab.puzzles.generate` with `data.difficulty`, seeded by
     `seed`; those whose prompt is in `exclude` dropped."""
-    from lab.puzzles import CATEGORIES, generate
+    from lab.puzzles.categories import CATEGORIES
+    from lab.puzzles.generate import generate
 
     difficulty = cfg.data.difficulty or {}
     df = pd.concat([generate(c, n, seed=seed, **dict(difficulty.get(c, {}))) for c in categories or CATEGORIES],

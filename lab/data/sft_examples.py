@@ -24,7 +24,8 @@ def sft_examples(tokenizer, puzzles: pd.DataFrame, max_seq_len: int,
     (the cipher's pooled vocabulary, the equations' priors) comes from the frame's prompts, as in `solve_frame`.
     """
     from lab.competition.metric import verify
-    from lab.puzzles import batch_inputs, classify, solve
+    from lab.puzzles.categories import classify
+    from lab.puzzles.solve import batch_inputs, solve
 
     inputs = batch_inputs(puzzles["prompt"])
     rows, counts = [], {"puzzles": len(puzzles), "kept": 0, "unsolved": 0, "solver_wrong": 0, "overlong": 0}

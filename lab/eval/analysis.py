@@ -26,9 +26,8 @@ from lab.core.schema import COMPETITION
 from lab.core.io import atomic_write_csv
 from lab.core.stats import wilson_interval  # also lab.eval.analysis.wilson_interval, as before
 from lab.competition.metric import extract_answer, read_table, verify
-from lab import puzzles
-from lab.puzzles import CATEGORIES
-from lab.puzzles.categories import BY_NAME, TABLE
+from lab.puzzles.categories import BY_NAME, CATEGORIES, TABLE
+from lab.puzzles.solve import batch_inputs, solve
 
 # --------------------------------------------------------------------------------------------
 # constants
@@ -202,8 +201,8 @@ def solve_prompts(prompts: Iterable[str], cache_path: str | os.PathLike | None =
         if row is None:
             fresh = True
             try:
-                inputs = puzzles.batch_inputs(prompts) if inputs is None else inputs
-                s = puzzles.solve(p, style=style, **inputs)
+                inputs = batch_inputs(prompts) if inputs is None else inputs
+                s = solve(p, style=style, **inputs)
                 row = {"status": str(s.status), "solver_answer": "" if s.answer is None else str(s.answer),
                        "solver_trace": str(s.trace or ""), "solver_reason": str(getattr(s, "reason", "") or "")}
             except Exception as e:  # noqa: BLE001 - the solver promises not to raise; do not die if it does
