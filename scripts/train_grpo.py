@@ -23,9 +23,9 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides, no_eval = _launch.overrides_from(argv)
     state, stage = _launch.open_stage("03_grpo", overrides)
-    from lab import recipes
+    from lab.recipes import grpo
 
-    recipes.grpo.grpo(stage, launch=state, evaluate_adapter=not no_eval)
+    grpo.grpo(stage, launch=state, evaluate_adapter=not no_eval)
     return _launch.done(state, stage)
 
 

@@ -24,9 +24,9 @@ def main(argv: list[str] | None = None) -> int:
 
     overrides, no_eval = _launch.overrides_from(argv)
     state, stage = _launch.open_stage("02_sft", overrides)
-    from lab import recipes
+    from lab.recipes import sft
 
-    recipes.sft.sft(stage, launch=state, evaluate_adapter=not no_eval)
+    sft.sft(stage, launch=state, evaluate_adapter=not no_eval)
     return _launch.done(state, stage)
 
 

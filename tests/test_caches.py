@@ -110,7 +110,7 @@ def test_a_puzzle_counts_as_done_only_with_all_its_samples(run, monkeypatch):
 
 def test_sweep_job_with_a_changed_default_is_not_done(tmp_path, monkeypatch):
     """Same overrides, another resolved config (a default in conf/ changed since): the job runs again."""
-    from lab.runs import sweep as sw
+    from lab.runs import jobs, sweep as sw
 
     from lab.core import owner
 
@@ -122,10 +122,10 @@ def test_sweep_job_with_a_changed_default_is_not_done(tmp_path, monkeypatch):
         atomic_write_json(d / stage / "metrics.json", {"n_train": 1})
         mark_finished(d / stage)
     key = sw.config_key(sw.job_config(nb))
-    sw.write_done(d, "seed=1", ["01_explore"], ["seed=1"], key, "now")
-    assert sw.is_done(d, ["01_explore"], ["seed=1"], key)
+    jobs.write_done(d, "seed=1", ["01_explore"], ["seed=1"], key, "now")
+    assert jobs.is_done(d, ["01_explore"], ["seed=1"], key)
     changed = sw.config_key(sw.job_config([*nb, "sft.learning_rate=0.5"]))
-    assert not sw.is_done(d, ["01_explore"], ["seed=1"], changed)
+    assert not jobs.is_done(d, ["01_explore"], ["seed=1"], changed)
     ran = []
     monkeypatch.setattr(sw, "execute_stage", lambda stage, job_dir, nbo, **kw: ran.append(stage) or atomic_write_json(
         job_dir / stage / "metrics.json", {}) and mark_finished(job_dir / stage))
@@ -299,7 +299,7 @@ def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
     and a second evaluation with the same key is copied, not generated."""
     from types import SimpleNamespace
 
-    from lab import recipes
+    from lab.recipes import common, sft
     from lab.train import sft as sft_lib
 
     root, _, _ = run
@@ -309,10 +309,10 @@ def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
     class Stop(Exception):
         pass
 
-    monkeypatch.setattr(recipes.common, "evaluate", lambda *a, **k: seen.append(k) or pd.DataFrame({"correct": [True]}))
+    monkeypatch.setattr(common, "evaluate", lambda *a, **k: seen.append(k) or pd.DataFrame({"correct": [True]}))
     monkeypatch.setattr(sft_lib, "model_with_lora", lambda *a, **k: (_ for _ in ()).throw(Stop()))
     with pytest.raises(Stop):
-        recipes.sft.sft(SimpleNamespace(cfg=cfg, path=lambda n: root / n))
+        sft.sft(SimpleNamespace(cfg=cfg, path=lambda n: root / n))
     assert seen and seen[0].get("cached", True) is True
     monkeypatch.undo()
 
@@ -320,7 +320,7 @@ def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
     real = S.predictions
     monkeypatch.setattr(S, "predictions", lambda *a, **k: made.append(1) or real(*a, **k))
     stage = SimpleNamespace(cfg=cfg, path=lambda n: root / n)
-    first = recipes.common.evaluate(stage, FIVE[:2], None, "before_a.csv")
-    second = recipes.common.evaluate(stage, FIVE[:2], None, "before_b.csv")
+    first = common.evaluate(stage, FIVE[:2], None, "before_a.csv")
+    second = common.evaluate(stage, FIVE[:2], None, "before_b.csv")
     assert made == [1]
     pd.testing.assert_frame_equal(first, second)

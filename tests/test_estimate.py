@@ -124,7 +124,7 @@ def test_the_command_joins_the_grpo_eval_and_vote_sections(tmp_path, capsys):
 def test_a_real_model_stage_prints_its_projection_when_it_opens(tmp_path, monkeypatch, capsys):
     """02_sft prints its SFT projection, 03_grpo and 04_vote the GRPO / evaluation / vote hours, before any model
     loads (lab.recipes.common.open_stage, after the preflight); the tiny model on gpu=none prints none."""
-    from lab import recipes
+    from lab.recipes import common
     from lab.plan import preflight
 
     monkeypatch.setattr(est, "row_tokens", lambda cfg, sample=None, assume=False: (est.assumed_tokens(
@@ -136,7 +136,7 @@ def test_a_real_model_stage_prints_its_projection_when_it_opens(tmp_path, monkey
     assert "PROJECTED on gpu=" in grpo and "GRPO minutes per optimizer step" in grpo
     assert est.stage_projection("01_explore", cfg) == [] and est.stage_projection("02_sft", config.compose([])) == []
     monkeypatch.setattr(preflight, "check", lambda stage, overrides: None)  # a GPU machine with everything installed
-    recipes.common.open_stage("02_sft", [*REAL, f"run_dir={tmp_path / 'run'}"])
+    common.open_stage("02_sft", [*REAL, f"run_dir={tmp_path / 'run'}"])
     out = capsys.readouterr().out
     assert out.index("SFT on h100_80gb") < out.index("run_dir = ")  # printed before the stage folder opens
 

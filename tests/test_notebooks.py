@@ -175,10 +175,13 @@ def _recipe_run(notebook: str, monkeypatch) -> list[str]:
     import inspect
     from unittest import mock
 
-    from lab import recipes
+    import importlib
+
     from lab.core.config import compose
+    from lab.recipes import common
 
     name = RECIPES[notebook]
+    recipe = importlib.import_module(f"lab.recipes.{name}")
     ran: list[str] = []
 
     def recorder(step):
@@ -190,7 +193,7 @@ def _recipe_run(notebook: str, monkeypatch) -> list[str]:
                                                                      for i in range(n))
         return call
 
-    for module in (recipes.common, getattr(recipes, name)):
+    for module in (common, recipe):
         short = module.__name__.rsplit(".", 1)[1]
         for fn_name, fn in vars(module).items():
             if inspect.isfunction(fn) and fn.__module__ == module.__name__ and not fn_name.startswith("_") \
@@ -198,7 +201,7 @@ def _recipe_run(notebook: str, monkeypatch) -> list[str]:
                 monkeypatch.setattr(module, fn_name, recorder(f"{short}.{fn_name}"))
     stage = mock.MagicMock(name="stage")
     stage.cfg = compose(SMOKE_OVERRIDES)
-    getattr(getattr(recipes, name), name)(stage)
+    getattr(recipe, name)(stage)
     return ran
 
 
@@ -279,8 +282,7 @@ def test_notebooks_reach_the_lab_through_recipes_and_draw_figures_from_their_obj
     tree = ast.parse(code)
     for node in ast.walk(tree):
         if isinstance(node, ast.ImportFrom) and (node.module or "").split(".")[0] == "lab":
-            assert node.module == "lab.recipes" or (node.module == "lab" and [a.name for a in node.names] ==
-                                                    ["recipes"]), ast.unparse(node)
+            assert node.module == "lab.recipes", ast.unparse(node)  # lab.recipes imports none of its modules
         if isinstance(node, ast.Import):
             assert not any(a.name.split(".")[0] == "lab" for a in node.names), ast.unparse(node)
     assert not [n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and str(n.value).endswith(".png")]
@@ -358,7 +360,7 @@ def test_the_stage_functions_write_what_the_notebooks_write(smoke_run, tmp_path)
     call them) write the same metrics (timings and paths aside), predictions, LoRA table and submission.zip members
     (the config's base-model path aside) as the notebooks' cells did in the shared smoke run; so do
     `recipes.vote.vote` and `recipes.errors.errors` (samples, curves, methods, taxonomy, failures)."""
-    from lab import recipes
+    from lab.recipes import common, errors, grpo, sft, vote
 
     def same(run_dir, stage):
         m = json.loads((run_dir / stage / "metrics.json").read_text())
@@ -376,15 +378,15 @@ def test_the_stage_functions_write_what_the_notebooks_write(smoke_run, tmp_path)
         return members, config
 
     run = tmp_path / "run"
-    for stage, fn in (("02_sft", recipes.sft.sft), ("03_grpo", recipes.grpo.grpo)):
-        fn(recipes.common.open_stage(stage, SMOKE_OVERRIDES + [f"run_dir={run}"]))
+    for stage, fn in (("02_sft", sft.sft), ("03_grpo", grpo.grpo)):
+        fn(common.open_stage(stage, SMOKE_OVERRIDES + [f"run_dir={run}"]))
         assert same(run, stage) == same(smoke_run, stage), stage
         assert (run / stage / "predictions.csv").read_bytes() == (smoke_run / stage / "predictions.csv").read_bytes()
         assert packed(run, stage) == packed(smoke_run, stage), stage
     for name in ("02_sft/train_log.csv", "02_sft/predictions_before.csv", "02_sft/lora_targets.csv"):
         assert (run / name).read_bytes() == (smoke_run / name).read_bytes(), name  # (GRPO's log has step times)
-    for stage, fn in (("04_vote", recipes.vote.vote), ("05_errors", recipes.errors.errors)):
-        fn(recipes.common.open_stage(stage, SMOKE_OVERRIDES + [f"run_dir={run}"]))
+    for stage, fn in (("04_vote", vote.vote), ("05_errors", errors.errors)):
+        fn(common.open_stage(stage, SMOKE_OVERRIDES + [f"run_dir={run}"]))
         assert same(run, stage) == same(smoke_run, stage), stage
     for name in ("04_vote/samples.csv", "04_vote/curves.csv", "04_vote/methods.csv", "05_errors/taxonomy.csv",
                  "05_errors/failures.csv", "05_errors/errors_metrics.json"):

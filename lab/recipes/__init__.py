@@ -3,6 +3,6 @@ by the stage function (and its script), so a notebook and its script write the s
 
   common   opening a stage, the split, figures shown inline, the cached greedy evaluation, the adapter packed
   explore  01_explore     sft  02_sft     grpo  03_grpo     vote  04_vote     errors  05_errors
-"""
 
-from lab.recipes import common, errors, explore, grpo, sft, vote  # noqa: F401  (`recipes.sft.sft_train`)
+The package imports none of them: import the one you use (`from lab.recipes import common, sft as recipe`).
+"""
