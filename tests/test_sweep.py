@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from lab.core import config
+from lab.runs import jobs
 from lab.runs import sweep as sw
 from finished import mark_finished  # tests/finished.py
 from lab.runs import sweep_report as rp
@@ -180,7 +181,7 @@ def fake_job(sweep_dir: Path, params: dict, metrics: dict[str, dict] | None, sta
     if status == "failed":
         atomic_write_text(d / "error.txt", "stage: 02_sft\nerror: LabError: boom\n")
     if status == "finished":
-        sw.write_done(d, name, stages, overrides, "key", "now")
+        jobs.write_done(d, name, stages, overrides, "key", "now")
     return d
 
 
@@ -232,14 +233,14 @@ def test_job_status_and_done_marker(tmp_path):
     d = fake_job(tmp_path, {"seed": 1}, {"01_explore": {"n_train": 1}, "02_sft": {"accuracy_after": 0.5}})
     job = json.loads((d / "job.json").read_text())
     assert rp.job_status(d, job) == "finished"
-    assert sw.is_done(d, ["01_explore", "02_sft"], ["seed=1"])
-    assert not sw.is_done(d, ["01_explore", "02_sft"], ["seed=1", "data.n_train=8"])  # other overrides
-    assert not sw.is_done(d, ["01_explore", "02_sft", "03_grpo"], ["seed=1"])  # a stage not run
+    assert jobs.is_done(d, ["01_explore", "02_sft"], ["seed=1"])
+    assert not jobs.is_done(d, ["01_explore", "02_sft"], ["seed=1", "data.n_train=8"])  # other overrides
+    assert not jobs.is_done(d, ["01_explore", "02_sft", "03_grpo"], ["seed=1"])  # a stage not run
     (d / "02_sft" / "metrics.json").unlink()  # a done.json without the stage's metrics is not finished
-    assert "02_sft/metrics.json: missing, though done.json vouches for it" in sw.done_problem(d, ["01_explore"])
-    assert not sw.is_done(d, ["01_explore", "02_sft"], ["seed=1"]) and rp.job_status(d, job) == "not current"
+    assert "02_sft/metrics.json: missing, though done.json vouches for it" in jobs.done_problem(d, ["01_explore"])
+    assert not jobs.is_done(d, ["01_explore", "02_sft"], ["seed=1"]) and rp.job_status(d, job) == "not current"
     (d / "done.json").write_text("{ half written")
-    assert not sw.is_done(d, ["01_explore"], ["seed=1"])
+    assert not jobs.is_done(d, ["01_explore"], ["seed=1"])
 
 
 def test_report_says_where_each_job_ran(tmp_path):
@@ -252,7 +253,7 @@ def test_report_says_where_each_job_ran(tmp_path):
                     (cpu, {"cuda": False, "torch_threads": 2}),
                     (old, {"cuda": False})):  # old: before threads were recorded
         mark_finished(job / "01_explore", hardware=hw)
-        sw.write_done(job, job.name, sorted(full_metrics(1, 0.001)), [f"seed={job.name[-1]}"], "key", "now")
+        jobs.write_done(job, job.name, sorted(full_metrics(1, 0.001)), [f"seed={job.name[-1]}"], "key", "now")
     out = rp.report(d)
     assert out["table"]["hardware"].tolist() == ["NVIDIA H100 80GB HBM3, torch threads 1", "cpu, torch threads 2", "cpu"]
     assert "| seed=2 | finished | 2 | cpu, torch threads 2 |" in re.sub(r" +", " ", out["markdown"])

@@ -451,7 +451,7 @@ def test_compare_warns_of_a_correct_column_the_metric_contradicts(tmp_path, caps
 def test_report_does_not_average_over_an_unreadable_job(tmp_path, capsys):
     """Low item: `lab report` silently averaged over a job whose metrics.json was unreadable."""
     from lab.core.io import atomic_write_json
-    from lab.runs.sweep import write_done
+    from lab.runs.jobs import write_done
     from lab.runs.sweep_report import collect
     from finished import mark_finished  # tests/finished.py
 

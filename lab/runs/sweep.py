@@ -35,13 +35,13 @@ from lab.core.config import compose, config_data, parsed_overrides, saved_config
 from lab.core.io import atomic_write_json, atomic_write_text, read_json
 from lab.core.paths import project_root, resolve_path
 from lab.core.run import _now, run_lock  # _now: the manifests' UTC time stamp, so job.json's read the same
+from lab.runs.jobs import DONE_FILE, ERROR_FILE, JOB_FILE, SWEEP_FILE, done_problem, find_jobs, write_done
 from lab.runs.pipeline import STAGES, execute_stage, summary, with_smoke
 
 log = logging.getLogger(__name__)
 
 SWEEPS_DIR = "outputs/sweeps"
 LAUNCHERS = ("basic", "joblib", "submitit_local", "submitit_slurm")
-SWEEP_FILE, JOB_FILE, DONE_FILE, ERROR_FILE = "sweep.json", "job.json", "done.json", "error.txt"
 RESERVED = {"run_dir": "each job's run_dir is its own folder in the sweep",
             "run_name": "jobs are named after their swept overrides"}
 HYDRA_OWNED = ("hydra.sweep.dir", "hydra.sweep.subdir", "hydra.job.chdir", "hydra.job.config.override_dirname",
@@ -82,43 +82,6 @@ def job_config(nb_overrides: list[str]) -> dict:
 
 def config_key(config: dict) -> str:
     return hashlib.sha256(json.dumps(config, sort_keys=True, default=str).encode()).hexdigest()
-
-
-STAGE_FILES = ("metrics.json", "manifest.json")  # what done.json vouches for in each stage folder
-
-
-def write_done(job_dir: Path, name: str, stages: list[str], overrides: list[str], key: str, end_time: str) -> None:
-    """done.json: the job's overrides and config key, sealing each stage's `STAGE_FILES` (`lineage.seal`)."""
-    lineage.seal(Path(job_dir) / DONE_FILE,
-                 {"job": name, "overrides": sorted(overrides), "config_sha256": key, "end_time": end_time},
-                 [Path(job_dir) / s / f for s in stages for f in STAGE_FILES])
-
-
-def done_problem(job_dir: Path, stages: list[str], overrides: list[str] | None = None, key: str | None = None
-                 ) -> str | None:
-    """Why the job in `job_dir` is not finished for `stages` (None: it is): done.json missing, unreadable, made with
-    other overrides or another resolved config (`config_key`; not compared when None), not vouching for a stage, a
-    sealed file changed since (a stage rerun by hand), or a stage not current (`lineage.problems`)."""
-    job_dir = Path(job_dir)
-    try:
-        d = lineage.check_seal(job_dir / DONE_FILE)
-    except lineage.Unsealed as e:
-        return str(e)
-    made = d.get("key") or {}
-    if overrides is not None and made.get("overrides") != sorted(overrides):
-        return f"{job_dir / DONE_FILE}: made with overrides {made.get('overrides')}, not {sorted(overrides)}"
-    if key is not None and made.get("config_sha256") != key:
-        return f"{job_dir / DONE_FILE}: made with another resolved config (conf/ changed since)"
-    if missing := [s for s in stages if f"{s}/metrics.json" not in d["sha256"]]:
-        return f"{job_dir / DONE_FILE}: the job did not run {', '.join(missing)}"
-    memo: dict = {}
-    found = [p for s in stages for p in lineage.problems(job_dir, s, memo)]
-    return "; ".join(found) or None
-
-
-def is_done(job_dir: Path, stages: list[str], overrides: list[str], key: str | None = None) -> bool:
-    """`done_problem` finds nothing."""
-    return done_problem(job_dir, stages, overrides, key) is None
 
 
 def _stage_kept(job_dir: Path, stage: str, nb_overrides: list[str], config: dict) -> bool:
@@ -378,9 +341,3 @@ def results_on_disk(sweep_dir: Path, why: str) -> list[dict]:
                             "error": f"the job's process ended without a result (killed, preempted or out of memory?): "
                                      f"{why}"})
     return results
-
-
-def find_jobs(sweep_dir: Path) -> list[Path]:
-    """Every job folder (holding job.json) under the sweep folder, hidden folders (.submitit, .hydra) skipped."""
-    return [f.parent for f in sorted(sweep_dir.rglob(JOB_FILE))
-            if not any(part.startswith(".") for part in f.parent.relative_to(sweep_dir).parts)]

@@ -1,7 +1,7 @@
 """One report across a sweep's jobs: `python -m lab report SWEEP_DIR` (`lab.runs.cli`; the sweep itself:
 `lab.runs.sweep`).
 
-It collects every job folder of the sweep (`lab.runs.sweep.find_jobs`; failed and unfinished ones too, with a status
+It collects every job folder of the sweep (`lab.runs.jobs.find_jobs`; failed and unfinished ones too, with a status
 column) into `report.csv` and `report.md`: the parameters (the swept overrides, parsed), where the job ran, and
 every stage's scalar metrics as `<stage>.<key>`; it plots each headline metric against each swept parameter (mean
 and min-max over seeds) and, for a seeds-only sweep, a per-seed bar chart with the mean, into `<sweep_dir>/plots/`
@@ -25,14 +25,14 @@ from lab import LabError
 from lab.core.io import atomic_write_csv, atomic_write_text, read_json
 from lab.runs.pipeline import STAGES
 from lab.core.plots import ordered, save, sweep_against, sweep_seeds
-from lab.runs.sweep import DONE_FILE, ERROR_FILE, JOB_FILE, done_problem, find_jobs
+from lab.runs.jobs import DONE_FILE, ERROR_FILE, JOB_FILE, done_problem, find_jobs
 
 HEADLINE = ("02_sft.accuracy_after", "03_grpo.accuracy_sft_start", "03_grpo.accuracy_after", "03_grpo.delta",
             "04_vote.maj_at_k")
 
 
 def job_status(job_dir: Path, job: dict) -> str:
-    """finished (done.json vouches for every stage, each current: `lab.runs.sweep.done_problem`), not current
+    """finished (done.json vouches for every stage, each current: `lab.runs.jobs.done_problem`), not current
     (done.json is there but no longer holds: a stage rerun or edited by hand since), failed (error.txt), else
     unfinished (running or killed); `collect` marks a job whose metrics.json cannot be read `unreadable`."""
     stages = job.get("stages", [])
