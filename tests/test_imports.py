@@ -8,6 +8,7 @@ import-linter comes with the dev extra (`pip install -e '.[dev]'`); without it t
 from __future__ import annotations
 
 import copy
+import importlib.util
 import json
 import random
 import subprocess
@@ -19,6 +20,7 @@ from lab.core.paths import project_root
 
 LAB = project_root() / "lab"
 PYPROJECT = project_root() / "pyproject.toml"
+MAX_MODULE_LEVELS = 9  # the longest chain of imports between lab's modules, in modules (scripts/import_graph.py)
 
 
 def lab_modules() -> list[str]:
@@ -92,6 +94,30 @@ def test_the_contracts_hold_and_fail_on_a_planted_violation(graph):
     unlisted = copy.deepcopy(graph)  # a new module must be put in a layer (exhaustive)
     unlisted.add_module("lab.newthing")
     assert _check(unlisted)["layers"] is False
+
+
+def _import_graph():
+    """scripts/import_graph.py as a module: its `longest_chain` is what the test below holds."""
+    spec = importlib.util.spec_from_file_location("import_graph", project_root() / "scripts" / "import_graph.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_longest_import_chain_stays_within_nine_modules(graph):
+    longest_chain = _import_graph().longest_chain
+    longest = longest_chain(graph)
+    assert len(longest) <= MAX_MODULE_LEVELS, f"{len(longest)} module levels: {' -> '.join(longest)}"
+
+    on_top = copy.deepcopy(graph)  # a module importing the top of the longest chain makes it one longer
+    on_top.add_import(importer="lab.planted", imported=longest[0], line_number=1, line_contents="import x")
+    assert longest_chain(on_top) == ["lab.planted", *longest]
+
+    tall = copy.deepcopy(graph)  # a planted chain one module past the limit is caught, whatever the lab's own depth
+    names = [f"lab.planted{i}" for i in range(MAX_MODULE_LEVELS + 1)]
+    for importer, imported in zip(names, names[1:]):
+        tall.add_import(importer=importer, imported=imported, line_number=1, line_contents="import x")
+    assert len(longest_chain(tall)) == MAX_MODULE_LEVELS + 1 > MAX_MODULE_LEVELS
 
 
 @pytest.mark.slow  # several seconds: subprocesses or a full trace (the fast lane stays short)
