@@ -49,18 +49,18 @@ def lab_root(tmp_path, monkeypatch):
 
 
 def test_a_stage_opened_without_run_name_joins_the_current_run_unless_told(lab_root, capsys):
-    from lab import recipes
+    from lab.recipes import common
 
     run = lab_root / "outputs" / "2026-11-29_10-00-00"
     _finished(run, "01_explore", 200)
-    stage = recipes.common.open_stage("02_sft", [])
+    stage = common.open_stage("02_sft", [])
     first = capsys.readouterr().out.splitlines()[0]
     assert stage.run_dir == run and first.startswith(f"joining the current run {run}") and "new_run=True" in first
     stage.finish({})  # lets go of the run's lock
-    fresh = recipes.common.open_stage("02_sft", [], new_run=True)
+    fresh = common.open_stage("02_sft", [], new_run=True)
     assert fresh.run_dir.parent == run.parent and fresh.run_dir != run
     fresh.finish({})
-    named = recipes.common.open_stage("02_sft", ["run_name=mine"])
+    named = common.open_stage("02_sft", ["run_name=mine"])
     assert named.run_dir == lab_root / "outputs" / "mine"
     named.finish({})
 
@@ -68,7 +68,7 @@ def test_a_stage_opened_without_run_name_joins_the_current_run_unless_told(lab_r
 def test_a_stage_composes_its_config_once_and_again_only_to_join_a_run(lab_root, monkeypatch):
     """`open_stage` composes the overrides once; the preflight, the fast paths and `Stage` take that config. Joining
     the current run composes once more, with its run_name (the run folder is part of many resolved paths)."""
-    from lab import recipes
+    from lab.recipes import common
     from lab.core import config, run
     from lab.plan import preflight
 
@@ -76,10 +76,10 @@ def test_a_stage_composes_its_config_once_and_again_only_to_join_a_run(lab_root,
     real = config.compose
     for module in (config, run, preflight):  # every name a stage opening could compose through
         monkeypatch.setattr(module, "compose", lambda overrides=(): calls.append(list(overrides)) or real(overrides))
-    recipes.common.open_stage("01_explore", ["run_name=first"]).finish({})
+    common.open_stage("01_explore", ["run_name=first"]).finish({})
     assert calls == [["run_name=first"]]
     calls.clear()
-    stage = recipes.common.open_stage("02_sft", [])  # joins "first", whose 01_explore just finished
+    stage = common.open_stage("02_sft", [])  # joins "first", whose 01_explore just finished
     assert calls == [[], ["run_name=first"]] and stage.run_dir.name == "first"
     assert stage.manifest["overrides"] == ["run_name=first"]
     stage.finish({})

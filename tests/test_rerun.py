@@ -159,7 +159,7 @@ def test_a_scheduler_transformers_does_not_know_is_refused_before_anything_is_to
     assert not (tmp_path / "run").exists()
 
 
-# ---- greedy evaluations cached by their key (lab.recipes.common.evaluate) -------------------------------------
+# ---- greedy evaluations cached by their key (lab.common.evaluate) -------------------------------------
 
 def test_an_evaluation_key_follows_content_not_paths(tmp_path):
     from lab.recipes.common import evaluation_key
@@ -311,7 +311,7 @@ def test_a_second_stage_reuses_the_greedy_evaluation_and_a_changed_key_generates
     """03_grpo's evaluation and 04_vote's greedy pass of the same model: one pass (sampling.predictions counted,
     not replaced); another budget is another key, generated again."""
     from lab.eval import sampling
-    from lab import recipes
+    from lab.recipes import common
 
     calls = []
     real = sampling.predictions
@@ -323,7 +323,7 @@ def test_a_second_stage_reuses_the_greedy_evaluation_and_a_changed_key_generates
         st = Stage(name, cfg=compose([f"run_dir={run_dir}", f"model.path={root / 'base_model'}", "data.n_train=4",
                                       "data.n_val=3", "infer.max_tokens=8", *extra]))
         _, val = data.prepare(st.cfg)
-        pred = recipes.common.evaluate(st, val, None, "predictions.csv")
+        pred = common.evaluate(st, val, None, "predictions.csv")
         st.finish({})
         return pred
 

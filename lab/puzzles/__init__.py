@@ -1,6 +1,6 @@
 """Puzzle categories: parsers, solvers with learnable traces, and generators.
 
-Public API (other modules rely on exactly these names):
+Public API for notebooks and users (lab's own modules import each name from the module that defines it):
   CATEGORIES                      the six competition categories, in a fixed order
   Solution                        answer, status ('solved'|'ambiguous'|'undetermined'), trace, category, subtype, reason
   classify(prompt) -> (category, subtype)   'unknown' when not recognised, never a guess
