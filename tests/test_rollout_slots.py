@@ -4,6 +4,7 @@ config.json, and a setting whose Mamba state alone cannot fit refused before any
 
 import math
 
+import numpy as np
 import pytest
 
 from lab import LabError
@@ -76,3 +77,18 @@ def test_a_setting_whose_mamba_state_alone_cannot_fit_is_refused(monkeypatch):
     over = grpo_policy.generation_phase(compose([*REAL, "gpu=h100_80gb", "grpo.max_num_seqs=136"]))
     assert over["mamba_gib"] < over["weights_free_gib"] and not over["fits"]
     assert math.isclose(over["mamba_gib"], 136 * 24 * 2_146_304 / GIB)
+
+
+def test_the_replay_counts_the_pages_a_growing_sequence_holds(bench):
+    """bench/rollout_slots.py's replay: a sequence holds its Mamba pages and one attention block per block_tokens of
+    its context so far (prompt + the token being written), a freed slot takes the next completion, a finished one
+    with none left holds nothing. By hand, 2-token blocks, no prompt, 1 Mamba page: one 3-token completion peaks at
+    1 + ceil(3 / 2) = 3 pages; lengths [1, 4, 4] in two slots peak when the 2nd and 3rd write tokens 4 and 3:
+    (1 + 2) + (1 + 2) = 6 (with 3 attention pages a block: 2 x (1 + 3 x 2) = 14); [4, 1] peak at their first tokens,
+    2 x (1 + 1) = 4, the 4-token one alone reaching only 1 + 2 = 3."""
+    rs = bench("rollout_slots")
+    assert rs.peak_pages(1, np.array([3]), 0, 2, 1, 1) == 3
+    assert rs.peak_pages(2, np.array([1, 4, 4]), 0, 2, 1, 1) == 6
+    assert rs.peak_pages(2, np.array([1, 4, 4]), 0, 2, 1, 3) == 14
+    assert rs.peak_pages(2, np.array([4, 1]), 0, 2, 1, 1) == 4
+    assert rs.peak_pages(1, np.array([3]), 2, 2, 1, 1) == 1 + 3  # a 2-token prompt: 5 tokens at the end, 3 blocks
