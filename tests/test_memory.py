@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import math
 
 import pytest
 from omegaconf import OmegaConf
@@ -317,9 +318,13 @@ def test_grpo_generation_phase_bound_adds_up_from_the_config(values, figures):
     cfg = compose([*PRESET, "gpu=h100_80gb", "grpo.rollout_backend=vllm", "grpo.max_num_seqs=64"])
     ph = grpo_policy.generation_phase(cfg, values)
     GIB, P, base = 1024 ** 3, figures["trainable_params"], figures["base_params"]
-    seqs, tokens = 64, 8192  # grpo.max_num_seqs, model.max_model_len
-    kv = 6 * 2 * 2 * 128 * 2 * seqs * tokens  # 6 attention layers x (K, V) x 2 kv heads x head_dim 128 x bf16
-    mamba = 23 * (64 * 64 * 128 * 4 + 3 * (64 * 64 + 2 * 8 * 128) * 2) * seqs  # fp32 SSM state + bf16 conv state
+    seqs = 64  # grpo.max_num_seqs
+    layer = 64 * 64 * 128 * 4 + 3 * (64 * 64 + 2 * 8 * 128) * 2  # one Mamba layer: fp32 SSM state + bf16 conv state
+    block = 16 * math.ceil(layer / (16 * 2 * 2 * 128 * 2))  # vLLM's hybrid block: (K, V) x 2 kv heads x 128 x bf16
+    page = block * 2 * 2 * 128 * 2  # one layer's page, the Mamba state padded to it
+    held = (300 + (0.95 * 1209 ** 4 / 823 ** 2 + 0.05 * 7680 ** 2) / (2 * (0.95 * 1209 + 0.05 * 7680))) * 1.25
+    kv = 6 * page * (held / block + 1) * seqs  # 6 attention layers, the in-flight context and a partly filled block
+    mamba = 24 * page * seqs  # 23 Mamba layers in groups of 6 (the attention layers' count): 24 pages
     assert ph["engine_need_gib"] == pytest.approx((2 * base + 2 * P + kv + mamba) / GIB)
     assert ph["trainer_gib_total"] == pytest.approx((4 + 2 + 8 / 256) * P / GIB)  # fp32 LoRA + 8-bit AdamW
     assert ph["share"] == 0.88 and ph["fits"]  # null: 95% of 79.6 GiB less the trainer's 5.0 GiB, rounded down

@@ -521,7 +521,7 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
 def rollout_figures(cfg: DictConfig, card: str):
     """`lab.plan.estimate_infer.Rollout` for the GRPO figures: the rollout engine's slots and the bytes a decode step
     moves per sequence (`lab.plan.grpo_policy.generation_phase`: its Mamba state read and written, its KV cache read at
-    prompt_tokens + the mean completion), and the training micro-step's line from SFT's `cost_model`."""
+    the mean context of the sequences in flight), and the training micro-step's line from SFT's `cost_model`."""
     from lab.plan import estimate_infer as ei
     from lab.plan.grpo_policy import generation_phase
     from lab.plan.shapes import model_config_values
@@ -529,15 +529,17 @@ def rollout_figures(cfg: DictConfig, card: str):
     values = model_config_values(cfg)
     ph = generation_phase(cfg, values)
     b = ph["bytes_per_sequence"]
-    context = ei.CONSTANTS["prompt_tokens"][0] + ei.mean_completion_tokens(ei._grpo_budget(cfg))[0]
+    context = ph["inflight_tokens"]
     seq_bytes = 2 * b["mamba_state"] + b["kv_per_token"] * context
     el = experts_lora_path(cfg)
     model = cost_model(values, card, el if el != "none" else "none", int(cfg.gpu.experts_rank or cfg.sft.lora.r))
-    slots_text = (f"{ph['sequences_why']}; a step moves 2 x {b['mamba_state'] / 1e6:.1f} MB of Mamba state + "
-                  f"{b['kv_per_token'] / 1e3:.1f} kB x {context:,.0f} tokens of KV per sequence")
+    slots_text = (f"{ph['sequences_why']}; {ph['kv_note']}; a step moves 2 x {b['mamba_state'] / 1e6:.1f} MB of "
+                  f"Mamba state + {b['kv_per_token'] / 1e3:.1f} kB x {context:,.0f} tokens in flight of KV a "
+                  "sequence")
     train_text = (f"SFT's micro-step (lab.plan.estimate.cost_model, experts LoRA {el}) on {card}: "
                   f"{model.fixed_s:.3f} s + {model.per_token_s * 1e6:.1f} us/token")
-    return ei.Rollout(int(ph["sequences"]), seq_bytes, slots_text, model.fixed_s, model.per_token_s, train_text)
+    used = ("prompt_tokens", "trace_tokens", "trace_median_tokens", "truncated_share", "inflight_kv_margin")
+    return ei.Rollout(int(ph["sequences"]), seq_bytes, slots_text, model.fixed_s, model.per_token_s, train_text, used)
 
 
 def inference_sections(cfg: DictConfig, card: str, **_) -> tuple[dict, list[str]]:

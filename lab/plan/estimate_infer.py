@@ -24,6 +24,11 @@ CONSTANTS = {
     "rtx_pro_6000_tbps": (1.792, "NVIDIA RTX PRO 6000 Blackwell datasheet, GDDR7 memory bandwidth"),
     "trace_tokens": (1209, "RESULTS.md 'First contact with a GPU': prompt + derivation trace mean, real tokenizer, "
                            "1,837 dev rows (assumed length of a finished completion)"),
+    "trace_median_tokens": (823, "RESULTS.md 'First contact with a GPU': prompt + derivation trace p50, the same rows "
+                                 "(with trace_tokens, a log-normal's median and mean)"),
+    "inflight_kv_margin": (1.25, "assumed safety factor on the KV a sequence holds in flight: a truncated_share twice "
+                                 "the assumed one lengthens the in-flight context 1.18x; beyond it vLLM preempts and "
+                                 "recomputes a request, it does not fail (docs/internals.md)"),
     "truncated_share": (0.05, "assumed share of completions running to the budget (not measured on the real model)"),
     "prompt_tokens": (300, "assumed mean prompt length in tokens (the chat-rendered puzzle)"),
     "old_logp_forward": (1 / 3, "assumed cost of the extra forward for old log-probabilities, as a share of "
@@ -76,6 +81,21 @@ def mean_completion_tokens(budget: int) -> tuple[float, str]:
     mean = (1 - s) * t + s * budget
     return mean, (f"mean completion = (1 - truncated_share {s}) x trace_tokens {t:g} + truncated_share {s} x budget "
                   f"{budget} = {mean:.0f} tokens")
+
+
+def inflight_context_tokens(budget: int) -> tuple[float, str]:
+    """Mean context of the sequences in flight when slots are kept full: a completion of length c stays in flight for
+    c steps at positions 0..c, so the in-flight mean is length-biased, E[c^2] / (2 E[c]), plus the prompt. Finished
+    completions log-normal (trace_median_tokens, trace_tokens: E[t^2] = mean^4 / median^2), a truncated_share at the
+    budget. What the rollout engine's slots are sized by (`lab.plan.grpo_policy.generation_phase`)."""
+    t, med = min(_c("trace_tokens"), budget), _c("trace_median_tokens")
+    s, p = _c("truncated_share"), _c("prompt_tokens")
+    mean = (1 - s) * t + s * budget
+    second = (1 - s) * t ** 4 / min(med, t) ** 2 + s * budget ** 2
+    ctx = p + second / (2 * mean)
+    return ctx, (f"in flight: prompt_tokens {p:g} + E[c^2] / (2 E[c]) with c = trace_tokens {t:g} (log-normal, "
+                 f"trace_median_tokens {med:g}: E[t^2] = {t:g}^4 / {min(med, t):g}^2) or, for truncated_share {s}, "
+                 f"the budget {budget}: {p:g} + {second:,.0f} / (2 x {mean:.0f}) = {ctx:,.0f} tokens")
 
 
 def generation_s(sequences: int, budget: int, slots: int, card, seq_bytes: float = 0.0) -> tuple[float, str, list[str]]:
@@ -133,13 +153,15 @@ def _grpo_budget(cfg) -> int:
 class Rollout:
     """What the GRPO figures take from the training side (`lab.plan.estimate.rollout_figures`): the rollout engine's
     sequences in flight and the bytes a decode step moves for each, and the training micro-step's line (seconds
-    fixed + per token) with one micro-step per pack (`grpo.packing`) or per completion, from SFT's model."""
+    fixed + per token) with one micro-step per pack (`grpo.packing`) or per completion, from SFT's model; `used`: the
+    CONSTANTS its texts name."""
     slots: int
     seq_bytes: float
     slots_text: str
     fixed_s: float
     per_token_s: float
     train_text: str
+    used: tuple[str, ...] = ()
 
 
 def _rollout(cfg, rollout: Rollout | None) -> Rollout:
@@ -157,7 +179,7 @@ def pass_rate_hours(cfg, card, rollout: Rollout | None = None) -> dict:
     secs, text, used = generation_s(n, _grpo_budget(cfg), r.slots, card, r.seq_bytes)
     text += (f" ({g.n_prompts} prompts x pass_rate_k {g.pass_rate_k}; {r.slots} slots: {r.slots_text}); "
              f"hours = {secs / 3600:.2f} h")
-    return _result("pass_rate_hours", secs / 3600, "hours", text, used)
+    return _result("pass_rate_hours", secs / 3600, "hours", text, used + list(r.used))
 
 
 def grpo_step_minutes(cfg, card, rollout: Rollout | None = None) -> dict:
@@ -190,7 +212,8 @@ def grpo_step_minutes(cfg, card, rollout: Rollout | None = None) -> dict:
     text = (f"generation round of S = steps_per_generation {S} steps x {group} completions ({g.prompts_per_step} "
             f"prompts x {g.num_generations}) with {r.slots} slots ({r.slots_text}): {gen_text}. {switch_text}. "
             f"{train_text}. Minutes per step = (({gen:,.0f} + {switch:.1f}) / {S} + {train:.1f}) / 60 = {minutes:.2f}")
-    used += ["weights_gib", "switch_gbps", *(["disk_gbps"] if level == 2 else []), *tused, "steps_per_generation"]
+    used += ["weights_gib", "switch_gbps", *(["disk_gbps"] if level == 2 else []), *tused, "steps_per_generation",
+             *r.used]
     return _result("step_minutes", minutes, "minutes per optimizer step", text, used,
                    parts_s={"generation_per_step": round(gen / S, 1), "switch_per_step": round(switch / S, 1),
                             "training_per_step": round(train, 1)}, steps_per_generation=S, sleep_level=level,

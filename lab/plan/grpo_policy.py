@@ -40,34 +40,67 @@ def micro_batch(cfg: DictConfig) -> tuple[int, int]:
 
 # ---- the generation phase (rollout_backend=vllm): a bound from shapes, not a trace --------------------------------
 
+KERNEL_BLOCK = 16  # tokens: the attention kernels' block alignment vLLM rounds a hybrid model's block size to
+
+
+def vllm_pages(values: Mapping[str, Any]) -> dict:
+    """How vLLM's v1 engine lays out a hybrid model's cache (its source: docs/internals.md): every layer's page holds
+    the same bytes, so the attention block is the fewest tokens (a multiple of `KERNEL_BLOCK`) whose K and V of one
+    layer hold one Mamba layer's state, which is padded to that page; layers go in groups of the smaller count (6
+    attention, 23 Mamba: groups of 6, the last Mamba group padded). A running sequence holds one page per Mamba layer
+    (its state, whatever its length) and one block per attention layer per `block_tokens` of its context, allocated
+    as it grows."""
+    pattern = str(values.get("hybrid_override_pattern", ""))
+    attn, mamba = pattern.count("*"), pattern.count("M")
+    kv_layer_token = 2 * int(values.get("num_key_value_heads", 0)) * int(values.get("head_dim", 0)) * 2
+    ssm_item = 4 if str(values.get("mamba_ssm_cache_dtype", "float32")) == "float32" else 2
+    heads, hdim, state = (int(values.get(k, 0)) for k in ("mamba_num_heads", "mamba_head_dim", "ssm_state_size"))
+    conv = (int(values.get("conv_kernel", 4)) - 1) * (heads * hdim + 2 * int(values.get("n_groups", 1)) * state) * 2
+    mamba_layer = heads * hdim * state * ssm_item + conv
+    out = {"attn_layers": attn, "mamba_layers": mamba, "kv_per_token": attn * kv_layer_token,
+           "mamba_state": mamba * mamba_layer}
+    if not (attn and mamba and kv_layer_token):  # not hybrid: no pages to align (the exact bytes, 1-token blocks)
+        return {**out, "block_tokens": 1, "page_bytes": kv_layer_token, "mamba_pages": 0, "attn_pages": attn,
+                "mamba_bytes": mamba * mamba_layer}
+    block = KERNEL_BLOCK * -(-mamba_layer // (KERNEL_BLOCK * kv_layer_token))
+    group = max(attn, mamba) if max(attn, mamba) < 1.5 * min(attn, mamba) else min(attn, mamba)
+    mamba_pages, page = -(-mamba // group) * group, block * kv_layer_token
+    return {**out, "block_tokens": block, "page_bytes": page, "mamba_pages": mamba_pages,
+            "attn_pages": -(-attn // group) * group, "mamba_bytes": mamba_pages * page}
+
+
 def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
                      counts: tuple[int, int] | None = None) -> dict:
     """GPU memory while GRPO samples through vLLM on the same card (`grpo.rollout_backend=vllm`): the engine holds the
-    bf16 base weights, one adapter slot and the cache of the round's sequences, inside its share
+    bf16 base weights, one adapter slot and the cache of the sequences in flight, inside its share
     (`grpo.vllm_gpu_memory_utilization` of the card, which vLLM claims whole; null: `gpu.max_use` of the card less the
     trainer's part, rounded down to a hundredth, `engine_share`); the trainer keeps what it does not
     move to the CPU while the engine is awake: its fp32 LoRA weights and the optimizer's states (an upper bound: the
     frozen base is moved out, lab.train.rollouts). Both must fit `gpu.max_use` of the card together.
 
     The engine's figures are lower bounds of what vLLM needs (its activation and CUDA-graph memory, profiled inside the
-    share, are not modelled): bf16 weights 2 B per base parameter; the adapter slot at rank r in bf16 (2 P);
-    the attention KV cache, 2 (K, V) x key-value heads x head_dim x 2 B per attention layer and token, for every
-    sequence in flight (the rollout engine's own `grpo.max_num_seqs`; null: as many as the share holds beside the
-    weights and the adapter, in eights, at most one round's sequences) at model.max_model_len tokens;
-    each Mamba layer's state per sequence, SSM heads x head_dim x state in `mamba_ssm_cache_dtype` (config.json) plus
-    the conv state (conv_kernel - 1) x (heads x head_dim + 2 x n_groups x state) in bf16. `counts`: (base, LoRA
-    parameters) when the caller has them (`param_counts` otherwise)."""
+    share, are not modelled): bf16 weights 2 B per base parameter; the adapter slot at rank r in bf16 (2 P); per
+    sequence in flight, in vLLM's pages (`vllm_pages`), its Mamba state (SSM heads x head_dim x state in
+    `mamba_ssm_cache_dtype`, config.json, plus the bf16 conv state) and the attention KV of the context it holds in
+    flight: the length-biased mean context (`lab.plan.estimate_infer.inflight_context_tokens`) x inflight_kv_margin,
+    plus one partly filled block; vLLM allocates KV blocks as a sequence grows and preempts (recomputes) a request
+    when they run out. Sequences: `grpo.max_num_seqs`, or null: as many as the share holds beside the weights and the
+    adapter, in eights, at most one round's. `counts`: (base, LoRA parameters) when the caller has them."""
+    from lab.plan.estimate_infer import CONSTANTS, inflight_context_tokens
+
     values = dict(values or model_config_values(cfg))
     base, P = counts or param_counts(cfg, values)
-    pattern = str(values.get("hybrid_override_pattern", ""))
-    attn, mamba = pattern.count("*"), pattern.count("M")
+    pg = vllm_pages(values)
     g = cfg.grpo
-    tokens = int(cfg.model.max_model_len)
-    kv_per_token = attn * 2 * int(values.get("num_key_value_heads", 0)) * int(values.get("head_dim", 0)) * 2
-    ssm_item = 4 if str(values.get("mamba_ssm_cache_dtype", "float32")) == "float32" else 2
-    heads, hdim, state = (int(values.get(k, 0)) for k in ("mamba_num_heads", "mamba_head_dim", "ssm_state_size"))
-    conv = (int(values.get("conv_kernel", 4)) - 1) * (heads * hdim + 2 * int(values.get("n_groups", 1)) * state) * 2
-    mamba_per_seq = mamba * (heads * hdim * state * ssm_item + conv)
+    max_len = int(cfg.model.max_model_len)
+    budget = int(g.get("max_completion_length") or cfg.infer.max_tokens)
+    ctx, ctx_text = inflight_context_tokens(budget)
+    margin = CONSTANTS["inflight_kv_margin"][0]
+    held = min(ctx * margin, max_len)
+    blocks = held / pg["block_tokens"] + 1  # the last block of each sequence partly filled
+    kv_per_seq = pg["attn_pages"] * pg["page_bytes"] * blocks
+    per_seq = pg["mamba_bytes"] + kv_per_seq
+    full_request = pg["mamba_bytes"] + pg["attn_pages"] * pg["page_bytes"] * -(-max_len // pg["block_tokens"])
     per, how = optimizer_bytes_per_param(cfg)
     trainer = {"LoRA weights (fp32)": 4 * P, f"optimizer states ({how})": int(per * P)}
     card = gpu_gib(cfg)
@@ -75,34 +108,43 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
     share = float(OmegaConf.select(cfg, "grpo.vllm_gpu_memory_utilization", default=None) or 0.0)
     if not share and card is not None:  # null: the rest of the card once the trainer's part is set aside
         share = math.floor(100 * (float(cfg.gpu.max_use) * card - keep) / card) / 100
+    free = share * card * GIB - 2 * base - 2 * P if card is not None else 0.0
     round_seqs = rollout_round(cfg)
     asked = OmegaConf.select(cfg, "grpo.max_num_seqs", default=None)
-    per_seq = kv_per_token * tokens + mamba_per_seq
+    seq_text = (f"({pg['mamba_pages']} Mamba pages + {pg['attn_pages']} attention pages x ({held:,.0f} tokens / "
+                f"{pg['block_tokens']:,} + 1) blocks) x {pg['page_bytes'] / 1e6:.2f} MB = {per_seq / 1e6:.1f} MB a "
+                f"sequence")
     if asked is not None:
         seqs, why = int(asked), f"grpo.max_num_seqs={int(asked)}"
     elif card is not None and share > 0:  # null: as many as the share holds beside the weights, in eights
-        free = share * card * GIB - 2 * base - 2 * P
         most = max(8, int(free // per_seq) // 8 * 8)
         seqs = min(most, round_seqs)
-        why = (f"grpo.max_num_seqs=null: ({share:.2f} x {card:.1f} GiB - weights - adapter) / "
-               f"{per_seq / GIB:.4f} GiB a sequence = {free / per_seq:.0f}, in eights {most}, at most a round's "
-               f"{round_seqs}")
+        why = (f"grpo.max_num_seqs=null: ({share:.2f} x {card:.1f} GiB - weights - adapter) / {seq_text} = "
+               f"{free / per_seq:.0f}, in eights {most}, at most a round's {round_seqs}")
     else:
         seqs, why = int(cfg.infer.max_num_seqs), "grpo.max_num_seqs=null and no card size: infer.max_num_seqs"
     engine = {"bf16 base weights": 2 * base, "adapter slot (bf16, rank r)": 2 * P,
-              f"KV cache ({attn} attention layers x {seqs} sequences x {tokens:,} tokens)":
-                  kv_per_token * seqs * tokens,
-              f"Mamba state ({mamba} layers x {seqs} sequences)": mamba_per_seq * seqs}
+              f"KV cache ({pg['attn_layers']} attention layers x {seqs} sequences x ~{held:,.0f} tokens in flight, "
+              f"in {pg['block_tokens']:,}-token blocks)": kv_per_seq * seqs,
+              f"Mamba state ({pg['mamba_layers']} layers in {pg['mamba_pages']} pages x {seqs} sequences)":
+                  pg["mamba_bytes"] * seqs}
     need = sum(engine.values()) / GIB
+    kv_note = (f"KV assumed: what a sequence holds in flight, {ctx_text}; x inflight_kv_margin {margin} = "
+               f"{held:,.0f} tokens (not model.max_model_len {max_len:,}: vLLM allocates blocks as a sequence grows, "
+               f"preempts and recomputes a request when they run out); one {max_len:,}-token request "
+               f"({full_request / 1e6:.0f} MB, vLLM's start-up check) must fit too")
     out = {"engine_gib": {k: v / GIB for k, v in engine.items()},
            "trainer_gib": {k: v / GIB for k, v in trainer.items()},
            "engine_need_gib": need, "trainer_gib_total": keep, "share": share, "card_gib": card,
-           "sequences": seqs, "sequences_why": why, "tokens": tokens,
-           "bytes_per_sequence": {"mamba_state": mamba_per_seq, "kv_per_token": kv_per_token}}
+           "sequences": seqs, "sequences_why": why, "tokens": held, "inflight_tokens": ctx, "kv_note": kv_note,
+           "mamba_gib": pg["mamba_bytes"] * seqs / GIB, "pages": pg,
+           "bytes_per_sequence": {"mamba_state": pg["mamba_state"], "kv_per_token": pg["kv_per_token"],
+                                  "held": per_seq}}
     if card is not None:
         use = float(cfg.gpu.max_use)
         out["engine_share_gib"] = share * card
-        out["fits"] = bool(need <= share * card and share * card + keep <= use * card)
+        out["weights_free_gib"] = free / GIB
+        out["fits"] = bool(need <= share * card and share * card + keep <= use * card and full_request <= free)
     weights = engine["bf16 base weights"] / GIB
     host = host_gib()
     out["host"] = {"weights_gib": weights, "level_1_gib": 2 * weights + HOST_MARGIN_GIB,
@@ -199,6 +241,7 @@ def generation_report(ph: dict, use: float) -> str:
              f"  the rollout engine decodes {ph['sequences']} sequences at once ({ph['sequences_why']})",
              f"  the engine needs at least {ph['engine_need_gib']:.1f} GiB:"]
     lines += [f"    {v:8.2f} GiB  {k}" for k, v in ph["engine_gib"].items()]
+    lines.append(f"    ({ph['kv_note']})")
     lines.append(f"  the trainer keeps at most {ph['trainer_gib_total']:.1f} GiB on the card meanwhile:")
     lines += [f"    {v:8.2f} GiB  {k}" for k, v in ph["trainer_gib"].items()]
     h = ph["host"]
@@ -212,5 +255,9 @@ def generation_report(ph: dict, use: float) -> str:
                      f"utilization {share:.2f} x {card:.1f} = {share * card:.1f} GiB, and share + trainer "
                      f"{share * card + ph['trainer_gib_total']:.1f} GiB within {use:.0%} of the card = "
                      f"{use * card:.1f} GiB")
+        if ph["mamba_gib"] > ph["weights_free_gib"]:
+            lines.append(f"  the Mamba state alone, {ph['mamba_gib']:.1f} GiB for {ph['sequences']} sequences, exceeds "
+                         f"the {ph['weights_free_gib']:.1f} GiB the share leaves beside the weights and the adapter: "
+                         "vLLM could not hold them in flight whatever their length")
     return "\n".join(lines)
 
