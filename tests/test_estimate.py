@@ -11,6 +11,7 @@ import pytest
 from lab import LabError
 from lab.core import config
 from lab.core.paths import project_root
+from lab.plan import cost_model as cm
 from lab.plan import estimate as est
 
 REAL = ["model=nemotron_nano", "experiment=competition", "data=competition", "gpu=h100_80gb"]
@@ -51,16 +52,16 @@ def test_real_model_on_h100(tmp_path):
 def test_the_measured_configuration_reproduces_the_measured_projection():
     """fold, the real model, the H100: the cost model gives back the bench's own 52-block projection (RESULTS.md:
     1.12 s at 1,024 tokens, 1.65 s at 8,192), i.e. the derivations only move what they claim to."""
-    m = est.cost_model(est.measured_values(), "h100_80gb", "fold", 32)
+    m = cm.cost_model(cm.measured_values(), "h100_80gb", "fold", 32)
     assert m.fixed_s + 1024 * m.per_token_s == pytest.approx(1.122, abs=1e-3)
     assert m.fixed_s + 8192 * m.per_token_s == pytest.approx(1.649, abs=1e-3)
-    routed = est.cost_model(est.measured_values(), "h100_80gb", "routed", 32)
+    routed = cm.cost_model(cm.measured_values(), "h100_80gb", "routed", 32)
     assert m.fixed_s - routed.fixed_s == pytest.approx(23 * 28.1e9 / 3.35e12, rel=1e-2)  # the fold's traffic, derived
 
 
 def test_an_unmeasured_card_is_scaled_by_its_published_figures():
-    vals = est.measured_values()
-    h100, h200, rtx = (est.cost_model(vals, c, "routed", 32) for c in ("h100_80gb", "h200", "rtx_pro_6000"))
+    vals = cm.measured_values()
+    h100, h200, rtx = (cm.cost_model(vals, c, "routed", 32) for c in ("h100_80gb", "h200", "rtx_pro_6000"))
     assert h200.per_token_s == pytest.approx(h100.per_token_s) and h200.fixed_s <= h100.fixed_s
     assert rtx.per_token_s == pytest.approx(h100.per_token_s * 989 / 500)
     assert rtx.fixed_s == pytest.approx(h100.fixed_s * 3.35 / 1.792)
@@ -86,9 +87,9 @@ def test_best_fit_decreasing():
 
 def test_refusals():
     with pytest.raises(LabError, match="knows the cards"):
-        est.card_of(config.compose(["gpu.name=a100"]))
+        cm.card_of(config.compose(["gpu.name=a100"]))
     with pytest.raises(LabError, match="block types"):
-        est.block_kinds({"hybrid_override_pattern": "M-E"})
+        cm.block_kinds({"hybrid_override_pattern": "M-E"})
 
 
 @pytest.mark.skipif(not (SHARED_DATA.is_file() and (SHARED_TOKENIZER / "tokenizer.json").is_file()),

@@ -88,20 +88,20 @@ def cost(path: FastPath, cfg: DictConfig) -> str:
     """What taking the slow path costs in lab.plan.estimate's projection, in words (projected, or why there is no
     figure)."""
     if path.name == "routed_experts":
-        from lab.plan import estimate
+        from lab.plan.cost_model import CARDS, card_of, cost_model
         from lab.plan.shapes import model_config_values
 
-        if str(cfg.gpu.name) not in estimate.CARDS:
+        if str(cfg.gpu.name) not in CARDS:
             return f"no projection (gpu={cfg.gpu.name}: lab.plan.estimate projects a configured card only)"
         try:
-            card = estimate.card_of(cfg)
+            card = card_of(cfg)
             rank = int(cfg.gpu.experts_rank or cfg.sft.lora.r)
             values = model_config_values(cfg)
-            fold, routed = (estimate.cost_model(values, card, p, rank) for p in ("fold", "routed"))
+            fold, routed = (cost_model(values, card, p, rank) for p in ("fold", "routed"))
         except Exception as e:  # e.g. no model config to read: say so rather than guess
             return f"no projection ({type(e).__name__}: {e})"
         return (f"projected on {card}: {fold.fixed_s - routed.fixed_s:+.3f} s per micro-step and "
-                f"{(fold.per_token_s - routed.per_token_s) * 1e6:+.1f} us per token (lab.plan.estimate.cost_model, "
+                f"{(fold.per_token_s - routed.per_token_s) * 1e6:+.1f} us per token (lab.plan.cost_model, "
                 "fold against routed)")
     if path.name == "packed_rows_fused":
         return ("none projected: lab.plan.estimate projects both Mamba paths with its measured unfused figures (the "
