@@ -313,7 +313,7 @@ def test_wall_clock_budget_saves_and_stops_cleanly(root, puzzles):
 
 
 @pytest.mark.slow
-def test_drills_stage_trains_first_and_the_traces_continue_its_adapter(root, puzzles):
+def test_drills_phase_trains_first_and_the_traces_continue_its_adapter(root, puzzles):
     from safetensors.torch import load_file
 
     cfg = compose(root, "drills", "sft.phases=[drills,traces]", "sft.drill_n=8", "sft.max_steps=2",
