@@ -90,6 +90,33 @@ def test_unknown_override_names_the_file_and_key():
     assert "config.yaml" in str(e.value) and "no_such_key" in str(e.value)
 
 
+def test_the_old_key_sft_stages_names_its_new_name(tmp_path, monkeypatch):
+    """`sft.stages` was renamed `sft.phases`: an override, a `+` override, a user's group file or a saved config that
+    still says it gets one sentence naming the new key, not "no such key"."""
+    import shutil
+
+    from lab.core import config
+    from lab.core.config import load_saved
+
+    for override in ("sft.stages=[drills,traces]", "+sft.stages=[drills,traces]"):
+        with pytest.raises(LabError, match=r"sft\.stages is now called sft\.phases .*; write sft\.phases$"):
+            compose([override])
+    conf = tmp_path / "conf"
+    shutil.copytree(config.config_dir(), conf)
+    (conf / "sft" / "mine.yaml").write_text("defaults:\n  - default\n  - _self_\nstages: [drills, traces]\n")
+    monkeypatch.setattr(config, "config_dir", lambda: conf)
+    with pytest.raises(LabError, match=r"sft\.stages is now called sft\.phases"):
+        compose(["sft=mine"])
+    (conf / "sft" / "mine.yaml").write_text("defaults:\n  - default\n  - _self_\nphases: [drills, traces]\n")
+    assert list(compose(["sft=mine"]).sft.phases) == ["drills", "traces"]  # the control: the new key composes
+    saved = tmp_path / "config.yaml"
+    saved.write_text("sft:\n  stages: [traces]\n")
+    with pytest.raises(LabError, match=r"sft\.stages is now called sft\.phases"):
+        load_saved(saved)
+    with pytest.raises(LabError, match="sft.no_such_key: no such key"):  # any other unknown key keeps its message
+        compose(["sft.no_such_key=1"])
+
+
 def test_unknown_group_option_is_clear():
     with pytest.raises(LabError) as e:
         compose(["model=does_not_exist"])

@@ -110,6 +110,6 @@ def test_sft_phases_are_checked(tmp_path):
     from lab.train.sft import phases
 
     assert phases(compose([f"run_dir={tmp_path}"])) == ["traces"]
-    assert phases(compose([f"run_dir={tmp_path}", "sft.stages=[drills,traces]"])) == ["drills", "traces"]
-    with pytest.raises(LabError, match="stages"):
-        phases(compose([f"run_dir={tmp_path}", "sft.stages=[traces,drills]"]))
+    assert phases(compose([f"run_dir={tmp_path}", "sft.phases=[drills,traces]"])) == ["drills", "traces"]
+    with pytest.raises(LabError, match="phases"):
+        phases(compose([f"run_dir={tmp_path}", "sft.phases=[traces,drills]"]))

@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 
 from lab import LabError
-from lab.recipes.common import DIST_ENV
+from lab.train.launch import DIST_ENV
 
 torch = pytest.importorskip("torch")
 

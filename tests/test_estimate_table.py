@@ -117,16 +117,16 @@ def test_the_card_fit_uses_the_rollout_bound_and_says_what_it_did_not_trace(tmp_
 
 
 def test_lora_counts_are_kept_keyed_and_checked(tmp_path, monkeypatch):
-    """The meta model is built once per shape, LoRA config and code; a cached file whose key does not match is not
-    used."""
+    """The meta model is built once per shape, LoRA config and code (a sealed file, `lab.core.cache`); a cached file
+    whose bytes are not the ones sealed, or without its seal, is not used."""
     from lab.plan import shapes
 
     monkeypatch.setattr(est, "CACHE", tmp_path / "cache")
     cfg = config.compose(REAL)
     values = shapes.model_config_values(cfg)
     first = est.lora_counts(cfg, values)
-    files = list((tmp_path / "cache").glob("params_*.json"))
-    assert len(files) == 1 and first[1] > 0
+    files = [p for p in (tmp_path / "cache").glob("params_*.json") if not p.name.endswith(".seal.json")]
+    assert len(files) == 1 and first[1] > 0 and files[0].with_suffix(".seal.json").is_file()
 
     def refuse(*a, **k):
         raise AssertionError("counted again")
@@ -136,5 +136,12 @@ def test_lora_counts_are_kept_keyed_and_checked(tmp_path, monkeypatch):
     doc = json.loads(files[0].read_text())
     doc["key"]["lora"]["r"] = 999  # a file that was not written for this key
     files[0].write_text(json.dumps(doc))
+    with pytest.raises(AssertionError, match="counted again"):
+        est.lora_counts(cfg, values)
+    monkeypatch.undo()
+    monkeypatch.setattr(est, "CACHE", tmp_path / "cache")
+    assert est.lora_counts(cfg, values) == first  # counted again, sealed again
+    files[0].with_suffix(".seal.json").unlink()  # the seal gone: the file is not trusted
+    monkeypatch.setattr(shapes, "param_counts", refuse)
     with pytest.raises(AssertionError, match="counted again"):
         est.lora_counts(cfg, values)

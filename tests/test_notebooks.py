@@ -399,7 +399,7 @@ def test_a_trained_model_holder_is_empty_and_training_it_again_is_refused():
     import pandas as pd
 
     from lab import LabError
-    from lab.recipes.common import Trainee
+    from lab.model.lora import Trainee
 
     holder = Trainee(object(), object(), pd.DataFrame({"family": ["q_proj"], "modules": [2]}))
     model, tok = holder.take("sft_train")

@@ -159,10 +159,10 @@ def test_a_scheduler_transformers_does_not_know_is_refused_before_anything_is_to
     assert not (tmp_path / "run").exists()
 
 
-# ---- greedy evaluations cached by their key (lab.common.evaluate) -------------------------------------
+# ---- greedy evaluations cached by their key (lab.eval.greedy.evaluate) ----------------------------------------
 
 def test_an_evaluation_key_follows_content_not_paths(tmp_path):
-    from lab.recipes.common import evaluation_key
+    from lab.eval.greedy import evaluation_key
 
     model = tmp_path / "model"
     model.mkdir()

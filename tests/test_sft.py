@@ -313,10 +313,10 @@ def test_wall_clock_budget_saves_and_stops_cleanly(root, puzzles):
 
 
 @pytest.mark.slow
-def test_drills_stage_trains_first_and_the_traces_continue_its_adapter(root, puzzles):
+def test_drills_phase_trains_first_and_the_traces_continue_its_adapter(root, puzzles):
     from safetensors.torch import load_file
 
-    cfg = compose(root, "drills", "sft.stages=[drills,traces]", "sft.drill_n=8", "sft.max_steps=2",
+    cfg = compose(root, "drills", "sft.phases=[drills,traces]", "sft.drill_n=8", "sft.max_steps=2",
                   "sft.save_steps=100", "sft.gradient_check=false", "sft.resume=false")
     m, *_ = sft_train(cfg, Stage("02_sft", cfg=cfg), puzzles)
     assert 0 < m["drills"]["examples"] <= 8 and m["drills"]["steps"] == 2 and m["steps"] == 2

@@ -60,8 +60,9 @@ def compose(overrides: Iterable[str] = ()) -> DictConfig:
     except OmegaConfBaseException as e:
         raise LabError(f"{conf_dir / 'config.yaml'}: cannot resolve config: {schema_problem(e)}") from None
     if unknown := unknown_keys(cfg):  # `+sft.foo=1` adds a key even to a structured config
-        raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: no such key "
-                       f"{', '.join(unknown)} (lab/core/schema.py lists every key)")
+        why = next(filter(None, map(schema.renamed_problem, unknown)), None)
+        raise LabError(f"{conf_dir / 'config.yaml'}: cannot apply overrides {overrides}: " + (why or (
+            f"no such key {', '.join(unknown)} (lab/core/schema.py lists every key)")))
     validate(cfg, where=f"{conf_dir / 'config.yaml'} with overrides {overrides}")
     return cfg
 
@@ -119,6 +120,10 @@ def schema_problem(e: BaseException) -> str:
     known = (ValidationError, ConfigKeyError, ConfigAttributeError, ReadonlyConfigError, MissingMandatoryValue)
     cause = e.__cause__ if isinstance(e.__cause__, known) else e
     key = getattr(cause, "full_key", None)
+    for c in (cause, e.__context__):  # a group file's error: Hydra raises it inside its except clause, no `from`
+        if isinstance(c, (ConfigKeyError, ConfigAttributeError)):
+            if renamed := schema.renamed_problem(getattr(c, "full_key", None) or ""):
+                return renamed
     if isinstance(cause, MissingMandatoryValue) and key:
         return f"{key} has no value (???): set it in its conf/ file or with an override"
     if isinstance(cause, ReadonlyConfigError) and key:

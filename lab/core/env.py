@@ -32,3 +32,9 @@ def scoped(values: dict[str, str], keep: bool = False):
                 os.environ.pop(k, None)
             else:
                 os.environ[k] = v
+
+
+def unset(names) -> None:
+    """Remove each of `names` from `os.environ` (absent ones are skipped)."""
+    for k in names:
+        os.environ.pop(k, None)

@@ -217,7 +217,7 @@ def check_stage_outputs(cfg, stage: str) -> None:
 
     for key in STAGE_WRITES.get(stage, ()):
         config_output(cfg, key)
-    if stage == "02_sft" and "drills" in (OmegaConf.select(cfg, "sft.stages", default=None) or []):
+    if stage == "02_sft" and "drills" in (OmegaConf.select(cfg, "sft.phases", default=None) or []):
         config_output(cfg, "sft.adapter_dir (its drills_adapter)",
                       resolve_path(cfg.sft.adapter_dir).parent / "drills_adapter")
     if cfg.model.build_tiny and not (resolve_path(cfg.model.path) / "config.json").is_file():

@@ -51,6 +51,13 @@ GRPO_LOSS_TYPES = ("dapo", "grpo", "bnpo", "dr_grpo", "cispo")  # lab.train.grpo
 OLD_LOGPROBS = ("trainer", "sampler")  # lab.train.grpo_packed.OLD_LOGPROBS
 TRACE_STYLES = ("compact", "derivation")  # lab.data.dataset.TRACE_STYLES
 SEED_MAX = 2**32 - 1  # numpy.random.seed (transformers.set_seed calls it) takes 0 .. 2**32 - 1
+RENAMED = {"sft.stages": "sft.phases"}  # old key -> new key: a config that still says the old one is told the new
+
+
+def renamed_problem(key: str) -> str | None:
+    """The one sentence for a key that was renamed (`RENAMED`), else None."""
+    new = RENAMED.get(key)
+    return None if new is None else f"{key} is now called {new} (a stage is one notebook of a run); write {new}"
 
 
 def choice_problems(key: str, values: Any, allowed: tuple[str, ...], what: str = "") -> list[str]:
@@ -282,10 +289,10 @@ class SftConfig(Checked):
     gradient_check: bool = _help("after the first steps, check every LoRA family got a gradient and moved")
     n_train: Optional[int] = _help("null: all training traces; else the first N (after shuffling)", ge=1)
     adapter_dir: str = _help("where the trained adapter is saved (03_grpo reads it)")
-    stages: List[str] = _help("SFT stages in order: [traces] (the solver traces), or [drills, traces]: first recall "
+    phases: List[str] = _help("SFT phases in order: [traces] (the solver traces), or [drills, traces]: first recall "
                               "drills of the symbolic signature catalog (lab.puzzles.eqsearch.drills), then the "
                               "traces, continuing the drills' adapter (saved beside adapter_dir as drills_adapter)")
-    drill_n: int = _help("drills stage: catalog drill examples (signatures with at most eqsearch.MAX_CANDS candidates)")
+    drill_n: int = _help("drills phase: catalog drill examples (signatures with at most eqsearch.MAX_CANDS candidates)")
 
     def rules(self) -> list[str]:
         if self.max_steps == -1:

@@ -3,7 +3,7 @@
   models            loading the base model and tokenizer, or building the tiny embedded one; attaching adapters;
                     the fused Mamba kernels' check
   lora              the LoRA family table, attaching the adapter, the out_proj and lm_head guards, the gradient
-                    check, saving
+                    check, saving, the `Trainee` holder
   experts_lora      the routed experts' LoRA on the tokens routed to each expert, beside PEFT's fold
                     (`sft.lora.experts_path`)
   packed_rows       packed SFT rows made exact: each row's Mamba state and attention start at its own first

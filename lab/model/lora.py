@@ -272,6 +272,31 @@ def target_table(model) -> pd.DataFrame:
     return df
 
 
+class Trainee:
+    """The model a training step trains, with its tokenizer and its `target_table`. The training step empties it
+    (`take`): the saved adapter is scored afterwards, never the in-memory model, and a notebook variable must not keep
+    that model's memory alive (vLLM needs the GPU)."""
+
+    def __init__(self, model, tokenizer, table: pd.DataFrame):
+        self.model, self.tokenizer, self.table = model, tokenizer, table
+
+    def release(self) -> None:
+        self.model = self.tokenizer = None
+
+    def take(self, step: str) -> tuple:
+        """(model, tokenizer), emptying this holder; a holder already trained is refused."""
+        if self.model is None:
+            raise LabError(f"{step}: this model was already trained (its holder is emptied by the training step); "
+                           f"make a fresh one first (lab.recipes.sft.sft_model / lab.recipes.grpo.grpo_model)")
+        model, tokenizer = self.model, self.tokenizer
+        self.release()
+        return model, tokenizer
+
+    def __repr__(self) -> str:
+        state = "released" if self.model is None else type(self.model).__name__
+        return f"Trainee({state}; LoRA on:\n{self.table.to_string(index=False)})"
+
+
 def check_table(cfg: DictConfig, table: pd.DataFrame, backend: str = "hf") -> None:
     """Exactly the configured families own trainable LoRA parameters after wrapping: a configured family without
     them, or one that got them without being asked for (e.g. a library's default targets), is a loud error."""

@@ -174,14 +174,13 @@ def counted_tokens(cfg: DictConfig, data: Path, tok: Path, sample: int | None) -
     """Token counts of the SFT rows the run would train (the lab's split, solver traces the metric accepts,
     `sft.max_seq_len`, `data.weights`, `sft.n_train`), as lab.train.sft builds them; cached under
     outputs/.cache/estimate keyed by the data file's and tokenizer's bytes and every setting that changes them,
-    sealed (`lab.core.lineage.seal`): a cache its seal does not vouch for is counted again.
+    sealed (`lab.core.cache`): a cache its seal does not vouch for is counted again.
     `sample`: only that many training puzzles (seeded), the epoch scaled to all of them."""
     import pandas as pd
     from omegaconf import OmegaConf
 
-    from lab.core import lineage
+    from lab.core import cache as kept
     from lab.core.io import atomic_write_json, read_json
-    from lab.core.paths import project_root
     from lab.data import dataset
 
     styles = dataset.trace_styles(cfg)
@@ -189,16 +188,10 @@ def counted_tokens(cfg: DictConfig, data: Path, tok: Path, sample: int | None) -
                "max_seq_len": int(cfg.sft.max_seq_len), "seed": int(cfg.seed),
                "val_fraction": float(cfg.data.val_fraction), "n_train": cfg.sft.n_train, "sample": sample,
                "weights": OmegaConf.to_container(cfg.data.weights, resolve=True), "version": 1}
-    key = hashlib.sha256(json.dumps(key_src, sort_keys=True).encode()).hexdigest()[:20]
-    cache = (CACHE or project_root() / "outputs" / ".cache" / "estimate") / f"tokens_{key}.json"
-    seal = cache.with_suffix(".seal.json")
-    try:
-        lineage.check_seal(seal, key_src)
+    cache = kept.entry(_cache_dir(), key_src, prefix="tokens_", n=20)
+    if kept.load(cache, key_src, "token count"):
         got = read_json(cache, kind=dict)
         return got["tokens"], got["source"] + " (cached: " + str(cache) + ")"
-    except (lineage.Unsealed, LabError, KeyError) as e:
-        if cache.exists() or seal.exists():
-            print(f"note: token count cache not reused: {e}; counting again", flush=True)
     from transformers import AutoTokenizer
 
     from lab.data.sft_examples import sft_examples
@@ -222,8 +215,15 @@ def counted_tokens(cfg: DictConfig, data: Path, tok: Path, sample: int | None) -
               + (f", {len(train)} sampled and scaled to all" if sample and sample < n_all else "")
               + f"), tokenizer {tok.name}, trace styles {sorted(set(styles.values()))}: {counts}")
     atomic_write_json(cache, {"key": key_src, "tokens": tokens, "source": source})
-    lineage.seal(seal, key_src, [cache])
+    kept.store(cache, key_src)
     return tokens, source
+
+
+def _cache_dir() -> Path:
+    """Where the counts are kept: `CACHE` (tests) or outputs/.cache/estimate."""
+    from lab.core.paths import project_root
+
+    return CACHE or project_root() / "outputs" / ".cache" / "estimate"
 
 
 def row_tokens(cfg: DictConfig, sample: int | None = None, assume: bool = False) -> tuple[list[int], str]:
@@ -406,12 +406,13 @@ def estimate(cfg: DictConfig, sample: int | None = None, assume: bool = False,
 
 def lora_counts(cfg: DictConfig, values: dict) -> tuple[int, int]:
     """(base, trainable LoRA parameters): `lab.plan.shapes.param_counts` (the meta model, seconds to build), kept on
-    disk beside the token counts, keyed by the model's shape, the LoRA config and the code and versions that count."""
+    disk beside the token counts (`lab.core.cache`, sealed), keyed by the model's shape, the LoRA config and the code
+    and versions that count."""
     import peft
     import transformers
 
+    from lab.core import cache as kept
     from lab.core.io import atomic_write_json, read_json
-    from lab.core.paths import project_root
     from lab.plan.shapes import param_counts
 
     here = Path(__file__).resolve().parents[1]
@@ -419,14 +420,14 @@ def lora_counts(cfg: DictConfig, values: dict) -> tuple[int, int]:
     key_src = {"values": values, "lora": OmegaConf.to_container(cfg.sft.lora, resolve=True),
                "experts_rank": OmegaConf.select(cfg, "gpu.experts_rank", default=None), "code": code,
                "versions": [transformers.__version__, peft.__version__]}
-    key = hashlib.sha256(json.dumps(key_src, sort_keys=True, default=str).encode()).hexdigest()[:20]
-    cache = (CACHE or project_root() / "outputs" / ".cache" / "estimate") / f"params_{key}.json"
-    if cache.is_file():
-        got = read_json(cache)
-        if got.get("key") == json.loads(json.dumps(key_src, sort_keys=True, default=str)) and min(got["counts"]) > 0:
+    cache = kept.entry(_cache_dir(), key_src, prefix="params_", n=20)
+    if kept.load(cache, key_src, "LoRA parameter count"):
+        got = read_json(cache, kind=dict)
+        if min(got["counts"]) > 0:
             return int(got["counts"][0]), int(got["counts"][1])
     counts = param_counts(cfg, values)
     atomic_write_json(cache, {"key": key_src, "counts": list(counts)})
+    kept.store(cache, key_src)
     return counts
 
 

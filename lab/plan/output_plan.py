@@ -139,7 +139,7 @@ def planned_output_bytes(cfg: DictConfig, stage: str, params: int | None = None)
     elif stage in TRAINING:
         group = TRAINING[stage]
         ckpt, how = checkpoint_bytes(cfg, P)
-        drills = stage == "02_sft" and "drills" in list(cfg.sft.stages)
+        drills = stage == "02_sft" and "drills" in list(cfg.sft.phases)
         working[f"{stage}/adapter ({adapter_kind})"] = adapter
         if drills:
             working[f"{stage}/drills_adapter ({adapter_kind})"] = adapter

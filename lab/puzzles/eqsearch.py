@@ -271,7 +271,7 @@ def search_lines(exs, query, value, max_cands: int | None = None, max_chars: int
 
 
 def drills(n: int, seed: int) -> list[tuple[str, str]]:
-    """(question, answer) recall drills of the catalog for a first SFT stage (`sft.stages: [drills, traces]`): n
+    """(question, answer) recall drills of the catalog for a first SFT phase (`sft.phases: [drills, traces]`): n
     signatures drawn (seeded, without replacement) from those with at most `MAX_CANDS` candidates; the answer is the
     two lines a trace writes from the catalog, `readings SIG = ...` and `cands SIG = ...` (nothing bound)."""
     import random

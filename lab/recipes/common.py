@@ -4,37 +4,26 @@ finishing a training stage.
 
 A stage is one notebook of a run (`Stage`, named "02_sft"); it runs in one process (or one accelerate launch) and
 hands later stages files through the run folder. Every greedy evaluation goes through `evaluate`, cached in
-`<run_dir>/evaluations/` by `evaluation_key`, so 03_grpo's score of its adapter and 04_vote's greedy pass are one."""
+`<run_dir>/evaluations/` (`lab.eval.greedy`), so 03_grpo's score of its adapter and 04_vote's greedy pass are one."""
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import hashlib
-import json
-import os
-import shutil
-from pathlib import Path
 
 import pandas as pd
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
-from lab.core import lineage
-from lab.core.io import atomic_file
+from lab.core import env
 from lab.core.paths import resolve_path
 from lab.core.run import Stage
-
-# what torchrun / accelerate set for a process of a launch; removed once the main process evaluates alone
-DIST_ENV = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE", "ROLE_RANK",
-            "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_RUN_ID")
+from lab.train.launch import processes
 
 
 def environment() -> None:
     """Nothing is downloaded at run time, and the tokenizers' thread pool stays quiet after a fork; set before
     transformers or huggingface_hub is imported (they read these when imported)."""
-    os.environ.setdefault("HF_HUB_OFFLINE", "1")
-    os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+    env.setenv({"HF_HUB_OFFLINE": "1", "TOKENIZERS_PARALLELISM": "false"}, keep=True)
 
 
 def open_stage(name: str, overrides, new_run: bool = False) -> Stage:
@@ -146,31 +135,6 @@ def save_figure(stage: Stage, fig, name: str):
     return fig
 
 
-class Trainee:
-    """The model a training step trains, with its tokenizer and the table of what carries a LoRA (family, modules,
-    trainable parameters). The training step empties it (`release`): the saved adapter is scored afterwards, never
-    the in-memory model, and a notebook variable must not keep that model's memory alive (vLLM needs the GPU)."""
-
-    def __init__(self, model, tokenizer, table: pd.DataFrame):
-        self.model, self.tokenizer, self.table = model, tokenizer, table
-
-    def release(self) -> None:
-        self.model = self.tokenizer = None
-
-    def take(self, step: str) -> tuple:
-        """(model, tokenizer), emptying this holder; a holder already trained is refused."""
-        if self.model is None:
-            raise LabError(f"{step}: this model was already trained (its holder is emptied by the training step); "
-                           f"make a fresh one first (lab.recipes.sft.sft_model / lab.recipes.grpo.grpo_model)")
-        model, tokenizer = self.model, self.tokenizer
-        self.release()
-        return model, tokenizer
-
-    def __repr__(self) -> str:
-        state = "released" if self.model is None else type(self.model).__name__
-        return f"Trainee({state}; LoRA on:\n{self.table.to_string(index=False)})"
-
-
 @dataclasses.dataclass
 class Trained:
     """A training step's result: the stage's training metrics, the step log, the figure drawn from it (None off the
@@ -229,91 +193,17 @@ def finish_training(stage: Stage, trained: Trained, scores: Scores | None, probl
     training metrics, the number of processes; finishes the stage."""
     scored = scores.metrics if scores is not None else {}
     return stage.finish({"submission_problems": problems, **scored, **trained.metrics,
-                         "processes": _processes(launch)})
-
-
-# ---- greedy evaluation, cached by its key -----------------------------------------------------------------------
-
-def evaluation_key(cfg, adapter, puzzles: pd.DataFrame) -> dict:
-    """What a greedy evaluation's predictions depend on: the base model's content hash (`lineage.model_hash`), the
-    adapter's (`lineage.content_hash`; None for the base model alone), a sha256 of the puzzles (id, prompt, answer,
-    category, subtype), the seed, every `infer` setting (greedy sampling, max_tokens, metric version, engine), and
-    the back-end, dtype and max_model_len (`sampling.engine_settings`, as the samples cache's key). Paths are left
-    out: 03_grpo's adapter in its working folder and the same adapter read by 04_vote from the finished one are the
-    same key."""
-    from lab.eval import sampling
-    from lab.model import models
-    from lab.core.lineage import content_hash, model_hash
-
-    cols = [c for c in ("id", "prompt", "answer", "category", "subtype") if c in puzzles.columns]
-    return {"model_sha256": model_hash(models.model_path(cfg)),
-            "adapter_sha256": content_hash(resolve_path(adapter)) if adapter is not None else None,
-            "puzzles_sha256": hashlib.sha256(puzzles[cols].astype(str).to_csv(index=False).encode()).hexdigest(),
-            "seed": cfg.seed, **sampling.engine_settings(cfg, cfg.model.generation_backend)}
+                         "processes": processes(launch)})
 
 
 def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, cached: bool = True) -> pd.DataFrame:
-    """Greedy predictions (the competition's settings, `sampling.predictions`) of the base model plus `adapter`
-    (None: the base model alone) on `puzzles`, written to the stage's file `name` and returned as
-    `lab.eval.analysis.load_predictions` reads them. `gen`: a Generator of that adapter already open (else one is made
-    only when needed). Cached as `<run_dir>/evaluations/<key digest>.csv`, sealed by `<key digest>.json` (the key and
-    the CSV's content hash, `lineage.seal`, written last): an evaluation whose seal holds the same key and whose CSV
-    still has that hash is copied from there instead of generated again; anything else is generated again.
+    """Greedy predictions of the base model plus `adapter` (None: the base model alone) on `puzzles`, written to the
+    stage's file `name` (`lab.eval.greedy.evaluate`: cached in `<run_dir>/evaluations/` by what they depend on;
+    `cached=False` always generates and stores nothing). `gen`: a Generator of that adapter already open."""
+    from lab.eval import greedy
 
-    `cached=False` always generates (and stores nothing). 02_sft's evaluation of the base model before training is
-    cached like the others: `generate.generate_hf` seeds its batches inside `torch.random.fork_rng`, so torch's
-    random state after it (from which SFT initialises the LoRA next) is the same whether it was generated or reused
-    (the cache tests check both)."""
-    from lab.eval import sampling
-    from lab.eval.analysis import load_predictions
-    from lab.model import generate
-
-    key = evaluation_key(stage.cfg, adapter, puzzles)
-    digest = hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:16]
-    entry = resolve_path(stage.cfg.run_dir) / "evaluations" / f"{digest}.csv"
-    out = stage.path(name)
-    why = None
-    if cached:
-        try:
-            lineage.check_seal(entry.with_suffix(".json"), key)
-        except lineage.Unsealed as e:
-            why = None if not entry.with_suffix(".json").exists() and not entry.exists() else str(e)
-        else:
-            print(f"greedy evaluation: the same model, adapter, puzzles and settings as {entry} (its content hash "
-                  "checked); reused, not generated")
-            _copy(entry, out)
-            return load_predictions(out)
-    if why:
-        print(f"note: greedy evaluation cache not reused: {why}; generating it again")
-    with contextlib.nullcontext(gen) if gen is not None else generate.Generator(stage.cfg, adapter=adapter) as g:
-        sampling.predictions(g, puzzles, out_csv=out)
-    if cached:
-        _copy(out, entry)
-        lineage.seal(entry.with_suffix(".json"), key, [entry])  # the seal last: it vouches for a complete entry
-    return load_predictions(out)
-
-
-def _copy(src: Path, dst: Path) -> None:
-    with atomic_file(dst) as tmp:
-        shutil.copyfile(src, tmp)
-
-
-# ---- shared by the stages -----------------------------------------------------------------------------------------
-
-def _per_category(**preds: pd.DataFrame) -> dict:
-    """{category: {name: accuracy}} for each named predictions table."""
-    table = pd.DataFrame({k: p.groupby("category")["correct"].mean() for k, p in preds.items()})
-    return table.to_dict("index")
-
-
-def _accuracy_plot(a: pd.DataFrame, b: pd.DataFrame, name_a: str, name_b: str, by: str):
-    from lab.core import plots
-    from lab.eval.analysis import accuracy_table, compare
-
-    net = compare(a, b)[0].set_index("category").loc["all"]  # puzzles fixed and broken between the two
-    return plots.accuracy_bars({name_a: accuracy_table(a), name_b: accuracy_table(b)},
-                               f"Held-out accuracy, greedy: {net['fixed']:.0f} puzzles fixed, "
-                               f"{net['broken']:.0f} broken by {by}")
+    cache_dir = resolve_path(stage.cfg.run_dir) / "evaluations" if cached else None
+    return greedy.evaluate(stage.cfg, puzzles, adapter, stage.path(name), cache_dir, gen=gen)
 
 
 def pack_adapter(stage: Stage, adapter_dir) -> list[str]:
@@ -326,45 +216,3 @@ def pack_adapter(stage: Stage, adapter_dir) -> list[str]:
     # where it lies once the stage finishes (it is written into the stage's fresh folder, swapped in by finish)
     print(stage.final / zip_path.name, "valid" if not problems else problems)
     return problems
-
-
-def _stopped_note(stage: Stage, metrics: dict, group: str) -> None:
-    """A training stage stopped by its wall-clock budget: the newest checkpoint kept where the next run finds it (on
-    Kaggle copied from scratch into /kaggle/working, `lab.train.checkpoints.keep_for_resume`) and the note saying
-    how to resume, printed and kept in the metrics (`resume_note`)."""
-    from lab.core.io import is_main_process
-    from lab.train import checkpoints
-
-    if not metrics.get("stopped_by_budget") or not is_main_process():
-        return
-
-    note = checkpoints.keep_for_resume(stage.checkpoint_dir, stage.run_dir / "checkpoints" / stage.name, stage.name,
-                                       group)
-    print(f"NOTE: {note}", flush=True)
-    metrics["resume_note"] = note
-
-
-def _processes(launch) -> int:
-    return 1 if launch is None else launch.num_processes
-
-
-def _main_alone(launch) -> bool:
-    """After training (the caller has deleted its training model): release the memory; under a launch of several
-    processes, end the process group and the launcher's variables so that the main process evaluates alone (vLLM
-    must not find the training model on the GPU, a live process group or RANK/WORLD_SIZE). True on the main
-    process."""
-    from lab.model.generate import release_memory
-
-    release_memory()
-    if launch is None:
-        return True
-    main = launch.is_main_process
-    if launch.num_processes > 1:
-        import torch
-
-        launch.wait_for_everyone()
-        if torch.distributed.is_available() and torch.distributed.is_initialized():
-            torch.distributed.destroy_process_group()
-        for k in DIST_ENV:
-            os.environ.pop(k, None)
-    return main

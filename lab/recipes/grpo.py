@@ -14,7 +14,9 @@ import pandas as pd
 from lab import LabError
 from lab.core.io import atomic_write_csv, is_main_process, read_json
 from lab.core.run import Stage, stage_input, stage_output
+from lab.model.lora import Trainee
 from lab.recipes import common
+from lab.train import launch as launch_lib
 
 
 def grpo(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
@@ -55,7 +57,7 @@ def grpo_start(stage: Stage, evaluate_adapter: bool = True) -> Start:
     return Start(dir=sft_dir, accuracy=sft_accuracy)
 
 
-def grpo_model(stage: Stage, start: Start) -> common.Trainee:
+def grpo_model(stage: Stage, start: Start) -> Trainee:
     """The base model with `grpo.init_adapter` loaded trainable (`lab.model.models.load`), after the rollout back-end
     is checked (a refused one fails before the model loads)."""
     from lab.model import models
@@ -67,10 +69,10 @@ def grpo_model(stage: Stage, start: Start) -> common.Trainee:
     model, tokenizer = models.load(cfg, adapter=stage_input(cfg, cfg.grpo.init_adapter), trainable=True)
     print(f"starting from {cfg.grpo.init_adapter}"
           + (f" (held-out accuracy {start.accuracy:.3f})" if start.accuracy is not None else ""))
-    return common.Trainee(model, tokenizer, target_table(model))
+    return Trainee(model, tokenizer, target_table(model))
 
 
-def grpo_run(stage: Stage, train: pd.DataFrame, trainee: common.Trainee):
+def grpo_run(stage: Stage, train: pd.DataFrame, trainee: Trainee):
     """The GRPO run on that model (`lab.train.grpo.GrpoRun`: a pool of `grpo.n_prompts` training puzzles, the
     completion budget, the rewards, TRL's checks, the rollout engine, the resume point); `trainee` is emptied."""
     from lab.train import checkpoints
@@ -153,14 +155,17 @@ def grpo_train(stage: Stage, run, launch=None) -> common.Trained:
     `train_log.csv`, `gradient_check.csv`, `frozen_check.csv` (`refinements.csv` with `grpo.refine`) and, on the main
     process, `rewards.png`."""
     from lab.core import plots
+    from lab.train import checkpoints
     from lab.train.rewards import log_bounds
 
     cfg = stage.cfg
     result = run.train()
     metrics, log = save_trained(stage, result), result.log
-    common._stopped_note(stage, metrics, "grpo")
+    keep = stage.run_dir / "checkpoints" / stage.name  # a wall-clock budget stop: how the next run resumes
+    if note := checkpoints.resume_note(metrics, stage.checkpoint_dir, keep, stage.name, "grpo"):
+        metrics["resume_note"] = note
     del result, run  # the saved adapter is scored, never the in-memory model
-    main = common._main_alone(launch)
+    main = launch_lib.main_alone(launch)
     fig = None
     if main:
         rewards = [c for c in log.columns if c.startswith("rewards/") and c.endswith("/mean")]
@@ -193,14 +198,15 @@ def save_trained(stage: Stage, result) -> dict:
 def grpo_scores(stage: Stage, start: Start, after: pd.DataFrame) -> common.Scores:
     """GRPO's adapter against the SFT start (02_sft's predictions), overall and per category (metrics:
     accuracy_sft_start, accuracy_after, delta, per_category); writes `accuracy.png`."""
+    from lab.eval import greedy
     from lab.eval.analysis import load_predictions
 
     before = load_predictions(start.dir / "predictions.csv")
     acc, sft_accuracy = float(after["correct"].mean()), float(start.accuracy)
     print(f"held-out accuracy: SFT start {sft_accuracy:.3f} -> after GRPO {acc:.3f}")
-    fig = common.save_figure(stage, common._accuracy_plot(before, after, "SFT start", "after GRPO", "GRPO"),
+    fig = common.save_figure(stage, greedy.accuracy_figure(before, after, "SFT start", "after GRPO", "GRPO"),
                              "accuracy.png")
-    per_category = common._per_category(sft=before, grpo=after)
+    per_category = greedy.per_category(sft=before, grpo=after)
     metrics = {"accuracy_sft_start": sft_accuracy, "accuracy_after": acc, "delta": float(acc - sft_accuracy),
                "per_category": per_category}
     return common.Scores(metrics=metrics, table=pd.DataFrame.from_dict(per_category, orient="index"), figure=fig)

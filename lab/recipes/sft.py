@@ -8,7 +8,9 @@ import pandas as pd
 
 from lab.core.io import atomic_write_csv
 from lab.core.run import Stage
+from lab.model.lora import Trainee
 from lab.recipes import common
+from lab.train import launch as launch_lib
 
 
 def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
@@ -22,7 +24,7 @@ def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
     cfg = stage.cfg
     train, val = common.split(stage)
     before = None
-    if evaluate_adapter and common._processes(launch) == 1:  # before the training model loads (vLLM needs the GPU)
+    if evaluate_adapter and launch_lib.processes(launch) == 1:  # before the training model loads (vLLM: the GPU)
         before = score_base(stage, val)
     trainee = sft_model(stage)
     examples = sft_examples(stage, train, trainee)
@@ -45,17 +47,17 @@ def score_base(stage: Stage, val: pd.DataFrame, cached: bool = True) -> pd.DataF
     return before
 
 
-def sft_model(stage: Stage) -> common.Trainee:
+def sft_model(stage: Stage) -> Trainee:
     """The base model with the configured LoRA attached (`lab.train.sft.model_with_lora`: every configured family
     must match, the rank at most Kaggle's); writes what received a LoRA, `lora_targets.csv`."""
     from lab.train import sft as sft_lib
 
     model, tokenizer, table = sft_lib.model_with_lora(stage.cfg)
     atomic_write_csv(stage.path("lora_targets.csv"), table)
-    return common.Trainee(model, tokenizer, table)
+    return Trainee(model, tokenizer, table)
 
 
-def sft_examples(stage: Stage, train: pd.DataFrame, trainee: common.Trainee):
+def sft_examples(stage: Stage, train: pd.DataFrame, trainee: Trainee):
     """The training examples (`lab.train.sft.training_examples`: the solver traces whose answer the metric accepts,
     in `data.trace_style`, overlong ones counted and dropped); writes `sft_examples.csv` (id, category, tokens).
     Returns `lab.train.sft.Examples` (table, counts)."""
@@ -66,7 +68,7 @@ def sft_examples(stage: Stage, train: pd.DataFrame, trainee: common.Trainee):
     return examples
 
 
-def sft_train(stage: Stage, examples, trainee: common.Trainee, launch=None) -> common.Trained:
+def sft_train(stage: Stage, examples, trainee: Trainee, launch=None) -> common.Trained:
     """SFT (`lab.train.sft.train`: checkpoints and resume, the gradient check, the adapter saved to
     `sft.adapter_dir`), then the training model's memory released (`trainee` is emptied). Writes `train_log.csv`,
     `gradient_check.csv`, `frozen_check.csv` and, on the main process, `loss.png`."""
@@ -78,9 +80,11 @@ def sft_train(stage: Stage, examples, trainee: common.Trainee, launch=None) -> c
     result = sft_lib.train(stage.cfg, lora, examples, stage.checkpoint_dir,
                            resume_asked=checkpoints.asked_to_resume(stage.overrides, "sft.resume"))
     metrics, log = save_trained(stage, result), result.log
-    common._stopped_note(stage, metrics, "sft")  # a wall-clock budget stop: how the next run resumes
+    keep = stage.run_dir / "checkpoints" / stage.name  # a wall-clock budget stop: how the next run resumes
+    if note := checkpoints.resume_note(metrics, stage.checkpoint_dir, keep, stage.name, "sft"):
+        metrics["resume_note"] = note
     del result, lora  # the saved adapter is scored, never the in-memory model
-    main = common._main_alone(launch)
+    main = launch_lib.main_alone(launch)
     fig = None
     if main:
         fig = common.save_figure(stage, plots.line(log, "step", ["loss"], "SFT training loss", "loss"), "loss.png")
@@ -99,9 +103,11 @@ def save_trained(stage: Stage, result) -> dict:
 def sft_scores(stage: Stage, before: pd.DataFrame, after: pd.DataFrame) -> common.Scores:
     """Accuracy before and after SFT, overall and per category (metrics: accuracy_before, accuracy_after, lift,
     per_category); writes `accuracy.png`."""
+    from lab.eval import greedy
+
     print(f"held-out accuracy: before SFT {before['correct'].mean():.3f}, after {after['correct'].mean():.3f}")
-    per_category = common._per_category(before=before, after=after)
-    fig = common.save_figure(stage, common._accuracy_plot(before, after, "before SFT", "after SFT", "SFT"),
+    per_category = greedy.per_category(before=before, after=after)
+    fig = common.save_figure(stage, greedy.accuracy_figure(before, after, "before SFT", "after SFT", "SFT"),
                              "accuracy.png")
     metrics = {"accuracy_before": float(before["correct"].mean()), "accuracy_after": float(after["correct"].mean()),
                "lift": float(after["correct"].mean() - before["correct"].mean()), "per_category": per_category}

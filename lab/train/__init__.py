@@ -8,5 +8,6 @@
   rewards         GRPO reward functions, a name-to-function registry
   callbacks       trainer callbacks SFT and GRPO share, and GRPO's guard rails
   checkpoints     resumable checkpoints: fingerprinted, counted only when complete
+  launch          the end of a training launch: the main process left to evaluate alone
   trl_private     every use of TRL 1.15's private API, in one place
 """

@@ -246,6 +246,16 @@ def wall_clock_budget(cfg: DictConfig, group: str) -> float:
     return budget
 
 
+def resume_note(metrics: dict, checkpoint_dir, keep_dir, stage: str, group: str) -> str | None:
+    """After a wall-clock budget stop (`metrics["stopped_by_budget"]`), on the main process: the newest checkpoint
+    kept where the next run finds it (`keep_for_resume`) and the note saying how to resume, printed; else None."""
+    if not metrics.get("stopped_by_budget") or not is_main_process():
+        return None
+    note = keep_for_resume(checkpoint_dir, keep_dir, stage, group)
+    print(f"NOTE: {note}", flush=True)
+    return note
+
+
 def keep_for_resume(checkpoint_dir: str | os.PathLike, keep_dir: str | os.PathLike, stage: str, group: str) -> str:
     """After a wall-clock budget stop: copy the newest complete checkpoint of `checkpoint_dir` (on Kaggle a scratch
     folder Kaggle does not keep) and its run record into `keep_dir` (`<run_dir>/checkpoints/<stage>` in

@@ -68,7 +68,7 @@ def max_completion_length(cfg: DictConfig, tokenizer, puzzles: Sequence[str]) ->
 
 def build_dataset(tokenizer, puzzles: pd.DataFrame, style: str = "compact"):
     """Rendered Kaggle prompts plus the columns rewards read (answer, category, solver_trace in `style`, the
-    `data.trace_style` the SFT stage trained on), the id and the
+    `data.trace_style` 02_sft trained on), the id and the
     raw puzzle text (`refine` builds its prompts from it); one row per puzzle row, in order."""
     from datasets import Dataset
 

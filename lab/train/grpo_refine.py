@@ -72,8 +72,8 @@ def best_drafts(scores: Sequence[float], group: int) -> list[int]:
 
 
 def refine_rollout(tokenizer, funcs, weights, rows_by_prompt: dict[str, dict], records: list[dict]):
-    """A TRL `rollout_func` doing iGRPO's two stages with the trainer's own generation (module docstring); each
-    chosen draft is appended to `records`."""
+    """A TRL `rollout_func` doing iGRPO's drafts, then refinements, with the trainer's own generation (module
+    docstring); each chosen draft is appended to `records`."""
 
     def rollout(prompts: list, trainer) -> dict:
         group = int(trainer.num_generations)

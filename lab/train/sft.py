@@ -50,11 +50,10 @@ def fingerprint(cfg: DictConfig, examples: pd.DataFrame) -> dict:
 
 
 def phases(cfg) -> list[str]:
-    """SFT's phases, the config key `sft.stages`: [traces] or [drills, traces] (drills first, the traces continue its
-    adapter). Called phases in code: a stage is one notebook of a run."""
-    found = [str(s) for s in (cfg.sft.get("stages", None) or ["traces"])]
+    """SFT's phases, `sft.phases`: [traces] or [drills, traces] (drills first, the traces continue its adapter)."""
+    found = [str(s) for s in (cfg.sft.get("phases", None) or ["traces"])]
     if found not in (["traces"], ["drills", "traces"]):
-        raise LabError(f"conf/sft: stages={found} must be [traces] or [drills, traces]")
+        raise LabError(f"conf/sft: phases={found} must be [traces] or [drills, traces]")
     return found
 
 

@@ -45,7 +45,7 @@ def test_a_seal_vouches_for_its_key_and_its_files_content(tmp_path):
 def test_a_cut_evaluation_cache_is_generated_again_not_reused(tmp_path, monkeypatch, capsys):
     """Case 3: `<run>/evaluations/<key>.csv` cut to 2 of 4 rows, all correct, was 'reused, not generated'."""
     from lab.recipes import common
-    from lab.eval import sampling
+    from lab.eval import greedy, sampling
 
     made = []
 
@@ -53,7 +53,7 @@ def test_a_cut_evaluation_cache_is_generated_again_not_reused(tmp_path, monkeypa
         made.append(len(puzzles))
         atomic_write_csv(out_csv, preds([True, False, False, False]))
 
-    monkeypatch.setattr(common, "evaluation_key", lambda cfg, adapter, puzzles: {"model": "m", "puzzles": "p"})
+    monkeypatch.setattr(greedy, "evaluation_key", lambda cfg, adapter, puzzles: {"model": "m", "puzzles": "p"})
     monkeypatch.setattr(sampling, "predictions", predictions)
     stage_dir = tmp_path / "02_sft"
     stage_dir.mkdir()
@@ -68,8 +68,8 @@ def test_a_cut_evaluation_cache_is_generated_again_not_reused(tmp_path, monkeypa
     again = common.evaluate(stage, puzzles, None, "p3.csv", gen=object())
     assert made == [4, 4] and len(again) == 4 and again["correct"].sum() == 1  # generated again, not 2/2 correct
     out = capsys.readouterr().out
-    assert "cache not reused" in out and f"{entry}: changed since {entry.stem}.json sealed it" in out
-    entry.with_suffix(".json").unlink()  # the seal gone: the entry is not trusted either
+    assert "cache not reused" in out and f"{entry}: changed since {entry.stem}.seal.json sealed it" in out
+    entry.with_suffix(".seal.json").unlink()  # the seal gone: the entry is not trusted either
     common.evaluate(stage, puzzles, None, "p4.csv", gen=object())
     assert made == [4, 4, 4]
 
