@@ -295,11 +295,12 @@ def test_hf_generation_leaves_torchs_random_state_as_it_was(run):
 
 
 def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
-    """02_sft's evaluation before training goes through `evaluate` with its cache (it used to pass cached=False),
+    """02_sft's evaluation before training goes through `lab.eval.greedy.evaluate` with its cache (it used to pass cached=False),
     and a second evaluation with the same key is copied, not generated."""
     from types import SimpleNamespace
 
-    from lab.recipes import common, sft
+    from lab.eval import greedy
+    from lab.recipes import sft
     from lab.train import sft as sft_lib
 
     root, _, _ = run
@@ -309,7 +310,7 @@ def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
     class Stop(Exception):
         pass
 
-    monkeypatch.setattr(common, "evaluate", lambda *a, **k: seen.append(k) or pd.DataFrame({"correct": [True]}))
+    monkeypatch.setattr(greedy, "evaluate", lambda *a, **k: seen.append(k) or pd.DataFrame({"correct": [True]}))
     monkeypatch.setattr(sft_lib, "model_with_lora", lambda *a, **k: (_ for _ in ()).throw(Stop()))
     with pytest.raises(Stop):
         sft.sft(SimpleNamespace(cfg=cfg, path=lambda n: root / n))
@@ -320,7 +321,7 @@ def test_sft_evaluates_the_base_model_through_the_cache(run, monkeypatch):
     real = S.predictions
     monkeypatch.setattr(S, "predictions", lambda *a, **k: made.append(1) or real(*a, **k))
     stage = SimpleNamespace(cfg=cfg, path=lambda n: root / n)
-    first = common.evaluate(stage, FIVE[:2], None, "before_a.csv")
-    second = common.evaluate(stage, FIVE[:2], None, "before_b.csv")
+    first = greedy.evaluate(cfg, FIVE[:2], None, root / "before_a.csv")
+    second = greedy.evaluate(cfg, FIVE[:2], None, root / "before_b.csv")
     assert made == [1]
     pd.testing.assert_frame_equal(first, second)

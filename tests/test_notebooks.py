@@ -42,7 +42,7 @@ def test_all_notebooks_run_on_the_smoke_budget(smoke_run):
     net = m5["fixed_since_sft"] - m5["broken_since_sft"]
     assert net == round(m5["n"] * (m5["accuracy"] - m3["accuracy_sft_start"]))
     assert (run_dir / "summary.md").is_file() and (run_dir / "02_sft" / "adapter" / "adapter_config.json").is_file()
-    # 04_vote's greedy pass of the GRPO adapter is 03_grpo's evaluation of it, reused (lab.recipes.common.evaluate)
+    # 04_vote's greedy pass of the GRPO adapter is 03_grpo's evaluation of it, reused (lab.eval.greedy.evaluate)
     greedy = (run_dir / "04_vote" / "predictions.csv").read_bytes()
     assert greedy == (run_dir / "03_grpo" / "predictions.csv").read_bytes()
     said = [o.get("text", "") for c in nbformat.read(run_dir / "notebooks" / "04_vote.ipynb", as_version=4).cells

@@ -310,8 +310,7 @@ def test_sft_survives_a_full_disk_and_resumes_from_the_newest_complete_checkpoin
 def test_a_second_stage_reuses_the_greedy_evaluation_and_a_changed_key_generates_again(root, monkeypatch):
     """03_grpo's evaluation and 04_vote's greedy pass of the same model: one pass (sampling.predictions counted,
     not replaced); another budget is another key, generated again."""
-    from lab.eval import sampling
-    from lab.recipes import common
+    from lab.eval import greedy, sampling
 
     calls = []
     real = sampling.predictions
@@ -323,7 +322,7 @@ def test_a_second_stage_reuses_the_greedy_evaluation_and_a_changed_key_generates
         st = Stage(name, cfg=compose([f"run_dir={run_dir}", f"model.path={root / 'base_model'}", "data.n_train=4",
                                       "data.n_val=3", "infer.max_tokens=8", *extra]))
         _, val = data.prepare(st.cfg)
-        pred = common.evaluate(st, val, None, "predictions.csv")
+        pred = greedy.evaluate(st.cfg, val, None, st.path("predictions.csv"))
         st.finish({})
         return pred
 

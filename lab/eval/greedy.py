@@ -37,16 +37,18 @@ def evaluation_key(cfg, adapter, puzzles: pd.DataFrame) -> dict:
             "seed": cfg.seed, **sampling.engine_settings(cfg, cfg.model.generation_backend)}
 
 
-def evaluate(cfg, puzzles: pd.DataFrame, adapter, out_csv: Path, cache_dir: Path | None, gen=None) -> pd.DataFrame:
+def evaluate(cfg, puzzles: pd.DataFrame, adapter, out_csv: Path, cached: bool = True, gen=None) -> pd.DataFrame:
     """Greedy predictions (`sampling.predictions`) of the base model plus `adapter` (None: the base model alone) on
     `puzzles`, written to `out_csv` and returned as `load_predictions` reads them. `gen`: a Generator of that adapter
-    already open (else one is made only when needed). With `cache_dir`, kept there as `<key digest>.csv` and sealed;
-    a sealed entry of the same key is copied instead of generated. `cache_dir=None` always generates.
+    already open (else one is made only when needed). Kept in `<run_dir>/evaluations/` as `<key digest>.csv` and
+    sealed; a sealed entry of the same key is copied instead of generated. `cached=False` always generates and keeps
+    nothing.
 
     Reusing an entry leaves torch's random state as generating would: `generate.generate_hf` seeds its batches
     inside `torch.random.fork_rng` (02_sft initialises its LoRA next)."""
     from lab.model import generate
 
+    cache_dir = resolve_path(cfg.run_dir) / "evaluations" if cached else None
     key = evaluation_key(cfg, adapter, puzzles) if cache_dir is not None else None
     entry = cache.entry(cache_dir, key, suffix=".csv") if cache_dir is not None else None
     if entry is not None and cache.load(entry, key, "greedy evaluation"):

@@ -182,28 +182,12 @@ def gradient_check(stage: Stage) -> tuple[pd.DataFrame | None, pd.DataFrame | No
     return read("gradient_check.csv"), read("frozen_check.csv")
 
 
-def score_adapter(stage: Stage, val: pd.DataFrame, adapter_dir) -> pd.DataFrame:
-    """The saved adapter's greedy predictions on the held-out puzzles (`predictions.csv`, through `evaluate`, cached
-    by content): the adapter as written to disk, never the in-memory model."""
-    return evaluate(stage, val, adapter_dir, "predictions.csv")
-
-
 def finish_training(stage: Stage, trained: Trained, scores: Scores | None, problems: list[str], launch=None) -> dict:
     """02_sft's or 03_grpo's metrics.json: the zip's problems, the scores (None without an evaluation), the
     training metrics, the number of processes; finishes the stage."""
     scored = scores.metrics if scores is not None else {}
     return stage.finish({"submission_problems": problems, **scored, **trained.metrics,
                          "processes": processes(launch)})
-
-
-def evaluate(stage: Stage, puzzles: pd.DataFrame, adapter, name: str, gen=None, cached: bool = True) -> pd.DataFrame:
-    """Greedy predictions of the base model plus `adapter` (None: the base model alone) on `puzzles`, written to the
-    stage's file `name` (`lab.eval.greedy.evaluate`: cached in `<run_dir>/evaluations/` by what they depend on;
-    `cached=False` always generates and stores nothing). `gen`: a Generator of that adapter already open."""
-    from lab.eval import greedy
-
-    cache_dir = resolve_path(stage.cfg.run_dir) / "evaluations" if cached else None
-    return greedy.evaluate(stage.cfg, puzzles, adapter, stage.path(name), cache_dir, gen=gen)
 
 
 def pack_adapter(stage: Stage, adapter_dir) -> list[str]:

@@ -14,6 +14,7 @@ import pandas as pd
 from lab import LabError
 from lab.core.io import atomic_write_csv, is_main_process, read_json
 from lab.core.run import Stage, stage_input, stage_output
+from lab.eval import greedy
 from lab.model.lora import Trainee
 from lab.recipes import common
 from lab.train import launch as launch_lib
@@ -21,7 +22,7 @@ from lab.train import launch as launch_lib
 
 def grpo(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
     """The whole stage: `common.split`, `grpo_start`, `grpo_model`, `grpo_run`, `pass_rates`, `drop_solved`,
-    `prompt_order`, `grpo_train`, `common.score_adapter`, `grpo_scores`, `common.pack_adapter`,
+    `prompt_order`, `grpo_train`, `score_adapter`, `grpo_scores`, `common.pack_adapter`,
     `common.finish_training`. `launch` and `evaluate_adapter` as in `lab.recipes.sft.sft`."""
     cfg = stage.cfg
     train, val = common.split(stage)
@@ -35,7 +36,7 @@ def grpo(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
         return trained.metrics
     scores = None
     if evaluate_adapter:
-        scores = grpo_scores(stage, start, common.score_adapter(stage, val, cfg.grpo.adapter_dir))
+        scores = grpo_scores(stage, start, score_adapter(stage, val))
     return common.finish_training(stage, trained, scores, common.pack_adapter(stage, cfg.grpo.adapter_dir), launch)
 
 
@@ -195,10 +196,15 @@ def save_trained(stage: Stage, result) -> dict:
     return metrics
 
 
+def score_adapter(stage: Stage, val: pd.DataFrame) -> pd.DataFrame:
+    """The saved adapter's greedy predictions on the held-out puzzles (`predictions.csv`, cached by content, so
+    04_vote's greedy pass of this adapter is this evaluation): the adapter as written to disk."""
+    return greedy.evaluate(stage.cfg, val, stage.cfg.grpo.adapter_dir, stage.path("predictions.csv"))
+
+
 def grpo_scores(stage: Stage, start: Start, after: pd.DataFrame) -> common.Scores:
     """GRPO's adapter against the SFT start (02_sft's predictions), overall and per category (metrics:
     accuracy_sft_start, accuracy_after, delta, per_category); writes `accuracy.png`."""
-    from lab.eval import greedy
     from lab.eval.analysis import load_predictions
 
     before = load_predictions(start.dir / "predictions.csv")

@@ -8,6 +8,7 @@ import pandas as pd
 
 from lab.core.io import atomic_write_csv
 from lab.core.run import Stage
+from lab.eval import greedy
 from lab.model.lora import Trainee
 from lab.recipes import common
 from lab.train import launch as launch_lib
@@ -15,7 +16,7 @@ from lab.train import launch as launch_lib
 
 def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
     """The whole stage: `common.split`, `score_base`, `sft_model`, `sft_examples`, `sft_train`,
-    `common.score_adapter`, `sft_scores`, `common.pack_adapter`, `common.finish_training`.
+    `score_adapter`, `sft_scores`, `common.pack_adapter`, `common.finish_training`.
 
     `launch`: accelerate's PartialState under `accelerate launch`: every process trains, the main process alone
     evaluates and finishes the stage (the others return their training metrics). Under several processes the base
@@ -35,16 +36,22 @@ def sft(stage: Stage, launch=None, evaluate_adapter: bool = True) -> dict:
     if evaluate_adapter:
         if before is None:
             before = score_base(stage, val)
-        scores = sft_scores(stage, before, common.score_adapter(stage, val, cfg.sft.adapter_dir))
+        scores = sft_scores(stage, before, score_adapter(stage, val))
     return common.finish_training(stage, trained, scores, common.pack_adapter(stage, cfg.sft.adapter_dir), launch)
 
 
 def score_base(stage: Stage, val: pd.DataFrame, cached: bool = True) -> pd.DataFrame:
-    """The base model's greedy predictions on the held-out puzzles (`predictions_before.csv`, through
-    `common.evaluate`, cached like every evaluation; generating leaves torch's random state as it was)."""
-    before = common.evaluate(stage, val, None, "predictions_before.csv", cached=cached)
+    """The base model's greedy predictions on the held-out puzzles (`predictions_before.csv`; `lab.eval.greedy`
+    caches every evaluation by content; generating leaves torch's random state as it was)."""
+    before = greedy.evaluate(stage.cfg, val, None, stage.path("predictions_before.csv"), cached=cached)
     print(f"held-out accuracy before training: {before['correct'].mean():.3f}")
     return before
+
+
+def score_adapter(stage: Stage, val: pd.DataFrame) -> pd.DataFrame:
+    """The saved adapter's greedy predictions on the held-out puzzles (`predictions.csv`, cached by content): the
+    adapter as written to disk, never the in-memory model."""
+    return greedy.evaluate(stage.cfg, val, stage.cfg.sft.adapter_dir, stage.path("predictions.csv"))
 
 
 def sft_model(stage: Stage) -> Trainee:
@@ -103,8 +110,6 @@ def save_trained(stage: Stage, result) -> dict:
 def sft_scores(stage: Stage, before: pd.DataFrame, after: pd.DataFrame) -> common.Scores:
     """Accuracy before and after SFT, overall and per category (metrics: accuracy_before, accuracy_after, lift,
     per_category); writes `accuracy.png`."""
-    from lab.eval import greedy
-
     print(f"held-out accuracy: before SFT {before['correct'].mean():.3f}, after {after['correct'].mean():.3f}")
     per_category = greedy.per_category(before=before, after=after)
     fig = common.save_figure(stage, greedy.accuracy_figure(before, after, "before SFT", "after SFT", "SFT"),

@@ -16,6 +16,7 @@ from lab.core import lineage
 from lab.core.io import atomic_write_csv
 from lab.core.paths import resolve_path
 from lab.core.run import Stage, stage_input
+from lab.eval import greedy
 from lab.recipes import common
 
 TRAINING_STAGES = (("03_grpo", "grpo"), ("02_sft", "sft"))  # latest first: (stage, the config node with adapter_dir)
@@ -77,10 +78,10 @@ def generator(stage: Stage, adapter: Path):
 
 def greedy_pass(stage: Stage, val: pd.DataFrame, adapter: Path, gen) -> pd.DataFrame:
     """The competition's one greedy sample per puzzle (`predictions.csv`): the training stage's cached evaluation of
-    this adapter when it made one (`common.evaluate`), else generated."""
-    greedy = common.evaluate(stage, val, adapter, "predictions.csv", gen=gen)
-    print(f"greedy accuracy {float(greedy['correct'].mean()):.3f} on {len(greedy)} puzzles")
-    return greedy
+    this adapter when it made one (`lab.eval.greedy`: cached by content), else generated."""
+    pred = greedy.evaluate(stage.cfg, val, adapter, stage.path("predictions.csv"), gen=gen)
+    print(f"greedy accuracy {float(pred['correct'].mean()):.3f} on {len(pred)} puzzles")
+    return pred
 
 
 def _sampling(stage: Stage):

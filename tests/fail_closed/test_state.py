@@ -44,7 +44,6 @@ def test_a_seal_vouches_for_its_key_and_its_files_content(tmp_path):
 
 def test_a_cut_evaluation_cache_is_generated_again_not_reused(tmp_path, monkeypatch, capsys):
     """Case 3: `<run>/evaluations/<key>.csv` cut to 2 of 4 rows, all correct, was 'reused, not generated'."""
-    from lab.recipes import common
     from lab.eval import greedy, sampling
 
     made = []
@@ -59,18 +58,18 @@ def test_a_cut_evaluation_cache_is_generated_again_not_reused(tmp_path, monkeypa
     stage_dir.mkdir()
     stage = types.SimpleNamespace(cfg=types.SimpleNamespace(run_dir=str(tmp_path)), path=lambda n: stage_dir / n)
     puzzles = preds([True] * 4)
-    first = common.evaluate(stage, puzzles, None, "predictions_before.csv", gen=object())
+    first = greedy.evaluate(stage.cfg, puzzles, None, stage.path("predictions_before.csv"), gen=object())
     assert made == [4] and first["correct"].sum() == 1
-    assert common.evaluate(stage, puzzles, None, "p2.csv", gen=object())["correct"].sum() == 1 and made == [4]  # reused
+    assert greedy.evaluate(stage.cfg, puzzles, None, stage.path("p2.csv"), gen=object())["correct"].sum() == 1 and made == [4]  # reused
 
     (entry,) = (tmp_path / "evaluations").glob("*.csv")
     atomic_write_csv(entry, preds([True, True]))  # cut to 2 of 4 rows, both correct
-    again = common.evaluate(stage, puzzles, None, "p3.csv", gen=object())
+    again = greedy.evaluate(stage.cfg, puzzles, None, stage.path("p3.csv"), gen=object())
     assert made == [4, 4] and len(again) == 4 and again["correct"].sum() == 1  # generated again, not 2/2 correct
     out = capsys.readouterr().out
     assert "cache not reused" in out and f"{entry}: changed since {entry.stem}.seal.json sealed it" in out
     entry.with_suffix(".seal.json").unlink()  # the seal gone: the entry is not trusted either
-    common.evaluate(stage, puzzles, None, "p4.csv", gen=object())
+    greedy.evaluate(stage.cfg, puzzles, None, stage.path("p4.csv"), gen=object())
     assert made == [4, 4, 4]
 
 
