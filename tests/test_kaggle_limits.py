@@ -342,3 +342,12 @@ def test_fetch_wheels_names_the_pin_without_a_wheel(tmp_path, monkeypatch, capsy
     kaggle.fetch_wheels(tmp_path, "3.12")
     assert "1 wheels, 0.00 GB in all:" in capsys.readouterr().out and "2.0 MB  a-1.0-py3-none-any.whl" in \
         kaggle.wheel_list(tmp_path)
+
+
+def test_held_out_rows_count_csv_records_not_lines(tmp_path):
+    """A prompt spans several lines inside one quoted field: 3 records in 9 lines give val_fraction x 3 rows."""
+    path = tmp_path / "train.csv"
+    path.write_text('id,prompt,answer\n' + "".join(f'{i},"line one\nline two\nline three",{i}\n' for i in range(3)))
+    cfg = compose(["data.source=competition", f"data.path={path}", "data.n_val=null", "data.val_fraction=0.5"])
+    rows, how = output_plan.val_rows(cfg)
+    assert (rows, "of 3 (" in how) == (int(3 * 0.5) + 1, True), how

@@ -8,6 +8,7 @@ arithmetic: docs/internals.md, lab.plan.output_plan.
 from __future__ import annotations
 
 import contextlib
+import csv
 import os
 
 from omegaconf import DictConfig, OmegaConf
@@ -50,8 +51,8 @@ def val_rows(cfg: DictConfig) -> tuple[int, str]:
     rows, where = COMPETITION_ROWS, f"{COMPETITION_ROWS} rows assumed (the data file is not here)"
     with contextlib.suppress(LabError, OSError):
         path = find_data_file(d.path)
-        with open(path, "rb") as f:
-            rows, where = max(sum(1 for _ in f) - 1, 0), f"{path.name}'s rows"
+        with open(path, newline="", encoding="utf-8") as f:  # CSV records: a prompt spans several lines
+            rows, where = max(sum(1 for _ in csv.reader(f)) - 1, 0), f"{path.name}'s rows"
     return int(rows * float(d.val_fraction)) + 1, f"val_fraction {d.val_fraction} of {rows} ({where})"
 
 
