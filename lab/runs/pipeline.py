@@ -12,6 +12,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -122,44 +123,58 @@ def plain_progress():
     return env.scoped({"LAB_PROGRESS": "plain"}, keep=True)
 
 
-# What a stage costs, for the time `run_notebooks` expects: FIXED_CPU_S + PER_UNIT_CPU_S x its work units, in CPU
-# seconds of the machine whose probe took PROBE_CPU_S; measured on the 2-core development machine
-# (docs/internals.md, lab.runs.pipeline; RESULTS.md, "The demo's time").
-PROBE_CPU_S = 0.06
-FIXED_CPU_S = {"01_explore": 19.0, "02_sft": 48.0, "03_grpo": 63.0, "04_vote": 42.0, "05_errors": 14.0}
-PER_UNIT_CPU_S = {"01_explore": 0.0, "02_sft": 0.14, "03_grpo": 0.07, "04_vote": 0.02, "05_errors": 0.0}
+# `make demo`'s expected time: a stage takes FIXED_S + PER_UNIT_S x its work units (`work_units`) in wall seconds on
+# the idle 2-core development machine, whose probe (`probe`) took PROBE_REF_S; another machine's probe scales them.
+# Where each constant comes from: docs/internals.md, lab.runs.pipeline.
+PROBE_REF_S = 0.0016
+FIXED_S = {"01_explore": 20.0, "02_sft": 30.0, "03_grpo": 36.0, "04_vote": 27.0, "05_errors": 17.0}
+PER_UNIT_S = {"01_explore": 0.0, "02_sft": 0.1135, "03_grpo": 0.177, "04_vote": 0.195, "05_errors": 0.0}
+# what one part of a stage costs in the stage's unit: a held-out puzzle evaluated before and after SFT, in training
+# examples; a GRPO screening sample and an evaluated puzzle, in training completions; a training step without
+# gradient checkpointing against one with it (the units' cost)
+SFT_EVAL_WEIGHT, SCREEN_WEIGHT, GRPO_EVAL_WEIGHT, NO_CHECKPOINTING = 4.13, 1.35, 0.07, 0.75
 
 
 def work_units(stage: str, cfg) -> float:
-    """A stage's budget in one count: puzzles solved (01), training examples plus greedy evaluations (02), screening
-    samples plus training completions plus the evaluation (03), samples drawn (04), predictions analysed (05)."""
+    """A stage's budget in one count, each part weighted by its cost against the stage's main part: 02_sft's
+    training examples plus its two greedy evaluations; 03_grpo's training completions plus its screening samples and
+    evaluation; 04_vote's samples drawn (its greedy pass and live early stop scale with them); nothing for 01_explore
+    and 05_errors (their time is the kernel's start)."""
     d, s, g = cfg.data, cfg.sft, cfg.grpo
-    if stage == "01_explore":
-        return float(d.explore_max)
     if stage == "02_sft":
         per_step = s.batch_size * s.grad_accum
         steps = s.max_steps if s.max_steps > 0 else -(-d.n_train * s.epochs // per_step)
-        return float(steps * per_step + 2 * d.n_val)
+        train = steps * per_step * (1.0 if s.gradient_checkpointing else NO_CHECKPOINTING)
+        return float(train + SFT_EVAL_WEIGHT * d.n_val)
     if stage == "03_grpo":
-        return float(g.n_prompts * g.pass_rate_k + g.max_steps * g.prompts_per_step * g.num_generations + d.n_val)
+        train = g.max_steps * g.prompts_per_step * g.num_generations
+        train *= 1.0 if g.gradient_checkpointing else NO_CHECKPOINTING
+        return float(train + SCREEN_WEIGHT * g.n_prompts * g.pass_rate_k + GRPO_EVAL_WEIGHT * d.n_val)
     if stage == "04_vote":
         return float(d.n_val * cfg.vote.k)
-    return float(d.n_val)
+    return 0.0
 
 
-def probe(reps: int = 5) -> tuple[float, float]:
-    """(CPU seconds, wall seconds) of a fixed piece of work on one thread, as the stages will find this machine (its
-    load included): 5 x 20 products of two 256 x 256 float32 matrices."""
+def probe(reps: int = 100) -> float:
+    """This machine's speed: the fastest of `reps` timings (after one warm-up) of a fixed piece of one-thread work
+    like the stages' (20 products of a 256 x 64 by a 64 x 64 float32 matrix, each through tanh), in seconds. The
+    fastest of many short repeats, not one longer sample: a single sample's wall time varied 1-3x with the
+    scheduler, the fastest repeat is the machine's speed (what load the stages then meet, their ETA shows)."""
     import torch
 
-    a = torch.randn(256, 256, generator=torch.Generator().manual_seed(0))
+    g = torch.Generator().manual_seed(0)
+    x, w = torch.randn(256, 64, generator=g), torch.randn(64, 64, generator=g) / 8
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
-        wall0, cpu0 = time.perf_counter(), time.process_time()
-        for _ in range(reps * 20):
-            a @ a
-        return time.process_time() - cpu0, time.perf_counter() - wall0
+        best = float("inf")
+        for _ in range(reps + 1):
+            t0 = time.perf_counter()
+            y = x
+            for _ in range(20):
+                y = torch.tanh(y @ w)
+            best = min(best, time.perf_counter() - t0)
+        return best
     finally:
         torch.set_num_threads(threads)
 
@@ -172,11 +187,22 @@ def cpu_seconds() -> float:
     return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
 
 
-def expected_seconds(cfg, stages: list[str], probe_wall_s: float) -> dict[str, float]:
-    """{stage: projected wall seconds} from the stage budgets (`work_units`) and the probe's wall time
-    (`PROBE_CPU_S`); a projection for the tiny model on a CPU, not for the real model (`python -m lab estimate`)."""
-    scale = probe_wall_s / PROBE_CPU_S
-    return {s: scale * (FIXED_CPU_S[s] + PER_UNIT_CPU_S[s] * work_units(s, cfg)) for s in stages}
+def expected_seconds(cfg, stages: list[str], probe_s: float) -> dict[str, float]:
+    """{stage: projected wall seconds on this machine, idle} from the stage budgets (`work_units`) and the probe
+    (against `PROBE_REF_S`); a projection for the tiny model on a CPU, not for the real model (`python -m lab
+    estimate`)."""
+    scale = probe_s / PROBE_REF_S
+    return {s: scale * (FIXED_S[s] + PER_UNIT_S[s] * work_units(s, cfg)) for s in stages}
+
+
+def _load_note() -> str:
+    """A note when other work is running here (the 1-minute load average near the cores or above): the stages then
+    take longer than expected, and their ETA follows the pace they actually keep."""
+    load, cores = os.getloadavg()[0], os.cpu_count() or 1
+    if load < cores / 2:
+        return ""
+    return (f"\nThis machine is busy (load average {load:.1f} on {cores} cores): expect longer; "
+            "the ETA after each stage follows the pace the stages keep.")
 
 
 def _clock(seconds: float) -> str:
@@ -201,13 +227,13 @@ def run_notebooks(overrides: list[str], stages: list[str] = STAGES, log_output: 
     run_dir = owner.claim_run(cfg.run_dir, cfg.run_name, bool(cfg.overwrite))  # a run folder of the lab's, or new
     expected = None
     if cfg.model.name == "tiny" and str(cfg.model.device) in ("auto", "cpu"):
-        cpu, wall = probe()
-        expected = expected_seconds(cfg, stages, wall)
-        print(f"Expected time: about {_clock(sum(expected.values()))} (min:s) for {len(stages)} stage(s): "
-              + ", ".join(f"{k} {v:.0f} s" for k, v in expected.items())
-              + f"; projected from the stage budgets and a probe of this machine ({wall:.3f} s wall, {cpu:.3f} s CPU; "
-              f"{PROBE_CPU_S:.3f} s CPU where the stages' CPU costs were measured: lab.runs.pipeline.FIXED_CPU_S)",
-              flush=True)
+        speed = probe()
+        expected = expected_seconds(cfg, stages, speed)
+        print(f"Expected time: about {_clock(sum(expected.values()))} (min:s) for {len(stages)} stage(s) on this "
+              "machine idle: " + ", ".join(f"{k} {v:.0f} s" for k, v in expected.items())
+              + f"; projected from the stage budgets and a probe of this machine ({1e3 * speed:.2f} ms, "
+              f"{1e3 * PROBE_REF_S:.2f} ms where the stage times were measured: lab.runs.pipeline.FIXED_S)"
+              + _load_note(), flush=True)
     with run_lock(run_dir):  # one writer per run folder; the notebooks' kernels inherit the lock
         logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stdout, force=True)
         took: dict[str, float] = {}
