@@ -6,10 +6,11 @@ import lab.runs.pipeline as pipeline
 from lab.core.config import compose
 from lab.runs.pipeline import PROBE_REF_S, STAGES, cpu_seconds, demo_overrides, expected_seconds, probe, work_units
 
-# The idle 2-core development machine's wall seconds per stage (RESULTS.md, "`make demo` on an idle machine"): the
-# demo at 514d9bd, whose budget was the default with GRPO's steps 10, its screening samples 4 per prompt, voting's k 4
+# The idle 2-core development machine's wall seconds per stage (RESULTS.md, "`make demo` measured idle"): the budget
+# before the cut (the default with GRPO's steps 10, its screening samples 4 per prompt, voting's k 4) and the demo's
 BEFORE = ["grpo.max_steps=10", "grpo.pass_rate_k=4", "vote.k=4"]
-BEFORE_S = {"01_explore": 20, "02_sft": 213, "03_grpo": 155, "04_vote": 105, "05_errors": 17}
+BEFORE_S = {"01_explore": 12, "02_sft": 139, "03_grpo": 86, "04_vote": 48, "05_errors": 10}
+DEMO_S = {"01_explore": 11, "02_sft": 97, "03_grpo": 36, "04_vote": 32, "05_errors": 10}
 
 
 def test_the_demo_is_the_default_recipe_with_less_work():
@@ -25,9 +26,10 @@ def test_the_demo_is_the_default_recipe_with_less_work():
 
 def test_the_expectation_reproduces_the_measured_demo_and_the_cut_demo_fits_about_five_minutes():
     at_ref = expected_seconds(compose(BEFORE), STAGES, PROBE_REF_S)
-    assert all(abs(at_ref[s] - BEFORE_S[s]) <= 0.03 * BEFORE_S[s] for s in STAGES), at_ref
     demo = expected_seconds(compose(["experiment=demo"]), STAGES, PROBE_REF_S)
-    assert sum(demo.values()) <= 345 < sum(at_ref.values())  # about 5 minutes (within 15%) on that machine
+    for expected, measured in ((at_ref, BEFORE_S), (demo, DEMO_S)):
+        assert all(abs(expected[s] - measured[s]) <= 0.05 * measured[s] + 0.5 for s in STAGES), (expected, measured)
+    assert sum(demo.values()) < min(300, sum(at_ref.values()))  # within 5 minutes on that machine, and less work
     slower = expected_seconds(compose(["experiment=demo"]), STAGES, 2 * PROBE_REF_S)
     assert all(abs(slower[s] - 2 * demo[s]) < 1e-9 for s in STAGES)
     smoke = compose(["experiment=smoke"])

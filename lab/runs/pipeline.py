@@ -127,8 +127,8 @@ def plain_progress():
 # the idle 2-core development machine, whose probe (`probe`) took PROBE_REF_S; another machine's probe scales them.
 # Where each constant comes from: docs/internals.md, lab.runs.pipeline.
 PROBE_REF_S = 0.0016
-FIXED_S = {"01_explore": 20.0, "02_sft": 30.0, "03_grpo": 36.0, "04_vote": 27.0, "05_errors": 17.0}
-PER_UNIT_S = {"01_explore": 0.0, "02_sft": 0.1135, "03_grpo": 0.177, "04_vote": 0.195, "05_errors": 0.0}
+FIXED_S = {"01_explore": 11.5, "02_sft": 10.0, "03_grpo": 10.0, "04_vote": 16.0, "05_errors": 10.0}
+PER_UNIT_S = {"01_explore": 0.0, "02_sft": 0.0795, "03_grpo": 0.1131, "04_vote": 0.080, "05_errors": 0.0}
 # what one part of a stage costs in the stage's unit: a held-out puzzle evaluated before and after SFT, in training
 # examples; a GRPO screening sample and an evaluated puzzle, in training completions; a training step without
 # gradient checkpointing against one with it (the units' cost)
