@@ -7,14 +7,14 @@ from __future__ import annotations
 def sft_train(cfg, stage, puzzles, model=None, tokenizer=None):
     """LoRA attached, examples made, SFT trained, its outputs written into `stage`'s folder:
     (metrics, peft_model, tokenizer, step log)."""
-    from lab.recipes import sft as recipe
+    from lab.recipes import common
     from lab.train import checkpoints, sft
 
     lora = sft.model_with_lora(cfg, model, tokenizer)
     examples = sft.training_examples(cfg, lora[1], puzzles)
     result = sft.train(cfg, lora, examples, stage.checkpoint_dir,
                        resume_asked=checkpoints.asked_to_resume(stage.overrides, "sft.resume"))
-    return recipe.save_trained(stage, result), result.model, result.tokenizer, result.log
+    return common.save_training(stage, result, "sft"), result.model, result.tokenizer, result.log
 
 
 def grpo_train(cfg, stage, puzzles, model, tokenizer):

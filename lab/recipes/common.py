@@ -160,19 +160,27 @@ class Scores:
     figure: object
 
 
-def save_training(stage: Stage, log: pd.DataFrame, check) -> list[str] | None:
-    """What a training run returned, written into the stage folder: `train_log.csv`, and the gradient check's
-    `gradient_check.csv` and `frozen_check.csv` (`lab.model.lora.GradientCheck.save`). Returns what the check found
-    failed (None without a check); each failure is printed as a warning."""
+def save_training(stage: Stage, result, group: str) -> dict:
+    """What a training run (`lab.train.sft.train`, `lab.train.grpo.GrpoRun.train`) returned, written into the stage
+    folder: `train_log.csv`, and the gradient check's `gradient_check.csv` and `frozen_check.csv`
+    (`lab.model.lora.GradientCheck.save`). Returns its metrics with what the check found failed
+    (`gradient_check_failed`, each failure printed as a warning) and, after a wall-clock budget stop, how the next run
+    resumes (`resume_note`: the newest checkpoint kept in `<run_dir>/checkpoints/<stage>`; `group` is the config
+    group, sft or grpo)."""
     from lab.core.io import atomic_write_csv
+    from lab.train import checkpoints
 
-    atomic_write_csv(stage.path("train_log.csv"), log)
-    if check is None:
-        return None
-    failed = check.save(stage.dir)
-    if failed:
-        print(f"WARNING: gradient check failed for: {', '.join(failed)} (see gradient_check.csv, frozen_check.csv)")
-    return failed
+    metrics = result.metrics
+    atomic_write_csv(stage.path("train_log.csv"), result.log)
+    if result.check is not None:
+        failed = metrics["gradient_check_failed"] = result.check.save(stage.dir)
+        if failed:
+            print(f"WARNING: gradient check failed for: {', '.join(failed)} (see gradient_check.csv, "
+                  "frozen_check.csv)")
+    keep = stage.run_dir / "checkpoints" / stage.name
+    if note := checkpoints.resume_note(metrics, stage.checkpoint_dir, keep, stage.name, group):
+        metrics["resume_note"] = note
+    return metrics
 
 
 def gradient_check(stage: Stage) -> tuple[pd.DataFrame | None, pd.DataFrame | None]:

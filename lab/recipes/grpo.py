@@ -156,15 +156,11 @@ def grpo_train(stage: Stage, run, launch=None) -> common.Trained:
     `train_log.csv`, `gradient_check.csv`, `frozen_check.csv` (`refinements.csv` with `grpo.refine`) and, on the main
     process, `rewards.png`."""
     from lab.core import plots
-    from lab.train import checkpoints
     from lab.train.rewards import log_bounds
 
     cfg = stage.cfg
     result = run.train()
     metrics, log = save_trained(stage, result), result.log
-    keep = stage.run_dir / "checkpoints" / stage.name  # a wall-clock budget stop: how the next run resumes
-    if note := checkpoints.resume_note(metrics, stage.checkpoint_dir, keep, stage.name, "grpo"):
-        metrics["resume_note"] = note
     del result, run  # the saved adapter is scored, never the in-memory model
     main = launch_lib.main_alone(launch)
     fig = None
@@ -179,16 +175,13 @@ def grpo_train(stage: Stage, run, launch=None) -> common.Trained:
 
 def save_trained(stage: Stage, result) -> dict:
     """What `lab.train.grpo.GrpoRun.train` returned, written into the stage folder (`train_log.csv`, the gradient
-    check, `refinements.csv`); returns its metrics with the gradient check's failures and every warning."""
-    metrics = result.metrics
+    check, `refinements.csv`; `common.save_training`); returns its metrics with every warning."""
     if result.refinements:
         atomic_write_csv(stage.path("refinements.csv"), pd.DataFrame(result.refinements))
+    metrics = common.save_training(stage, result, "grpo")
     late = []
-    failed = common.save_training(stage, result.log, result.check)
-    if failed is not None:
-        metrics["gradient_check_failed"] = failed
-        if failed:
-            late.append(f"gradient check failed for: {', '.join(failed)} (see gradient_check.csv, frozen_check.csv)")
+    if failed := metrics.get("gradient_check_failed"):
+        late.append(f"gradient check failed for: {', '.join(failed)} (see gradient_check.csv, frozen_check.csv)")
     if not result.finished and metrics["lora_weight_change"] == 0.0:
         late.append("the adapter did not change: every step had zero advantage or no scorable completion")
         print(f"WARNING: {late[-1]}")

@@ -86,25 +86,13 @@ def sft_train(stage: Stage, examples, trainee: Trainee, launch=None) -> common.T
     lora = (*trainee.take("sft_train"), trainee.table)
     result = sft_lib.train(stage.cfg, lora, examples, stage.checkpoint_dir,
                            resume_asked=checkpoints.asked_to_resume(stage.overrides, "sft.resume"))
-    metrics, log = save_trained(stage, result), result.log
-    keep = stage.run_dir / "checkpoints" / stage.name  # a wall-clock budget stop: how the next run resumes
-    if note := checkpoints.resume_note(metrics, stage.checkpoint_dir, keep, stage.name, "sft"):
-        metrics["resume_note"] = note
+    metrics, log = common.save_training(stage, result, "sft"), result.log
     del result, lora  # the saved adapter is scored, never the in-memory model
     main = launch_lib.main_alone(launch)
     fig = None
     if main:
         fig = common.save_figure(stage, plots.line(log, "step", ["loss"], "SFT training loss", "loss"), "loss.png")
     return common.Trained(metrics=metrics, log=log, figure=fig, main=main)
-
-
-def save_trained(stage: Stage, result) -> dict:
-    """What `lab.train.sft.train` returned, written into the stage folder (`train_log.csv`, the gradient check);
-    returns its metrics with the gradient check's failures."""
-    failed = common.save_training(stage, result.log, result.check)
-    if failed is not None:
-        result.metrics["gradient_check_failed"] = failed
-    return result.metrics
 
 
 def sft_scores(stage: Stage, before: pd.DataFrame, after: pd.DataFrame) -> common.Scores:
