@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass
 
 from lab import LabError
-from lab.plan.estimate_infer import CARD_BANDWIDTH, CONSTANTS
+from lab.plan.estimate_infer import CARD_BANDWIDTH, CARD_PEAK, CONSTANTS
 
 # ---- the measured run (RESULTS.md, "First contact with a GPU"; docs/internals.md, lab.plan.estimate) ---------------
 
@@ -33,20 +33,13 @@ class Card:
     measured: bool = False
 
 
-def _tb_per_s(card: str) -> float:
-    """The card's memory bandwidth: one home, lab.plan.estimate_infer.CONSTANTS (with its datasheet source)."""
-    return CONSTANTS[CARD_BANDWIDTH[card]][0]
+def _card(card: str, measured: bool = False) -> Card:
+    """The card's published figures, from their one home, lab.plan.estimate_infer.CONSTANTS (with their sources)."""
+    peak, bw = CONSTANTS[CARD_PEAK[card]], CONSTANTS[CARD_BANDWIDTH[card]]
+    return Card(peak[0], bw[0], f"{peak[1]}: {peak[0]:g} TFLOP/s; {bw[1]}: {bw[0]:g} TB/s", measured=measured)
 
 
-CARDS = {
-    "h100_80gb": Card(989.0, _tb_per_s("h100_80gb"), "H100 SXM5 80GB datasheet: 989 TFLOP/s bf16 dense, 3.35 TB/s HBM3",
-                      measured=True),
-    "h200": Card(989.0, _tb_per_s("h200"),
-                 "H200 SXM datasheet: 989 TFLOP/s bf16 dense (the H100's die), 4.8 TB/s HBM3e"),
-    "rtx_pro_6000": Card(500.0, _tb_per_s("rtx_pro_6000"), "RTX PRO 6000 Blackwell: 1,792 GB/s (512-bit GDDR7 at 28 "
-                         "Gbps, published); bf16 dense ~500 TFLOP/s ASSUMED (NVIDIA publishes 4,000 AI TOPS = FP4 with "
-                         "2:4 sparsity; /2 dense, /4 for bf16); no bf16 datasheet figure"),
-}
+CARDS = {"h100_80gb": _card("h100_80gb", measured=True), "h200": _card("h200"), "rtx_pro_6000": _card("rtx_pro_6000")}
 
 
 # ---- the model's shape ---------------------------------------------------------------------------------------------

@@ -362,7 +362,7 @@ def rollout_figures(cfg: DictConfig, card: str, decode: dict | None = None):
     the mean context of the sequences in flight), and the training micro-step's line from SFT's `cost_model`;
     `decode`: the card's measured decode steps (`measured_decode`), or None."""
     from lab.plan import estimate_infer as ei
-    from lab.plan.grpo_policy import generation_phase
+    from lab.plan.grpo_policy import generation_phase, separate_pass_engine
     from lab.plan.shapes import model_config_values
 
     values = model_config_values(cfg)
@@ -378,8 +378,13 @@ def rollout_figures(cfg: DictConfig, card: str, decode: dict | None = None):
     train_text = (f"SFT's micro-step (lab.plan.estimate.cost_model, experts LoRA {el}) on {card}: "
                   f"{model.fixed_s:.3f} s + {model.per_token_s * 1e6:.1f} us/token")
     used = ("prompt_tokens", "trace_tokens", "trace_median_tokens", "truncated_share", "inflight_kv_margin")
+    first = {}
+    if separate_pass_engine(cfg):  # the pass rates on an engine of their own, before the optimizer exists
+        p = generation_phase(cfg, values, phase="pass_rates")
+        first = {"pass_slots": int(p["sequences"]), "pass_slots_text": f"an engine of their own, shut down before "
+                 f"the rounds (lab.plan.grpo_policy.separate_pass_engine): {p['sequences_why']}; {p['kv_note']}"}
     return ei.Rollout(int(ph["sequences"]), seq_bytes, slots_text, model.fixed_s, model.per_token_s, train_text, used,
-                      decode)
+                      decode, **first)
 
 
 def inference_sections(cfg: DictConfig, card: str, calibration: str | None = None, **_) -> tuple[dict, list[str]]:

@@ -28,6 +28,12 @@ CONSTANTS = {
     "h100_tbps": (3.35, "NVIDIA H100 SXM5 80GB datasheet, HBM3 memory bandwidth (RESULTS.md's card: H100 80GB HBM3)"),
     "h200_tbps": (4.8, "NVIDIA H200 datasheet, HBM3e memory bandwidth"),
     "rtx_pro_6000_tbps": (1.792, "NVIDIA RTX PRO 6000 Blackwell datasheet, GDDR7 memory bandwidth"),
+    "h100_tflops": (989.0, "NVIDIA H100 SXM5 80GB datasheet, bf16 dense tensor peak"),
+    "h200_tflops": (989.0, "NVIDIA H200 SXM datasheet, bf16 dense tensor peak (the H100's die)"),
+    "rtx_pro_6000_tflops": (500.0, "ASSUMED: NVIDIA publishes 4,000 AI TOPS for the RTX PRO 6000 Blackwell (FP4 with "
+                                   "2:4 sparsity): /2 dense, /4 for bf16; no bf16 datasheet figure"),
+    "decode_gemm_share": (0.5, "assumed share of the bf16 peak a decode step's dense matmuls reach once the sequences "
+                               "in flight make them compute-bound (not measured)"),
     "trace_tokens": (1209, "RESULTS.md 'First contact with a GPU': prompt + derivation trace mean, real tokenizer, "
                            "1,837 dev rows (assumed length of a finished completion)"),
     "trace_median_tokens": (823, "RESULTS.md 'First contact with a GPU': prompt + derivation trace p50, the same rows "
@@ -43,10 +49,14 @@ CONSTANTS = {
     "switch_gbps": (25.0, "assumed effective host<->GPU copy rate, GB/s (PCIe Gen5 x16: 64 GB/s theoretical)"),
     "disk_gbps": (2.0, "assumed read rate of the model folder from local NVMe, GB/s, for a sleep-level-2 reload "
                        "(not measured)"),
+    "engine_start_s": (60.0, "assumed seconds a vLLM engine takes to start beside reading its weights (compile cache "
+                             "warm, CUDA graphs captured); not measured: python -m lab calibrate records start_s on "
+                             "random weights"),
     "steps_per_generation": (4, "optimizer steps per generation round when the config has none "
                                 "(grpo.steps_per_generation is used when set: conf/grpo/nemotron_nano.yaml sets 4)"),
 }
 CARD_BANDWIDTH = {"h100_80gb": "h100_tbps", "h200": "h200_tbps", "rtx_pro_6000": "rtx_pro_6000_tbps"}
+CARD_PEAK = {"h100_80gb": "h100_tflops", "h200": "h200_tflops", "rtx_pro_6000": "rtx_pro_6000_tflops"}
 
 
 def _c(name: str) -> float:
@@ -106,8 +116,12 @@ def step_model(card, seq_bytes: float = 0.0, decode: dict | None = None):
     fused MoE reads only experts with tokens: `experts_touched`) and `seq_bytes` of state per sequence (its Mamba
     state read and written, its KV read: `lab.plan.estimate.rollout_figures`), at the card's bandwidth; the rest of
     h100_step_s at h100_step_seqs is a per-step cost (launches, sampling, scheduling), scaled by bandwidth like the
-    step itself, so at h100_step_seqs the step is h100_step_s x h100_tbps / the card's on every card."""
-    bw = CARD_BANDWIDTH[card_name(card)]
+    step itself, so at h100_step_seqs the step is h100_step_s x h100_tbps / the card's on every card. Once the
+    sequences make the dense matmuls (the parameters outside the routed experts and the input embedding, 2 FLOP each
+    a token) slower at decode_gemm_share of the card's bf16 peak than reading their weights, the step waits for the
+    difference (a roofline; the routed experts get a few tokens each and stay memory-bound)."""
+    name = card_name(card)
+    bw = CARD_BANDWIDTH[name]
     if decode:
         xs = np.array(sorted(decode["steps"]), dtype=float)
         ys = np.array([decode["steps"][n] for n in sorted(decode["steps"])], dtype=float)
@@ -122,23 +136,32 @@ def step_model(card, seq_bytes: float = 0.0, decode: dict | None = None):
                           "linear between them and past the last at its slope"), []
     experts, e, k, e_text = routed_experts()
     rest = _c("weights_gib") * GIB - experts
+    dense = rest / 2 - embedding_params()  # parameters a token multiplies by (bf16: 2 B each)
     h100, card_bps = _c("h100_tbps") * 1e12, _c(bw) * 1e12
+    flops = _c(CARD_PEAK[name]) * 1e12 * _c("decode_gemm_share")
     n0 = _c("h100_step_seqs")
 
     def read(n):
         return rest + experts * experts_touched(n, e, k) / e + n * seq_bytes
 
+    def compute_wait(n):  # the dense matmuls' time beyond reading their weights
+        return np.maximum(0.0, 2 * dense * np.asarray(n, dtype=float) / flops - 2 * dense / card_bps)
+
     fixed = max(0.0, _c("h100_step_s") - read(n0) / h100) * _c("h100_tbps") / _c(bw)
 
     def step(n):
-        return fixed + read(n) / card_bps
+        return fixed + read(n) / card_bps + compute_wait(n)
 
     state = f" + n x {seq_bytes / 1e6:.0f} MB of state" if seq_bytes else ""
     text = (f"decode step with n sequences in flight = {fixed * 1e3:.1f} ms per step (h100_step_s {_c('h100_step_s')} "
             f"s at h100_step_seqs {n0:g} less its {read(n0) / 1e9:.1f} GB read at h100_tbps {_c('h100_tbps')}, x "
             f"h100_tbps / {bw} {_c(bw)}) + (weights_gib {_c('weights_gib')} GiB less {experts / GIB:.1f} GiB of routed "
-            f"experts + the experts touched{state}) / {_c(bw)} TB/s; {e_text}")
-    return step, text, ["h100_step_s", "h100_step_seqs", "h100_tbps", "weights_gib", bw]
+            f"experts + the experts touched{state}) / {_c(bw)} TB/s + what the dense matmuls take beyond reading "
+            f"their weights: 2 x {dense / 1e9:.2f}B parameters x n / ({CARD_PEAK[name]} {_c(CARD_PEAK[name]):g} TFLOP/s "
+            f"x decode_gemm_share {_c('decode_gemm_share')}), from n = {2 * dense / card_bps * flops / (2 * dense):.0f};"
+            f" {e_text}")
+    return step, text, ["h100_step_s", "h100_step_seqs", "h100_tbps", "weights_gib", bw, CARD_PEAK[name],
+                        "decode_gemm_share"]
 
 
 def experts_touched(n, e: int, k: int):
@@ -161,6 +184,13 @@ def routed_experts() -> tuple[float, int, int, str]:
                      f"({MODEL_CONFIG.name}); experts touched by n tokens = {e} x (1 - (1 - {k}/{e})^n) (uniform "
                      f"routing: the most n tokens touch; vLLM's fused MoE skips experts with no token, "
                      f"docs/internals.md)")
+
+
+@functools.lru_cache(maxsize=1)
+def embedding_params() -> int:
+    """The input embedding's parameters (vocab x hidden: a lookup, no matmul) of the estimated model."""
+    v = json.loads(MODEL_CONFIG.read_text(encoding="utf-8"))
+    return int(v["vocab_size"]) * int(v["hidden_size"])
 
 
 def completion_survival(budget: int) -> np.ndarray:
@@ -259,6 +289,8 @@ class Rollout:
     train_text: str
     used: tuple[str, ...] = ()
     decode: dict | None = None  # a decode step measured on the card (`step_model`), else None: projected
+    pass_slots: int = 0  # the pass rates' sequences in flight (0: the rounds' engine, `slots`)
+    pass_slots_text: str = ""  # with pass_slots: why that many, on an engine of their own
 
 
 def _rollout(cfg, rollout: Rollout | None) -> Rollout:
@@ -270,13 +302,25 @@ def _rollout(cfg, rollout: Rollout | None) -> Rollout:
 
 def pass_rate_hours(cfg, card, rollout: Rollout | None = None) -> dict:
     """GRPO's pass-rate sampling before step 1: grpo.n_prompts x grpo.pass_rate_k samples through the rollout engine
-    with the start adapter served, in one hand-over (the GRPO completion budget, the rollout engine's slots)."""
+    with the start adapter served, in one hand-over (the GRPO completion budget, the rollout engine's slots). On an
+    engine of their own (`r.pass_slots`: `lab.plan.grpo_policy.separate_pass_engine`), with that engine's start:
+    engine_start_s + the weights read from disk."""
     g, r = cfg.grpo, _rollout(cfg, rollout)
     n = int(g.n_prompts) * int(g.pass_rate_k)
-    secs, text, used = generation_s(n, _grpo_budget(cfg), r.slots, card, r.seq_bytes, r.decode)
-    text += (f" ({g.n_prompts} prompts x pass_rate_k {g.pass_rate_k}; {r.slots} slots: {r.slots_text}); "
-             f"hours = {secs / 3600:.2f} h")
-    return _result("pass_rate_hours", secs / 3600, "hours", text, used + list(r.used))
+    slots, why = (r.pass_slots, r.pass_slots_text) if r.pass_slots else (r.slots, r.slots_text)
+    start = 0.0
+    secs, text, used = generation_s(n, _grpo_budget(cfg), slots, card, r.seq_bytes, r.decode)
+    text += f" ({g.n_prompts} prompts x pass_rate_k {g.pass_rate_k}; {slots} slots: {why})"
+    if r.pass_slots:
+        weights_gb = _c("weights_gib") * GIB / 1e9
+        start = _c("engine_start_s") + weights_gb / _c("disk_gbps")
+        text += (f"; their engine's start, shut down for the rounds' = engine_start_s {_c('engine_start_s'):g} + "
+                 f"{weights_gb:.0f} GB / disk_gbps {_c('disk_gbps')} = {start:.0f} s; {secs:,.0f} + {start:.0f}")
+        secs += start
+        used += ["engine_start_s", "weights_gib", "disk_gbps"]
+    text += f" = {secs:,.0f} s; hours = {secs / 3600:.2f} h"
+    return _result("pass_rate_hours", secs / 3600, "hours", text, used + list(r.used), slots=slots,
+                   engine_start_s=round(start))
 
 
 def grpo_step_minutes(cfg, card, rollout: Rollout | None = None) -> dict:

@@ -69,8 +69,11 @@ def vllm_pages(values: Mapping[str, Any]) -> dict:
             "attn_pages": -(-attn // group) * group, "mamba_bytes": mamba_pages * page}
 
 
+PHASES = ("rounds", "pass_rates")  # the engine's two uses: training rounds, and the pass rates before step 1
+
+
 def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
-                     counts: tuple[int, int] | None = None) -> dict:
+                     counts: tuple[int, int] | None = None, phase: str = "rounds") -> dict:
     """GPU memory while GRPO samples through vLLM on the same card (`grpo.rollout_backend=vllm`): the engine holds the
     bf16 base weights, one adapter slot and the cache of the sequences in flight, inside its share
     (`grpo.vllm_gpu_memory_utilization` of the card, which vLLM claims whole; null: `gpu.max_use` of the card less the
@@ -85,7 +88,11 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
     flight: the length-biased mean context (`lab.plan.estimate_infer.inflight_context_tokens`) x inflight_kv_margin,
     plus one partly filled block; vLLM allocates KV blocks as a sequence grows and preempts (recomputes) a request
     when they run out. Sequences: `grpo.max_num_seqs`, or null: as many as the share holds beside the weights and the
-    adapter, in eights, at most one round's. `counts`: (base, LoRA parameters) when the caller has them."""
+    adapter, in eights, at most one round's. `counts`: (base, LoRA parameters) when the caller has them.
+
+    `phase="pass_rates"`: the pass rates before step 1, when the trainer holds its LoRA weights but no optimizer
+    states yet (the optimizer is made at the first step), so a null share is larger, and the sequences are capped
+    by the pass-rate batch (grpo.n_prompts x pass_rate_k) instead of a round (`separate_pass_engine`)."""
     from lab.plan.estimate_infer import CONSTANTS, inflight_context_tokens
 
     values = dict(values or model_config_values(cfg))
@@ -102,14 +109,19 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
     per_seq = pg["mamba_bytes"] + kv_per_seq
     full_request = pg["mamba_bytes"] + pg["attn_pages"] * pg["page_bytes"] * -(-max_len // pg["block_tokens"])
     per, how = optimizer_bytes_per_param(cfg)
-    trainer = {"LoRA weights (fp32)": 4 * P, f"optimizer states ({how})": int(per * P)}
+    if phase not in PHASES:
+        raise LabError(f"generation_phase: phase={phase!r}, not one of {PHASES}")
+    trainer = {"LoRA weights (fp32)": 4 * P}
+    if phase == "rounds":
+        trainer[f"optimizer states ({how})"] = int(per * P)
     card = gpu_gib(cfg)
     keep = sum(trainer.values()) / GIB
     share = float(OmegaConf.select(cfg, "grpo.vllm_gpu_memory_utilization", default=None) or 0.0)
     if not share and card is not None:  # null: the rest of the card once the trainer's part is set aside
         share = math.floor(100 * (float(cfg.gpu.max_use) * card - keep) / card) / 100
     free = share * card * GIB - 2 * base - 2 * P if card is not None else 0.0
-    round_seqs = rollout_round(cfg)
+    round_seqs = rollout_round(cfg) if phase == "rounds" else int(g.n_prompts) * int(g.pass_rate_k)
+    cap_text = "a round's" if phase == "rounds" else "the pass-rate batch's"
     asked = OmegaConf.select(cfg, "grpo.max_num_seqs", default=None)
     seq_text = (f"({pg['mamba_pages']} Mamba pages + {pg['attn_pages']} attention pages x ({held:,.0f} tokens / "
                 f"{pg['block_tokens']:,} + 1) blocks) x {pg['page_bytes'] / 1e6:.2f} MB = {per_seq / 1e6:.1f} MB a "
@@ -120,7 +132,7 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
         most = max(8, int(free // per_seq) // 8 * 8)
         seqs = min(most, round_seqs)
         why = (f"grpo.max_num_seqs=null: ({share:.2f} x {card:.1f} GiB - weights - adapter) / {seq_text} = "
-               f"{free / per_seq:.0f}, in eights {most}, at most a round's {round_seqs}")
+               f"{free / per_seq:.0f}, in eights {most}, at most {cap_text} {round_seqs}")
     else:
         seqs, why = int(cfg.infer.max_num_seqs), "grpo.max_num_seqs=null and no card size: infer.max_num_seqs"
     engine = {"bf16 base weights": 2 * base, "adapter slot (bf16, rank r)": 2 * P,
@@ -133,7 +145,7 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
                f"{held:,.0f} tokens (not model.max_model_len {max_len:,}: vLLM allocates blocks as a sequence grows, "
                f"preempts and recomputes a request when they run out); one {max_len:,}-token request "
                f"({full_request / 1e6:.0f} MB, vLLM's start-up check) must fit too")
-    out = {"engine_gib": {k: v / GIB for k, v in engine.items()},
+    out = {"phase": phase, "engine_gib": {k: v / GIB for k, v in engine.items()},
            "trainer_gib": {k: v / GIB for k, v in trainer.items()},
            "engine_need_gib": need, "trainer_gib_total": keep, "share": share, "card_gib": card,
            "sequences": seqs, "sequences_why": why, "tokens": held, "inflight_tokens": ctx, "kv_note": kv_note,
@@ -158,9 +170,19 @@ def rollout_round(cfg: DictConfig) -> int:
     return int(g.get("steps_per_generation") or 1) * int(g.prompts_per_step) * int(g.num_generations)
 
 
-def rollout_seqs(cfg: DictConfig) -> int:
+def rollout_seqs(cfg: DictConfig, phase: str = "rounds") -> int:
     """The rollout engine's `max_num_seqs` (`generation_phase`: grpo.max_num_seqs, or null: what its share holds)."""
-    return int(generation_phase(cfg)["sequences"])
+    return int(generation_phase(cfg, phase=phase)["sequences"])
+
+
+def separate_pass_engine(cfg: DictConfig) -> bool:
+    """Whether the pass rates get an engine of their own, shut down before the first round: with a null share, when
+    the card before step 1 (no optimizer states yet) leaves the engine a larger share than the rounds can have. It
+    costs one more engine start and buys the pass rates the optimizer's room in sequences (lab.train.rollouts)."""
+    if cfg.grpo.rollout_backend != "vllm" or cfg.grpo.vllm_gpu_memory_utilization is not None:
+        return False
+    first, later = (generation_phase(cfg, phase=p)["share"] for p in ("pass_rates", "rounds"))
+    return bool(first and first > later)
 
 
 HOST_MARGIN_GIB = 16.0  # host memory kept free beside the weights a switch holds (the process, pinned buffers, the OS)
@@ -203,10 +225,10 @@ def sleep_level(cfg: DictConfig, host: float | None = None, weights_gib: float |
                "engine reloads its weights from the model folder at each wake-up)")
 
 
-def engine_share(cfg: DictConfig) -> float:
+def engine_share(cfg: DictConfig, phase: str = "rounds") -> float:
     """The `gpu_memory_utilization` GRPO's vLLM engine is built with: `grpo.vllm_gpu_memory_utilization`, or when
     null the share `generation_phase` leaves it (needs the card's size: `gpu.memory_gib` or a CUDA device)."""
-    ph = generation_phase(cfg)
+    ph = generation_phase(cfg, phase=phase)
     if not ph["share"]:
         raise LabError("grpo.vllm_gpu_memory_utilization=null needs the card's size (gpu.memory_gib, or a CUDA device "
                        "here): set gpu=<card> or the share itself")
@@ -223,11 +245,15 @@ def check_generation_fits(cfg: DictConfig) -> dict | None:
     if cfg.grpo.rollout_backend != "vllm":
         return None
     ph = generation_phase(cfg)
-    if ph.get("fits") is False:
-        raise LabError(f"03_grpo with rollout_backend=vllm does not fit gpu={cfg.gpu.name}:\n"
-                       + generation_report(ph, float(cfg.gpu.max_use))
-                       + "\nlower grpo.vllm_gpu_memory_utilization (null: the rest of the card), or the trainer's "
-                         "part (gpu.optim=adamw_bnb_8bit)")
+    first = generation_phase(cfg, phase="pass_rates")
+    for p in (ph, first):
+        if p.get("fits") is False:
+            raise LabError(f"03_grpo with rollout_backend=vllm does not fit gpu={cfg.gpu.name}:\n"
+                           + generation_report(p, float(cfg.gpu.max_use))
+                           + "\nlower grpo.vllm_gpu_memory_utilization (null: the rest of the card), or the "
+                             "trainer's part (gpu.optim=adamw_bnb_8bit)")
+    ph["pass_rates"] = first
+    ph["separate_pass_engine"] = separate_pass_engine(cfg)
     if cfg.grpo.vllm_sleep_mode:
         ph["sleep_level"] = sleep_level(cfg, weights_gib=ph["host"]["weights_gib"])
     return ph
@@ -236,7 +262,9 @@ def check_generation_fits(cfg: DictConfig) -> dict | None:
 def generation_report(ph: dict, use: float) -> str:
     """The generation phase's bound (`generation_phase`) as lines for a person: what the engine and the trainer hold
     and whether both fit the card."""
-    lines = ["GRPO generation phase (grpo.rollout_backend=vllm), bounded from shapes "
+    what = ("its training rounds" if ph.get("phase", "rounds") == "rounds" else
+            "the pass rates before step 1 (no optimizer states yet)")
+    lines = [f"GRPO generation phase (grpo.rollout_backend=vllm), {what}, bounded from shapes "
              "(lab.plan.grpo_policy.generation_phase):",
              f"  the rollout engine decodes {ph['sequences']} sequences at once ({ph['sequences_why']})",
              f"  the engine needs at least {ph['engine_need_gib']:.1f} GiB:"]

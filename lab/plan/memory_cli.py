@@ -26,7 +26,7 @@ def main(argv: list[str] | None = None) -> int:
     from lab.core import owner
     from lab.core.config import compose
     from lab.core.io import atomic_write_text
-    from lab.plan.grpo_policy import generation_phase, generation_report
+    from lab.plan.grpo_policy import generation_phase, generation_report, separate_pass_engine
     from lab.plan.memory import as_json, report, trace
     from lab.plan.shapes import gpu_gib
 
@@ -40,6 +40,10 @@ def main(argv: list[str] | None = None) -> int:
         ph = generation_phase(cfg)
         print(generation_report(ph, use))
         out["generation"], ok = ph, ok and ph.get("fits", True)
+        if separate_pass_engine(cfg):  # the pass rates' own engine, before the optimizer exists
+            first = generation_phase(cfg, phase="pass_rates")
+            print(generation_report(first, use))
+            out["generation_pass_rates"], ok = first, ok and first.get("fits", True)
     if a.json:
         atomic_write_text(out_json, json.dumps(out, indent=1))
     return 0 if ok else 1

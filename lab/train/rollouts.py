@@ -20,6 +20,7 @@ from lab.core.io import atomic_dir
 from lab.core import lineage
 from lab.model import generate, submission
 from lab.model.submission import pack_dtype
+from lab.plan.grpo_policy import separate_pass_engine
 from lab.train import trl_private
 
 ROUND_DIRS_KEPT = 2  # round folders kept on disk (the one being served and the one before)
@@ -113,8 +114,9 @@ class VLLMRollouts:
 
     # ---- the engine and the adapter --------------------------------------------------------------------------
 
-    def _engine(self, timings: dict):
-        """Build the engine once (in the engine's phase: on CUDA the caller has moved the frozen weights out)."""
+    def _engine(self, timings: dict, phase: str = "rounds"):
+        """Build the engine once (in the engine's phase: on CUDA the caller has moved the frozen weights out), sized
+        for `phase` (`lab.plan.grpo_policy.generation_phase`: the rounds, or the pass rates' own engine)."""
         if self.llm is None:
             from lab.model import models
 
@@ -124,13 +126,13 @@ class VLLMRollouts:
             if share is None:  # the card less what the trainer keeps on it while the engine samples
                 from lab.plan.grpo_policy import engine_share
 
-                share = engine_share(self.cfg)
+                share = engine_share(self.cfg, phase)
             timings["engine_share"] = float(share)
             seqs = g.max_num_seqs
             if seqs is None and self.cuda:  # null: as many as the engine's share holds (lab.plan.grpo_policy)
                 from lab.plan.grpo_policy import rollout_seqs
 
-                seqs = rollout_seqs(self.cfg)
+                seqs = rollout_seqs(self.cfg, phase)
             timings["max_num_seqs"] = int(seqs or self.cfg.infer.max_num_seqs)
             self.llm = generate.vllm_engine(self.cfg, models.model_path(self.cfg), max_num_seqs=seqs,
                                             gpu_memory_utilization=float(share),
@@ -237,9 +239,15 @@ class VLLMRollouts:
         base = models.model_path(self.cfg)
         source = {"model": base, "model_sha256": lineage.model_hash(base), "weights": "in memory, served packed",
                   "lora_sha256": lineage.lora_checksum(self.model)}
-        with engine_phase(self.model, self.llm if self.llm is not None else _Lazy(self), self.switch, timings,
-                          self.level):
-            self._engine(timings)
+        own = self.llm is None and self.cuda and separate_pass_engine(self.cfg)
+        with engine_phase(self.model, self.llm if self.llm is not None else _Lazy(self, close=own), self.switch,
+                          timings, self.level):
+            self._engine(timings, "pass_rates" if own else "rounds")
+            if own:
+                print(f"pass rates: an engine of their own ({timings['engine_share']:.2f} of the card, "
+                      f"{timings['max_num_seqs']} sequences: no optimizer states before step 1), shut down after "
+                      "them; the rounds' engine is built at the first round (lab.plan.grpo_policy."
+                      "separate_pass_engine)", flush=True)
             self._serve(path, "start")
             yield generate.Generator.serving(self.cfg, self.llm, self.tokenizer, self.lora, source)
 
@@ -252,17 +260,17 @@ class VLLMRollouts:
         return self.llm
 
     def close(self) -> None:
-        """Shut the engine down (`generate.close_engine`)."""
+        """Shut the engine down (`generate.close_engine`); the next use builds a fresh one."""
         generate.close_engine(self.llm)
-        self.llm = None
+        self.llm = self.lora = None
 
 
 class _Lazy:
     """Stands for the engine in `engine_phase` before it is built: a fresh engine starts awake (nothing to wake),
-    and is put to sleep through the built one."""
+    and is put to sleep through the built one, or with `close` shut down (the pass rates' own engine)."""
 
-    def __init__(self, owner: VLLMRollouts):
-        self.owner = owner
+    def __init__(self, owner: VLLMRollouts, close: bool = False):
+        self.owner, self.close = owner, close
 
     def wake_up(self, tags=None):
         pass
@@ -271,4 +279,7 @@ class _Lazy:
         return []
 
     def sleep(self, level: int = 1):
-        self.owner.llm.sleep(level=level)
+        if self.close:
+            self.owner.close()
+        else:
+            self.owner.llm.sleep(level=level)
