@@ -186,3 +186,13 @@ def test_batch_sizes_on_a_card_and_the_engine_folder(tmp_path):
     for k in ("hybrid_override_pattern", "hidden_size", "n_routed_experts", "num_experts_per_tok", "vocab_size"):
         assert getattr(read, k) == ctx["values"][k]
     assert read.mamba_ssm_cache_dtype == "float32"  # the published config.json's; vLLM's default for NemotronH too
+
+
+def test_the_report_shows_each_batch_and_the_summary_its_steps(stand_in):
+    got = cal.step_vllm(ctx_for(config.compose([])))
+    lines = cal.vllm_markdown(got)
+    assert lines[0].startswith("vLLM stand-in on cpu") and len([x for x in lines if x.startswith("| 4 |")]) == 1
+    assert f"| {got['decode_step_s']['4']:.4f} |" in lines[lines.index("|---|---|---|---|---|---|---|") + 2]
+    assert cal.summary({"vllm": got})["decode_step_s"] == got["decode_step_s"]
+    assert cal.summary({"vllm": "absent"})["decode_step_s"] == "absent"
+    assert cal.vllm_markdown({"error": "E"}) == ["vLLM: {'error': 'E'}"]

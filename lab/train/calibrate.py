@@ -804,8 +804,25 @@ def markdown(result: dict) -> list[str]:
         f = sp.get("fit") or {}
         out += ["", f"fit: {_g(f.get('fixed_s'), '.4f')} s + {_g(f.get('us_per_token'), '.2f')} us/token per "
                     f"micro-step (residuals {f.get('residuals_s')})"]
-    out += ["", f"vLLM: {result.get('vllm')}"]
+    out += [""] + vllm_markdown(result.get("vllm"))
     return out
+
+
+def vllm_markdown(v) -> list[str]:
+    """The `vllm` key as a table: seconds per decode step per batch size, with the raw times, and the switch."""
+    if not isinstance(v, dict) or "error" in v:
+        return [f"vLLM: {v}"]
+    d = v.get("detail", {})
+    out = [f"vLLM {v.get('version')} on {v.get('device')}, dummy weights, prompts of {d.get('prompt_tokens')} tokens, "
+           f"engine start {_g(d.get('engine', {}).get('start_s'))} s:", "",
+           "| sequences | s per decode step | T1 | T2 | t(T1) s | t(T2) s | warm-up s |",
+           "|---|---|---|---|---|---|---|"]
+    for s, r in d.get("batches", {}).items():
+        raw = r.get("raw_s", {})
+        out.append(f"| {s} | {_g(r.get('seconds'), '.4f') if 'error' not in r else 'error: ' + r['error'][:100]} | "
+                   f"{_g(r.get('T1'))} | {_g(r.get('T2'))} | {_g(raw.get('t1'))} | {_g(raw.get('t2'))} | "
+                   f"{_g(raw.get('warmup'))} |")
+    return out + ["", f"switch: {v.get('switch_s')}"]
 
 
 def report(folder: Path) -> str:
@@ -864,8 +881,10 @@ def summary(result: dict) -> dict:
     """The headline figures of a calibration."""
     ex = result.get("exact", {})
     sp = result.get("speed", {})
+    vl = result.get("vllm")
     return {"card": result.get("meta", {}).get("card"),
             "exact": {k: (v.get("ok") if "skipped" not in v else "skipped") for k, v in ex.items()
                       if isinstance(v, dict) and k != "step_seconds"},
-            "fit": sp.get("fit") if isinstance(sp, dict) else None}
+            "fit": sp.get("fit") if isinstance(sp, dict) else None,
+            "decode_step_s": vl.get("decode_step_s", vl.get("error")) if isinstance(vl, dict) else vl}
 
