@@ -93,7 +93,7 @@ def test_the_hours_follow_the_config_and_kaggle_limits_are_judged(tmp_path, monk
     assert all(r["kaggle"]["fits_one_kernel"] and r["kaggle"]["kept_fits"] for r in base)
     usable = base[0]["kaggle"]["kernel_hours"]
     assert usable == pytest.approx(12 - 60 / 60)  # kaggle.run_limit_h 12, budget_margin_min 60
-    long, _ = records(["grpo.max_steps=400"])
+    long, _ = records(["grpo.max_steps=600"])
     assert long[2]["hours"] > usable and long[2]["kaggle"]["kernels"] == -(-long[2]["hours"] // usable) >= 2
     assert long[2]["kaggle"]["resumable"] is True
     vote, _ = records(["vote.k=64"])

@@ -1,6 +1,7 @@
 """Projected GRPO / evaluation / vote costs (`lab.plan.estimate_infer`): positive figures, arithmetic that names
 every constant it uses, and figures that move the right way when a setting changes."""
 
+import numpy as np
 import pytest
 
 from lab import LabError
@@ -80,3 +81,56 @@ def test_packing_and_the_sampler_log_probs_shorten_the_step():
     few = grpo_step_minutes(compose([*REAL, "gpu=h100_80gb", "grpo.max_num_seqs=64"]), "h100_80gb")
     assert few["slots"] == 64 < packed["slots"]
     assert few["parts_s"]["generation_per_step"] > packed["parts_s"]["generation_per_step"]
+
+
+@pytest.mark.parametrize("card, tbps", [("h100_80gb", 3.35), ("rtx_pro_6000", 1.792), ("h200", 4.8)])
+def test_the_decode_step_at_its_estimated_point_and_around_it(card, tbps):
+    """`step_model`: at h100_step_seqs (64) the step is h100_step_s x 3.35 TB/s / the card's, whatever the state bytes
+    a sequence moves; one sequence reads 6 experts' weights, not 122, so its step costs under half (negative
+    control: a model that read every expert at any count would be flat below 64); more sequences cost more."""
+    for seq_bytes in (0.0, 112e6):
+        step = E.step_model(card, seq_bytes)[0]
+        assert float(step(64)) == pytest.approx(0.030 * 3.35 / tbps)
+        assert float(step(1)) < 0.5 * float(step(64)) < float(step(64)) < float(step(120))
+        assert E.decode_step_s(card, 64, seq_bytes)[0] == pytest.approx(float(step(64)))
+
+
+def test_uniform_routing_touches_the_most_experts():
+    """6 of 128 experts a token: one token touches 6, 64 tokens 122 (the estimate's 64-sequence step), many tokens
+    all 128; a skewed router with the same 6 picks a token touches fewer, so uniform routing bounds the weights a
+    trained router's step reads."""
+    assert float(E.experts_touched(1, 128, 6)) == pytest.approx(6)
+    assert round(float(E.experts_touched(64, 128, 6))) == 122
+    assert float(E.experts_touched(10_000, 128, 6)) == pytest.approx(128)
+    w = np.exp(-np.arange(128) / 64)
+    p = 6 * w / w.sum()  # each expert's chance to be picked by a token, 6 picks a token, the largest 0.11
+    assert float(p.sum()) == pytest.approx(float(E.experts_touched(1, 128, 6)))  # one token: its 6 picks either way
+    for n in (8, 64, 256):
+        assert float((1 - (1 - p) ** n).sum()) < float(E.experts_touched(n, 128, 6))
+
+
+@pytest.mark.parametrize("n, slots", [(1200, 100), (256, 256)])
+def test_generation_time_against_a_replay_of_the_lengths(bench, n, slots):
+    """`generation_s` (the expected count in flight per step) against bench/rollout_slots.py's replay of seeded
+    lengths from the same model, each step costed at the sequences then in flight: at most 5% above it, never below
+    (the step is concave in the count). Negative control: the old count, sequences x mean / slots + the budget in
+    steps all at full slots, overstates the replay by over 20% when every sequence fits at once (it adds a mean
+    completion to a round that lasts its longest)."""
+    rs = bench("rollout_slots")
+    c = {k: v[0] for k, v in E.CONSTANTS.items()}
+    step = E.step_model("h100_80gb", 112e6)[0]
+    est = E.generation_s(n, 7680, slots, "h100_80gb", 112e6)[0]
+    replay = np.mean([float(step(rs.in_flight(slots, rs.sample_lengths(n, 7680, np.random.default_rng(seed), c)))
+                            .sum()) for seed in range(3)])
+    assert replay <= est <= 1.05 * replay
+    old = (n * E.mean_completion_tokens(7680)[0] / slots + 7680) * float(step(slots))
+    assert old > 1.05 * est
+    if n <= slots:
+        assert old > 1.2 * replay
+
+
+def test_the_replay_keeps_every_slot_busy_while_sequences_wait(bench):
+    """bench/rollout_slots.py's `in_flight` by hand: lengths [3, 1, 2, 2] in two slots: slot 0 runs 3 (steps 0-2),
+    slot 1 runs 1 (step 0), then 2 (steps 1-2); the last 2 waits for a free slot and runs at steps 3-4."""
+    rs = bench("rollout_slots")
+    assert rs.in_flight(2, np.array([3, 1, 2, 2])).tolist() == [2, 2, 2, 1, 1]

@@ -7,12 +7,18 @@ round: docs/internals.md, lab.plan.estimate_infer.
 
 from __future__ import annotations
 
+import functools
+import json
 import math
 from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
 
 from lab import LabError
 
 GIB = 2 ** 30
+MODEL_CONFIG = Path(__file__).with_name("nemotron_3_nano_config.json")  # the estimated model's published config
 
 # name -> (value, source); every figure's arithmetic names the ones it uses
 CONSTANTS = {
@@ -59,22 +65,6 @@ def card_name(card) -> str:
     return name
 
 
-def decode_step_s(card, slots: int | None = None, seq_bytes: float = 0.0) -> tuple[float, str, list[str]]:
-    """(seconds per vLLM decode step on `card`, its arithmetic, constants used): h100_step_s scaled by bandwidth; with
-    `slots` sequences beyond h100_step_seqs, each more adds the `seq_bytes` a step reads and writes for it (its Mamba
-    state read and written, its KV cache read: `lab.plan.estimate.rollout_figures`) at the card's bandwidth (the step
-    stays memory-bound: the weights are read once whatever the batch)."""
-    bw = CARD_BANDWIDTH[card_name(card)]
-    base = _c("h100_step_s") * _c("h100_tbps") / _c(bw)
-    text = f"decode step = h100_step_s {_c('h100_step_s')} s x h100_tbps {_c('h100_tbps')} / {bw} {_c(bw)}"
-    extra = max(0, int(slots or _c("h100_step_seqs")) - int(_c("h100_step_seqs")))
-    s = base + extra * seq_bytes / (_c(bw) * 1e12)
-    if extra and seq_bytes:
-        text += (f" + ({slots} - h100_step_seqs {_c('h100_step_seqs'):g}) sequences x {seq_bytes / 1e6:.0f} MB "
-                 f"/ {_c(bw)} TB/s")
-    return s, text + f" = {s:.4f} s", ["h100_step_s", "h100_tbps", bw, *(["h100_step_seqs"] if extra else [])]
-
-
 def mean_completion_tokens(budget: int) -> tuple[float, str]:
     """Mean completion length under a budget of `budget` tokens: finished ones as long as a trace, a share run out."""
     t, s = min(_c("trace_tokens"), budget), _c("truncated_share")
@@ -98,16 +88,109 @@ def inflight_context_tokens(budget: int) -> tuple[float, str]:
                  f"the budget {budget}: {p:g} + {second:,.0f} / (2 x {mean:.0f}) = {ctx:,.0f} tokens")
 
 
+def decode_step_s(card, slots: int | None = None, seq_bytes: float = 0.0) -> tuple[float, str, list[str]]:
+    """(seconds per vLLM decode step on `card` with `slots` sequences in flight (default h100_step_seqs), its
+    arithmetic, constants used): `step_model`'s line at that many sequences."""
+    step, text, used = step_model(card, seq_bytes)
+    n = int(slots or _c("h100_step_seqs"))
+    s = float(step(n))
+    return s, f"{text}; at {n} sequences {s:.4f} s", used
+
+
+def step_model(card, seq_bytes: float = 0.0):
+    """(seconds of one decode step as a function of the sequences n in flight, its arithmetic, constants used). A step
+    reads what it touches: the weights outside the routed experts, the experts its n tokens are routed to (vLLM's
+    fused MoE reads only experts with tokens: `experts_touched`) and `seq_bytes` of state per sequence (its Mamba
+    state read and written, its KV read: `lab.plan.estimate.rollout_figures`), at the card's bandwidth; the rest of
+    h100_step_s at h100_step_seqs is a per-step cost (launches, sampling, scheduling), scaled by bandwidth like the
+    step itself, so at h100_step_seqs the step is h100_step_s x h100_tbps / the card's on every card."""
+    bw = CARD_BANDWIDTH[card_name(card)]
+    experts, e, k, e_text = routed_experts()
+    rest = _c("weights_gib") * GIB - experts
+    h100, card_bps = _c("h100_tbps") * 1e12, _c(bw) * 1e12
+    n0 = _c("h100_step_seqs")
+
+    def read(n):
+        return rest + experts * experts_touched(n, e, k) / e + n * seq_bytes
+
+    fixed = max(0.0, _c("h100_step_s") - read(n0) / h100) * _c("h100_tbps") / _c(bw)
+
+    def step(n):
+        return fixed + read(n) / card_bps
+
+    state = f" + n x {seq_bytes / 1e6:.0f} MB of state" if seq_bytes else ""
+    text = (f"decode step with n sequences in flight = {fixed * 1e3:.1f} ms per step (h100_step_s {_c('h100_step_s')} "
+            f"s at h100_step_seqs {n0:g} less its {read(n0) / 1e9:.1f} GB read at h100_tbps {_c('h100_tbps')}, x "
+            f"h100_tbps / {bw} {_c(bw)}) + (weights_gib {_c('weights_gib')} GiB less {experts / GIB:.1f} GiB of routed "
+            f"experts + the experts touched{state}) / {_c(bw)} TB/s; {e_text}")
+    return step, text, ["h100_step_s", "h100_step_seqs", "h100_tbps", "weights_gib", bw]
+
+
+def experts_touched(n, e: int, k: int):
+    """Distinct experts of `e` that `n` tokens, each routed to `k`, touch in one MoE layer, expected under uniform
+    routing: e x (1 - (1 - k/e)^n). For a fixed number of routed picks uniform routing touches the most experts, so
+    a trained router reads no more."""
+    return e * (1 - (1 - k / e) ** np.asarray(n, dtype=float))
+
+
+@functools.lru_cache(maxsize=1)
+def routed_experts() -> tuple[float, int, int, str]:
+    """(bf16 bytes of the routed experts, experts per MoE layer, experts per token, the arithmetic) of the estimated
+    model, from its published config (lab/plan/nemotron_3_nano_config.json): up and down projections, no gate
+    (relu2), per expert."""
+    v = json.loads(MODEL_CONFIG.read_text(encoding="utf-8"))
+    layers, e, k = v["hybrid_override_pattern"].count("E"), int(v["n_routed_experts"]), int(v["num_experts_per_tok"])
+    h, i = int(v["hidden_size"]), int(v["moe_intermediate_size"])
+    b = layers * e * 2 * h * i * 2
+    return b, e, k, (f"routed experts {layers} MoE layers x {e} x (up + down) 2 x {h} x {i} x 2 B = {b / GIB:.1f} GiB "
+                     f"({MODEL_CONFIG.name}); experts touched by n tokens = {e} x (1 - (1 - {k}/{e})^n) (uniform "
+                     f"routing: the most n tokens touch; vLLM's fused MoE skips experts with no token, "
+                     f"docs/internals.md)")
+
+
+def completion_survival(budget: int) -> np.ndarray:
+    """P(a completion is still decoding after t tokens), t = 0..budget-1, under the length model of
+    `mean_completion_tokens`: a finished completion log-normal (trace_median_tokens, trace_tokens), capped at the
+    budget; a truncated_share runs to the budget."""
+    from scipy.special import erfc
+
+    t, med = _c("trace_tokens"), _c("trace_median_tokens")
+    sigma = math.sqrt(2 * math.log(max(t, med) / med))
+    x = np.arange(budget, dtype=float)
+    z = (np.log(np.maximum(x, 1e-9)) - math.log(med)) / (sigma * math.sqrt(2)) if sigma else None
+    finished = 0.5 * erfc(z) if sigma else (x < med).astype(float)
+    s = _c("truncated_share")
+    return (1 - s) * finished + s
+
+
 def generation_s(sequences: int, budget: int, slots: int, card, seq_bytes: float = 0.0) -> tuple[float, str, list[str]]:
-    """Seconds to decode `sequences` completions handed over at once with `slots` in flight (no waves): decode
-    steps = sequences x mean length / slots, plus one budget of steps for the tail."""
-    step, step_text, used = decode_step_s(card, slots, seq_bytes)
+    """Seconds to decode `sequences` completions handed over at once with `slots` in flight (no waves). While
+    sequences wait, every slot is busy: (sequences - slots) x mean length / slots steps at `slots` in flight. Then
+    the drain: the last ones in flight finish over at most `budget` steps, their number falling as each ends
+    (`completion_survival`: a fresh start's lengths when all fit at once, else their remaining lengths), each step
+    costing what its sequences touch (`step_model`). The expected count in flight is used per step: the step is
+    concave in it, so this bounds the expected time from above."""
+    step, step_text, used = step_model(card, seq_bytes)
     mean, mean_text = mean_completion_tokens(budget)
-    steps = sequences * mean / slots + budget
-    secs = steps * step
-    text = (f"{mean_text}; {step_text}; steps = {sequences} sequences x {mean:.0f} / {slots} slots + {budget} (tail) "
-            f"= {steps:,.0f}; time = {steps:,.0f} x {step:.4f} s = {secs:,.0f} s")
-    return secs, text, used + ["trace_tokens", "truncated_share"]
+    alive = completion_survival(budget)
+    queue = max(0, sequences - slots) * mean / slots
+    if sequences > slots:
+        flight = slots * np.cumsum(alive[::-1])[::-1] / alive.sum()
+        who = f"the last {slots} in flight x P(remaining length > t)"
+    else:
+        flight = sequences * alive
+        who = f"{sequences} x P(length > t)"
+    costs = step(flight)
+    drain, full = float(costs.sum()), float(step(slots))
+    secs = queue * full + drain
+    marks = [t for t in (0, 1000, 3000, budget - 1) if t < budget]
+    law = (f"lengths log-normal with trace_median_tokens {_c('trace_median_tokens'):g} and mean trace_tokens "
+           f"{_c('trace_tokens'):g}, truncated_share {_c('truncated_share')} at the budget")
+    seen = ", ".join(f"t={t:,}: {flight[t]:.1f} in flight, {costs[t] * 1e3:.1f} ms" for t in marks)
+    text = (f"{mean_text}; {step_text}. Queue: ({sequences} - {slots}) sequences x {mean:.0f} / {slots} slots = "
+            f"{queue:,.0f} steps x {full:.4f} s = {queue * full:,.0f} s; drain: {budget} steps with {who} ({seen}) "
+            f"({law}) = {drain:,.0f} s; time = {secs:,.0f} s")
+    return secs, text, used + ["trace_tokens", "trace_median_tokens", "truncated_share"]
 
 
 def _result(name: str, value: float, unit: str, text: str, used: list[str], **extra) -> dict:
@@ -120,16 +203,13 @@ def eval_hours_per_1000(cfg, card) -> dict:
     prompt handed over at once; the same in waves of max_num_seqs for comparison."""
     budget, slots = int(cfg.infer.max_tokens), int(cfg.infer.max_num_seqs)
     secs, text, used = generation_s(1000, budget, slots, card)
-    step = decode_step_s(card)[0]
-    s = _c("truncated_share")
+    step = step_model(card)[0]
     waves = math.ceil(1000 / slots)
-    p_long = 1 - (1 - s) ** slots  # a wave with at least one completion that runs to the budget
-    wave_steps = p_long * budget + (1 - p_long) * min(_c("trace_tokens"), budget)
-    wave_h = waves * wave_steps * step / 3600
+    wave = float(step(slots * completion_survival(budget)).sum())
+    wave_h = waves * wave / 3600
     text += (f"; hours = {secs:,.0f} / 3600 = {secs / 3600:.2f} h. In waves of {slots} (each wave waiting for its "
-             f"longest): {waves} waves "
-             f"x ({p_long:.2f} x {budget} + {1 - p_long:.2f} x {min(_c('trace_tokens'), budget):g}) steps "
-             f"x {step:.4f} s = {wave_h:.2f} h")
+             f"longest): {waves} waves x {wave:,.0f} s ({budget} steps with {slots} x P(length > t) in flight) "
+             f"= {wave_h:.2f} h")
     return _result("hours_per_1000", secs / 3600, "hours per 1,000 puzzles", text, used,
                    in_waves_hours=round(wave_h, 3))
 
