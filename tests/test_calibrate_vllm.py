@@ -196,3 +196,15 @@ def test_the_report_shows_each_batch_and_the_summary_its_steps(stand_in):
     assert cal.summary({"vllm": got})["decode_step_s"] == got["decode_step_s"]
     assert cal.summary({"vllm": "absent"})["decode_step_s"] == "absent"
     assert cal.vllm_markdown({"error": "E"}) == ["vLLM: {'error': 'E'}"]
+
+
+def test_without_vllm_the_step_says_absent_and_sets_nothing(monkeypatch):
+    import importlib.util
+    import os
+
+    monkeypatch.delitem(sys.modules, "vllm", raising=False)
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    monkeypatch.delenv("VLLM_CPU_KVCACHE_SPACE", raising=False)
+    assert cal.step_vllm({"cfg": config.compose([]), "cuda": False}) == "absent"
+    assert "VLLM_CPU_KVCACHE_SPACE" not in os.environ  # lab.model.vllm_cpu's environment only where vLLM is

@@ -18,6 +18,7 @@ import importlib.util
 import inspect
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 from unittest import mock
@@ -653,6 +654,8 @@ def step_vllm(ctx):
     from lab.plan.estimate_infer import CONSTANTS
 
     cfg, cuda = ctx["cfg"], ctx["cuda"]
+    if "vllm" not in sys.modules and importlib.util.find_spec("vllm") is None:
+        return "absent"  # (no environment set for it)
     if not cuda:
         vllm_cpu.cpu_environment()  # before vLLM is imported
     try:
