@@ -104,7 +104,7 @@ def test_the_fit_and_the_verdict():
 
 # ---- the estimate before and after a calibration --------------------------------------------------------------------
 
-def calibration_file(cfg, folder, card="h100_80gb", fixed_s=0.5, us=50.0, key=None):
+def calibration_file(cfg, folder, card="h100_80gb", fixed_s=0.5, us=50.0, key=None, decode=None):
     """A calibration as calibrate writes it (the keys the estimate reads; the figures made up for the test)."""
     from lab.plan.shapes import model_config_values
 
@@ -114,7 +114,9 @@ def calibration_file(cfg, folder, card="h100_80gb", fixed_s=0.5, us=50.0, key=No
         "meta": {"made_by": cal.MADE_BY, "card": card, "device": "NVIDIA H100 80GB HBM3 (test file)",
                  "date": "2026-11-29T10:00:00+00:00", "lab_commit": "0123abc",
                  "recipe_key": key or est.recipe_key(cfg, model_config_values(cfg))},
-        "speed": {"packs": {"1024": {}, "8192": {}, "16384": {}}, "fit": {"fixed_s": fixed_s, "us_per_token": us}}}))
+        "speed": {"packs": {"1024": {}, "8192": {}, "16384": {}}, "fit": {"fixed_s": fixed_s, "us_per_token": us}},
+        **({"vllm": {"version": "0.33.0", "device": "NVIDIA H100 80GB HBM3 (test file)", "decode_step_s": decode}}
+           if decode else {})}))
     return path
 
 
@@ -141,8 +143,29 @@ def test_estimate_before_and_after_reading_a_calibration(cal_dir, tmp_path, caps
                                                         + packed["tokens_computed"] * 50e-6)
     assert "the micro-step MEASURED (gpu=h100_80gb, 2026-11-29" in out and "lab commit 0123abc" in out
     assert "SFT's micro-step: MEASURED by calibrate" in out
-    assert after["grpo"]["source"] == "projected"  # no vLLM figures in a calibration yet
+    assert after["grpo"]["source"] == "projected" and after["decode"]["source"] == "projected"  # no vLLM step timed
     assert before["sft"]["tokens_per_s"] != sft["tokens_per_s"]
+
+
+def test_the_estimate_reads_the_decode_steps_a_calibration_timed(cal_dir, tmp_path, capsys):
+    """A calibration whose vllm step timed decode steps (made up here): the evaluation, vote and pass-rate hours and
+    the pipeline's evaluations take them, MEASURED in the arithmetic; doubling every step doubles those hours, which
+    are all decoding (negative control: a figure left on the projection would not move)."""
+    cfg = config.compose(REAL)
+    steps = {"1": 0.010, "64": 0.020, "120": 0.025, "bad": None}
+    calibration_file(cfg, cal_dir, decode={k: v for k, v in steps.items() if k != "bad"})
+    got, out = run(tmp_path, capsys)
+    assert got["decode"]["source"] == "measured" and got["decode"]["steps"] == {"1": 0.01, "64": 0.02, "120": 0.025}
+    assert "MEASURED at n = 1: 10.0 ms, 64: 20.0 ms, 120: 25.0 ms (MEASURED by python -m lab calibrate on NVIDIA" in out
+    assert "the decode step MEASURED" in got["grpo"]["source_detail"]
+    calibration_file(cfg, cal_dir, decode={"1": 0.020, "64": 0.040, "120": 0.050})
+    twice, _ = run(tmp_path, capsys)
+    for a, b in ((twice["eval"]["hours_per_1000"], got["eval"]["hours_per_1000"]),
+                 (twice["vote"]["hours"], got["vote"]["hours"]),
+                 (twice["grpo"]["pass_rate_hours"], got["grpo"]["pass_rate_hours"]),
+                 (twice["stages"][1]["parts"][1]["hours"], got["stages"][1]["parts"][1]["hours"])):
+        assert a == pytest.approx(2 * b, abs=2e-3) and b > 0.1  # the JSON rounds to 3 decimals
+    assert twice["grpo"]["step_minutes"] < 2 * got["grpo"]["step_minutes"]  # its switch and training are not decode
 
 
 @pytest.mark.parametrize("card, key, why", [("h200", None, "no calibration of h100_80gb"),

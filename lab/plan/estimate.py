@@ -91,6 +91,20 @@ def measured_model(cal: dict) -> Model:
         f"of {packs} tokens, full depth, the recipe's LoRA, paths and optimizer)"])
 
 
+def measured_decode(cal: dict | None) -> dict | None:
+    """The vLLM decode steps a calibration timed (`lab.train.calibrate.step_vllm`: {"steps": {sequences: seconds},
+    "source": text}), or None when it has none."""
+    v = (cal or {}).get("vllm")
+    steps = v.get("decode_step_s") if isinstance(v, dict) else None
+    steps = {int(n): float(s) for n, s in (steps or {}).items() if s is not None and math.isfinite(s) and s > 0}
+    if not steps:
+        return None
+    m = cal["meta"]
+    return {"steps": steps, "source": f"MEASURED by python -m lab calibrate on {v.get('device')} "
+                                      f"(gpu={m.get('card')}), {m.get('date')}, vLLM {v.get('version')}, random "
+                                      f"weights: {cal['path']}"}
+
+
 def measured_label(cal: dict | None) -> dict:
     """The JSON's label of where a figure comes from."""
     if cal is None:
@@ -342,10 +356,11 @@ def sft_section(cfg: DictConfig, card: str, sample: int | None = None, assume: b
     return out, lines
 
 
-def rollout_figures(cfg: DictConfig, card: str):
+def rollout_figures(cfg: DictConfig, card: str, decode: dict | None = None):
     """`lab.plan.estimate_infer.Rollout` for the GRPO figures: the rollout engine's slots and the bytes a decode step
     moves per sequence (`lab.plan.grpo_policy.generation_phase`: its Mamba state read and written, its KV cache read at
-    the mean context of the sequences in flight), and the training micro-step's line from SFT's `cost_model`."""
+    the mean context of the sequences in flight), and the training micro-step's line from SFT's `cost_model`;
+    `decode`: the card's measured decode steps (`measured_decode`), or None."""
     from lab.plan import estimate_infer as ei
     from lab.plan.grpo_policy import generation_phase
     from lab.plan.shapes import model_config_values
@@ -363,27 +378,34 @@ def rollout_figures(cfg: DictConfig, card: str):
     train_text = (f"SFT's micro-step (lab.plan.estimate.cost_model, experts LoRA {el}) on {card}: "
                   f"{model.fixed_s:.3f} s + {model.per_token_s * 1e6:.1f} us/token")
     used = ("prompt_tokens", "trace_tokens", "trace_median_tokens", "truncated_share", "inflight_kv_margin")
-    return ei.Rollout(int(ph["sequences"]), seq_bytes, slots_text, model.fixed_s, model.per_token_s, train_text, used)
+    return ei.Rollout(int(ph["sequences"]), seq_bytes, slots_text, model.fixed_s, model.per_token_s, train_text, used,
+                      decode)
 
 
-def inference_sections(cfg: DictConfig, card: str, **_) -> tuple[dict, list[str]]:
+def inference_sections(cfg: DictConfig, card: str, calibration: str | None = None, **_) -> tuple[dict, list[str]]:
     """GRPO (minutes per optimizer step, pass-rate hours), greedy evaluation (hours per 1,000 puzzles) and 04_vote
     (hours): `lab.plan.estimate_infer`, whose CONSTANTS name the source of each figure; GRPO's with
-    `rollout_figures`."""
+    `rollout_figures`; the decode step from the card's calibration when it timed one (`measured_decode`)."""
     from lab.plan import estimate_infer
 
-    r = rollout_figures(cfg, card)
+    decode = measured_decode(load_calibration(cfg, card, calibration)[0])
+    r = rollout_figures(cfg, card, decode)
     out = estimate_infer.sections(cfg, card, r)
-    out["grpo"].update(grpo_label())
+    out["grpo"].update(grpo_label(decode))
+    out["decode"] = ({"source": "measured", "steps": decode["steps"], "measured_by": decode["source"]} if decode
+                     else {"source": "projected"})
     return out, ["", *estimate_infer.report(cfg, card, r).splitlines(), f"  GRPO: {out['grpo']['source_detail']}"]
 
 
-def grpo_label() -> dict:
-    """GRPO's figures stay projected: the calibration measures no vLLM decode step yet (its `vllm` key), and the
-    training part uses SFT's projected micro-step line (`cost_model`) with lab.plan.estimate_infer's constants."""
+def grpo_label(decode: dict | None = None) -> dict:
+    """GRPO's figures: projected from lab.plan.estimate_infer's constants and SFT's projected micro-step line
+    (`cost_model`), the decode step measured when the card's calibration timed it."""
+    if decode:
+        return {"source": "projected", "source_detail": "the decode step " + decode["source"] + "; the rest PROJECTED "
+                "from lab.plan.estimate_infer's CONSTANTS and SFT's projected micro-step line (cost_model)"}
     return {"source": "projected", "source_detail": "PROJECTED from lab.plan.estimate_infer's CONSTANTS (each with its "
-            "source) and SFT's projected micro-step line (cost_model); python -m lab calibrate does not measure "
-            "vLLM's decode step yet"}
+            "source) and SFT's projected micro-step line (cost_model); the decode step is measured by python -m lab "
+            "calibrate on the card (its vllm step), not yet here"}
 
 
 # ---- sections: each (cfg, card, **options) -> (JSON dict, printed lines), under its name in the JSON -----------------
@@ -431,16 +453,19 @@ def lora_counts(cfg: DictConfig, values: dict) -> tuple[int, int]:
     return counts
 
 
-def _eval_hours(cfg: DictConfig, card: str, puzzles: int) -> float:
+def _eval_hours(cfg: DictConfig, card: str, puzzles: int, decode: dict | None = None) -> float:
     """One greedy pass over `puzzles` held-out puzzles (lab.plan.estimate_infer.generation_s, every prompt at once)."""
     from lab.plan import estimate_infer
 
-    return estimate_infer.generation_s(puzzles, int(cfg.infer.max_tokens), int(cfg.infer.max_num_seqs), card)[0] / 3600
+    return estimate_infer.generation_s(puzzles, int(cfg.infer.max_tokens), int(cfg.infer.max_num_seqs), card,
+                                       decode=decode)[0] / 3600
 
 
 def _stage_hours(cfg: DictConfig, card: str, out: dict, stage: str, val: int) -> list[tuple[str, float]]:
     """The GPU work of `stage` as (what, projected hours) parts; [] for a stage with none."""
-    ev = _eval_hours(cfg, card, val)
+    d = out.get("decode", {})
+    decode = {"steps": d["steps"], "source": d["measured_by"]} if d.get("source") == "measured" else None
+    ev = _eval_hours(cfg, card, val, decode)
     if stage == "02_sft":
         sft = out["sft"]
         epochs = float(cfg.sft.epochs)
@@ -459,7 +484,7 @@ def _stage_hours(cfg: DictConfig, card: str, out: dict, stage: str, val: int) ->
     if stage == "04_vote":
         from lab.plan import estimate_infer
 
-        v = estimate_infer.vote_hours(cfg, card, puzzles=val)
+        v = estimate_infer.vote_hours(cfg, card, puzzles=val, decode=decode)
         return [(f"k={v['k']} samples x {val:,} held-out puzzles (the greedy pass: 03_grpo's, from the evaluation "
                  "cache)", v["hours"])]
     return []
@@ -587,7 +612,8 @@ def stage_projection(stage: str, cfg: DictConfig) -> list[str]:
             return sft_section(cfg, card)[1]
         from lab.plan import estimate_infer
 
-        return estimate_infer.report(cfg, card, rollout_figures(cfg, card)).splitlines()
+        decode = measured_decode(load_calibration(cfg, card)[0])
+        return estimate_infer.report(cfg, card, rollout_figures(cfg, card, decode)).splitlines()
     except LabError as e:  # e.g. no data file to count: the stage itself says so, in its own words, when it reads it
         return [f"{stage}: no projection on gpu={card} ({e})"]
 

@@ -97,14 +97,29 @@ def decode_step_s(card, slots: int | None = None, seq_bytes: float = 0.0) -> tup
     return s, f"{text}; at {n} sequences {s:.4f} s", used
 
 
-def step_model(card, seq_bytes: float = 0.0):
-    """(seconds of one decode step as a function of the sequences n in flight, its arithmetic, constants used). A step
+def step_model(card, seq_bytes: float = 0.0, decode: dict | None = None):
+    """(seconds of one decode step as a function of the sequences n in flight, its arithmetic, constants used).
+    `decode` ({"steps": {n: seconds}, "source": text}, `lab.plan.estimate.measured_decode`): the steps `python -m lab
+    calibrate` timed on the card, linear between its batch sizes and past the largest at its last slope (their short
+    contexts leave out the KV a longer one reads: 6 kB a token a sequence). Else projected: a step
     reads what it touches: the weights outside the routed experts, the experts its n tokens are routed to (vLLM's
     fused MoE reads only experts with tokens: `experts_touched`) and `seq_bytes` of state per sequence (its Mamba
     state read and written, its KV read: `lab.plan.estimate.rollout_figures`), at the card's bandwidth; the rest of
     h100_step_s at h100_step_seqs is a per-step cost (launches, sampling, scheduling), scaled by bandwidth like the
     step itself, so at h100_step_seqs the step is h100_step_s x h100_tbps / the card's on every card."""
     bw = CARD_BANDWIDTH[card_name(card)]
+    if decode:
+        xs = np.array(sorted(decode["steps"]), dtype=float)
+        ys = np.array([decode["steps"][n] for n in sorted(decode["steps"])], dtype=float)
+        slope = max(0.0, (ys[-1] - ys[-2]) / (xs[-1] - xs[-2])) if len(xs) > 1 else 0.0
+
+        def measured(n):
+            n = np.asarray(n, dtype=float)
+            return np.where(n <= xs[-1], np.interp(n, xs, ys), ys[-1] + (n - xs[-1]) * slope)
+
+        points = ", ".join(f"{int(x)}: {y * 1e3:.1f} ms" for x, y in zip(xs, ys))
+        return measured, (f"decode step with n sequences in flight MEASURED at n = {points} ({decode['source']}), "
+                          "linear between them and past the last at its slope"), []
     experts, e, k, e_text = routed_experts()
     rest = _c("weights_gib") * GIB - experts
     h100, card_bps = _c("h100_tbps") * 1e12, _c(bw) * 1e12
@@ -163,14 +178,15 @@ def completion_survival(budget: int) -> np.ndarray:
     return (1 - s) * finished + s
 
 
-def generation_s(sequences: int, budget: int, slots: int, card, seq_bytes: float = 0.0) -> tuple[float, str, list[str]]:
+def generation_s(sequences: int, budget: int, slots: int, card, seq_bytes: float = 0.0,
+                 decode: dict | None = None) -> tuple[float, str, list[str]]:
     """Seconds to decode `sequences` completions handed over at once with `slots` in flight (no waves). While
     sequences wait, every slot is busy: (sequences - slots) x mean length / slots steps at `slots` in flight. Then
     the drain: the last ones in flight finish over at most `budget` steps, their number falling as each ends
     (`completion_survival`: a fresh start's lengths when all fit at once, else their remaining lengths), each step
-    costing what its sequences touch (`step_model`). The expected count in flight is used per step: the step is
-    concave in it, so this bounds the expected time from above."""
-    step, step_text, used = step_model(card, seq_bytes)
+    costing what its sequences touch (`step_model`; `decode`: measured steps). The expected count in flight is used
+    per step: the step is concave in it, so this bounds the expected time from above."""
+    step, step_text, used = step_model(card, seq_bytes, decode)
     mean, mean_text = mean_completion_tokens(budget)
     alive = completion_survival(budget)
     queue = max(0, sequences - slots) * mean / slots
@@ -198,12 +214,12 @@ def _result(name: str, value: float, unit: str, text: str, used: list[str], **ex
             "constants": _cited(*dict.fromkeys(used)), **extra}
 
 
-def eval_hours_per_1000(cfg, card) -> dict:
+def eval_hours_per_1000(cfg, card, decode: dict | None = None) -> dict:
     """Greedy evaluation of 1,000 puzzles at the scorer's settings (infer.max_tokens, infer.max_num_seqs), every
     prompt handed over at once; the same in waves of max_num_seqs for comparison."""
     budget, slots = int(cfg.infer.max_tokens), int(cfg.infer.max_num_seqs)
-    secs, text, used = generation_s(1000, budget, slots, card)
-    step = step_model(card)[0]
+    secs, text, used = generation_s(1000, budget, slots, card, decode=decode)
+    step = step_model(card, decode=decode)[0]
     waves = math.ceil(1000 / slots)
     wave = float(step(slots * completion_survival(budget)).sum())
     wave_h = waves * wave / 3600
@@ -214,11 +230,11 @@ def eval_hours_per_1000(cfg, card) -> dict:
                    in_waves_hours=round(wave_h, 3))
 
 
-def vote_hours(cfg, card, puzzles: int = 1000) -> dict:
+def vote_hours(cfg, card, puzzles: int = 1000, decode: dict | None = None) -> dict:
     """04_vote at the configured k: `puzzles` held-out puzzles x vote.k samples handed over at once (k samples in
     full: live early stopping draws fewer, as many as its rounds need, which only a run measures)."""
     budget, slots, k = int(cfg.infer.max_tokens), int(cfg.infer.max_num_seqs), int(cfg.vote.k)
-    secs, text, used = generation_s(puzzles * k, budget, slots, card)
+    secs, text, used = generation_s(puzzles * k, budget, slots, card, decode=decode)
     text += f" (k = vote.k {k} samples x {puzzles} puzzles); hours = {secs / 3600:.2f} h"
     return _result("hours", secs / 3600, f"hours for {puzzles:,} puzzles at k={k}", text, used, k=k,
                    puzzles=puzzles)
@@ -234,7 +250,7 @@ class Rollout:
     """What the GRPO figures take from the training side (`lab.plan.estimate.rollout_figures`): the rollout engine's
     sequences in flight and the bytes a decode step moves for each, and the training micro-step's line (seconds
     fixed + per token) with one micro-step per pack (`grpo.packing`) or per completion, from SFT's model; `used`: the
-    CONSTANTS its texts name."""
+    CONSTANTS its texts name; `decode`: the card's measured decode steps (`step_model`) or None."""
     slots: int
     seq_bytes: float
     slots_text: str
@@ -242,6 +258,7 @@ class Rollout:
     per_token_s: float
     train_text: str
     used: tuple[str, ...] = ()
+    decode: dict | None = None  # a decode step measured on the card (`step_model`), else None: projected
 
 
 def _rollout(cfg, rollout: Rollout | None) -> Rollout:
@@ -256,7 +273,7 @@ def pass_rate_hours(cfg, card, rollout: Rollout | None = None) -> dict:
     with the start adapter served, in one hand-over (the GRPO completion budget, the rollout engine's slots)."""
     g, r = cfg.grpo, _rollout(cfg, rollout)
     n = int(g.n_prompts) * int(g.pass_rate_k)
-    secs, text, used = generation_s(n, _grpo_budget(cfg), r.slots, card, r.seq_bytes)
+    secs, text, used = generation_s(n, _grpo_budget(cfg), r.slots, card, r.seq_bytes, r.decode)
     text += (f" ({g.n_prompts} prompts x pass_rate_k {g.pass_rate_k}; {r.slots} slots: {r.slots_text}); "
              f"hours = {secs / 3600:.2f} h")
     return _result("pass_rate_hours", secs / 3600, "hours", text, used + list(r.used))
@@ -270,7 +287,7 @@ def grpo_step_minutes(cfg, card, rollout: Rollout | None = None) -> dict:
     S = int(g.get("steps_per_generation") or _c("steps_per_generation"))
     group = int(g.prompts_per_step) * int(g.num_generations)
     budget = _grpo_budget(cfg)
-    gen, gen_text, used = generation_s(S * group, budget, r.slots, card, r.seq_bytes)
+    gen, gen_text, used = generation_s(S * group, budget, r.slots, card, r.seq_bytes, r.decode)
     level = g.get("vllm_sleep_level")
     level = 2 if level is None else int(level)  # null: chosen from the host's memory at run time; project the slower
     weights_gb = _c("weights_gib") * GIB / 1e9
@@ -339,13 +356,18 @@ def training_s(cfg, r: Rollout, S: int) -> tuple[float, str, list[str]]:
     return secs, text, ["prompt_tokens", "trace_tokens", "truncated_share", *(["old_logp_forward"] if old else [])]
 
 
+def _decode(rollout: Rollout | None) -> dict | None:
+    return rollout.decode if rollout is not None else None
+
+
 def sections(cfg, card, rollout: Rollout | None = None) -> dict:
     """The JSON sections `python -m lab estimate` adds: grpo (step_minutes, pass_rate_hours), eval
     (hours_per_1000), vote (hours), each with its arithmetic and constants."""
     step, rates = grpo_step_minutes(cfg, card, rollout), pass_rate_hours(cfg, card, rollout)
     return {"grpo": {"step_minutes": step["step_minutes"], "pass_rate_hours": rates["pass_rate_hours"],
                      "detail": {"step_minutes": step, "pass_rate_hours": rates}},
-            "eval": eval_hours_per_1000(cfg, card), "vote": vote_hours(cfg, card)}
+            "eval": eval_hours_per_1000(cfg, card, _decode(rollout)),
+            "vote": vote_hours(cfg, card, decode=_decode(rollout))}
 
 
 def report(cfg, card, rollout: Rollout | None = None) -> str:
@@ -353,7 +375,8 @@ def report(cfg, card, rollout: Rollout | None = None) -> str:
     out = [f"PROJECTED on gpu={card_name(card)} (lab.plan.estimate_infer: constants and sources in its CONSTANTS)"]
     for label, r in (("GRPO minutes per optimizer step", grpo_step_minutes(cfg, card, rollout)),
                      ("GRPO pass-rate sampling, hours", pass_rate_hours(cfg, card, rollout)),
-                     ("greedy evaluation, hours per 1,000 puzzles", eval_hours_per_1000(cfg, card)),
-                     ("04_vote, hours", vote_hours(cfg, card))):
+                     ("greedy evaluation, hours per 1,000 puzzles",
+                      eval_hours_per_1000(cfg, card, _decode(rollout))),
+                     ("04_vote, hours", vote_hours(cfg, card, decode=_decode(rollout)))):
         out.append(f"- {label}: {r[r['figure']]:.2f}\n    {r['arithmetic']}")
     return "\n".join(out)
