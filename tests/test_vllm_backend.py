@@ -44,6 +44,7 @@ VLLM_ENGINE_ARGS = {  # a subset of EngineArgs fields, each checked present in 0
     # GRPO's rollout engine (lab.train.rollouts); in 0.33.0's EngineArgs too (vllm/engine/arg_utils.py: these sets
     # are held to the pinned source by tests/test_gpu_signatures.py); TRL 1.15 passes it to vLLM too
     "logprobs_mode",
+    "load_format",  # lab calibrate: "dummy", random weights (vllm/model_executor/model_loader/dummy_loader.py)
 }
 VLLM_SAMPLING_PARAMS = {
     "n", "presence_penalty", "frequency_penalty", "repetition_penalty", "temperature", "watermarking", "top_p", "top_k",

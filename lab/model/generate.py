@@ -223,7 +223,8 @@ def generate_vllm(llm, prompts: Sequence, spec: Sampling, progress: bool | Progr
 
 
 def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = None, enable_sleep_mode: bool = False,
-                logprobs_mode: str | None = None, max_num_seqs: int | None = None):
+                logprobs_mode: str | None = None, max_num_seqs: int | None = None, load_format: str = "auto",
+                skip_tokenizer_init: bool = False):
     """A vLLM `LLM` with LoRA enabled and the competition's engine settings (conf/infer/kaggle.yaml).
 
     Context length: the smaller of infer.max_model_len and model.max_model_len (budgets are computed against the
@@ -231,6 +232,8 @@ def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = Non
     build: the test lane, the gate on the tiny model) the engine runs eagerly, in this process and without prefix
     caching. GRPO's rollout engine passes its own `max_num_seqs`, memory share, sleep mode (CUDA only) and
     `logprobs_mode="processed_logprobs"` (after temperature and top_p, as TRL asks); None keeps vLLM's raw default.
+    `lab calibrate` times this engine on random weights: `load_format="dummy"` (vLLM's own default "auto" otherwise)
+    and, where it has no tokenizer, `skip_tokenizer_init=True`.
     """
     import torch
 
@@ -253,7 +256,8 @@ def vllm_engine(cfg, model_path: str, gpu_memory_utilization: float | None = Non
                enable_prefix_caching=inf.enable_prefix_caching and not cpu,
                enable_chunked_prefill=inf.enable_chunked_prefill, seed=cfg.seed,
                dtype=cfg.model.dtype, trust_remote_code=cfg.model.trust_remote_code,
-               enforce_eager=cpu, distributed_executor_backend="uni" if cpu else None)
+               enforce_eager=cpu, distributed_executor_backend="uni" if cpu else None,
+               load_format=load_format, skip_tokenizer_init=skip_tokenizer_init)
 
 
 def close_engine(llm) -> None:

@@ -12,11 +12,13 @@ import argparse
 import contextlib
 import copy
 import datetime
+import functools
 import importlib
 import importlib.util
 import inspect
 import json
 import platform
+import sys
 import time
 from pathlib import Path
 from unittest import mock
@@ -28,6 +30,7 @@ from lab import LabError
 from lab.core import owner
 from lab.core.io import atomic_write_json
 from lab.plan import estimate
+from lab.plan.shapes import param_counts
 
 MADE_BY = estimate.CALIBRATION_MADE_BY
 GPU_PACKS = (1024, 8192, 16384)
@@ -541,13 +544,190 @@ def step_speed(ctx) -> dict:
     return out
 
 
+# ---- vLLM's decode step ---------------------------------------------------------------------------------------------
+
+DECODE_BATCHES = {"cuda": (1, 8, 32, 64, 128, 256), "cpu": (1, 4)}  # sequences decoding at once
+DECODE_TOKENS = {"cuda": (64, 320), "cpu": (4, 36)}  # (T1, T2): max_tokens of the two timed generations
+
+
+def decode_batches(cfg, cuda: bool) -> list[int]:
+    """The batch sizes timed: on a GPU `DECODE_BATCHES` up to the rollout engine's sequences in flight
+    (`lab.plan.grpo_policy.rollout_seqs`), 64 and that cap always in; on the CPU (1, 4)."""
+    if not cuda:
+        return list(DECODE_BATCHES["cpu"])
+    from lab.plan.grpo_policy import rollout_seqs
+
+    cap = rollout_seqs(cfg)
+    return sorted({s for s in DECODE_BATCHES["cuda"] if s <= cap} | {64, cap})
+
+
+def engine_folder(ctx, folder: Path) -> str | None:
+    """The configured model's config.json values in `folder` (as published: `lab.plan.shapes.model_config_values`),
+    with its tokenizer where the lab reaches one (the tiny one built in memory; else `data.tokenizer_path` or the model
+    folder); no weights (vLLM's `load_format="dummy"`). Returns where the tokenizer came from, None without one."""
+    from transformers import AutoTokenizer
+
+    from lab.core.paths import resolve_path
+    from lab.model import models
+
+    cfg = ctx["cfg"]
+    values = {**ctx["values"], "model_type": "nemotron_h", "architectures": ["NemotronHForCausalLM"],
+              "torch_dtype": str(cfg.model.dtype)}
+    tok, source = None, None
+    if cfg.model.build_tiny:  # as lab.model.models.build_tiny makes it
+        tok, source = models.build_tiny_tokenizer(int(values["vocab_size"])), "the tiny tokenizer, built in memory"
+        values.update(vocab_size=len(tok), pad_token_id=tok.pad_token_id, bos_token_id=tok.bos_token_id,
+                      eos_token_id=tok.eos_token_id)
+    else:
+        for p in (cfg.data.get("tokenizer_path"), cfg.model.path):
+            if p and (resolve_path(str(p)) / "tokenizer.json").is_file():
+                tok, source = AutoTokenizer.from_pretrained(str(resolve_path(str(p)))), str(resolve_path(str(p)))
+                break
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "config.json").write_text(json.dumps(values, indent=1), encoding="utf-8")
+    if tok is not None:
+        tok.save_pretrained(folder)
+    return source
+
+
+def time_decode(llm, s: int, tokens: tuple[int, int], prompt: int, vocab: int, sampling) -> dict:
+    """Seconds per decode step of `s` sequences: `s` random prompts of `prompt` tokens generated to exactly T1 and T2
+    tokens (`ignore_eos`), after a warm-up at T1; (t(T2) - t(T1)) / (T2 - T1) leaves out prefill and each call's
+    start, which both runs pay alike. Fresh prompts each call: no prefix-cache hit shortens the second run."""
+    rng = np.random.default_rng(s)
+    times = {}
+    for name, T in (("warmup", tokens[0]), ("t1", tokens[0]), ("t2", tokens[1])):
+        prompts = [{"prompt_token_ids": rng.integers(0, vocab, prompt).tolist()} for _ in range(s)]
+        params = [sampling(max_tokens=T, seed=i) for i in range(s)]
+        t = time.perf_counter()
+        outs = llm.generate(prompts, params, use_tqdm=False)
+        times[name] = time.perf_counter() - t
+        got = sorted({len(o.outputs[0].token_ids) for o in outs})
+        if len(outs) != s or got != [T]:
+            raise LabError(f"calibrate vllm: {s} prompts to {T} tokens gave {len(outs)} outputs of {got} tokens")
+    step = (times["t2"] - times["t1"]) / (tokens[1] - tokens[0])
+    return {"seconds": step if step > 0 else None, "T1": tokens[0], "T2": tokens[1],
+            "raw_s": {k: round(v, 4) for k, v in times.items()},
+            **({} if step > 0 else {"why": "t(T2) <= t(T1): the difference is within the noise"})}
+
+
+def time_switch(llm, weights_gib: float) -> dict:
+    """Seconds of the rollout engine's switch (lab.train.rollouts): sleep(1) + wake_up() where the host holds the
+    weights (`lab.plan.grpo_policy.host_gib`, with its margin), then sleep(2) + wake_up(["weights"]) + reload +
+    wake_up(["kv_cache"]). The reload reads the weights from the model folder, which dummy weights do not have
+    (vLLM 0.33, model_executor/model_loader/reload/inplace.py: NotImplementedError for load_format "dummy")."""
+    from lab.plan.grpo_policy import HOST_MARGIN_GIB, host_gib
+
+    host = host_gib()
+    out = {"weights_gib": weights_gib, "host_gib": host}
+    levels = (1, 2)
+    if host is None or host < weights_gib + HOST_MARGIN_GIB:
+        levels = (2,)
+        out["level_1"] = {"not_measured": f"the host's memory ({host} GiB) may not hold the weights"}
+    for level in levels:
+        t0 = time.perf_counter()
+        llm.sleep(level=level)
+        t1 = time.perf_counter()
+        llm.wake_up(tags=["weights"] if level == 2 else None)
+        row = {"sleep_s": round(t1 - t0, 3), "wake_s": round(time.perf_counter() - t1, 3)}
+        if level == 2:
+            t = time.perf_counter()
+            try:
+                llm.collective_rpc("reload_weights")
+                row["reload_s"] = round(time.perf_counter() - t, 3)
+                row["reload"] = "dummy weights: random values, not a read of the model folder"
+            except Exception as e:
+                row["reload"] = f"not measured: {type(e).__name__}: {str(e)[:200]}"
+            t = time.perf_counter()
+            llm.wake_up(tags=["kv_cache"])
+            row["wake_s"] = round(row["wake_s"] + time.perf_counter() - t, 3)
+        out[f"level_{level}"] = row
+    return out
+
+
 def step_vllm(ctx):
+    """Seconds per decode step of GRPO's rollout engine (as lab.train.rollouts builds it) on random weights, per
+    batch size (`time_decode`), and its sleep / wake switch on CUDA (`time_switch`); docs/calibrate.md."""
+    import tempfile
+
+    from lab.model import generate, vllm_cpu
+    from lab.plan.estimate_infer import CONSTANTS
+
+    cfg, cuda = ctx["cfg"], ctx["cuda"]
+    if "vllm" not in sys.modules and importlib.util.find_spec("vllm") is None:
+        return "absent"  # (no environment set for it)
+    if not cuda:
+        vllm_cpu.cpu_environment()  # before vLLM is imported
     try:
-        import vllm  # noqa: F401
+        import vllm
     except Exception:
         return "absent"
-    return {"not_measured": "vLLM imports, but calibrate's vLLM step (decode, sleep, wake, reload, adding a LoRA) is "
-                            "not written yet (docs/calibrate.md)", "version": _version("vllm")}
+    generate.release_memory()  # the speed step's model, gone with its step
+    import torch
+
+    out = {"version": getattr(vllm, "__version__", None) or _version("vllm"),
+           "device": torch.cuda.get_device_name(0) if cuda else f"cpu ({platform.processor() or platform.machine()})",
+           "decode_step_s": {}, "detail": {}}
+    d = out["detail"]
+    if not cuda:
+        vllm_cpu.install_expert_matmul_standin()
+        d["note"] = "NO GPU: vLLM's CPU build, routed experts through lab.model.vllm_cpu's TEST-ONLY stand-in"
+    batches = decode_batches(cfg, cuda)
+    tokens = DECODE_TOKENS["cuda" if cuda else "cpu"]
+    max_len = min(int(cfg.infer.max_model_len), int(cfg.model.max_model_len))
+    prompt = min(int(CONSTANTS["prompt_tokens"][0]), max_len - tokens[1] - 1)
+    share = None
+    if cuda:
+        from lab.plan.grpo_policy import engine_share
+
+        share = float(cfg.grpo.vllm_gpu_memory_utilization or engine_share(cfg))
+    g = cfg.grpo
+    with tempfile.TemporaryDirectory(prefix="lab_calibrate_vllm_") as folder:
+        d["tokenizer"] = engine_folder(ctx, Path(folder)) or "none reachable: skip_tokenizer_init=True"
+        vocab = int(json.loads((Path(folder) / "config.json").read_text())["vocab_size"])
+        d["engine"] = {"weights": "load_format=dummy: random, nothing read or written", "max_num_seqs": max(batches),
+                       "gpu_memory_utilization": share, "max_model_len": max_len, "enable_lora": True,
+                       "max_lora_rank": int(cfg.infer.max_lora_rank), "dtype": str(cfg.model.dtype),
+                       "sleep_mode": bool(cuda and g.vllm_sleep_mode), "logprobs_mode": "processed_logprobs",
+                       "gpu_allocated_before_gib": torch.cuda.memory_allocated() / 2 ** 30 if cuda else None,
+                       "lora": "no adapter served: the decode step without the LoRA's matmuls"}
+        t = time.perf_counter()
+        llm = generate.vllm_engine(cfg, folder, max_num_seqs=max(batches), gpu_memory_utilization=share,
+                                   enable_sleep_mode=d["engine"]["sleep_mode"], logprobs_mode="processed_logprobs",
+                                   load_format="dummy", skip_tokenizer_init=d["tokenizer"].startswith("none"))
+        d["engine"]["start_s"] = round(time.perf_counter() - t, 2)
+        ctx["partial"]("vllm", out)
+        try:
+            d["engine"]["mamba_ssm_cache_dtype"] = str(llm.llm_engine.vllm_config.cache_config.mamba_ssm_cache_dtype)
+        except AttributeError:
+            pass
+        d.update(prompt_tokens=prompt, sampling={"temperature": float(g.temperature), "top_p": float(g.top_p),
+                                                 "logprobs": 0, "ignore_eos": True, "seed": "per request"},
+                 batches={})
+        try:
+            sampling = functools.partial(vllm.SamplingParams, temperature=float(g.temperature), top_p=float(g.top_p),
+                                         logprobs=0, ignore_eos=True)
+            for s in batches:
+                try:
+                    d["batches"][str(s)] = row = time_decode(llm, s, tokens, prompt, vocab, sampling)
+                except Exception as e:  # the batches timed so far stay; the engine may be broken: stop here
+                    d["batches"][str(s)] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+                    out["switch_s"] = {"not_measured": f"the batch of {s} failed"}
+                    break
+                out["decode_step_s"][str(s)] = row["seconds"]
+                ctx["partial"]("vllm", out)
+            else:
+                out["switch_s"] = {"not_measured": "sleep mode runs on CUDA only (lab.model.generate.vllm_engine)"}
+                if d["engine"]["sleep_mode"]:
+                    try:
+                        out["switch_s"] = time_switch(llm, 2 * param_counts(cfg)[0] / 2 ** 30)
+                    except Exception as e:
+                        out["switch_s"] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
+        finally:
+            generate.close_engine(llm)
+            del llm
+            generate.release_memory()
+    return out
 
 
 STEPS = {"meta": step_meta, "env": step_env, "exact": step_exact, "speed": step_speed, "vllm": step_vllm}
@@ -627,8 +807,25 @@ def markdown(result: dict) -> list[str]:
         f = sp.get("fit") or {}
         out += ["", f"fit: {_g(f.get('fixed_s'), '.4f')} s + {_g(f.get('us_per_token'), '.2f')} us/token per "
                     f"micro-step (residuals {f.get('residuals_s')})"]
-    out += ["", f"vLLM: {result.get('vllm')}"]
+    out += [""] + vllm_markdown(result.get("vllm"))
     return out
+
+
+def vllm_markdown(v) -> list[str]:
+    """The `vllm` key as a table: seconds per decode step per batch size, with the raw times, and the switch."""
+    if not isinstance(v, dict) or "error" in v:
+        return [f"vLLM: {v}"]
+    d = v.get("detail", {})
+    out = [f"vLLM {v.get('version')} on {v.get('device')}, dummy weights, prompts of {d.get('prompt_tokens')} tokens, "
+           f"engine start {_g(d.get('engine', {}).get('start_s'))} s:", "",
+           "| sequences | s per decode step | T1 | T2 | t(T1) s | t(T2) s | warm-up s |",
+           "|---|---|---|---|---|---|---|"]
+    for s, r in d.get("batches", {}).items():
+        raw = r.get("raw_s", {})
+        out.append(f"| {s} | {_g(r.get('seconds'), '.4f') if 'error' not in r else 'error: ' + r['error'][:100]} | "
+                   f"{_g(r.get('T1'))} | {_g(r.get('T2'))} | {_g(raw.get('t1'))} | {_g(raw.get('t2'))} | "
+                   f"{_g(raw.get('warmup'))} |")
+    return out + ["", f"switch: {v.get('switch_s')}"]
 
 
 def report(folder: Path) -> str:
@@ -687,8 +884,10 @@ def summary(result: dict) -> dict:
     """The headline figures of a calibration."""
     ex = result.get("exact", {})
     sp = result.get("speed", {})
+    vl = result.get("vllm")
     return {"card": result.get("meta", {}).get("card"),
             "exact": {k: (v.get("ok") if "skipped" not in v else "skipped") for k, v in ex.items()
                       if isinstance(v, dict) and k != "step_seconds"},
-            "fit": sp.get("fit") if isinstance(sp, dict) else None}
+            "fit": sp.get("fit") if isinstance(sp, dict) else None,
+            "decode_step_s": vl.get("decode_step_s", vl.get("error")) if isinstance(vl, dict) else vl}
 
