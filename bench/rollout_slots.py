@@ -68,15 +68,16 @@ def main(argv=None) -> None:
     from lab.core.config import compose
     from lab.plan.estimate import rollout_figures
     from lab.plan.estimate_infer import CONSTANTS, generation_s, step_model
-    from lab.plan.grpo_policy import generation_phase
+    from lab.plan.grpo_policy import generation_phase, separate_pass_engine
 
     cfg = compose(["model=nemotron_nano", "experiment=competition", "data=competition", *a.overrides])
-    ph, c = generation_phase(cfg), {k: v[0] for k, v in CONSTANTS.items()}
+    phase = "pass_rates" if separate_pass_engine(cfg) else "rounds"  # the engine the pass rates run on
+    ph, c = generation_phase(cfg, phase=phase), {k: v[0] for k, v in CONSTANTS.items()}
     pg, slots = ph["pages"], ph["sequences"]
     budget = int(cfg.grpo.get("max_completion_length") or cfg.infer.max_tokens)
     n = int(cfg.grpo.n_prompts) * int(cfg.grpo.pass_rate_k)
     reserved = slots * ph["bytes_per_sequence"]["held"] / pg["page_bytes"]
-    print(f"gpu={cfg.gpu.name}: {slots} slots, {n:,} completions, budget {budget:,}, {pg['block_tokens']:,}-token "
+    print(f"gpu={cfg.gpu.name}: {slots} slots (the {phase.replace('_', ' ')}' engine), {n:,} completions, budget {budget:,}, {pg['block_tokens']:,}-token "
           f"blocks; the sizing reserves {reserved:,.0f} pages ({ph['tokens']:,.0f} tokens of KV a sequence)")
     r = rollout_figures(cfg, str(cfg.gpu.name))
     step = step_model(cfg.gpu.name, r.seq_bytes)[0]

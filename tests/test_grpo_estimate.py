@@ -134,3 +134,17 @@ def test_the_replay_keeps_every_slot_busy_while_sequences_wait(bench):
     slot 1 runs 1 (step 0), then 2 (steps 1-2); the last 2 waits for a free slot and runs at steps 3-4."""
     rs = bench("rollout_slots")
     assert rs.in_flight(2, np.array([3, 1, 2, 2])).tolist() == [2, 2, 2, 1, 1]
+
+
+def test_the_step_waits_for_the_dense_matmuls_once_they_are_compute_bound():
+    """Past the card's ridge (the dense matmuls at decode_gemm_share of the bf16 peak slower than reading their
+    weights: from 140 sequences on an RTX PRO 6000), each more sequence adds its matmuls' time: 2 x 1.95B FLOP at
+    250 TFLOP/s = 15.6 us, besides its state's bytes; below it, none (negative control: at 64 to 128 sequences the
+    step grows by the state and the experts only)."""
+    step = E.step_model("rtx_pro_6000", 0.0)[0]
+    per_seq = float(step(2000) - step(1000)) / 1000
+    assert per_seq == pytest.approx(2 * 1.95e9 / (500e12 * 0.5), rel=0.01)
+    flat = E.step_model("h100_80gb", 0.0)[0]  # the H100's ridge is at 148 sequences
+    experts = E.routed_experts()[0] * float(E.experts_touched(128, 128, 6) - E.experts_touched(64, 128, 6)) / 128
+    assert float(flat(128) - flat(64)) == pytest.approx(experts / 3.35e12)  # the experts' read only, no matmul wait
+    assert "decode_gemm_share" in E.step_model("h100_80gb")[1]

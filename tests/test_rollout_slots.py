@@ -92,3 +92,22 @@ def test_the_replay_counts_the_pages_a_growing_sequence_holds(bench):
     assert rs.peak_pages(2, np.array([1, 4, 4]), 0, 2, 1, 3) == 14
     assert rs.peak_pages(2, np.array([4, 1]), 0, 2, 1, 1) == 4
     assert rs.peak_pages(1, np.array([3]), 2, 2, 1, 1) == 1 + 3  # a 2-token prompt: 5 tokens at the end, 3 blocks
+
+
+def test_the_pass_rates_engine_takes_the_optimizers_room():
+    """Before step 1 the trainer holds its LoRA weights but no optimizer states: the pass rates' engine gets that
+    room (0.90 of the H100 against the rounds' 0.88: 144 sequences against 120), capped by the pass-rate batch, not a
+    round; GRPO builds it only when the share is null (negative controls: a share the user set, the hf back-end)."""
+    cfg = compose([*REAL, "gpu=h100_80gb"])
+    rounds, first = (grpo_policy.generation_phase(cfg, phase=p) for p in ("rounds", "pass_rates"))
+    opt = next(v for k, v in rounds["trainer_gib"].items() if k.startswith("optimizer"))
+    assert not any(k.startswith("optimizer") for k in first["trainer_gib"])
+    assert first["trainer_gib_total"] == pytest.approx(rounds["trainer_gib_total"] - opt)
+    assert (rounds["share"], first["share"]) == (0.88, 0.90) and (rounds["sequences"], first["sequences"]) == (120, 144)
+    assert first["fits"] and "at most the pass-rate batch's 4096" in first["sequences_why"]
+    assert grpo_policy.separate_pass_engine(cfg)
+    assert grpo_policy.engine_share(cfg, "pass_rates") == 0.90 and grpo_policy.rollout_seqs(cfg, "pass_rates") == 144
+    assert not grpo_policy.separate_pass_engine(compose([*REAL, "gpu=h100_80gb", "grpo.vllm_gpu_memory_utilization=0.88"]))
+    assert not grpo_policy.separate_pass_engine(compose([*REAL, "gpu=h100_80gb", "grpo.rollout_backend=hf"]))
+    with pytest.raises(LabError, match="phase='warmup'"):
+        grpo_policy.generation_phase(cfg, phase="warmup")

@@ -134,3 +134,46 @@ def test_a_bf16_model_packs_its_rounds_in_bf16(trainee, tmp_path):
     assert a.keys() == b.keys() and {v.dtype for v in a.values()} == {torch.float32}
     assert {v.dtype for v in b.values()} == {torch.bfloat16}
     assert all(torch.equal(b[k], a[k].to(torch.bfloat16)) for k in a)
+
+
+@pytest.mark.parametrize("own", [True, False])
+def test_the_pass_rates_get_an_engine_of_their_own_shut_down_before_the_first_round(trainee, tmp_path, monkeypatch,
+                                                                                    own):
+    """Where `separate_pass_engine` says so, the pass rates' engine is built at their phase's share and sequences and
+    shut down when they end; the first round builds the rounds' engine. Negative control (own=False): one engine,
+    the rounds', built for the pass rates and kept up for the rounds."""
+    from types import SimpleNamespace
+
+    from lab.plan import grpo_policy
+
+    cfg, pm, tok, _ = trainee
+    cfg = config.compose([*trainee_overrides(trainee), "grpo.vllm_gpu_memory_utilization=null"])
+    built, shut = [], []
+
+    def engine(cfg, path, **kw):  # stands for lab.model.generate.vllm_engine: records what it was asked for
+        built.append((kw["gpu_memory_utilization"], kw["max_num_seqs"]))
+        return SimpleNamespace(llm_engine=SimpleNamespace(engine_core=SimpleNamespace(
+            shutdown=lambda: shut.append(len(built)))))
+
+    monkeypatch.setattr(rollouts.generate, "vllm_engine", engine)
+    monkeypatch.setattr(rollouts, "separate_pass_engine", lambda cfg: own)
+    monkeypatch.setattr(grpo_policy, "engine_share", lambda cfg, phase="rounds": {"rounds": 0.88,
+                                                                                   "pass_rates": 0.90}[phase])
+    monkeypatch.setattr(grpo_policy, "rollout_seqs", lambda cfg, phase="rounds": {"rounds": 120,
+                                                                                   "pass_rates": 144}[phase])
+    monkeypatch.setattr(rollouts.generate.Generator, "serving", staticmethod(lambda *a: "a generator"))
+    ro = rollouts.VLLMRollouts(cfg, pm, tok, tmp_path, budget=12)
+    ro.cuda = True  # the switch stays off (set at construction): nothing moves between CPU and GPU here
+    monkeypatch.setattr(ro, "_serve", lambda path, name: None)
+    with ro.pass_rate_generator() as gen:
+        assert gen == "a generator" and built == [(0.90, 144) if own else (0.88, 120)] and not shut
+    ro._round("step000000", lambda: None)
+    if own:
+        assert shut == [1] and built == [(0.90, 144), (0.88, 120)]
+    else:
+        assert not shut and built == [(0.88, 120)]
+
+
+def trainee_overrides(trainee) -> list[str]:
+    _, _, _, root = trainee
+    return [f"run_dir={root}", f"model.path={root / 'base_model'}", "grpo.rollout_backend=vllm"]

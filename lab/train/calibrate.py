@@ -551,14 +551,23 @@ DECODE_TOKENS = {"cuda": (64, 320), "cpu": (4, 36)}  # (T1, T2): max_tokens of t
 
 
 def decode_batches(cfg, cuda: bool) -> list[int]:
-    """The batch sizes timed: on a GPU `DECODE_BATCHES` up to the rollout engine's sequences in flight
-    (`lab.plan.grpo_policy.rollout_seqs`), 64 and that cap always in; on the CPU (1, 4)."""
+    """The batch sizes timed: on a GPU `DECODE_BATCHES` up to the rollout engine's most sequences in flight
+    (`lab.plan.grpo_policy.rollout_seqs`; the pass rates' own engine where it has one), 64 and that cap always in;
+    on the CPU (1, 4)."""
     if not cuda:
         return list(DECODE_BATCHES["cpu"])
     from lab.plan.grpo_policy import rollout_seqs
 
-    cap = rollout_seqs(cfg)
+    cap = rollout_seqs(cfg, engine_phase(cfg))
     return sorted({s for s in DECODE_BATCHES["cuda"] if s <= cap} | {64, cap})
+
+
+def engine_phase(cfg) -> str:
+    """The rollout engine the decode steps are timed on: the pass rates' own (the larger) where GRPO builds one
+    (`lab.plan.grpo_policy.separate_pass_engine`), else the rounds'."""
+    from lab.plan.grpo_policy import separate_pass_engine
+
+    return "pass_rates" if separate_pass_engine(cfg) else "rounds"
 
 
 def engine_folder(ctx, folder: Path) -> str | None:
@@ -680,12 +689,13 @@ def step_vllm(ctx):
     if cuda:
         from lab.plan.grpo_policy import engine_share
 
-        share = float(cfg.grpo.vllm_gpu_memory_utilization or engine_share(cfg))
+        share = float(cfg.grpo.vllm_gpu_memory_utilization or engine_share(cfg, engine_phase(cfg)))
     g = cfg.grpo
     with tempfile.TemporaryDirectory(prefix="lab_calibrate_vllm_") as folder:
         d["tokenizer"] = engine_folder(ctx, Path(folder)) or "none reachable: skip_tokenizer_init=True"
         vocab = int(json.loads((Path(folder) / "config.json").read_text())["vocab_size"])
         d["engine"] = {"weights": "load_format=dummy: random, nothing read or written", "max_num_seqs": max(batches),
+                       "sized_for": engine_phase(cfg) if cuda else None,
                        "gpu_memory_utilization": share, "max_model_len": max_len, "enable_lora": True,
                        "max_lora_rank": int(cfg.infer.max_lora_rank), "dtype": str(cfg.model.dtype),
                        "sleep_mode": bool(cuda and g.vllm_sleep_mode), "logprobs_mode": "processed_logprobs",

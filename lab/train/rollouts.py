@@ -250,6 +250,8 @@ class VLLMRollouts:
                       "separate_pass_engine)", flush=True)
             self._serve(path, "start")
             yield generate.Generator.serving(self.cfg, self.llm, self.tokenizer, self.lora, source)
+        if own:  # with the switch `_Lazy` shut it down on the way out; without, nothing did
+            self.close()
 
     def open(self):
         """Build the engine now (else the first round or pass-rate call does), in the engine's phase; returns it."""
