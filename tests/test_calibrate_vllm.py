@@ -171,7 +171,8 @@ def test_batch_sizes_on_a_card_and_the_engine_folder(tmp_path):
     from lab.plan.grpo_policy import rollout_seqs
 
     cfg = config.compose(REAL)
-    cap = rollout_seqs(cfg)
+    cap = rollout_seqs(cfg, "pass_rates")  # the larger engine GRPO builds: the pass rates' own (144 on the H100)
+    assert cal.engine_phase(cfg) == "pass_rates" and cap > rollout_seqs(cfg)
     got = cal.decode_batches(cfg, cuda=True)
     assert got == sorted(got) and {64, cap} <= set(got) and max(got) == max(64, cap)
     assert set(got) - {cap} <= set(cal.DECODE_BATCHES["cuda"])

@@ -111,3 +111,18 @@ def test_the_pass_rates_engine_takes_the_optimizers_room():
     assert not grpo_policy.separate_pass_engine(compose([*REAL, "gpu=h100_80gb", "grpo.rollout_backend=hf"]))
     with pytest.raises(LabError, match="phase='warmup'"):
         grpo_policy.generation_phase(cfg, phase="warmup")
+
+
+def test_the_real_pool_against_the_sizing():
+    """`pool_capacity` reads a started engine's pool (vLLM's num_gpu_blocks: one page of each layer of a group per
+    block): on the H100 a sequence takes (24 + 6 x (2,800 / 2,096 + 1)) / 6 = 6.34 blocks, so the 120 sequences the
+    bound asks for need 761; a pool of 761 holds them, 700 (vLLM's activation and graphs took more than the bound
+    left) holds 110 and says to ask for 104; a block size other than the lab's 2,096 says its reading of vLLM fails."""
+    cfg = compose([*REAL, "gpu=h100_80gb"])
+    ok = grpo_policy.pool_capacity(cfg, 761, 2096, 120)
+    assert ok["sequences"] == 120 and ok["holds_asked"] and ok["block_matches"] and "FEWER" not in ok["text"]
+    assert ok["pool_gib"] == pytest.approx(761 * 6 * 2_146_304 / GIB)
+    short = grpo_policy.pool_capacity(cfg, 700, 2096, 120)
+    assert short["sequences"] == 110 and not short["holds_asked"] and "grpo.max_num_seqs=104" in short["text"]
+    other = grpo_policy.pool_capacity(cfg, 761, 1024, 120)
+    assert not other["block_matches"] and "no longer holds" in other["text"]

@@ -177,3 +177,17 @@ def test_the_pass_rates_get_an_engine_of_their_own_shut_down_before_the_first_ro
 def trainee_overrides(trainee) -> list[str]:
     _, _, _, root = trainee
     return [f"run_dir={root}", f"model.path={root / 'base_model'}", "grpo.rollout_backend=vllm"]
+
+
+def test_a_started_engine_says_what_its_pool_holds(trainee, capsys):
+    """`engine_pool` reads vLLM's cache_config from the started engine (a stand-in with those attributes) and prints
+    the pool against what was asked; an engine that does not say gives None and a line."""
+    from types import SimpleNamespace
+
+    cfg = config.compose(["model=nemotron_nano", "experiment=competition", "data=competition", "gpu=h100_80gb"])
+    llm = SimpleNamespace(llm_engine=SimpleNamespace(vllm_config=SimpleNamespace(
+        cache_config=SimpleNamespace(num_gpu_blocks=700, block_size=2096))))
+    pool = rollouts.engine_pool(cfg, llm, 120, "rounds")
+    assert pool["sequences"] == 110 and "FEWER than asked" in capsys.readouterr().out
+    assert rollouts.engine_pool(cfg, SimpleNamespace(), 120, "rounds") is None
+    assert "did not report" in capsys.readouterr().out

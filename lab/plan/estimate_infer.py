@@ -157,9 +157,8 @@ def step_model(card, seq_bytes: float = 0.0, decode: dict | None = None):
             f"s at h100_step_seqs {n0:g} less its {read(n0) / 1e9:.1f} GB read at h100_tbps {_c('h100_tbps')}, x "
             f"h100_tbps / {bw} {_c(bw)}) + (weights_gib {_c('weights_gib')} GiB less {experts / GIB:.1f} GiB of routed "
             f"experts + the experts touched{state}) / {_c(bw)} TB/s + what the dense matmuls take beyond reading "
-            f"their weights: 2 x {dense / 1e9:.2f}B parameters x n / ({CARD_PEAK[name]} {_c(CARD_PEAK[name]):g} TFLOP/s "
-            f"x decode_gemm_share {_c('decode_gemm_share')}), from n = {2 * dense / card_bps * flops / (2 * dense):.0f};"
-            f" {e_text}")
+            f"their weights: 2 x {dense / 1e9:.2f}B parameters x n / ({CARD_PEAK[name]} {_c(CARD_PEAK[name]):g} "
+            f"TFLOP/s x decode_gemm_share {_c('decode_gemm_share')}), from n = {flops / card_bps:.0f}; {e_text}")
     return step, text, ["h100_step_s", "h100_step_seqs", "h100_tbps", "weights_gib", bw, CARD_PEAK[name],
                         "decode_gemm_share"]
 

@@ -61,12 +61,12 @@ def vllm_pages(values: Mapping[str, Any]) -> dict:
            "mamba_state": mamba * mamba_layer}
     if not (attn and mamba and kv_layer_token):  # not hybrid: no pages to align (the exact bytes, 1-token blocks)
         return {**out, "block_tokens": 1, "page_bytes": kv_layer_token, "mamba_pages": 0, "attn_pages": attn,
-                "mamba_bytes": mamba * mamba_layer}
+                "mamba_bytes": mamba * mamba_layer, "group": max(attn, 1)}
     block = KERNEL_BLOCK * -(-mamba_layer // (KERNEL_BLOCK * kv_layer_token))
     group = max(attn, mamba) if max(attn, mamba) < 1.5 * min(attn, mamba) else min(attn, mamba)
     mamba_pages, page = -(-mamba // group) * group, block * kv_layer_token
     return {**out, "block_tokens": block, "page_bytes": page, "mamba_pages": mamba_pages,
-            "attn_pages": -(-attn // group) * group, "mamba_bytes": mamba_pages * page}
+            "attn_pages": -(-attn // group) * group, "mamba_bytes": mamba_pages * page, "group": group}
 
 
 PHASES = ("rounds", "pass_rates")  # the engine's two uses: training rounds, and the pass rates before step 1
@@ -162,6 +162,33 @@ def generation_phase(cfg: DictConfig, values: Mapping[str, Any] | None = None,
     out["host"] = {"weights_gib": weights, "level_1_gib": 2 * weights + HOST_MARGIN_GIB,
                    "level_2_gib": weights + HOST_MARGIN_GIB, "this_machine_gib": host}
     return out
+
+
+def pool_capacity(cfg: DictConfig, num_blocks: int, block_size: int | None, asked: int,
+                  phase: str = "rounds") -> dict:
+    """What a started engine's real pool holds (vLLM's `cache_config.num_gpu_blocks` after its own memory profile:
+    each block is one page of each layer of a group), against what it was asked for: sequences at the context the
+    bound takes in flight (`generation_phase`), and whether vLLM's block size is the one the lab's page arithmetic
+    reads (`vllm_pages`). The bound leaves out vLLM's activation and CUDA-graph memory: this is where a card shows
+    how much they took."""
+    ph = generation_phase(cfg, phase=phase)
+    pg = ph["pages"]
+    per_seq = (pg["mamba_pages"] + pg["attn_pages"] * (ph["tokens"] / pg["block_tokens"] + 1)) / pg["group"]
+    held = int(num_blocks // per_seq)
+    gib = num_blocks * pg["group"] * pg["page_bytes"] / GIB
+    text = (f"rollout engine's pool: {num_blocks:,} blocks ({gib:.1f} GiB) hold {held} sequences at ~"
+            f"{ph['tokens']:,.0f} tokens in flight ({per_seq:.2f} blocks each); max_num_seqs {asked}")
+    if held < asked:
+        text += (f". FEWER than asked: vLLM will preempt and recompute when blocks run out (its activation and "
+                 f"CUDA-graph memory, outside the lab's bound, took the rest); "
+                 f"grpo.max_num_seqs={max(8, held // 8 * 8)} asks for what fits")
+    same = block_size is None or int(block_size) == int(pg["block_tokens"])
+    if not same:
+        text += (f". vLLM's block is {block_size} tokens, the lab's page arithmetic says {pg['block_tokens']}: its "
+                 "reading of vLLM (docs/internals.md, lab.plan.grpo_policy.vllm_pages) no longer holds")
+    return {"num_blocks": int(num_blocks), "pool_gib": gib, "sequences": held, "asked": int(asked),
+            "block_size": block_size, "lab_block_tokens": int(pg["block_tokens"]), "holds_asked": held >= asked,
+            "block_matches": same, "text": text}
 
 
 def rollout_round(cfg: DictConfig) -> int:

@@ -706,6 +706,10 @@ def step_vllm(ctx):
                                    enable_sleep_mode=d["engine"]["sleep_mode"], logprobs_mode="processed_logprobs",
                                    load_format="dummy", skip_tokenizer_init=d["tokenizer"].startswith("none"))
         d["engine"]["start_s"] = round(time.perf_counter() - t, 2)
+        if cuda:  # the real pool against the lab's bound (its activation and CUDA-graph memory are not in it)
+            from lab.train.rollouts import engine_pool
+
+            d["engine"]["pool"] = engine_pool(cfg, llm, max(batches), engine_phase(cfg))
         ctx["partial"]("vllm", out)
         try:
             d["engine"]["mamba_ssm_cache_dtype"] = str(llm.llm_engine.vllm_config.cache_config.mamba_ssm_cache_dtype)

@@ -455,6 +455,8 @@ class GrpoRun:
             "lora_weight_change": changed,
             # vllm: per round its step, LoRA id, folder and seconds (lab.train.rollouts)
             "rollout_rounds": self.rollouts.rounds if self.rollouts is not None else [],
+            # vllm on CUDA: the rounds' engine's real pool against its sizing (lab.plan.grpo_policy.pool_capacity)
+            "rollout_pool": self.rollouts.pool if self.rollouts is not None else None,
         }
         return Trained(metrics, model, log, None if finished else check, list(self.notes) + guard.warnings,
                        refinements, finished)

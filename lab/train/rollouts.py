@@ -111,6 +111,7 @@ class VLLMRollouts:
         self._ids = itertools.count(1)
         self.lora = None  # the LoRARequest being served
         self.rounds: list[dict] = []  # per round: step, lora_int_id, folder, seconds per part, sequences
+        self.pool = None  # the last engine's real pool against its sizing (`engine_pool`), on CUDA
 
     # ---- the engine and the adapter --------------------------------------------------------------------------
 
@@ -138,6 +139,8 @@ class VLLMRollouts:
                                             gpu_memory_utilization=float(share),
                                             enable_sleep_mode=self.switch, logprobs_mode="processed_logprobs")
             timings["engine_start_s"] = time.perf_counter() - t
+            if self.cuda:
+                self.pool = engine_pool(self.cfg, self.llm, timings["max_num_seqs"], phase)
         return self.llm
 
     def pack(self, key: str) -> Path:
@@ -265,6 +268,22 @@ class VLLMRollouts:
         """Shut the engine down (`generate.close_engine`); the next use builds a fresh one."""
         generate.close_engine(self.llm)
         self.llm = self.lora = None
+
+
+def engine_pool(cfg, llm, asked: int, phase: str) -> dict | None:
+    """The started engine's real pool against its sizing (`lab.plan.grpo_policy.pool_capacity`), printed: vLLM's
+    `llm_engine.vllm_config.cache_config` (num_gpu_blocks, block_size: set from the engine core's ready response,
+    vllm/v1/engine/core_client.py `_apply_ready_response`). None, with a line, where vLLM does not say."""
+    from lab.plan.grpo_policy import pool_capacity
+
+    cache = getattr(getattr(getattr(llm, "llm_engine", None), "vllm_config", None), "cache_config", None)
+    blocks = getattr(cache, "num_gpu_blocks", None)
+    if not blocks:
+        print("rollout engine's pool: vLLM did not report its blocks (cache_config.num_gpu_blocks)", flush=True)
+        return None
+    pool = pool_capacity(cfg, int(blocks), getattr(cache, "block_size", None), asked, phase)
+    print(pool["text"], flush=True)
+    return pool
 
 
 class _Lazy:
