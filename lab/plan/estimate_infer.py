@@ -111,15 +111,17 @@ def step_model(card, seq_bytes: float = 0.0, decode: dict | None = None):
     """(seconds of one decode step as a function of the sequences n in flight, its arithmetic, constants used).
     `decode` ({"steps": {n: seconds}, "source": text}, `lab.plan.estimate.measured_decode`): the steps `python -m lab
     calibrate` timed on the card, linear between its batch sizes and past the largest at its last slope (their short
-    contexts leave out the KV a longer one reads: 6 kB a token a sequence). Else projected: a step
-    reads what it touches: the weights outside the routed experts, the experts its n tokens are routed to (vLLM's
-    fused MoE reads only experts with tokens: `experts_touched`) and `seq_bytes` of state per sequence (its Mamba
-    state read and written, its KV read: `lab.plan.estimate.rollout_figures`), at the card's bandwidth; the rest of
-    h100_step_s at h100_step_seqs is a per-step cost (launches, sampling, scheduling), scaled by bandwidth like the
-    step itself, so at h100_step_seqs the step is h100_step_s x h100_tbps / the card's on every card. Once the
-    sequences make the dense matmuls (the parameters outside the routed experts and the input embedding, 2 FLOP each
-    a token) slower at decode_gemm_share of the card's bf16 peak than reading their weights, the step waits for the
-    difference (a roofline; the routed experts get a few tokens each and stay memory-bound)."""
+    contexts leave out the KV a longer one reads: 6 kB a token a sequence).
+
+    Else projected: a step reads what it touches at the card's bandwidth: the weights outside the routed experts,
+    the experts its n tokens are routed to (vLLM's fused MoE reads only experts with tokens: `experts_touched`) and
+    `seq_bytes` of state per sequence (its Mamba state read and written, its KV read:
+    `lab.plan.estimate.rollout_figures`). The rest of h100_step_s at h100_step_seqs is a per-step cost (launches,
+    sampling, scheduling), scaled by bandwidth like the step, so at h100_step_seqs the step is h100_step_s x
+    h100_tbps / the card's on every card. Once the sequences make the dense matmuls (the parameters outside the
+    routed experts and the input embedding, 2 FLOP each a token) slower at decode_gemm_share of the card's bf16 peak
+    than reading their weights, the step waits for the difference (a roofline; the routed experts get a few tokens
+    each and stay memory-bound)."""
     name = card_name(card)
     bw = CARD_BANDWIDTH[name]
     if decode:

@@ -139,6 +139,7 @@ class VLLMRollouts:
                                             gpu_memory_utilization=float(share),
                                             enable_sleep_mode=self.switch, logprobs_mode="processed_logprobs")
             timings["engine_start_s"] = time.perf_counter() - t
+            self.lora = None  # a fresh engine serves no adapter yet (`_serve` removes the one it served)
             if self.cuda:
                 self.pool = engine_pool(self.cfg, self.llm, timings["max_num_seqs"], phase)
         return self.llm
@@ -267,7 +268,7 @@ class VLLMRollouts:
     def close(self) -> None:
         """Shut the engine down (`generate.close_engine`); the next use builds a fresh one."""
         generate.close_engine(self.llm)
-        self.llm = self.lora = None
+        self.llm = None
 
 
 def engine_pool(cfg, llm, asked: int, phase: str) -> dict | None:
