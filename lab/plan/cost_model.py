@@ -6,11 +6,10 @@ lab.plan.estimate.
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 
 from lab import LabError
-from lab.plan.estimate_infer import CARD_BANDWIDTH, CARD_PEAK, CONSTANTS
+from lab.plan.estimate_infer import CARD_BANDWIDTH, CARD_PEAK, CONSTANTS, measured_values
 
 # ---- the measured run (RESULTS.md, "First contact with a GPU"; docs/internals.md, lab.plan.estimate) ---------------
 
@@ -114,13 +113,6 @@ def measured_lines() -> dict:
     step = _line(MEASURED["slice_step_s"])
     lines["rest"] = (step[0] - sum(v[0] for v in lines.values()), step[1] - sum(v[1] for v in lines.values()))
     return lines
-
-
-def measured_values() -> dict:
-    """The measured model's config.json values (`lab.plan.shapes.MEASURED_MODEL`, shipped with the package)."""
-    from lab.plan.shapes import MEASURED_MODEL
-
-    return json.loads(MEASURED_MODEL.read_text())
 
 
 @dataclass

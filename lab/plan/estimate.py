@@ -92,17 +92,17 @@ def measured_model(cal: dict) -> Model:
 
 
 def measured_decode(cal: dict | None) -> dict | None:
-    """The vLLM decode steps a calibration timed (`lab.train.calibrate.step_vllm`: {"steps": {sequences: seconds},
-    "source": text}), or None when it has none."""
+    """The vLLM decode steps a calibration timed (`lab.train.calibrate.step_vllm`): {"source": "measured", "steps":
+    {sequences: seconds}, "measured_by": text}, or None when it has none."""
     v = (cal or {}).get("vllm")
     steps = v.get("decode_step_s") if isinstance(v, dict) else None
     steps = {int(n): float(s) for n, s in (steps or {}).items() if s is not None and math.isfinite(s) and s > 0}
     if not steps:
         return None
     m = cal["meta"]
-    return {"steps": steps, "source": f"MEASURED by python -m lab calibrate on {v.get('device')} "
-                                      f"(gpu={m.get('card')}), {m.get('date')}, vLLM {v.get('version')}, random "
-                                      f"weights: {cal['path']}"}
+    return {"source": "measured", "steps": steps,
+            "measured_by": f"MEASURED by python -m lab calibrate on {v.get('device')} (gpu={m.get('card')}), "
+                           f"{m.get('date')}, vLLM {v.get('version')}, random weights: {cal['path']}"}
 
 
 def measured_label(cal: dict | None) -> dict:
@@ -397,8 +397,7 @@ def inference_sections(cfg: DictConfig, card: str, calibration: str | None = Non
     r = rollout_figures(cfg, card, decode)
     out = estimate_infer.sections(cfg, card, r)
     out["grpo"].update(grpo_label(decode))
-    out["decode"] = ({"source": "measured", "steps": decode["steps"], "measured_by": decode["source"]} if decode
-                     else {"source": "projected"})
+    out["decode"] = decode or {"source": "projected"}
     return out, ["", *estimate_infer.report(cfg, card, r).splitlines(), f"  GRPO: {out['grpo']['source_detail']}"]
 
 
@@ -406,7 +405,7 @@ def grpo_label(decode: dict | None = None) -> dict:
     """GRPO's figures: projected from lab.plan.estimate_infer's constants and SFT's projected micro-step line
     (`cost_model`), the decode step measured when the card's calibration timed it."""
     if decode:
-        return {"source": "projected", "source_detail": "the decode step " + decode["source"] + "; the rest PROJECTED "
+        return {"source": "projected", "source_detail": f"the decode step {decode['measured_by']}; the rest PROJECTED "
                 "from lab.plan.estimate_infer's CONSTANTS and SFT's projected micro-step line (cost_model)"}
     return {"source": "projected", "source_detail": "PROJECTED from lab.plan.estimate_infer's CONSTANTS (each with its "
             "source) and SFT's projected micro-step line (cost_model); the decode step is measured by python -m lab "
@@ -468,8 +467,7 @@ def _eval_hours(cfg: DictConfig, card: str, puzzles: int, decode: dict | None = 
 
 def _stage_hours(cfg: DictConfig, card: str, out: dict, stage: str, val: int) -> list[tuple[str, float]]:
     """The GPU work of `stage` as (what, projected hours) parts; [] for a stage with none."""
-    d = out.get("decode", {})
-    decode = {"steps": d["steps"], "source": d["measured_by"]} if d.get("source") == "measured" else None
+    decode = out["decode"] if out.get("decode", {}).get("source") == "measured" else None
     ev = _eval_hours(cfg, card, val, decode)
     if stage == "02_sft":
         sft = out["sft"]

@@ -18,7 +18,7 @@ import numpy as np
 from lab import LabError
 
 GIB = 2 ** 30
-MODEL_CONFIG = Path(__file__).with_name("nemotron_3_nano_config.json")  # the estimated model's published config
+MEASURED_MODEL = Path(__file__).with_name("nemotron_3_nano_config.json")  # Nemotron-3-Nano-30B-A3B's config values
 
 # name -> (value, source); every figure's arithmetic names the ones it uses
 CONSTANTS = {
@@ -98,20 +98,11 @@ def inflight_context_tokens(budget: int) -> tuple[float, str]:
                  f"the budget {budget}: {p:g} + {second:,.0f} / (2 x {mean:.0f}) = {ctx:,.0f} tokens")
 
 
-def decode_step_s(card, slots: int | None = None, seq_bytes: float = 0.0) -> tuple[float, str, list[str]]:
-    """(seconds per vLLM decode step on `card` with `slots` sequences in flight (default h100_step_seqs), its
-    arithmetic, constants used): `step_model`'s line at that many sequences."""
-    step, text, used = step_model(card, seq_bytes)
-    n = int(slots or _c("h100_step_seqs"))
-    s = float(step(n))
-    return s, f"{text}; at {n} sequences {s:.4f} s", used
-
-
 def step_model(card, seq_bytes: float = 0.0, decode: dict | None = None):
     """(seconds of one decode step as a function of the sequences n in flight, its arithmetic, constants used).
-    `decode` ({"steps": {n: seconds}, "source": text}, `lab.plan.estimate.measured_decode`): the steps `python -m lab
-    calibrate` timed on the card, linear between its batch sizes and past the largest at its last slope (their short
-    contexts leave out the KV a longer one reads: 6 kB a token a sequence).
+    `decode` ({"steps": {n: seconds}, "measured_by": text}, `lab.plan.estimate.measured_decode`): the steps
+    `python -m lab calibrate` timed on the card, linear between its batch sizes and past the largest at its last
+    slope (their short contexts leave out the KV a longer one reads: 6 kB a token a sequence).
 
     Else projected: a step reads what it touches at the card's bandwidth: the weights outside the routed experts,
     the experts its n tokens are routed to (vLLM's fused MoE reads only experts with tokens: `experts_touched`) and
@@ -134,7 +125,7 @@ def step_model(card, seq_bytes: float = 0.0, decode: dict | None = None):
             return np.where(n <= xs[-1], np.interp(n, xs, ys), ys[-1] + (n - xs[-1]) * slope)
 
         points = ", ".join(f"{int(x)}: {y * 1e3:.1f} ms" for x, y in zip(xs, ys))
-        return measured, (f"decode step with n sequences in flight MEASURED at n = {points} ({decode['source']}), "
+        return measured, (f"decode step with n sequences in flight MEASURED at n = {points} ({decode['measured_by']}), "
                           "linear between them and past the last at its slope"), []
     experts, e, k, e_text = routed_experts()
     rest = _c("weights_gib") * GIB - experts
@@ -173,24 +164,32 @@ def experts_touched(n, e: int, k: int):
 
 
 @functools.lru_cache(maxsize=1)
+def _measured_values() -> str:
+    return MEASURED_MODEL.read_text(encoding="utf-8")
+
+
+def measured_values() -> dict:
+    """The measured model's config.json values (`MEASURED_MODEL`, shipped with the package): the model the estimates
+    were measured on and project."""
+    return json.loads(_measured_values())
+
+
 def routed_experts() -> tuple[float, int, int, str]:
-    """(bf16 bytes of the routed experts, experts per MoE layer, experts per token, the arithmetic) of the estimated
-    model, from its published config (lab/plan/nemotron_3_nano_config.json): up and down projections, no gate
-    (relu2), per expert."""
-    v = json.loads(MODEL_CONFIG.read_text(encoding="utf-8"))
+    """(bf16 bytes of the routed experts, experts per MoE layer, experts per token, the arithmetic) of the measured
+    model (`measured_values`): up and down projections, no gate (relu2), per expert."""
+    v = measured_values()
     layers, e, k = v["hybrid_override_pattern"].count("E"), int(v["n_routed_experts"]), int(v["num_experts_per_tok"])
     h, i = int(v["hidden_size"]), int(v["moe_intermediate_size"])
     b = layers * e * 2 * h * i * 2
     return b, e, k, (f"routed experts {layers} MoE layers x {e} x (up + down) 2 x {h} x {i} x 2 B = {b / GIB:.1f} GiB "
-                     f"({MODEL_CONFIG.name}); experts touched by n tokens = {e} x (1 - (1 - {k}/{e})^n) (uniform "
+                     f"({MEASURED_MODEL.name}); experts touched by n tokens = {e} x (1 - (1 - {k}/{e})^n) (uniform "
                      f"routing: the most n tokens touch; vLLM's fused MoE skips experts with no token, "
                      f"docs/internals.md)")
 
 
-@functools.lru_cache(maxsize=1)
 def embedding_params() -> int:
-    """The input embedding's parameters (vocab x hidden: a lookup, no matmul) of the estimated model."""
-    v = json.loads(MODEL_CONFIG.read_text(encoding="utf-8"))
+    """The input embedding's parameters (vocab x hidden: a lookup, no matmul) of the measured model."""
+    v = measured_values()
     return int(v["vocab_size"]) * int(v["hidden_size"])
 
 

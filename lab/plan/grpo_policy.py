@@ -173,7 +173,7 @@ def pool_capacity(cfg: DictConfig, num_blocks: int, block_size: int | None, aske
     how much they took."""
     ph = generation_phase(cfg, phase=phase)
     pg = ph["pages"]
-    per_seq = (pg["mamba_pages"] + pg["attn_pages"] * (ph["tokens"] / pg["block_tokens"] + 1)) / pg["group"]
+    per_seq = ph["bytes_per_sequence"]["held"] / (pg["group"] * pg["page_bytes"])  # in blocks of `group` pages
     held = int(num_blocks // per_seq)
     gib = num_blocks * pg["group"] * pg["page_bytes"] / GIB
     text = (f"rollout engine's pool: {num_blocks:,} blocks ({gib:.1f} GiB) hold {held} sequences at ~"
@@ -272,15 +272,14 @@ def check_generation_fits(cfg: DictConfig) -> dict | None:
     if cfg.grpo.rollout_backend != "vllm":
         return None
     ph = generation_phase(cfg)
-    first = generation_phase(cfg, phase="pass_rates")
-    for p in (ph, first):
+    first = generation_phase(cfg, phase="pass_rates") if separate_pass_engine(cfg) else None
+    for p in (ph, first or {}):
         if p.get("fits") is False:
             raise LabError(f"03_grpo with rollout_backend=vllm does not fit gpu={cfg.gpu.name}:\n"
                            + generation_report(p, float(cfg.gpu.max_use))
                            + "\nlower grpo.vllm_gpu_memory_utilization (null: the rest of the card), or the "
                              "trainer's part (gpu.optim=adamw_bnb_8bit)")
-    ph["pass_rates"] = first
-    ph["separate_pass_engine"] = separate_pass_engine(cfg)
+    ph["pass_rates"] = first  # the pass rates' own engine, where GRPO builds one
     if cfg.grpo.vllm_sleep_mode:
         ph["sleep_level"] = sleep_level(cfg, weights_gib=ph["host"]["weights_gib"])
     return ph

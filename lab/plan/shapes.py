@@ -15,9 +15,9 @@ from typing import Any, Mapping
 from omegaconf import DictConfig, OmegaConf
 
 from lab import LabError
+from lab.plan.estimate_infer import MEASURED_MODEL
 
 GIB = 1024 ** 3
-MEASURED_MODEL = Path(__file__).with_name("nemotron_3_nano_config.json")  # Nemotron-3-Nano-30B-A3B's config values
 
 
 def model_config_values(cfg: DictConfig) -> dict:

@@ -685,17 +685,17 @@ def step_vllm(ctx):
     tokens = DECODE_TOKENS["cuda" if cuda else "cpu"]
     max_len = min(int(cfg.infer.max_model_len), int(cfg.model.max_model_len))
     prompt = min(int(CONSTANTS["prompt_tokens"][0]), max_len - tokens[1] - 1)
-    share = None
+    share, phase = None, engine_phase(cfg)
     if cuda:
         from lab.plan.grpo_policy import engine_share
 
-        share = float(cfg.grpo.vllm_gpu_memory_utilization or engine_share(cfg, engine_phase(cfg)))
+        share = float(cfg.grpo.vllm_gpu_memory_utilization or engine_share(cfg, phase))
     g = cfg.grpo
     with tempfile.TemporaryDirectory(prefix="lab_calibrate_vllm_") as folder:
         d["tokenizer"] = engine_folder(ctx, Path(folder)) or "none reachable: skip_tokenizer_init=True"
         vocab = int(json.loads((Path(folder) / "config.json").read_text())["vocab_size"])
         d["engine"] = {"weights": "load_format=dummy: random, nothing read or written", "max_num_seqs": max(batches),
-                       "sized_for": engine_phase(cfg) if cuda else None,
+                       "sized_for": phase if cuda else None,
                        "gpu_memory_utilization": share, "max_model_len": max_len, "enable_lora": True,
                        "max_lora_rank": int(cfg.infer.max_lora_rank), "dtype": str(cfg.model.dtype),
                        "sleep_mode": bool(cuda and g.vllm_sleep_mode), "logprobs_mode": "processed_logprobs",
@@ -706,19 +706,18 @@ def step_vllm(ctx):
                                    enable_sleep_mode=d["engine"]["sleep_mode"], logprobs_mode="processed_logprobs",
                                    load_format="dummy", skip_tokenizer_init=d["tokenizer"].startswith("none"))
         d["engine"]["start_s"] = round(time.perf_counter() - t, 2)
-        if cuda:  # the real pool against the lab's bound (its activation and CUDA-graph memory are not in it)
-            from lab.train.rollouts import engine_pool
+        try:
+            if cuda:  # the real pool against the lab's bound (its activation and CUDA-graph memory are not in it)
+                from lab.train.rollouts import engine_pool
 
-            d["engine"]["pool"] = engine_pool(cfg, llm, max(batches), engine_phase(cfg))
-        ctx["partial"]("vllm", out)
-        try:
-            d["engine"]["mamba_ssm_cache_dtype"] = str(llm.llm_engine.vllm_config.cache_config.mamba_ssm_cache_dtype)
-        except AttributeError:
-            pass
-        d.update(prompt_tokens=prompt, sampling={"temperature": float(g.temperature), "top_p": float(g.top_p),
-                                                 "logprobs": 0, "ignore_eos": True, "seed": "per request"},
-                 batches={})
-        try:
+                d["engine"]["pool"] = engine_pool(cfg, llm, max(batches), phase)
+            ctx["partial"]("vllm", out)
+            with contextlib.suppress(AttributeError):
+                d["engine"]["mamba_ssm_cache_dtype"] = str(
+                    llm.llm_engine.vllm_config.cache_config.mamba_ssm_cache_dtype)
+            d.update(prompt_tokens=prompt, sampling={"temperature": float(g.temperature), "top_p": float(g.top_p),
+                                                     "logprobs": 0, "ignore_eos": True, "seed": "per request"},
+                     batches={})
             sampling = functools.partial(vllm.SamplingParams, temperature=float(g.temperature), top_p=float(g.top_p),
                                          logprobs=0, ignore_eos=True)
             for s in batches:

@@ -244,8 +244,8 @@ class VLLMRollouts:
         source = {"model": base, "model_sha256": lineage.model_hash(base), "weights": "in memory, served packed",
                   "lora_sha256": lineage.lora_checksum(self.model)}
         own = self.llm is None and self.cuda and separate_pass_engine(self.cfg)
-        with engine_phase(self.model, self.llm if self.llm is not None else _Lazy(self, close=own), self.switch,
-                          timings, self.level):
+        with engine_phase(self.model, self.llm if self.llm is not None else _Lazy(self), self.switch, timings,
+                          self.level):
             self._engine(timings, "pass_rates" if own else "rounds")
             if own:
                 print(f"pass rates: an engine of their own ({timings['engine_share']:.2f} of the card, "
@@ -254,8 +254,8 @@ class VLLMRollouts:
                       "separate_pass_engine)", flush=True)
             self._serve(path, "start")
             yield generate.Generator.serving(self.cfg, self.llm, self.tokenizer, self.lora, source)
-        if own:  # with the switch `_Lazy` shut it down on the way out; without, nothing did
-            self.close()
+            if own:  # shut down, not put to sleep: the rounds' engine is another
+                self.close()
 
     def open(self):
         """Build the engine now (else the first round or pass-rate call does), in the engine's phase; returns it."""
@@ -289,10 +289,10 @@ def engine_pool(cfg, llm, asked: int, phase: str) -> dict | None:
 
 class _Lazy:
     """Stands for the engine in `engine_phase` before it is built: a fresh engine starts awake (nothing to wake),
-    and is put to sleep through the built one, or with `close` shut down (the pass rates' own engine)."""
+    and is put to sleep through the built one, if it is still up (the pass rates' own engine is shut down)."""
 
-    def __init__(self, owner: VLLMRollouts, close: bool = False):
-        self.owner, self.close = owner, close
+    def __init__(self, owner: VLLMRollouts):
+        self.owner = owner
 
     def wake_up(self, tags=None):
         pass
@@ -301,7 +301,5 @@ class _Lazy:
         return []
 
     def sleep(self, level: int = 1):
-        if self.close:
-            self.owner.close()
-        else:
+        if self.owner.llm is not None:
             self.owner.llm.sleep(level=level)
